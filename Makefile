@@ -1,0 +1,29 @@
+# One entry point for people and CI. `make test` and `make demo` create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install test demo lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $@
+
+install: $(VENV)/.installed
+
+lint: install
+	$(PY) -m ruff check extproc tests benchmarks
+
+test: install lint
+	$(PY) -m pytest -q
+
+demo: install
+	$(PY) -m extproc demo
+
+bench: install
+	$(PY) benchmarks/bench_router.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

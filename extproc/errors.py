@@ -1,0 +1,53 @@
+"""Errors the picker raises at its edges, named by situation. Only `epp.py` maps them to HTTP.
+
+    PickerError
+    ├── RequestInvalid          the body cannot be routed: not JSON, wrong types, no model (400)
+    ├── BodyTooLarge            the body is over the configured limit (413)
+    ├── UnknownModel            no worker serves the requested model (404 in OpenAI terms; we answer 400)
+    ├── TokenizerUnavailable    the tokenizer backend failed; callers fall back to load-only routing
+    └── NoEligibleWorker        no worker may take the request (subset hint, all down) (503)
+
+Router-core errors (all workers busy, queue full, ...) live in `extproc/router/errors.py`.
+"""
+
+from __future__ import annotations
+
+
+class PickerError(Exception):
+    """Base class of the picker's own errors; `message` is safe to show to the client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class RequestInvalid(PickerError):
+    """The request body cannot be parsed or lacks a field routing needs."""
+
+
+class BodyTooLarge(PickerError):
+    """The request body is larger than the configured limit."""
+
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(f"request body of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes")
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+
+
+class UnknownModel(PickerError):
+    """No configured worker serves the requested model."""
+
+    def __init__(self, model: str, known: list[str]) -> None:
+        super().__init__(
+            f"model {model!r} is not served here; known models: {', '.join(sorted(known)) or 'none'}"
+        )
+        self.model = model
+        self.known = known
+
+
+class TokenizerUnavailable(PickerError):
+    """The tokenizer backend could not tokenize the request (timeout, engine down, bad template)."""
+
+
+class NoEligibleWorker(PickerError):
+    """No worker may take the request (empty subset hint, conformance filter, none configured)."""

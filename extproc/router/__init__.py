@@ -1,0 +1,70 @@
+"""The embedded KV router: pure logic, no I/O, clock and randomness injected.
+
+Imports nothing from the rest of the package (a test guards this).
+"""
+
+from extproc.router.approx import ApproxIndexer
+from extproc.router.config import QueuePolicy, RouterConfig, RouterConfigOverride, RouterMode
+from extproc.router.errors import (
+    AllWorkersBusy,
+    InvalidConfig,
+    NoWorkers,
+    PinnedWorkerUnavailable,
+    RouterError,
+    UnknownRequest,
+)
+from extproc.router.hashing import XXH3_SEED, block_seed, compute_block_hashes, compute_sequence_hashes
+from extproc.router.radix import IndexerStats, OverlapScores, RadixTree
+from extproc.router.router import KvRouter
+from extproc.router.selection import compute_costs, pick, softmax_probabilities
+from extproc.router.sequences import ActiveSequences
+from extproc.router.types import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    Decision,
+    KvEvent,
+    StoredBlock,
+    Worker,
+    WorkerCost,
+    WorkerId,
+    WorkerLoad,
+    WorkerSpec,
+)
+
+__all__ = [
+    "XXH3_SEED",
+    "ActiveSequences",
+    "AllBlocksCleared",
+    "AllWorkersBusy",
+    "ApproxIndexer",
+    "BlocksRemoved",
+    "BlocksStored",
+    "Decision",
+    "IndexerStats",
+    "InvalidConfig",
+    "KvEvent",
+    "KvRouter",
+    "NoWorkers",
+    "OverlapScores",
+    "PinnedWorkerUnavailable",
+    "QueuePolicy",
+    "RadixTree",
+    "RouterConfig",
+    "RouterConfigOverride",
+    "RouterError",
+    "RouterMode",
+    "StoredBlock",
+    "UnknownRequest",
+    "Worker",
+    "WorkerCost",
+    "WorkerId",
+    "WorkerLoad",
+    "WorkerSpec",
+    "block_seed",
+    "compute_block_hashes",
+    "compute_costs",
+    "compute_sequence_hashes",
+    "pick",
+    "softmax_probabilities",
+]

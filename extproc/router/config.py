@@ -1,0 +1,139 @@
+"""RouterConfig: the router's one typed, frozen configuration, and per-request overrides.
+
+Field names follow Dynamo's `KvRouterConfig` (lib/kv-router/src/scheduling/config.rs) so its
+flags map one to one (`--router-temperature` -> `temperature`, ...). Values are checked when
+the object is built, with a message naming the field, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, fields, replace
+
+from extproc.router.errors import InvalidConfig
+
+
+class RouterMode(enum.StrEnum):
+    KV = "kv"
+    ROUND_ROBIN = "round-robin"
+    RANDOM = "random"
+
+
+class QueuePolicy(enum.StrEnum):
+    FCFS = "fcfs"
+    LCFS = "lcfs"
+    WSPT = "wspt"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfigOverride:
+    """Per-request overrides; None keeps the router's value."""
+
+    overlap_score_weight: float | None = None
+    temperature: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """How the router chooses. Defaults are Dynamo's."""
+
+    mode: RouterMode = RouterMode.KV
+    block_size: int = 16
+    overlap_score_weight: float = 1.0
+    temperature: float = 0.0
+    use_kv_events: bool = True
+    router_ttl_secs: float = 120.0
+    router_max_tree_size: int = 2**20
+    router_prune_target_ratio: float = 0.8
+    router_assume_kv_reuse: bool = True
+    router_track_active_blocks: bool = True
+    router_track_prefill_tokens: bool = True
+    router_track_output_blocks: bool = False
+    active_decode_blocks_threshold: float | None = None
+    active_prefill_tokens_threshold: int | None = None
+    active_prefill_tokens_threshold_frac: float | None = None
+    router_queue_threshold: float | None = None
+    router_queue_policy: QueuePolicy = QueuePolicy.FCFS
+    log_formula: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", _enum(RouterMode, "mode", self.mode))
+        object.__setattr__(
+            self, "router_queue_policy", _enum(QueuePolicy, "router_queue_policy", self.router_queue_policy)
+        )
+        _check(self.block_size >= 1, "block_size", self.block_size, "an integer >= 1")
+        _check(
+            _finite(self.overlap_score_weight) and self.overlap_score_weight >= 0,
+            "overlap_score_weight",
+            self.overlap_score_weight,
+            "a number >= 0",
+        )
+        _check(
+            _finite(self.temperature) and self.temperature >= 0,
+            "temperature",
+            self.temperature,
+            "a number >= 0",
+        )
+        _check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "seconds > 0")
+        _check(
+            self.router_max_tree_size >= 1,
+            "router_max_tree_size",
+            self.router_max_tree_size,
+            "an integer >= 1",
+        )
+        _check(
+            0 < self.router_prune_target_ratio <= 1,
+            "router_prune_target_ratio",
+            self.router_prune_target_ratio,
+            "a fraction in (0, 1]",
+        )
+        _check(
+            self.active_decode_blocks_threshold is None or self.active_decode_blocks_threshold >= 0,
+            "active_decode_blocks_threshold",
+            self.active_decode_blocks_threshold,
+            "a fraction of the KV cache >= 0, or unset",
+        )
+        _check(
+            self.active_prefill_tokens_threshold is None or self.active_prefill_tokens_threshold >= 0,
+            "active_prefill_tokens_threshold",
+            self.active_prefill_tokens_threshold,
+            "a token count >= 0, or unset",
+        )
+        frac = self.active_prefill_tokens_threshold_frac
+        _check(
+            frac is None or 0 <= frac <= 1,
+            "active_prefill_tokens_threshold_frac",
+            frac,
+            "a fraction in [0, 1], or unset",
+        )
+        _check(
+            self.router_queue_threshold is None or self.router_queue_threshold >= 0,
+            "router_queue_threshold",
+            self.router_queue_threshold,
+            "a number >= 0, or unset",
+        )
+
+    def merged(self, override: RouterConfigOverride | None) -> RouterConfig:
+        """A new config with the override's set fields applied; self is untouched."""
+        if override is None:
+            return self
+        changes = {f.name: getattr(override, f.name) for f in fields(override)}
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **changes) if changes else self
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _check(ok: bool, name: str, value: object, accepted: str) -> None:
+    if not ok:
+        raise InvalidConfig(name, value, accepted)
+
+
+def _enum(cls: type[enum.StrEnum], name: str, value: object) -> enum.StrEnum:
+    try:
+        return cls(value)
+    except ValueError:
+        raise InvalidConfig(name, value, "one of " + ", ".join(m.value for m in cls)) from None

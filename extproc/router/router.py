@@ -1,0 +1,288 @@
+"""KvRouter: the embedded KV-aware router. Composes indexer, active sequences and selection.
+
+The public surface mirrors Dynamo's Python `KvRouter` (best_worker, get_potential_loads,
+mark_prefill_complete, free, dump_events) so its users find their way. Pure logic: it reads the
+clock it is given (only for the approximate indexer's TTL) and draws randomness from the `rng`
+it is given, so tests and the simulator drive it deterministically.
+
+A call without `request_id` changes no state (a probe); with one, the request is tracked until
+`free`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Collection, Iterable, Sequence
+
+from extproc.router.approx import ApproxIndexer
+from extproc.router.config import RouterConfig, RouterConfigOverride, RouterMode
+from extproc.router.errors import AllWorkersBusy, NoWorkers, PinnedWorkerUnavailable
+from extproc.router.hashing import TokenIds, compute_block_hashes, compute_sequence_hashes
+from extproc.router.radix import OverlapScores, RadixTree
+from extproc.router.selection import compute_costs, is_busy, pick
+from extproc.router.sequences import ActiveSequences
+from extproc.router.types import Decision, KvEvent, Worker, WorkerId, WorkerLoad, WorkerSpec
+
+log = logging.getLogger("extproc.router")
+
+WorkerFilter = Collection[WorkerId | Worker]
+
+
+class KvRouter:
+    """Chooses the worker that caches most of a request's prefix at the least load."""
+
+    def __init__(
+        self,
+        config: RouterConfig | None = None,
+        *,
+        clock: Callable[[], float],
+        rng: random.Random | None = None,
+        workers: Iterable[WorkerSpec] = (),
+    ) -> None:
+        self.config = config or RouterConfig()
+        self._clock = clock
+        self._rng = rng or random.Random()
+        cfg = self.config
+        self.indexer = RadixTree()
+        self.approx: ApproxIndexer | None = None
+        if not cfg.use_kv_events:
+            self.approx = ApproxIndexer(
+                self.indexer,
+                ttl_s=cfg.router_ttl_secs,
+                max_tree_size=cfg.router_max_tree_size,
+                prune_target_ratio=cfg.router_prune_target_ratio,
+            )
+        self.sequences = ActiveSequences(
+            cfg.block_size,
+            assume_kv_reuse=cfg.router_assume_kv_reuse,
+            track_active_blocks=cfg.router_track_active_blocks,
+            track_prefill_tokens=cfg.router_track_prefill_tokens,
+            track_output_blocks=cfg.router_track_output_blocks,
+        )
+        self._specs: dict[WorkerId, WorkerSpec] = {}
+        self._workers: list[Worker] = []
+        self._round_robin = 0
+        for spec in workers:
+            self.add_worker(spec)
+
+    # --- workers and events ------------------------------------------------------------------
+
+    def add_worker(self, spec: WorkerSpec) -> None:
+        """Register (or update) a worker and its dp ranks."""
+        old = self._specs.get(spec.worker_id)
+        self._specs[spec.worker_id] = spec
+        if old is not None:
+            for worker in old.workers():
+                if worker.dp_rank not in spec.dp_ranks:
+                    self._forget(worker)
+        self._workers = sorted((w for s in self._specs.values() for w in s.workers()), key=_worker_order)
+
+    def remove_worker(self, worker_id: WorkerId) -> list[str]:
+        """Forget a worker, its cached blocks and its in-flight requests (whose ids are returned)."""
+        spec = self._specs.pop(worker_id, None)
+        if spec is None:
+            return []
+        dropped = []
+        for worker in spec.workers():
+            dropped += self._forget(worker)
+        self._workers = [w for w in self._workers if w.worker_id != worker_id]
+        return dropped
+
+    def _forget(self, worker: Worker) -> list[str]:
+        self.indexer.remove_worker(worker)
+        if self.approx is not None:
+            self.approx.remove_worker(worker)
+        return self.sequences.remove_worker(worker)
+
+    def workers(self) -> list[Worker]:
+        return list(self._workers)
+
+    def spec(self, worker_id: WorkerId) -> WorkerSpec | None:
+        return self._specs.get(worker_id)
+
+    def apply_event(self, event: KvEvent) -> None:
+        """Apply one KV event from an engine (never raises on inconsistent content)."""
+        self.indexer.apply_event(event)
+
+    def dump_events(self) -> list[KvEvent]:
+        return self.indexer.dump_events()
+
+    # --- decisions ---------------------------------------------------------------------------
+
+    def block_hashes(self, tokens: TokenIds, *, lora_name: str | None = None) -> list[int]:
+        return compute_block_hashes(tokens, self.config.block_size, lora_name=lora_name)
+
+    def best_worker(
+        self,
+        tokens: TokenIds,
+        *,
+        request_id: str | None = None,
+        config_override: RouterConfigOverride | None = None,
+        pinned_worker: Worker | WorkerId | None = None,
+        allowed_workers: WorkerFilter | None = None,
+        lora_name: str | None = None,
+        expected_output_tokens: int | None = None,
+    ) -> Decision:
+        """Choose a worker for `tokens`; with `request_id` the request is also tracked.
+
+        Raises NoWorkers, AllWorkersBusy or PinnedWorkerUnavailable.
+        """
+        return self.best_worker_for_hashes(
+            self.block_hashes(tokens, lora_name=lora_name),
+            len(tokens),
+            request_id=request_id,
+            config_override=config_override,
+            pinned_worker=pinned_worker,
+            allowed_workers=allowed_workers,
+            expected_output_tokens=expected_output_tokens,
+        )
+
+    def best_worker_for_hashes(
+        self,
+        local_hashes: Sequence[int],
+        isl: int,
+        *,
+        request_id: str | None = None,
+        config_override: RouterConfigOverride | None = None,
+        pinned_worker: Worker | WorkerId | None = None,
+        allowed_workers: WorkerFilter | None = None,
+        expected_output_tokens: int | None = None,
+    ) -> Decision:
+        """As `best_worker`, for a caller that already has the local block hashes and the ISL."""
+        cfg = self.config.merged(config_override)
+        candidates = self._candidates(allowed_workers)
+        seq_hashes = self._block_keys(local_hashes)
+        overlaps = self._overlaps(cfg, local_hashes)
+        eligible = [w for w in candidates if not self._busy(cfg, w)]
+
+        if pinned_worker is not None:
+            pinned = self._resolve_pinned(pinned_worker, candidates)
+            if pinned not in eligible:
+                raise PinnedWorkerUnavailable(pinned, "busy")
+            eligible = [pinned]
+        if not eligible:
+            raise AllWorkersBusy(len(candidates))
+
+        costs = ()
+        if cfg.mode is RouterMode.KV or len(eligible) == 1:
+            loads = self._loads(eligible, seq_hashes, isl, overlaps)
+            worker_costs = compute_costs(loads, cfg.block_size, cfg.overlap_score_weight)
+            chosen = pick(worker_costs, cfg.temperature, self._rng)
+            worker, cost, costs = chosen.worker, chosen.cost, tuple(worker_costs)
+            if cfg.log_formula or log.isEnabledFor(logging.DEBUG):
+                for c in worker_costs:
+                    log.info(c.formula(cfg.overlap_score_weight))
+        elif cfg.mode is RouterMode.ROUND_ROBIN:
+            worker, cost = eligible[self._round_robin % len(eligible)], 0.0
+            if request_id is not None:
+                self._round_robin += 1
+        else:
+            worker, cost = eligible[self._rng.randrange(len(eligible))], 0.0
+
+        overlap = overlaps.get(worker, 0)
+        if request_id is not None:
+            self.sequences.add_request(
+                request_id, worker, seq_hashes, isl, overlap, expected_output_tokens=expected_output_tokens
+            )
+            if self.approx is not None:
+                self.approx.record_routing(worker, local_hashes, self._clock(), seq_hashes=seq_hashes)
+        return Decision(worker, overlap, len(local_hashes), costs, cost)
+
+    def get_potential_loads(
+        self,
+        tokens: TokenIds,
+        *,
+        lora_name: str | None = None,
+        allowed_workers: WorkerFilter | None = None,
+        config_override: RouterConfigOverride | None = None,
+    ) -> list[WorkerLoad]:
+        """Per worker: prefill tokens and decode blocks if the request went there, and its overlap."""
+        cfg = self.config.merged(config_override)
+        local_hashes = self.block_hashes(tokens, lora_name=lora_name)
+        candidates = self._candidates(allowed_workers)
+        return self._loads(
+            candidates, self._block_keys(local_hashes), len(tokens), self._overlaps(cfg, local_hashes)
+        )
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def mark_prefill_complete(self, request_id: str) -> bool:
+        """The first token came back: the request's prompt no longer loads prefill."""
+        return self.sequences.mark_prefill_complete(request_id)
+
+    def add_output_tokens(self, request_id: str, count: int) -> None:
+        self.sequences.add_output_tokens(request_id, count)
+
+    def free(self, request_id: str) -> bool:
+        """The request ended (done, failed or cancelled); idempotent."""
+        return self.sequences.free(request_id)
+
+    def is_idle(self) -> bool:
+        return self.sequences.is_idle()
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _candidates(self, allowed: WorkerFilter | None) -> list[Worker]:
+        if not self._workers:
+            raise NoWorkers()
+        if allowed is None:
+            return self._workers
+        picked = [w for w in self._workers if w in allowed or w.worker_id in allowed]
+        if not picked:
+            raise NoWorkers("no registered worker is allowed for this request")
+        return picked
+
+    def _resolve_pinned(self, pinned: Worker | WorkerId, candidates: list[Worker]) -> Worker:
+        for w in candidates:
+            if w == pinned or (not isinstance(pinned, Worker) and w.worker_id == pinned):
+                return w
+        raise PinnedWorkerUnavailable(pinned, "unknown or not allowed")
+
+    def _block_keys(self, local_hashes: Sequence[int]) -> Sequence[int]:
+        cfg = self.config
+        if self.approx is None and not (cfg.router_track_active_blocks and cfg.router_assume_kv_reuse):
+            return local_hashes  # only their count matters
+        return compute_sequence_hashes(local_hashes)
+
+    def _overlaps(self, cfg: RouterConfig, local_hashes: Sequence[int]) -> OverlapScores:
+        if cfg.mode is not RouterMode.KV or cfg.overlap_score_weight == 0 or not local_hashes:
+            return {}
+        if self.approx is not None:
+            self.approx.expire(self._clock())
+        return self.indexer.find_matches(local_hashes)
+
+    def _busy(self, cfg: RouterConfig, worker: Worker) -> bool:
+        if (
+            cfg.active_decode_blocks_threshold is None
+            and cfg.active_prefill_tokens_threshold is None
+            and cfg.active_prefill_tokens_threshold_frac is None
+        ):
+            return False
+        spec = self._specs[worker.worker_id]
+        return is_busy(
+            decode_blocks=self.sequences.decode_blocks(worker),
+            prefill_tokens=self.sequences.prefill_tokens(worker),
+            total_blocks=spec.total_blocks,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            decode_blocks_threshold=cfg.active_decode_blocks_threshold,
+            prefill_tokens_threshold=cfg.active_prefill_tokens_threshold,
+            prefill_tokens_threshold_frac=cfg.active_prefill_tokens_threshold_frac,
+        )
+
+    def _loads(
+        self, workers: Sequence[Worker], block_keys: Sequence[int], isl: int, overlaps: OverlapScores
+    ) -> list[WorkerLoad]:
+        seqs = self.sequences
+        bs = self.config.block_size
+        out = []
+        for w in workers:
+            overlap = overlaps.get(w, 0)
+            prefill = seqs.prefill_tokens(w) + max(0, isl - overlap * bs)
+            decode = seqs.decode_blocks(w) + seqs.new_blocks(w, block_keys, isl)
+            out.append(WorkerLoad(w, prefill, decode, overlap))
+        return out
+
+
+def _worker_order(worker: Worker) -> tuple[str, str, int]:
+    return (type(worker.worker_id).__name__, str(worker.worker_id), worker.dp_rank)

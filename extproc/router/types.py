@@ -1,0 +1,141 @@
+"""Shared router nouns: workers, KV events, loads and decisions. Frozen dataclasses, no logic.
+
+The one event model of the product lives here because the router core may import nothing from
+the rest of the package; `extproc/events/` decodes every wire format (vLLM/SGLang ZMQ, Dynamo
+JSON on NATS, JetStream replay) into these classes. Mirrors Dynamo's `RouterEvent` /
+`KvCacheEvent` (lib/kv-router/src/protocols.rs) with one difference: a stored block carries the
+engine's own opaque block id and the router's local hash separately, because engines may name the
+same content differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+WorkerId: TypeAlias = int | str
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Worker:
+    """One routing target: an engine instance and its data-parallel rank."""
+
+    worker_id: WorkerId
+    dp_rank: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}" if self.dp_rank == 0 else f"{self.worker_id}/dp{self.dp_rank}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What the router must know about a worker: capacity for busy filters and the queue.
+
+    `total_blocks` is the engine's KV cache size in blocks (per dp rank);
+    `max_num_batched_tokens` its prefill budget per step.
+    """
+
+    worker_id: WorkerId
+    dp_ranks: tuple[int, ...] = (0,)
+    total_blocks: int = 16384
+    max_num_batched_tokens: int = 8192
+
+    def workers(self) -> list[Worker]:
+        return [Worker(self.worker_id, r) for r in self.dp_ranks]
+
+
+# --- KV events (the only way indexer state changes) -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlock:
+    """A full block an engine stored: its opaque engine id and the router's local hash of its tokens."""
+
+    engine_hash: int
+    local_hash: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksStored:
+    """Consecutive blocks stored after `parent_hash` (the engine id of the block before; None = root)."""
+
+    worker: Worker
+    blocks: tuple[StoredBlock, ...]
+    parent_hash: int | None = None
+    event_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksRemoved:
+    """Blocks an engine evicted, named by their engine ids."""
+
+    worker: Worker
+    engine_hashes: tuple[int, ...]
+    event_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """The engine dropped its whole prefix cache."""
+
+    worker: Worker
+    event_id: int | None = None
+
+
+KvEvent: TypeAlias = BlocksStored | BlocksRemoved | AllBlocksCleared
+
+
+# --- loads and decisions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """A worker's load if the request went there (Dynamo's potential loads).
+
+    `prefill_tokens` = active prefill tokens + this request's uncached tokens;
+    `decode_blocks` = active decode blocks + this request's blocks not already active there.
+    """
+
+    worker: Worker
+    prefill_tokens: int
+    decode_blocks: float
+    overlap_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCost:
+    """One line of a decision's formula: cost = weight * prefill_blocks + decode_blocks."""
+
+    worker: Worker
+    cost: float
+    prefill_blocks: float
+    decode_blocks: float
+    overlap_blocks: int
+
+    def formula(self, weight: float) -> str:
+        return (
+            f"Formula for worker_{self.worker}: {self.cost:.1f} = {weight:.1f} * {self.prefill_blocks:.1f}"
+            f" + {self.decode_blocks:.1f} (cached_blocks: {self.overlap_blocks})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The router's answer: the chosen worker, its overlap, and the costs of every candidate."""
+
+    worker: Worker
+    overlap_blocks: int
+    request_blocks: int
+    costs: tuple[WorkerCost, ...] = field(default=())
+    cost: float = 0.0
+
+    @property
+    def worker_id(self) -> WorkerId:
+        return self.worker.worker_id
+
+    @property
+    def dp_rank(self) -> int:
+        return self.worker.dp_rank
+
+    def __iter__(self):  # (worker_id, dp_rank, overlap_blocks), as Dynamo's best_worker returns
+        return iter((self.worker.worker_id, self.worker.dp_rank, self.overlap_blocks))

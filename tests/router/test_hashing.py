@@ -1,0 +1,67 @@
+"""Block and sequence hashes are bit-identical to Dynamo's (REFERENCE section 3 vectors)."""
+
+import numpy as np
+import pytest
+
+from extproc.router import compute_block_hashes, compute_sequence_hashes
+
+
+@pytest.mark.parametrize(
+    ("tokens", "block_size", "kwargs", "expected"),
+    [
+        (list(range(1, 33)), 16, {}, [16863443419780771464, 2287610619914608821]),
+        (list(range(1, 36)), 16, {}, [16863443419780771464, 2287610619914608821]),
+        ([0] * 64, 64, {}, [15480293642169978529]),
+        ([7] * 512, 64, {}, [17903371052352623343] * 8),
+        (
+            list(range(100000, 100128)),
+            32,
+            {},
+            [3814359024762509559, 17748218047578296623, 4588325122450598197, 12452316145895131616],
+        ),
+        (list(range(1, 33)), 16, {"lora_name": "my-lora"}, [4148081000444450790, 2866551892415683476]),
+        (list(range(1, 33)), 16, {"namespace": "ns1"}, [10470563794485058852, 9596755744098040008]),
+        (
+            list(range(1, 33)),
+            16,
+            {"lora_name": "", "namespace": ""},
+            [16863443419780771464, 2287610619914608821],
+        ),
+        (list(range(1, 16)), 16, {}, []),
+    ],
+)
+def test_local_block_hashes_match_reference_vectors(tokens, block_size, kwargs, expected):
+    assert compute_block_hashes(tokens, block_size, **kwargs) == expected
+    assert compute_block_hashes(np.array(tokens, dtype=np.int64), block_size, **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("tokens", "block_size", "seq1"),
+    [
+        (list(range(1, 33)), 16, 12466389667045779788),
+        ([7] * 512, 64, 12965916393006254241),
+        (list(range(100000, 100128)), 32, 14252585027742979009),
+    ],
+)
+def test_sequence_hashes_chain_from_the_first_block(tokens, block_size, seq1):
+    local = compute_block_hashes(tokens, block_size)
+    seq = compute_sequence_hashes(local)
+    assert seq[0] == local[0]
+    assert seq[1] == seq1
+    assert len(seq) == len(local)
+
+
+def test_equal_blocks_at_different_positions_get_different_sequence_hashes():
+    seq = compute_sequence_hashes(compute_block_hashes([7] * 512, 64))
+    assert len(set(seq)) == 8
+
+
+@pytest.mark.parametrize("bad", [[-1] * 16, [2**32] * 16, ["a"] * 16, [1.5] * 16])
+def test_token_ids_outside_uint32_are_rejected(bad):
+    with pytest.raises(ValueError, match="token ids"):
+        compute_block_hashes(bad, 16)
+
+
+def test_block_size_must_be_positive():
+    with pytest.raises(ValueError, match="block_size"):
+        compute_block_hashes([1, 2, 3], 0)
