@@ -1,0 +1,497 @@
+"""Picker configuration: flags, `DYN_*` environment variables and the YAML config file, read once.
+
+Precedence, per setting: command-line flag > environment variable > config file > default.
+Flag names follow Dynamo's frontend (`--router-mode`, `--router-temperature`, ...), and every
+router flag `--router-foo-bar` / `--foo-bar` is also read from `DYN_ROUTER_FOO_BAR` /
+`DYN_FOO_BAR`. The result is a frozen `PickerConfig`; components receive only their slice.
+
+Config file (YAML; keys in kebab-case or snake_case):
+
+    router:                      # any router flag without the leading dashes
+      router-mode: kv
+      kv-cache-block-size: 16
+    models:                      # optional: per-model tokenizer
+      - name: llama
+        tokenizer: /models/llama # a Hugging Face tokenizer directory
+        tokenize-url: worker     # or http://host:port: the engine's /tokenize
+    workers:
+      - id: w0
+        endpoint: 10.0.0.5:8000
+        model: llama
+        dp-ranks: [0]
+        total-blocks: 16384
+        max-num-batched-tokens: 8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc.router import RouterConfig
+from extproc.router.errors import InvalidConfig
+
+
+class ConfigError(ValueError):
+    """The configuration is unusable; the message names the setting, the value and what is accepted."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    id: str
+    endpoint: str
+    model: str
+    dp_ranks: tuple[int, ...] = (0,)
+    total_blocks: int = 16384
+    max_num_batched_tokens: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    tokenizer: str | None = None
+    tokenize_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PickerConfig:
+    router: RouterConfig
+    workers: tuple[WorkerConfig, ...]
+    models: tuple[ModelConfig, ...]
+    host: str = "127.0.0.1"
+    port: int = 9002
+    health_port: int = 9003
+    max_body_bytes: int = 16 * 1024 * 1024
+    tokenizer: str | None = None
+    tokenize_url: str | None = None
+    tokenizer_timeout_s: float = 2.0
+    tokenizer_cache_size: int = 1024
+    conformance_hooks: bool = False
+    seed: int | None = None
+    log_level: str = "info"
+    kv_events_source: bool = False  # whether any KV event source is configured
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    flags: tuple[str, ...]
+    dest: str
+    kind: Callable[[str], Any] | type[bool]
+    default: Any
+    help: str
+    router_field: str | None = None  # RouterConfig field it feeds
+    choices: tuple[str, ...] | None = None
+
+
+def _float_or_none(text: str) -> float | None:
+    return None if text.lower() in ("", "none", "null") else float(text)
+
+
+def _int_or_none(text: str) -> int | None:
+    return None if text.lower() in ("", "none", "null") else int(text)
+
+
+ROUTER_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        ("--router-mode",),
+        "router_mode",
+        str,
+        "kv",
+        "How to choose a worker: kv (cache overlap and load), round-robin or random.",
+        "mode",
+        ("kv", "round-robin", "random"),
+    ),
+    _Option(
+        ("--router-kv-overlap-score-weight", "--kv-overlap-score-weight"),
+        "kv_overlap_score_weight",
+        float,
+        1.0,
+        "Weight of prefill cost against decode load. Higher favours cache hits (TTFT), lower favours "
+        "balance (ITL); 0 = pure load balancing, no indexer lookups.",
+        "overlap_score_weight",
+    ),
+    _Option(
+        ("--router-temperature",),
+        "router_temperature",
+        float,
+        0.0,
+        "Softmax sampling temperature over normalised costs; 0 always takes the cheapest worker.",
+        "temperature",
+    ),
+    _Option(
+        ("--kv-cache-block-size",),
+        "kv_cache_block_size",
+        int,
+        16,
+        "Engine KV block size in tokens; must "
+        "equal the engine's (vLLM default 16) or no prefix ever matches.",
+        "block_size",
+    ),
+    _Option(
+        ("--router-kv-events",),
+        "router_kv_events",
+        bool,
+        None,
+        "Use KV events from the engines for exact "
+        "cache state. --no-router-kv-events (alias --no-kv-events) predicts the cache from the router's "
+        "own decisions instead (TTL + pruning). Default: events when an event source is configured.",
+        "use_kv_events",
+    ),
+    _Option(
+        ("--router-ttl-secs",),
+        "router_ttl_secs",
+        float,
+        120.0,
+        "Without KV events: seconds a routed prefix is assumed cached.",
+        "router_ttl_secs",
+    ),
+    _Option(
+        ("--router-max-tree-size",),
+        "router_max_tree_size",
+        int,
+        2**20,
+        "Without KV events: (worker, block) entries before pruning least recently used ones.",
+        "router_max_tree_size",
+    ),
+    _Option(
+        ("--router-prune-target-ratio",),
+        "router_prune_target_ratio",
+        float,
+        0.8,
+        "Without KV events: prune down to this fraction of the maximum tree size.",
+        "router_prune_target_ratio",
+    ),
+    _Option(
+        ("--router-assume-kv-reuse",),
+        "router_assume_kv_reuse",
+        bool,
+        True,
+        "Count blocks shared by in-flight requests on a worker once (engines with prefix caching).",
+        "router_assume_kv_reuse",
+    ),
+    _Option(
+        ("--router-track-active-blocks",),
+        "router_track_active_blocks",
+        bool,
+        True,
+        "Track decode blocks of in-flight requests.",
+        "router_track_active_blocks",
+    ),
+    _Option(
+        ("--router-track-prefill-tokens",),
+        "router_track_prefill_tokens",
+        bool,
+        True,
+        "Track prefill tokens of requests whose first token has not arrived.",
+        "router_track_prefill_tokens",
+    ),
+    _Option(
+        ("--router-track-output-blocks",),
+        "router_track_output_blocks",
+        bool,
+        False,
+        "Add placeholder blocks as output is generated.",
+        "router_track_output_blocks",
+    ),
+    _Option(
+        ("--active-decode-blocks-threshold",),
+        "active_decode_blocks_threshold",
+        _float_or_none,
+        None,
+        "Busy when active decode blocks exceed this fraction of the worker's KV cache.",
+        "active_decode_blocks_threshold",
+    ),
+    _Option(
+        ("--active-prefill-tokens-threshold",),
+        "active_prefill_tokens_threshold",
+        _int_or_none,
+        None,
+        "Busy when active prefill tokens exceed this count.",
+        "active_prefill_tokens_threshold",
+    ),
+    _Option(
+        ("--active-prefill-tokens-threshold-frac",),
+        "active_prefill_tokens_threshold_frac",
+        _float_or_none,
+        None,
+        "Busy when active prefill tokens exceed this fraction of max_num_batched_tokens.",
+        "active_prefill_tokens_threshold_frac",
+    ),
+    _Option(
+        ("--router-log-formula",),
+        "router_log_formula",
+        bool,
+        False,
+        "Log the cost formula of every worker for every decision.",
+        "log_formula",
+    ),
+)
+
+PICKER_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        ("--host",),
+        "host",
+        str,
+        "127.0.0.1",
+        "Address for the ext_proc and health servers; 0.0.0.0 to listen beyond loopback.",
+    ),
+    _Option(("--port",), "port", int, 9002, "ext_proc gRPC port (Inference Extension convention: 9002)."),
+    _Option(
+        ("--health-port",),
+        "health_port",
+        int,
+        9003,
+        "gRPC health port (liveness, readiness, ExternalProcessor, inference-extension).",
+    ),
+    _Option(
+        ("--max-body-bytes",),
+        "max_body_bytes",
+        int,
+        16 * 1024 * 1024,
+        "Larger request bodies are answered 413.",
+    ),
+    _Option(
+        ("--tokenizer",),
+        "tokenizer",
+        str,
+        None,
+        "Hugging Face tokenizer directory (tokenizer.json + "
+        "tokenizer_config.json) for models without their own. Default: byte-level tokenizer.",
+    ),
+    _Option(
+        ("--tokenize-url",),
+        "tokenize_url",
+        str,
+        None,
+        "Tokenize through the engine's /tokenize endpoint: "
+        "a base URL, or 'worker' for each model's first worker. Falls back to load-only routing on failure.",
+    ),
+    _Option(
+        ("--tokenizer-timeout-ms",),
+        "tokenizer_timeout_ms",
+        float,
+        2000.0,
+        "Give up tokenizing after this long and route on load only.",
+    ),
+    _Option(
+        ("--tokenizer-cache-size",), "tokenizer_cache_size", int, 1024, "Remote tokenization results kept."
+    ),
+    _Option(
+        ("--conformance-hooks",),
+        "conformance_hooks",
+        bool,
+        False,
+        "Honour the Inference Extension "
+        "conformance headers (test-epp-endpoint-selection). Lets clients choose endpoints: tests only.",
+    ),
+    _Option(
+        ("--seed",), "seed", _int_or_none, None, "Seed for tie-breaking and sampling (reproducible runs)."
+    ),
+    _Option(
+        ("--log-level",),
+        "log_level",
+        str,
+        "info",
+        "debug, info, warning or error.",
+        None,
+        ("debug", "info", "warning", "error"),
+    ),
+)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML file with workers, models and router settings."
+    )
+    groups = (("router", ROUTER_OPTIONS), ("picker", PICKER_OPTIONS))
+    for title, options in groups:
+        group = parser.add_argument_group(f"{title} (env DYN_<FLAG>, e.g. DYN_ROUTER_MODE)")
+        for opt in options:
+            flags = list(opt.flags)
+            default_text = "auto" if opt.default is None and opt.kind is bool else opt.default
+            help_text = f"{opt.help} (default: {default_text})"
+            if opt.kind is bool:
+                if opt.dest == "router_kv_events":
+                    flags.append("--kv-events")
+                group.add_argument(
+                    *flags, dest=opt.dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+                )
+            else:
+                group.add_argument(
+                    *flags, dest=opt.dest, default=None, choices=opt.choices, type=opt.kind, help=help_text
+                )
+
+
+def _env_names(opt: _Option) -> list[str]:
+    names = []
+    for flag in opt.flags:
+        names.append("DYN_" + flag.lstrip("-").upper().replace("-", "_"))
+    if opt.router_field == "use_kv_events":
+        names += ["DYN_ROUTER_USE_KV_EVENTS", "DYN_KV_EVENTS"]
+    return names
+
+
+def _parse_bool(name: str, text: str) -> bool:
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"invalid {name}={text!r}: expected true or false")
+
+
+def _convert(opt: _Option, name: str, raw: Any) -> Any:
+    if opt.kind is bool:
+        return raw if isinstance(raw, bool) else _parse_bool(name, raw)
+    if raw is None:
+        return None
+    try:
+        value = opt.kind(str(raw)) if not isinstance(raw, int | float) or opt.kind is str else opt.kind(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"invalid {name}={raw!r}: expected {getattr(opt.kind, '__name__', 'a value')}"
+        ) from None
+    if opt.choices and value not in opt.choices:
+        raise ConfigError(f"invalid {name}={raw!r}: expected one of {', '.join(opt.choices)}")
+    return value
+
+
+def _file_value(section: Mapping[str, Any], opt: _Option) -> tuple[bool, Any, str]:
+    for flag in opt.flags:
+        key = flag.lstrip("-")
+        for candidate in (key, key.replace("-", "_")):
+            if candidate in section:
+                return True, section[candidate], candidate
+    return False, None, ""
+
+
+def _resolve(
+    opt: _Option, args: argparse.Namespace, environ: Mapping[str, str], section: Mapping[str, Any]
+) -> Any:
+    flag_value = getattr(args, opt.dest, None)
+    if flag_value is not None:
+        return flag_value
+    for env in _env_names(opt):
+        if env in environ:
+            return _convert(opt, env, environ[env])
+    found, raw, key = _file_value(section, opt)
+    if found:
+        return _convert(opt, key, raw)
+    return opt.default
+
+
+def _norm(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    return {str(k).replace("-", "_"): v for k, v in mapping.items()}
+
+
+def _workers(raw: Any) -> tuple[WorkerConfig, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError("invalid workers: expected a list of {id, endpoint, model, ...}")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"invalid workers[{i}]={item!r}: expected a mapping")
+        w = _norm(item)
+        for key in ("id", "endpoint", "model"):
+            if not w.get(key):
+                raise ConfigError(f"invalid workers[{i}]: missing {key!r}")
+        endpoint = str(w["endpoint"])
+        if ":" not in endpoint:
+            raise ConfigError(f"invalid workers[{i}].endpoint={endpoint!r}: expected ip:port")
+        dp = w.get("dp_ranks")
+        if dp is None and "dp_size" in w:
+            dp = list(range(int(w["dp_size"])))
+        try:
+            out.append(
+                WorkerConfig(
+                    id=str(w["id"]),
+                    endpoint=endpoint,
+                    model=str(w["model"]),
+                    dp_ranks=tuple(int(r) for r in (dp if dp is not None else [0])),
+                    total_blocks=int(w.get("total_blocks", 16384)),
+                    max_num_batched_tokens=int(w.get("max_num_batched_tokens", 8192)),
+                )
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid workers[{i}]: {exc}") from None
+    ids = [w.id for w in out]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("invalid workers: worker ids must be unique")
+    return tuple(out)
+
+
+def _models(raw: Any, workers: Sequence[WorkerConfig]) -> tuple[ModelConfig, ...]:
+    models: dict[str, ModelConfig] = {}
+    for i, item in enumerate(raw or []):
+        if not isinstance(item, Mapping) or not item.get("name"):
+            raise ConfigError(f"invalid models[{i}]={item!r}: expected a mapping with a name")
+        m = _norm(item)
+        models[str(m["name"])] = ModelConfig(str(m["name"]), m.get("tokenizer"), m.get("tokenize_url"))
+    for w in workers:
+        models.setdefault(w.model, ModelConfig(w.model))
+    return tuple(models.values())
+
+
+def load_config(
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    args: argparse.Namespace | None = None,
+) -> PickerConfig:
+    """Build the frozen configuration from flags (or parsed `args`), `environ` and the config file."""
+    environ = os.environ if environ is None else environ
+    if args is None:
+        parser = argparse.ArgumentParser()
+        add_serve_arguments(parser)
+        args = parser.parse_args(argv)
+    config_path = getattr(args, "config", None) or environ.get("DYN_CONFIG")
+    document: Mapping[str, Any] = {}
+    if config_path:
+        try:
+            loaded = yaml.safe_load(Path(config_path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config file {config_path}: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, Mapping):
+            raise ConfigError(f"config file {config_path}: expected a mapping at the top level")
+        document = loaded or {}
+    router_section = document.get("router") or {}
+    picker_section = document.get("picker") or {}
+    if not isinstance(router_section, Mapping) or not isinstance(picker_section, Mapping):
+        raise ConfigError("config file: 'router' and 'picker' must be mappings")
+
+    workers = _workers(document.get("workers"))
+    kv_events_source = False  # KV event transports arrive with issue 4; nothing feeds events yet
+    router_values = {opt.router_field: _resolve(opt, args, environ, router_section) for opt in ROUTER_OPTIONS}
+    if router_values["use_kv_events"] is None:
+        router_values["use_kv_events"] = kv_events_source
+    try:
+        router = RouterConfig(**router_values)
+    except InvalidConfig as exc:
+        raise ConfigError(str(exc)) from exc
+    picker = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in PICKER_OPTIONS}
+    return PickerConfig(
+        router=router,
+        workers=workers,
+        models=_models(document.get("models"), workers),
+        host=picker["host"],
+        port=picker["port"],
+        health_port=picker["health_port"],
+        max_body_bytes=picker["max_body_bytes"],
+        tokenizer=picker["tokenizer"],
+        tokenize_url=picker["tokenize_url"],
+        tokenizer_timeout_s=picker["tokenizer_timeout_ms"] / 1000.0,
+        tokenizer_cache_size=picker["tokenizer_cache_size"],
+        conformance_hooks=picker["conformance_hooks"],
+        seed=picker["seed"],
+        log_level=picker["log_level"],
+        kv_events_source=kv_events_source,
+    )

@@ -1,0 +1,210 @@
+"""Endpoint-picker protocol: how a decision or an error is said to Envoy. Builds protobufs only.
+
+Follows the Gateway API Inference Extension endpoint-picker protocol v1.0 (REFERENCE section 1):
+the destination goes both into the request header `x-gateway-destination-endpoint` (overwriting
+any client value) and into dynamic metadata `envoy.lb` / `x-gateway-destination-endpoint`, with
+`clear_route_cache`. This is the only module that builds an `ImmediateResponse`, and the one
+place where errors become HTTP statuses (`ANSWERS`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from extproc import errors
+from extproc.router import errors as router_errors
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+LB_NAMESPACE = "envoy.lb"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+CONFORMANCE_SELECTION_HEADER = "test-epp-endpoint-selection"
+CONFORMANCE_SERVED_HEADER = "x-conformance-test-served-endpoint"
+DROPPED_REASON_HEADER = "x-gateway-request-dropped-reason"
+WORKER_HEADER = "x-extproc-worker"
+MAX_STREAMED_CHUNK = 62 * 1024  # Envoy accepts streamed body answers up to ~64 KiB per message
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+# error class -> (HTTP status, dropped-reason); first match in order wins
+ANSWERS: tuple[tuple[type[BaseException], int, str], ...] = (
+    (errors.BodyTooLarge, 413, "body-too-large"),
+    (errors.RequestInvalid, 400, "invalid-request"),
+    (errors.UnknownModel, 404, "unknown-model"),
+    (errors.NoEligibleWorker, 503, "rejected-no-endpoints"),
+    (router_errors.NoWorkers, 503, "rejected-no-endpoints"),
+    (router_errors.AllWorkersBusy, 503, "rejected-saturated"),
+    (router_errors.PinnedWorkerUnavailable, 503, "rejected-pinned-unavailable"),
+)
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
+
+
+def status_of(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status and dropped-reason for an error (500 for anything unexpected)."""
+    for cls, status, reason in ANSWERS:
+        if isinstance(exc, cls):
+            return status, reason
+    return 500, "internal-error"
+
+
+def error_answer(exc: BaseException) -> pb.ProcessingResponse:
+    """An ImmediateResponse with an OpenAI-style JSON error body."""
+    status, reason = status_of(exc)
+    message = getattr(exc, "message", None) or (str(exc) if status != 500 else "internal error in the picker")
+    return immediate_response(status, message, reason)
+
+
+def immediate_response(status: int, message: str, reason: str) -> pb.ProcessingResponse:
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": _ERROR_TYPES.get(status, "ServiceUnavailableError"),
+                "code": status,
+            }
+        }
+    ).encode()
+    headers = pb.HeaderMutation(
+        set_headers=[
+            _header("content-type", "application/json"),
+            _header(DROPPED_REASON_HEADER, reason),
+        ]
+    )
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status), headers=headers, body=body, details=reason
+        )
+    )
+
+
+def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
+    )
+
+
+def _routing_common(endpoint: str, extra_headers: Mapping[str, str]) -> pb.CommonResponse:
+    set_headers = [_header(DESTINATION_HEADER, endpoint)]
+    set_headers += [_header(k, v) for k, v in extra_headers.items()]
+    return pb.CommonResponse(
+        header_mutation=pb.HeaderMutation(set_headers=set_headers), clear_route_cache=True
+    )
+
+
+def _lb_metadata(key: str, endpoint: str) -> struct_pb2.Struct:
+    metadata = struct_pb2.Struct()
+    metadata.fields[LB_NAMESPACE].struct_value.fields[key].string_value = endpoint
+    return metadata
+
+
+def route_in_headers(endpoint: str, extra_headers: Mapping[str, str]) -> pb.ProcessingResponse:
+    """The routing answer to the request-headers message (no body, or duplex mode)."""
+    return pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(response=_routing_common(endpoint, extra_headers)),
+        dynamic_metadata=_lb_metadata(DESTINATION_HEADER, endpoint),
+    )
+
+
+def route_in_body(endpoint: str, extra_headers: Mapping[str, str]) -> pb.ProcessingResponse:
+    """The routing answer to a BUFFERED body: the header mutation rides on the body response."""
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(response=_routing_common(endpoint, extra_headers)),
+        dynamic_metadata=_lb_metadata(DESTINATION_HEADER, endpoint),
+    )
+
+
+def streamed_body(body: bytes, *, end_of_stream: bool) -> Iterable[pb.ProcessingResponse]:
+    """Echo a duplex-mode body back in chunks of at most MAX_STREAMED_CHUNK bytes."""
+    if not body:
+        yield _streamed_chunk(b"", end_of_stream)
+        return
+    for start in range(0, len(body), MAX_STREAMED_CHUNK):
+        chunk = body[start : start + MAX_STREAMED_CHUNK]
+        last = start + MAX_STREAMED_CHUNK >= len(body)
+        yield _streamed_chunk(chunk, end_of_stream and last)
+
+
+def _streamed_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(
+            response=pb.CommonResponse(
+                body_mutation=pb.BodyMutation(
+                    streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
+                )
+            )
+        )
+    )
+
+
+def echo_response_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    """Answer a duplex-mode response body chunk by passing it through unchanged."""
+    return pb.ProcessingResponse(
+        response_body=pb.BodyResponse(
+            response=pb.CommonResponse(
+                body_mutation=pb.BodyMutation(
+                    streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
+                )
+            )
+        )
+    )
+
+
+CONTINUE_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+CONTINUE_REQUEST_BODY = pb.ProcessingResponse(request_body=pb.BodyResponse())
+CONTINUE_REQUEST_TRAILERS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+CONTINUE_RESPONSE_HEADERS = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+CONTINUE_RESPONSE_BODY = pb.ProcessingResponse(response_body=pb.BodyResponse())
+CONTINUE_RESPONSE_TRAILERS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def served_answer(endpoint: str, *, conformance: bool) -> pb.ProcessingResponse:
+    """Response-headers answer: report the served endpoint (and the conformance echo header)."""
+    common = pb.CommonResponse()
+    if conformance:
+        common.header_mutation.set_headers.append(_header(CONFORMANCE_SERVED_HEADER, endpoint))
+    return pb.ProcessingResponse(
+        response_headers=pb.HeadersResponse(response=common),
+        dynamic_metadata=_lb_metadata(SERVED_KEY, endpoint),
+    )
+
+
+def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
+    """Endpoints the proxy allows (`envoy.lb.subset_hint`), or None when no hint was sent."""
+    namespace = request.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if namespace is None or SUBSET_KEY not in namespace.fields:
+        return None
+    value = namespace.fields[SUBSET_KEY]
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        items = [v.string_value for v in value.list_value.values if v.WhichOneof("kind") == "string_value"]
+    elif kind == "string_value":
+        items = value.string_value.split(",")
+    else:
+        items = []
+    return [i.strip() for i in items if i.strip()]
+
+
+def endpoint_matches(endpoint: str, allowed: Iterable[str]) -> bool:
+    """Whether `endpoint` (ip:port) is in `allowed`; a bare IP allows any port."""
+    host = endpoint.rsplit(":", 1)[0]
+    return any(item in (endpoint, host) or item.strip("[]") == host.strip("[]") for item in allowed)
+
+
+def format_endpoint(host: str, port: int) -> str:
+    """`ip:port`, with IPv6 addresses in brackets."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
+    """Envoy's header list as a dict (lower-case keys; `raw_value` preferred, as Envoy sends it)."""
+    out = {}
+    for h in headers.headers.headers:
+        out[h.key.lower()] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return out

@@ -1,0 +1,250 @@
+"""EndpointPicker: one request's way from body bytes to a routed worker, and its lifecycle.
+
+Reads top to bottom in request order: parse, find the model's pool, restrict candidates
+(subset hint, conformance header), tokenize, hash, route, and name the endpoint. Speaks no
+protocol: `service.py` feeds it bytes and headers and turns its `Pick` or its exception into
+an ext_proc answer through `epp.py`.
+
+A request whose path is not an OpenAI generation endpoint (GET /v1/models, /health, ...) or
+whose tokenization fails is still routed, on load alone; only generation requests are tracked
+until `finish`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import count
+
+from extproc import epp
+from extproc.config import PickerConfig, WorkerConfig
+from extproc.errors import NoEligibleWorker, TokenizerUnavailable, UnknownModel
+from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
+from extproc.router import KvRouter, RouterConfigOverride, Worker, WorkerSpec
+from extproc.tokenizer import RequestTokenizer
+
+log = logging.getLogger("extproc.picker")
+
+DP_RANK_HEADER = "x-data-parallel-rank"  # vLLM's header for pinning a data-parallel rank
+
+
+@dataclass(slots=True)
+class Pick:
+    """A routed request: where it goes and what the router tracks for it."""
+
+    request_id: str  # the router's id (unique while in flight)
+    model: str
+    worker: Worker
+    endpoint: str
+    headers: dict[str, str]
+    overlap_blocks: int = 0
+    request_blocks: int = 0
+    tracked: bool = False
+    timings_ns: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ModelPool:
+    """The workers serving one model, their router and their tokenizer."""
+
+    model: str
+    router: KvRouter
+    tokenizer: RequestTokenizer
+    workers: dict[str, WorkerConfig]
+
+    def endpoint_of(self, worker: Worker) -> str:
+        return self.workers[str(worker.worker_id)].endpoint
+
+
+class EndpointPicker:
+    """Chooses a worker for each request and keeps the routers' load picture true."""
+
+    def __init__(
+        self,
+        config: PickerConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self._rng = rng or random.Random(config.seed)
+        self._ids = count(1)
+        self._pools: dict[str, ModelPool] = {}
+        for model in config.models:
+            workers = {w.id: w for w in config.workers if w.model == model.name}
+            router = KvRouter(config.router, clock=clock, rng=self._rng, workers=_specs(workers.values()))
+            remote = model.tokenize_url or config.tokenize_url
+            if remote == "worker":
+                remote = f"http://{next(iter(workers.values())).endpoint}" if workers else None
+            tokenizer = RequestTokenizer.from_settings(
+                local_path=model.tokenizer or config.tokenizer,
+                remote_url=remote,
+                model=model.name,
+                timeout_s=config.tokenizer_timeout_s,
+                cache_size=config.tokenizer_cache_size,
+            )
+            self._pools[model.name] = ModelPool(model.name, router, tokenizer, workers)
+
+    @property
+    def pools(self) -> Mapping[str, ModelPool]:
+        return self._pools
+
+    async def close(self) -> None:
+        for pool in self._pools.values():
+            await pool.tokenizer.close()
+
+    def is_idle(self) -> bool:
+        """No request is tracked anywhere and every load counter is back at zero."""
+        return all(pool.router.is_idle() for pool in self._pools.values())
+
+    async def pick(
+        self,
+        *,
+        body: bytes | None,
+        path: str,
+        headers: Mapping[str, str],
+        subset: list[str] | None,
+        client_request_id: str,
+    ) -> Pick:
+        """Route one request. Raises PickerError or RouterError subclasses (mapped by `epp`)."""
+        timings: dict[str, int] = {}
+        t0 = time.perf_counter_ns()
+        if body is None or path.partition("?")[0] not in ROUTABLE_PATHS:
+            return self._pick_untracked(path, headers, subset)
+        request = parse_openai_body(body, path, max_bytes=self.config.max_body_bytes)
+        t1 = time.perf_counter_ns()
+        timings["parse"] = t1 - t0
+        pool = self._pools.get(request.model)
+        if pool is None:
+            raise UnknownModel(request.model, list(self._pools))
+        allowed = self._allowed(pool, subset, headers)
+
+        tokens: list[int] | None
+        try:
+            tokens = await pool.tokenizer.tokenize(request)
+        except TokenizerUnavailable as exc:
+            log.warning("tokenizer failed for %s (%s): routing on load only", client_request_id, exc.message)
+            tokens = None
+        t2 = time.perf_counter_ns()
+        timings["tokenize"] = t2 - t1
+
+        router = pool.router
+        override = _override(request, load_only=tokens is None)
+        hashes = router.block_hashes(tokens, lora_name=request.lora_name) if tokens else []
+        t3 = time.perf_counter_ns()
+        timings["hash"] = t3 - t2
+        request_id = self._request_id(router, client_request_id)
+        decision = router.best_worker_for_hashes(
+            hashes,
+            len(tokens) if tokens is not None else max(1, request.body_size // 4),
+            request_id=request_id,
+            config_override=override,
+            allowed_workers=allowed,
+            expected_output_tokens=_expected_output(request),
+        )
+        timings["route"] = time.perf_counter_ns() - t3
+        pick = Pick(
+            request_id=request_id,
+            model=request.model,
+            worker=decision.worker,
+            endpoint=pool.endpoint_of(decision.worker),
+            headers=_extra_headers(pool, decision.worker),
+            overlap_blocks=decision.overlap_blocks,
+            request_blocks=decision.request_blocks,
+            tracked=True,
+            timings_ns=timings,
+        )
+        log.info(
+            "routed %s model=%s to %s (%s) overlap=%d/%d blocks cost=%.1f",
+            client_request_id,
+            request.model,
+            decision.worker,
+            pick.endpoint,
+            decision.overlap_blocks,
+            decision.request_blocks,
+            decision.cost,
+        )
+        return pick
+
+    def first_token(self, pick: Pick) -> None:
+        """The first response chunk arrived: the prompt is prefilled."""
+        if pick.tracked:
+            self._pools[pick.model].router.mark_prefill_complete(pick.request_id)
+
+    def finish(self, pick: Pick, cause: str) -> None:
+        """The stream ended (complete, error status, reset, cancel); frees the request once."""
+        if pick.tracked and self._pools[pick.model].router.free(pick.request_id):
+            log.debug("freed %s (%s)", pick.request_id, cause)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _pick_untracked(self, path: str, headers: Mapping[str, str], subset: list[str] | None) -> Pick:
+        if not self._pools:
+            raise NoEligibleWorker("no worker is configured")
+        pool = next(iter(self._pools.values()))
+        allowed = self._allowed(pool, subset, headers)
+        decision = pool.router.best_worker_for_hashes([], 0, allowed_workers=allowed)
+        endpoint = pool.endpoint_of(decision.worker)
+        log.info("routed %s (untracked) to %s (%s)", path[:100], decision.worker, endpoint)
+        return Pick("", pool.model, decision.worker, endpoint, _extra_headers(pool, decision.worker))
+
+    def _allowed(
+        self, pool: ModelPool, subset: list[str] | None, headers: Mapping[str, str]
+    ) -> set[str] | None:
+        restrictions: list[list[str]] = []
+        if subset is not None:
+            restrictions.append(subset)
+        if self.config.conformance_hooks and epp.CONFORMANCE_SELECTION_HEADER in headers:
+            selection = headers[epp.CONFORMANCE_SELECTION_HEADER]
+            restrictions.append([s.strip() for s in selection.split(",") if s.strip()])
+        if not restrictions:
+            return None
+        allowed = {
+            wid
+            for wid, w in pool.workers.items()
+            if all(epp.endpoint_matches(w.endpoint, r) for r in restrictions)
+        }
+        if not allowed:
+            raise NoEligibleWorker("no worker of this model is in the allowed endpoint subset")
+        return allowed
+
+    def _request_id(self, router: KvRouter, client_request_id: str) -> str:
+        if client_request_id and client_request_id not in router.sequences:
+            return client_request_id
+        return f"{client_request_id or 'req'}#{next(self._ids)}"
+
+
+def _specs(workers: Iterable[WorkerConfig]) -> list[WorkerSpec]:
+    return [WorkerSpec(w.id, w.dp_ranks, w.total_blocks, w.max_num_batched_tokens) for w in workers]
+
+
+def _extra_headers(pool: ModelPool, worker: Worker) -> dict[str, str]:
+    config = pool.workers[str(worker.worker_id)]
+    return {DP_RANK_HEADER: str(worker.dp_rank)} if len(config.dp_ranks) > 1 else {}
+
+
+def _expected_output(request: ParsedRequest) -> int | None:
+    osl = request.agent_hints.get("osl")
+    if isinstance(osl, int) and not isinstance(osl, bool) and osl > 0:
+        return osl
+    return request.max_tokens
+
+
+def _override(request: ParsedRequest, *, load_only: bool) -> RouterConfigOverride | None:
+    if load_only:
+        return RouterConfigOverride(overlap_score_weight=0.0)
+    hints = request.agent_hints
+    weight = _non_negative(hints.get("kv_overlap_score_weight"))
+    temperature = _non_negative(hints.get("temperature"))
+    if weight is None and temperature is None:
+        return None
+    return RouterConfigOverride(overlap_score_weight=weight, temperature=temperature)
+
+
+def _non_negative(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf"):
+        return float(value)
+    return None

@@ -1,0 +1,100 @@
+"""Runs the picker: the ext_proc gRPC server and the gRPC health server, until told to stop.
+
+Health answers the services the Inference Extension expects on its health port: overall (""),
+`liveness`, `readiness`, `envoy.service.ext_proc.v3.ExternalProcessor` and
+`inference-extension`. Readiness goes NOT_SERVING as soon as shutdown starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from extproc.config import PickerConfig
+from extproc.picker import EndpointPicker
+from extproc.service import ExtProcService
+
+log = logging.getLogger("extproc.server")
+
+HEALTH_SERVICES = (
+    "",
+    "liveness",
+    "readiness",
+    "envoy.service.ext_proc.v3.ExternalProcessor",
+    "inference-extension",
+)
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),  # grpcio's 4 MiB default is below Envoy's bodies
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass
+class RunningPicker:
+    picker: EndpointPicker
+    service: ExtProcService
+    server: grpc.aio.Server
+    health_server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+    health_port: int
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        for name in HEALTH_SERVICES:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace_s)
+        await self.health_server.stop(0)
+        await self.picker.close()
+
+
+async def start_picker(config: PickerConfig) -> RunningPicker:
+    """Start both servers (port 0 picks free ports) and mark every health service SERVING."""
+    picker = EndpointPicker(config)
+    service = ExtProcService(
+        picker, max_body_bytes=config.max_body_bytes, conformance_hooks=config.conformance_hooks
+    )
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    health_server = grpc.aio.server(options=GRPC_OPTIONS)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+    health_port = health_server.add_insecure_port(f"{config.host}:{config.health_port}")
+    if not port or not health_port:
+        raise OSError(f"cannot listen on {config.host}:{config.port} / {config.health_port}")
+    await server.start()
+    await health_server.start()
+    for name in HEALTH_SERVICES:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return RunningPicker(picker, service, server, health_server, health_servicer, port, health_port)
+
+
+async def serve(config: PickerConfig) -> None:
+    """Run until SIGINT/SIGTERM."""
+    running = await start_picker(config)
+    mode = "KV events" if config.router.use_kv_events else "predicted from routing decisions (no KV events)"
+    log.info(
+        "ext_proc on %s:%d, health on %s:%d; %d workers over %d models; router mode %s, cache state %s",
+        config.host,
+        running.port,
+        config.host,
+        running.health_port,
+        len(config.workers),
+        len(config.models),
+        config.router.mode,
+        mode,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: not ready, finishing in-flight streams")
+    await running.stop()

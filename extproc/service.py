@@ -1,0 +1,231 @@
+"""The ext_proc servicer: one bidi stream per HTTP request, its phases, body modes and lifecycle.
+
+Speaks only Envoy's `envoy.service.ext_proc.v3` protocol (REFERENCE sections 1-2):
+- BUFFERED request bodies: answer request headers with CONTINUE at once (holding them
+  deadlocks Envoy until `message_timeout`), route when the whole body arrives, and put the
+  header mutation on the body answer.
+- FULL_DUPLEX_STREAMED: hold the headers answer until the body ends, then send the routing
+  headers answer and echo the body back in chunks of at most ~62 KB, the last one ending the
+  stream.
+- No body (GET, or body mode NONE): route on the headers.
+Decisions come from a `Picker` (declared here, narrow); answers are built by `epp.py`.
+
+Lifecycle: the first response body chunk marks prefill complete; the end of the response, a
+non-2xx status, a reset or a cancelled stream frees the request. The `finally` frees whatever
+ended the stream, exactly once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from extproc import epp
+from extproc.errors import BodyTooLarge, PickerError
+from extproc.picker import Pick
+from extproc.router.errors import RouterError
+
+log = logging.getLogger("extproc.service")
+
+_BodyMode = processing_mode_pb2.ProcessingMode.BodySendMode
+BUFFERED = _BodyMode.BUFFERED
+DUPLEX = _BodyMode.FULL_DUPLEX_STREAMED
+
+
+class Picker(Protocol):
+    """What the stream handler needs from the decision side."""
+
+    async def pick(
+        self,
+        *,
+        body: bytes | None,
+        path: str,
+        headers: Mapping[str, str],
+        subset: list[str] | None,
+        client_request_id: str,
+    ) -> Pick: ...
+
+    def first_token(self, pick: Pick) -> None: ...
+
+    def finish(self, pick: Pick, cause: str) -> None: ...
+
+
+class Phase(enum.Enum):
+    REQUEST_HEADERS = "request_headers"
+    REQUEST_BODY = "request_body"
+    UPSTREAM = "upstream"  # routed; waiting for the response
+    RESPONSE_BODY = "response_body"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class _Stream:
+    phase: Phase = Phase.REQUEST_HEADERS
+    request_body_mode: int = BUFFERED
+    response_body_mode: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    request_id: str = ""
+    subset: list[str] | None = None
+    body: bytearray = field(default_factory=bytearray)
+    pick: Pick | None = None
+    first_token_seen: bool = False
+    freed: bool = False
+    end_cause: str = "stream_closed"
+
+
+class ExtProcService(pb_grpc.ExternalProcessorServicer):
+    """Envoy external processor that routes each request through a Picker."""
+
+    def __init__(self, picker: Picker, *, max_body_bytes: int, conformance_hooks: bool = False) -> None:
+        self.picker = picker
+        self.max_body_bytes = max_body_bytes
+        self.conformance_hooks = conformance_hooks
+        self.open_streams = 0
+
+    async def Process(
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = _Stream()
+        self.open_streams += 1
+        try:
+            async for message in request_iterator:
+                for answer in await self._handle(stream, message):
+                    yield answer
+                if stream.phase is Phase.DONE and stream.pick is None:
+                    break
+        except BaseException:  # cancelled by Envoy or the client, or the servicer failed
+            stream.end_cause = "cancelled"
+            raise
+        finally:
+            self.open_streams -= 1
+            self._free(stream, stream.end_cause)
+
+    async def _handle(self, stream: _Stream, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            return await self._on_request_headers(stream, message)
+        if kind == "request_body":
+            return await self._on_request_body(stream, message.request_body)
+        if kind == "request_trailers":
+            return await self._on_request_trailers(stream)
+        if kind == "response_headers":
+            return self._on_response_headers(stream, message.response_headers)
+        if kind == "response_body":
+            return self._on_response_body(stream, message.response_body)
+        if kind == "response_trailers":
+            self._free(stream, "complete")
+            return [epp.CONTINUE_RESPONSE_TRAILERS]
+        log.warning("ignoring ext_proc message without a known phase: %s", kind)
+        return []
+
+    # --- request path ------------------------------------------------------------------------
+
+    async def _on_request_headers(
+        self, stream: _Stream, message: pb.ProcessingRequest
+    ) -> list[pb.ProcessingResponse]:
+        if message.HasField("protocol_config"):
+            stream.request_body_mode = message.protocol_config.request_body_mode
+            stream.response_body_mode = message.protocol_config.response_body_mode
+        stream.headers = epp.header_map(message.request_headers)
+        stream.request_id = stream.headers.get("x-request-id") or uuid.uuid4().hex
+        stream.subset = epp.subset_hint(message)
+        if message.request_headers.end_of_stream or stream.request_body_mode not in (BUFFERED, DUPLEX):
+            # No body is coming (or Envoy will not show it to us): route on the headers alone.
+            return [await self._route(stream, None, in_body=False)]
+        stream.phase = Phase.REQUEST_BODY
+        if stream.request_body_mode == DUPLEX:
+            return []  # held until the body ends
+        return [epp.CONTINUE_REQUEST_HEADERS]
+
+    async def _on_request_body(self, stream: _Stream, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        if stream.phase is not Phase.REQUEST_BODY:
+            return [epp.CONTINUE_REQUEST_BODY]
+        if len(stream.body) + len(body.body) > self.max_body_bytes:
+            stream.phase = Phase.DONE
+            error = BodyTooLarge(len(stream.body) + len(body.body), self.max_body_bytes)
+            return [self._reject(stream, error)]
+        stream.body += body.body
+        if not body.end_of_stream:
+            return []
+        return await self._body_complete(stream, end_of_stream=True)
+
+    async def _on_request_trailers(self, stream: _Stream) -> list[pb.ProcessingResponse]:
+        if stream.phase is Phase.REQUEST_BODY:  # trailers end a duplex body that had no end_of_stream
+            answers = await self._body_complete(stream, end_of_stream=False)
+            return [*answers, epp.CONTINUE_REQUEST_TRAILERS] if stream.phase is not Phase.DONE else answers
+        return [epp.CONTINUE_REQUEST_TRAILERS]
+
+    async def _body_complete(self, stream: _Stream, *, end_of_stream: bool) -> list[pb.ProcessingResponse]:
+        body = bytes(stream.body)
+        stream.body = bytearray()
+        duplex = stream.request_body_mode == DUPLEX
+        answer = await self._route(stream, body, in_body=not duplex)
+        if not duplex or answer.HasField("immediate_response"):
+            return [answer]
+        return [answer, *epp.streamed_body(body, end_of_stream=end_of_stream)]
+
+    async def _route(self, stream: _Stream, body: bytes | None, *, in_body: bool) -> pb.ProcessingResponse:
+        try:
+            pick = await self.picker.pick(
+                body=body,
+                path=stream.headers.get(":path", ""),
+                headers=stream.headers,
+                subset=stream.subset,
+                client_request_id=stream.request_id,
+            )
+        except (PickerError, RouterError) as exc:
+            stream.phase = Phase.DONE
+            return self._reject(stream, exc)
+        except Exception as exc:
+            log.exception("picker failed on %s", stream.request_id)
+            stream.phase = Phase.DONE
+            return self._reject(stream, exc)
+        stream.pick = pick
+        stream.phase = Phase.UPSTREAM
+        if in_body:
+            return epp.route_in_body(pick.endpoint, pick.headers)
+        return epp.route_in_headers(pick.endpoint, pick.headers)
+
+    def _reject(self, stream: _Stream, exc: BaseException) -> pb.ProcessingResponse:
+        status, reason = epp.status_of(exc)
+        log.info("rejected %s with %d (%s): %s", stream.request_id, status, reason, exc)
+        return epp.error_answer(exc)
+
+    # --- response path -----------------------------------------------------------------------
+
+    def _on_response_headers(self, stream: _Stream, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        pick = stream.pick
+        status = epp.header_map(headers).get(":status", "200")
+        if pick is not None and not status.startswith("2"):
+            self._free(stream, f"upstream_status_{status}")
+        elif headers.end_of_stream:
+            self._free(stream, "complete")
+        stream.phase = Phase.RESPONSE_BODY
+        if pick is None:
+            return [epp.CONTINUE_RESPONSE_HEADERS]
+        return [epp.served_answer(pick.endpoint, conformance=self.conformance_hooks)]
+
+    def _on_response_body(self, stream: _Stream, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        pick = stream.pick
+        if pick is not None and not stream.first_token_seen and not stream.freed:
+            stream.first_token_seen = True
+            self.picker.first_token(pick)
+        if body.end_of_stream:
+            self._free(stream, "complete")
+        if stream.response_body_mode == DUPLEX:
+            return [epp.echo_response_chunk(body.body, body.end_of_stream)]
+        return [epp.CONTINUE_RESPONSE_BODY]
+
+    def _free(self, stream: _Stream, cause: str) -> None:
+        if stream.pick is not None and not stream.freed:
+            stream.freed = True
+            self.picker.finish(stream.pick, cause)
