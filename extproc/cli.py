@@ -1,0 +1,90 @@
+"""Command line: `python -m extproc serve | mock-worker | demo`. Parses, configures logging, runs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from extproc.config import ConfigError, add_serve_arguments, load_config
+
+DESCRIPTION = """\
+extproc: a KV-cache-aware endpoint picker for LLM serving behind Envoy.
+
+  serve        run the ext_proc picker (gRPC :9002, health :9003) for the workers in --config
+  mock-worker  run a simulated OpenAI-compatible worker (prefix cache + timing model)
+  demo         start Envoy, the picker and four mock workers; compare KV routing with round robin
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m extproc",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the ext_proc endpoint picker",
+        description="Run the ext_proc endpoint picker. Every router flag can also be set with an environment "
+        "variable DYN_<FLAG> (e.g. DYN_ROUTER_MODE=round-robin) or in the config file's 'router:' section; "
+        "flags win over the environment, which wins over the file.",
+    )
+    add_serve_arguments(serve)
+
+    from extproc.sim.mock_worker import add_mock_worker_arguments
+
+    mock = sub.add_parser(
+        "mock-worker",
+        help="run a simulated OpenAI-compatible worker",
+        description="A simulated vLLM-like worker: OpenAI endpoints, /tokenize, /metrics, "
+        "a block-level prefix cache and the Dynamo mocker's timing model.",
+    )
+    add_mock_worker_arguments(mock)
+
+    from extproc.demo import add_demo_arguments
+
+    demo = sub.add_parser(
+        "demo",
+        help="compare KV routing with round robin on loopback",
+        description="Start Envoy, the picker and mock workers on 127.0.0.1, send multi-turn "
+        "chat traffic with shared system prompts, and print per-worker tables.",
+    )
+    add_demo_arguments(demo)
+    return parser
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        try:
+            config = load_config(args=args)
+        except ConfigError as exc:
+            print(f"extproc serve: {exc}", file=sys.stderr)
+            return 2
+        _logging(config.log_level)
+        from extproc.server import serve
+
+        asyncio.run(serve(config))
+        return 0
+    if args.command == "mock-worker":
+        from extproc.sim.mock_worker import run_mock_worker
+
+        _logging(getattr(args, "log_level", "info") or "info")
+        asyncio.run(run_mock_worker(args))
+        return 0
+    from extproc.demo import run_demo
+
+    _logging("warning")
+    return run_demo(args)

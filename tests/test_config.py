@@ -1,0 +1,110 @@
+"""Config loading: flag > DYN_* env > file > default, validation messages, worker lists."""
+
+import pytest
+
+from extproc.config import ConfigError, load_config
+from extproc.router import RouterMode
+
+CONFIG = """
+router:
+  router-mode: random
+  kv-cache-block-size: 32
+  router_temperature: 0.25
+workers:
+  - {id: w0, endpoint: "127.0.0.1:8000", model: m}
+  - {id: w1, endpoint: "127.0.0.1:8001", model: m, dp-size: 2, total-blocks: 100}
+models:
+  - {name: m, tokenizer: /tmp/tok}
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "picker.yaml"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def test_file_values_apply_when_no_flag_or_env_is_given(config_file):
+    config = load_config(["--config", config_file], environ={})
+    assert config.router.mode is RouterMode.RANDOM
+    assert config.router.block_size == 32
+    assert config.router.temperature == 0.25
+    assert [w.id for w in config.workers] == ["w0", "w1"]
+    assert config.workers[1].dp_ranks == (0, 1) and config.workers[1].total_blocks == 100
+    assert config.models[0].tokenizer == "/tmp/tok"
+
+
+def test_env_beats_file_and_flags_beat_env(config_file):
+    env = {
+        "DYN_ROUTER_MODE": "round-robin",
+        "DYN_ROUTER_TEMPERATURE": "0.5",
+        "DYN_KV_OVERLAP_SCORE_WEIGHT": "2",
+    }
+    config = load_config(["--config", config_file], environ=env)
+    assert config.router.mode is RouterMode.ROUND_ROBIN
+    assert config.router.temperature == 0.5
+    assert config.router.overlap_score_weight == 2.0
+    config = load_config(
+        ["--config", config_file, "--router-mode", "kv", "--router-temperature", "0"], environ=env
+    )
+    assert config.router.mode is RouterMode.KV and config.router.temperature == 0.0
+
+
+def test_boolean_flags_and_dynamo_aliases():
+    config = load_config(["--no-router-kv-events", "--no-router-assume-kv-reuse"], environ={})
+    assert not config.router.use_kv_events and not config.router.router_assume_kv_reuse
+    assert not load_config(["--no-kv-events"], environ={}).router.use_kv_events
+    assert not load_config(
+        [], environ={"DYN_ROUTER_TRACK_ACTIVE_BLOCKS": "false"}
+    ).router.router_track_active_blocks
+    assert load_config(["--kv-overlap-score-weight", "0"], environ={}).router.overlap_score_weight == 0.0
+
+
+def test_without_an_event_source_the_router_predicts_from_decisions():
+    assert load_config([], environ={}).router.use_kv_events is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (
+            [],
+            {"DYN_ROUTER_MODE": "fastest"},
+            "DYN_ROUTER_MODE='fastest': expected one of kv, round-robin, random",
+        ),
+        ([], {"DYN_ROUTER_TEMPERATURE": "warm"}, "DYN_ROUTER_TEMPERATURE='warm'"),
+        (["--router-temperature", "-1"], {}, "temperature=-1.0: expected a number >= 0"),
+        ([], {"DYN_ROUTER_TRACK_ACTIVE_BLOCKS": "maybe"}, "expected true or false"),
+        (["--active-prefill-tokens-threshold-frac", "2"], {}, "fraction in [0, 1]"),
+    ],
+)
+def test_bad_values_name_the_setting_value_and_what_is_accepted(argv, env, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(argv, environ=env)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("workers", "message"),
+    [
+        ("workers: {id: w0}", "expected a list"),
+        ("workers: [{id: w0, model: m}]", "missing 'endpoint'"),
+        ("workers: [{id: w0, endpoint: nohostport, model: m}]", "expected ip:port"),
+        (
+            "workers: [{id: a, endpoint: '1.1.1.1:1', model: m}, {id: a, endpoint: '1.1.1.1:2', model: m}]",
+            "unique",
+        ),
+        ("- just a list", "mapping at the top level"),
+    ],
+)
+def test_bad_worker_lists_are_refused_with_a_clear_message(tmp_path, workers, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(workers)
+    with pytest.raises(ConfigError, match=message):
+        load_config(["--config", str(path)], environ={})
+
+
+def test_missing_config_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(["--config", str(tmp_path / "nope.yaml")], environ={})
