@@ -1,0 +1,310 @@
+"""Chat templates: turn OpenAI messages into the prompt text a vLLM engine renders for them.
+
+Mirrors two upstream steps, because the router's tokens must equal the engine's (REFERENCE.md §4):
+- vLLM's message preparation (`vllm/entrypoints/chat_utils.py`): content parts become one "\\n"-joined
+  string, or a list of `{"type": "text"|"image"|...}` items when the template loops over
+  `message['content']` (the "openai" content format, detected from the template AST as vLLM does); only
+  role, content, name, tool_calls (arguments parsed from JSON), tool_call_id and reasoning are kept.
+- transformers' `apply_chat_template` (`utils/chat_template_utils.py`): an ImmutableSandboxedEnvironment
+  with trim_blocks, lstrip_blocks, loop controls and the `{% generation %}` tag; `raise_exception`,
+  `strftime_now` and a `tojson` that does not HTML-escape; special tokens and `chat_template_kwargs` as
+  template variables; `continue_final_message` trimming.
+
+Known gaps (use the engine's /tokenize backend when they matter): multimodal placeholders are model-specific
+and dropped in the "string" format; tool definitions are passed as sent, while vLLM re-dumps them through
+its pydantic models (adding null `description`/`parameters`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from extproc.errors import TokenizerUnavailable
+
+ContentFormat = Literal["string", "openai"]
+
+_TEXT_KEYS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+_MEDIA_TYPES = {
+    "image_url": "image",
+    "input_image": "image",
+    "image_pil": "image",
+    "image_embeds": "image",
+    "audio_url": "audio",
+    "input_audio": "audio",
+    "audio_embeds": "audio",
+    "video_url": "video",
+}
+# Never taken from chat_template_kwargs: messages and tools come from the request; vLLM rejects the others.
+_RESERVED_KWARGS = frozenset({"messages", "tools", "chat_template", "tokenize"})
+
+
+class ChatTemplate:
+    """One compiled chat template and its detected content format. Compile once, render per request."""
+
+    def __init__(self, source: str) -> None:
+        """Compile `source`; raises `TokenizerUnavailable` on a syntax error."""
+        self.source = source
+        env = _environment()
+        try:
+            self._template = env.from_string(source)
+            self.content_format = _detect_content_format(env.parse(source))
+        except jinja2.TemplateError as e:
+            raise TokenizerUnavailable(f"chat template does not compile: {e}") from e
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        special_tokens: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text for `messages`. Raises `TokenizerUnavailable` when the template fails.
+
+        `chat_template_kwargs` override special tokens and `add_generation_prompt`, as vLLM merges them.
+        """
+        context: dict[str, Any] = dict(special_tokens or {})
+        context.update({k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_KWARGS})
+        add_generation_prompt = context.pop("add_generation_prompt", add_generation_prompt)
+        continue_final_message = context.pop("continue_final_message", False)
+        if add_generation_prompt and continue_final_message:
+            raise TokenizerUnavailable("add_generation_prompt and continue_final_message cannot both be set")
+        conversation = build_conversation(messages, self.content_format)
+        context.setdefault("documents", None)
+        context.update(
+            messages=conversation,
+            tools=[dict(t) for t in tools] if tools is not None else None,
+            add_generation_prompt=add_generation_prompt,
+        )
+        try:
+            rendered = self._template.render(context)
+        # The template is third-party code that can raise anything (TemplateError from raise_exception,
+        # TypeError from `'a' + none`, ...); every failure means "cannot reproduce the engine's prompt".
+        except Exception as e:
+            raise TokenizerUnavailable(f"chat template failed: {type(e).__name__}: {e}") from e
+        return _trim_to_final_message(rendered, conversation) if continue_final_message else rendered
+
+
+def build_conversation(
+    messages: Sequence[Mapping[str, Any]], content_format: ContentFormat
+) -> list[dict[str, Any]]:
+    """vLLM's conversation for the template: normalised content, kept keys, tool-call arguments as objects.
+
+    Raises `TokenizerUnavailable` for content vLLM would reject (unknown part types, malformed tool calls).
+    """
+    conversation = []
+    for message in messages:
+        role = message.get("role")
+        items = [item for part in _parts(message.get("content")) if (item := _part(part, content_format))]
+        content = items if content_format == "openai" else "\n".join(items)
+        out: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant":
+            if message.get("tool_calls") is not None:
+                out["tool_calls"] = _tool_calls(message["tool_calls"])
+            if message.get("reasoning") is not None:
+                out["reasoning"] = out["reasoning_content"] = message["reasoning"]
+        elif role == "tool":
+            if "tool_call_id" in message:
+                out["tool_call_id"] = message["tool_call_id"]
+            content = out["content"]
+            if isinstance(content, list) and all(item.get("type") == "text" for item in content):
+                out["content"] = "\n".join(item["text"] for item in content)
+        for key in ("name", "task"):
+            if isinstance(message.get(key), str):
+                out[key] = message[key]
+        if role == "developer":
+            out["tools"] = message.get("tools")
+        if out.get("tool_calls") == []:
+            del out["tool_calls"]  # vLLM drops empty tool_calls to keep templates on the plain path
+        conversation.append(out)
+    return conversation
+
+
+def _parts(content: Any) -> list[Any]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return content
+    raise TokenizerUnavailable(f"message content of type {type(content).__name__} cannot be rendered")
+
+
+def _part(part: Any, content_format: ContentFormat) -> Any:
+    wrap = content_format == "openai"
+    if isinstance(part, str):
+        return {"type": "text", "text": part} if wrap else part
+    if not isinstance(part, Mapping):
+        raise TokenizerUnavailable(f"content part of type {type(part).__name__} cannot be rendered")
+    part_type = part.get("type")
+    if part_type is not None and not isinstance(part_type, str):
+        raise TokenizerUnavailable(f"content part type must be a string, not {type(part_type).__name__}")
+    if part_type is None:  # vLLM accepts untyped parts that carry a media field
+        part_type = next((key for key in _MEDIA_TYPES if key in part), None)
+    if part_type in _TEXT_KEYS:
+        text = part.get(_TEXT_KEYS[part_type])
+        if text is None:
+            return None
+        if not isinstance(text, str):
+            raise TokenizerUnavailable(
+                f"content part {part_type!r} needs a string, not {type(text).__name__}"
+            )
+        return {"type": "text", "text": text} if wrap else text
+    if part_type in _MEDIA_TYPES:
+        return {"type": _MEDIA_TYPES[part_type]} if wrap else None
+    if part_type == "tool_reference":
+        return {"type": "tool_reference", "name": part.get("name")} if wrap else part.get("name")
+    raise TokenizerUnavailable(f"unsupported chat content part type {part_type!r}")
+
+
+def _tool_calls(tool_calls: Any) -> list[dict[str, Any]]:
+    if not isinstance(tool_calls, list):
+        raise TokenizerUnavailable("tool_calls must be a list")
+    out = []
+    for call in tool_calls:
+        if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+            raise TokenizerUnavailable("each tool call needs a `function` object")
+        function = dict(call["function"])
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                function["arguments"] = json.loads(arguments)
+            except (ValueError, RecursionError):
+                function["arguments"] = {}  # vLLM's fallback for arguments that are not JSON
+        elif not isinstance(arguments, dict | list):
+            function["arguments"] = {}
+        out.append({**call, "function": function})
+    return out
+
+
+def _trim_to_final_message(rendered: str, conversation: list[dict[str, Any]]) -> str:
+    """transformers' `continue_final_message`: cut the prompt right after the final message's text."""
+    final = conversation[-1]["content"] if conversation else ""
+    if isinstance(final, list):
+        texts = [block["text"] for block in final if isinstance(block, dict) and "text" in block]
+        if not texts:
+            raise TokenizerUnavailable("continue_final_message is set but the final message has no text")
+        final = texts[-1]
+    stripped = final.strip()
+    if stripped not in rendered:
+        raise TokenizerUnavailable("continue_final_message is set but the template dropped the final message")
+    at = rendered.rindex(stripped)
+    if rendered[at : at + len(final.lstrip())] == final:
+        return rendered[: at + len(final.lstrip())]
+    return rendered[: at + len(stripped)]
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: transformers tracks assistant spans; output is the body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+# Content-format detection, after vLLM's `_detect_content_format`: the template uses the "openai" format
+# when it loops over `message['content']` (or `.content`) of a loop variable drawn from `messages`.
+class _Undetectable(Exception):
+    """A construct vLLM's detector gives up on; it then falls back to "string"."""
+
+
+def _detect_content_format(ast: jinja2.nodes.Template) -> ContentFormat:
+    try:
+        message_names = [name for _, name in _loops_over(ast, list(_aliases(ast, "messages")), None)]
+        next(_loops_over(ast, message_names, "content"))
+    except (StopIteration, _Undetectable):
+        return "string"
+    return "openai"
+
+
+def _accesses(node: jinja2.nodes.Node, name: str, key: str | None) -> bool:
+    if isinstance(node, jinja2.nodes.Filter | jinja2.nodes.Test):
+        return node.node is not None and _accesses(node.node, name, key)
+    if isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice):
+        return _accesses(node.node, name, key)
+    if key is None:
+        return _is_name(node, name)
+    if isinstance(node, jinja2.nodes.Getitem):
+        is_key = isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key
+        return is_key and _is_name(node.node, name)
+    return isinstance(node, jinja2.nodes.Getattr) and _is_name(node.node, name) and node.attr == key
+
+
+def _is_name(node: jinja2.nodes.Node, name: str) -> bool:
+    return isinstance(node, jinja2.nodes.Name) and node.ctx == "load" and node.name == name
+
+
+def _aliases(ast: jinja2.nodes.Template, name: str) -> Iterator[str]:
+    """`name` and every variable `{% set %}` from it (transitively, through filters and slices)."""
+    yield name
+    pending, seen = [name], {name}
+    while pending:
+        current = pending.pop(0)
+        for assign in ast.find_all(jinja2.nodes.Assign):
+            if _accesses(assign.node, current, None):
+                if not isinstance(assign.target, jinja2.nodes.Name):
+                    raise _Undetectable
+                yield assign.target.name
+                if assign.target.name not in seen:
+                    seen.add(assign.target.name)
+                    pending.append(assign.target.name)
+
+
+def _loops_over(ast: jinja2.nodes.Template, names: list[str], key: str | None) -> Iterator[tuple[Any, str]]:
+    for loop in ast.find_all(jinja2.nodes.For):
+        if any(_accesses(loop.iter, name, key) for name in names):
+            if not isinstance(loop.target, jinja2.nodes.Name):
+                raise _Undetectable
+            yield loop, loop.target.name

@@ -1,0 +1,336 @@
+"""OpenAI request bodies -> `ParsedRequest`: the one converter from an HTTP body to what routing reads.
+
+Accepts `/v1/chat/completions` and `/v1/completions` bodies (the `:path` may carry a query string) and
+validates only what routing, tokenization and the scheduling hints need; every other field is ignored and
+reaches the engine untouched. Raises `BodyTooLarge` or `RequestInvalid` (with a message naming the field)
+and nothing else, whatever the bytes: `tests/test_request.py` fuzzes that promise.
+
+Decisions:
+- A completion `prompt` batch (several strings or token lists) is rejected: one HTTP request goes to one
+  endpoint, and the engine would prefill every prompt there, so routing on the first alone would be wrong.
+- JSON must be strict RFC 8259 (no NaN/Infinity) and UTF-8; unpaired UTF-16 surrogate escapes are rejected
+  because no tokenizer can encode them.
+- `null` means "absent" for optional fields, as in the OpenAI schema.
+- `lora_name` stays None: vLLM serves LoRA adapters as model names, so `model` already identifies them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, Literal, NoReturn
+
+from extproc.errors import BodyTooLarge, RequestInvalid
+
+CHAT_PATH: Final = "/v1/chat/completions"
+COMPLETIONS_PATH: Final = "/v1/completions"
+ROUTABLE_PATHS: Final = frozenset({CHAT_PATH, COMPLETIONS_PATH})
+MAX_TOKEN_ID: Final = 2**32 - 1  # token ids are u32 everywhere downstream (block hashing, events)
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_TEXT_PART_FIELDS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+
+
+def _empty_mapping() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """What routing needs from one OpenAI request. Top-level mappings are read-only views.
+
+    A chat request has `messages`; a completion has exactly one of `prompt_text` and `prompt_token_ids`.
+    """
+
+    kind: Literal["chat", "completion"]
+    model: str
+    messages: tuple[Mapping[str, Any], ...] | None = None  # as sent (validated, not normalised)
+    prompt_text: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None  # u32 ids: the prompt needs no tokenizer
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=_empty_mapping)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM: render the last (assistant) message open-ended
+    stream: bool = False
+    max_tokens: int | None = None  # max_completion_tokens, else max_tokens
+    session_id: str | None = None  # nvext.session_control.session_id
+    session_action: str | None = None  # nvext.session_control.action, e.g. "close"
+    agent_hints: Mapping[str, Any] = field(default_factory=_empty_mapping)  # known keys type-checked
+    nvext: Mapping[str, Any] = field(default_factory=_empty_mapping)
+    lora_name: str | None = None
+    body_size: int = 0  # bytes
+
+
+def parse_openai_body(body: bytes, path: str, *, max_bytes: int) -> ParsedRequest:
+    """Parse and validate one OpenAI request body sent to `path`.
+
+    Raises `BodyTooLarge` when `len(body) > max_bytes`, `RequestInvalid` for anything else unroutable.
+    """
+    size = len(body)
+    if size > max_bytes:
+        raise BodyTooLarge(size, max_bytes)
+    route = path.partition("?")[0]
+    if route not in ROUTABLE_PATHS:
+        supported = ", ".join(sorted(ROUTABLE_PATHS))
+        raise RequestInvalid(f"path {route[:200]!r} is not routable; supported paths: {supported}")
+    obj = _load_json(body)
+    if not isinstance(obj, dict):
+        raise RequestInvalid(f"request body must be a JSON object, not {_json_type(obj)}")
+    model = obj.get("model")
+    if not isinstance(model, str) or not model:
+        _invalid("model", model, "a non-empty string")
+    common: dict[str, Any] = {"model": model, "body_size": size, **_parse_common(obj)}
+    if route == CHAT_PATH:
+        return ParsedRequest(kind="chat", **common, **_parse_chat(obj))
+    return ParsedRequest(kind="completion", **common, **_parse_completion(obj))
+
+
+def _load_json(body: bytes) -> Any:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestInvalid(f"request body is not valid UTF-8 (at byte {e.start})") from e
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError as e:
+        raise RequestInvalid("request body is nested too deeply") from e
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity, integers over the int-digits limit
+        raise RequestInvalid(f"request body is not valid JSON: {e}") from e
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+        raise RequestInvalid("request body contains an unpaired UTF-16 surrogate escape")
+    return value
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                return True
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+    return False
+
+
+def _parse_common(obj: dict[str, Any]) -> dict[str, Any]:
+    max_completion_tokens = _opt_int(obj, "max_completion_tokens", "max_completion_tokens", 0, None)
+    max_tokens = _opt_int(obj, "max_tokens", "max_tokens", 0, None)
+    nvext = _opt_object(obj, "nvext", "nvext") or {}
+    session = _opt_object(nvext, "session_control", "nvext.session_control") or {}
+    hints = _opt_object(nvext, "agent_hints", "nvext.agent_hints") or {}
+    for key, check in _HINT_CHECKS.items():
+        if hints.get(key) is not None:
+            check(hints, key, f"nvext.agent_hints.{key}")
+    return {
+        "stream": _opt_bool(obj, "stream", "stream", False),
+        # vLLM's precedence: max_completion_tokens wins over the deprecated max_tokens.
+        "max_tokens": max_completion_tokens if max_completion_tokens is not None else max_tokens,
+        "session_id": _opt_str(session, "session_id", "nvext.session_control.session_id"),
+        "session_action": _opt_str(session, "action", "nvext.session_control.action"),
+        "agent_hints": MappingProxyType(hints),
+        "nvext": MappingProxyType(nvext),
+    }
+
+
+def _parse_chat(obj: dict[str, Any]) -> dict[str, Any]:
+    messages = obj.get("messages")
+    if messages is None:
+        raise RequestInvalid("chat requests need `messages`")
+    if not isinstance(messages, list):
+        _invalid("messages", messages, "a list of message objects")
+    if not messages:
+        raise RequestInvalid("messages must not be empty")
+    for i, message in enumerate(messages):
+        _check_message(message, f"messages[{i}]")
+    tools = obj.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            _invalid("tools", tools, "a list of tool objects")
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                _invalid(f"tools[{i}]", tool, "an object")
+    add_generation_prompt = _opt_bool(obj, "add_generation_prompt", "add_generation_prompt", True)
+    continue_final_message = _opt_bool(obj, "continue_final_message", "continue_final_message", False)
+    if add_generation_prompt and continue_final_message:
+        raise RequestInvalid("add_generation_prompt and continue_final_message cannot both be true")
+    return {
+        "messages": tuple(messages),
+        "tools": tuple(tools) if tools is not None else None,
+        "chat_template_kwargs": MappingProxyType(
+            _opt_object(obj, "chat_template_kwargs", "chat_template_kwargs") or {}
+        ),
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+    }
+
+
+def _check_message(message: Any, where: str) -> None:
+    if not isinstance(message, dict):
+        _invalid(where, message, "a message object")
+    if not isinstance(message.get("role"), str):
+        _invalid(f"{where}.role", message.get("role"), "a string")
+    content = message.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            _check_part(part, f"{where}.content[{j}]")
+    elif content is not None and not isinstance(content, str):
+        _invalid(f"{where}.content", content, "a string, a list of content parts or null")
+    _opt_str(message, "name", f"{where}.name")
+    _opt_str(message, "tool_call_id", f"{where}.tool_call_id")
+    tool_calls = message.get("tool_calls")
+    if tool_calls is None:
+        return
+    if not isinstance(tool_calls, list):
+        _invalid(f"{where}.tool_calls", tool_calls, "a list of tool calls")
+    for k, call in enumerate(tool_calls):
+        if not isinstance(call, dict):
+            _invalid(f"{where}.tool_calls[{k}]", call, "an object")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            _invalid(f"{where}.tool_calls[{k}].function", function, "an object")
+        if not isinstance(function.get("name"), str):
+            _invalid(f"{where}.tool_calls[{k}].function.name", function.get("name"), "a string")
+        arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, str | dict):
+            _invalid(f"{where}.tool_calls[{k}].function.arguments", arguments, "a string or an object")
+
+
+def _check_part(part: Any, where: str) -> None:
+    if isinstance(part, str):
+        return
+    if not isinstance(part, dict):
+        _invalid(where, part, "a content part object or a string")
+    part_type = part.get("type")
+    if part_type is not None and not isinstance(part_type, str):
+        _invalid(f"{where}.type", part_type, "a string")
+    text_field = _TEXT_PART_FIELDS.get(part_type) if isinstance(part_type, str) else None
+    if text_field is not None and not isinstance(part.get(text_field), str):
+        _invalid(f"{where}.{text_field}", part.get(text_field), "a string")
+
+
+def _parse_completion(obj: dict[str, Any]) -> dict[str, Any]:
+    prompt = obj.get("prompt")
+    if prompt is None:
+        if obj.get("prompt_embeds") is not None:
+            raise RequestInvalid("prompt_embeds requests cannot be routed on tokens; send `prompt`")
+        raise RequestInvalid("completion requests need `prompt`")
+    if isinstance(prompt, str):
+        return {"prompt_text": prompt}
+    expected = "a string, a list of token ids, or a list holding one string or one token-id list"
+    if not isinstance(prompt, list):
+        _invalid("prompt", prompt, expected)
+    if not prompt:
+        raise RequestInvalid("prompt must not be an empty list")
+    if type(prompt[0]) is int:
+        return {"prompt_token_ids": _token_ids(prompt, "prompt")}
+    if len(prompt) > 1:
+        if all(isinstance(p, str | list) for p in prompt):
+            raise RequestInvalid(
+                f"prompt is a batch of {len(prompt)} prompts, which cannot be routed as one request; "
+                "send one prompt per request"
+            )
+        _invalid("prompt", prompt, expected)
+    only = prompt[0]
+    if isinstance(only, str):
+        return {"prompt_text": only}
+    if isinstance(only, list):
+        return {"prompt_token_ids": _token_ids(only, "prompt[0]")}
+    _invalid("prompt[0]", only, "a string or a list of token ids")
+
+
+def _token_ids(values: list[Any], where: str) -> tuple[int, ...]:
+    if not values:
+        raise RequestInvalid(f"{where} must not be an empty token list")
+    for i, token in enumerate(values):
+        if type(token) is not int or not 0 <= token <= MAX_TOKEN_ID:
+            _invalid(f"{where}[{i}]", token, f"a token id in [0, {MAX_TOKEN_ID}]")
+    return tuple(values)
+
+
+def _opt_bool(obj: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        _invalid(where, value, "a boolean")
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        _invalid(where, value, "a string")
+    return value
+
+
+def _opt_int(obj: Mapping[str, Any], key: str, where: str, low: int, high: int | None) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < low or (high is not None and value > high):
+        bounds = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        _invalid(where, value, bounds)
+    return value
+
+
+def _opt_object(obj: Mapping[str, Any], key: str, where: str) -> dict[str, Any] | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, dict):
+        _invalid(where, value, "an object")
+    return value
+
+
+def _check_number(obj: Mapping[str, Any], key: str, where: str, low: float | None = None) -> None:
+    value = obj[key]
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (low is not None and value < low):
+        _invalid(where, value, "a finite number" if low is None else f"a finite number >= {low:g}")
+
+
+_HINT_CHECKS: Final = {  # Dynamo's nvext.agent_hints types; unknown keys pass through unchecked
+    "latency_sensitivity": lambda o, k, w: _check_number(o, k, w),
+    "osl": lambda o, k, w: _opt_int(o, k, w, 0, MAX_TOKEN_ID),
+    "priority": lambda o, k, w: _opt_int(o, k, w, -(2**31), 2**31 - 1),
+    "speculative_prefill": lambda o, k, w: _opt_bool(o, k, w, False),
+    "kv_overlap_score_weight": lambda o, k, w: _check_number(o, k, w, 0.0),
+    "temperature": lambda o, k, w: _check_number(o, k, w, 0.0),
+}
+
+
+def _invalid(where: str, value: Any, expected: str) -> NoReturn:
+    raise RequestInvalid(f"{where} must be {expected}, not {_json_type(value)}")
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float) or (isinstance(value, int) and abs(value) < 10**15):
+        return f"the number {value!r}"
+    if isinstance(value, int):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"

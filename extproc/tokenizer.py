@@ -1,0 +1,363 @@
+"""Tokenizer backends: turn an OpenAI request into the token ids the engine will see.
+
+The router re-hashes token ids itself, so these must equal the engine's exactly (REFERENCE.md §4):
+- `HfTokenizer`: a local Hugging Face directory, rendered as transformers + vLLM do (`chat_template.py`);
+- `RemoteTokenizer` (`extproc/remote_tokenizer.py`): the engine's own `POST /tokenize`, exact by construction;
+- `ByteTokenizer`: the zero-configuration default, shared with the simulated engine.
+`RequestTokenizer` is the picker's async facade over them: it never blocks the event loop on a big prompt,
+bounds the time spent, and reports every failure as `TokenizerUnavailable` (the picker then routes on
+load alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import tokenizers
+
+from extproc.chat_template import ChatTemplate
+from extproc.errors import TokenizerUnavailable
+from extproc.remote_tokenizer import RemoteTokenizer
+from extproc.request import ParsedRequest
+
+log = logging.getLogger(__name__)
+
+_SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+class Tokenizer(Protocol):
+    """What the picker and the mock worker need from a tokenizer."""
+
+    name: str
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a raw completion prompt, with the engine's default special tokens."""
+        ...
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of a chat conversation rendered with the chat template."""
+        ...
+
+
+def message_text(content: Any) -> str:
+    """The text of an OpenAI message `content`: a string, or the text parts of a part list."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
+        )
+    raise ValueError("message content must be a string or a list of parts")
+
+
+class ByteTokenizer:
+    """Zero-configuration default: UTF-8 bytes are token ids, with a fixed plain chat layout.
+
+    Deterministic and dependency-free, so the picker and the mock worker agree without files.
+    """
+
+    name = "bytes"
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        parts = [f"<|{m.get('role', 'user')}|>\n{message_text(m.get('content'))}\n" for m in messages]
+        if add_generation_prompt:
+            parts.append("<|assistant|>\n")
+        return self.encode_text("".join(parts))
+
+
+class HfTokenizer:
+    """A local Hugging Face tokenizer directory, read as transformers' fast tokenizer reads it.
+
+    `tokenizer.json` is used as saved (its post-processor decides the special tokens of `encode_text`, as
+    vLLM's completions do); chat prompts are rendered, then encoded without special tokens, as
+    `apply_chat_template(tokenize=True)` does. Templates: `chat_template.jinja` wins over
+    `tokenizer_config.json`'s `chat_template` (a string, or a list of {name, template}), which wins over
+    `chat_template.json`; `additional_chat_templates/*.jinja` add named ones; "tool_use" is chosen when the
+    request has tools, else "default". Not reproduced: transformers' model-specific classes that rebuild
+    the post-processor from `add_bos_token`/`add_eos_token` (configs normally agree with tokenizer.json).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Load the directory at `path`; raises `TokenizerUnavailable` naming the file at fault."""
+        root = Path(path)
+        self.name = f"hf:{root}"
+        try:
+            self._backend = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
+        except Exception as e:  # the Rust side raises a bare Exception for I/O and format errors
+            raise TokenizerUnavailable(f"cannot load {root / 'tokenizer.json'}: {e}") from e
+        config = _read_json_object(root / "tokenizer_config.json")
+        fallback = _read_json_object(root / "special_tokens_map.json")
+        self.special_tokens: dict[str, Any] = _special_tokens({**fallback, **config})
+        self.chat_templates: dict[str, ChatTemplate] = {
+            name: ChatTemplate(source) for name, source in _template_sources(root, config).items()
+        }
+
+    def encode_text(self, text: str) -> list[int]:
+        return self._encode(text, add_special_tokens=True)
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text the engine builds for this conversation. Raises `TokenizerUnavailable`."""
+        if tools is not None and "tool_use" in self.chat_templates:
+            template = self.chat_templates["tool_use"]
+        elif "default" in self.chat_templates:
+            template = self.chat_templates["default"]
+        else:
+            raise TokenizerUnavailable(f"tokenizer {self.name} has no default chat template")
+        return template.render(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+            special_tokens=self.special_tokens,
+        )
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        text = self.render_chat(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        return self._encode(text, add_special_tokens=False)
+
+    def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        # encode_batch releases the GIL while Rust works (encode does not), so a worker thread running a
+        # big prompt leaves the event loop free.
+        try:
+            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except Exception as e:
+            raise TokenizerUnavailable(f"tokenizer {self.name} failed: {e}") from e
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(_read_text(path))
+    except ValueError as e:
+        raise TokenizerUnavailable(f"cannot read {path}: {e}") from e
+    if not isinstance(value, dict):
+        raise TokenizerUnavailable(f"{path} must hold a JSON object")
+    return value
+
+
+def _token_content(value: Any) -> str | None:
+    """A special token as a string; tokenizer_config.json stores a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _special_tokens(config: Mapping[str, Any]) -> dict[str, Any]:
+    """transformers' `special_tokens_map`: only the tokens that are set, as template variables."""
+    tokens: dict[str, Any] = {k: t for k in _SPECIAL_TOKEN_KEYS if (t := _token_content(config.get(k)))}
+    extra = config.get("additional_special_tokens")
+    if isinstance(extra, list) and (names := [t for v in extra if (t := _token_content(v))]):
+        tokens["additional_special_tokens"] = names
+    return tokens
+
+
+def _template_sources(root: Path, config: Mapping[str, Any]) -> dict[str, str]:
+    sources: dict[str, str] = {}
+    jinja_file = root / "chat_template.jinja"
+    configured = config.get("chat_template")
+    if jinja_file.is_file():
+        sources["default"] = _read_text(jinja_file)
+    elif isinstance(configured, str):
+        sources["default"] = configured
+    elif isinstance(configured, list):
+        for item in configured:
+            if not (
+                isinstance(item, dict)
+                and isinstance(item.get("name"), str)
+                and isinstance(item.get("template"), str)
+            ):
+                raise TokenizerUnavailable(f"{root}: chat_template list items need string name and template")
+            sources[item["name"]] = item["template"]
+    elif configured is not None:
+        raise TokenizerUnavailable(f"{root}: chat_template must be a string or a list of named templates")
+    elif isinstance(processor := _read_json_object(root / "chat_template.json").get("chat_template"), str):
+        sources["default"] = processor
+    extra = root / "additional_chat_templates"
+    if extra.is_dir():
+        for file in sorted(extra.glob("*.jinja")):
+            sources.setdefault(file.stem, _read_text(file))
+    return sources
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as e:
+        raise TokenizerUnavailable(f"cannot read {path}: {e}") from e
+
+
+def load_tokenizer(path: str | None) -> Tokenizer:
+    """The local tokenizer at `path` (a Hugging Face directory), or `ByteTokenizer` when `path` is None/empty.
+
+    Raises `TokenizerUnavailable` when the directory cannot be loaded.
+    """
+    return HfTokenizer(path) if path else ByteTokenizer()
+
+
+class RequestTokenizer:
+    """The picker's async tokenizer: a `ParsedRequest` in, the engine's prompt token ids out.
+
+    Prompt token ids are used as given. Local backends run inline for bodies up to `inline_max_bytes`
+    (rendering and encoding them takes about a millisecond) and in a worker thread above it, so a
+    100k-token prompt never stalls the event loop; remote backends are awaited. Threaded and remote work
+    is bounded by `timeout_s` (a timed-out worker thread finishes in the background: threads cannot be
+    cancelled). Every failure, including chat-template errors, is raised as `TokenizerUnavailable`.
+    """
+
+    def __init__(
+        self,
+        backend: Tokenizer | RemoteTokenizer,
+        *,
+        timeout_s: float,
+        model: str = "",
+        inline_max_bytes: int = 8_192,
+    ) -> None:
+        """`model` is the name sent to a remote `/tokenize` ("" sends each request's own model)."""
+        if not timeout_s > 0:
+            raise ValueError(f"tokenizer timeout_s must be > 0, got {timeout_s!r}")
+        self.backend = backend
+        self._timeout_s = timeout_s
+        self._model = model
+        self._inline_max_bytes = inline_max_bytes
+
+    @classmethod
+    def from_settings(
+        cls,
+        local_path: str | None,
+        remote_url: str | None,
+        model: str,
+        timeout_s: float,
+        cache_size: int,
+        *,
+        inline_max_bytes: int = 8_192,
+    ) -> RequestTokenizer:
+        """Build from configuration: a local directory, an engine URL, or neither (`ByteTokenizer`).
+
+        Raises `ValueError` when both are set or a value is out of range, `TokenizerUnavailable` when the
+        local directory cannot be loaded.
+        """
+        if local_path and remote_url:
+            raise ValueError("set either a local tokenizer path or a remote /tokenize URL, not both")
+        backend: Tokenizer | RemoteTokenizer
+        if remote_url:
+            backend = RemoteTokenizer(remote_url, timeout_s=timeout_s, cache_size=cache_size)
+        else:
+            backend = load_tokenizer(local_path)
+        return cls(backend, timeout_s=timeout_s, model=model, inline_max_bytes=inline_max_bytes)
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    async def tokenize(self, request: ParsedRequest) -> list[int]:
+        """The token ids the engine will prefill for `request`. Raises `TokenizerUnavailable`."""
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        try:
+            if isinstance(self.backend, RemoteTokenizer):
+                return await asyncio.wait_for(self._remote(self.backend, request), self._timeout_s)
+            if request.body_size <= self._inline_max_bytes:
+                return _tokenize_local(self.backend, request)
+            work = asyncio.to_thread(_tokenize_local, self.backend, request)
+            return await asyncio.wait_for(work, self._timeout_s)
+        except TokenizerUnavailable:
+            raise
+        except TimeoutError as e:
+            raise TokenizerUnavailable(f"tokenizer {self.name} took longer than {self._timeout_s}s") from e
+        # The edge between the picker and a tokenizer backend: any other failure is a backend bug, logged
+        # here once, and the picker still routes the request on load alone.
+        except Exception as e:
+            log.exception("tokenizer %s failed on a %s request", self.name, request.kind)
+            raise TokenizerUnavailable(f"tokenizer {self.name} failed: {type(e).__name__}: {e}") from e
+
+    async def close(self) -> None:
+        """Release the remote backend's HTTP session, if any."""
+        if isinstance(self.backend, RemoteTokenizer):
+            await self.backend.close()
+
+    async def _remote(self, backend: RemoteTokenizer, request: ParsedRequest) -> list[int]:
+        model = self._model or request.model
+        if request.messages is not None:
+            return await backend.encode_chat(
+                request.messages,
+                model=model,
+                tools=request.tools,
+                add_generation_prompt=request.add_generation_prompt,
+                chat_template_kwargs=_template_kwargs(request),
+            )
+        if request.prompt_text is not None:
+            return await backend.encode_text(request.prompt_text, model=model)
+        raise TokenizerUnavailable("request has neither messages nor a prompt")
+
+
+def _template_kwargs(request: ParsedRequest) -> dict[str, Any] | None:
+    """vLLM's merge: request-level template switches first, then `chat_template_kwargs` on top."""
+    kwargs: dict[str, Any] = {"continue_final_message": True} if request.continue_final_message else {}
+    kwargs.update(request.chat_template_kwargs)
+    return kwargs or None
+
+
+def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int]:
+    if request.messages is not None:
+        return backend.encode_chat(
+            request.messages,
+            tools=request.tools,
+            add_generation_prompt=request.add_generation_prompt,
+            chat_template_kwargs=_template_kwargs(request),
+        )
+    if request.prompt_text is not None:
+        return backend.encode_text(request.prompt_text)
+    raise TokenizerUnavailable("request has neither messages nor a prompt")

@@ -1,0 +1,550 @@
+"""Tokenizer backends: HF rendering and encoding, the engine /tokenize client, and the picker's facade."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from tokenizers import Tokenizer as RawTokenizer
+
+from extproc.chat_template import ChatTemplate, build_conversation
+from extproc.errors import TokenizerUnavailable
+from extproc.request import ParsedRequest, parse_openai_body
+from extproc.tokenizer import (
+    ByteTokenizer,
+    HfTokenizer,
+    RemoteTokenizer,
+    RequestTokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
+from tests.tokenizer_files import BOS, PARTS_TEMPLATE, write_tokenizer_dir
+
+H = "<|start_header_id|>"
+E = "<|end_header_id|>"
+EOT = "<|eot_id|>"
+
+CONVERSATION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "hello"},
+            {"type": "image_url", "image_url": {"url": "u"}},
+            {"type": "text", "text": "world"},
+        ],
+    },
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "sunny é <b>"}]},
+]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+# What transformers renders for CONVERSATION + TOOLS with LLAMA_TEMPLATE, written out by hand: block lines
+# vanish (trim_blocks + lstrip_blocks), each expression line keeps its newline, parts join with "\n", the
+# image part is dropped ("string" content format), arguments become an object, tojson keeps é and <b>.
+EXPECTED_PROMPT = (
+    f"{BOS}\n"
+    f'{H}system{E}\n\nTools:\n\n{{\n  "type": "function",\n  "function": {{\n    "name": "get_weather",\n'
+    f'    "parameters": {{\n      "type": "object"\n    }}\n  }}\n}}\n\n{EOT}\n'
+    f"{H}system{E}\n\n\nYou are a helpful assistant.\n{EOT}\n"
+    f"{H}user{E}\n\n\nhello\nworld\n{EOT}\n"
+    f'{H}assistant{E}\n\n\nget_weather({{"city": "Paris"}})\n{EOT}\n'
+    f"{H}tool{E}\n\n\nsunny é <b>\n{EOT}\n"
+    f"{H}assistant{E}\n\n\n"
+)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tokenizer_dir(tmp_path_factory.mktemp("tok") / "llama")
+
+
+@pytest.fixture(scope="module")
+def hf(tok_dir: Path) -> HfTokenizer:
+    return HfTokenizer(tok_dir)
+
+
+def raw(tok_dir: Path) -> RawTokenizer:
+    return RawTokenizer.from_file(str(tok_dir / "tokenizer.json"))
+
+
+def parsed(body: dict[str, Any]) -> ParsedRequest:
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    return parse_openai_body(json.dumps(body).encode(), path, max_bytes=1 << 20)
+
+
+# --- HfTokenizer ---------------------------------------------------------------------------------------
+
+
+def test_render_matches_hand_written_prompt(hf: HfTokenizer):
+    assert hf.render_chat(CONVERSATION, tools=TOOLS) == EXPECTED_PROMPT
+
+
+def test_encode_chat_encodes_rendered_text_without_adding_special_tokens(hf: HfTokenizer, tok_dir: Path):
+    ids = hf.encode_chat(CONVERSATION, tools=TOOLS)
+    assert ids == raw(tok_dir).encode(EXPECTED_PROMPT, add_special_tokens=False).ids
+    bos_id = raw(tok_dir).token_to_id(BOS)
+    assert ids[0] == bos_id and ids[1] != bos_id  # the template's BOS, not a second one
+
+
+def test_encode_text_uses_the_post_processor_like_vllm_completions(hf: HfTokenizer, tok_dir: Path):
+    ids = hf.encode_text("hello world")
+    assert ids == raw(tok_dir).encode("hello world").ids
+    assert ids[0] == raw(tok_dir).token_to_id(BOS)
+
+
+@pytest.mark.parametrize(
+    "kwargs, ending",
+    [
+        ({}, f"{H}assistant{E}\n\n\n"),
+        ({"add_generation_prompt": False}, f"hi\n{EOT}\n"),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, f"{H}assistant{E}\n\n\n<think></think>\n"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, f"hi\n{EOT}\n"),
+        ({"chat_template_kwargs": {"bos_token": "<BOS>"}}, f"{H}assistant{E}\n\n\n"),
+    ],
+)
+def test_generation_prompt_and_template_kwargs(hf: HfTokenizer, kwargs: dict[str, Any], ending: str):
+    text = hf.render_chat([{"role": "user", "content": "hi"}], **kwargs)
+    assert text.endswith(ending)
+    expected_bos = kwargs.get("chat_template_kwargs", {}).get("bos_token", BOS)
+    assert text.startswith(expected_bos + "\n" + H)
+
+
+def test_continue_final_message_cuts_after_the_final_text(hf: HfTokenizer):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The answer is "}]
+    text = hf.render_chat(
+        messages, add_generation_prompt=False, chat_template_kwargs={"continue_final_message": True}
+    )
+    assert text.endswith(f"{H}assistant{E}\n\n\nThe answer is")
+
+
+def test_template_file_overrides_tokenizer_config(tmp_path: Path):
+    tok = HfTokenizer(write_tokenizer_dir(tmp_path, template_file="FILE {{ messages | length }}"))
+    assert tok.render_chat([{"role": "user", "content": "x"}]) == "FILE 1"
+
+
+def test_list_of_templates_uses_default_or_tool_use_with_tools(tmp_path: Path):
+    templates = [
+        {"name": "default", "template": "D"},
+        {"name": "tool_use", "template": "T{{ tools | length }}"},
+    ]
+    tok = HfTokenizer(write_tokenizer_dir(tmp_path, chat_template=templates))
+    assert tok.render_chat([{"role": "user", "content": "x"}]) == "D"
+    assert tok.render_chat([{"role": "user", "content": "x"}], tools=TOOLS) == "T1"
+
+
+def test_list_without_default_and_no_template_raise(tmp_path: Path):
+    tok = HfTokenizer(write_tokenizer_dir(tmp_path / "a", chat_template=[{"name": "rag", "template": "R"}]))
+    with pytest.raises(TokenizerUnavailable, match="no default chat template"):
+        tok.encode_chat([{"role": "user", "content": "x"}])
+    bare = HfTokenizer(write_tokenizer_dir(tmp_path / "b", chat_template=None))
+    with pytest.raises(TokenizerUnavailable):
+        bare.encode_chat([{"role": "user", "content": "x"}])
+    assert bare.encode_text("hello") == tok.encode_text("hello")
+
+
+def test_special_tokens_fall_back_to_special_tokens_map_and_unset_ones_render_empty(tmp_path: Path):
+    root = write_tokenizer_dir(
+        tmp_path,
+        chat_template="[{{ bos_token }}|{{ pad_token }}|{{ unk_token }}]",
+        config={"bos_token": None, "pad_token": {"content": "<pad>"}},
+    )
+    (root / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "unk_token": "<unk>"}))
+    tok = HfTokenizer(root)
+    assert tok.render_chat([{"role": "user", "content": "x"}]) == "[|<pad>|<unk>]"  # config's null bos wins
+
+
+def test_parts_template_gets_openai_content_format(tmp_path: Path):
+    tok = HfTokenizer(write_tokenizer_dir(tmp_path, chat_template=PARTS_TEMPLATE))
+    assert tok.chat_templates["default"].content_format == "openai"
+    text = tok.render_chat([*CONVERSATION[:2], {"role": "assistant", "content": "ok"}])
+    assert text == "system:[You are a helpful assistant.]\nuser:[hello]<image>[world]\nassistant:[ok]\n"
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", "string"),
+        ("{% for m in messages %}{% for c in m['content'] %}{{ c }}{% endfor %}{% endfor %}", "openai"),
+        ("{% for m in messages %}{% for c in m.content %}{{ c }}{% endfor %}{% endfor %}", "openai"),
+        (
+            "{% set ms = messages[1:] %}{% for m in ms %}{% for c in m.content | list %}{% endfor %}"
+            "{% endfor %}",
+            "openai",
+        ),
+        ("{% for c in messages[0]['content'] %}{{ c }}{% endfor %}", "string"),
+        (
+            "{% for a, b in messages %}{% for c in b.content %}{% endfor %}{% endfor %}",
+            "string",
+        ),  # vLLM gives up
+    ],
+)
+def test_content_format_detection_follows_vllm(source: str, expected: str):
+    assert ChatTemplate(source).content_format == expected
+
+
+@pytest.mark.parametrize(
+    "source, messages, expected",
+    [
+        ("{{ strftime_now('%Y') | length }}", [], "4"),
+        (
+            "{% for m in messages %}{{ m.role }}{% if loop.index == 1 %}{% break %}{% endif %}{% endfor %}",
+            [{"role": "a"}, {"role": "b"}],
+            "a",
+        ),
+        ("{% generation %}G{{ messages | length }}{% endgeneration %}", [{"role": "u"}], "G1"),
+        ("{{ {'k': 'é<&>'} | tojson }}", [], '{"k": "é<&>"}'),
+        (
+            "{{ {'b': 1, 'a': [1, 2]} | tojson(separators=(',', ':'), sort_keys=true) }}",
+            [],
+            '{"a":[1,2],"b":1}',
+        ),
+        ("  {% if true %}\n  x\n  {% endif %}\n", [], "  x\n"),
+    ],
+)
+def test_template_environment_matches_transformers(source: str, messages: list[Any], expected: str):
+    assert ChatTemplate(source).render(messages, add_generation_prompt=False) == expected
+
+
+@pytest.mark.parametrize(
+    "source, match",
+    [
+        ("{{ raise_exception('no system role') }}", "no system role"),
+        ("{{ messages[0]['content'] + 1 }}", "TypeError"),
+        ("{{ messages.append(1) }}", "SecurityError"),
+        ("{{ messages[5].content.strip() }}", "UndefinedError"),
+    ],
+)
+def test_template_failures_are_tokenizer_unavailable(source: str, match: str):
+    with pytest.raises(TokenizerUnavailable, match=match):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])
+
+
+def test_unknown_role_raises_through_raise_exception(hf: HfTokenizer):
+    with pytest.raises(TokenizerUnavailable, match="unsupported role: robot"):
+        hf.encode_chat([{"role": "robot", "content": "beep"}])
+
+
+def test_syntax_error_and_missing_files_fail_at_load(tmp_path: Path):
+    with pytest.raises(TokenizerUnavailable, match="does not compile"):
+        HfTokenizer(write_tokenizer_dir(tmp_path / "a", chat_template="{% for %}"))
+    with pytest.raises(TokenizerUnavailable, match=r"tokenizer\.json"):
+        HfTokenizer(tmp_path / "missing")
+    root = write_tokenizer_dir(tmp_path / "c")
+    (root / "tokenizer_config.json").write_text("[1]")
+    with pytest.raises(TokenizerUnavailable, match="JSON object"):
+        HfTokenizer(root)
+
+
+def test_build_conversation_keeps_what_vllm_keeps():
+    messages = [
+        {"role": "user", "content": ["plain", {"type": "text", "text": "typed"}], "name": "bob", "extra": 1},
+        {"role": "assistant", "content": "", "tool_calls": [], "reasoning": "hmm"},
+        {
+            "role": "assistant",
+            "content": "c",
+            "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}],
+        },
+        {
+            "role": "tool",
+            "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            "tool_call_id": "c1",
+        },
+    ]
+    assert build_conversation(messages, "string") == [
+        {"role": "user", "content": "plain\ntyped", "name": "bob"},
+        {"role": "assistant", "content": "", "reasoning": "hmm", "reasoning_content": "hmm"},
+        {"role": "assistant", "content": "c", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+        {"role": "tool", "content": "a\nb", "tool_call_id": "c1"},
+    ]
+    assert build_conversation(messages[3:], "openai") == [
+        {"role": "tool", "content": "a\nb", "tool_call_id": "c1"}
+    ]
+    assert messages[2]["tool_calls"][0]["function"]["arguments"] == "{oops"  # the request is not mutated
+    with pytest.raises(TokenizerUnavailable, match="unsupported chat content part type 'hologram'"):
+        build_conversation([{"role": "user", "content": [{"type": "hologram"}]}], "string")
+
+
+def test_load_tokenizer_and_protocol_conformance(tok_dir: Path):
+    default: Tokenizer = load_tokenizer(None)
+    local: Tokenizer = load_tokenizer(str(tok_dir))
+    assert isinstance(default, ByteTokenizer) and isinstance(local, HfTokenizer)
+    assert isinstance(load_tokenizer(""), ByteTokenizer)
+
+
+# --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
+
+
+class FakeEngine:
+    """A vLLM-shaped /tokenize endpoint that records what it receives; `mode` picks its behaviour."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.mode = "ok"
+        self.release = asyncio.Event()
+        self.url = ""
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        payload = await request.json()
+        self.requests.append(payload)
+        if self.mode == "hang":
+            await self.release.wait()
+        if self.mode == "error":
+            return web.Response(status=500, text="engine exploded")
+        if self.mode == "garbage":
+            return web.Response(text="{not json", content_type="application/json")
+        if self.mode == "shape":
+            return web.json_response({"count": 2})
+        if "prompt" in payload:
+            tokens = [ord(c) for c in payload["prompt"]]
+        else:
+            tokens = [len(payload["messages"]), int(payload["add_generation_prompt"])]
+        return web.json_response({"tokens": tokens, "count": len(tokens), "max_model_len": 4096})
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[FakeEngine]:
+    fake = FakeEngine()
+    app = web.Application()
+    app.router.add_post("/tokenize", fake.tokenize)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    fake.url = str(server.make_url("")).rstrip("/")
+    try:
+        yield fake
+    finally:
+        fake.release.set()
+        await server.close()
+
+
+@pytest.fixture
+async def remote(engine: FakeEngine) -> AsyncIterator[RemoteTokenizer]:
+    client = RemoteTokenizer(engine.url, timeout_s=5.0, cache_size=2)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def test_remote_sends_vllm_tokenize_payloads(engine: FakeEngine, remote: RemoteTokenizer):
+    assert await remote.encode_text("hi", model="m") == [104, 105]
+    assert await remote.encode_chat(
+        [{"role": "user", "content": "x"}],
+        model="m",
+        tools=TOOLS,
+        add_generation_prompt=False,
+        chat_template_kwargs={"enable_thinking": False},
+    ) == [1, 0]
+    assert engine.requests == [
+        {"model": "m", "prompt": "hi", "add_special_tokens": True},
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "add_generation_prompt": False,
+            "tools": TOOLS,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    ]
+
+
+async def test_remote_cache_answers_repeats_and_evicts_least_recently_used(
+    engine: FakeEngine, remote: RemoteTokenizer
+):
+    for text in ["a", "a", "b", "a", "c", "b", "a"]:  # capacity 2: c evicts b, b evicts a
+        assert await remote.encode_text(text, model="m") == [ord(text)]
+    assert [r["prompt"] for r in engine.requests] == ["a", "b", "c", "b", "a"]
+    uncached = RemoteTokenizer(engine.url, timeout_s=5.0, cache_size=0)
+    try:
+        await uncached.encode_text("z", model="m")
+        await uncached.encode_text("z", model="m")
+    finally:
+        await uncached.close()
+    assert [r["prompt"] for r in engine.requests][-2:] == ["z", "z"]
+
+
+async def test_remote_timeout_is_quick_tokenizer_unavailable(engine: FakeEngine):
+    engine.mode = "hang"
+    client = RemoteTokenizer(engine.url, timeout_s=0.05, cache_size=8)
+    start = time.monotonic()
+    try:
+        with pytest.raises(TokenizerUnavailable, match="did not answer within") as info:
+            await client.encode_text("slow", model="m")
+    finally:
+        await client.close()
+    assert time.monotonic() - start < 2.0
+    assert isinstance(info.value.__cause__, TimeoutError)
+
+
+@pytest.mark.parametrize(
+    "mode, match", [("error", "HTTP 500: engine exploded"), ("garbage", "invalid JSON"), ("shape", "tokens")]
+)
+async def test_remote_bad_answers_are_tokenizer_unavailable(
+    engine: FakeEngine, remote: RemoteTokenizer, mode: str, match: str
+):
+    engine.mode = mode
+    with pytest.raises(TokenizerUnavailable, match=match):
+        await remote.encode_text("x", model="m")
+    engine.mode = "ok"
+    assert await remote.encode_text("x", model="m") == [120]  # failures are not cached
+
+
+async def test_remote_connection_refused_is_tokenizer_unavailable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = RemoteTokenizer(f"http://127.0.0.1:{port}", timeout_s=2.0, cache_size=1)
+    try:
+        with pytest.raises(TokenizerUnavailable, match="unreachable") as info:
+            await client.encode_text("x", model="m")
+    finally:
+        await client.close()
+    assert info.value.__cause__ is not None
+
+
+@pytest.mark.parametrize(
+    "url, timeout_s, cache_size", [("localhost:8000", 1.0, 1), ("http://h", 0.0, 1), ("http://h", 1.0, -1)]
+)
+def test_remote_rejects_bad_settings(url: str, timeout_s: float, cache_size: int):
+    with pytest.raises(ValueError):
+        RemoteTokenizer(url, timeout_s=timeout_s, cache_size=cache_size)
+
+
+# --- RequestTokenizer ----------------------------------------------------------------------------------
+
+
+class RecordingTokenizer:
+    """A `Tokenizer` that records the thread it ran on and can block until released."""
+
+    name = "recording"
+
+    def __init__(self, gate: threading.Event | None = None, fail: bool = False) -> None:
+        self.threads: list[int] = []
+        self.gate = gate
+        self.fail = fail
+
+    def encode_text(self, text: str) -> list[int]:
+        self.threads.append(threading.get_ident())
+        if self.gate is not None:
+            self.gate.wait()
+        if self.fail:
+            raise RuntimeError("backend bug")
+        return [len(text)]
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        return [len(messages), len(chat_template_kwargs or {})]
+
+
+async def test_request_tokenizer_dispatches_on_request_shape():
+    tokenizer = RequestTokenizer.from_settings(None, None, "", timeout_s=1.0, cache_size=0)
+    assert tokenizer.name == "bytes"
+    assert await tokenizer.tokenize(parsed({"model": "m", "prompt": [5, 6, 7]})) == [5, 6, 7]
+    assert await tokenizer.tokenize(parsed({"model": "m", "prompt": "hi"})) == [104, 105]
+    chat = parsed({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert await tokenizer.tokenize(chat) == ByteTokenizer().encode_chat(chat.messages or ())
+
+
+async def test_request_tokenizer_local_hf_matches_backend(tok_dir: Path):
+    tokenizer = RequestTokenizer.from_settings(str(tok_dir), None, "", timeout_s=1.0, cache_size=0)
+    body = {"model": "m", "messages": CONVERSATION, "tools": TOOLS}
+    assert (
+        await tokenizer.tokenize(parsed(body))
+        == raw(tok_dir).encode(EXPECTED_PROMPT, add_special_tokens=False).ids
+    )
+    prefill = parsed(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}],
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        }
+    )
+    expected = (
+        raw(tok_dir)
+        .encode(f"{BOS}\n{H}user{E}\n\n\nhi\n{EOT}\n{H}assistant{E}\n\n\nSure", add_special_tokens=False)
+        .ids
+    )
+    assert await tokenizer.tokenize(prefill) == expected
+
+
+async def test_big_prompts_run_in_a_worker_thread_small_ones_inline():
+    backend = RecordingTokenizer()
+    tokenizer = RequestTokenizer(backend, timeout_s=5.0, inline_max_bytes=100)
+    await tokenizer.tokenize(parsed({"model": "m", "prompt": "small"}))
+    await tokenizer.tokenize(parsed({"model": "m", "prompt": "x" * 200}))
+    assert backend.threads[0] == threading.get_ident()
+    assert backend.threads[1] != threading.get_ident()
+
+
+async def test_slow_local_tokenization_times_out():
+    gate = threading.Event()
+    tokenizer = RequestTokenizer(RecordingTokenizer(gate), timeout_s=0.05, inline_max_bytes=0)
+    try:
+        with pytest.raises(TokenizerUnavailable, match=r"took longer than 0\.05s"):
+            await tokenizer.tokenize(parsed({"model": "m", "prompt": "stuck"}))
+    finally:
+        gate.set()
+
+
+async def test_backend_failures_become_tokenizer_unavailable(tok_dir: Path, caplog: pytest.LogCaptureFixture):
+    tokenizer = RequestTokenizer(RecordingTokenizer(fail=True), timeout_s=1.0)
+    with pytest.raises(TokenizerUnavailable, match="RuntimeError: backend bug") as info:
+        await tokenizer.tokenize(parsed({"model": "m", "prompt": "x"}))
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "tokenizer recording failed" in caplog.text
+    hf_tokenizer = RequestTokenizer(HfTokenizer(tok_dir), timeout_s=1.0)
+    with pytest.raises(TokenizerUnavailable, match="unsupported role"):
+        await hf_tokenizer.tokenize(parsed({"model": "m", "messages": [{"role": "robot", "content": "x"}]}))
+
+
+async def test_request_tokenizer_remote_sends_configured_or_request_model(engine: FakeEngine):
+    named = RequestTokenizer.from_settings(None, engine.url, "served-name", timeout_s=2.0, cache_size=4)
+    own = RequestTokenizer.from_settings(None, engine.url + "/", "", timeout_s=2.0, cache_size=4)
+    try:
+        assert await named.tokenize(parsed({"model": "alias", "prompt": "ab"})) == [97, 98]
+        chat = parsed(
+            {
+                "model": "alias",
+                "messages": [{"role": "user", "content": "x"}],
+                "chat_template_kwargs": {"k": 1},
+            }
+        )
+        assert await own.tokenize(chat) == [1, 1]
+        assert await own.tokenize(parsed({"model": "m", "prompt": [1, 2]})) == [1, 2]  # no call
+    finally:
+        await named.close()
+        await own.close()
+    assert [r["model"] for r in engine.requests] == ["served-name", "alias"]
+    assert engine.requests[1]["chat_template_kwargs"] == {"k": 1}
+
+
+def test_from_settings_rejects_two_backends_and_bad_timeouts(tok_dir: Path):
+    with pytest.raises(ValueError, match="not both"):
+        RequestTokenizer.from_settings(str(tok_dir), "http://h", "", timeout_s=1.0, cache_size=1)
+    with pytest.raises(ValueError, match="timeout_s"):
+        RequestTokenizer.from_settings(None, None, "", timeout_s=0, cache_size=1)
