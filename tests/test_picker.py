@@ -1,0 +1,67 @@
+"""EndpointPicker in-process: tokenizer choice, fallback to load-only routing, request ids."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from extproc.config import ModelConfig
+from extproc.picker import EndpointPicker
+from extproc.procs import free_port
+from extproc.tokenizer import HfTokenizer
+
+from .picker_fixtures import MODEL, chat_body, picker_config
+from .tokenizer_files import write_tokenizer_dir
+
+
+async def pick(picker, body, request_id="r"):
+    return await picker.pick(
+        body=body, path="/v1/chat/completions", headers={}, subset=None, client_request_id=request_id
+    )
+
+
+async def test_hashes_come_from_the_configured_hugging_face_tokenizer(tmp_path):
+    directory = write_tokenizer_dir(tmp_path / "tok")
+    picker = EndpointPicker(replace(picker_config(), tokenizer=str(directory)))
+    text = "the quick brown fox jumps over the lazy dog " * 20
+    chosen = await pick(picker, chat_body(text))
+    expected = HfTokenizer(directory).encode_chat([{"role": "user", "content": text}])
+    assert chosen.request_blocks == len(expected) // 16
+    assert chosen.request_blocks != len(chat_body(text)) // 16
+    picker.finish(chosen, "complete")
+    assert picker.is_idle()
+
+
+async def test_a_failing_engine_tokenizer_falls_back_to_load_only_routing(caplog):
+    dead = f"http://127.0.0.1:{free_port()}"
+    picker = EndpointPicker(replace(picker_config(), models=(ModelConfig(MODEL, tokenize_url=dead),)))
+    with caplog.at_level("WARNING", logger="extproc.picker"):
+        chosen = await pick(picker, chat_body("hello " * 100))
+    assert chosen.tracked and chosen.overlap_blocks == 0 and chosen.request_blocks == 0
+    assert any("routing on load only" in r.getMessage() for r in caplog.records)
+    picker.finish(chosen, "complete")
+    assert picker.is_idle()
+    await picker.close()
+
+
+async def test_duplicate_client_request_ids_are_tracked_separately():
+    picker = EndpointPicker(picker_config())
+    first = await pick(picker, chat_body("a " * 50), request_id="same")
+    second = await pick(picker, chat_body("b " * 50), request_id="same")
+    assert first.request_id != second.request_id
+    picker.finish(first, "complete")
+    assert not picker.is_idle()
+    picker.finish(second, "complete")
+    picker.finish(second, "complete")  # idempotent
+    assert picker.is_idle()
+
+
+async def test_token_id_prompts_are_routed_without_tokenizing():
+    picker = EndpointPicker(picker_config())
+    body = json.dumps({"model": MODEL, "prompt": list(range(64))}).encode()
+    chosen = await picker.pick(
+        body=body, path="/v1/completions", headers={}, subset=None, client_request_id="t"
+    )
+    assert chosen.request_blocks == 4
+    picker.finish(chosen, "complete")
+    assert picker.is_idle()
