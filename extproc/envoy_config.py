@@ -1,0 +1,138 @@
+"""Envoy configurations that work with this picker: render the templates in `envoy/` for one deployment.
+
+Owns the mapping from a few deployment facts (ports, picker address, workers, limits) to the
+placeholders of `envoy/{buffered,duplex,failopen}.yaml`; the YAML files own everything else and are
+documented in `envoy/README.md`. No I/O besides reading the template; the caller writes or runs the
+result (see `extproc.procs.start_envoy`).
+
+Variants:
+    buffered   request body BUFFERED, ORIGINAL_DST keyed on envoy.lb metadata, fails closed (default)
+    duplex     request body FULL_DUPLEX_STREAMED (Gateway API Inference Extension style), fails closed
+    failopen   BUFFERED + failure_mode_allow, STATIC cluster of all workers with override_host,
+               round robin when the picker gives no destination
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import string
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+Variant = Literal["buffered", "duplex", "failopen"]
+VARIANTS: tuple[Variant, ...] = ("buffered", "duplex", "failopen")
+
+DEFAULT_MESSAGE_TIMEOUT_MS = 5_000  # Envoy's default of 200 ms is too low (REFERENCE 2)
+DEFAULT_MAX_MESSAGE_TIMEOUT_MS = 300_000  # bound for ProcessingResponse.override_message_timeout
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # Envoy's default buffer limit of 1 MiB answers 413 above it
+# Gaps between SSE chunks (queueing, slow decode) stay far below this; it is also the only bound on a
+# hung picker in FULL_DUPLEX_STREAMED, where Envoy 1.40 arms no message_timeout (measured).
+DEFAULT_STREAM_IDLE_TIMEOUT_S = 600
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "envoy"
+
+
+def template_path(variant: Variant) -> Path:
+    """The template file of `variant`; raises ValueError for an unknown variant, FileNotFoundError
+    when the templates are not there (they ship with the source tree, not inside the package)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown Envoy config variant {variant!r}; accepted: {', '.join(VARIANTS)}")
+    path = TEMPLATE_DIR / f"{variant}.yaml"
+    if not path.is_file():
+        # The templates live in the source tree (envoy/), next to the package, not inside it.
+        raise FileNotFoundError(f"Envoy template {path} not found; run from a source checkout of extproc")
+    return path
+
+
+def render_envoy_config(
+    variant: Variant,
+    *,
+    listen_port: int,
+    admin_port: int,
+    picker_address: str,
+    workers: Sequence[str] = (),
+    message_timeout_ms: int = DEFAULT_MESSAGE_TIMEOUT_MS,
+    max_message_timeout_ms: int = DEFAULT_MAX_MESSAGE_TIMEOUT_MS,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    stream_idle_timeout_s: int = DEFAULT_STREAM_IDLE_TIMEOUT_S,
+    picker_tls: bool = False,
+) -> str:
+    """Render the Envoy v3 YAML of `variant`.
+
+    `picker_address` and each of `workers` are "ip:port" ("[v6]:port" for IPv6); workers are
+    required by "failopen" (its STATIC cluster lists them) and only checked by the other variants,
+    whose ORIGINAL_DST cluster reaches whatever endpoint the picker names. `picker_tls` puts TLS
+    (ALPN h2, no certificate verification: add a validation_context for production) on the
+    connection to the picker. Raises ValueError naming the bad argument.
+    """
+    path = template_path(variant)
+    for name, port in (("listen_port", listen_port), ("admin_port", admin_port)):
+        _check_port(name, port)
+    picker_host, picker_port = parse_endpoint(picker_address)
+    endpoints = [parse_endpoint(w) for w in workers]
+    if variant == "failopen" and not endpoints:
+        raise ValueError("the failopen variant needs at least one worker (its STATIC cluster lists them)")
+    if message_timeout_ms <= 0 or max_message_timeout_ms < message_timeout_ms:
+        raise ValueError(
+            f"need 0 < message_timeout_ms <= max_message_timeout_ms, got {message_timeout_ms} and "
+            f"{max_message_timeout_ms}"
+        )
+    if max_body_bytes < 1024:
+        raise ValueError(f"max_body_bytes={max_body_bytes} is too small; pass at least 1024")
+    if stream_idle_timeout_s < 0:
+        raise ValueError(f"stream_idle_timeout_s={stream_idle_timeout_s} must be >= 0 (0 disables it)")
+    values = {
+        "listen_port": str(listen_port),
+        "admin_port": str(admin_port),
+        "picker_host": picker_host,
+        "picker_port": str(picker_port),
+        "picker_transport_socket": _PICKER_TLS if picker_tls else "",
+        "message_timeout": _duration(message_timeout_ms),
+        "max_message_timeout": _duration(max_message_timeout_ms),
+        "max_body_bytes": str(max_body_bytes),
+        "stream_idle_timeout": f"{stream_idle_timeout_s}s",
+        "worker_endpoints": _lb_endpoints(endpoints),
+    }
+    return string.Template(path.read_text()).substitute(values)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """Split "ip:port" or "[ipv6]:port" into (ip, port); raises ValueError if it is neither."""
+    host, sep, port_text = endpoint.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"endpoint {endpoint!r} is not 'ip:port' (IPv6: '[addr]:port')") from None
+    if not sep:
+        raise ValueError(f"endpoint {endpoint!r} has no port; expected 'ip:port'")
+    _check_port(f"port of {endpoint!r}", port)
+    return host, port
+
+
+def _check_port(name: str, port: int) -> None:
+    if not 0 < port < 65536:
+        raise ValueError(f"{name}={port} is not a TCP port (1-65535)")
+
+
+def _duration(ms: int) -> str:
+    return f"{ms / 1000:.3f}s"
+
+
+def _lb_endpoints(endpoints: list[tuple[str, int]]) -> str:
+    """A YAML flow list of lb_endpoints (flow style keeps the template's indentation irrelevant)."""
+    items = [
+        f"{{endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}}}"
+        for host, port in endpoints
+    ]
+    return "[" + ", ".join(items) + "]"
+
+
+_PICKER_TLS = (
+    "transport_socket: {name: envoy.transport_sockets.tls, typed_config: "
+    "{'@type': type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, "
+    "common_tls_context: {alpn_protocols: [h2]}}}"
+)

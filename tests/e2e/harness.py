@@ -1,0 +1,258 @@
+"""End-to-end helpers: echo workers, the no-op picker and Envoy, in-process or as child processes.
+
+Everything listens on 127.0.0.1 on free ports; child processes are stopped by pid. In-process
+servers run in the caller's event loop.
+
+Run a worker on its own: `python tests/e2e/harness.py worker --port 8001`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import importlib.util
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from extproc.envoy_config import Variant, render_envoy_config
+from extproc.procs import ManagedProcess, free_port, start_envoy, wait_for_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOOP_PICKER_PATH = REPO_ROOT / "benchmarks" / "noop_picker.py"
+GATE_TIMEOUT_S = 10.0  # bound on how long a lock-step SSE worker waits for the test
+
+
+class EchoWorker:
+    """A tiny upstream: answers with what it received, or streams server-sent events.
+
+    Any path: JSON {worker, method, path, headers, body_len, body_sha256}.
+    `/sse?n=N`: N events `data: {"worker": ..., "index": i}` then `data: [DONE]`. With `&key=K`
+    it sends event i+1 only after `release(K)` (lock-step, so a test can prove that chunks pass
+    one by one); with `&interval_ms=M` it paces events instead (for child-process workers).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._gates: dict[str, asyncio.Queue[None]] = {}
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def release(self, key: str) -> None:
+        """Let the lock-step SSE stream `key` send its next event."""
+        self._gate(key).put_nowait(None)
+
+    def _gate(self, key: str) -> asyncio.Queue[None]:
+        return self._gates.setdefault(key, asyncio.Queue())
+
+    async def start(self) -> EchoWorker:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/sse", self._sse)
+        app.router.add_route("*", "/{tail:.*}", self._echo)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _echo(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        return web.json_response(
+            {
+                "worker": self.address,
+                "method": request.method,
+                "path": request.path_qs,
+                "headers": {k.lower(): v for k, v in request.headers.items()},
+                "body_len": len(body),
+                "body_sha256": hashlib.sha256(body).hexdigest(),
+            }
+        )
+
+    async def _sse(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        count = int(request.query.get("n", "3"))
+        key = request.query.get("key")
+        interval_s = int(request.query.get("interval_ms", "0")) / 1000
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        try:
+            for index in range(count):
+                event = {"worker": self.address, "index": index}
+                await response.write(f"data: {json.dumps(event)}\n\n".encode())
+                if key is not None:
+                    await asyncio.wait_for(self._gate(key).get(), GATE_TIMEOUT_S)
+                elif interval_s:
+                    await asyncio.sleep(interval_s)  # pacing the stream, not synchronisation
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        finally:
+            if key is not None:
+                self._gates.pop(key, None)
+        return response
+
+
+async def start_echo_workers(count: int) -> list[EchoWorker]:
+    """`count` in-process echo workers on free ports, started in the running loop."""
+    return [await EchoWorker().start() for _ in range(count)]
+
+
+def start_echo_worker_process(port: int, *, log_path: Path, ready_timeout_s: float = 15.0) -> ManagedProcess:
+    """An echo worker as a child process (this file run as a script); returns once it listens."""
+    process = ManagedProcess(
+        [sys.executable, str(Path(__file__).resolve()), "worker", "--port", str(port)], log_path=log_path
+    ).start()
+    try:
+        wait_for_port("127.0.0.1", port, ready_timeout_s, process=process)
+    except BaseException:
+        process.stop(grace_s=2.0)
+        raise
+    return process
+
+
+def load_noop_picker() -> ModuleType:
+    """benchmarks/noop_picker.py as a module (benchmarks/ is not a package)."""
+    module = sys.modules.get("noop_picker")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("noop_picker", NOOP_PICKER_PATH)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {NOOP_PICKER_PATH}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["noop_picker"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class InProcessPicker:
+    """The no-op picker running in this event loop; `servicer` records headers and picks."""
+
+    server: Any  # grpc.aio.Server
+    servicer: Any  # noop_picker.NoopPicker
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self, grace_s: float = 0.5) -> None:
+        await self.server.stop(grace_s)
+
+
+async def start_noop_picker(workers: Sequence[str], *, record: bool = True) -> InProcessPicker:
+    """The no-op picker in the running event loop on a free port."""
+    noop = load_noop_picker()
+    servicer = noop.NoopPicker(list(workers), record=record)
+    port = free_port()
+    server = await noop.serve_noop_picker(port, workers, picker=servicer)
+    return InProcessPicker(server=server, servicer=servicer, port=port)
+
+
+class _StalledServicer(pb_grpc.ExternalProcessorServicer):
+    """An ext_proc servicer that reads every message and never answers (a hung picker)."""
+
+    async def Process(self, request_iterator: Any, context: Any) -> None:
+        async for _ in request_iterator:
+            pass
+
+
+async def start_stalled_picker() -> InProcessPicker:
+    """A picker that accepts streams but never answers, in the running loop on a free port."""
+    servicer = _StalledServicer()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return InProcessPicker(server=server, servicer=servicer, port=port)
+
+
+def start_noop_picker_process(
+    port: int, workers: Sequence[str], *, log_path: Path, ready_timeout_s: float = 15.0
+) -> ManagedProcess:
+    """The no-op picker as a child process (its command line); returns once it listens."""
+    argv = [sys.executable, str(NOOP_PICKER_PATH), "--port", str(port), "--workers", ",".join(workers)]
+    process = ManagedProcess(argv, log_path=log_path).start()
+    try:
+        wait_for_port("127.0.0.1", port, ready_timeout_s, process=process)
+    except BaseException:
+        process.stop(grace_s=2.0)
+        raise
+    return process
+
+
+@dataclass
+class EnvoyUnderTest:
+    variant: Variant
+    process: ManagedProcess
+    listen_port: int
+    admin_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listen_port}"
+
+    def stop(self) -> None:
+        self.process.stop(grace_s=3.0)
+
+
+def start_envoy_variant(
+    variant: Variant, *, picker_address: str, workers: Sequence[str], log_dir: Path, **render_args: Any
+) -> EnvoyUnderTest:
+    """Render `variant` for fresh ports and run Envoy with it until /ready says LIVE."""
+    listen_port, admin_port = free_port(), free_port()
+    config = render_envoy_config(
+        variant,
+        listen_port=listen_port,
+        admin_port=admin_port,
+        picker_address=picker_address,
+        workers=workers,
+        **render_args,
+    )
+    process = start_envoy(
+        config, log_path=log_dir / f"envoy-{variant}-{admin_port}.log", admin_port=admin_port
+    )
+    return EnvoyUnderTest(variant=variant, process=process, listen_port=listen_port, admin_port=admin_port)
+
+
+async def _serve_worker(port: int) -> None:
+    worker = await EchoWorker(port=port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await worker.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="end-to-end test helpers")
+    commands = parser.add_subparsers(dest="command", required=True)
+    worker = commands.add_parser("worker", help="run an echo worker until SIGTERM")
+    worker.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "worker":
+        asyncio.run(_serve_worker(args.port))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""The Envoy configs in envoy/ with a real Envoy 1.40, the no-op picker and two echo workers.
+
+Checks the protocol facts the configs rely on (REFERENCE 2): the picker's choice is where the
+request goes, bodies pass byte-identical in BUFFERED and FULL_DUPLEX_STREAMED, SSE passes chunk by
+chunk, a client cannot choose the worker, buffered/duplex fail closed and failopen fails open.
+All servers share one event loop per module; Envoys start once per module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import itertools
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from extproc.envoy_config import Variant, render_envoy_config
+from extproc.procs import find_envoy, free_port
+
+from .harness import (
+    EchoWorker,
+    EnvoyUnderTest,
+    InProcessPicker,
+    start_echo_worker_process,
+    start_echo_workers,
+    start_envoy_variant,
+    start_noop_picker,
+    start_noop_picker_process,
+    start_stalled_picker,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+DESTINATION = "x-gateway-destination-endpoint"
+MiB = 1024 * 1024
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=20)
+LIVE_VARIANTS: list[Variant] = ["buffered", "duplex", "failopen"]
+STALL_TIMEOUT_MS = 300
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("envoy-logs")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def workers() -> AsyncIterator[list[EchoWorker]]:
+    started = await start_echo_workers(2)
+    yield started
+    for worker in started:
+        await worker.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def picker(workers: list[EchoWorker]) -> AsyncIterator[InProcessPicker]:
+    started = await start_noop_picker([w.address for w in workers])
+    yield started
+    await started.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stalled_picker() -> AsyncIterator[InProcessPicker]:
+    started = await start_stalled_picker()
+    yield started
+    await started.stop(grace_s=0)
+
+
+@pytest.fixture(scope="module")
+def envoys(
+    picker: InProcessPicker, stalled_picker: InProcessPicker, workers: list[EchoWorker], log_dir: Path
+) -> Iterator[dict[str, EnvoyUnderTest]]:
+    """One Envoy per variant with the live picker, "<variant>-down" ones whose picker port is dead,
+    and "<variant>-stalled" ones (buffered, failopen) whose picker never answers."""
+    find_envoy()  # fails with the install hint before anything starts
+    addresses = [w.address for w in workers]
+    dead_picker = f"127.0.0.1:{free_port()}"
+    started: dict[str, EnvoyUnderTest] = {}
+    try:
+        for variant in LIVE_VARIANTS:
+            started[variant] = start_envoy_variant(
+                variant, picker_address=picker.address, workers=addresses, log_dir=log_dir
+            )
+            started[f"{variant}-down"] = start_envoy_variant(
+                variant, picker_address=dead_picker, workers=addresses, log_dir=log_dir
+            )
+        for variant in ("buffered", "failopen"):
+            started[f"{variant}-stalled"] = start_envoy_variant(
+                variant,
+                picker_address=stalled_picker.address,
+                workers=addresses,
+                log_dir=log_dir,
+                message_timeout_ms=STALL_TIMEOUT_MS,
+            )
+        yield started
+    finally:
+        for envoy in started.values():
+            envoy.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=REQUEST_TIMEOUT) as session:
+        yield session
+
+
+@pytest.fixture
+def fresh_picker(picker: InProcessPicker) -> InProcessPicker:
+    """The shared picker with its records cleared, so a test sees only its own requests."""
+    picker.servicer.seen_request_headers.clear()
+    picker.servicer.picks.clear()
+    return picker
+
+
+async def post_echo(
+    client: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    # A BytesIO: aiohttp warns (ResourceWarning, an error here) about large raw bytes bodies.
+    async with client.post(url, data=io.BytesIO(body), headers=headers) as response:
+        text = await response.text()
+        assert response.status == 200, f"{response.status}: {text[:300]}"
+        echoed: dict[str, Any] = json.loads(text)
+        return echoed
+
+
+@pytest.mark.parametrize("variant", LIVE_VARIANTS)
+async def test_requests_go_where_the_picker_chose_alternating(
+    variant: Variant,
+    envoys: dict[str, EnvoyUnderTest],
+    fresh_picker: InProcessPicker,
+    workers: list[EchoWorker],
+    client: aiohttp.ClientSession,
+) -> None:
+    served = []
+    for index in range(4):
+        echoed = await post_echo(client, envoys[variant].url + "/v1/chat/completions", b'{"i": %d}' % index)
+        assert echoed["headers"][DESTINATION] == echoed["worker"]
+        served.append(echoed["worker"])
+    assert served == list(fresh_picker.servicer.picks)
+    assert set(served) == {w.address for w in workers}
+    assert all(a != b for a, b in itertools.pairwise(served))
+
+
+@pytest.mark.parametrize(
+    ("variant", "size"), [("buffered", 2 * MiB), ("duplex", 3 * MiB), ("failopen", 2 * MiB)]
+)
+async def test_large_body_arrives_byte_identical(
+    variant: Variant,
+    size: int,
+    envoys: dict[str, EnvoyUnderTest],
+    fresh_picker: InProcessPicker,
+    client: aiohttp.ClientSession,
+) -> None:
+    body = os.urandom(size)
+    echoed = await post_echo(client, envoys[variant].url + "/v1/completions", body)
+    assert echoed["body_len"] == size
+    assert echoed["body_sha256"] == hashlib.sha256(body).hexdigest()
+    assert echoed["worker"] == fresh_picker.servicer.picks[-1]
+    if variant == "duplex":
+        # The picker streams the body back: the upstream sees chunked encoding (REFERENCE 2).
+        assert echoed["headers"].get("transfer-encoding") == "chunked"
+    else:
+        assert echoed["headers"].get("content-length") == str(size)
+
+
+async def test_buffered_body_over_the_limit_gets_413(
+    envoys: dict[str, EnvoyUnderTest], client: aiohttp.ClientSession
+) -> None:
+    async with client.post(
+        envoys["buffered"].url + "/v1/completions", data=io.BytesIO(os.urandom(5 * MiB))
+    ) as response:
+        assert response.status == 413
+
+
+@pytest.mark.parametrize("variant", LIVE_VARIANTS)
+async def test_get_without_body(
+    variant: Variant,
+    envoys: dict[str, EnvoyUnderTest],
+    fresh_picker: InProcessPicker,
+    client: aiohttp.ClientSession,
+) -> None:
+    async with client.get(envoys[variant].url + "/v1/models") as response:
+        assert response.status == 200
+        echoed = await response.json()
+    assert echoed["method"] == "GET"
+    assert echoed["body_len"] == 0
+    assert echoed["worker"] == echoed["headers"][DESTINATION] == fresh_picker.servicer.picks[-1]
+
+
+async def read_sse_event(stream: aiohttp.StreamReader) -> str:
+    """The data of the next server-sent event."""
+    data = []
+    while True:
+        line = await stream.readline()
+        if not line:
+            raise EOFError("stream ended inside an event")
+        if line in (b"\n", b"\r\n"):
+            return "".join(data)
+        if line.startswith(b"data: "):
+            data.append(line[6:].decode().rstrip("\r\n"))
+
+
+@pytest.mark.parametrize("variant", LIVE_VARIANTS)
+async def test_sse_passes_chunk_by_chunk(
+    variant: Variant,
+    envoys: dict[str, EnvoyUnderTest],
+    workers: list[EchoWorker],
+    client: aiohttp.ClientSession,
+) -> None:
+    # The worker sends event i+1 only after the client has received event i: if Envoy or the
+    # picker held the response back, the first read would time out.
+    key = uuid.uuid4().hex
+    count = 4
+    async with client.get(envoys[variant].url + f"/sse?n={count}&key={key}") as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        served = None
+        for index in range(count):
+            event = json.loads(await asyncio.wait_for(read_sse_event(response.content), 5.0))
+            assert event["index"] == index
+            served = served or event["worker"]
+            assert event["worker"] == served
+            for worker in workers:
+                if worker.address == served:
+                    worker.release(key)
+        assert await asyncio.wait_for(read_sse_event(response.content), 5.0) == "[DONE]"
+
+
+@pytest.mark.parametrize("variant", LIVE_VARIANTS)
+async def test_client_destination_header_neither_routes_nor_reaches_the_picker(
+    variant: Variant,
+    envoys: dict[str, EnvoyUnderTest],
+    fresh_picker: InProcessPicker,
+    workers: list[EchoWorker],
+    client: aiohttp.ClientSession,
+) -> None:
+    worker_b = workers[1].address
+    forged = [worker_b, worker_b, "127.0.0.1:1"]  # the last one would fail if it were honoured
+    served = []
+    for value in forged:
+        echoed = await post_echo(
+            client, envoys[variant].url + "/v1/completions", b"{}", headers={DESTINATION: value}
+        )
+        assert echoed["headers"][DESTINATION] == echoed["worker"]
+        served.append(echoed["worker"])
+    assert served == list(fresh_picker.servicer.picks)
+    assert workers[0].address in served  # the picker chose A at least once despite the client's B
+    seen = list(fresh_picker.servicer.seen_request_headers)
+    assert len(seen) == len(forged)
+    assert all(DESTINATION not in headers for headers in seen)
+
+
+@pytest.mark.parametrize("variant", ["buffered", "duplex"])
+async def test_picker_down_fails_closed_with_503(
+    variant: Variant, envoys: dict[str, EnvoyUnderTest], client: aiohttp.ClientSession
+) -> None:
+    url = envoys[f"{variant}-down"].url
+    async with client.post(url + "/v1/completions", data=b'{"model": "m"}') as response:
+        assert response.status == 503  # status_on_error; Envoy's default would be 500
+    async with client.get(url + "/v1/models") as response:
+        assert response.status == 503
+
+
+@pytest.mark.parametrize(("variant", "expected_status"), [("buffered", 504), ("failopen", 200)])
+async def test_hung_picker_times_out_after_message_timeout(
+    variant: Variant, expected_status: int, envoys: dict[str, EnvoyUnderTest], client: aiohttp.ClientSession
+) -> None:
+    # message_timeout bounds each answer: buffered fails with 504, failopen skips the picker.
+    # (FULL_DUPLEX_STREAMED arms no such timer in Envoy 1.40: see envoy/README.md.)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with client.post(envoys[f"{variant}-stalled"].url + "/v1/completions", data=b"{}") as response:
+        assert response.status == expected_status
+    assert STALL_TIMEOUT_MS / 1000 * 0.9 <= loop.time() - started < 5.0
+
+
+async def test_failopen_serves_round_robin_without_a_picker(
+    envoys: dict[str, EnvoyUnderTest], workers: list[EchoWorker], client: aiohttp.ClientSession
+) -> None:
+    url = envoys["failopen-down"].url
+    served = []
+    for _ in range(4):
+        echoed = await post_echo(client, url + "/v1/completions", b'{"model": "m"}')
+        assert DESTINATION not in echoed["headers"]
+        served.append(echoed["worker"])
+    async with client.get(url + "/v1/models") as response:
+        assert response.status == 200
+    assert set(served) == {w.address for w in workers}
+
+
+async def test_picker_and_worker_as_child_processes(log_dir: Path, client: aiohttp.ClientSession) -> None:
+    """The no-op picker's and the echo worker's command lines, behind the default (buffered) config."""
+    worker_port, picker_port = free_port(), free_port()
+    worker_address = f"127.0.0.1:{worker_port}"
+    with (
+        start_echo_worker_process(worker_port, log_path=log_dir / "worker.log") as worker,
+        start_noop_picker_process(picker_port, [worker_address], log_path=log_dir / "picker.log") as picker,
+    ):
+        envoy = start_envoy_variant(
+            "buffered", picker_address=f"127.0.0.1:{picker_port}", workers=[], log_dir=log_dir
+        )
+        try:
+            for _ in range(2):
+                echoed = await post_echo(client, envoy.url + "/v1/completions", b"x" * 1000)
+                assert echoed["worker"] == echoed["headers"][DESTINATION] == worker_address
+        finally:
+            envoy.stop()
+        # SIGTERM is a clean shutdown for both.
+        assert picker.stop(grace_s=5.0) == 0, picker.log_tail()
+        assert worker.stop(grace_s=5.0) == 0, worker.log_tail()
+
+
+async def test_rendered_configs_pass_envoy_validation(tmp_path: Path) -> None:
+    """Every variant, with and without TLS to the picker, passes `envoy --mode validate`."""
+    envoy = find_envoy()
+    for variant in LIVE_VARIANTS:
+        for picker_tls in (False, True):
+            config = render_envoy_config(
+                variant,
+                listen_port=10000,
+                admin_port=10001,
+                picker_address="127.0.0.1:9002",
+                workers=["127.0.0.1:8001", "[::1]:8002"],
+                picker_tls=picker_tls,
+            )
+            path = tmp_path / f"{variant}-{picker_tls}.yaml"
+            path.write_text(config)
+            result = subprocess.run(
+                [envoy, "--mode", "validate", "--disable-hot-restart", "-c", str(path)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert result.returncode == 0, f"{variant} tls={picker_tls}: {result.stdout}{result.stderr}"
