@@ -16,6 +16,7 @@ extproc: a KV-cache-aware endpoint picker for LLM serving behind Envoy.
   serve        run the ext_proc picker (gRPC :9002, health :9003) for the workers in --config
   mock-worker  run a simulated OpenAI-compatible worker (prefix cache + timing model)
   demo         start Envoy, the picker and four mock workers; compare KV routing with round robin
+  envoy-config print a ready Envoy config (buffered, duplex or failopen) for a picker and workers
 """
 
 
@@ -54,6 +55,34 @@ def build_parser() -> argparse.ArgumentParser:
         "chat traffic with shared system prompts, and print per-worker tables.",
     )
     add_demo_arguments(demo)
+
+    envoy = sub.add_parser(
+        "envoy-config",
+        help="print an Envoy config that works with this picker",
+        description="Render one of the Envoy configs in envoy/ (see envoy/README.md).",
+    )
+    envoy.add_argument(
+        "--variant",
+        choices=("buffered", "duplex", "failopen"),
+        default="buffered",
+        help="buffered (default): body in one message, destination from metadata; duplex: "
+        "GIE-style FULL_DUPLEX_STREAMED; failopen: round robin when the picker is down",
+    )
+    envoy.add_argument(
+        "--listen-port", type=int, default=8080, help="Envoy's HTTP port (default: %(default)s)"
+    )
+    envoy.add_argument(
+        "--admin-port", type=int, default=9901, help="Envoy's admin port (default: %(default)s)"
+    )
+    envoy.add_argument(
+        "--picker", default="127.0.0.1:9002", help="the picker's ip:port (default: %(default)s)"
+    )
+    envoy.add_argument(
+        "--workers", default="", help="comma-separated worker ip:port list (needed by failopen)"
+    )
+    envoy.add_argument(
+        "--message-timeout-ms", type=int, default=5000, help="ext_proc message timeout (default: %(default)s)"
+    )
     return parser
 
 
@@ -77,6 +106,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         from extproc.server import serve
 
         asyncio.run(serve(config))
+        return 0
+    if args.command == "envoy-config":
+        from extproc.envoy_config import render_envoy_config
+
+        try:
+            text = render_envoy_config(
+                args.variant,
+                listen_port=args.listen_port,
+                admin_port=args.admin_port,
+                picker_address=args.picker,
+                workers=[w for w in args.workers.split(",") if w],
+                message_timeout_ms=args.message_timeout_ms,
+            )
+            print(text)
+        except ValueError as exc:
+            print(f"extproc envoy-config: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "mock-worker":
         from extproc.sim.mock_worker import run_mock_worker
