@@ -8,6 +8,7 @@ workers) or in-process servers (echo workers that report the body's sha256).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
 import json
@@ -244,3 +245,37 @@ async def test_a_client_cannot_choose_the_destination(mode, echo_stack, client):
             landed.add(echoed["worker"])
     assert landed == {w.address for w in workers}
     await wait_idle(picker)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_completed_failed_and_cancelled_requests_return_load_to_zero(mode, mock_stack, client):
+    picker, urls = mock_stack
+    url = f"{urls[mode]}/v1/chat/completions"
+
+    async def complete(i: int) -> None:
+        async with client.post(url, json=chat(f"{i} done " * 40, stream=True, max_tokens=6)) as r:
+            assert r.status == 200
+            await r.read()
+
+    async def cancel_after_first_chunk(i: int) -> None:
+        async with client.post(url, json=chat(f"{i} cancel " * 40, stream=True, max_tokens=500)) as r:
+            assert r.status == 200
+            await r.content.readline()
+            r.close()  # the client goes away mid-stream: Envoy resets both streams
+
+    async def cancel_before_answer(i: int) -> None:
+        # a non-streamed 500-token answer takes longer than 30 ms: the client gives up while it is generated
+        with contextlib.suppress(TimeoutError):
+            async with (
+                asyncio.timeout(0.03),
+                client.post(url, json=chat(f"{i} early " * 40, max_tokens=500)) as r,
+            ):
+                await r.read()
+
+    async def fail(i: int) -> None:
+        async with client.post(url, json=chat("x", model="unknown")) as r:
+            assert r.status == 404
+
+    jobs = [f(i) for i in range(8) for f in (complete, cancel_after_first_chunk, cancel_before_answer, fail)]
+    await asyncio.gather(*jobs)
+    await wait_idle(picker, timeout_s=15.0)
