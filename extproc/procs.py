@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -17,11 +16,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -111,9 +109,8 @@ class ManagedProcess:
     """A child process with its output in a log file, stopped by pid; usable as a context manager.
 
     The child gets its own session so that a terminal's Ctrl-C does not reach it before we stop it.
-    With `die_with_parent` (default, Linux, when started from the main thread) the kernel sends it
-    SIGTERM if this process dies without stopping it, e.g. a test run killed by a timeout; from
-    another thread it is not set, because the signal follows the exit of the starting thread.
+    No `preexec_fn` is used: forking with one while gRPC threads run can crash the child (seen as
+    a segfault when tests start Envoy next to an in-process picker).
     """
 
     def __init__(
@@ -124,10 +121,8 @@ class ManagedProcess:
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         cleanup_paths: Sequence[Path] = (),
-        die_with_parent: bool = True,
     ) -> None:
         self.argv = list(argv)
-        self._die_with_parent = die_with_parent
         self.log_path = Path(log_path)
         self._env = dict(env) if env is not None else None
         self._cwd = cwd
@@ -158,7 +153,6 @@ class ManagedProcess:
                 env=self._env,
                 cwd=self._cwd,
                 start_new_session=True,
-                preexec_fn=_parent_death_signal() if self._die_with_parent else None,
             )
         return self
 
@@ -206,27 +200,6 @@ class ManagedProcess:
     def __repr__(self) -> str:
         pid = self._popen.pid if self._popen is not None else None
         return f"ManagedProcess({self.argv[0]!r}, pid={pid}, log={str(self.log_path)!r})"
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn asking the kernel to SIGTERM the child when its parent dies (Linux only).
-
-    libc is resolved here, in the parent: the forked child only makes the one system call.
-    """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def set_parent_death_signal() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-    return set_parent_death_signal
 
 
 def _check_alive(process: ManagedProcess | None) -> None:
