@@ -95,11 +95,15 @@ def mock_workers(log_dir: Path) -> Iterator[list[WorkerProcess]]:
 async def mock_stack(mock_workers, log_dir) -> AsyncIterator[tuple[RunningPicker, dict[str, str]]]:
     endpoints = [w.endpoint for w in mock_workers]
     picker = await start_picker(picker_config(endpoints))
-    envoys = {mode: envoy_for(picker, mode, log_dir, endpoints) for mode in MODES}
-    yield picker, {mode: url for mode, (_, url) in envoys.items()}
-    for process, _ in envoys.values():
-        process.stop()
-    await picker.stop(0)
+    envoys: dict[str, tuple[ManagedProcess, str]] = {}
+    try:
+        for mode in MODES:
+            envoys[mode] = envoy_for(picker, mode, log_dir, endpoints)
+        yield picker, {mode: url for mode, (_, url) in envoys.items()}
+    finally:
+        for process, _ in envoys.values():
+            process.stop()
+        await picker.stop(0)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -107,13 +111,17 @@ async def echo_stack(log_dir) -> AsyncIterator[tuple[RunningPicker, dict[str, st
     workers = await start_echo_workers(2)
     endpoints = [w.address for w in workers]
     picker = await start_picker(picker_config(endpoints, max_body_bytes=6 * MiB))
-    envoys = {mode: envoy_for(picker, mode, log_dir, endpoints) for mode in MODES}
-    yield picker, {mode: url for mode, (_, url) in envoys.items()}, workers
-    for process, _ in envoys.values():
-        process.stop()
-    await picker.stop(0)
-    for w in workers:
-        await w.stop()
+    envoys: dict[str, tuple[ManagedProcess, str]] = {}
+    try:
+        for mode in MODES:
+            envoys[mode] = envoy_for(picker, mode, log_dir, endpoints)
+        yield picker, {mode: url for mode, (_, url) in envoys.items()}, workers
+    finally:
+        for process, _ in envoys.values():
+            process.stop()
+        await picker.stop(0)
+        for w in workers:
+            await w.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="module")
