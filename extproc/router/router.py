@@ -278,9 +278,8 @@ class KvRouter:
         out = []
         for w in workers:
             overlap = overlaps.get(w, 0)
-            prefill = seqs.prefill_tokens(w) + max(0, isl - overlap * bs)
-            decode = seqs.decode_blocks(w) + seqs.new_blocks(w, block_keys, isl)
-            out.append(WorkerLoad(w, prefill, decode, overlap))
+            active_prefill, decode = seqs.potential(w, block_keys, isl)
+            out.append(WorkerLoad(w, active_prefill + max(0, isl - overlap * bs), decode, overlap))
         return out
 
 

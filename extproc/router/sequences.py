@@ -86,20 +86,41 @@ class ActiveSequences:
         load = self._loads.get(worker)
         return load.decode_blocks if load else 0.0
 
+    def potential(self, worker: Worker, block_keys: Sequence[int], isl: int) -> tuple[int, float]:
+        """(active prefill tokens, active decode blocks + this request's new blocks) on `worker`."""
+        load = self._loads.get(worker)
+        new = self.new_blocks(worker, block_keys, isl)
+        if load is None:
+            return 0, float(new)
+        return load.prefill_tokens, load.decode_blocks + new
+
     def num_requests(self, worker: Worker) -> int:
         load = self._loads.get(worker)
         return load.requests if load else 0
 
     def new_blocks(self, worker: Worker, block_keys: Sequence[int], isl: int) -> int:
-        """Blocks this request would add on `worker` (its full blocks not active there + tail)."""
+        """Blocks this request would add on `worker` (its full blocks not active there + tail).
+
+        `block_keys` must be chained (sequence) hashes, as everywhere in this class.
+        """
         if not self.track_active_blocks:
             return 0
         tail = 1 if isl % self.block_size else 0
         load = self._loads.get(worker)
         if not self.assume_kv_reuse or load is None or not load.block_refs:
             return len(block_keys) + tail
+        # Keys are chained sequence hashes, so the blocks active on a worker always form a prefix
+        # of the request (a request holding block i holds every block before it): binary search
+        # for the first missing one instead of testing every key.
         refs = load.block_refs
-        return sum(1 for k in block_keys if k not in refs) + tail
+        lo, hi = 0, len(block_keys)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if block_keys[mid] in refs:
+                lo = mid + 1
+            else:
+                hi = mid
+        return len(block_keys) - lo + tail
 
     def is_idle(self) -> bool:
         """True when nothing is in flight and every counter is back at zero."""

@@ -67,3 +67,14 @@ def test_switches_turn_off_block_and_prefill_tracking():
     assert seqs.prefill_tokens(W) == 0
     assert seqs.new_blocks(W, [1, 2, 3], 50) == 0
     assert seqs.num_requests(W) == 1
+
+
+def test_new_blocks_finds_the_active_prefix_of_a_request_across_several_requests():
+    seqs = ActiveSequences(B)
+    seqs.add_request("a", W, [1, 2, 3], isl=48, overlap_blocks=0)
+    seqs.add_request("b", W, [1, 2, 9], isl=48, overlap_blocks=0)
+    assert seqs.new_blocks(W, [1, 2, 9, 10], isl=64) == 1
+    assert seqs.new_blocks(W, [1, 2, 3, 4, 5], isl=80) == 2
+    assert seqs.new_blocks(W, [7, 8], isl=40) == 3  # 2 full blocks + the partial tail
+    seqs.free("b")
+    assert seqs.new_blocks(W, [1, 2, 9, 10], isl=64) == 2

@@ -1,0 +1,788 @@
+"""Router core microbenchmarks on the shared Mooncake trace; prints one JSON object on stdout.
+
+    .venv/bin/python benchmarks/bench_router.py            # full run, about 1-3 minutes
+    .venv/bin/python benchmarks/bench_router.py --quick    # about 20 s
+    PYTHONPATH=. /tmp/probe/bin/python benchmarks/bench_router.py   # with ai-dynamo-runtime 1.6.1
+
+What is measured (time.perf_counter_ns per call, warm-up excluded, medians and p99):
+1. `RadixTree.apply_event` on a fresh tree: every trace request becomes one BlocksStored event
+   (REFERENCE section 6 mapping: hash id h -> 512 copies of token h, input clamped to
+   len(hash_ids) * 512, engine block size 64), on worker `i % W` for request i (round robin).
+2. `RadixTree.find_matches` at 64, 512 and 2048 blocks on that tree: half the queries are real
+   request prefixes (full match on the worker that stored them), half keep a real prefix of
+   N/4..3N/4 blocks and continue with hashes never stored (partial match).
+3. `KvRouter.best_worker(tokens)` probes (hashing included, tokens a list of ints) on a router fed
+   the trace events and holding 32 in-flight requests (half prefill-complete), with a breakdown.
+4. Memory: tracemalloc bytes of a tree per (worker, block) entry (`RadixTree.num_blocks()`).
+5. With `dynamo._core` importable, the same events and queries through Dynamo's Rust RadixTree
+   in the same process (interleaved with ours), score agreement, ratios and the targets.
+Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # benchmark this checkout, whatever is installed
+    sys.path.insert(0, str(REPO_ROOT))
+
+from extproc.router import (  # noqa: E402
+    BlocksStored,
+    KvRouter,
+    RadixTree,
+    RouterConfig,
+    StoredBlock,
+    Worker,
+    WorkerSpec,
+    compute_block_hashes,
+    compute_sequence_hashes,
+)
+
+DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+TRACE_BLOCK_TOKENS = 512  # Mooncake hash ids name 512-token blocks
+ENGINE_BLOCK_SIZE = 64  # Dynamo mocker default (REFERENCE section 6)
+FIND_SIZES = (64, 512, 2048)
+TOKEN_SIZES = {"1k": 1024, "8k": 8192, "32k": 32768}
+QUERIES_PER_SIZE = 16
+IN_FLIGHT = 32
+FRESH_TOKEN_RANGE = (100_000, 150_000)  # above every trace hash id, so never stored
+BS16_REQUESTS = 1000  # the block-size-16 router is fed the first requests only (memory)
+TARGET_FIND_RATIO = 1.5
+TARGET_STORE_FRACTION = 0.5
+TARGET_BEST_WORKER_US = 150.0
+
+clock = time.perf_counter_ns
+
+
+def log(message: str) -> None:
+    print(f"[bench_router {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- trace -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    index: int
+    hash_ids: tuple[int, ...]
+    input_tokens: int  # clamped to len(hash_ids) * 512
+
+    def token_array(self) -> np.ndarray:
+        ids = np.asarray(self.hash_ids, dtype=np.uint32)
+        return np.repeat(ids, TRACE_BLOCK_TOKENS)[: self.input_tokens]
+
+    def token_list(self, limit: int) -> list[int]:
+        """The first `limit` tokens as a tokenizer returns them: a list of ints."""
+        n = min(limit, self.input_tokens)
+        out: list[int] = []
+        for h in self.hash_ids[: -(-n // TRACE_BLOCK_TOKENS)]:
+            out += [h] * TRACE_BLOCK_TOKENS
+        del out[n:]
+        return out
+
+
+def load_trace(path: Path) -> list[TraceRequest]:
+    requests = []
+    with path.open() as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            ids = tuple(int(h) for h in row["hash_ids"])
+            requests.append(
+                TraceRequest(i, ids, min(int(row["input_length"]), len(ids) * TRACE_BLOCK_TOKENS))
+            )
+    return requests
+
+
+@dataclass(frozen=True, slots=True)
+class Hashed:
+    local: list[int]
+    seq: list[int]
+
+
+def hash_requests(requests: Sequence[TraceRequest], block_size: int) -> list[Hashed]:
+    out = []
+    for r in requests:
+        local = compute_block_hashes(r.token_array(), block_size)
+        out.append(Hashed(local, compute_sequence_hashes(local)))
+    return out
+
+
+def stored_events(hashed: Sequence[Hashed], workers: int) -> list[BlocksStored]:
+    """One event per request, request i on worker i % workers; engine ids are sequence hashes."""
+    return [
+        BlocksStored(Worker(i % workers), tuple(map(StoredBlock, h.seq, h.local)), None)
+        for i, h in enumerate(hashed)
+    ]
+
+
+def reassign(events: Sequence[BlocksStored], workers: int) -> list[BlocksStored]:
+    return [BlocksStored(Worker(i % workers), ev.blocks, None) for i, ev in enumerate(events)]
+
+
+# --- statistics --------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending sequence."""
+    return sorted_values[max(0, min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1))]
+
+
+def summary_us(samples_ns: Sequence[int]) -> dict[str, Any]:
+    values = sorted(samples_ns)
+    return {
+        "median_us": round(statistics.median(values) / 1e3, 2),
+        "p99_us": round(percentile(values, 0.99) / 1e3, 2),
+        "min_us": round(values[0] / 1e3, 2),
+        "calls": len(values),
+    }
+
+
+def time_calls(fn: Callable[[Any], object], args: Sequence[Any], passes: int, warmup: int = 1) -> list[int]:
+    """Per-call ns of fn(a) for every a in args, `passes` times; `warmup` untimed passes first."""
+    for _ in range(warmup):
+        for a in args:
+            fn(a)
+    samples = []
+    for _ in range(passes):
+        for a in args:
+            t0 = clock()
+            fn(a)
+            samples.append(clock() - t0)
+    return samples
+
+
+# --- 1 and 5: applying stored events -----------------------------------------------------------
+
+
+def build_ours(events: Sequence[BlocksStored]) -> tuple[RadixTree, int, list[int]]:
+    tree = RadixTree()
+    apply = tree.apply_event
+    per_event = []
+    start = clock()
+    for ev in events:
+        t0 = clock()
+        apply(ev)
+        per_event.append(clock() - t0)
+    return tree, clock() - start, per_event
+
+
+def build_dynamo(core: Any, payloads: Sequence[tuple[int, bytes]]) -> tuple[Any, int, list[int]]:
+    tree = core.RadixTree()
+    apply = tree.apply_event
+    per_event = []
+    start = clock()
+    for worker_id, body in payloads:
+        t0 = clock()
+        apply(worker_id, body)
+        per_event.append(clock() - t0)
+    tree.find_matches([0])  # queued behind every event, should the binding apply them asynchronously
+    return tree, clock() - start, per_event
+
+
+def dynamo_payloads(events: Sequence[BlocksStored]) -> list[tuple[int, bytes]]:
+    """Dynamo's KvCacheEvent JSON per event, consecutive event ids per worker."""
+    next_id: dict[int, int] = defaultdict(int)
+    out = []
+    for ev in events:
+        wid = int(ev.worker.worker_id)
+        blocks = [{"block_hash": b.engine_hash, "tokens_hash": b.local_hash} for b in ev.blocks]
+        body = {
+            "event_id": next_id[wid],
+            "data": {"stored": {"parent_hash": None, "blocks": blocks}},
+            "dp_rank": 0,
+        }
+        next_id[wid] += 1
+        out.append((wid, json.dumps(body, separators=(",", ":")).encode()))
+    return out
+
+
+def throughput(total_ns: Sequence[int], events: int, blocks: int, per_event: list[int]) -> dict[str, Any]:
+    best = statistics.median(total_ns)
+    return {
+        "builds": len(total_ns),
+        "events_per_s": round(events / (best / 1e9)),
+        "blocks_per_s": round(blocks / (best / 1e9)),
+        "build_s_median": round(best / 1e9, 3),
+        "build_s_all": [round(t / 1e9, 3) for t in total_ns],
+        "per_event": summary_us(per_event),
+    }
+
+
+def rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None
+
+
+class GcWatch:
+    """Counts the collector's runs per generation and the time spent in full (gen 2) ones."""
+
+    def __init__(self) -> None:
+        self.runs = [0, 0, 0]
+        self.full_ns = 0
+        self._t0 = 0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.runs[info["generation"]] += 1
+            self._t0 = clock()
+        elif info["generation"] == 2:
+            self.full_ns += clock() - self._t0
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def run_apply(events, payloads, core, builds: int) -> tuple[dict, dict | None, RadixTree, Any]:
+    blocks = sum(len(ev.blocks) for ev in events)
+    log(f"apply_event: {len(events)} events, {blocks} blocks, {builds} fresh builds per tree")
+    warm = min(200, len(events))
+    build_ours(events[:warm])  # warm-up: code paths, allocator
+    if core is not None:
+        build_dynamo(core, payloads[:warm])
+    ours_totals: list[int] = []
+    ours_per: list[int] = []
+    dyn_totals: list[int] = []
+    dyn_per: list[int] = []
+    tree = dyn_tree = None
+    dyn_rss = None
+    watch = GcWatch()
+    for b in range(builds):  # interleaved so both see the same machine load
+        tree = None
+        gc.collect()
+        with watch:
+            tree, total, per = build_ours(events)
+        ours_totals.append(total)
+        ours_per += per
+        if core is not None:
+            dyn_tree = None
+            gc.collect()
+            before = rss_bytes()
+            dyn_tree, total, per = build_dynamo(core, payloads)
+            after = rss_bytes()
+            if b == 0 and before is not None and after is not None:
+                dyn_rss = after - before
+            dyn_totals.append(total)
+            dyn_per += per
+        log(
+            f"  build {b + 1}/{builds}: ours {ours_totals[-1] / 1e9:.3f} s"
+            + (f", dynamo {dyn_totals[-1] / 1e9:.3f} s" if core is not None else "")
+        )
+    assert tree is not None
+    ours = throughput(ours_totals, len(events), blocks, ours_per)
+    ours["gc_per_build"] = {
+        "collections_by_generation": [round(n / builds, 1) for n in watch.runs],
+        "full_collection_ms": round(watch.full_ns / builds / 1e6, 1),
+    }
+    tree = None
+    gc.collect()
+    gc.disable()  # one more build without the cyclic collector, to show its share
+    try:
+        tree, total, _ = build_ours(events)
+    finally:
+        gc.enable()
+    ours["gc_disabled_build_s"] = round(total / 1e9, 3)
+    ours["entries"] = tree.num_blocks()
+    ours["nodes"] = tree.num_nodes
+    ours["blocks_in_events"] = blocks
+    dyn = None
+    if core is not None:
+        dyn = throughput(dyn_totals, len(events), blocks, dyn_per)
+        if dyn_rss is not None:
+            dyn["rss_delta_mib_first_build"] = round(dyn_rss / 2**20, 1)
+            dyn["rss_mib_per_million_entries_approx"] = round(dyn_rss / 2**20 / (tree.num_blocks() / 1e6), 1)
+    return ours, dyn, tree, dyn_tree
+
+
+# --- 2 and 5: find_matches ---------------------------------------------------------------------
+
+
+def find_queries(hashed: Sequence[Hashed], size: int, rng: random.Random) -> tuple[list[list[int]], int]:
+    """Half real prefixes (full match), half a real prefix then never-stored hashes (partial)."""
+    eligible = [h for h in hashed if len(h.local) >= size]
+    picked = rng.sample(eligible, min(QUERIES_PER_SIZE, len(eligible)))
+    full = len(picked) // 2
+    queries = [h.local[:size] for h in picked[:full]]
+    for h in picked[full:]:
+        keep = rng.randint(size // 4, 3 * size // 4)
+        queries.append(h.local[:keep] + [rng.getrandbits(64) for _ in range(size - keep)])
+    return queries, full
+
+
+def find_timings(fns: dict[str, Callable], queries, passes: int, idle_passes: int, acc: dict) -> None:
+    """Adds, per implementation, per mode, per query, the ns of each call to `acc`.
+
+    Implementations alternate call by call so both see the same machine load. Modes:
+    "interleaved" calls back to back; "idle_1ms" sleeps 1 ms before each call, as a picker
+    between requests does (Dynamo's binding hands each call to another thread, whose latency
+    depends on whether that thread is awake).
+    """
+    for mode, mode_passes, gap in (("interleaved", passes, 0.0), ("idle_1ms", idle_passes, 0.001)):
+        for _ in range(mode_passes):
+            for i, q in enumerate(queries):
+                for name, fn in fns.items():
+                    if gap:
+                        time.sleep(gap)
+                    t0 = clock()
+                    fn(q)
+                    acc[name][mode][i].append(clock() - t0)
+
+
+def find_summary(per_mode: dict[str, list[list[int]]], full: int) -> dict[str, Any]:
+    per_query = per_mode["interleaved"]
+    return {
+        **summary_us([t for per in per_query for t in per]),
+        "full_match_median_us": summary_us([t for per in per_query[:full] for t in per])["median_us"],
+        "partial_match_median_us": summary_us([t for per in per_query[full:] for t in per])["median_us"],
+        "idle_1ms": summary_us([t for per in per_mode["idle_1ms"] for t in per]),
+    }
+
+
+def run_find(tree: RadixTree, dyn_tree: Any, hashed, rounds: int, passes: int, idle_passes: int, rng):
+    """Sizes take turns over `rounds` rounds, so a burst of machine load spreads over all of them."""
+    fns: dict[str, Callable] = {"ours": tree.find_matches}
+    if dyn_tree is not None:
+        fns["dynamo"] = lambda q: dyn_tree.find_matches(q).scores
+    sets = {size: find_queries(hashed, size, rng) for size in FIND_SIZES}
+    sets = {size: qf for size, qf in sets.items() if qf[0]}
+    acc = {
+        size: {name: {"interleaved": [[] for _ in q], "idle_1ms": [[] for _ in q]} for name in fns}
+        for size, (q, _) in sets.items()
+    }
+    for queries, _ in sets.values():  # warm-up
+        for _ in range(2):
+            for q in queries:
+                for fn in fns.values():
+                    fn(q)
+    for _ in range(rounds):
+        for size, (queries, _) in sets.items():
+            find_timings(fns, queries, max(1, passes // rounds), max(1, idle_passes // rounds), acc[size])
+    ours_out: dict[str, Any] = {str(size): None for size in FIND_SIZES}
+    dyn_out: dict[str, Any] = {}
+    mismatches = 0
+    for size, (queries, full) in sets.items():
+        depth = [max(tree.find_matches(q).values(), default=0) for q in queries]
+        ours_out[str(size)] = {
+            **find_summary(acc[size]["ours"], full),
+            "queries": len(queries),
+            "full_match_queries": full,
+            "deepest_match_blocks_median": statistics.median(depth),
+        }
+        line = f"  find_matches {size}: ours median {ours_out[str(size)]['median_us']} us"
+        if dyn_tree is not None:
+            dyn_out[str(size)] = find_summary(acc[size]["dynamo"], full)
+            for q in queries:
+                ours = {(w.worker_id, w.dp_rank): s for w, s in tree.find_matches(q).items()}
+                theirs = {tuple(k): v for k, v in fns["dynamo"](q).items()}
+                mismatches += ours != theirs
+            line += f", dynamo {dyn_out[str(size)]['median_us']} us"
+        log(line)
+    return ours_out, (dyn_out, mismatches == 0, mismatches) if dyn_tree is not None else None
+
+
+# --- 3: best_worker ----------------------------------------------------------------------------
+
+
+def make_router(workers: int, block_size: int, events: Sequence[BlocksStored]) -> KvRouter:
+    router = KvRouter(
+        RouterConfig(block_size=block_size),
+        clock=time.monotonic,
+        rng=random.Random(0),
+        workers=[WorkerSpec(i) for i in range(workers)],
+    )
+    for ev in events:
+        router.apply_event(ev)
+    return router
+
+
+def add_in_flight(router: KvRouter, requests: Sequence[TraceRequest], rng: random.Random) -> None:
+    """32 tracked requests (1k-16k tokens of real trace prompts); every other one prefill-complete."""
+    for k, r in enumerate(rng.sample(list(requests), IN_FLIGHT)):
+        rid = f"inflight-{k}"
+        router.best_worker(r.token_list(rng.randint(1024, 16384)), request_id=rid)
+        if k % 2:
+            router.mark_prefill_complete(rid)
+
+
+def probe_queries(requests: Sequence[TraceRequest], tokens: int, rng: random.Random) -> list[list[int]]:
+    """Real trace prompts cut to `tokens`; half continue with never-stored tokens after 1/4-3/4."""
+    eligible = [r for r in requests if r.input_tokens >= tokens]
+    out = []
+    for k, r in enumerate(rng.sample(eligible, min(QUERIES_PER_SIZE, len(eligible)))):
+        toks = r.token_list(tokens)
+        if k % 2:
+            keep = rng.randint(tokens // 4, 3 * tokens // 4)
+            toks[keep:] = [rng.randrange(*FRESH_TOKEN_RANGE) for _ in range(tokens - keep)]
+        out.append(toks)
+    return out
+
+
+@dataclass
+class Job:
+    """One timed call shape: fn over each of args, samples in ns."""
+
+    fn: Callable[[Any], object]
+    args: Sequence[Any]
+    samples: list[int]
+
+
+def run_jobs(jobs: dict[str, Job], rounds: int, passes: int) -> None:
+    """Warm every job up, then let them take turns over `rounds` rounds (load bursts spread out)."""
+    for job in jobs.values():
+        for _ in range(2):
+            for a in job.args:
+                job.fn(a)
+    for _ in range(rounds):
+        for job in jobs.values():
+            job.samples += time_calls(job.fn, job.args, max(1, passes // rounds), warmup=0)
+
+
+def breakdown_jobs(router: KvRouter, queries: list[list[int]], tokens: int) -> dict[str, Job]:
+    """The router's steps one by one on the same queries, to show where a decision's time goes."""
+    bs = router.config.block_size
+    local = [compute_block_hashes(q, bs) for q in queries]
+    return {
+        "total_best_worker": Job(router.best_worker, queries, []),
+        "compute_block_hashes": Job(lambda q: compute_block_hashes(q, bs), queries, []),
+        "compute_sequence_hashes": Job(compute_sequence_hashes, local, []),
+        "find_matches": Job(router.indexer.find_matches, local, []),
+        "best_worker_for_hashes": Job(lambda h: router.best_worker_for_hashes(h, tokens), local, []),
+    }
+
+
+def breakdown_summary(jobs: dict[str, Job]) -> dict[str, Any]:
+    med = {k: statistics.median(j.samples) / 1e3 for k, j in jobs.items()}
+    out: dict[str, Any] = {k: summary_us(j.samples) for k, j in jobs.items()}
+    rest = med["total_best_worker"] - med["compute_block_hashes"] - med["compute_sequence_hashes"]
+    rest -= med["find_matches"]
+    out["rest_median_us"] = round(rest, 2)
+    out["rest_is"] = "total - hashing - sequence hashes - find_matches: loads (new_blocks), costs, pick"
+    out["share_of_total"] = {
+        k: round(med[k] / med["total_best_worker"], 3)
+        for k in ("compute_block_hashes", "compute_sequence_hashes", "find_matches")
+    } | {"rest": round(rest / med["total_best_worker"], 3)}
+    return out
+
+
+def run_best_worker(requests, events, counts, rounds, passes, rng, quick) -> dict[str, Any]:
+    """Builds every router first, then times all cases in turns (see run_jobs)."""
+    routers: list[tuple[str, KvRouter, Sequence[TraceRequest], list[str]]] = []
+    for workers in counts:
+        evs = events if workers == counts[0] else reassign(events, workers)
+        router = make_router(workers, ENGINE_BLOCK_SIZE, evs)
+        add_in_flight(router, requests, rng)
+        routers.append((f"{workers}_workers_bs{ENGINE_BLOCK_SIZE}", router, requests, list(TOKEN_SIZES)))
+    bs16_note = None
+    if 16 in counts:
+        subset = requests[: 300 if quick else BS16_REQUESTS]
+        log(f"  block size 16: hashing the first {len(subset)} requests")
+        router = make_router(16, 16, stored_events(hash_requests(subset, 16), 16))
+        add_in_flight(router, subset, rng)
+        routers.append(("16_workers_bs16", router, subset, ["8k"]))
+        bs16_note = f"fed the first {len(subset)} trace requests only ({router.indexer.num_blocks()} entries)"
+    jobs: dict[str, Job] = {}
+    request_blocks: dict[str, int] = {}
+    parts: dict[str, Job] = {}
+    for label, router, reqs, sizes in routers:
+        for name in sizes:
+            queries = probe_queries(reqs, TOKEN_SIZES[name], rng)
+            if queries:
+                jobs[f"{name}_tokens_{label}"] = Job(router.best_worker, queries, [])
+                request_blocks[f"{name}_tokens_{label}"] = router.best_worker(queries[0]).request_blocks
+        if label == f"16_workers_bs{ENGINE_BLOCK_SIZE}":
+            parts = breakdown_jobs(router, probe_queries(reqs, 8192, rng), 8192)
+    log(f"  timing {len(jobs)} cases and the breakdown in {rounds} rounds")
+    run_jobs({**jobs, **{f"part:{k}": j for k, j in parts.items()}}, rounds, passes)
+    cases: dict[str, Any] = {}
+    for key, job in jobs.items():
+        cases[key] = {
+            **summary_us(job.samples),
+            "queries": len(job.args),
+            "request_blocks": request_blocks[key],
+        }
+        log(f"  best_worker {key}: median {cases[key]['median_us']} us")
+    out: dict[str, Any] = {
+        "setup": (
+            f"KvRouter(RouterConfig(block_size=B)), WorkerSpec(i) ids, indexer fed the trace events "
+            f"(request i on worker i % W); {IN_FLIGHT} in-flight requests tracked with request_id "
+            "(1k-16k-token trace prompts), every other one prefill-complete; timed calls are probes "
+            "(no request_id) on real trace prompts cut to the size, half of them diverging into "
+            "never-stored tokens after 1/4-3/4 of the prompt; tokens are Python lists of ints"
+        ),
+        "cases": cases,
+    }
+    if parts:
+        out["breakdown_8k_tokens_16_workers_bs64"] = breakdown_summary(parts)
+    if bs16_note:
+        out["bs16_indexer"] = bs16_note
+    routers.clear()
+    gc.collect()
+    return out
+
+
+# --- 4: memory ---------------------------------------------------------------------------------
+
+
+def run_memory(requests: Sequence[TraceRequest], workers: int) -> dict[str, Any]:
+    """Request i stored on worker i % W and again on worker W + i % (W/2), hashed inside tracing.
+
+    Hashes are computed while tracing (twice, once per event), so the tree owns its ints as it
+    would after decoding real events; tracemalloc counts Python-allocated bytes only.
+    """
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    tree = RadixTree()
+    second = max(1, workers // 2)
+    for i, r in enumerate(requests):
+        tokens = r.token_array()
+        for worker in (i % workers, workers + i % second):
+            local = compute_block_hashes(tokens, ENGINE_BLOCK_SIZE)
+            seq = compute_sequence_hashes(local)
+            tree.apply_event(BlocksStored(Worker(worker), tuple(map(StoredBlock, seq, local)), None))
+        del tokens, local, seq
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    entries = tree.num_blocks()
+    return {
+        "entries": entries,
+        "entries_counted_as": "RadixTree.num_blocks(): (worker, engine block id) pairs",
+        "nodes": tree.num_nodes,
+        "workers": len(tree.workers()),
+        "layout": (
+            f"{len(requests)} trace requests, request i on worker i % {workers} and again on worker "
+            f"{workers} + i % {second}: shared prefixes across workers plus private suffixes"
+        ),
+        "traced_bytes": used,
+        "bytes_per_entry": round(used / entries, 1),
+        "mib_per_million_entries": round(used / entries * 1e6 / 2**20, 1),
+        "bytes_per_node": round(used / max(1, tree.num_nodes), 1),
+    }
+
+
+# --- driver ------------------------------------------------------------------------------------
+
+
+def import_dynamo(disabled: bool) -> tuple[Any, str | None]:
+    if disabled:
+        return None, "--no-dynamo given"
+    try:
+        import dynamo._core as core  # the [compare] extra: ai-dynamo-runtime==1.6.1
+    except Exception as exc:  # ImportError, or a broken native wheel
+        return None, f"import dynamo._core failed: {type(exc).__name__}: {exc}"
+    return core, None
+
+
+def environment(args: argparse.Namespace, core: Any) -> dict[str, Any]:
+    import xxhash
+
+    dyn_version = None
+    if core is not None:
+        try:
+            from importlib.metadata import version
+
+            dyn_version = version("ai-dynamo-runtime")
+        except Exception:
+            dyn_version = getattr(core, "__version__", "unknown")
+    return {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "numpy": np.__version__,
+        "xxhash": xxhash.VERSION,
+        "ai_dynamo_runtime": dyn_version,
+        "gc": "enabled; prebuilt inputs frozen with gc.freeze() before timing",
+        "quick": args.quick,
+        "repeat": args.repeat,
+    }
+
+
+def targets(find: dict, apply_ours: dict, dyn: dict | None, best: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if dyn is not None and find.get("512") and dyn["find_matches"].get("512"):
+        ours, theirs = find["512"], dyn["find_matches"]["512"]
+        ratio = ours["median_us"] / theirs["median_us"]
+        idle_ratio = ours["idle_1ms"]["median_us"] / theirs["idle_1ms"]["median_us"]
+        out["find_matches_512_within_1_5x_dynamo"] = {
+            "met": max(ratio, idle_ratio) <= TARGET_FIND_RATIO,
+            "ours_over_dynamo": round(ratio, 3),
+            "ours_over_dynamo_idle_1ms": round(idle_ratio, 3),
+            "rule": "met when both modes are within 1.5x",
+        }
+        frac = apply_ours["blocks_per_s"] / dyn["apply_event"]["blocks_per_s"]
+        out["stored_blocks_per_s_at_least_half_dynamo"] = {
+            "met": frac >= TARGET_STORE_FRACTION,
+            "ours_over_dynamo": round(frac, 3),
+        }
+    else:
+        reason = "no Dynamo comparison in this run"
+        out["find_matches_512_within_1_5x_dynamo"] = {"met": None, "reason": reason}
+        out["stored_blocks_per_s_at_least_half_dynamo"] = {"met": None, "reason": reason}
+    case = best["cases"].get("8k_tokens_16_workers_bs64")
+    out["best_worker_8k_tokens_16_workers_median_le_150us"] = (
+        {"met": case["median_us"] <= TARGET_BEST_WORKER_US, "median_us": case["median_us"]}
+        if case
+        else {"met": None, "reason": "16 workers not in --workers"}
+    )
+    return out
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Mooncake trace (JSONL)")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions, about 20 s")
+    p.add_argument(
+        "--workers",
+        default="16,64",
+        help="comma-separated worker counts for best_worker; the first also builds the trace tree",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=None, help="fresh tree builds and timing rounds (default 5, quick 1)"
+    )
+    p.add_argument("--no-dynamo", action="store_true", help="skip the Dynamo comparison")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 5
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
+    if not args.trace.is_file():
+        p.error(f"trace not found: {args.trace} (see REFERENCE section 6)")
+    try:
+        args.worker_counts = [int(x) for x in str(args.workers).split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--workers must be comma-separated integers, got {args.workers!r}")
+    if not args.worker_counts or min(args.worker_counts) < 1:
+        p.error("--workers needs at least one count >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    wall = time.monotonic()
+    rng = random.Random(args.seed)
+    core, no_dynamo_reason = import_dynamo(args.no_dynamo)
+    env = environment(args, core)
+    workers = args.worker_counts[0]
+    find_passes = 10 if args.quick else 80 * args.repeat
+    idle_passes = 2 if args.quick else 4 * args.repeat
+    best_passes = 5 if args.quick else 40 * args.repeat
+
+    log(f"loading {args.trace}")
+    requests = load_trace(args.trace)
+    log(f"hashing {len(requests)} requests at block size {ENGINE_BLOCK_SIZE}")
+    hashed = hash_requests(requests, ENGINE_BLOCK_SIZE)
+    events = stored_events(hashed, workers)
+    payloads = dynamo_payloads(events) if core is not None else []
+    gc.collect()
+    gc.freeze()  # prebuilt inputs are not part of what a collection scans in production
+
+    apply_ours, apply_dyn, tree, dyn_tree = run_apply(events, payloads, core, args.repeat)
+    log("find_matches")
+    find_ours, find_dyn = run_find(tree, dyn_tree, hashed, args.repeat, find_passes, idle_passes, rng)
+    del tree, dyn_tree, payloads
+    gc.collect()
+
+    log("best_worker")
+    best = run_best_worker(requests, events, args.worker_counts, args.repeat, best_passes, rng, args.quick)
+
+    mem_requests = requests[:1000] if args.quick else requests
+    log(f"memory (tracemalloc) over {len(mem_requests)} requests")
+    memory = run_memory(mem_requests, workers)
+
+    result: dict[str, Any] = {
+        "benchmark": "router",
+        "env": env,
+        "trace": {
+            "path": str(args.trace),
+            "requests": len(requests),
+            "trace_blocks": sum(len(r.hash_ids) for r in requests),
+            "mapping": "hash id h -> 512 x token h, input clamped to len(hash_ids)*512, engine block 64",
+            "worker_assignment": f"round robin: request i -> worker i % {workers}",
+            "events": len(events),
+        },
+        "apply_event": apply_ours,
+        "find_matches": {
+            "queries": (
+                "per size up to 16 trace requests with enough blocks: half their first N local "
+                "hashes (full match on the storing worker), half a real prefix of N/4..3N/4 blocks "
+                "then random never-stored hashes (partial match)"
+            ),
+            **find_ours,
+        },
+        "best_worker": best,
+        "memory": memory,
+    }
+    if core is not None and find_dyn is not None and apply_dyn is not None:
+        dyn_find, agree, mismatches = find_dyn
+        result["dynamo"] = {
+            "version": env["ai_dynamo_runtime"],
+            "api": "dynamo._core.RadixTree: apply_event(worker_id, json_bytes), find_matches(hashes).scores",
+            "note": "Dynamo's apply_event parses the event JSON itself; ours is given decoded BlocksStored",
+            "apply_event": apply_dyn,
+            "find_matches": dyn_find,
+            "agree": agree,
+            "mismatched_queries": mismatches,
+        }
+        ratios: dict[str, float] = {}
+        for size in FIND_SIZES:
+            ours, theirs = find_ours.get(str(size)), dyn_find.get(str(size))
+            if ours and theirs:
+                ratios[f"find_matches_{size}_ours_over_dynamo"] = round(
+                    ours["median_us"] / theirs["median_us"], 3
+                )
+                ratios[f"find_matches_{size}_ours_over_dynamo_idle_1ms"] = round(
+                    ours["idle_1ms"]["median_us"] / theirs["idle_1ms"]["median_us"], 3
+                )
+        ratios["stored_blocks_per_s_dynamo_over_ours"] = round(
+            apply_dyn["blocks_per_s"] / apply_ours["blocks_per_s"], 3
+        )
+        result["ratios"] = ratios
+    else:
+        result["dynamo"] = None
+        result["dynamo_reason"] = no_dynamo_reason
+    result["targets"] = targets(result["find_matches"], apply_ours, result["dynamo"], best)
+    env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    env["wall_s"] = round(time.monotonic() - wall, 1)
+    log(f"done in {env['wall_s']} s")
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
