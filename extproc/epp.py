@@ -131,29 +131,23 @@ def streamed_body(body: bytes, *, end_of_stream: bool) -> Iterable[pb.Processing
         yield _streamed_chunk(chunk, end_of_stream and last)
 
 
-def _streamed_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(
-            response=pb.CommonResponse(
-                body_mutation=pb.BodyMutation(
-                    streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
-                )
+def _streamed(chunk: bytes, end_of_stream: bool) -> pb.BodyResponse:
+    return pb.BodyResponse(
+        response=pb.CommonResponse(
+            body_mutation=pb.BodyMutation(
+                streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
             )
         )
     )
+
+
+def _streamed_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_body=_streamed(chunk, end_of_stream))
 
 
 def echo_response_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
     """Answer a duplex-mode response body chunk by passing it through unchanged."""
-    return pb.ProcessingResponse(
-        response_body=pb.BodyResponse(
-            response=pb.CommonResponse(
-                body_mutation=pb.BodyMutation(
-                    streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
-                )
-            )
-        )
-    )
+    return pb.ProcessingResponse(response_body=_streamed(chunk, end_of_stream))
 
 
 CONTINUE_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
