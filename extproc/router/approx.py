@@ -1,24 +1,36 @@
-"""ApproxIndexer: predicted cache state for engines that publish no KV events.
+"""ApproxIndexer: predicted cache state for workers whose KV events are off, not yet flowing or lost.
 
 After each routing decision the chosen worker is assumed to cache the request's blocks for
-`ttl_s` seconds (refreshed when routed again). When the tree holds more than `max_tree_size`
-(worker, block) entries, the least recently routed entries are pruned down to
+`ttl_s` seconds (refreshed when routed again). When more than `max_tree_size` (worker, block)
+predictions exist, the least recently routed ones are pruned down to
 `prune_target_ratio * max_tree_size`. The predictions go into the same RadixTree as real events,
-as synthetic stored/removed events whose engine ids are the blocks' sequence hashes (as
-Dynamo's approximate indexer does). No I/O; `now` is always passed in.
+as synthetic stored/removed events (as Dynamo's approximate indexer does), under engine ids of
+their own (`predicted_engine_id`) so they never collide with a real engine's ids for the same
+worker: a worker can switch between event-fed and predicted at any time. No I/O; `now` is
+always passed in.
 
-Blocks of one request are recorded leaf first, so expiry and pruning remove a path from its
-tail and never leave an unreachable block behind a removed parent.
+Each worker's predictions are prefix-closed: a routing refreshes a whole path, root last, and
+expiry and pruning take the least recently refreshed first, so a block goes before its parent.
+That lets `record_routing` find the predicted prefix by binary search and store only the new
+suffix under it.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from extproc.router.hashing import compute_sequence_hashes
 from extproc.router.radix import RadixTree
 from extproc.router.types import BlocksRemoved, BlocksStored, StoredBlock, Worker
+
+_PREDICTED_BASE = -(1 << 64)  # engines' ids are non-negative; dump_events' stand-ins are small negatives
+
+
+def predicted_engine_id(seq_hash: int) -> int:
+    """The engine id a prediction uses for the block with sequence hash `seq_hash`."""
+    return _PREDICTED_BASE - seq_hash
 
 
 class ApproxIndexer:
@@ -36,13 +48,19 @@ class ApproxIndexer:
         self.ttl_s = ttl_s
         self.max_tree_size = max_tree_size
         self.prune_target_size = int(max_tree_size * prune_target_ratio)
-        # (worker, sequence hash) -> expiry time; order = least recently routed first
-        self._expiry: OrderedDict[tuple[Worker, int], float] = OrderedDict()
+        # per worker: sequence hash -> expiry time; order = least recently routed first
+        self._expiry: dict[Worker, OrderedDict[int, float]] = {}
+        self._size = 0
+        self._next_expiry = float("inf")  # lower bound of every table's oldest expiry
         self.expired_blocks = 0
         self.pruned_blocks = 0
 
     def __len__(self) -> int:
-        return len(self._expiry)
+        return self._size
+
+    def num_blocks(self, worker: Worker) -> int:
+        table = self._expiry.get(worker)
+        return len(table) if table else 0
 
     def record_routing(
         self,
@@ -61,39 +79,98 @@ class ApproxIndexer:
             return
         if seq_hashes is None:
             seq_hashes = compute_sequence_hashes(local_hashes)
-        self.tree.apply_event(
-            BlocksStored(worker, tuple(map(StoredBlock, seq_hashes, local_hashes)), parent_hash=None)
-        )
+        table = self._expiry.get(worker)
+        if table is None:
+            table = self._expiry[worker] = OrderedDict()
+        held = _held_prefix(table, seq_hashes)
+        if held < len(seq_hashes):
+            base = _PREDICTED_BASE
+            parent = base - seq_hashes[held - 1] if held else None
+            blocks = tuple(
+                StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=True)
+            )
+            self.tree.apply_event(BlocksStored(worker, blocks, parent_hash=parent))
         expiry = now + self.ttl_s
-        table = self._expiry
-        for seq_hash in reversed(seq_hashes):
-            key = (worker, seq_hash)
-            table[key] = expiry
-            table.move_to_end(key)
-        if len(table) > self.max_tree_size:
-            self.pruned_blocks += self._pop_oldest(len(table) - self.prune_target_size)
+        if not table:
+            self._next_expiry = min(self._next_expiry, expiry)
+        before = len(table)
+        move = table.move_to_end
+        for i in range(len(seq_hashes) - 1, -1, -1):
+            s = seq_hashes[i]
+            if i < held:
+                move(s)
+            table[s] = expiry
+        self._size += len(table) - before
+        if self._size > self.max_tree_size:
+            self.pruned_blocks += self._pop_oldest(self._size - self.prune_target_size)
 
     def expire(self, now: float) -> None:
         """Drop every prediction whose TTL has passed."""
-        table = self._expiry
-        count = 0
-        for expiry in table.values():
-            if expiry > now:
-                break
-            count += 1
-        if count:
-            self.expired_blocks += self._pop_oldest(count)
+        if now < self._next_expiry:
+            return
+        next_expiry = float("inf")
+        for worker, table in self._expiry.items():
+            expired = []
+            for seq_hash, expiry in table.items():
+                if expiry > now:
+                    next_expiry = min(next_expiry, expiry)
+                    break
+                expired.append(seq_hash)
+            if expired:
+                for seq_hash in expired:
+                    del table[seq_hash]
+                self._remove(worker, expired)
+                self.expired_blocks += len(expired)
+        self._next_expiry = next_expiry
 
     def remove_worker(self, worker: Worker) -> None:
-        for key in [k for k in self._expiry if k[0] == worker]:
-            del self._expiry[key]
+        """Forget `worker`'s predictions without touching the tree (the caller clears it)."""
+        table = self._expiry.pop(worker, None)
+        if table:
+            self._size -= len(table)
+
+    def drop_worker(self, worker: Worker) -> None:
+        """Withdraw `worker`'s predictions from the tree (its real events take over)."""
+        table = self._expiry.pop(worker, None)
+        if table:
+            self._size -= len(table)
+            self.tree.apply_event(BlocksRemoved(worker, tuple(_PREDICTED_BASE - s for s in reversed(table))))
+
+    def _remove(self, worker: Worker, seq_hashes: list[int]) -> None:
+        base = _PREDICTED_BASE
+        self._size -= len(seq_hashes)
+        self.tree.apply_event(BlocksRemoved(worker, tuple(base - s for s in seq_hashes)))
 
     def _pop_oldest(self, count: int) -> int:
+        """Pop the `count` least recently routed predictions over all workers, oldest first."""
+        heads = [(next(iter(t.values())), i, w) for i, (w, t) in enumerate(self._expiry.items()) if t]
+        heapq.heapify(heads)
         removed: dict[Worker, list[int]] = {}
-        table = self._expiry
-        for _ in range(min(count, len(table))):
-            (worker, seq_hash), _expiry = table.popitem(last=False)
+        popped = 0
+        while popped < count and heads:
+            _expiry, i, worker = heads[0]
+            table = self._expiry[worker]
+            seq_hash, _ = table.popitem(last=False)
             removed.setdefault(worker, []).append(seq_hash)
+            popped += 1
+            if table:
+                heapq.heapreplace(heads, (next(iter(table.values())), i, worker))
+            else:
+                heapq.heappop(heads)
         for worker, hashes in removed.items():
-            self.tree.apply_event(BlocksRemoved(worker, tuple(hashes)))
-        return sum(len(h) for h in removed.values())
+            self._remove(worker, hashes)
+        return popped
+
+
+def _held_prefix(table: OrderedDict[int, float], seq_hashes: Sequence[int]) -> int:
+    """How many leading blocks of the path `table` predicts (prefix-closed, so binary search)."""
+    if not table or seq_hashes[0] not in table:
+        return 0
+    lo, hi = 1, len(seq_hashes)  # seq_hashes[:lo] held; answer in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if seq_hashes[mid - 1] in table:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

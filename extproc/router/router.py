@@ -45,14 +45,13 @@ class KvRouter:
         self._rng = rng or random.Random()
         cfg = self.config
         self.indexer = RadixTree()
-        self.approx: ApproxIndexer | None = None
-        if not cfg.use_kv_events:
-            self.approx = ApproxIndexer(
-                self.indexer,
-                ttl_s=cfg.router_ttl_secs,
-                max_tree_size=cfg.router_max_tree_size,
-                prune_target_ratio=cfg.router_prune_target_ratio,
-            )
+        self.approx = ApproxIndexer(
+            self.indexer,
+            ttl_s=cfg.router_ttl_secs,
+            max_tree_size=cfg.router_max_tree_size,
+            prune_target_ratio=cfg.router_prune_target_ratio,
+        )
+        self._event_fed: set[Worker] = set()  # workers whose cache state comes from their KV events
         self.sequences = ActiveSequences(
             cfg.block_size,
             assume_kv_reuse=cfg.router_assume_kv_reuse,
@@ -91,8 +90,8 @@ class KvRouter:
 
     def _forget(self, worker: Worker) -> list[str]:
         self.indexer.remove_worker(worker)
-        if self.approx is not None:
-            self.approx.remove_worker(worker)
+        self.approx.remove_worker(worker)
+        self._event_fed.discard(worker)
         return self.sequences.remove_worker(worker)
 
     def workers(self) -> list[Worker]:
@@ -102,8 +101,38 @@ class KvRouter:
         return self._specs.get(worker_id)
 
     def apply_event(self, event: KvEvent) -> None:
-        """Apply one KV event from an engine (never raises on inconsistent content)."""
+        """Apply one KV event from an engine (never raises on inconsistent content).
+
+        With KV events on, the first event of a worker makes it event-fed (see `set_event_fed`).
+        """
+        if event.worker not in self._event_fed and self.config.use_kv_events:
+            self.set_event_fed(event.worker, True)
         self.indexer.apply_event(event)
+
+    def set_event_fed(self, worker: Worker, fed: bool) -> None:
+        """Switch where `worker`'s cache state comes from.
+
+        Event-fed: its KV events are flowing; the router's predictions for it are withdrawn.
+        Predicted (the start state of every worker, and the state while its event stream is
+        down): the router predicts from its own decisions, on top of whatever real blocks it
+        last knew (kept until a reset, since they are still the best knowledge).
+        Ignored unless the config uses KV events.
+        """
+        if not self.config.use_kv_events:
+            return
+        if fed and worker not in self._event_fed:
+            self._event_fed.add(worker)
+            self.approx.drop_worker(worker)
+        elif not fed:
+            self._event_fed.discard(worker)
+
+    def is_event_fed(self, worker: Worker) -> bool:
+        return worker in self._event_fed
+
+    def reset_worker_cache(self, worker: Worker) -> None:
+        """Forget every block known for `worker`, real or predicted (a full replay follows)."""
+        self.indexer.clear_worker(worker)
+        self.approx.remove_worker(worker)
 
     def dump_events(self) -> list[KvEvent]:
         return self.indexer.dump_events()
@@ -152,7 +181,7 @@ class KvRouter:
         """As `best_worker`, for a caller that already has the local block hashes and the ISL."""
         cfg = self.config.merged(config_override)
         candidates = self._candidates(allowed_workers)
-        seq_hashes = self._block_keys(local_hashes)
+        block_keys = self._block_keys(local_hashes)
         overlaps = self._overlaps(cfg, local_hashes)
         eligible = [w for w in candidates if not self._busy(cfg, w)]
 
@@ -166,7 +195,7 @@ class KvRouter:
 
         costs = ()
         if cfg.mode is RouterMode.KV or len(eligible) == 1:
-            loads = self._loads(eligible, seq_hashes, isl, overlaps)
+            loads = self._loads(eligible, block_keys, isl, overlaps)
             worker_costs = compute_costs(loads, cfg.block_size, cfg.overlap_score_weight)
             chosen = pick(worker_costs, cfg.temperature, self._rng)
             worker, cost, costs = chosen.worker, chosen.cost, tuple(worker_costs)
@@ -182,12 +211,48 @@ class KvRouter:
 
         overlap = overlaps.get(worker, 0)
         if request_id is not None:
-            self.sequences.add_request(
-                request_id, worker, seq_hashes, isl, overlap, expected_output_tokens=expected_output_tokens
-            )
-            if self.approx is not None:
-                self.approx.record_routing(worker, local_hashes, self._clock(), seq_hashes=seq_hashes)
+            self._track(request_id, worker, local_hashes, block_keys, isl, overlap, expected_output_tokens)
         return Decision(worker, overlap, len(local_hashes), costs, cost)
+
+    def add_request(
+        self,
+        request_id: str,
+        worker: Worker,
+        local_hashes: Sequence[int],
+        isl: int,
+        overlap_blocks: int,
+        *,
+        expected_output_tokens: int | None = None,
+    ) -> None:
+        """Track a request routed elsewhere (another replica's decision), as `best_worker` would."""
+        if worker.worker_id not in self._specs:
+            return  # a worker this replica does not route to
+        self._track(
+            request_id,
+            worker,
+            local_hashes,
+            self._block_keys(local_hashes),
+            isl,
+            overlap_blocks,
+            expected_output_tokens,
+        )
+
+    def _track(
+        self,
+        request_id: str,
+        worker: Worker,
+        local_hashes: Sequence[int],
+        block_keys: Sequence[int],
+        isl: int,
+        overlap: int,
+        expected_output_tokens: int | None,
+    ) -> None:
+        seq_hashes = block_keys if block_keys is not local_hashes else None
+        self.sequences.add_request(
+            request_id, worker, block_keys, isl, overlap, expected_output_tokens=expected_output_tokens
+        )
+        if worker not in self._event_fed:
+            self.approx.record_routing(worker, local_hashes, self._clock(), seq_hashes=seq_hashes)
 
     def get_potential_loads(
         self,
@@ -241,15 +306,14 @@ class KvRouter:
 
     def _block_keys(self, local_hashes: Sequence[int]) -> Sequence[int]:
         cfg = self.config
-        if self.approx is None and not (cfg.router_track_active_blocks and cfg.router_assume_kv_reuse):
+        if not (cfg.router_track_active_blocks and cfg.router_assume_kv_reuse):
             return local_hashes  # only their count matters
         return compute_sequence_hashes(local_hashes)
 
     def _overlaps(self, cfg: RouterConfig, local_hashes: Sequence[int]) -> OverlapScores:
         if cfg.mode is not RouterMode.KV or cfg.overlap_score_weight == 0 or not local_hashes:
             return {}
-        if self.approx is not None:
-            self.approx.expire(self._clock())
+        self.approx.expire(self._clock())
         return self.indexer.find_matches(local_hashes)
 
     def _busy(self, cfg: RouterConfig, worker: Worker) -> bool:

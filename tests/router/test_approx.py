@@ -4,6 +4,8 @@ import random
 
 from extproc.router import KvRouter, RadixTree, RouterConfig, Worker, WorkerSpec, compute_block_hashes
 from extproc.router.approx import ApproxIndexer
+from extproc.router.hashing import compute_sequence_hashes
+from extproc.router.types import BlocksStored, StoredBlock
 
 from .clock import FakeClock
 
@@ -66,3 +68,96 @@ def test_router_without_kv_events_predicts_from_its_own_decisions():
     third = router.best_worker(prompt)
     assert third.overlap_blocks == 0
     assert router.indexer.find_matches(compute_block_hashes(prompt, 4)) == {}
+
+
+def test_a_second_routing_stores_only_the_new_suffix_under_the_predicted_prefix():
+    tree = RadixTree()
+    approx = ApproxIndexer(tree, ttl_s=120.0)
+    approx.record_routing(A, [1, 2, 3], now=0.0)
+    stored = tree.stats.stored_blocks
+    approx.record_routing(A, [1, 2, 3, 4, 5], now=1.0)
+    assert tree.stats.stored_blocks - stored == 2
+    assert tree.find_matches([1, 2, 3, 4, 5]) == {A: 5}
+    assert len(approx) == 5 and tree.num_blocks(A) == 5
+
+
+def test_pruning_takes_the_oldest_predictions_over_all_workers():
+    tree = RadixTree()
+    approx = ApproxIndexer(tree, ttl_s=1e9, max_tree_size=6, prune_target_ratio=0.5)
+    approx.record_routing(A, [1, 2], now=0.0)
+    approx.record_routing(B, [3, 4], now=1.0)
+    approx.record_routing(A, [5, 6], now=2.0)
+    approx.record_routing(B, [7], now=3.0)  # 7 > 6: prune to 3, the oldest first
+    assert len(approx) == 3
+    assert tree.find_matches([1, 2]) == {} and tree.find_matches([3, 4]) == {}
+    assert tree.find_matches([5, 6]) == {A: 2} and tree.find_matches([7]) == {B: 1}
+
+
+def test_predictions_stay_prefix_closed_under_random_routing_expiry_and_pruning():
+    rng = random.Random(7)
+    tree = RadixTree()
+    approx = ApproxIndexer(tree, ttl_s=10.0, max_tree_size=40, prune_target_ratio=0.7)
+    paths = [[rng.randrange(4) for _ in range(rng.randrange(1, 9))] for _ in range(30)]
+    now = 0.0
+    for _ in range(400):
+        now += rng.random() * 2
+        worker = rng.choice([A, B])
+        path = rng.choice(paths)
+        approx.record_routing(worker, path, now)
+        assert len(approx) <= 40
+        # every predicted block is reachable: the tree holds exactly the predictions
+        assert tree.num_blocks() == len(approx)
+        for w in (A, B):
+            for p in paths:
+                held = approx.num_blocks(w) and tree.find_matches(p).get(w, 0)
+                seq = compute_sequence_hashes(p)
+                assert all(s in approx._expiry.get(w, {}) for s in seq[:held])
+
+
+def test_predicted_ids_never_collide_with_a_real_engine_naming_blocks_by_sequence_hash():
+    clock = FakeClock()
+    router = KvRouter(RouterConfig(block_size=4, use_kv_events=True), clock=clock, workers=[WorkerSpec("a")])
+    worker = Worker("a")
+    prompt = list(range(16))
+    local = compute_block_hashes(prompt, 4)
+    seq = compute_sequence_hashes(local)
+    router.best_worker(prompt, request_id="r1")  # predicted: no events yet
+    assert router.indexer.find_matches(local) == {worker: 4}
+    assert not router.is_event_fed(worker)
+    # the engine reports the same blocks under ids equal to their sequence hashes (as the mock does)
+    router.apply_event(BlocksStored(worker, tuple(map(StoredBlock, seq[:2], local[:2]))))
+    assert router.is_event_fed(worker)
+    assert router.indexer.find_matches(local) == {worker: 2}  # predictions withdrawn, real blocks kept
+    router.set_event_fed(worker, False)  # the stream went down: predict on top of the real blocks
+    router.free("r1")
+    router.best_worker(prompt, request_id="r2")
+    assert router.indexer.find_matches(local) == {worker: 4}
+    clock.advance(121.0)
+    router.best_worker(prompt)
+    assert router.indexer.find_matches(local) == {worker: 2}  # predictions expired, real blocks stay
+    router.reset_worker_cache(worker)
+    assert router.indexer.find_matches(local) == {}
+
+
+def test_event_fed_workers_get_no_predictions_and_others_do():
+    router = KvRouter(
+        RouterConfig(block_size=4, use_kv_events=True, overlap_score_weight=0.0),
+        clock=FakeClock(),
+        rng=random.Random(1),
+        workers=[WorkerSpec("a"), WorkerSpec("b")],
+    )
+    router.set_event_fed(A, True)
+    local = compute_block_hashes(list(range(8)), 4)
+    for i in range(4):
+        router.best_worker_for_hashes(local, 8, request_id=f"r{i}", pinned_worker=A if i % 2 else B)
+    assert router.indexer.find_matches(local) == {B: 2}
+
+
+def test_without_kv_events_the_event_source_switch_is_ignored():
+    router = KvRouter(
+        RouterConfig(block_size=4, use_kv_events=False), clock=FakeClock(), workers=[WorkerSpec("a")]
+    )
+    router.set_event_fed(A, True)
+    assert not router.is_event_fed(A)
+    router.best_worker(list(range(8)), request_id="r")
+    assert router.indexer.find_matches(compute_block_hashes(list(range(8)), 4)) == {A: 2}

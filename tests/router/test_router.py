@@ -215,3 +215,19 @@ def test_dp_ranks_are_routed_separately():
 def test_invalid_config_names_the_field_and_what_is_accepted(field, value):
     with pytest.raises(ValueError, match=f"invalid {field}=.*expected"):
         RouterConfig(**{field: value})
+
+
+def test_a_request_added_from_another_replica_loads_the_worker_like_a_local_decision():
+    local, remote = make_router(), make_router()
+    hashes = compute_block_hashes(PROMPT, BS)
+    decision = local.best_worker(PROMPT, request_id="r1", pinned_worker=B)
+    remote.add_request("r1", B, hashes, len(PROMPT), decision.overlap_blocks)
+    for router in (local, remote):
+        assert router.sequences.prefill_tokens(B) == len(PROMPT)
+        assert router.sequences.decode_blocks(B) == 8
+    remote.add_request("r2", Worker("unknown"), hashes, len(PROMPT), 0)  # not ours: ignored
+    for router in (local, remote):
+        router.mark_prefill_complete("r1")
+        assert router.sequences.prefill_tokens(B) == 0
+        router.free("r1")
+        assert router.is_idle()
