@@ -50,6 +50,32 @@ class WorkerConfig:
     dp_ranks: tuple[int, ...] = (0,)
     total_blocks: int = 16384
     max_num_batched_tokens: int = 8192
+    kv_events: str | None = None  # ZMQ PUB endpoint of dp rank 0 (tcp://ip:port); rank r uses port + r
+    kv_replay: str | None = None  # ZMQ replay (ROUTER) endpoint of dp rank 0, same port rule
+
+    @property
+    def host(self) -> str:
+        return self.endpoint.rsplit(":", 1)[0].strip("[]")
+
+
+@dataclass(frozen=True, slots=True)
+class EventsConfig:
+    """Where KV events and replica state come from (all off by default: the embedded picker)."""
+
+    kv_events_port: int | None = None
+    kv_replay_port: int | None = None
+    nats_url: str | None = None
+    namespace: str = "dynamo"
+    component: str = "backend"
+    durable_kv_events: bool = False
+    snapshot_threshold: int = 100_000
+    reset_states: bool = False
+    replica_sync: bool = False
+    router_id: str | None = None
+
+    @property
+    def nats_needed(self) -> bool:
+        return self.nats_url is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +102,7 @@ class PickerConfig:
     seed: int | None = None
     log_level: str = "info"
     kv_events_source: bool = False  # whether any KV event source is configured
+    events: EventsConfig = field(default_factory=EventsConfig)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -305,12 +332,84 @@ PICKER_OPTIONS: tuple[_Option, ...] = (
     ),
 )
 
+EVENT_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        ("--kv-events-port",),
+        "kv_events_port",
+        _int_or_none,
+        None,
+        "Subscribe to each worker's vLLM/SGLang ZMQ KV events on its endpoint's IP at this port "
+        "(+ dp rank); a worker's `kv-events: tcp://ip:port` in the config file overrides it. vLLM: 5557.",
+    ),
+    _Option(
+        ("--kv-replay-port",),
+        "kv_replay_port",
+        _int_or_none,
+        None,
+        "The engines' ZMQ replay port (+ dp rank), used to rebuild a worker's blocks on start, on a "
+        "sequence gap and after a publisher restart; per worker: `kv-replay: tcp://ip:port`.",
+    ),
+    _Option(
+        ("--nats-url", "--nats-server"),
+        "nats_url",
+        str,
+        None,
+        "NATS server (nats://host:4222) for Dynamo-style KV events, durable state and replica sync. "
+        "Also read from NATS_SERVER.",
+    ),
+    _Option(
+        ("--namespace",), "namespace", str, "dynamo", "NATS subject namespace: namespace.<ns>.component..."
+    ),
+    _Option(("--component",), "component", str, "backend", "NATS subject component of the workers."),
+    _Option(
+        ("--router-durable-kv-events",),
+        "router_durable_kv_events",
+        bool,
+        False,
+        "Consume KV events from a JetStream stream (1 hour retention) as a durable consumer, with "
+        "tree snapshots in the NATS object store, so a restarted or new replica keeps the prefix state.",
+    ),
+    _Option(
+        ("--router-snapshot-threshold",),
+        "router_snapshot_threshold",
+        int,
+        100_000,
+        "Durable mode: messages in the stream before one replica snapshots the tree and purges them.",
+    ),
+    _Option(
+        ("--router-reset-states",),
+        "router_reset_states",
+        bool,
+        False,
+        "Durable mode: purge the event stream, snapshot and consumers on start (start from empty).",
+    ),
+    _Option(
+        ("--router-replica-sync",),
+        "router_replica_sync",
+        bool,
+        False,
+        "Share active requests with other picker replicas over NATS so every replica sees the whole "
+        "load of each worker.",
+    ),
+    _Option(
+        ("--router-id",),
+        "router_id",
+        str,
+        None,
+        "This replica's name in replica sync and its durable consumer (default: host-pid).",
+    ),
+)
+
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", metavar="FILE", help="YAML file with workers, models and router settings."
     )
-    groups = (("router", ROUTER_OPTIONS), ("picker", PICKER_OPTIONS))
+    groups = (
+        ("router", ROUTER_OPTIONS),
+        ("KV events and replicas", EVENT_OPTIONS),
+        ("picker", PICKER_OPTIONS),
+    )
     for title, options in groups:
         group = parser.add_argument_group(f"{title} (env DYN_<FLAG>, e.g. DYN_ROUTER_MODE)")
         for opt in options:
@@ -335,6 +434,8 @@ def _env_names(opt: _Option) -> list[str]:
         names.append("DYN_" + flag.lstrip("-").upper().replace("-", "_"))
     if opt.router_field == "use_kv_events":
         names += ["DYN_ROUTER_USE_KV_EVENTS", "DYN_KV_EVENTS"]
+    if opt.dest == "nats_url":
+        names.append("NATS_SERVER")
     return names
 
 
@@ -419,6 +520,8 @@ def _workers(raw: Any) -> tuple[WorkerConfig, ...]:
                     dp_ranks=tuple(int(r) for r in (dp if dp is not None else [0])),
                     total_blocks=int(w.get("total_blocks", 16384)),
                     max_num_batched_tokens=int(w.get("max_num_batched_tokens", 8192)),
+                    kv_events=_zmq_endpoint(w, "kv_events", i),
+                    kv_replay=_zmq_endpoint(w, "kv_replay", i),
                 )
             )
         except (TypeError, ValueError) as exc:
@@ -427,6 +530,18 @@ def _workers(raw: Any) -> tuple[WorkerConfig, ...]:
     if len(set(ids)) != len(ids):
         raise ConfigError("invalid workers: worker ids must be unique")
     return tuple(out)
+
+
+def _zmq_endpoint(w: Mapping[str, Any], key: str, index: int) -> str | None:
+    value = w.get(key)
+    if value is None:
+        return None
+    text = str(value)
+    if not text.startswith("tcp://") or ":" not in text[6:]:
+        raise ConfigError(
+            f"invalid workers[{index}].{key.replace('_', '-')}={text!r}: expected tcp://host:port"
+        )
+    return text
 
 
 def _models(raw: Any, workers: Sequence[WorkerConfig]) -> tuple[ModelConfig, ...]:
@@ -465,11 +580,34 @@ def load_config(
         document = loaded or {}
     router_section = document.get("router") or {}
     picker_section = document.get("picker") or {}
-    if not isinstance(router_section, Mapping) or not isinstance(picker_section, Mapping):
-        raise ConfigError("config file: 'router' and 'picker' must be mappings")
+    events_section = document.get("events") or {}
+    if not all(isinstance(s, Mapping) for s in (router_section, picker_section, events_section)):
+        raise ConfigError("config file: 'router', 'events' and 'picker' must be mappings")
 
     workers = _workers(document.get("workers"))
-    kv_events_source = False  # KV event transports arrive with issue 4; nothing feeds events yet
+    ev = {opt.dest: _resolve(opt, args, environ, events_section) for opt in EVENT_OPTIONS}
+    events = EventsConfig(
+        kv_events_port=ev["kv_events_port"],
+        kv_replay_port=ev["kv_replay_port"],
+        nats_url=ev["nats_url"],
+        namespace=ev["namespace"],
+        component=ev["component"],
+        durable_kv_events=ev["router_durable_kv_events"],
+        snapshot_threshold=ev["router_snapshot_threshold"],
+        reset_states=ev["router_reset_states"],
+        replica_sync=ev["router_replica_sync"],
+        router_id=ev["router_id"],
+    )
+    if (events.durable_kv_events or events.replica_sync) and not events.nats_url:
+        raise ConfigError(
+            "--router-durable-kv-events and --router-replica-sync need NATS: set --nats-url or NATS_SERVER"
+        )
+    if events.snapshot_threshold < 1:
+        raise ConfigError(f"invalid router-snapshot-threshold={events.snapshot_threshold}: expected >= 1")
+    # ZMQ from the workers, or Dynamo-style events on NATS core (JetStream when durable)
+    kv_events_source = (
+        events.kv_events_port is not None or events.nats_url is not None or any(w.kv_events for w in workers)
+    )
     router_values = {opt.router_field: _resolve(opt, args, environ, router_section) for opt in ROUTER_OPTIONS}
     if router_values["use_kv_events"] is None:
         router_values["use_kv_events"] = kv_events_source
@@ -494,4 +632,5 @@ def load_config(
         seed=picker["seed"],
         log_level=picker["log_level"],
         kv_events_source=kv_events_source,
+        events=events,
     )

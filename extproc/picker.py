@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
+from typing import Protocol
 
 from extproc import epp
 from extproc.config import PickerConfig, WorkerConfig
@@ -46,6 +47,22 @@ class Pick:
     timings_ns: dict[str, int] = field(default_factory=dict)
 
 
+class PickListener(Protocol):
+    """Told about every tracked request's lifecycle (replica sync publishes these to other replicas)."""
+
+    def on_routed(
+        self,
+        pick: Pick,
+        local_hashes: Sequence[int],
+        isl: int,
+        expected_output_tokens: int | None,
+    ) -> None: ...
+
+    def on_prefill_complete(self, pick: Pick) -> None: ...
+
+    def on_freed(self, pick: Pick) -> None: ...
+
+
 @dataclass(slots=True)
 class ModelPool:
     """The workers serving one model, their router and their tokenizer."""
@@ -72,6 +89,7 @@ class EndpointPicker:
         self.config = config
         self._rng = rng or random.Random(config.seed)
         self._ids = count(1)
+        self.listeners: list[PickListener] = []
         self._pools: dict[str, ModelPool] = {}
         for model in config.models:
             workers = {w.id: w for w in config.workers if w.model == model.name}
@@ -91,6 +109,10 @@ class EndpointPicker:
     @property
     def pools(self) -> Mapping[str, ModelPool]:
         return self._pools
+
+    def routers_by_worker(self) -> dict[str, KvRouter]:
+        """Each configured worker id's router (one router per model)."""
+        return {wid: pool.router for pool in self._pools.values() for wid in pool.workers}
 
     async def close(self) -> None:
         for pool in self._pools.values():
@@ -137,13 +159,15 @@ class EndpointPicker:
         t3 = time.perf_counter_ns()
         timings["hash"] = t3 - t2
         request_id = self._request_id(router, client_request_id)
+        isl = len(tokens) if tokens is not None else max(1, request.body_size // 4)
+        expected_output = _expected_output(request)
         decision = router.best_worker_for_hashes(
             hashes,
-            len(tokens) if tokens is not None else max(1, request.body_size // 4),
+            isl,
             request_id=request_id,
             config_override=override,
             allowed_workers=allowed,
-            expected_output_tokens=_expected_output(request),
+            expected_output_tokens=expected_output,
         )
         timings["route"] = time.perf_counter_ns() - t3
         pick = Pick(
@@ -167,17 +191,22 @@ class EndpointPicker:
             decision.request_blocks,
             decision.cost,
         )
+        for listener in self.listeners:
+            listener.on_routed(pick, hashes, isl, expected_output)
         return pick
 
     def first_token(self, pick: Pick) -> None:
         """The first response chunk arrived: the prompt is prefilled."""
-        if pick.tracked:
-            self._pools[pick.model].router.mark_prefill_complete(pick.request_id)
+        if pick.tracked and self._pools[pick.model].router.mark_prefill_complete(pick.request_id):
+            for listener in self.listeners:
+                listener.on_prefill_complete(pick)
 
     def finish(self, pick: Pick, cause: str) -> None:
         """The stream ended (complete, error status, reset, cancel); frees the request once."""
         if pick.tracked and self._pools[pick.model].router.free(pick.request_id):
             log.debug("freed %s (%s)", pick.request_id, cause)
+            for listener in self.listeners:
+                listener.on_freed(pick)
 
     # --- internals ---------------------------------------------------------------------------
 
