@@ -65,6 +65,32 @@ def test_without_an_event_source_the_router_predicts_from_decisions():
     assert load_config([], environ={}).router.use_kv_events is False
 
 
+def test_an_event_source_turns_kv_events_on_unless_told_otherwise(tmp_path):
+    zmq = load_config(["--kv-events-port", "5557", "--kv-replay-port", "5558"], environ={})
+    assert (
+        zmq.router.use_kv_events and zmq.events.kv_events_port == 5557 and zmq.events.kv_replay_port == 5558
+    )
+    nats = load_config([], environ={"NATS_SERVER": "nats://127.0.0.1:4222"})
+    assert nats.router.use_kv_events and nats.events.nats_url == "nats://127.0.0.1:4222"
+    assert not load_config(["--kv-events-port", "5557", "--no-kv-events"], environ={}).router.use_kv_events
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        "workers: [{id: w0, endpoint: '10.0.0.5:8000', model: m, kv-events: 'tcp://10.0.0.5:6000',"
+        " kv-replay: 'tcp://10.0.0.5:6001'}]\n"
+        "events: {namespace: prod, router-replica-sync: true, nats-url: 'nats://127.0.0.1:4222'}\n"
+    )
+    config = load_config(["--config", str(path)], environ={})
+    assert config.router.use_kv_events
+    assert config.workers[0].kv_events == "tcp://10.0.0.5:6000" and config.workers[0].host == "10.0.0.5"
+    assert config.events.namespace == "prod" and config.events.replica_sync
+
+
+def test_durable_state_and_replica_sync_need_nats():
+    for flag in ("--router-durable-kv-events", "--router-replica-sync"):
+        with pytest.raises(ConfigError, match="need NATS"):
+            load_config([flag], environ={})
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
@@ -96,6 +122,10 @@ def test_bad_values_name_the_setting_value_and_what_is_accepted(argv, env, messa
             "unique",
         ),
         ("- just a list", "mapping at the top level"),
+        (
+            "workers: [{id: w0, endpoint: '1.1.1.1:1', model: m, kv-events: '1.1.1.1:5557'}]",
+            "tcp://host:port",
+        ),
     ],
 )
 def test_bad_worker_lists_are_refused_with_a_clear_message(tmp_path, workers, message):
