@@ -1,0 +1,251 @@
+"""extproc.events.vllm: checked-in engine payloads decode to exactly these events; bad input is counted.
+
+The payloads are built by `fixtures/make_fixtures.py` the way vLLM's msgspec encoder and SGLang
+write them; the bytes are pinned here, so a decoder change that misreads any of them fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extproc.events.counters import EventCounters
+from extproc.events.vllm import (
+    END_SEQ,
+    VllmEventDecoder,
+    WireAllBlocksCleared,
+    WireBlockRemoved,
+    WireBlockStored,
+    decode_seq,
+    encode_batch,
+    encode_seq,
+    normalize_hash,
+    parse_frames,
+)
+from extproc.router.hashing import compute_block_hashes
+from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, StoredBlock, Worker
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TS = 1767225600.125
+BS = 4
+W0 = Worker("w0")
+H1, H2, H3 = 0xF0E1D2C3B4A59687, 0x0123456789ABCDEF, 0x8000000000000000
+
+
+def local(tokens: list[int], lora_name: str | None = None) -> list[int]:
+    return compute_block_hashes(tokens, BS, lora_name=lora_name)
+
+
+def digest_id(n: int) -> int:
+    """vLLM's own int form of a digest: big-endian, low 64 bits."""
+    return int.from_bytes(bytes(range(n, n + 32)), "big") & (2**64 - 1)
+
+
+def decode(name: str, *, worker_id: str = "w0", default_dp_rank: int = 0):
+    counters = EventCounters()
+    decoder = VllmEventDecoder(worker_id, BS, counters=counters, default_dp_rank=default_dp_rank)
+    return decoder.decode((FIXTURES / name).read_bytes()), counters
+
+
+L12, L34 = local([1, 2, 3, 4, 5, 6, 7, 8]), local([9, 10, 11, 12])
+BASIC = [
+    BlocksStored(W0, (StoredBlock(H1, L12[0]), StoredBlock(H2, L12[1])), None),
+    BlocksStored(W0, (StoredBlock(H3, L34[0]),), H2),
+    BlocksRemoved(W0, (H3,)),
+    AllBlocksCleared(W0),
+]
+
+
+@pytest.mark.parametrize("name", ["vllm_array.bin", "vllm_map.bin"])
+def test_vllm_array_and_map_layouts_decode_to_the_same_events(name):
+    batch, counters = decode(name)
+    assert batch.ts == TS
+    assert batch.dp_rank == 0
+    assert batch.events == BASIC
+    assert counters.snapshot() == {
+        "vllm.batch": 1,
+        "vllm.stored_event": 2,
+        "vllm.removed_event": 1,
+        "vllm.cleared_event": 1,
+    }
+
+
+def test_optional_and_unknown_keys_are_ignored_and_other_kv_groups_dropped():
+    batch, counters = decode("vllm_map_extra_keys.bin", default_dp_rank=3)
+    w = Worker("w0", 3)  # no data_parallel_rank in the batch: the endpoint's rank
+    assert batch.dp_rank == 3
+    assert batch.events == [
+        BlocksStored(w, (StoredBlock(H1, L12[0]), StoredBlock(H2, L12[1])), None),
+        BlocksRemoved(w, (H2,)),
+    ]
+    assert counters["vllm.other_kv_group"] == 1
+
+
+def test_sglang_signed_hashes_pages_and_partial_last_page():
+    batch, counters = decode("sglang.bin")
+    pages = local([1, 2, 3, 4, 5, 6, 7, 8])
+    assert batch.events == [
+        BlocksStored(W0, (StoredBlock(H1, pages[0]),), None),
+        BlocksStored(W0, (StoredBlock(H3, pages[1]),), H1),  # signed parent normalised like the id
+        BlocksRemoved(W0, (H3,)),  # the partial page [9, 10] is not a block
+    ]
+    assert counters["vllm.partial_block"] == 1
+
+
+def test_partial_tail_of_a_multi_block_store_keeps_the_full_blocks():
+    counters = EventCounters()
+    payload = encode_batch([WireBlockStored([H1, H2, H3], None, list(range(1, 11)), BS)], ts=1.0)
+    batch = VllmEventDecoder("w0", BS, counters=counters).decode(payload)
+    full = local(list(range(1, 9)))
+    assert batch.events == [BlocksStored(W0, (StoredBlock(H1, full[0]), StoredBlock(H2, full[1])), None)]
+    assert counters["vllm.partial_block"] == 1
+
+
+def test_bytes_digests_become_vllms_int_ids_for_ids_parents_and_removals():
+    batch, _ = decode("bytes_digests.bin")
+    assert batch.events == [
+        BlocksStored(W0, (StoredBlock(digest_id(0), L12[0]), StoredBlock(digest_id(1), L12[1])), None),
+        BlocksStored(W0, (StoredBlock(digest_id(2), L34[0]),), digest_id(1)),
+        BlocksRemoved(W0, (digest_id(2),)),
+    ]
+
+
+def test_multi_block_store_with_dp_rank_and_lora_name():
+    batch, _ = decode("multi_block_dp_lora.bin", worker_id="engine-7")
+    tokens = list(range(100, 112))
+    lora = local(tokens, lora_name="my-lora")
+    assert lora != local(tokens)  # the adapter shifts the seed: never shared with the base model
+    w = Worker("engine-7", 2)
+    assert batch.dp_rank == 2
+    assert batch.events == [BlocksStored(w, tuple(map(StoredBlock, (H1, H2, H3), lora)), 7)]
+
+
+def test_cpu_medium_is_ignored_and_counted():
+    batch, counters = decode("cpu_medium.bin")
+    assert batch.events == [BlocksStored(W0, (StoredBlock(H1, local([1, 2, 3, 4])[0]),), None)]
+    assert counters["vllm.other_medium"] == 2
+
+
+def test_unknown_event_types_are_counted_loudly_and_the_rest_kept(caplog):
+    batch, counters = decode("unknown_event.bin")
+    assert batch.events == [
+        BlocksStored(W0, (StoredBlock(H1, local([1, 2, 3, 4])[0]),), None),
+        BlocksRemoved(W0, (H1,)),
+    ]
+    assert counters["vllm.unknown_event"] == 2
+    assert "BlockTouched" in caplog.text and "BlockPinned" in caplog.text
+
+
+def test_block_size_mismatch_drops_the_store_loudly(caplog):
+    batch, counters = decode("block_size_mismatch.bin")
+    assert batch.events == [BlocksRemoved(W0, (H2,))]
+    assert counters["vllm.block_size_mismatch"] == 1
+    assert "block_size 16" in caplog.text
+
+
+def test_malformed_events_are_dropped_one_by_one():
+    batch, counters = decode("malformed_event.bin")
+    assert batch.events == [BlocksRemoved(W0, (H2,))]
+    assert counters["vllm.malformed_event"] == 3
+
+
+@pytest.mark.parametrize(
+    "name", ["malformed_not_a_batch.bin", "malformed_events_not_a_list.bin", "malformed_truncated.bin"]
+)
+def test_malformed_batches_decode_to_nothing_and_are_counted(name):
+    batch, counters = decode(name)
+    assert batch.events == []
+    assert counters.snapshot() == {"vllm.malformed_batch": 1}
+
+
+def test_lora_id_without_a_name_cannot_be_hashed_and_is_dropped():
+    counters = EventCounters()
+    payload = encode_batch([WireBlockStored([H1], None, [1, 2, 3, 4], BS, lora_id=3)], ts=1.0)
+    assert VllmEventDecoder("w0", BS, counters=counters).decode(payload).events == []
+    assert counters["vllm.lora_without_name"] == 1
+
+
+@pytest.mark.parametrize(("layout", "name"), [("map", "vllm_map.bin"), ("array", "vllm_array.bin")])
+def test_encoder_writes_what_vllm_writes(layout, name):
+    events = [
+        WireBlockStored([H1, H2], None, [1, 2, 3, 4, 5, 6, 7, 8], BS),
+        WireBlockStored([H3], H2, [9, 10, 11, 12], BS),
+        WireBlockRemoved([H3]),
+        WireAllBlocksCleared(),
+    ]
+    assert encode_batch(events, ts=TS, dp_rank=0, layout=layout) == (FIXTURES / name).read_bytes()
+
+
+def test_encoder_omits_a_missing_dp_rank():
+    assert msgpack.unpackb(encode_batch([], ts=1.0)) == {"ts": 1.0, "events": []}
+    assert msgpack.unpackb(encode_batch([], ts=1.0, layout="array")) == [1.0, []]
+
+
+def test_frames_and_seqs():
+    counters = EventCounters()
+    assert parse_frames([b"kv", encode_seq(5), b"x"], counters) == (b"kv", 5, b"x")
+    assert parse_frames([b"kv", b"\x05", b"x"], counters) is None
+    assert parse_frames([b"x"], counters) is None
+    assert counters["vllm.malformed_frames"] == 2
+    assert encode_seq(END_SEQ) == (-1).to_bytes(8, "big", signed=True)  # vLLM's END_SEQ
+    assert decode_seq(encode_seq(END_SEQ)) == END_SEQ
+    assert decode_seq(encode_seq(2**40)) == 2**40
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(5, 5), (-1, 2**64 - 1), (-(2**63), 2**63), (b"\x01\x02", 0x0102), (True, None), ("5", None)],
+)
+def test_normalize_hash(raw, expected):
+    assert normalize_hash(raw) == expected
+
+
+@given(st.integers(min_value=0, max_value=2**64 - 1))
+def test_signed_and_unsigned_forms_of_an_id_agree(value):
+    signed = value - 2**64 if value >= 2**63 else value
+    assert normalize_hash(signed) == normalize_hash(value) == value
+    assert normalize_hash(value.to_bytes(32, "big")) == value
+
+
+@given(st.binary(max_size=64))
+def test_decoder_never_raises_on_garbage(payload):
+    counters = EventCounters()
+    batch = VllmEventDecoder("w0", BS, counters=counters).decode(payload)
+    assert isinstance(batch.events, list)
+
+
+U64 = st.integers(min_value=-(2**63), max_value=2**64 - 1)
+FIELD = st.one_of(
+    st.just(BS),
+    st.lists(st.integers(0, 9), max_size=9),
+    U64,
+    st.none(),
+    st.text(max_size=4),
+    st.binary(max_size=9),
+    st.lists(U64, max_size=9),
+)
+TAG = st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "Other"])
+KEYS = st.sampled_from(
+    ["block_hashes", "parent_block_hash", "token_ids", "block_size", "medium", "lora_name"]
+)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            FIELD,
+            st.tuples(TAG, st.lists(FIELD, max_size=8)).map(lambda t: [t[0], *t[1]]),
+            st.tuples(TAG, st.dictionaries(KEYS, FIELD)).map(lambda t: {"type": t[0], **t[1]}),
+        ),
+        max_size=6,
+    )
+)
+def test_decoder_never_raises_on_odd_events(events):
+    counters = EventCounters()
+    payload = msgpack.packb({"ts": 1.0, "events": events})
+    batch = VllmEventDecoder("w0", BS, counters=counters).decode(payload)
+    assert isinstance(batch.events, list)
