@@ -1,0 +1,486 @@
+"""ZMQ KV event subscribers: one per worker endpoint, keeping the router's view of that cache exact.
+
+Owns the receiving side of the vLLM / SGLang stream (`extproc.events.zmq_publisher` is the sending
+side): a SUB socket per (worker, dp rank), sequence tracking, replay requests and the
+`EventSink` calls. Decoding is `extproc.events.vllm`'s. Does what vLLM's
+`examples/online_serving/kv_events_subscriber.py` sketches, and what Dynamo's ZMQ relay does, with
+the failure cases spelled out:
+
+- start, or a publisher restart (its seq goes back, a reconnect after the TCP connection dropped,
+  or a replayed seq arriving with other content): `sink.reset_worker`, then replay the whole
+  buffer from seq 0. While the replay socket does not answer, live batches are applied to the
+  emptied view (partial knowledge) and the full rebuild is retried with backoff;
+- a gap (seq jumps): replay the missing range and apply it in order, deduplicated by seq; when the
+  replay cannot fill it (buffer too short, no replay socket, no answer), reset the worker and carry
+  on from the new seq, marked incomplete;
+- liveness: vLLM sends no heartbeat and an idle engine publishes nothing, so silence alone proves
+  nothing. After `silence_s` without a batch the replay socket is asked for everything after the
+  last seq (a probe that also catches up on missed batches); the stream is reported down only if
+  that goes unanswered, or at once when the connection to the publisher drops.
+
+Counters (`EventCounters`): zmq.batch, zmq.event, zmq.gap, zmq.replay, zmq.replay_failed,
+zmq.reset, zmq.restart, zmq.reconnect, zmq.duplicate, zmq.probe, zmq.probe_failed, zmq.unfilled_gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from extproc.events.counters import EventCounters
+from extproc.events.sink import EventSink
+from extproc.events.vllm import END_SEQ, VllmEventDecoder, decode_seq, encode_seq, parse_frames
+from extproc.router.types import Worker
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[int, bytes]  # (seq, msgpack payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ZmqEndpoint:
+    """Where one worker's dp rank publishes: `tcp://ip:port` of its PUB socket and of its replay socket."""
+
+    worker: Worker
+    pub: str
+    replay: str | None = None
+    topic: str = ""
+
+    @staticmethod
+    def for_dp_ranks(
+        worker_id: int | str, pub: str, replay: str | None, dp_ranks: Sequence[int] = (0,), topic: str = ""
+    ) -> list[ZmqEndpoint]:
+        """One endpoint per dp rank, ports offset by the rank as vLLM binds them."""
+        return [
+            ZmqEndpoint(Worker(worker_id, r), offset_port(pub, r), replay and offset_port(replay, r), topic)
+            for r in dp_ranks
+        ]
+
+
+def offset_port(endpoint: str, dp_rank: int) -> str:
+    """`tcp://host:port` with port + dp_rank (vLLM's `offset_endpoint_port`). Raises ValueError."""
+    if dp_rank == 0:
+        return endpoint
+    base, sep, port = endpoint.rpartition(":")
+    if not (endpoint.startswith("tcp://") and sep and port.isdigit()):
+        raise ValueError(f"endpoint must be tcp://host:port to offset by dp rank, got {endpoint!r}")
+    return f"{base}:{int(port) + dp_rank}"
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberTimings:
+    """Seconds. `silence_s`: quiet time before probing the replay socket; `replay_timeout_s`: wait for
+    each replay message; `backoff_*`: between reconnects and retried rebuilds."""
+
+    silence_s: float = 10.0
+    replay_timeout_s: float = 1.0
+    backoff_min_s: float = 0.05
+    backoff_max_s: float = 5.0
+
+
+@dataclass(slots=True)
+class StreamStatus:
+    """What a subscriber knows of its stream. `complete`: rebuilt from seq 0 with no unfilled gap since."""
+
+    up: bool = False
+    complete: bool = False
+    last_seq: int | None = None
+    reason: str = "not started"
+
+
+@dataclass(slots=True)
+class _Stream:
+    last_applied: int | None = None  # seq of the last batch applied; None: take the next as baseline
+    last_sub_seq: int = -1  # last seq seen on SUB (in order from one publisher)
+    replayed: dict[int, int] = field(default_factory=dict)  # replayed seq -> hash(payload), not yet on SUB
+    resync_reason: str | None = None  # a full rebuild is pending
+    resync_at: float = 0.0
+    resync_failed: bool = False  # the replay did not answer: apply live batches meanwhile
+    backoff_s: float = 0.0
+    disconnected: bool = False
+    last_rx: float = 0.0  # loop time of the last message on SUB
+
+
+class ZmqEventSubscriber:
+    """Follows one endpoint and feeds `sink`; `start`/`stop` run it as an asyncio task."""
+
+    def __init__(
+        self,
+        endpoint: ZmqEndpoint,
+        sink: EventSink,
+        *,
+        block_size: int,
+        counters: EventCounters,
+        timings: SubscriberTimings | None = None,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.worker = endpoint.worker
+        self.sink = sink
+        self.counters = counters
+        self.timings = timings or SubscriberTimings()
+        self.decoder = VllmEventDecoder(
+            endpoint.worker.worker_id, block_size, counters=counters, default_dp_rank=endpoint.worker.dp_rank
+        )
+        self.status = StreamStatus()
+        self._ctx = context
+        self._own_ctx = context is None
+        self._task: asyncio.Task[None] | None = None
+        self._s = _Stream()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError(f"subscriber for {self.worker} already started")
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        self._task = asyncio.create_task(self.run(), name=f"kv-events-{self.worker}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._own_ctx and self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    async def run(self) -> None:
+        """Follow the stream until cancelled, reconnecting with backoff after errors."""
+        loop = asyncio.get_running_loop()
+        backoff = self.timings.backoff_min_s
+        first = True
+        while True:
+            if not first:
+                self.counters.add("zmq.reconnect")
+            first = False
+            started = loop.time()
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # an edge loop: log, report, retry
+                log.exception("KV event stream of %s failed", self.worker)
+                self._set_state(False, f"error: {exc!r}")
+            if loop.time() - started > self.timings.backoff_max_s:
+                backoff = self.timings.backoff_min_s  # it ran a while: failing again is news
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.timings.backoff_max_s)
+
+    # --- one connection ----------------------------------------------------------------------
+
+    async def _session(self) -> None:
+        assert self._ctx is not None
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        try:
+            sub.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
+            sub.connect(self.endpoint.pub)
+            self._s = _Stream()
+            self._request_resync("subscriber started")
+            poller = zmq.asyncio.Poller()
+            poller.register(sub, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+            loop = asyncio.get_running_loop()
+            probe_at = loop.time() + self.timings.silence_s
+            while True:
+                s = self._s
+                if s.resync_reason is not None and loop.time() >= s.resync_at:
+                    await self._resync()
+                deadlines = [probe_at]
+                if s.resync_reason is not None:
+                    deadlines.append(s.resync_at)
+                timeout_ms = max(0, int((min(deadlines) - loop.time()) * 1000)) + 1
+                ready = dict(await poller.poll(timeout_ms))
+                if monitor in ready:
+                    await self._monitor_events(monitor)
+                if sub in ready:
+                    self._s.last_rx = loop.time()
+                    probe_at = self._s.last_rx + self.timings.silence_s
+                    await self._drain(sub)
+                elif loop.time() >= probe_at:
+                    probe_at = loop.time() + self.timings.silence_s
+                    await self._probe()
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    async def _monitor_events(self, monitor: zmq.asyncio.Socket) -> None:
+        while True:
+            try:
+                frames = await monitor.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(frames)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._s.disconnected = True
+                self._set_state(False, "connection to the publisher lost")
+            elif event == zmq.EVENT_CONNECTED and self._s.disconnected:
+                self._s.disconnected = False
+                self.counters.add("zmq.reconnect")
+                self._request_resync("reconnected to the publisher (it may have restarted)")
+
+    async def _drain(self, sub: zmq.asyncio.Socket) -> None:
+        for _ in range(1000):  # bounded, so monitor events and timers get their turn
+            try:
+                frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            frame = parse_frames(frames, self.counters)
+            if frame is not None:
+                await self._on_batch(frame.seq, frame.payload)
+
+    async def _on_batch(self, seq: int, payload: bytes) -> None:
+        s = self._s
+        restarted = None
+        if seq <= s.last_sub_seq:
+            restarted = f"publisher restarted (seq {seq} after {s.last_sub_seq})"
+        elif s.last_applied is not None and seq <= s.last_applied:
+            digest = s.replayed.get(seq)
+            if digest is not None and digest != hash(payload):
+                restarted = f"publisher restarted (seq {seq} came back with other content)"
+        if restarted is not None:
+            self.counters.add("zmq.restart")
+            self._request_resync(restarted)
+        s.last_sub_seq = seq
+        while s.replayed and next(iter(s.replayed)) <= seq:
+            s.replayed.pop(next(iter(s.replayed)))
+        if s.resync_reason is not None and not s.resync_failed and self.endpoint.replay is not None:
+            return  # the rebuild about to run replays this batch too
+        if s.last_applied is None:
+            s.last_applied = seq - 1  # following live batches only: this one is the baseline
+        if seq <= s.last_applied:
+            self.counters.add("zmq.duplicate")
+            return
+        if seq > s.last_applied + 1:
+            await self._fill_gap(seq)
+        self._apply(seq, payload)
+
+    # --- replay ------------------------------------------------------------------------------
+
+    def _request_resync(self, reason: str) -> None:
+        """Forget the worker's cache now; rebuild it from the replay buffer as soon as it answers."""
+        self._reset(reason)
+        s = self._s
+        s.last_applied, s.last_sub_seq = None, -1
+        s.replayed.clear()
+        s.resync_reason, s.resync_at, s.backoff_s = reason, 0.0, self.timings.backoff_min_s
+        s.resync_failed = False
+
+    async def _resync(self) -> None:
+        s = self._s
+        reason = s.resync_reason
+        assert reason is not None
+        if self.endpoint.replay is None:
+            s.resync_reason = None
+            self.status.reason = f"{reason}; no replay socket, following live batches only"
+            return
+        batches = await self._replay_from(0)
+        if batches is None:
+            now = asyncio.get_running_loop().time()
+            s.resync_failed = True
+            s.resync_at = now + s.backoff_s
+            s.backoff_s = min(s.backoff_s * 2, self.timings.backoff_max_s)
+            why = f"{reason}; replay socket {self.endpoint.replay} does not answer"
+            if now - s.last_rx >= self.timings.silence_s:  # live batches keep a partial view up
+                self._set_state(False, why)
+            else:
+                self.status.reason = why
+            return
+        if s.last_applied is not None:  # live batches were applied meanwhile: rebuild from scratch
+            self._reset(f"{reason}; rebuilding from replay")
+        s.resync_reason = None
+        s.last_applied = -1
+        self.status.complete = True
+        if batches and batches[0][0] != 0:
+            self._unfilled(0, batches[0][0], "the replay buffer no longer starts at seq 0", reset=False)
+        self._apply_replayed(batches, None)
+        self._set_state(True, f"rebuilt from replay ({len(batches)} batches)")
+
+    async def _fill_gap(self, seq: int) -> None:
+        """Apply the missing batches before `seq` from the replay socket, or reset the worker."""
+        s = self._s
+        assert s.last_applied is not None
+        start = s.last_applied + 1
+        self.counters.add("zmq.gap")
+        if self.endpoint.replay is None:
+            self._unfilled(start, seq, "no replay socket")
+            return
+        batches = await self._replay_from(start)
+        if batches is None:
+            self._unfilled(start, seq, "the replay socket does not answer")
+            return
+        wanted = [b for b in batches if start <= b[0] < seq]
+        if not wanted:
+            self._unfilled(start, seq, "the replay buffer no longer holds it")
+            return
+        if wanted[0][0] != start:
+            self._unfilled(start, wanted[0][0], "the replay buffer no longer holds it")
+        self._apply_replayed(wanted, seq)
+
+    def _apply_replayed(self, batches: list[Batch], stop: int | None) -> None:
+        """Apply replayed batches in seq order; a hole inside them counts as an unfilled gap."""
+        s = self._s
+        for seq, payload in batches:
+            assert s.last_applied is not None
+            if seq <= s.last_applied or (stop is not None and seq >= stop):
+                continue
+            if seq > s.last_applied + 1:
+                self._unfilled(s.last_applied + 1, seq, "the replay skipped it")
+            self._apply(seq, payload)
+            if seq > s.last_sub_seq:
+                s.replayed[seq] = hash(payload)
+
+    def _unfilled(self, start: int, seq: int, why: str, *, reset: bool = True) -> None:
+        self.counters.loud(
+            "zmq.unfilled_gap",
+            "KV events %d..%d of %s are lost (%s): cache view reset, continuing from %d",
+            start,
+            seq - 1,
+            self.worker,
+            why,
+            seq,
+        )
+        if reset:
+            self._reset(f"gap {start}..{seq - 1} not replayable: {why}")
+        self._s.last_applied = seq - 1
+        self.status.complete = False
+        self.sink.stream_state(self.worker, True, f"events lost ({why}); cache view incomplete")
+        self.status.up, self.status.reason = True, f"incomplete since gap {start}..{seq - 1} ({why})"
+
+    async def _probe(self) -> None:
+        """After silence: ask for anything after the last seq; no answer means the stream is down."""
+        if self.endpoint.replay is None or self._s.resync_reason is not None:
+            return
+        s = self._s
+        self.counters.add("zmq.probe")
+        start = 0 if s.last_applied is None else s.last_applied + 1
+        batches = await self._replay_from(start)
+        if batches is None:
+            self.counters.add("zmq.probe_failed")
+            self._set_state(
+                False, f"no events for {self.timings.silence_s:g} s and the replay socket does not answer"
+            )
+            return
+        if batches:
+            if s.last_applied is None:
+                s.last_applied = batches[0][0] - 1
+            elif batches[0][0] > start:
+                self._unfilled(start, batches[0][0], "the replay buffer no longer holds it")
+            self._apply_replayed(batches, None)
+        if not s.disconnected:  # the reconnect, not the probe, brings a dropped stream back
+            self._set_state(True, "replay socket answers")
+
+    async def _replay_from(self, start: int) -> list[Batch] | None:
+        """Every buffered batch from `start` on, in order; None if the replay socket does not answer."""
+        assert self._ctx is not None and self.endpoint.replay is not None
+        self.counters.add("zmq.replay")
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        try:
+            sock.connect(self.endpoint.replay)
+            await sock.send_multipart((b"", encode_seq(start)))
+            out: list[Batch] = []
+            while True:
+                frames = await asyncio.wait_for(sock.recv_multipart(), self.timings.replay_timeout_s)
+                if frames and not frames[0]:
+                    frames = frames[1:]
+                if len(frames) != 2 or len(frames[0]) != 8:
+                    self.counters.loud("zmq.replay_malformed", "bad replay message for %s", self.worker)
+                    return None
+                seq = decode_seq(frames[0])
+                if seq == END_SEQ:
+                    return out
+                out.append((seq, bytes(frames[1])))
+        except TimeoutError:
+            self.counters.add("zmq.replay_failed")
+            return None
+        finally:
+            sock.close(linger=0)
+
+    # --- applying ----------------------------------------------------------------------------
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        batch = self.decoder.decode(payload)
+        if batch.dp_rank != self.worker.dp_rank:
+            self.counters.loud(
+                "zmq.dp_rank_mismatch", "batch from %s says dp rank %d", self.endpoint.pub, batch.dp_rank
+            )
+        self.counters.add("zmq.batch")
+        self.counters.add("zmq.event", len(batch.events))
+        if batch.events:
+            self.sink.apply_events(batch.events)
+        self._s.last_applied = seq
+        self.status.last_seq = seq
+        if not self.status.up:
+            self._set_state(True, "events arriving")
+
+    def _reset(self, reason: str) -> None:
+        self.counters.add("zmq.reset")
+        self.status.complete = False
+        log.info("KV events of %s: resetting the cache view (%s)", self.worker, reason)
+        self.sink.reset_worker(self.worker, reason)
+
+    def _set_state(self, up: bool, reason: str) -> None:
+        self.status.reason = reason
+        if up == self.status.up:
+            return
+        self.status.up = up
+        log.info("KV event stream of %s %s: %s", self.worker, "up" if up else "down", reason)
+        self.sink.stream_state(self.worker, up, reason)
+
+
+class ZmqEventSubscribers:
+    """One `ZmqEventSubscriber` per endpoint, sharing a ZMQ context; started and stopped together."""
+
+    def __init__(
+        self,
+        endpoints: Iterable[ZmqEndpoint],
+        sink: EventSink,
+        *,
+        block_size: int,
+        counters: EventCounters,
+        timings: SubscriberTimings | None = None,
+    ) -> None:
+        self.endpoints = list(endpoints)
+        workers = [e.worker for e in self.endpoints]
+        if len(set(workers)) != len(workers):
+            raise ValueError(f"each (worker, dp rank) needs exactly one endpoint, got {workers}")
+        self._args = (sink, block_size, counters, timings)
+        self._ctx: zmq.asyncio.Context | None = None
+        self.subscribers: dict[Worker, ZmqEventSubscriber] = {}
+
+    async def start(self) -> None:
+        sink, block_size, counters, timings = self._args
+        self._ctx = zmq.asyncio.Context()
+        for e in self.endpoints:
+            sub = ZmqEventSubscriber(
+                e, sink, block_size=block_size, counters=counters, timings=timings, context=self._ctx
+            )
+            self.subscribers[e.worker] = sub
+            await sub.start()
+
+    async def stop(self) -> None:
+        for sub in self.subscribers.values():
+            await sub.stop()
+        self.subscribers.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def status(self) -> dict[Worker, StreamStatus]:
+        return {w: s.status for w, s in self.subscribers.items()}
