@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from extproc.sim.engine import Engine, EngineConfig, PassEntry
+from extproc.sim.kv_events import KV_EVENT_TRANSPORTS, KV_EVENTS_OFF, KvEventsConfig, make_kv_event_publisher
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class MockWorkerConfig:
     default_max_tokens: int = 16  # output tokens when the request names no limit
     max_output_tokens: int = 4096  # cap on any request's output tokens
     max_model_len: int | None = None  # prompt + output limit; None = the pool's capacity in tokens
+    kv_events: KvEventsConfig = field(default_factory=KvEventsConfig)  # off unless asked (the CLI: zmq)
 
     def __post_init__(self) -> None:
         if not self.speedup > 0:
@@ -265,7 +267,10 @@ class EngineDriver:
                 for queue in self._queues.values():
                     queue.put_nowait(None)
                 self._queues.clear()
-                self.engine = Engine(self.engine.config, self.engine.cache.listener)
+                listener = self.engine.cache.listener
+                self.engine = Engine(self.engine.config, listener)
+                if listener is not None:
+                    listener.on_cleared()  # the new engine starts with an empty cache
 
 
 # vLLM's histogram buckets, in seconds
@@ -364,7 +369,9 @@ class MockWorker:
     def __init__(self, config: MockWorkerConfig, tokenizer: TokenizerLike) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.driver = EngineDriver(Engine(config.engine), config.speedup)
+        self.kv_events = make_kv_event_publisher(config.kv_events, config.engine.block_size)
+        listener = self.kv_events.listener if self.kv_events is not None else None
+        self.driver = EngineDriver(Engine(config.engine, listener), config.speedup)
         self.metrics = WorkerMetrics(config.model, lambda: self.driver.engine)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -560,6 +567,16 @@ def make_app(config: MockWorkerConfig, *, tokenizer: TokenizerLike | None = None
     async def add_worker_id(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["x-worker-id"] = config.worker_id
 
+    async def kv_events(app: web.Application) -> AsyncIterator[None]:
+        if worker.kv_events is None:
+            yield
+            return
+        await worker.kv_events.start()
+        try:
+            yield
+        finally:
+            await worker.kv_events.stop()
+
     async def engine_loop(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(worker.driver.run(), name=f"engine-{config.worker_id}")
         yield
@@ -568,6 +585,7 @@ def make_app(config: MockWorkerConfig, *, tokenizer: TokenizerLike | None = None
             await task
 
     app.on_response_prepare.append(add_worker_id)
+    app.cleanup_ctx.append(kv_events)  # before the engine loop, so it stops after it
     app.cleanup_ctx.append(engine_loop)
     app.router.add_post("/v1/chat/completions", worker.chat_completions)
     app.router.add_post("/v1/completions", worker.completions)
@@ -600,6 +618,25 @@ def add_mock_worker_arguments(parser: argparse.ArgumentParser) -> None:
     ]  # fmt: skip
     for flag, kind, default, help_text in flags:
         parser.add_argument(flag, type=kind, default=default, help=help_text)
+    parser.add_argument(
+        "--kv-events",
+        choices=[KV_EVENTS_OFF, *KV_EVENT_TRANSPORTS],
+        default="zmq",
+        help="publish the prefix cache's KV events (zmq: vLLM's PUB + replay sockets; default: %(default)s)",
+    )
+    parser.add_argument("--kv-events-host", default="127.0.0.1", help="address the KV event sockets bind")
+    parser.add_argument(
+        "--kv-events-port",
+        type=int,
+        default=None,
+        help="KV event PUB port; 0 picks a free one (default: 5557, or a free port when 5557 is taken)",
+    )
+    parser.add_argument(
+        "--kv-replay-port",
+        type=int,
+        default=None,
+        help="KV event replay (ROUTER) port; 0 picks a free one (default: 5558, or a free port when taken)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> MockWorkerConfig:
@@ -618,6 +655,12 @@ def config_from_args(args: argparse.Namespace) -> MockWorkerConfig:
         default_max_tokens=args.default_max_tokens,
         max_output_tokens=args.max_output_tokens,
         max_model_len=args.max_model_len,
+        kv_events=KvEventsConfig(
+            transport=args.kv_events,
+            host=args.kv_events_host,
+            port=args.kv_events_port,
+            replay_port=args.kv_replay_port,
+        ),
     )
 
 
