@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import random
 import sys
 import time
@@ -229,6 +230,28 @@ async def test_a_restarted_publisher_resets_and_resynchronises_the_worker(publis
             assert sink.states[-1][:2] == (W0, True)
         finally:
             await restarted.stop()
+    finally:
+        await sub.stop()
+
+
+async def test_a_seq_going_back_on_the_same_connection_is_a_restart(publisher):
+    """A publisher whose numbering restarts without dropping the connection (the TCP drop is the
+    usual signal; this is the fallback): reset and rebuild from its new buffer."""
+    router, counters = make_router(), EventCounters()
+    sink = RouterSink(router)
+    old = Engine(publisher)
+    sub = await subscribe(publisher, sink, counters, silence_s=30.0)
+    try:
+        for tokens in random_prompts(5, 4):
+            old.run(tokens)
+        await wait_until(lambda: old.matches(router) and sub.status.last_seq == 3, what="old stream")
+        publisher._seq = itertools.count()  # the publisher's state, as a fresh one in the same place
+        publisher._buffer.clear()
+        new = Engine(publisher)
+        new.run([42] * BS)
+        await wait_until(lambda: new.matches(router), what="rebuilt from the new numbering")
+        assert counters["zmq.restart"] == 1
+        assert not any(router.indexer.find_matches(compute_block_hashes(t, BS)) for t in old.prompts)
     finally:
         await sub.stop()
 
