@@ -1,15 +1,21 @@
 """RadixTree: which worker caches which block, fed only by KV events. No I/O, no clock.
 
-Nodes are keyed by the router's local block hash under their parent, so a path from the root
-is a token prefix. Each node holds a bitmask of the worker slots (worker + dp rank) that
-reported storing it. A worker matches a prefix only while every node along it is held by that
-worker, which `find_matches` computes with one AND per block.
+A path-compressed radix tree of blocks: a path from the root is a token prefix, one local block
+hash per block. Each node is a *run* of consecutive blocks (a list of local hashes, keyed by its
+first hash under its parent) with ONE bitmask of the worker slots (worker + dp rank) holding every
+block of the run. When a worker stores or drops only part of a run, the run is split there; when
+a split is no longer needed (a neighbour was pruned, bitmasks became equal again) the two runs are
+merged back. A worker matches a prefix only while every block along it is held by that worker;
+`find_matches` does one AND per run and compares the query against a run with one list compare.
 
 Engines name blocks with their own opaque ids (vLLM's are SHA-256 based, SGLang's signed ints),
 and two engines may give the same content different ids, so each worker keeps its own map
-engine id -> node; parents and removals resolve through it (Dynamo's tree shares one map and
-cannot do this). Bad input never raises: an unknown parent drops the event, an unknown removal
-is ignored, and both are counted in `stats` for metrics.
+engine id -> run; the run keeps, per holding worker, the engine ids of its blocks in order (so
+the offset of a block is found in the run, and a split re-points only the moved suffix). When a
+worker stores content it already holds under another engine id, the new id is an alias of the
+first one, and the block stays until every id naming it is removed. Parents and removals resolve
+through these maps (Dynamo's tree shares one map and cannot do this). Bad input never raises: an
+unknown parent drops the event, an unknown removal is ignored, and both are counted in `stats`.
 """
 
 from __future__ import annotations
@@ -30,13 +36,20 @@ OverlapScores = dict[Worker, int]  # matched prefix blocks per worker; workers w
 
 
 class _Node:
-    __slots__ = ("children", "local_hash", "parent", "workers")
+    """A run of blocks. `eids[slot]` lists the engine ids of the run's blocks for each holder.
 
-    def __init__(self, parent: _Node | None, local_hash: int) -> None:
+    Invariants: `eids` has exactly the slots of `workers`, each list as long as `hashes`;
+    a dead node (unlinked by a prune or a merge) has `parent` None, like the root.
+    """
+
+    __slots__ = ("children", "eids", "hashes", "parent", "workers")
+
+    def __init__(self, parent: _Node | None, hashes: list[int], workers: int, eids: dict[int, list]) -> None:
         self.parent = parent
-        self.local_hash = local_hash
+        self.hashes = hashes
+        self.workers = workers  # bitmask of worker slots holding every block of the run
+        self.eids = eids
         self.children: dict[int, _Node] | None = None
-        self.workers = 0  # bitmask of worker slots holding this block
 
 
 @dataclass(slots=True)
@@ -56,11 +69,12 @@ class RadixTree:
     """Prefix index of cached blocks per worker."""
 
     def __init__(self) -> None:
-        self._root = _Node(None, 0)
+        self._root = _Node(None, [], 0, {})
         self._slot: dict[Worker, int] = {}
         self._worker_at: list[Worker | None] = []
-        self._blocks: dict[Worker, dict[int, _Node]] = {}  # per worker: engine id -> node
-        self._extra_refs: dict[tuple[int, _Node], int] = {}  # same content under several engine ids
+        self._blocks: dict[Worker, dict[int, _Node]] = {}  # per worker: engine id -> run
+        self._maps: list[dict | None] = []  # the same maps, by slot
+        self._aliases: list[dict[int, int] | None] = []  # by slot: extra engine id -> first one
         self._num_nodes = 0
         self.stats = IndexerStats()
 
@@ -68,16 +82,20 @@ class RadixTree:
 
     def find_matches(self, local_hashes: Sequence[int] | Iterable[int]) -> OverlapScores:
         """Matched prefix length in blocks, per worker holding at least the first block."""
+        q = local_hashes if type(local_hashes) is list else list(local_hashes)
+        n = len(q)
         scores: OverlapScores = {}
-        active = (1 << len(self._worker_at)) - 1
-        depth = 0
         children = self._root.children
+        if not n or children is None:
+            return scores
         worker_at = self._worker_at
-        for h in local_hashes:
-            if children is None:
-                break
-            node = children.get(h)
+        active = (1 << len(worker_at)) - 1
+        depth = 0
+        while True:
+            node = children.get(q[depth])
             if node is None:
+                if not depth:
+                    return scores
                 break
             held = node.workers & active
             if held != active:
@@ -90,13 +108,20 @@ class RadixTree:
                 active = held
                 if not held:
                     return scores
-            depth += 1
-            children = node.children
-        if depth:
-            while active:
-                low = active & -active
-                scores[worker_at[low.bit_length() - 1]] = depth  # type: ignore[index]
-                active ^= low
+            run = node.hashes
+            end = depth + len(run)
+            if end <= n and (end == depth + 1 or q[depth:end] == run):
+                depth = end
+                children = node.children
+                if children is None or depth == n:
+                    break
+                continue
+            depth += _common(run, 0, q, depth, min(len(run), n - depth))
+            break
+        while active:
+            low = active & -active
+            scores[worker_at[low.bit_length() - 1]] = depth  # type: ignore[index]
+            active ^= low
         return scores
 
     def workers(self) -> list[Worker]:
@@ -106,18 +131,28 @@ class RadixTree:
     def num_blocks(self, worker: Worker | None = None) -> int:
         """(worker, engine block) entries, for one worker or all."""
         if worker is not None:
-            return len(self._blocks.get(worker, ()))
-        return sum(len(m) for m in self._blocks.values())
+            slot = self._slot.get(worker)
+            return 0 if slot is None else len(self._maps[slot]) + len(self._aliases[slot])  # type: ignore[arg-type]
+        return sum(len(self._maps[s]) + len(self._aliases[s]) for s in self._slot.values())  # type: ignore[arg-type]
 
     @property
     def num_nodes(self) -> int:
+        """Runs in the tree (not blocks: a run holds any number of consecutive blocks)."""
         return self._num_nodes
 
     def entries(self) -> Iterator[tuple[Worker, int, tuple[int, ...]]]:
         """Every (worker, engine id, local-hash path from the root) the tree holds."""
-        for worker, blocks in self._blocks.items():
-            for engine_hash, node in blocks.items():
-                yield worker, engine_hash, _path(node)
+        for worker, slot in list(self._slot.items()):
+            m, aliases = self._maps[slot], self._aliases[slot]
+            assert m is not None and aliases is not None
+            for node in {id(n): n for n in m.values()}.values():
+                base = _path(node.parent)
+                run = node.hashes
+                for i, engine_hash in enumerate(node.eids[slot]):
+                    yield worker, engine_hash, base + tuple(run[: i + 1])
+            for alias, first in aliases.items():
+                node, off = self._locate(slot, first)  # type: ignore[misc]
+                yield worker, alias, _path(node.parent) + tuple(node.hashes[: off + 1])
 
     # --- writing -----------------------------------------------------------------------------
 
@@ -136,19 +171,22 @@ class RadixTree:
 
     def clear_worker(self, worker: Worker) -> None:
         """Forget every block of `worker` but keep its slot."""
-        blocks = self._blocks.get(worker)
-        if not blocks:
+        slot = self._slot.get(worker)
+        if slot is None:
             return
-        slot = self._slot[worker]
-        for key in [k for k in self._extra_refs if k[0] == slot]:
-            del self._extra_refs[key]
+        m, aliases = self._maps[slot], self._aliases[slot]
+        assert m is not None and aliases is not None
+        if not m:
+            return
+        nodes = list({id(n): n for n in m.values()}.values())
+        m.clear()
+        aliases.clear()
         clear = ~(1 << slot)
-        nodes = list(blocks.values())
-        blocks.clear()
         for node in nodes:
             node.workers &= clear
+            del node.eids[slot]
         for node in nodes:
-            self._prune(node)
+            self._settle(node)
 
     def remove_worker(self, worker: Worker) -> None:
         """Forget `worker` entirely; its slot is reused by the next new worker."""
@@ -157,143 +195,473 @@ class RadixTree:
         self.clear_worker(worker)
         slot = self._slot.pop(worker)
         del self._blocks[worker]
-        self._worker_at[slot] = None
+        self._worker_at[slot] = self._maps[slot] = self._aliases[slot] = None
         while self._worker_at and self._worker_at[-1] is None:
             self._worker_at.pop()
+            self._maps.pop()
+            self._aliases.pop()
 
     def _slot_of(self, worker: Worker) -> int:
         slot = self._slot.get(worker)
         if slot is None:
+            m: dict[int, _Node] = {}
             try:
                 slot = self._worker_at.index(None)
                 self._worker_at[slot] = worker
+                self._maps[slot] = m
+                self._aliases[slot] = {}
             except ValueError:
                 slot = len(self._worker_at)
                 self._worker_at.append(worker)
+                self._maps.append(m)
+                self._aliases.append({})
             self._slot[worker] = slot
-            self._blocks[worker] = {}
+            self._blocks[worker] = m
         return slot
 
     def _store(self, event: BlocksStored) -> None:
+        """Walks the event along the runs in bulk; anything unusual goes block by block."""
         self.stats.stored_events += 1
         slot = self._slot_of(event.worker)
-        blocks = self._blocks[event.worker]
+        m: dict = self._maps[slot]  # type: ignore[assignment]
+        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        root = self._root
         if event.parent_hash is None:
-            parent = self._root
+            node, end = root, 0
         else:
-            found = blocks.get(event.parent_hash)
+            found = self._locate(slot, event.parent_hash)
             if found is None:
                 self.stats.unknown_parent += 1
                 return
-            parent = found
+            node, end = found
+            end += 1
+        blocks = event.blocks
+        n = len(blocks)
+        if not n:
+            return
+        hs = [b.local_hash for b in blocks]
+        es = [b.engine_hash for b in blocks]
         bit = 1 << slot
-        for block in event.blocks:
-            children = parent.children
-            if children is None:
-                children = parent.children = {}
-            node = children.get(block.local_hash)
-            if node is None:
-                node = children[block.local_hash] = _Node(parent, block.local_hash)
-                self._num_nodes += 1
-            previous = blocks.get(block.engine_hash)
-            if previous is not node:
-                blocks[block.engine_hash] = node
-                if node.workers & bit:
-                    key = (slot, node)
-                    self._extra_refs[key] = self._extra_refs.get(key, 0) + 1
+        touched: list[_Node] = []
+        added = 0
+        i = 0
+        while i < n:
+            run = node.hashes
+            if end < len(run):  # inside a run: follow it while it agrees
+                k = _common(run, end, hs, i, min(len(run) - end, n - i))
+                if not k:
+                    self._split(node, end)
+                    continue
+                if node.workers & bit:  # held already: a repeat, unless the engine ids differ
+                    if node.eids[slot][end : end + k] != es[i : i + k]:
+                        break
+                elif end:
+                    self._split(node, end)  # not reached: a held position is inside a held run
+                    continue
                 else:
+                    seg = es[i : i + k]
+                    fresh = _fresh(seg, node, m, aliases)
+                    if fresh is None:
+                        break
+                    if k < len(run):
+                        self._split(node, k)
                     node.workers |= bit
-                if previous is not None:  # the engine reused an id for other content
-                    self._release(slot, previous)  # after holding `node`, so it cannot be pruned
-                self.stats.stored_blocks += 1
-            parent = node
+                    node.eids[slot] = seg
+                    m.update(fresh)
+                    touched.append(node)
+                    added += k
+                end += k
+                i += k
+                continue
+            children = node.children
+            child = None if children is None else children.get(hs[i])
+            if child is not None:
+                node, end = child, 0
+                continue
+            seg = es[i:] if i else es
+            if node is not root and children is None and node.workers == bit:  # extend our own leaf
+                fresh = _fresh(seg, node, m, aliases)
+                if fresh is None:
+                    break
+                node.hashes += hs[i:] if i else hs
+                node.eids[slot] += seg
+            else:
+                new = _Node(node, hs[i:] if i else hs, bit, {})
+                fresh = _fresh(seg, new, m, aliases)
+                if fresh is None:
+                    break
+                new.eids[slot] = seg
+                if children is None:
+                    node.children = {hs[i]: new}
+                else:
+                    children[hs[i]] = new
+                self._num_nodes += 1
+            m.update(fresh)
+            added += n - i
+            i = n
+        self.stats.stored_blocks += added
+        if i < n:  # a reused or repeated engine id: the rest block by block, from a stable name
+            before = es[i - 1] if i else event.parent_hash
+            for node in touched:
+                self._settle(node)
+            self._store_slow(slot, before, hs, es, i)
+            return
+        for node in touched:
+            self._settle(node)
+
+    def _store_slow(self, slot: int, before: int | None, hs: list[int], es: list[int], i: int) -> None:
+        """Stores blocks i.. one at a time after the block the worker names `before` (None: root)."""
+        if before is None:
+            node, end = self._root, 0
+        else:
+            node, end = self._locate(slot, before)  # type: ignore[misc]
+            end += 1
+        for j in range(i, len(hs)):
+            node, end = self._store_one(slot, node, end, es[j], hs[j])
+
+    def _store_one(
+        self, slot: int, node: _Node, end: int, engine_hash: int, local_hash: int
+    ) -> tuple[_Node, int]:
+        """Stores one block after position (node, end); returns the position after it."""
+        bit = 1 << slot
+        m: dict = self._maps[slot]  # type: ignore[assignment]
+        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        target: _Node | None = None
+        off = 0
+        if end < len(node.hashes):
+            if node.hashes[end] == local_hash:
+                target, off = node, end
+            else:
+                self._split(node, end)
+        if target is None and node.children is not None:
+            target = node.children.get(local_hash)
+        first = engine_hash
+        if target is not None and target.workers & bit:
+            first = target.eids[slot][off]
+            if first == engine_hash or aliases.get(engine_hash) == first:
+                return target, off + 1  # a repeat
+        pending = self._detach(slot, engine_hash)  # the engine reused the id: release it after
+        if target is None:
+            if node is not self._root and node.children is None and node.workers == bit:
+                node.hashes.append(local_hash)
+                node.eids[slot].append(engine_hash)
+                target = node
+            else:
+                target = _Node(node, [local_hash], bit, {slot: [engine_hash]})
+                if node.children is None:
+                    node.children = {}
+                node.children[local_hash] = target
+                self._num_nodes += 1
+            m[engine_hash] = target
+        elif target.workers & bit:
+            aliases[engine_hash] = first
+        else:  # the first block of a run the worker does not hold: it holds that block only
+            if len(target.hashes) > 1:
+                self._split(target, 1)
+            target.workers |= bit
+            target.eids[slot] = [engine_hash]
+            m[engine_hash] = target
+        self.stats.stored_blocks += 1
+        self._settle(target)
+        if pending is not None:
+            self._release(slot, {self._maps[slot][pending]: {pending: None}})  # type: ignore[index]
+        found = self._locate(slot, first)
+        assert found is not None
+        return found[0], found[1] + 1
+
+    def _detach(self, slot: int, engine_hash: int) -> object | None:
+        """Unnames a block (no structural change); returns a stand-in key if the worker loses it."""
+        m: dict = self._maps[slot]  # type: ignore[assignment]
+        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        if aliases.pop(engine_hash, None) is not None:
+            return None
+        node = m.get(engine_hash)
+        if node is None:
+            return None
+        if aliases and self._promote(slot, engine_hash, node):
+            return None
+        token = object()  # holds the place until released; splits re-point it like an engine id
+        ids = node.eids[slot]
+        ids[_index(ids, engine_hash)] = token
+        del m[engine_hash]
+        m[token] = node
+        return token
+
+    def _promote(self, slot: int, engine_hash: int, node: _Node) -> bool:
+        """If `engine_hash` has aliases, the oldest takes its place; the block stays held."""
+        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        alias = next((a for a, first in aliases.items() if first == engine_hash), None)
+        if alias is None:
+            return False
+        del aliases[alias]
+        for other, first in aliases.items():
+            if first == engine_hash:
+                aliases[other] = alias
+        m: dict = self._maps[slot]  # type: ignore[assignment]
+        ids = node.eids[slot]
+        ids[_index(ids, engine_hash)] = alias
+        del m[engine_hash]
+        m[alias] = node
+        return True
 
     def _remove(self, worker: Worker, engine_hashes: Iterable[int]) -> None:
-        blocks = self._blocks.get(worker)
-        for engine_hash in engine_hashes:
-            node = blocks.pop(engine_hash, None) if blocks is not None else None
-            if node is None:
-                self.stats.unknown_removal += 1
-                continue
-            self.stats.removed_blocks += 1
-            self._release(self._slot[worker], node)
-
-    def _release(self, slot: int, node: _Node) -> None:
-        key = (slot, node)
-        refs = self._extra_refs.get(key)
-        if refs:
-            if refs == 1:
-                del self._extra_refs[key]
-            else:
-                self._extra_refs[key] = refs - 1
+        slot = self._slot.get(worker)
+        if slot is None:
+            self.stats.unknown_removal += sum(1 for _ in engine_hashes)
             return
-        node.workers &= ~(1 << slot)
-        self._prune(node)
+        m: dict = self._maps[slot]  # type: ignore[assignment]
+        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        by_node: dict[_Node, dict[int, None]] = {}
+        removed = unknown = 0
+        for engine_hash in engine_hashes:
+            node = m.get(engine_hash)
+            if node is None:
+                if aliases and aliases.pop(engine_hash, None) is not None:
+                    removed += 1
+                else:
+                    unknown += 1
+                continue
+            if aliases and self._promote(slot, engine_hash, node):
+                removed += 1
+                continue
+            ids = by_node.get(node)
+            if ids is None:
+                by_node[node] = {engine_hash: None}
+            elif engine_hash in ids:
+                unknown += 1  # named twice in one event
+                continue
+            else:
+                ids[engine_hash] = None
+            removed += 1
+        self.stats.removed_blocks += removed
+        self.stats.unknown_removal += unknown
+        if by_node:
+            self._release(slot, by_node)
 
-    def _prune(self, node: _Node) -> None:
-        """Unlink empty leaves upward; a node stays while a worker or a child needs it."""
+    def _release(self, slot: int, by_node: dict[_Node, dict]) -> None:
+        """The worker stops holding the named blocks (no aliases left): split, clear, settle."""
+        m: dict = self._maps[slot]  # type: ignore[assignment]
+        clear = ~(1 << slot)
+        cleared = []
+        for node, names in by_node.items():
+            ids = node.eids[slot]
+            if len(names) <= 4:
+                offsets = sorted(_index(ids, e) for e in names)
+            else:
+                where = {e: i for i, e in enumerate(ids)}
+                offsets = sorted(where[e] for e in names)
+            spans = []  # maximal ranges of consecutive offsets
+            lo = prev = offsets[0]
+            for o in offsets[1:]:
+                if o != prev + 1:
+                    spans.append((lo, prev + 1))
+                    lo = o
+                prev = o
+            spans.append((lo, prev + 1))
+            for lo, hi in reversed(spans):  # from the end: each split moves only the tail cut last
+                if hi < len(node.hashes):
+                    self._split(node, hi)
+                part = self._split(node, lo) if lo else node
+                part.workers &= clear
+                for e in part.eids.pop(slot):
+                    del m[e]
+                cleared.append(part)
+        for part in cleared:
+            self._settle(part)
+
+    # --- runs --------------------------------------------------------------------------------
+
+    def _locate(self, slot: int, engine_hash: int) -> tuple[_Node, int] | None:
+        m: dict = self._maps[slot]  # type: ignore[assignment]
+        node = m.get(engine_hash)
+        if node is None:
+            engine_hash = self._aliases[slot].get(engine_hash)  # type: ignore[union-attr,assignment]
+            if engine_hash is None:
+                return None
+            node = m[engine_hash]
+        return node, _index(node.eids[slot], engine_hash)
+
+    def _split(self, node: _Node, k: int) -> _Node:
+        """Cuts `node` after its first k blocks; the rest becomes its only child, returned."""
+        run = node.hashes
+        tail = _Node(node, run[k:], node.workers, {})
+        del run[k:]
+        maps = self._maps
+        for slot, ids in node.eids.items():
+            moved = tail.eids[slot] = ids[k:]
+            del ids[k:]
+            maps[slot].update(dict.fromkeys(moved, tail))  # type: ignore[union-attr]
+        children = tail.children = node.children
+        if children is not None:
+            for child in children.values():
+                child.parent = tail
+        node.children = {tail.hashes[0]: tail}
+        self._num_nodes += 1
+        return tail
+
+    def _merge(self, upper: _Node, lower: _Node) -> _Node:
+        """Joins `lower`, the only child of `upper`, into one run (same holders); the shorter moves."""
+        maps = self._maps
+        if len(lower.hashes) <= len(upper.hashes):
+            upper.hashes += lower.hashes
+            for slot, ids in upper.eids.items():
+                moved = lower.eids[slot]
+                ids += moved
+                maps[slot].update(dict.fromkeys(moved, upper))  # type: ignore[union-attr]
+            children = upper.children = lower.children
+            if children is not None:
+                for child in children.values():
+                    child.parent = upper
+            lower.parent = None
+            survivor = upper
+        else:
+            lower.hashes[:0] = upper.hashes
+            for slot, ids in lower.eids.items():
+                moved = upper.eids[slot]
+                ids[:0] = moved
+                maps[slot].update(dict.fromkeys(moved, lower))  # type: ignore[union-attr]
+            grand = upper.parent
+            assert grand is not None and grand.children is not None
+            grand.children[upper.hashes[0]] = lower
+            lower.parent = grand
+            upper.parent = None
+            survivor = lower
+        self._num_nodes -= 1
+        return survivor
+
+    def _settle(self, node: _Node) -> None:
+        """After `node`'s holders changed: unlink empty leaves upward, merge runs that need no cut."""
         root = self._root
-        while node is not root and not node.workers and not node.children and node.parent is not None:
+        while node.parent is not None:  # not the root, nor a run already unlinked
+            if not node.workers and node.children is None:
+                parent = node.parent
+                assert parent.children is not None
+                del parent.children[node.hashes[0]]
+                if not parent.children:
+                    parent.children = None
+                node.parent = None
+                self._num_nodes -= 1
+                node = parent
+                continue
             parent = node.parent
-            siblings = parent.children
-            if siblings is None or siblings.get(node.local_hash) is not node:
-                return  # already unlinked
-            del siblings[node.local_hash]
-            if not siblings:
-                parent.children = None
-            node.parent = None
-            self._num_nodes -= 1
-            node = parent
+            assert parent.children is not None
+            if parent is not root and len(parent.children) == 1 and parent.workers == node.workers:
+                node = self._merge(parent, node)
+                continue
+            children = node.children
+            if children is not None and len(children) == 1:
+                (child,) = children.values()
+                if child.workers == node.workers:
+                    node = self._merge(node, child)
+                    continue
+            return
 
     # --- snapshots ---------------------------------------------------------------------------
 
     def dump_events(self) -> list[KvEvent]:
         """Events that rebuild an identical tree in an empty RadixTree.
 
-        Parents come before children. A block whose parent this worker does not hold is
-        re-created with stand-in ancestors (negative engine ids, never used by engines, whose
-        ids are unsigned) that are removed right after, so it stays unreachable as before.
+        One stored event per run a worker holds, then one per alias; parents come before
+        children. A run whose parent block this worker does not hold is re-created after
+        stand-in ancestors (negative engine ids, never used by engines, whose ids are unsigned)
+        that are removed right after, so it stays unreachable as before.
         """
         events: list[KvEvent] = []
-        for worker, blocks in self._blocks.items():
-            engine_id_of: dict[_Node, int] = {}
-            for engine_hash, node in blocks.items():
-                engine_id_of.setdefault(node, engine_hash)
-            depth: dict[_Node, int] = {}
-            ordered = sorted(blocks.items(), key=lambda item: _depth(item[1], depth))
-            stand_in = 0
-            for engine_hash, node in ordered:
-                chain: list[StoredBlock] = []
-                parent = node.parent
-                while parent is not None and parent is not self._root and parent not in engine_id_of:
-                    stand_in -= 1
-                    chain.append(StoredBlock(stand_in, parent.local_hash))
-                    parent = parent.parent
-                parent_hash = None if parent is None or parent is self._root else engine_id_of[parent]
-                chain.reverse()
-                events.append(
-                    BlocksStored(worker, (*chain, StoredBlock(engine_hash, node.local_hash)), parent_hash)
-                )
-                if chain:
-                    events.append(BlocksRemoved(worker, tuple(b.engine_hash for b in chain)))
+        depth: dict[int, int] = {id(self._root): 0}
+        for worker, slot in list(self._slot.items()):
+            m, aliases = self._maps[slot], self._aliases[slot]
+            assert m is not None and aliases is not None
+            stand_ins = [0]
+            held = sorted({id(n): n for n in m.values()}.values(), key=lambda n: _depth(n, depth))
+            for node in held:
+                chain, parent = self._dump_parent(slot, node, 0, stand_ins)
+                blocks = tuple(map(StoredBlock, node.eids[slot], node.hashes))
+                _emit(events, worker, chain, blocks, parent)
+            for alias, first in aliases.items():
+                node, off = self._locate(slot, first)  # type: ignore[misc]
+                chain, parent = self._dump_parent(slot, node, off, stand_ins)
+                _emit(events, worker, chain, (StoredBlock(alias, node.hashes[off]),), parent)
         return events
 
+    def _dump_parent(
+        self, slot: int, node: _Node, off: int, stand_ins: list[int]
+    ) -> tuple[list[StoredBlock], int | None]:
+        """Stand-in chain and parent engine id to re-store the block at `off` in `node`."""
+        if off:
+            return [], node.eids[slot][off - 1]
+        bit = 1 << slot
+        chain: list[StoredBlock] = []
+        up = node.parent
+        assert up is not None
+        while up is not self._root and not up.workers & bit:
+            for h in reversed(up.hashes):
+                stand_ins[0] -= 1
+                chain.append(StoredBlock(stand_ins[0], h))
+            up = up.parent
+            assert up is not None
+        chain.reverse()
+        return chain, None if up is self._root else up.eids[slot][-1]
 
-def _path(node: _Node) -> tuple[int, ...]:
-    path = []
-    while node.parent is not None:
-        path.append(node.local_hash)
+
+def _emit(
+    events: list[KvEvent],
+    worker: Worker,
+    chain: list[StoredBlock],
+    blocks: tuple[StoredBlock, ...],
+    parent: int | None,
+) -> None:
+    events.append(BlocksStored(worker, (*chain, *blocks), parent))
+    if chain:
+        events.append(BlocksRemoved(worker, tuple(b.engine_hash for b in chain)))
+
+
+def _fresh(seg: list[int], node: _Node, m: dict, aliases: dict) -> dict | None:
+    """{engine id: node} for new ids, or None if one repeats or the worker already uses one."""
+    fresh = dict.fromkeys(seg, node)
+    if len(fresh) != len(seg) or not m.keys().isdisjoint(fresh):
+        return None
+    if aliases and not aliases.keys().isdisjoint(fresh):
+        return None
+    return fresh
+
+
+def _common(run: list[int], a: int, q: list[int], b: int, limit: int) -> int:
+    """How many of run[a:a+limit] equal q[b:b+limit] before the first difference."""
+    if run[a : a + limit] == q[b : b + limit]:
+        return limit
+    lo, hi = 0, limit - 1  # run[a:a+lo] matches; the answer is at most hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if run[a + lo : a + mid] == q[b + lo : b + mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _index(ids: list, engine_hash: object) -> int:
+    """Offset of an engine id in a run (most lookups are for its last block)."""
+    if ids[-1] == engine_hash:
+        return len(ids) - 1
+    return ids.index(engine_hash)
+
+
+def _path(node: _Node | None) -> tuple[int, ...]:
+    runs = []
+    while node is not None and node.parent is not None:
+        runs.append(node.hashes)
         node = node.parent
-    return tuple(reversed(path))
+    return tuple(h for run in reversed(runs) for h in run)
 
 
-def _depth(node: _Node, memo: dict[_Node, int]) -> int:
+def _depth(node: _Node, memo: dict[int, int]) -> int:
+    """Blocks above `node`; `memo` (by id) starts with the root at 0."""
     stack = []
-    while node.parent is not None and node not in memo:
+    while id(node) not in memo:
         stack.append(node)
-        node = node.parent
-    base = memo.get(node, 0)
+        node = node.parent  # type: ignore[assignment]
+    base = memo[id(node)]
     for n in reversed(stack):
-        base += 1
-        memo[n] = base
+        base += len(n.parent.hashes)  # type: ignore[union-attr]
+        memo[id(n)] = base
     return base

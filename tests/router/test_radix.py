@@ -93,12 +93,199 @@ def test_cleared_and_removed_workers_leave_no_nodes_behind():
     tree.apply_event(stored(W1, [(1, 1), (3, 3)]))
     tree.apply_event(AllBlocksCleared(W0))
     assert tree.find_matches([1, 2]) == {W1: 1}
-    assert tree.num_nodes == 2
+    assert tree.num_nodes == 1  # runs: [1] and [3] merge back into one once W0's [2] is gone
     tree.remove_worker(W1)
     assert tree.num_nodes == 0
     assert tree.workers() == [W0]
     tree.apply_event(stored(W2, [(1, 1)]))  # a new worker reuses the freed slot without ghosts
     assert tree.find_matches([1, 3]) == {W2: 1}
+
+
+# --- runs: splits, merges and engine ids across them ---------------------------------------------
+
+
+def check_runs(tree, canonical=True):
+    """Internal invariants of the run tree (reads private state; test-only)."""
+    root, count = tree._root, 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is not root:
+            count += 1
+            assert node.hashes, "empty run"
+            assert set(node.eids) == {s for s in range(len(tree._maps)) if node.workers >> s & 1}
+            for slot, ids in node.eids.items():
+                assert len(ids) == len(node.hashes)
+                for e in ids:
+                    assert tree._maps[slot][e] is node
+            assert node.workers or node.children, "an empty leaf was left behind"
+        for key, child in (node.children or {}).items():
+            assert child.parent is node and child.hashes[0] == key
+            stack.append(child)
+        if canonical and node is not root and node.children and len(node.children) == 1:
+            (child,) = node.children.values()
+            assert child.workers != node.workers, "two runs that could be one"
+    assert count == tree.num_nodes
+    for slot, m in enumerate(tree._maps):
+        if m is None:
+            continue
+        for e, node in m.items():
+            assert node.parent is not None and e in node.eids[slot]
+        for alias, first in tree._aliases[slot].items():
+            assert first in m and alias not in m
+
+
+def chain(worker, start, hashes, parent=None):
+    """One event storing `hashes` with engine ids start, start+1, ..."""
+    return stored(worker, [(start + i, h) for i, h in enumerate(hashes)], parent)
+
+
+def test_one_event_is_one_run_and_decode_steps_extend_it():
+    tree = RadixTree()
+    tree.apply_event(chain(W0, 100, [1, 2, 3, 4]))
+    assert tree.num_nodes == 1
+    for i, h in enumerate([5, 6, 7]):  # one block per event, parent = the previous block
+        tree.apply_event(stored(W0, [(104 + i, h)], parent=103 + i))
+    assert tree.num_nodes == 1
+    assert tree.find_matches([1, 2, 3, 4, 5, 6, 7, 8]) == {W0: 7}
+    assert tree.find_matches([1, 2, 3, 9]) == {W0: 3}  # a query that leaves the run in its middle
+    assert tree.find_matches((1, 2)) == {W0: 2}  # a query that ends in its middle, given as a tuple
+    assert tree.find_matches(iter([1, 2, 3])) == {W0: 3}
+    assert tree.num_blocks(W0) == 7
+    check_runs(tree)
+
+
+def test_removing_the_middle_of_a_run_splits_it_and_storing_it_again_joins_it():
+    tree = RadixTree()
+    tree.apply_event(chain(W0, 10, [1, 2, 3, 4, 5, 6]))
+    tree.apply_event(BlocksRemoved(W0, (12,)))  # block 3
+    assert tree.find_matches([1, 2, 3, 4, 5, 6]) == {W0: 2}
+    assert tree.num_nodes == 3
+    check_runs(tree)
+    tree.apply_event(BlocksRemoved(W0, (14,)))  # 5, behind the gap: still held, still unreachable
+    assert tree.num_nodes == 5
+    assert sorted(p for _, _, p in tree.entries()) == [(1,), (1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5, 6)]
+    tree.apply_event(stored(W0, [(30, 3)], parent=11))  # 3 again under a new id
+    assert tree.find_matches([1, 2, 3, 4, 5, 6]) == {W0: 4}
+    tree.apply_event(stored(W0, [(31, 5)], parent=13))
+    assert tree.find_matches([1, 2, 3, 4, 5, 6]) == {W0: 6}
+    assert tree.num_nodes == 1
+    check_runs(tree)
+    tree.apply_event(BlocksRemoved(W0, (10, 11, 30, 13, 31, 15)))  # root first, one event
+    assert tree.num_nodes == 0 and tree.num_blocks() == 0
+    assert tree.stats.removed_blocks == 8 and tree.stats.unknown_removal == 0
+
+
+def test_removing_a_run_tail_first_block_by_block():
+    tree = RadixTree()
+    tree.apply_event(chain(W0, 0, list(range(1, 41))))
+    tree.apply_event(chain(W1, 100, list(range(1, 21))))
+    for e in reversed(range(40)):
+        tree.apply_event(BlocksRemoved(W0, (e,)))
+        assert tree.find_matches(list(range(1, 41))) == {W1: 20} | ({W0: e} if e else {})
+        check_runs(tree)
+    assert tree.num_nodes == 1
+
+
+def test_a_second_worker_storing_a_prefix_of_a_run_splits_it():
+    tree = RadixTree()
+    tree.apply_event(chain(W0, 10, [1, 2, 3, 4]))
+    tree.apply_event(chain(W1, 20, [1, 2]))
+    assert tree.num_nodes == 2
+    assert tree.find_matches([1, 2, 3, 4]) == {W0: 4, W1: 2}
+    tree.apply_event(stored(W1, [(22, 3)], parent=21))  # W1 catches up by one block
+    assert tree.find_matches([1, 2, 3, 4]) == {W0: 4, W1: 3}
+    assert tree.num_nodes == 2
+    tree.apply_event(stored(W1, [(23, 4)], parent=22))
+    assert tree.num_nodes == 1  # same holders all along: one run again
+    tree.apply_event(BlocksRemoved(W0, (10, 11, 12, 13)))
+    assert tree.find_matches([1, 2, 3, 4]) == {W1: 4}
+    # W0's ids were re-pointed by every split and merge: removing them removed the right blocks
+    assert tree.num_blocks(W0) == 0 and tree.stats.unknown_removal == 0
+    check_runs(tree)
+
+
+def test_diverging_children_at_a_split_point():
+    tree = RadixTree()
+    tree.apply_event(chain(W0, 10, [1, 2, 3, 4]))
+    tree.apply_event(chain(W1, 20, [1, 2, 7, 8]))
+    tree.apply_event(chain(W2, 30, [1, 2, 3, 9]))
+    assert tree.num_nodes == 5  # [1 2] -> [3] -> ([4], [9]); [1 2] -> [7 8]
+    assert tree.find_matches([1, 2, 3, 4]) == {W0: 4, W1: 2, W2: 3}
+    assert tree.find_matches([1, 2, 7, 8]) == {W0: 2, W1: 4, W2: 2}
+    assert tree.find_matches([1, 2, 3]) == {W0: 3, W1: 2, W2: 3}
+    assert tree.find_matches([1, 2, 5]) == {W0: 2, W1: 2, W2: 2}
+    tree.apply_event(stored(W2, [(33, 5)], parent=31))  # a third branch out of the first run
+    assert tree.find_matches([1, 2, 5]) == {W0: 2, W1: 2, W2: 3}
+    check_runs(tree)
+    tree.remove_worker(W1)
+    tree.remove_worker(W2)
+    assert tree.num_nodes == 1 and tree.find_matches([1, 2, 3, 4]) == {W0: 4}
+    check_runs(tree)
+
+
+def test_engine_id_reuse_across_a_split():
+    tree = RadixTree()
+    tree.apply_event(chain(W0, 1, [10, 20, 30, 40]))  # ids 1..4
+    tree.apply_event(stored(W0, [(3, 99)]))  # id 3 now names other content: 30 is dropped
+    assert tree.find_matches([10, 20, 30, 40]) == {W0: 2}
+    assert tree.find_matches([99]) == {W0: 1}
+    check_runs(tree)
+    tree.apply_event(stored(W0, [(5, 30)], parent=2))  # 30 back under id 5: the path is whole again
+    assert tree.find_matches([10, 20, 30, 40]) == {W0: 4}
+    tree.apply_event(BlocksRemoved(W0, (3,)))  # removes 99, not 30
+    assert tree.find_matches([99]) == {}
+    assert tree.find_matches([10, 20, 30, 40]) == {W0: 4}
+    assert tree.stats.unknown_removal == 0
+    check_runs(tree)
+
+
+def test_engine_id_reused_inside_one_event():
+    tree = RadixTree()
+    tree.apply_event(stored(W0, [(1, 10), (1, 20), (2, 30)]))  # id 1 names 10, then 20
+    assert tree.find_matches([10, 20, 30]) == {}  # 10 is no longer held
+    assert sorted(p for _, _, p in tree.entries()) == [(10, 20), (10, 20, 30)]
+    tree.apply_event(stored(W0, [(3, 10)]))
+    assert tree.find_matches([10, 20, 30]) == {W0: 3}
+    check_runs(tree)
+
+
+def test_same_content_under_two_ids_survives_splits_and_promotion():
+    tree = RadixTree()
+    tree.apply_event(chain(W0, 1, [10, 20, 30]))  # ids 1, 2, 3
+    tree.apply_event(chain(W0, 7, [10, 20]))  # ids 7, 8 name the same blocks
+    assert tree.num_blocks(W0) == 5 and tree.stats.stored_blocks == 5
+    tree.apply_event(chain(W1, 50, [10]))  # splits W0's run after 10
+    tree.apply_event(BlocksRemoved(W0, (1, 2)))  # 7 and 8 still name them
+    assert tree.find_matches([10, 20, 30]) == {W0: 3, W1: 1}
+    tree.apply_event(stored(W0, [(9, 40)], parent=8))  # 8 still resolves as a parent
+    assert tree.find_matches([10, 20, 40]) == {W0: 3, W1: 1}
+    tree.apply_event(BlocksRemoved(W0, (8,)))
+    assert tree.find_matches([10, 20, 30]) == {W0: 1, W1: 1}
+    check_runs(tree)
+
+
+def test_dump_and_rebuild_after_splits():
+    tree = RadixTree()
+    tree.apply_event(chain(W0, 10, [1, 2, 3, 4, 5, 6]))
+    tree.apply_event(chain(W1, 20, [1, 2, 3, 7, 8]))
+    tree.apply_event(chain(W2, 30, [1, 2]))
+    tree.apply_event(chain(W0, 40, [1, 2]))  # aliases
+    tree.apply_event(BlocksRemoved(W0, (11, 14)))  # 2 has alias 41; 5 is gone: 6 is unreachable
+    tree.apply_event(BlocksRemoved(W1, (20, 21, 22)))  # W1 keeps only 7 and 8, unreachable
+    check_runs(tree)
+    events = tree.dump_events()
+    rebuilt = RadixTree()
+    for event in events:
+        rebuilt.apply_event(event)
+    check_runs(rebuilt)
+    assert sorted((str(w), e, p) for w, e, p in rebuilt.entries()) == sorted(
+        (str(w), e, p) for w, e, p in tree.entries()
+    )
+    for query in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8], [1, 2, 9]):
+        assert rebuilt.find_matches(query) == tree.find_matches(query)
+    assert rebuilt.num_nodes == tree.num_nodes
+    assert rebuilt.stats.unknown_parent == 0 and rebuilt.stats.unknown_removal == 0
 
 
 # --- property test against a brute-force model ---------------------------------------------------
@@ -109,11 +296,15 @@ class BruteForce:
 
     def __init__(self):
         self.blocks: dict[Worker, dict[int, tuple[int, ...]]] = {}
+        self.stored_blocks = self.removed_blocks = self.unknown_parent = self.unknown_removal = 0
 
     def apply(self, op):
         kind, worker, *args = op
         if kind == "remove_worker":
             self.blocks.pop(worker, None)
+            return
+        if kind == "removed" and worker not in self.blocks:
+            self.unknown_removal += len(args[0])
             return
         m = self.blocks.setdefault(worker, {})
         if kind == "stored":
@@ -123,13 +314,19 @@ class BruteForce:
             elif parent in m:
                 path = m[parent]
             else:
+                self.unknown_parent += 1
                 return
             for engine_hash, local_hash in pairs:
                 path = (*path, local_hash)
+                if m.get(engine_hash) != path:
+                    self.stored_blocks += 1
                 m[engine_hash] = path
         elif kind == "removed":
             for engine_hash in args[0]:
-                m.pop(engine_hash, None)
+                if m.pop(engine_hash, None) is None:
+                    self.unknown_removal += 1
+                else:
+                    self.removed_blocks += 1
         elif kind == "cleared":
             m.clear()
 
@@ -147,6 +344,14 @@ class BruteForce:
     def entries(self):
         return sorted((str(w), e, p) for w, m in self.blocks.items() for e, p in m.items())
 
+    def queries(self):
+        """Every held path, one block longer and cut in its middle."""
+        out = set()
+        for m in self.blocks.values():
+            for path in m.values():
+                out.update((path, (*path, 0), path[: len(path) // 2], (*path[:-1], 9)))
+        return [list(q) for q in out]
+
 
 def apply_to_tree(tree, op):
     kind, worker, *args = op
@@ -158,6 +363,34 @@ def apply_to_tree(tree, op):
         tree.apply_event(AllBlocksCleared(worker))
     else:
         tree.remove_worker(worker)
+
+
+def check_against(tree, model, queries):
+    for query in queries:
+        assert tree.find_matches(query) == model.find_matches(query), query
+    assert sorted((str(w), e, p) for w, e, p in tree.entries()) == model.entries()
+    assert tree.num_blocks() == sum(len(m) for m in model.blocks.values())
+    s = tree.stats
+    assert (s.stored_blocks, s.removed_blocks, s.unknown_parent, s.unknown_removal) == (
+        model.stored_blocks,
+        model.removed_blocks,
+        model.unknown_parent,
+        model.unknown_removal,
+    )
+
+
+def check_rebuild(tree, queries):
+    rebuilt = RadixTree()
+    for event in tree.dump_events():
+        rebuilt.apply_event(event)
+    check_runs(rebuilt)
+    for query in queries:
+        assert rebuilt.find_matches(query) == tree.find_matches(query), query
+    assert sorted((str(w), e, p) for w, e, p in rebuilt.entries()) == sorted(
+        (str(w), e, p) for w, e, p in tree.entries()
+    )
+    assert rebuilt.num_nodes <= tree.num_nodes
+    assert rebuilt.stats.unknown_parent == 0 and rebuilt.stats.unknown_removal == 0
 
 
 workers = st.sampled_from([W0, W1, W2, W0_DP1])
@@ -184,16 +417,63 @@ def test_radix_tree_agrees_with_brute_force_and_rebuilds_from_its_dump(sequence)
     for op in sequence:
         apply_to_tree(tree, op)
         model.apply(op)
-    for query in QUERIES:
-        assert tree.find_matches(query) == model.find_matches(query), query
-    assert sorted((str(w), e, p) for w, e, p in tree.entries()) == model.entries()
+    check_runs(tree)
+    check_against(tree, model, QUERIES)
+    check_rebuild(tree, QUERIES)
 
-    rebuilt = RadixTree()
-    for event in tree.dump_events():
-        rebuilt.apply_event(event)
-    for query in QUERIES:
-        assert rebuilt.find_matches(query) == tree.find_matches(query), query
-    assert sorted((str(w), p) for w, _, p in rebuilt.entries()) == sorted(
-        (str(w), p) for w, _, p in tree.entries()
-    )
-    assert rebuilt.num_nodes <= tree.num_nodes
+
+# Long runs: stores of up to 12 blocks over a 3-letter alphabet (so runs share prefixes and split),
+# mostly fresh engine ids (the bulk path) with some reused ones (the block-by-block path), removals
+# of random ids and of whole stretches of an earlier store, in any order.
+
+
+@st.composite
+def long_ops(draw):
+    sequence, stores = [], []
+    next_id = 100
+    for _ in range(draw(st.integers(1, 30))):
+        kind = draw(
+            st.sampled_from(["stored"] * 5 + ["removed", "removed_stretch", "cleared", "remove_worker"])
+        )
+        worker = draw(workers)
+        if kind == "stored":
+            size = draw(st.integers(1, 12))
+            hashes = draw(st.lists(st.integers(0, 2), min_size=size, max_size=size))
+            ids = []
+            for _ in range(size):
+                if draw(st.integers(0, 9)) == 0:
+                    ids.append(draw(st.integers(0, 15)))  # a small id, maybe in use already
+                else:
+                    ids.append(next_id)
+                    next_id += 1
+            known = [e for w, es in stores if w == worker for e in es]
+            parent = draw(st.one_of(st.none(), st.sampled_from(known))) if known else None
+            stores.append((worker, ids))
+            sequence.append(("stored", worker, parent, list(zip(ids, hashes, strict=True))))
+        elif kind == "removed_stretch" and stores:
+            w, ids = draw(st.sampled_from(stores))
+            lo = draw(st.integers(0, len(ids) - 1))
+            hi = draw(st.integers(lo + 1, len(ids)))
+            stretch = ids[lo:hi]
+            sequence.append(("removed", w, draw(st.permutations(stretch))))
+        elif kind == "removed":
+            pool = [e for _, es in stores for e in es] or [0]
+            sequence.append(
+                ("removed", worker, draw(st.lists(st.sampled_from(pool), min_size=1, max_size=6)))
+            )
+        elif kind in ("cleared", "remove_worker"):
+            sequence.append((kind, worker))
+    return sequence
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_ops())
+def test_long_runs_split_and_merge_like_the_brute_force_model(sequence):
+    tree, model = RadixTree(), BruteForce()
+    for op in sequence:
+        apply_to_tree(tree, op)
+        model.apply(op)
+        check_runs(tree)
+    queries = model.queries() + QUERIES
+    check_against(tree, model, queries)
+    check_rebuild(tree, queries)
