@@ -25,7 +25,12 @@ import aiohttp
 
 from extproc.stack import MODEL, start_stack
 
-MODES = ("kv", "round-robin")
+# demo mode -> (picker flags, whether the mock workers publish KV events)
+MODES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "kv": (("--router-mode", "kv"), True),  # exact: fed by the workers' ZMQ KV events
+    "kv-predicted": (("--router-mode", "kv", "--no-kv-events"), False),  # predicted from decisions
+    "round-robin": (("--router-mode", "round-robin"), False),
+}
 
 
 @dataclass
@@ -66,10 +71,19 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="mock workers' simulated-time speed-up (default: %(default)s)",
     )
     parser.add_argument(
-        "--modes", default=",".join(MODES), help="router modes to compare (default: %(default)s)"
+        "--modes",
+        default=",".join(MODES),
+        help="router modes to compare: kv (fed by the workers' KV events), kv-predicted (no events, cache "
+        "predicted from routing decisions), round-robin (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="traffic seed (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    parser.add_argument(
+        "--picker-log-level",
+        default="warning",
+        choices=("debug", "info", "warning", "error"),
+        help="the picker's log level; its log is picker.log under --log-dir/<mode> (default: %(default)s)",
+    )
     parser.add_argument("--log-dir", help="keep process logs here (default: a temporary directory)")
 
 
@@ -161,11 +175,13 @@ def _stats(rs: list[Result]) -> dict[str, Any]:
 
 
 def _run_mode(mode: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    picker_args, kv_events = MODES[mode]
     stack = start_stack(
         log_dir / mode,
         workers=args.workers,
-        picker_args=["--router-mode", mode, "--log-level", "warning"],
+        picker_args=[*picker_args, "--log-level", args.picker_log_level],
         speedup=args.speedup,
+        kv_events=kv_events,
     )
     try:
         print(
@@ -200,11 +216,19 @@ def _table(summaries: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def run_modes(modes: list[str], args: argparse.Namespace, log_dir: Path) -> dict[str, dict[str, Any]]:
+    """Play the same traffic against a fresh stack per mode; per-mode summaries (logs in log_dir/<mode>)."""
+    return {mode: _run_mode(mode, args, log_dir) for mode in modes}
+
+
 def run_demo(args: argparse.Namespace) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        print(f"unknown demo mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="extproc-demo-") as tmp:
-        log_dir = Path(args.log_dir or tmp)
-        summaries = {mode: _run_mode(mode, args, log_dir) for mode in modes}
+        summaries = run_modes(modes, args, Path(args.log_dir or tmp))
     if args.json:
         print(
             json.dumps(

@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from extproc.config import PickerConfig
+from extproc.events.sources import EventSources, start_event_sources
 from extproc.picker import EndpointPicker
 from extproc.service import ExtProcService
 
@@ -45,18 +46,21 @@ class RunningPicker:
     health: health.aio.HealthServicer
     port: int
     health_port: int
+    sources: EventSources
 
     async def stop(self, grace_s: float = 5.0) -> None:
         for name in HEALTH_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(grace_s)
         await self.health_server.stop(0)
+        await self.sources.stop()
         await self.picker.close()
 
 
 async def start_picker(config: PickerConfig) -> RunningPicker:
-    """Start both servers (port 0 picks free ports) and mark every health service SERVING."""
+    """Start the event sources and both servers (port 0 picks free ports); mark health SERVING."""
     picker = EndpointPicker(config)
+    sources = await start_event_sources(config, picker)
     service = ExtProcService(
         picker, max_body_bytes=config.max_body_bytes, conformance_hooks=config.conformance_hooks
     )
@@ -68,12 +72,13 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
     health_port = health_server.add_insecure_port(f"{config.host}:{config.health_port}")
     if not port or not health_port:
+        await sources.stop()
         raise OSError(f"cannot listen on {config.host}:{config.port} / {config.health_port}")
     await server.start()
     await health_server.start()
     for name in HEALTH_SERVICES:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningPicker(picker, service, server, health_server, health_servicer, port, health_port)
+    return RunningPicker(picker, service, server, health_server, health_servicer, port, health_port, sources)
 
 
 async def serve(config: PickerConfig) -> None:

@@ -25,6 +25,8 @@ class WorkerProcess:
     worker_id: str
     endpoint: str
     process: ManagedProcess
+    kv_events: str | None = None  # ZMQ PUB endpoint of its KV events (tcp://127.0.0.1:port)
+    kv_replay: str | None = None  # ZMQ replay endpoint
 
     @property
     def url(self) -> str:
@@ -55,19 +57,36 @@ class Stack:
 
 
 def start_workers(
-    count: int, log_dir: Path, *, speedup: float = 1.0, block_size: int = 16, extra_args: Sequence[str] = ()
+    count: int,
+    log_dir: Path,
+    *,
+    speedup: float = 1.0,
+    block_size: int = 16,
+    kv_events: bool = True,
+    extra_args: Sequence[str] = (),
 ) -> list[WorkerProcess]:
-    """Start `count` mock workers on free loopback ports and wait until /health answers."""
+    """Start `count` mock workers on free loopback ports and wait until /health answers.
+
+    With `kv_events` each publishes its KV events over ZMQ (vLLM's format) on free ports too.
+    """
     workers = []
     try:
         for i in range(count):
             port = free_port()
             argv = [
                 sys.executable, "-m", "extproc", "mock-worker", "--port", str(port), "--worker-id", f"w{i}",
-                "--model", MODEL, "--block-size", str(block_size), "--speedup", str(speedup), *extra_args,
+                "--model", MODEL, "--block-size", str(block_size), "--speedup", str(speedup),
             ]  # fmt: skip
-            process = ManagedProcess(argv, log_path=log_dir / f"worker-w{i}.log").start()
-            workers.append(WorkerProcess(f"w{i}", f"127.0.0.1:{port}", process))
+            events = replay = None
+            if kv_events:
+                events_port, replay_port = free_port(), free_port()
+                argv += ["--kv-events", "zmq", "--kv-events-port", str(events_port)]
+                argv += ["--kv-replay-port", str(replay_port)]
+                events, replay = f"tcp://127.0.0.1:{events_port}", f"tcp://127.0.0.1:{replay_port}"
+            else:
+                argv += ["--kv-events", "off"]
+            process = ManagedProcess([*argv, *extra_args], log_path=log_dir / f"worker-w{i}.log").start()
+            workers.append(WorkerProcess(f"w{i}", f"127.0.0.1:{port}", process, events, replay))
         for w in workers:
             wait_http_ok(f"{w.url}/health", 30.0, process=w.process)
     except BaseException:
@@ -78,8 +97,15 @@ def start_workers(
 
 
 def write_picker_config(workers: Sequence[WorkerProcess], path: Path) -> Path:
-    document = {"workers": [{"id": w.worker_id, "endpoint": w.endpoint, "model": MODEL} for w in workers]}
-    path.write_text(yaml.safe_dump(document))
+    entries = []
+    for w in workers:
+        entry = {"id": w.worker_id, "endpoint": w.endpoint, "model": MODEL}
+        if w.kv_events:
+            entry["kv-events"] = w.kv_events
+        if w.kv_replay:
+            entry["kv-replay"] = w.kv_replay
+        entries.append(entry)
+    path.write_text(yaml.safe_dump({"workers": entries}))
     return path
 
 
@@ -111,14 +137,21 @@ def start_stack(
     worker_args: Sequence[str] = (),
     speedup: float = 1.0,
     block_size: int = 16,
+    kv_events: bool = True,
     with_picker: bool = True,
 ) -> Stack:
-    """Mock workers, the picker (unless `with_picker` is False) and Envoy, all on 127.0.0.1."""
+    """Mock workers (publishing KV events over ZMQ unless `kv_events` is False), the picker
+    (unless `with_picker` is False) and Envoy, all on 127.0.0.1."""
     log_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(log_dir)
     try:
         stack.workers = start_workers(
-            workers, log_dir, speedup=speedup, block_size=block_size, extra_args=worker_args
+            workers,
+            log_dir,
+            speedup=speedup,
+            block_size=block_size,
+            kv_events=kv_events,
+            extra_args=worker_args,
         )
         if with_picker:
             args = ["--kv-cache-block-size", str(block_size), *picker_args]

@@ -1,0 +1,153 @@
+"""Event-fed routing end to end: mock workers publish their caches' KV events over ZMQ, the picker
+subscribes, and requests go through a real Envoy.
+
+The picker runs in-process so the test can read its routers; the workers are child processes
+(stopped and restarted by pid); Envoy is a child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
+from extproc.envoy_config import render_envoy_config
+from extproc.epp import CONFORMANCE_SELECTION_HEADER
+from extproc.events.feed import EVENT_FED, STALE
+from extproc.procs import ManagedProcess, free_port, start_envoy, wait_http_ok
+from extproc.request import parse_openai_body
+from extproc.router import Worker
+from extproc.server import RunningPicker, start_picker
+from extproc.stack import MODEL, WorkerProcess, start_workers
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BLOCK = 16
+TIMEOUT = aiohttp.ClientTimeout(total=30)
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kv-events-e2e")
+
+
+@pytest.fixture(scope="module")
+def workers(log_dir: Path) -> Iterator[list[WorkerProcess]]:
+    started = start_workers(2, log_dir, speedup=50.0, block_size=BLOCK, kv_events=True)
+    yield started
+    for w in started:
+        w.process.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(workers, log_dir) -> AsyncIterator[tuple[RunningPicker, str]]:
+    from extproc.router import RouterConfig
+
+    config = PickerConfig(
+        router=RouterConfig(block_size=BLOCK, use_kv_events=True),
+        workers=tuple(
+            WorkerConfig(w.worker_id, w.endpoint, MODEL, kv_events=w.kv_events, kv_replay=w.kv_replay)
+            for w in workers
+        ),
+        models=(ModelConfig(MODEL),),
+        port=0,
+        health_port=0,
+        conformance_hooks=True,
+        events=EventsConfig(),
+        kv_events_source=True,
+    )
+    picker = await start_picker(config)
+    listen, admin = free_port(), free_port()
+    envoy_yaml = render_envoy_config(
+        "buffered",
+        listen_port=listen,
+        admin_port=admin,
+        picker_address=f"127.0.0.1:{picker.port}",
+        workers=[w.endpoint for w in workers],
+    )
+    envoy = start_envoy(envoy_yaml, log_path=log_dir / "envoy.log", admin_port=admin)
+    try:
+        yield picker, f"http://127.0.0.1:{listen}"
+    finally:
+        envoy.stop()
+        await picker.stop(0)
+
+
+async def until(condition, what: str, timeout_s: float = 10.0) -> None:
+    """Poll `condition` (bounded) on the picker's event loop."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.02)
+
+
+def chat(text: str) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+
+
+async def prompt_hashes(picker: RunningPicker, body: dict) -> list[int]:
+    import json
+
+    pool = picker.picker.pools[MODEL]
+    request = parse_openai_body(json.dumps(body).encode(), "/v1/chat/completions", max_bytes=1 << 20)
+    tokens = await pool.tokenizer.tokenize(request)
+    return pool.router.block_hashes(tokens)
+
+
+async def send(url: str, body: dict, worker: WorkerProcess | None = None) -> aiohttp.ClientResponse:
+    headers = {CONFORMANCE_SELECTION_HEADER: worker.endpoint} if worker else {}
+    async with (
+        aiohttp.ClientSession(timeout=TIMEOUT) as client,
+        client.post(f"{url}/v1/chat/completions", json=body, headers=headers) as r,
+    ):
+        assert r.status == 200, await r.text()
+        await r.read()
+        return r
+
+
+async def test_the_router_sees_exactly_what_the_serving_worker_cached(stack, workers):
+    picker, url = stack
+    router = picker.picker.pools[MODEL].router
+    body = chat("the router follows the engine's own cache " * 20)
+    hashes = await prompt_hashes(picker, body)
+    first = await send(url, body)
+    served = Worker(first.headers["x-worker-id"])
+    # the worker's stored events arrive over ZMQ: the tree holds every full prompt block for it
+    await until(lambda: router.indexer.find_matches(hashes).get(served) == len(hashes), "the blocks arrive")
+    assert picker.sources.feed.state(served) == EVENT_FED
+    assert router.approx.num_blocks(served) == 0  # nothing predicted for an event-fed worker
+    second = await send(url, body)
+    assert second.headers["x-worker-id"] == str(served.worker_id)
+    assert int(second.headers["x-prefix-cache-hit-tokens"]) >= (len(hashes) - 1) * BLOCK
+
+
+async def test_a_restarted_worker_is_marked_stale_then_resynchronised(stack, workers, log_dir):
+    picker, url = stack
+    router = picker.picker.pools[MODEL].router
+    feed = picker.sources.feed
+    target = workers[0]
+    worker = Worker(target.worker_id)
+    body = chat("cached before the restart " * 20)
+    hashes = await prompt_hashes(picker, body)
+    await send(url, body, target)
+    await until(lambda: router.indexer.find_matches(hashes).get(worker) == len(hashes), "the blocks arrive")
+
+    target.process.stop()
+    await until(lambda: feed.state(worker) == STALE, "the lost stream is noticed")
+    # the picker keeps answering while w0's stream is down (w0 itself is dead: serve from w1)
+    assert (await send(url, chat("while w0 is down " * 5), workers[1])).headers["x-worker-id"] == "w1"
+
+    restarted = ManagedProcess(target.process.argv, log_path=log_dir / "worker-w0-restarted.log").start()
+    target.process = restarted  # the fixture stops whatever runs now
+    wait_http_ok(f"{target.url}/health", 30.0, process=restarted)
+    # the new engine's cache is empty: the picker resets its view of w0 and follows the new stream
+    await until(lambda: feed.state(worker) == EVENT_FED, "the stream is back")
+    await until(lambda: worker not in router.indexer.find_matches(hashes), "the old blocks are forgotten")
+    await send(url, body, target)
+    await until(lambda: router.indexer.find_matches(hashes).get(worker) == len(hashes), "new blocks arrive")
