@@ -250,21 +250,28 @@ class RadixTree:
             if end < len(run):  # inside a run: follow it while it agrees
                 k = _common(run, end, hs, i, min(len(run) - end, n - i))
                 if not k:
-                    self._split(node, end)
+                    node = self._split(node, end)[0]
                     continue
                 if node.workers & bit:  # held already: a repeat, unless the engine ids differ
                     if node.eids[slot][end : end + k] != es[i : i + k]:
                         break
                 elif end:
-                    self._split(node, end)  # not reached: a held position is inside a held run
+                    node = self._split(node, end)[0]  # not reached: a held position is in a held run
                     continue
                 else:
                     seg = es[i : i + k]
+                    for ids in node.eids.values():  # another holder names these blocks alike:
+                        if ids[:k] == seg:  # keep one copy of the ints (content-derived ids)
+                            seg = ids[:k]
+                        break
                     fresh = _fresh(seg, node, m, aliases)
                     if fresh is None:
                         break
                     if k < len(run):
-                        self._split(node, k)
+                        upper = self._split(node, k)[0]
+                        if upper is not node:  # the head moved
+                            node = upper
+                            fresh = dict.fromkeys(seg, node)
                     node.workers |= bit
                     node.eids[slot] = seg
                     m.update(fresh)
@@ -332,7 +339,7 @@ class RadixTree:
             if node.hashes[end] == local_hash:
                 target, off = node, end
             else:
-                self._split(node, end)
+                node = self._split(node, end)[0]
         if target is None and node.children is not None:
             target = node.children.get(local_hash)
         first = engine_hash
@@ -357,7 +364,7 @@ class RadixTree:
             aliases[engine_hash] = first
         else:  # the first block of a run the worker does not hold: it holds that block only
             if len(target.hashes) > 1:
-                self._split(target, 1)
+                target = self._split(target, 1)[0]
             target.workers |= bit
             target.eids[slot] = [engine_hash]
             m[engine_hash] = target
@@ -441,33 +448,80 @@ class RadixTree:
     def _release(self, slot: int, by_node: dict[_Node, dict]) -> None:
         """The worker stops holding the named blocks (no aliases left): split, clear, settle."""
         m: dict = self._maps[slot]  # type: ignore[assignment]
-        clear = ~(1 << slot)
+        bit = 1 << slot
+        clear = ~bit
         cleared = []
         for node, names in by_node.items():
             ids = node.eids[slot]
-            if len(names) <= 4:
-                offsets = sorted(_index(ids, e) for e in names)
+            if len(names) == 1:
+                (name,) = names
+                lo = _index(ids, name)
+                spans = [(lo, lo + 1)]
             else:
-                where = {e: i for i, e in enumerate(ids)}
-                offsets = sorted(where[e] for e in names)
-            spans = []  # maximal ranges of consecutive offsets
-            lo = prev = offsets[0]
-            for o in offsets[1:]:
-                if o != prev + 1:
-                    spans.append((lo, prev + 1))
-                    lo = o
-                prev = o
-            spans.append((lo, prev + 1))
-            for lo, hi in reversed(spans):  # from the end: each split moves only the tail cut last
+                if len(names) <= 4:
+                    offsets = sorted(_index(ids, e) for e in names)
+                else:
+                    where = {e: i for i, e in enumerate(ids)}
+                    offsets = sorted(where[e] for e in names)
+                spans = []  # maximal ranges of consecutive offsets
+                lo = prev = offsets[0]
+                for o in offsets[1:]:
+                    if o != prev + 1:
+                        spans.append((lo, prev + 1))
+                        lo = o
+                    prev = o
+                spans.append((lo, prev + 1))
+            for lo, hi in reversed(spans):  # from the end, so `node` keeps the offsets of the rest
+                if lo and hi == len(node.hashes) and self._cut_tail(node, lo, slot):
+                    continue
                 if hi < len(node.hashes):
-                    self._split(node, hi)
-                part = self._split(node, lo) if lo else node
+                    node = self._split(node, hi)[0]
+                if lo:
+                    node, part = self._split(node, lo)
+                else:
+                    part = node
                 part.workers &= clear
                 for e in part.eids.pop(slot):
                     del m[e]
                 cleared.append(part)
         for part in cleared:
             self._settle(part)
+
+    def _cut_tail(self, node: _Node, lo: int, slot: int) -> bool:
+        """Drops the worker from blocks lo.. of `node` without a split where none is needed.
+
+        Our own leaf is cut short; a tail whose other holders are exactly those of the only
+        child moves into that child. Returns False (nothing done) otherwise.
+        """
+        children = node.children
+        m: dict = self._maps[slot]  # type: ignore[assignment]
+        if children is None:
+            if node.workers != 1 << slot:
+                return False
+            ids = node.eids[slot]
+            for e in ids[lo:]:
+                del m[e]
+            del ids[lo:], node.hashes[lo:]
+            return True
+        if len(children) != 1:
+            return False
+        (child,) = children.values()
+        if child.workers != node.workers & ~(1 << slot):
+            return False
+        for other, ids in node.eids.items():
+            moved = ids[lo:]
+            del ids[lo:]
+            if other == slot:
+                for e in moved:
+                    del m[e]
+            else:
+                child.eids[other][:0] = moved
+                self._maps[other].update(dict.fromkeys(moved, child))  # type: ignore[union-attr]
+        run = node.hashes
+        child.hashes[:0] = run[lo:]
+        del run[lo:]
+        node.children = {child.hashes[0]: child}
+        return True
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -481,23 +535,43 @@ class RadixTree:
             node = m[engine_hash]
         return node, _index(node.eids[slot], engine_hash)
 
-    def _split(self, node: _Node, k: int) -> _Node:
-        """Cuts `node` after its first k blocks; the rest becomes its only child, returned."""
+    def _split(self, node: _Node, k: int) -> tuple[_Node, _Node]:
+        """Cuts `node` after its first k blocks into (upper, lower), one of them `node` itself.
+
+        The cheaper side moves to a new node: its engine ids are re-pointed in every holder's
+        map, and moving the tail also re-parents the children.
+        """
         run = node.hashes
-        tail = _Node(node, run[k:], node.workers, {})
-        del run[k:]
+        holders = len(node.eids)
         maps = self._maps
-        for slot, ids in node.eids.items():
-            moved = tail.eids[slot] = ids[k:]
-            del ids[k:]
-            maps[slot].update(dict.fromkeys(moved, tail))  # type: ignore[union-attr]
-        children = tail.children = node.children
-        if children is not None:
-            for child in children.values():
-                child.parent = tail
-        node.children = {tail.hashes[0]: tail}
+        if (len(run) - k) * holders + len(node.children or ()) <= k * holders:
+            lower = _Node(node, run[k:], node.workers, {})
+            del run[k:]
+            for slot, ids in node.eids.items():
+                moved = lower.eids[slot] = ids[k:]
+                del ids[k:]
+                maps[slot].update(dict.fromkeys(moved, lower))  # type: ignore[union-attr]
+            children = lower.children = node.children
+            if children is not None:
+                for child in children.values():
+                    child.parent = lower
+            node.children = {lower.hashes[0]: lower}
+            upper = node
+        else:
+            parent = node.parent
+            assert parent is not None and parent.children is not None
+            upper = _Node(parent, run[:k], node.workers, {})
+            del run[:k]
+            for slot, ids in node.eids.items():
+                moved = upper.eids[slot] = ids[:k]
+                del ids[:k]
+                maps[slot].update(dict.fromkeys(moved, upper))  # type: ignore[union-attr]
+            parent.children[upper.hashes[0]] = upper
+            upper.children = {run[0]: node}
+            node.parent = upper
+            lower = node
         self._num_nodes += 1
-        return tail
+        return upper, lower
 
     def _merge(self, upper: _Node, lower: _Node) -> _Node:
         """Joins `lower`, the only child of `upper`, into one run (same holders); the shorter moves."""
