@@ -33,6 +33,10 @@ def predicted_engine_id(seq_hash: int) -> int:
     return _PREDICTED_BASE - seq_hash
 
 
+def is_predicted_id(engine_hash: int | None) -> bool:
+    return engine_hash is not None and engine_hash <= _PREDICTED_BASE
+
+
 class ApproxIndexer:
     """TTL and size-bounded predictions of what each worker caches."""
 

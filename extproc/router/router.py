@@ -15,14 +15,23 @@ import logging
 import random
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-from extproc.router.approx import ApproxIndexer
+from extproc.router.approx import ApproxIndexer, is_predicted_id
 from extproc.router.config import RouterConfig, RouterConfigOverride, RouterMode
 from extproc.router.errors import AllWorkersBusy, NoWorkers, PinnedWorkerUnavailable
 from extproc.router.hashing import TokenIds, compute_block_hashes, compute_sequence_hashes
 from extproc.router.radix import OverlapScores, RadixTree
 from extproc.router.selection import compute_costs, is_busy, pick
 from extproc.router.sequences import ActiveSequences
-from extproc.router.types import Decision, KvEvent, Worker, WorkerId, WorkerLoad, WorkerSpec
+from extproc.router.types import (
+    BlocksRemoved,
+    BlocksStored,
+    Decision,
+    KvEvent,
+    Worker,
+    WorkerId,
+    WorkerLoad,
+    WorkerSpec,
+)
 
 log = logging.getLogger("extproc.router")
 
@@ -134,8 +143,25 @@ class KvRouter:
         self.indexer.clear_worker(worker)
         self.approx.remove_worker(worker)
 
-    def dump_events(self) -> list[KvEvent]:
-        return self.indexer.dump_events()
+    def dump_events(self, *, include_predicted: bool = False) -> list[KvEvent]:
+        """Events that rebuild the tree: what the engines reported, without the router's own
+        predictions (they belong to this router's clock and TTLs) unless `include_predicted`."""
+        events = self.indexer.dump_events()
+        if include_predicted:
+            return events
+        kept: list[KvEvent] = []
+        dropped_store = False
+        for event in events:
+            if isinstance(event, BlocksStored):
+                dropped_store = is_predicted_id(event.parent_hash) or any(
+                    is_predicted_id(b.engine_hash) for b in event.blocks
+                )
+                if dropped_store:
+                    continue
+            elif isinstance(event, BlocksRemoved) and dropped_store:
+                continue  # the stand-ins of a dropped store
+            kept.append(event)
+        return kept
 
     # --- decisions ---------------------------------------------------------------------------
 

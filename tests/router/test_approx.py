@@ -161,3 +161,21 @@ def test_without_kv_events_the_event_source_switch_is_ignored():
     assert not router.is_event_fed(A)
     router.best_worker(list(range(8)), request_id="r")
     assert router.indexer.find_matches(compute_block_hashes(list(range(8)), 4)) == {A: 2}
+
+
+def test_dumped_state_holds_the_engines_blocks_not_the_routers_predictions():
+    router = KvRouter(
+        RouterConfig(block_size=4, use_kv_events=True),
+        clock=FakeClock(),
+        workers=[WorkerSpec("a"), WorkerSpec("b")],
+    )
+    prompt = list(range(16))
+    local = compute_block_hashes(prompt, 4)
+    router.apply_event(BlocksStored(A, tuple(StoredBlock(100 + i, h) for i, h in enumerate(local[:3]))))
+    router.best_worker(prompt, request_id="r", pinned_worker=B)  # b is predicted
+    assert router.indexer.find_matches(local) == {A: 3, B: 4}
+    rebuilt = RadixTree()
+    for event in router.dump_events():
+        rebuilt.apply_event(event)
+    assert rebuilt.find_matches(local) == {A: 3}
+    assert len(router.dump_events(include_predicted=True)) > len(router.dump_events())
