@@ -93,6 +93,7 @@ class PickerConfig:
     host: str = "127.0.0.1"
     port: int = 9002
     health_port: int = 9003
+    admin_port: int | None = None  # HTTP /metrics, /health, /debug/workers; None = off
     max_body_bytes: int = 16 * 1024 * 1024
     tokenizer: str | None = None
     tokenize_url: str | None = None
@@ -276,6 +277,14 @@ PICKER_OPTIONS: tuple[_Option, ...] = (
         int,
         9003,
         "gRPC health port (liveness, readiness, ExternalProcessor, inference-extension).",
+    ),
+    _Option(
+        ("--admin-port",),
+        "admin_port",
+        _int_or_none,
+        None,
+        "HTTP admin port: /metrics (Prometheus), /health, /debug/workers (per-worker cache source and "
+        "load). 0 picks a free port. Off when not set.",
     ),
     _Option(
         ("--max-body-bytes",),
@@ -623,6 +632,7 @@ def load_config(
         host=picker["host"],
         port=picker["port"],
         health_port=picker["health_port"],
+        admin_port=picker["admin_port"],
         max_body_bytes=picker["max_body_bytes"],
         tokenizer=picker["tokenizer"],
         tokenize_url=picker["tokenize_url"],

@@ -16,6 +16,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from extproc.admin import AdminServer, start_admin
 from extproc.config import PickerConfig
 from extproc.events.sources import EventSources, start_event_sources
 from extproc.picker import EndpointPicker
@@ -47,12 +48,15 @@ class RunningPicker:
     port: int
     health_port: int
     sources: EventSources
+    admin: AdminServer | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         for name in HEALTH_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(grace_s)
         await self.health_server.stop(0)
+        if self.admin is not None:
+            await self.admin.stop()
         await self.sources.stop()
         await self.picker.close()
 
@@ -78,7 +82,16 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
     await health_server.start()
     for name in HEALTH_SERVICES:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningPicker(picker, service, server, health_server, health_servicer, port, health_port, sources)
+    running = RunningPicker(
+        picker, service, server, health_server, health_servicer, port, health_port, sources
+    )
+    if config.admin_port is not None:
+        try:
+            running.admin = await start_admin(picker, sources, config.host, config.admin_port)
+        except BaseException:
+            await running.stop(0)
+            raise
+    return running
 
 
 async def serve(config: PickerConfig) -> None:

@@ -58,6 +58,7 @@ async def stack(workers, log_dir) -> AsyncIterator[tuple[RunningPicker, str]]:
         models=(ModelConfig(MODEL),),
         port=0,
         health_port=0,
+        admin_port=0,
         conformance_hooks=True,
         events=EventsConfig(),
         kv_events_source=True,
@@ -125,6 +126,19 @@ async def test_the_router_sees_exactly_what_the_serving_worker_cached(stack, wor
     second = await send(url, body)
     assert second.headers["x-worker-id"] == str(served.worker_id)
     assert int(second.headers["x-prefix-cache-hit-tokens"]) >= (len(hashes) - 1) * BLOCK
+    # the admin endpoints say so too
+    admin = f"http://127.0.0.1:{picker.admin.port}"
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as client:
+        async with client.get(f"{admin}/metrics") as r:
+            metrics = await r.text()
+        async with client.get(f"{admin}/debug/workers") as r:
+            debug = await r.json()
+    labels = f'dp_rank="0",model="{MODEL}",source="event-fed",worker="{served.worker_id}"'
+    line = f"extproc_worker_cache_source{{{labels}}} 1.0"
+    assert line in metrics
+    assert 'extproc_kv_event_transport_total{key="zmq.batch"}' in metrics
+    row = next(w for w in debug["workers"] if w["worker"] == str(served.worker_id))
+    assert row["cache_source"] == "event-fed" and row["cached_blocks"] >= len(hashes)
 
 
 async def test_a_restarted_worker_is_marked_stale_then_resynchronised(stack, workers, log_dir):

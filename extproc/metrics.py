@@ -1,0 +1,75 @@
+"""Prometheus metrics of a running picker, read from its state at scrape time (nothing to update
+on the request path).
+
+Per worker (labels `model`, `worker`, `dp_rank`): active prefill tokens, active decode blocks,
+cached blocks known to the router, and where its cache state comes from (`source` = predicted,
+event-fed or stale, one-hot). Per model: indexer event counters. Per picker: every KV event
+transport counter (`key` label, e.g. `zmq.gap`, `nats.reconnect`, `vllm.unknown_event`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import fields
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from extproc.events.feed import EVENT_FED, PREDICTED, STALE
+from extproc.events.sources import EventSources
+from extproc.picker import EndpointPicker
+
+SOURCES = (PREDICTED, EVENT_FED, STALE)
+
+
+class PickerCollector(Collector):
+    """Collects the picker's routers and event sources on each scrape."""
+
+    def __init__(self, picker: EndpointPicker, sources: EventSources) -> None:
+        self.picker = picker
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "worker", "dp_rank"]
+        prefill = GaugeMetricFamily(
+            "extproc_worker_active_prefill_tokens",
+            "Prompt tokens routed and not yet prefilled.",
+            labels=labels,
+        )
+        decode = GaugeMetricFamily(
+            "extproc_worker_active_decode_blocks", "KV blocks held by in-flight requests.", labels=labels
+        )
+        cached = GaugeMetricFamily(
+            "extproc_worker_cached_blocks", "Blocks the router believes the worker caches.", labels=labels
+        )
+        source = GaugeMetricFamily(
+            "extproc_worker_cache_source",
+            "Where the router's view of the worker's cache comes from (1 for the current source).",
+            labels=[*labels, "source"],
+        )
+        indexer = CounterMetricFamily(
+            "extproc_indexer_events",
+            "KV events applied to a model's indexer, by outcome.",
+            labels=["model", "what"],
+        )
+        feed = self.sources.feed
+        for model, pool in self.picker.pools.items():
+            router = pool.router
+            for worker in router.workers():
+                values = [model, str(worker.worker_id), str(worker.dp_rank)]
+                prefill.add_metric(values, router.sequences.prefill_tokens(worker))
+                decode.add_metric(values, router.sequences.decode_blocks(worker))
+                cached.add_metric(values, router.indexer.num_blocks(worker))
+                state = feed.state(worker)
+                for name in SOURCES:
+                    source.add_metric([*values, name], 1.0 if name == state else 0.0)
+            stats = router.indexer.stats
+            for f in fields(stats):
+                indexer.add_metric([model, f.name], getattr(stats, f.name))
+        yield from (prefill, decode, cached, source, indexer)
+        transport = CounterMetricFamily(
+            "extproc_kv_event_transport", "KV event transport and decoder counters.", labels=["key"]
+        )
+        for key, value in sorted(self.sources.counters.snapshot().items()):
+            transport.add_metric([key], value)
+        yield transport
