@@ -2,26 +2,30 @@
 
 A path-compressed radix tree of blocks: a path from the root is a token prefix, one local block
 hash per block. Each node is a *run* of consecutive blocks (a list of local hashes, keyed by its
-first hash under its parent) with ONE bitmask of the worker slots (worker + dp rank) holding every
-block of the run. When a worker stores or drops only part of a run, the run is split there; when
-a split is no longer needed (a neighbour was pruned, bitmasks became equal again) the two runs are
-merged back. A worker matches a prefix only while every block along it is held by that worker;
-`find_matches` does one AND per run and compares the query against a run with one list compare.
+first hash under its parent). Each worker slot (worker + dp rank) holds a prefix of a run: the
+run keeps, per holder, the list of that worker's engine ids for its first blocks, and a bitmask
+of the slots holding all of it (`workers`) next to one of those holding only a part (`partial`).
+A worker that stores or drops blocks at the end of what it holds grows or shrinks its list and
+nothing moves; the run is split only where the tree branches or a worker drops a block in the
+middle of what it holds, and runs are merged back when a cut is no longer needed. A worker
+matches a prefix only while it holds every block along it; `find_matches` does one AND per run
+and compares the query against a run with one list compare.
 
 Engines name blocks with their own opaque ids (vLLM's are SHA-256 based, SGLang's signed ints),
 and two engines may give the same content different ids, so each worker keeps its own map
-engine id -> run; the run keeps, per holding worker, the engine ids of its blocks in order (so
-the offset of a block is found in the run, and a split re-points only the moved suffix). When a
-worker stores content it already holds under another engine id, the new id is an alias of the
-first one, and the block stays until every id naming it is removed. Parents and removals resolve
-through these maps (Dynamo's tree shares one map and cannot do this). Bad input never raises: an
-unknown parent drops the event, an unknown removal is ignored, and both are counted in `stats`.
+engine id -> run (the offset is found in the run's list; a split re-points only the part that
+moves). When a worker stores content it already holds under another engine id, the new id is an
+alias of the first one, and the block stays until every id naming it is removed. Parents and
+removals resolve through these maps (Dynamo's tree shares one map and cannot do this). Bad input
+never raises: an unknown parent drops the event, an unknown removal is ignored, and both are
+counted in `stats`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from extproc.router.types import (
     AllBlocksCleared,
@@ -36,18 +40,21 @@ OverlapScores = dict[Worker, int]  # matched prefix blocks per worker; workers w
 
 
 class _Node:
-    """A run of blocks. `eids[slot]` lists the engine ids of the run's blocks for each holder.
+    """A run of blocks. `eids[slot]` lists a holder's engine ids for the run's first blocks.
 
-    Invariants: `eids` has exactly the slots of `workers`, each list as long as `hashes`;
-    a dead node (unlinked by a prune or a merge) has `parent` None, like the root.
+    Invariants: `eids` has the slots of `workers | partial`, no list is empty or longer than
+    `hashes`, `workers` has the slots whose list is as long, `partial` the others; a leaf's
+    last block is held by someone. A dead node (unlinked by a prune or a merge) has `parent`
+    None, like the root.
     """
 
-    __slots__ = ("children", "eids", "hashes", "parent", "workers")
+    __slots__ = ("children", "eids", "hashes", "parent", "partial", "workers")
 
     def __init__(self, parent: _Node | None, hashes: list[int], workers: int, eids: dict[int, list]) -> None:
         self.parent = parent
         self.hashes = hashes
         self.workers = workers  # bitmask of worker slots holding every block of the run
+        self.partial = 0  # bitmask of worker slots holding only its first blocks
         self.eids = eids
         self.children: dict[int, _Node] | None = None
 
@@ -73,8 +80,8 @@ class RadixTree:
         self._slot: dict[Worker, int] = {}
         self._worker_at: list[Worker | None] = []
         self._blocks: dict[Worker, dict[int, _Node]] = {}  # per worker: engine id -> run
-        self._maps: list[dict | None] = []  # the same maps, by slot
-        self._aliases: list[dict[int, int] | None] = []  # by slot: extra engine id -> first one
+        self._maps: list[dict[Any, _Node]] = []  # the same maps, by slot (a free slot: empty)
+        self._aliases: list[dict[Any, Any]] = []  # by slot: extra engine id -> first one
         self._num_nodes = 0
         self.stats = IndexerStats()
 
@@ -100,6 +107,16 @@ class RadixTree:
             held = node.workers & active
             if held != active:
                 dropped = active & ~held
+                part = dropped & node.partial
+                if part:  # they hold the run's first blocks: as many of those as match count
+                    dropped ^= part
+                    run = node.hashes
+                    matched = _common(run, 0, q, depth, min(len(run), n - depth))
+                    while part:
+                        low = part & -part
+                        slot = low.bit_length() - 1
+                        scores[worker_at[slot]] = depth + min(matched, len(node.eids[slot]))  # type: ignore[index]
+                        part ^= low
                 if depth:
                     while dropped:
                         low = dropped & -dropped
@@ -132,8 +149,8 @@ class RadixTree:
         """(worker, engine block) entries, for one worker or all."""
         if worker is not None:
             slot = self._slot.get(worker)
-            return 0 if slot is None else len(self._maps[slot]) + len(self._aliases[slot])  # type: ignore[arg-type]
-        return sum(len(self._maps[s]) + len(self._aliases[s]) for s in self._slot.values())  # type: ignore[arg-type]
+            return 0 if slot is None else len(self._maps[slot]) + len(self._aliases[slot])
+        return sum(len(self._maps[s]) + len(self._aliases[s]) for s in self._slot.values())
 
     @property
     def num_nodes(self) -> int:
@@ -144,8 +161,7 @@ class RadixTree:
         """Every (worker, engine id, local-hash path from the root) the tree holds."""
         for worker, slot in list(self._slot.items()):
             m, aliases = self._maps[slot], self._aliases[slot]
-            assert m is not None and aliases is not None
-            for node in {id(n): n for n in m.values()}.values():
+            for node in dict.fromkeys(m.values()):
                 base = _path(node.parent)
                 run = node.hashes
                 for i, engine_hash in enumerate(node.eids[slot]):
@@ -175,15 +191,15 @@ class RadixTree:
         if slot is None:
             return
         m, aliases = self._maps[slot], self._aliases[slot]
-        assert m is not None and aliases is not None
         if not m:
             return
-        nodes = list({id(n): n for n in m.values()}.values())
+        nodes = list(dict.fromkeys(m.values()))
         m.clear()
         aliases.clear()
         clear = ~(1 << slot)
         for node in nodes:
             node.workers &= clear
+            node.partial &= clear
             del node.eids[slot]
         for node in nodes:
             self._settle(node)
@@ -195,7 +211,8 @@ class RadixTree:
         self.clear_worker(worker)
         slot = self._slot.pop(worker)
         del self._blocks[worker]
-        self._worker_at[slot] = self._maps[slot] = self._aliases[slot] = None
+        self._worker_at[slot] = None
+        self._maps[slot], self._aliases[slot] = {}, {}
         while self._worker_at and self._worker_at[-1] is None:
             self._worker_at.pop()
             self._maps.pop()
@@ -223,8 +240,8 @@ class RadixTree:
         """Walks the event along the runs in bulk; anything unusual goes block by block."""
         self.stats.stored_events += 1
         slot = self._slot_of(event.worker)
-        m: dict = self._maps[slot]  # type: ignore[assignment]
-        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        m = self._maps[slot]
+        aliases = self._aliases[slot]
         root = self._root
         if event.parent_hash is None:
             node, end = root, 0
@@ -249,36 +266,45 @@ class RadixTree:
             run = node.hashes
             if end < len(run):  # inside a run: follow it while it agrees
                 k = _common(run, end, hs, i, min(len(run) - end, n - i))
-                if not k:
+                if not k:  # the event branches off here
                     node = self._split(node, end)[0]
+                    touched.append(node)  # may now hold what its parent holds
                     continue
-                if node.workers & bit:  # held already: a repeat, unless the engine ids differ
-                    if node.eids[slot][end : end + k] != es[i : i + k]:
+                stop = end + k
+                ids = node.eids.get(slot)
+                if ids is not None and end < len(ids):  # held already: a repeat, unless ids differ
+                    upto = min(len(ids), stop)
+                    if ids[end:upto] != es[i : i + upto - end]:
                         break
-                elif end:
-                    node = self._split(node, end)[0]  # not reached: a held position is in a held run
-                    continue
-                else:
-                    seg = es[i : i + k]
-                    for ids in node.eids.values():  # another holder names these blocks alike:
-                        if ids[:k] == seg:  # keep one copy of the ints (content-derived ids)
-                            seg = ids[:k]
+                    i += upto - end
+                    end = upto
+                    if end == stop:
+                        continue
+                # the worker holds the run up to `end` (a held position is in what it holds)
+                assert end == (0 if ids is None else len(ids))
+                seg = es[i : i + stop - end]
+                for other in node.eids.values():  # another holder names these blocks alike:
+                    if other is not ids and len(other) >= stop:  # keep one copy of the ints
+                        if other[end:stop] == seg:
+                            seg = other[end:stop]
                         break
-                    fresh = _fresh(seg, node, m, aliases)
-                    if fresh is None:
-                        break
-                    if k < len(run):
-                        upper = self._split(node, k)[0]
-                        if upper is not node:  # the head moved
-                            node = upper
-                            fresh = dict.fromkeys(seg, node)
-                    node.workers |= bit
+                fresh = _fresh(seg, node, m, aliases)
+                if fresh is None:
+                    break
+                if ids is None:
                     node.eids[slot] = seg
-                    m.update(fresh)
-                    touched.append(node)
-                    added += k
-                end += k
-                i += k
+                else:
+                    ids += seg
+                if stop == len(run):
+                    node.workers |= bit
+                    node.partial &= ~bit
+                else:
+                    node.partial |= bit
+                m.update(fresh)
+                touched.append(node)
+                added += stop - end
+                i += stop - end
+                end = stop
                 continue
             children = node.children
             child = None if children is None else children.get(hs[i])
@@ -286,12 +312,15 @@ class RadixTree:
                 node, end = child, 0
                 continue
             seg = es[i:] if i else es
-            if node is not root and children is None and node.workers == bit:  # extend our own leaf
+            if node is not root and children is None and node.workers & bit:  # extend the leaf
                 fresh = _fresh(seg, node, m, aliases)
                 if fresh is None:
                     break
                 node.hashes += hs[i:] if i else hs
                 node.eids[slot] += seg
+                if node.workers != bit:  # the other full holders now hold a prefix
+                    node.partial |= node.workers ^ bit
+                    node.workers = bit
             else:
                 new = _Node(node, hs[i:] if i else hs, bit, {})
                 fresh = _fresh(seg, new, m, aliases)
@@ -331,27 +360,32 @@ class RadixTree:
     ) -> tuple[_Node, int]:
         """Stores one block after position (node, end); returns the position after it."""
         bit = 1 << slot
-        m: dict = self._maps[slot]  # type: ignore[assignment]
-        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        m = self._maps[slot]
+        aliases = self._aliases[slot]
         target: _Node | None = None
+        cut = None
         off = 0
         if end < len(node.hashes):
             if node.hashes[end] == local_hash:
                 target, off = node, end
             else:
-                node = self._split(node, end)[0]
+                node = cut = self._split(node, end)[0]
         if target is None and node.children is not None:
             target = node.children.get(local_hash)
         first = engine_hash
-        if target is not None and target.workers & bit:
-            first = target.eids[slot][off]
-            if first == engine_hash or aliases.get(engine_hash) == first:
-                return target, off + 1  # a repeat
+        held = 0
+        if target is not None:
+            held = len(target.eids.get(slot, ()))
+            if off < held:
+                first = target.eids[slot][off]
+                if first == engine_hash or aliases.get(engine_hash) == first:
+                    return target, off + 1  # a repeat
         pending = self._detach(slot, engine_hash)  # the engine reused the id: release it after
         if target is None:
-            if node is not self._root and node.children is None and node.workers == bit:
+            if node is not self._root and node.children is None and node.workers & bit:
                 node.hashes.append(local_hash)
                 node.eids[slot].append(engine_hash)
+                _recount(node)
                 target = node
             else:
                 target = _Node(node, [local_hash], bit, {slot: [engine_hash]})
@@ -360,26 +394,30 @@ class RadixTree:
                 node.children[local_hash] = target
                 self._num_nodes += 1
             m[engine_hash] = target
-        elif target.workers & bit:
+        elif off < held:
             aliases[engine_hash] = first
-        else:  # the first block of a run the worker does not hold: it holds that block only
-            if len(target.hashes) > 1:
-                target = self._split(target, 1)[0]
-            target.workers |= bit
-            target.eids[slot] = [engine_hash]
+        else:  # the next block of the run after those the worker holds (off == held)
+            ids = target.eids.get(slot)
+            if ids is None:
+                target.eids[slot] = [engine_hash]
+            else:
+                ids.append(engine_hash)
             m[engine_hash] = target
+            _recount(target)
         self.stats.stored_blocks += 1
         self._settle(target)
+        if cut is not None:
+            self._settle(cut)
         if pending is not None:
-            self._release(slot, {self._maps[slot][pending]: {pending: None}})  # type: ignore[index]
+            self._release(slot, {self._maps[slot][pending]: {pending: None}})
         found = self._locate(slot, first)
         assert found is not None
         return found[0], found[1] + 1
 
     def _detach(self, slot: int, engine_hash: int) -> object | None:
         """Unnames a block (no structural change); returns a stand-in key if the worker loses it."""
-        m: dict = self._maps[slot]  # type: ignore[assignment]
-        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        m = self._maps[slot]
+        aliases = self._aliases[slot]
         if aliases.pop(engine_hash, None) is not None:
             return None
         node = m.get(engine_hash)
@@ -396,7 +434,7 @@ class RadixTree:
 
     def _promote(self, slot: int, engine_hash: int, node: _Node) -> bool:
         """If `engine_hash` has aliases, the oldest takes its place; the block stays held."""
-        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        aliases = self._aliases[slot]
         alias = next((a for a, first in aliases.items() if first == engine_hash), None)
         if alias is None:
             return False
@@ -404,7 +442,7 @@ class RadixTree:
         for other, first in aliases.items():
             if first == engine_hash:
                 aliases[other] = alias
-        m: dict = self._maps[slot]  # type: ignore[assignment]
+        m = self._maps[slot]
         ids = node.eids[slot]
         ids[_index(ids, engine_hash)] = alias
         del m[engine_hash]
@@ -416,8 +454,8 @@ class RadixTree:
         if slot is None:
             self.stats.unknown_removal += sum(1 for _ in engine_hashes)
             return
-        m: dict = self._maps[slot]  # type: ignore[assignment]
-        aliases: dict = self._aliases[slot]  # type: ignore[assignment]
+        m = self._maps[slot]
+        aliases = self._aliases[slot]
         by_node: dict[_Node, dict[int, None]] = {}
         removed = unknown = 0
         for engine_hash in engine_hashes:
@@ -446,10 +484,12 @@ class RadixTree:
             self._release(slot, by_node)
 
     def _release(self, slot: int, by_node: dict[_Node, dict]) -> None:
-        """The worker stops holding the named blocks (no aliases left): split, clear, settle."""
-        m: dict = self._maps[slot]  # type: ignore[assignment]
-        bit = 1 << slot
-        clear = ~bit
+        """The worker stops holding the named blocks (no aliases left): cut, split, settle.
+
+        Blocks at the end of what the worker holds in a run only shorten its list; a block
+        before others it keeps splits the run after it, so the worker holds a prefix of both.
+        """
+        m = self._maps[slot]
         cleared = []
         for node, names in by_node.items():
             ids = node.eids[slot]
@@ -472,67 +512,31 @@ class RadixTree:
                     prev = o
                 spans.append((lo, prev + 1))
             for lo, hi in reversed(spans):  # from the end, so `node` keeps the offsets of the rest
-                if lo and hi == len(node.hashes) and self._cut_tail(node, lo, slot):
-                    continue
-                if hi < len(node.hashes):
-                    node = self._split(node, hi)[0]
+                if hi < len(node.eids[slot]):
+                    node, lower = self._split(node, hi)
+                    cleared.append(lower)  # may hold an earlier cut of this event
+                ids = node.eids[slot]
+                for e in ids[lo:]:
+                    del m[e]
                 if lo:
-                    node, part = self._split(node, lo)
+                    del ids[lo:]
                 else:
-                    part = node
-                part.workers &= clear
-                for e in part.eids.pop(slot):
-                    del m[e]
-                cleared.append(part)
-        for part in cleared:
-            self._settle(part)
-
-    def _cut_tail(self, node: _Node, lo: int, slot: int) -> bool:
-        """Drops the worker from blocks lo.. of `node` without a split where none is needed.
-
-        Our own leaf is cut short; a tail whose other holders are exactly those of the only
-        child moves into that child. Returns False (nothing done) otherwise.
-        """
-        children = node.children
-        m: dict = self._maps[slot]  # type: ignore[assignment]
-        if children is None:
-            if node.workers != 1 << slot:
-                return False
-            ids = node.eids[slot]
-            for e in ids[lo:]:
-                del m[e]
-            del ids[lo:], node.hashes[lo:]
-            return True
-        if len(children) != 1:
-            return False
-        (child,) = children.values()
-        if child.workers != node.workers & ~(1 << slot):
-            return False
-        for other, ids in node.eids.items():
-            moved = ids[lo:]
-            del ids[lo:]
-            if other == slot:
-                for e in moved:
-                    del m[e]
-            else:
-                child.eids[other][:0] = moved
-                self._maps[other].update(dict.fromkeys(moved, child))  # type: ignore[union-attr]
-        run = node.hashes
-        child.hashes[:0] = run[lo:]
-        del run[lo:]
-        node.children = {child.hashes[0]: child}
-        return True
+                    del node.eids[slot]
+                _recount(node)
+                cleared.append(node)
+        for node in cleared:
+            self._settle(node)
 
     # --- runs --------------------------------------------------------------------------------
 
     def _locate(self, slot: int, engine_hash: int) -> tuple[_Node, int] | None:
-        m: dict = self._maps[slot]  # type: ignore[assignment]
+        m = self._maps[slot]
         node = m.get(engine_hash)
         if node is None:
-            engine_hash = self._aliases[slot].get(engine_hash)  # type: ignore[union-attr,assignment]
-            if engine_hash is None:
+            first = self._aliases[slot].get(engine_hash)
+            if first is None:
                 return None
-            node = m[engine_hash]
+            node, engine_hash = m[first], first
         return node, _index(node.eids[slot], engine_hash)
 
     def _split(self, node: _Node, k: int) -> tuple[_Node, _Node]:
@@ -542,15 +546,18 @@ class RadixTree:
         map, and moving the tail also re-parents the children.
         """
         run = node.hashes
-        holders = len(node.eids)
         maps = self._maps
-        if (len(run) - k) * holders + len(node.children or ()) <= k * holders:
-            lower = _Node(node, run[k:], node.workers, {})
+        eids = node.eids
+        tail_ids = sum(max(0, len(ids) - k) for ids in eids.values())
+        head_ids = sum(min(len(ids), k) for ids in eids.values())
+        if tail_ids + len(node.children or ()) <= head_ids:
+            lower = _Node(node, run[k:], 0, {})
             del run[k:]
-            for slot, ids in node.eids.items():
-                moved = lower.eids[slot] = ids[k:]
-                del ids[k:]
-                maps[slot].update(dict.fromkeys(moved, lower))  # type: ignore[union-attr]
+            for slot, ids in eids.items():
+                if len(ids) > k:
+                    moved = lower.eids[slot] = ids[k:]
+                    del ids[k:]
+                    maps[slot].update(dict.fromkeys(moved, lower))
             children = lower.children = node.children
             if children is not None:
                 for child in children.values():
@@ -560,28 +567,36 @@ class RadixTree:
         else:
             parent = node.parent
             assert parent is not None and parent.children is not None
-            upper = _Node(parent, run[:k], node.workers, {})
+            upper = _Node(parent, run[:k], 0, {})
             del run[:k]
-            for slot, ids in node.eids.items():
+            for slot, ids in list(eids.items()):
                 moved = upper.eids[slot] = ids[:k]
-                del ids[:k]
-                maps[slot].update(dict.fromkeys(moved, upper))  # type: ignore[union-attr]
+                maps[slot].update(dict.fromkeys(moved, upper))
+                if len(ids) > k:
+                    del ids[:k]
+                else:
+                    del eids[slot]
             parent.children[upper.hashes[0]] = upper
             upper.children = {run[0]: node}
             node.parent = upper
             lower = node
+        _recount(upper)
+        _recount(lower)
         self._num_nodes += 1
         return upper, lower
 
     def _merge(self, upper: _Node, lower: _Node) -> _Node:
-        """Joins `lower`, the only child of `upper`, into one run (same holders); the shorter moves."""
+        """Joins `lower`, the only child of `upper`, into one run; the shorter side moves.
+
+        Only when every holder of `lower` holds all of `upper`, so each holder of the joined
+        run still holds a prefix of it.
+        """
         maps = self._maps
         if len(lower.hashes) <= len(upper.hashes):
             upper.hashes += lower.hashes
-            for slot, ids in upper.eids.items():
-                moved = lower.eids[slot]
-                ids += moved
-                maps[slot].update(dict.fromkeys(moved, upper))  # type: ignore[union-attr]
+            for slot, moved in lower.eids.items():
+                upper.eids[slot] += moved
+                maps[slot].update(dict.fromkeys(moved, upper))
             children = upper.children = lower.children
             if children is not None:
                 for child in children.values():
@@ -590,24 +605,32 @@ class RadixTree:
             survivor = upper
         else:
             lower.hashes[:0] = upper.hashes
-            for slot, ids in lower.eids.items():
-                moved = upper.eids[slot]
-                ids[:0] = moved
-                maps[slot].update(dict.fromkeys(moved, lower))  # type: ignore[union-attr]
+            for slot, moved in upper.eids.items():
+                ids = lower.eids.get(slot)
+                if ids is None:
+                    lower.eids[slot] = moved
+                else:
+                    ids[:0] = moved
+                maps[slot].update(dict.fromkeys(moved, lower))
             grand = upper.parent
             assert grand is not None and grand.children is not None
             grand.children[upper.hashes[0]] = lower
             lower.parent = grand
             upper.parent = None
             survivor = lower
+        _recount(survivor)
         self._num_nodes -= 1
         return survivor
 
     def _settle(self, node: _Node) -> None:
-        """After `node`'s holders changed: unlink empty leaves upward, merge runs that need no cut."""
+        """After `node`'s holders changed: cut blocks nobody holds off leaves (unlinking empty
+        ones, upward), merge runs that need no cut."""
         root = self._root
         while node.parent is not None:  # not the root, nor a run already unlinked
-            if not node.workers and node.children is None:
+            if node.children is None and node.partial and not node.workers:
+                del node.hashes[max(map(len, node.eids.values())) :]
+                _recount(node)
+            if not node.eids and node.children is None:
                 parent = node.parent
                 assert parent.children is not None
                 del parent.children[node.hashes[0]]
@@ -619,13 +642,17 @@ class RadixTree:
                 continue
             parent = node.parent
             assert parent.children is not None
-            if parent is not root and len(parent.children) == 1 and parent.workers == node.workers:
+            if (
+                parent is not root
+                and len(parent.children) == 1
+                and not (node.workers | node.partial) & ~parent.workers
+            ):
                 node = self._merge(parent, node)
                 continue
             children = node.children
             if children is not None and len(children) == 1:
                 (child,) = children.values()
-                if child.workers == node.workers:
+                if not (child.workers | child.partial) & ~node.workers:
                     node = self._merge(node, child)
                     continue
             return
@@ -644,12 +671,11 @@ class RadixTree:
         depth: dict[int, int] = {id(self._root): 0}
         for worker, slot in list(self._slot.items()):
             m, aliases = self._maps[slot], self._aliases[slot]
-            assert m is not None and aliases is not None
             stand_ins = [0]
-            held = sorted({id(n): n for n in m.values()}.values(), key=lambda n: _depth(n, depth))
+            held = sorted(dict.fromkeys(m.values()), key=lambda n: _depth(n, depth))
             for node in held:
                 chain, parent = self._dump_parent(slot, node, 0, stand_ins)
-                blocks = tuple(map(StoredBlock, node.eids[slot], node.hashes))
+                blocks = tuple(map(StoredBlock, node.eids[slot], node.hashes))  # zip: a prefix
                 _emit(events, worker, chain, blocks, parent)
             for alias, first in aliases.items():
                 node, off = self._locate(slot, first)  # type: ignore[misc]
@@ -663,18 +689,20 @@ class RadixTree:
         """Stand-in chain and parent engine id to re-store the block at `off` in `node`."""
         if off:
             return [], node.eids[slot][off - 1]
-        bit = 1 << slot
         chain: list[StoredBlock] = []
         up = node.parent
-        assert up is not None
-        while up is not self._root and not up.workers & bit:
-            for h in reversed(up.hashes):
+        parent = None
+        while up is not None and up is not self._root:
+            ids = up.eids.get(slot, ())
+            for h in reversed(up.hashes[len(ids) :]):
                 stand_ins[0] -= 1
                 chain.append(StoredBlock(stand_ins[0], h))
+            if ids:
+                parent = ids[-1]
+                break
             up = up.parent
-            assert up is not None
         chain.reverse()
-        return chain, None if up is self._root else up.eids[slot][-1]
+        return chain, parent
 
 
 def _emit(
@@ -687,6 +715,18 @@ def _emit(
     events.append(BlocksStored(worker, (*chain, *blocks), parent))
     if chain:
         events.append(BlocksRemoved(worker, tuple(b.engine_hash for b in chain)))
+
+
+def _recount(node: _Node) -> None:
+    """Recomputes the bitmasks of full and partial holders from the lists."""
+    size = len(node.hashes)
+    full = part = 0
+    for slot, ids in node.eids.items():
+        if len(ids) == size:
+            full |= 1 << slot
+        else:
+            part |= 1 << slot
+    node.workers, node.partial = full, part
 
 
 def _fresh(seg: list[int], node: _Node, m: dict, aliases: dict) -> dict | None:
@@ -736,6 +776,6 @@ def _depth(node: _Node, memo: dict[int, int]) -> int:
         node = node.parent  # type: ignore[assignment]
     base = memo[id(node)]
     for n in reversed(stack):
-        base += len(n.parent.hashes)  # type: ignore[union-attr]
+        base += len(n.parent.hashes)
         memo[id(n)] = base
     return base

@@ -113,22 +113,24 @@ def check_runs(tree, canonical=True):
         if node is not root:
             count += 1
             assert node.hashes, "empty run"
-            assert set(node.eids) == {s for s in range(len(tree._maps)) if node.workers >> s & 1}
+            assert set(node.eids) == {
+                s for s in range(len(tree._maps)) if (node.workers | node.partial) >> s & 1
+            }
+            assert not node.workers & node.partial
             for slot, ids in node.eids.items():
-                assert len(ids) == len(node.hashes)
+                assert 0 < len(ids) <= len(node.hashes)
+                assert (len(ids) == len(node.hashes)) == bool(node.workers >> slot & 1)
                 for e in ids:
                     assert tree._maps[slot][e] is node
-            assert node.workers or node.children, "an empty leaf was left behind"
+            assert node.workers or node.children, "a leaf ends with blocks nobody holds"
         for key, child in (node.children or {}).items():
             assert child.parent is node and child.hashes[0] == key
             stack.append(child)
         if canonical and node is not root and node.children and len(node.children) == 1:
             (child,) = node.children.values()
-            assert child.workers != node.workers, "two runs that could be one"
+            assert (child.workers | child.partial) & ~node.workers, "two runs that could be one"
     assert count == tree.num_nodes
     for slot, m in enumerate(tree._maps):
-        if m is None:
-            continue
         for e, node in m.items():
             assert node.parent is not None and e in node.eids[slot]
         for alias, first in tree._aliases[slot].items():
@@ -160,10 +162,10 @@ def test_removing_the_middle_of_a_run_splits_it_and_storing_it_again_joins_it():
     tree.apply_event(chain(W0, 10, [1, 2, 3, 4, 5, 6]))
     tree.apply_event(BlocksRemoved(W0, (12,)))  # block 3
     assert tree.find_matches([1, 2, 3, 4, 5, 6]) == {W0: 2}
-    assert tree.num_nodes == 3
+    assert tree.num_nodes == 2  # [1 2 3] (W0 holds its first 2 blocks) -> [4 5 6]
     check_runs(tree)
     tree.apply_event(BlocksRemoved(W0, (14,)))  # 5, behind the gap: still held, still unreachable
-    assert tree.num_nodes == 5
+    assert tree.num_nodes == 3
     assert sorted(p for _, _, p in tree.entries()) == [(1,), (1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5, 6)]
     tree.apply_event(stored(W0, [(30, 3)], parent=11))  # 3 again under a new id
     assert tree.find_matches([1, 2, 3, 4, 5, 6]) == {W0: 4}
@@ -187,17 +189,28 @@ def test_removing_a_run_tail_first_block_by_block():
     assert tree.num_nodes == 1
 
 
-def test_a_second_worker_storing_a_prefix_of_a_run_splits_it():
+def test_a_second_worker_storing_a_prefix_of_a_run_holds_a_prefix_of_it():
     tree = RadixTree()
     tree.apply_event(chain(W0, 10, [1, 2, 3, 4]))
     tree.apply_event(chain(W1, 20, [1, 2]))
-    assert tree.num_nodes == 2
+    assert tree.num_nodes == 1  # no split: W1 holds the run's first 2 blocks
     assert tree.find_matches([1, 2, 3, 4]) == {W0: 4, W1: 2}
+    assert tree.find_matches([1, 9]) == {W0: 1, W1: 1}
+    assert tree.find_matches([1, 2, 3]) == {W0: 3, W1: 2}
     tree.apply_event(stored(W1, [(22, 3)], parent=21))  # W1 catches up by one block
     assert tree.find_matches([1, 2, 3, 4]) == {W0: 4, W1: 3}
-    assert tree.num_nodes == 2
     tree.apply_event(stored(W1, [(23, 4)], parent=22))
-    assert tree.num_nodes == 1  # same holders all along: one run again
+    assert tree.num_nodes == 1
+    tree.apply_event(BlocksRemoved(W1, (23, 22)))  # tail first: W1's list gets shorter, nothing moves
+    assert tree.find_matches([1, 2, 3, 4]) == {W0: 4, W1: 2}
+    assert tree.num_nodes == 1
+    tree.apply_event(chain(W1, 40, [5], parent=21))  # branching off where W1's part ends: a split
+    assert tree.num_nodes == 3
+    assert tree.find_matches([1, 2, 5]) == {W0: 2, W1: 3}
+    check_runs(tree)
+    tree.apply_event(BlocksRemoved(W1, (40,)))
+    assert tree.num_nodes == 1
+    tree.apply_event(chain(W1, 22, [3, 4], parent=21))
     tree.apply_event(BlocksRemoved(W0, (10, 11, 12, 13)))
     assert tree.find_matches([1, 2, 3, 4]) == {W1: 4}
     # W0's ids were re-pointed by every split and merge: removing them removed the right blocks
