@@ -16,6 +16,11 @@ What is measured (time.perf_counter_ns per call, warm-up excluded, medians and p
 4. Memory: tracemalloc bytes of a tree per (worker, block) entry (`RadixTree.num_blocks()`).
 5. With `dynamo._core` importable, the same events and queries through Dynamo's Rust RadixTree
    in the same process (interleaved with ours), score agreement, ratios and the targets.
+6. `RadixTree.apply_event` for BlocksRemoved on the tree of 1: newest request first, each one
+   event naming its blocks leaf first (those its worker still holds), so shared prefixes go
+   while older requests still hold their suffixes (runs split, then merge or vanish); then
+   the same for a sample with one block per event. Against Dynamo too when importable.
+`nodes` are runs of consecutive blocks (RadixTree.num_nodes), not blocks.
 Progress goes to stderr.
 """
 
@@ -46,6 +51,7 @@ if str(REPO_ROOT) not in sys.path:  # benchmark this checkout, whatever is insta
     sys.path.insert(0, str(REPO_ROOT))
 
 from extproc.router import (  # noqa: E402
+    BlocksRemoved,
     BlocksStored,
     KvRouter,
     RadixTree,
@@ -319,6 +325,95 @@ def run_apply(events, payloads, core, builds: int) -> tuple[dict, dict | None, R
             dyn["rss_delta_mib_first_build"] = round(dyn_rss / 2**20, 1)
             dyn["rss_mib_per_million_entries_approx"] = round(dyn_rss / 2**20 / (tree.num_blocks() / 1e6), 1)
     return ours, dyn, tree, dyn_tree
+
+
+# --- 6: removing blocks ------------------------------------------------------------------------
+
+
+def removal_events(events: Sequence[BlocksStored]) -> list[BlocksRemoved]:
+    """Newest request first, its blocks leaf first, each (worker, engine id) named once."""
+    gone: set[tuple[Worker, int]] = set()
+    out = []
+    for ev in reversed(events):
+        ids = tuple(b.engine_hash for b in reversed(ev.blocks) if (ev.worker, b.engine_hash) not in gone)
+        gone.update((ev.worker, e) for e in ids)
+        if ids:
+            out.append(BlocksRemoved(ev.worker, ids))
+    return out
+
+
+def dynamo_removal_payloads(removals: Sequence[BlocksRemoved], first_id: int) -> list[tuple[int, bytes]]:
+    next_id: dict[int, int] = defaultdict(lambda: first_id)
+    out = []
+    for ev in removals:
+        wid = int(ev.worker.worker_id)
+        body = {
+            "event_id": next_id[wid],
+            "data": {"removed": {"block_hashes": list(ev.engine_hashes)}},
+            "dp_rank": 0,
+        }
+        next_id[wid] += 1
+        out.append((wid, json.dumps(body, separators=(",", ":")).encode()))
+    return out
+
+
+def time_events(apply: Callable[..., object], items: Sequence[Any], star: bool) -> tuple[int, list[int]]:
+    per = []
+    start = clock()
+    for item in items:
+        t0 = clock()
+        if star:
+            apply(*item)
+        else:
+            apply(item)
+        per.append(clock() - t0)
+    return clock() - start, per
+
+
+def run_remove(events, payloads, core, builds: int) -> tuple[dict, dict | None]:
+    """Fresh trees (untimed builds), then every removal event timed; interleaved with Dynamo."""
+    removals = removal_events(events)
+    blocks = sum(len(ev.engine_hashes) for ev in removals)
+    singles = [BlocksRemoved(ev.worker, (e,)) for ev in removals[:300] for e in ev.engine_hashes]
+    dyn_removals = dynamo_removal_payloads(removals, first_id=len(events)) if core is not None else []
+    log(f"remove: {len(removals)} events, {blocks} blocks, {builds} rounds")
+    ours_totals: list[int] = []
+    ours_per: list[int] = []
+    single_per: list[int] = []
+    dyn_totals: list[int] = []
+    dyn_per: list[int] = []
+    nodes_left = []
+    for _ in range(builds):
+        tree, _, _ = build_ours(events)
+        gc.collect()
+        total, per = time_events(tree.apply_event, removals, star=False)
+        ours_totals.append(total)
+        ours_per += per
+        nodes_left.append(tree.num_nodes)
+        tree, _, _ = build_ours(events)
+        single_per += time_events(tree.apply_event, singles, star=False)[1]
+        tree = None
+        if core is not None:
+            dyn_tree, _, _ = build_dynamo(core, payloads)
+            gc.collect()
+            total, per = time_events(dyn_tree.apply_event, dyn_removals, star=True)
+            dyn_tree.find_matches([0])
+            dyn_totals.append(total)
+            dyn_per += per
+            dyn_tree = None
+    ours = throughput(ours_totals, len(removals), blocks, ours_per)
+    ours["nodes_left"] = nodes_left
+    ours["one_block_per_event"] = {
+        "events": len(singles),
+        "what": "the first 300 removal events, one BlocksRemoved per block, on a fresh tree",
+        **summary_us(single_per),
+    }
+    dyn = throughput(dyn_totals, len(removals), blocks, dyn_per) if core is not None else None
+    log(
+        f"  remove: ours {ours['blocks_per_s']} blocks/s"
+        + (f", dynamo {dyn['blocks_per_s']} blocks/s" if dyn else "")
+    )
+    return ours, dyn
 
 
 # --- 2 and 5: find_matches ---------------------------------------------------------------------
@@ -712,8 +807,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.freeze()  # prebuilt inputs are not part of what a collection scans in production
 
     apply_ours, apply_dyn, tree, dyn_tree = run_apply(events, payloads, core, args.repeat)
+    apply_ours["nodes_are"] = "runs of consecutive blocks (RadixTree.num_nodes)"
     log("find_matches")
     find_ours, find_dyn = run_find(tree, dyn_tree, hashed, args.repeat, find_passes, idle_passes, rng)
+    remove_ours, remove_dyn = run_remove(events, payloads, core, min(args.repeat, 3))
     del tree, dyn_tree, payloads
     gc.collect()
 
@@ -736,6 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "events": len(events),
         },
         "apply_event": apply_ours,
+        "remove_event": remove_ours,
         "find_matches": {
             "queries": (
                 "per size up to 16 trace requests with enough blocks: half their first N local "
@@ -754,6 +852,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "api": "dynamo._core.RadixTree: apply_event(worker_id, json_bytes), find_matches(hashes).scores",
             "note": "Dynamo's apply_event parses the event JSON itself; ours is given decoded BlocksStored",
             "apply_event": apply_dyn,
+            "remove_event": remove_dyn,
             "find_matches": dyn_find,
             "agree": agree,
             "mismatched_queries": mismatches,
@@ -768,6 +867,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ratios[f"find_matches_{size}_ours_over_dynamo_idle_1ms"] = round(
                     ours["idle_1ms"]["median_us"] / theirs["idle_1ms"]["median_us"], 3
                 )
+        if remove_dyn is not None:
+            ratios["removed_blocks_per_s_ours_over_dynamo"] = round(
+                remove_ours["blocks_per_s"] / remove_dyn["blocks_per_s"], 3
+            )
         ratios["stored_blocks_per_s_dynamo_over_ours"] = round(
             apply_dyn["blocks_per_s"] / apply_ours["blocks_per_s"], 3
         )
