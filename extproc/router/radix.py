@@ -456,6 +456,26 @@ class RadixTree:
             return
         m = self._maps[slot]
         aliases = self._aliases[slot]
+        if type(engine_hashes) is tuple and len(engine_hashes) == 1 and not aliases:
+            (engine_hash,) = engine_hashes
+            node = m.get(engine_hash)
+            if node is None:
+                self.stats.unknown_removal += 1
+                return
+            ids = node.eids[slot]
+            if ids[-1] == engine_hash:  # the last block the worker holds there (engines evict leaf first)
+                self.stats.removed_blocks += 1
+                del m[engine_hash]
+                ids.pop()
+                bit = 1 << slot
+                node.workers &= ~bit
+                if ids:
+                    node.partial |= bit
+                else:
+                    del node.eids[slot]
+                    node.partial &= ~bit
+                self._settle(node)
+                return
         by_node: dict[_Node, dict[int, None]] = {}
         removed = unknown = 0
         for engine_hash in engine_hashes:
@@ -490,6 +510,8 @@ class RadixTree:
         before others it keeps splits the run after it, so the worker holds a prefix of both.
         """
         m = self._maps[slot]
+        bit = 1 << slot
+        clear = ~bit
         cleared = []
         for node, names in by_node.items():
             ids = node.eids[slot]
@@ -518,11 +540,13 @@ class RadixTree:
                 ids = node.eids[slot]
                 for e in ids[lo:]:
                     del m[e]
+                node.workers &= clear
                 if lo:
                     del ids[lo:]
+                    node.partial |= bit
                 else:
                     del node.eids[slot]
-                _recount(node)
+                    node.partial &= clear
                 cleared.append(node)
         for node in cleared:
             self._settle(node)

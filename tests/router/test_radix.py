@@ -218,6 +218,28 @@ def test_a_second_worker_storing_a_prefix_of_a_run_holds_a_prefix_of_it():
     check_runs(tree)
 
 
+def test_workers_holding_a_prefix_of_a_run_score_what_they_hold_of_it():
+    tree = RadixTree()
+    tree.apply_event(chain(W0, 10, [1, 2, 3, 4, 5]))
+    tree.apply_event(chain(W1, 20, [1, 2, 3]))
+    tree.apply_event(chain(W2, 30, [1]))
+    assert tree.num_nodes == 1
+    assert tree.find_matches([1, 2, 3, 4, 5]) == {W0: 5, W1: 3, W2: 1}
+    assert tree.find_matches([1, 2, 9]) == {W0: 2, W1: 2, W2: 1}
+    assert tree.find_matches([1, 2, 3, 4, 9]) == {W0: 4, W1: 3, W2: 1}
+    assert tree.find_matches([1]) == {W0: 1, W1: 1, W2: 1}
+    tree.apply_event(BlocksRemoved(W0, (14,)))
+    assert tree.find_matches([1, 2, 3, 4, 5]) == {W0: 4, W1: 3, W2: 1}
+    check_runs(tree)  # the run is cut after the last block someone holds
+    tree.apply_event(BlocksRemoved(W0, (13, 12, 11, 10)))
+    assert tree.find_matches([1, 2, 3, 4, 5]) == {W1: 3, W2: 1}
+    assert tree._root.children[1].hashes == [1, 2, 3]
+    tree.apply_event(BlocksRemoved(W1, (20,)))  # W1 keeps 2 and 3, unreachable
+    assert tree.find_matches([1, 2, 3]) == {W2: 1}
+    assert sorted(p for w, _, p in tree.entries() if w == W1) == [(1, 2), (1, 2, 3)]
+    check_runs(tree)
+
+
 def test_diverging_children_at_a_split_point():
     tree = RadixTree()
     tree.apply_event(chain(W0, 10, [1, 2, 3, 4]))
