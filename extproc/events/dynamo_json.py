@@ -1,0 +1,173 @@
+"""Dynamo's KV event JSON (NATS `kv_events` subject) to and from the router's event model.
+
+Mirrors the wire shape of ai-dynamo `RouterEvent` / `KvCacheEvent` (lib/kv-router/src/protocols.rs,
+serde defaults), REFERENCE section 4:
+
+    {"worker_id": u64, "event": {"event_id": u64, "dp_rank": u32, "data": DATA}}
+    DATA = {"stored": {"parent_hash": u64 | null, "blocks": [{"block_hash": u64, "tokens_hash": u64}]}}
+         | {"removed": {"block_hashes": [u64]}}
+         | "cleared"
+
+`tokens_hash` is the router's local block hash (`extproc.router.hashing`) and is used as is;
+`block_hash` is the engine's own block id. Dynamo names workers by u64; the picker's config
+names them by string, so `decode_event` maps the wire id through `worker_id_of` (default `str`).
+
+Decoding never raises: malformed JSON, unknown variants and out-of-range numbers are counted
+loudly in `EventCounters` under `dynamo.*` keys and the message is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from extproc.events.counters import EventCounters
+from extproc.router.types import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    KvEvent,
+    StoredBlock,
+    Worker,
+    WorkerId,
+)
+
+U64_MAX = (1 << 64) - 1
+U32_MAX = (1 << 32) - 1
+
+DecodedEvent = tuple[WorkerId, int, KvEvent]  # (worker id, event id, event)
+
+
+def kv_events_subject(namespace: str, component: str) -> str:
+    """The NATS subject Dynamo publishes a component's KV events on."""
+    return f"namespace.{namespace}.component.{component}.kv_events"
+
+
+def encode_event(worker_id: int, event: KvEvent, event_id: int, dp_rank: int) -> bytes:
+    """Dynamo JSON for `event` from engine `worker_id` (u64) at `dp_rank`, numbered `event_id`.
+
+    The ids given here win over `event.worker` / `event.event_id` (the router may name the worker
+    by a string the wire cannot carry). Raises ValueError when a number is out of its u64/u32
+    range (engine ids must be unsigned: the snapshot's negative stand-in ids never go on the wire).
+    """
+    _check_uint(worker_id, U64_MAX, "worker_id")
+    _check_uint(event_id, U64_MAX, "event_id")
+    _check_uint(dp_rank, U32_MAX, "dp_rank")
+    data: Any
+    if isinstance(event, BlocksStored):
+        if event.parent_hash is not None:
+            _check_uint(event.parent_hash, U64_MAX, "parent_hash")
+        blocks = []
+        for b in event.blocks:
+            _check_uint(b.engine_hash, U64_MAX, "block_hash")
+            _check_uint(b.local_hash, U64_MAX, "tokens_hash")
+            blocks.append({"block_hash": b.engine_hash, "tokens_hash": b.local_hash})
+        data = {"stored": {"parent_hash": event.parent_hash, "blocks": blocks}}
+    elif isinstance(event, BlocksRemoved):
+        for h in event.engine_hashes:
+            _check_uint(h, U64_MAX, "block_hash")
+        data = {"removed": {"block_hashes": list(event.engine_hashes)}}
+    elif isinstance(event, AllBlocksCleared):
+        data = "cleared"
+    else:
+        raise TypeError(f"not a KV event: {type(event).__name__}")
+    message = {"worker_id": worker_id, "event": {"event_id": event_id, "dp_rank": dp_rank, "data": data}}
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def decode_event(
+    data: bytes,
+    counters: EventCounters,
+    *,
+    worker_id_of: Callable[[int], WorkerId] = str,
+) -> DecodedEvent | None:
+    """(worker id, event id, event) from one Dynamo JSON message, or None (counted) if unusable.
+
+    The event carries `Worker(worker_id_of(wire id), dp_rank)` and the event id. Counter keys:
+    `dynamo.malformed` (not JSON, wrong shape or types), `dynamo.unknown_variant` (a `data`
+    variant other than stored/removed/cleared), `dynamo.event` (decoded).
+    """
+    try:
+        message = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        counters.loud("dynamo.malformed", "Dynamo KV event is not JSON (%s); dropped", exc)
+        return None
+    try:
+        return _decode(message, counters, worker_id_of)
+    except _Malformed as exc:
+        counters.loud("dynamo.malformed", "malformed Dynamo KV event (%s); dropped", exc)
+        return None
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _decode(
+    message: Any, counters: EventCounters, worker_id_of: Callable[[int], WorkerId]
+) -> DecodedEvent | None:
+    message = _object(message, "message")
+    wire_worker = _uint(message.get("worker_id"), U64_MAX, "worker_id")
+    event = _object(message.get("event"), "event")
+    event_id = _uint(event.get("event_id"), U64_MAX, "event_id")
+    dp_rank = _uint(event.get("dp_rank", 0), U32_MAX, "dp_rank")
+    worker_id = worker_id_of(wire_worker)
+    worker = Worker(worker_id, dp_rank)
+    payload = event.get("data")
+
+    decoded: KvEvent
+    if payload == "cleared":
+        decoded = AllBlocksCleared(worker, event_id)
+    elif isinstance(payload, dict) and len(payload) == 1 and "stored" in payload:
+        stored = _object(payload["stored"], "stored")
+        parent = stored.get("parent_hash")
+        parent_hash = None if parent is None else _uint(parent, U64_MAX, "parent_hash")
+        blocks = tuple(
+            StoredBlock(
+                _uint(b.get("block_hash"), U64_MAX, "block_hash"),
+                _uint(b.get("tokens_hash"), U64_MAX, "tokens_hash"),
+            )
+            for b in (_object(b, "block") for b in _list(stored.get("blocks"), "blocks"))
+        )
+        decoded = BlocksStored(worker, blocks, parent_hash, event_id)
+    elif isinstance(payload, dict) and len(payload) == 1 and "removed" in payload:
+        removed = _object(payload["removed"], "removed")
+        hashes = tuple(
+            _uint(h, U64_MAX, "block_hash") for h in _list(removed.get("block_hashes"), "block_hashes")
+        )
+        decoded = BlocksRemoved(worker, hashes, event_id)
+    else:
+        variant = sorted(payload) if isinstance(payload, dict) else payload
+        counters.loud(
+            "dynamo.unknown_variant",
+            "Dynamo KV event from worker %s with unknown data %.80r; dropped",
+            worker,
+            variant,
+        )
+        return None
+    counters.add("dynamo.event")
+    return worker_id, event_id, decoded
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Malformed(f"{what} is {type(value).__name__}, not an object")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Malformed(f"{what} is {type(value).__name__}, not a list")
+    return value
+
+
+def _uint(value: Any, limit: int, what: str) -> int:
+    if type(value) is not int or not 0 <= value <= limit:  # bool is not a number here
+        raise _Malformed(f"{what} {value!r:.40} is not an integer in [0, {limit}]")
+    return value
+
+
+def _check_uint(value: int, limit: int, what: str) -> None:
+    if type(value) is not int or not 0 <= value <= limit:
+        raise ValueError(f"{what} {value!r} is not an integer in [0, {limit}]")

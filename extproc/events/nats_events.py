@@ -1,0 +1,397 @@
+"""Dynamo-style KV events over NATS core: the router-side subscriber and the worker-side publisher.
+
+- `NatsLink`: one NATS connection with reconnect options (unbounded attempts, exponential backoff
+  with jitter) that tells its watchers when it goes down and comes back.
+- `NatsEventSubscriber`: decodes `namespace.<ns>.component.<c>.kv_events` (Dynamo JSON,
+  `extproc.events.dynamo_json`) into the router's event model and hands it to an `EventSink`.
+  Event ids are consecutive per worker and dp rank; any other id is a gap (events lost: slow
+  consumer, outage, publisher restart) and calls `on_gap(worker, expected, got)`, by default
+  `sink.reset_worker` before the event is applied. While the connection is down every worker seen
+  so far is reported `stream_state(worker, False)`; on reconnect, up again.
+- `NatsEventPublisher`: the worker side, a `KvCacheListener` (extproc/sim/prefix_cache.py) that
+  numbers events consecutively and publishes them in order, never blocking the engine.
+
+NATS core is at most once. The publisher drops (and counts) events while its connection is down
+instead of letting the client buffer them: a buffered batch flushed after a reconnect reaches the
+subscribers that are already back and not the others, while a dropped event leaves an id gap
+that every subscriber sees and resynchronises on. A loss is noticed at that worker's next event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from extproc.events.counters import EventCounters
+from extproc.events.dynamo_json import decode_event, encode_event
+from extproc.events.sink import EventSink
+from extproc.router.hashing import compute_block_hashes
+from extproc.router.types import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    KvEvent,
+    StoredBlock,
+    Worker,
+    WorkerId,
+)
+
+log = logging.getLogger("extproc.events.nats")
+
+GapHook = Callable[[Worker, int, int], None]  # (worker, expected event id, received event id)
+StateWatcher = Callable[[bool, str], None]  # (connection up, reason)
+
+RECONNECT_BASE_S = 0.1  # first reconnect delay; doubles per failed attempt ...
+RECONNECT_MAX_S = 5.0  # ... up to this, each with up to 50 % jitter
+PING_INTERVAL_S = 20  # a silent half-open connection is declared dead after 3 missed pings
+
+
+class NatsLink:
+    """A NATS connection that reconnects forever with backoff and reports up/down to watchers."""
+
+    def __init__(self, counters: EventCounters | None = None) -> None:
+        self.counters = counters if counters is not None else EventCounters()
+        self._nc: NatsClient | None = None
+        self._watchers: list[StateWatcher] = []
+        self.up = False
+
+    @classmethod
+    async def connect(
+        cls,
+        servers: str | list[str],
+        *,
+        name: str | None = None,
+        counters: EventCounters | None = None,
+        connect_timeout_s: float = 2.0,
+        **options: Any,
+    ) -> NatsLink:
+        """Connect (the first attempt must succeed; later outages are retried without limit).
+
+        `options` go to `nats.connect` unchanged (credentials, TLS, pending_size, ...).
+        """
+        link = cls(counters)
+        link._nc = await nats.connect(
+            servers,
+            name=name,
+            connect_timeout=connect_timeout_s,  # type: ignore[arg-type]
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            ping_interval=PING_INTERVAL_S,
+            max_outstanding_pings=3,
+            reconnect_to_server_handler=_backoff,
+            error_cb=link._on_error,
+            disconnected_cb=link._on_disconnected,
+            reconnected_cb=link._on_reconnected,
+            closed_cb=link._on_closed,
+            **options,
+        )
+        link.up = True
+        return link
+
+    @property
+    def nc(self) -> NatsClient:
+        if self._nc is None:
+            raise RuntimeError("NatsLink is not connected; use `await NatsLink.connect(...)`")
+        return self._nc
+
+    def watch(self, watcher: StateWatcher) -> Callable[[], None]:
+        """Call `watcher(up, reason)` on every change of connection state; returns an unwatch function."""
+        self._watchers.append(watcher)
+        return lambda: self._watchers.remove(watcher) if watcher in self._watchers else None
+
+    async def close(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.close()
+
+    def _set(self, up: bool, reason: str) -> None:
+        if up == self.up:
+            return
+        self.up = up
+        for watcher in list(self._watchers):
+            try:
+                watcher(up, reason)
+            except Exception:
+                log.exception("NATS connection watcher failed")
+
+    async def _on_disconnected(self) -> None:
+        self.counters.add("nats.disconnect")
+        self._set(False, "NATS connection lost")
+
+    async def _on_reconnected(self) -> None:
+        self.counters.add("nats.reconnect")
+        self._set(True, "NATS reconnected")
+
+    async def _on_closed(self) -> None:
+        self._set(False, "NATS connection closed")
+
+    async def _on_error(self, exc: Exception) -> None:
+        self.counters.loud("nats.error", "NATS client error: %r", exc)
+
+
+def _backoff(servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]:
+    """nats.py's reconnect hook: the least-retried server, after base * 2^attempts (jittered)."""
+    server = min(servers, key=lambda s: s.reconnects)
+    delay = min(RECONNECT_MAX_S, RECONNECT_BASE_S * 2 ** min(server.reconnects, 16))
+    return server, delay * random.uniform(0.5, 1.0)
+
+
+class EventIdTracker:
+    """The next expected event id per worker and dp rank (Dynamo numbers events per publisher)."""
+
+    def __init__(self) -> None:
+        self._next: dict[Worker, int] = {}
+
+    def check(self, worker: Worker, event_id: int) -> int | None:
+        """Record `event_id`; returns the id that was expected instead, or None if in order.
+
+        The first id seen from a worker is always in order (nothing earlier is known).
+        """
+        expected = self._next.get(worker)
+        self._next[worker] = event_id + 1
+        return None if expected is None or expected == event_id else expected
+
+    def knows(self, worker: Worker) -> bool:
+        return worker in self._next
+
+    def workers(self) -> list[Worker]:
+        return list(self._next)
+
+    def forget(self, worker: Worker) -> None:
+        self._next.pop(worker, None)
+
+    def clear(self) -> None:
+        self._next.clear()
+
+
+class NatsEventSubscriber:
+    """Applies a NATS subject's Dynamo KV events to an `EventSink`, detecting event-id gaps.
+
+    Counter keys: `nats.event` (applied), `nats.gap`, plus the decoder's `dynamo.*` and the link's.
+    """
+
+    def __init__(
+        self,
+        link: NatsLink,
+        sink: EventSink,
+        subject: str,
+        *,
+        counters: EventCounters | None = None,
+        on_gap: GapHook | None = None,
+        worker_id_of: Callable[[int], WorkerId] = str,
+    ) -> None:
+        self.link = link
+        self.sink = sink
+        self.subject = subject
+        self.counters = counters if counters is not None else link.counters
+        self.on_gap: GapHook = on_gap or self._reset_on_gap
+        self._worker_id_of = worker_id_of
+        self.event_ids = EventIdTracker()
+        self._sub: Any = None
+        self._unwatch: Callable[[], None] | None = None
+
+    @property
+    def gaps(self) -> int:
+        return self.counters["nats.gap"]
+
+    async def start(self) -> None:
+        self._unwatch = self.link.watch(self._on_link_state)
+        self._sub = await self.link.nc.subscribe(self.subject, cb=self._on_message)
+        await self.link.nc.flush()  # the subscription is registered when start returns
+
+    async def stop(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    def _reset_on_gap(self, worker: Worker, expected: int, got: int) -> None:
+        self.sink.reset_worker(worker, f"event gap on {self.subject}: expected event {expected}, got {got}")
+
+    async def _on_message(self, msg: Msg) -> None:
+        self.handle(msg.data)
+
+    def handle(self, data: bytes) -> None:
+        """Decode and apply one message (what the subscription callback does); never raises."""
+        decoded = decode_event(data, self.counters, worker_id_of=self._worker_id_of)
+        if decoded is None:
+            return
+        _, event_id, event = decoded
+        worker = event.worker
+        first = not self.event_ids.knows(worker)
+        expected = self.event_ids.check(worker, event_id)
+        try:
+            if first:
+                self.sink.stream_state(worker, True, f"first event on {self.subject}")
+            if expected is not None:
+                self.counters.loud(
+                    "nats.gap", "KV event gap from %s: expected event %d, got %d", worker, expected, event_id
+                )
+                self.on_gap(worker, expected, event_id)
+            self.sink.apply_events((event,))
+            self.counters.add("nats.event")
+        except Exception:
+            self.counters.loud("nats.sink_error", "applying KV event %d from %s failed", event_id, worker)
+            log.exception("event sink failed")
+
+    def _on_link_state(self, up: bool, reason: str) -> None:
+        for worker in self.event_ids.workers():
+            self.sink.stream_state(worker, up, reason)
+
+
+class OrderedSender:
+    """Publishes (subject, payload) in submission order from one background task.
+
+    `submit` never blocks and never raises: it may be called from the event loop that owns the
+    connection or from any other thread. Failures are counted under `<key>.publish_failed`, drops
+    under `<key>.publish_dropped` (queue full, or connection down with `drop_while_down`).
+    """
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        counters: EventCounters,
+        key: str,
+        *,
+        drop_while_down: bool,
+        max_queued: int = 100_000,
+    ) -> None:
+        self._nc = nc
+        self._counters = counters
+        self._key = key
+        self._drop_while_down = drop_while_down
+        self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(max_queued)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: int | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(self, subject: str, payload: bytes) -> None:
+        loop = self._loop
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self._counters.loud(f"{self._key}.publish_failed", "publish outside an event loop; dropped")
+                return
+            self._loop, self._thread = loop, threading.get_ident()
+        if threading.get_ident() == self._thread:
+            self._enqueue(subject, payload)
+        else:
+            loop.call_soon_threadsafe(self._enqueue, subject, payload)
+
+    def _enqueue(self, subject: str, payload: bytes) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+        try:
+            self._queue.put_nowait((subject, payload))
+        except asyncio.QueueFull:
+            self._counters.loud(f"{self._key}.publish_dropped", "publish queue full; message dropped")
+
+    async def flush(self, timeout_s: float = 5.0) -> None:
+        """Wait until everything submitted so far was handed to the connection and flushed."""
+        if self._task is not None:
+            await asyncio.wait_for(self._queue.join(), timeout_s)
+        if self._nc.is_connected:
+            await self._nc.flush(timeout=timeout_s)  # type: ignore[arg-type]
+
+    async def stop(self) -> None:
+        """Stop publishing; what is still queued is dropped (flush first to deliver it)."""
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+            self._task = None
+
+    async def _drain(self) -> None:
+        queue, nc = self._queue, self._nc
+        while True:
+            subject, payload = await queue.get()
+            try:
+                if self._drop_while_down and not nc.is_connected:
+                    self._counters.add(f"{self._key}.publish_dropped")
+                else:
+                    await nc.publish(subject, payload)
+                    self._counters.add(f"{self._key}.published")
+            except Exception as exc:
+                self._counters.loud(
+                    f"{self._key}.publish_failed", "NATS publish on %s failed: %r", subject, exc
+                )
+            finally:
+                queue.task_done()
+
+
+async def cancel_and_wait(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait for it to end, cancelling again if a cancellation got lost.
+
+    Before Python 3.12, `asyncio.wait_for` (used throughout nats.py) can swallow a cancellation
+    that arrives as its inner future completes; the task would then run on.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s ended with an error", task.get_name(), exc_info=task.exception())
+
+
+class NatsEventPublisher:
+    """A worker's KV events as Dynamo JSON on a NATS subject; a `KvCacheListener`.
+
+    `worker_id` is the engine's u64 id on the wire. Event ids start at `first_event_id` and go up
+    by one per event, including events dropped while the connection is down (so that subscribers
+    see the gap). Local block hashes are computed from each stored block's tokens.
+    """
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        subject: str,
+        worker_id: int,
+        *,
+        dp_rank: int = 0,
+        counters: EventCounters | None = None,
+        first_event_id: int = 0,
+    ) -> None:
+        self.subject = subject
+        self.worker_id = worker_id
+        self.dp_rank = dp_rank
+        self.counters = counters if counters is not None else EventCounters()
+        self.next_event_id = first_event_id
+        self._worker = Worker(worker_id, dp_rank)
+        self._sender = OrderedSender(nc, self.counters, "nats", drop_while_down=True)
+
+    def publish(self, event: KvEvent) -> int:
+        """Number and publish one event (its own worker and id are ignored); returns its event id."""
+        event_id = self.next_event_id
+        self.next_event_id += 1
+        self._sender.submit(self.subject, encode_event(self.worker_id, event, event_id, self.dp_rank))
+        return event_id
+
+    def on_stored(
+        self, parent_hash: int | None, block_hashes: Sequence[int], token_ids: Sequence[Sequence[int]]
+    ) -> None:
+        blocks = tuple(
+            StoredBlock(engine, compute_block_hashes(tokens, len(tokens))[0])
+            for engine, tokens in zip(block_hashes, token_ids, strict=True)
+        )
+        self.publish(BlocksStored(self._worker, blocks, parent_hash))
+
+    def on_removed(self, block_hashes: Sequence[int]) -> None:
+        self.publish(BlocksRemoved(self._worker, tuple(block_hashes)))
+
+    def on_cleared(self) -> None:
+        self.publish(AllBlocksCleared(self._worker))
+
+    async def flush(self, timeout_s: float = 5.0) -> None:
+        await self._sender.flush(timeout_s)
+
+    async def stop(self) -> None:
+        await self._sender.stop()

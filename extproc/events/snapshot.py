@@ -1,0 +1,141 @@
+"""Router tree snapshots: a versioned msgpack codec for `KvRouter.dump_events()` plus metadata.
+
+Durable mode (`extproc.events.durable`) stores one in the NATS object store so that a replica
+can start from it instead of replaying the whole event stream. No I/O here.
+
+Layout (msgpack map, version 1):
+
+    {"format": "extproc.kv-snapshot", "version": 1, "stream_seq": int, "created_by": str,
+     "created_at_s": float, "events": [EVENT, ...]}
+    EVENT = [0, worker_id, dp_rank, parent_hash | nil, [engine_hash, local_hash, engine_hash, ...]]
+          | [1, worker_id, dp_rank, [engine_hash, ...]]
+          | [2, worker_id, dp_rank]
+
+`stream_seq` is the last event-stream sequence the events reflect (0: none). Worker ids keep
+their type (int or str). Engine ids may be negative: `dump_events` uses negative stand-ins for
+ancestors a worker does not hold. Event ids are not kept: a snapshot is state, not a stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, KvEvent, StoredBlock, Worker
+
+SNAPSHOT_FORMAT = "extproc.kv-snapshot"
+SNAPSHOT_VERSION = 1
+
+_STORED, _REMOVED, _CLEARED = 0, 1, 2
+_I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
+
+
+class SnapshotError(ValueError):
+    """Bytes that are not a snapshot this version can read; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Events that rebuild a router's prefix tree, and where in the event stream they stand."""
+
+    events: tuple[KvEvent, ...]
+    stream_seq: int = 0
+    created_by: str = ""
+    created_at_s: float = 0.0  # wall-clock Unix time, for operators only
+
+
+def encode_snapshot(snapshot: Snapshot) -> bytes:
+    """The snapshot as msgpack bytes (raises TypeError for an object that is not a KV event)."""
+    return msgpack.packb(
+        {
+            "format": SNAPSHOT_FORMAT,
+            "version": SNAPSHOT_VERSION,
+            "stream_seq": snapshot.stream_seq,
+            "created_by": snapshot.created_by,
+            "created_at_s": snapshot.created_at_s,
+            "events": [_encode_event(e) for e in snapshot.events],
+        },
+        use_bin_type=True,
+    )
+
+
+def decode_snapshot(data: bytes) -> Snapshot:
+    """Parse snapshot bytes; raises SnapshotError naming the problem for anything else."""
+    try:
+        top = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage
+        raise SnapshotError(f"not a KV snapshot: msgpack decoding failed ({exc})") from exc
+    if not isinstance(top, dict) or top.get("format") != SNAPSHOT_FORMAT:
+        raise SnapshotError(f"not a KV snapshot: expected a map with format {SNAPSHOT_FORMAT!r}")
+    version = top.get("version")
+    if version != SNAPSHOT_VERSION:
+        raise SnapshotError(
+            f"KV snapshot version {version!r} is not supported (this reader: {SNAPSHOT_VERSION})"
+        )
+    stream_seq = top.get("stream_seq")
+    if type(stream_seq) is not int or stream_seq < 0:
+        raise SnapshotError(f"KV snapshot stream_seq {stream_seq!r} is not a non-negative integer")
+    created_by = top.get("created_by", "")
+    created_at_s = top.get("created_at_s", 0.0)
+    if not isinstance(created_by, str) or not isinstance(created_at_s, int | float):
+        raise SnapshotError("KV snapshot created_by/created_at_s have the wrong types")
+    raw_events = top.get("events")
+    if not isinstance(raw_events, list):
+        raise SnapshotError("KV snapshot events is not a list")
+    events = []
+    for i, raw in enumerate(raw_events):
+        try:
+            events.append(_decode_event(raw))
+        except (TypeError, ValueError) as exc:
+            raise SnapshotError(f"KV snapshot event {i} is malformed: {exc}") from exc
+    return Snapshot(tuple(events), stream_seq, created_by, float(created_at_s))
+
+
+def _encode_event(event: KvEvent) -> list[Any]:
+    w = event.worker
+    if isinstance(event, BlocksStored):
+        flat = [h for b in event.blocks for h in (b.engine_hash, b.local_hash)]
+        return [_STORED, w.worker_id, w.dp_rank, event.parent_hash, flat]
+    if isinstance(event, BlocksRemoved):
+        return [_REMOVED, w.worker_id, w.dp_rank, list(event.engine_hashes)]
+    if isinstance(event, AllBlocksCleared):
+        return [_CLEARED, w.worker_id, w.dp_rank]
+    raise TypeError(f"not a KV event: {type(event).__name__}")
+
+
+def _decode_event(raw: Any) -> KvEvent:
+    if not isinstance(raw, list) or len(raw) < 3:
+        raise ValueError("expected a list [kind, worker_id, dp_rank, ...]")
+    kind, worker_id, dp_rank = raw[0], raw[1], raw[2]
+    if type(worker_id) not in (int, str):
+        raise ValueError(f"worker_id {worker_id!r:.40} is neither an integer nor a string")
+    if type(dp_rank) is not int or dp_rank < 0:
+        raise ValueError(f"dp_rank {dp_rank!r:.40} is not a non-negative integer")
+    worker = Worker(worker_id, dp_rank)
+    if kind == _STORED and len(raw) == 5:
+        parent = None if raw[3] is None else _hash(raw[3])
+        flat = _hashes(raw[4])
+        if len(flat) % 2:
+            raise ValueError("stored blocks list has an odd length")
+        blocks = tuple(StoredBlock(flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
+        return BlocksStored(worker, blocks, parent)
+    if kind == _REMOVED and len(raw) == 4:
+        return BlocksRemoved(worker, tuple(_hashes(raw[3])))
+    if kind == _CLEARED and len(raw) == 3:
+        return AllBlocksCleared(worker)
+    raise ValueError(f"unknown event kind {kind!r:.20} with {len(raw)} fields")
+
+
+def _hashes(raw: Any) -> Sequence[int]:
+    if not isinstance(raw, list):
+        raise ValueError("block hashes are not a list")
+    return [_hash(h) for h in raw]
+
+
+def _hash(value: Any) -> int:
+    if type(value) is not int or not _I64_MIN <= value <= _U64_MAX:
+        raise ValueError(f"block hash {value!r:.40} is not a 64-bit integer")
+    return value

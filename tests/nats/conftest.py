@@ -1,0 +1,138 @@
+"""A real nats-server (JetStream on) per test, on a free loopback port, stopped by pid.
+
+Helpers: `nats_server` (a `NatsServer`: `.port`, `.url`, `.pid`), `restart_nats` (a new
+server on the same port and store, to follow a kill), `make_router`, `connect`, `eventually`
+(poll with a deadline), `prime` (until the server delivers between two connections).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from extproc.events.counters import EventCounters
+from extproc.events.dynamo_json import encode_event
+from extproc.events.feed import RouterFeed
+from extproc.events.nats_events import NatsLink
+from extproc.procs import NatsServer, start_nats_server
+from extproc.router import KvRouter, RouterConfig, WorkerSpec
+from extproc.router.types import AllBlocksCleared, Worker
+from tests.router.clock import FakeClock
+
+BLOCK_SIZE = 4
+WORKER_IDS = ("7", "8")  # Dynamo's u64 worker ids 7 and 8, as the picker's config names them
+
+
+@pytest.fixture
+def nats_store(tmp_path: Path) -> Path:
+    return tmp_path / "jetstream"
+
+
+@pytest.fixture
+def nats_server(nats_store: Path) -> Iterator[NatsServer]:
+    server = start_nats_server(store_dir=nats_store)
+    try:
+        yield server
+    finally:
+        server.stop(grace_s=2.0)
+
+
+@pytest.fixture
+def restart_nats(nats_store: Path) -> Iterator[Callable[[int], NatsServer]]:
+    """Start nats-server again on `port` with the same store; stopped at teardown."""
+    started: list[NatsServer] = []
+
+    def restart(port: int) -> NatsServer:
+        server = start_nats_server(port, store_dir=nats_store)
+        started.append(server)
+        return server
+
+    try:
+        yield restart
+    finally:
+        for server in started:
+            server.stop(grace_s=2.0)
+
+
+def make_router(*worker_ids: str) -> KvRouter:
+    return KvRouter(
+        RouterConfig(block_size=BLOCK_SIZE, use_kv_events=True),
+        clock=FakeClock(),
+        rng=random.Random(0),
+        workers=[WorkerSpec(w) for w in worker_ids or WORKER_IDS],
+    )
+
+
+def make_feed(router: KvRouter) -> RouterFeed:
+    return RouterFeed({w.worker_id: router for w in router.workers()}, EventCounters())
+
+
+async def connect(server: NatsServer, name: str, counters: EventCounters | None = None) -> NatsLink:
+    return await NatsLink.connect(server.url, name=name, counters=counters)
+
+
+async def eventually(
+    predicate: Callable[[], object], timeout_s: float = 5.0, what: str | Callable[[], str] = ""
+) -> None:
+    """Poll `predicate` on the event loop until it is true; fail after `timeout_s` seconds.
+
+    `predicate` may return an awaitable (an async check). `what` describes the condition in the
+    failure message (a callable is asked at failure time).
+    """
+    deadline = time.monotonic() + timeout_s
+    while not await _value(predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"not true after {timeout_s} s: {what() if callable(what) else what or predicate}")
+        await asyncio.sleep(0.01)
+
+
+def matches(router: KvRouter, local_hashes: list[int]) -> dict:
+    """The router's overlap per worker for `local_hashes`, workers with none left out."""
+    return {w: n for w, n in router.indexer.find_matches(local_hashes).items() if n}
+
+
+async def _value(value: object) -> object:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def prime(
+    publish_probe: Callable[[int], object], delivered: Callable[[], object], timeout_s: float = 5.0
+) -> int:
+    """Publish probes (numbered 0, 1, ...) until one is delivered; returns how many were sent.
+
+    nats-server may drop messages published in the first moments after a subscription was made on
+    another connection, even after a flush on both sides (nats-io/nats-server#5677, seen here with
+    JetStream on); NATS core is at most once. Tests that count messages prime the path first.
+    """
+    deadline = time.monotonic() + timeout_s
+    sent = 0
+    while True:
+        await _value(publish_probe(sent))
+        sent += 1
+        probe_deadline = time.monotonic() + 0.05
+        while time.monotonic() < probe_deadline:
+            if await _value(delivered()):
+                return sent
+            await asyncio.sleep(0.005)
+        if time.monotonic() > deadline:
+            pytest.fail(f"no probe delivered after {timeout_s} s")
+
+
+PROBE_WORKER_BASE = 10**6  # probe events come from worker ids the routers do not know
+
+
+async def prime_events(nc, subject: str, delivered: Callable[[], object]) -> int:
+    """Prime a Dynamo KV event subject from `nc` with `cleared` events of unknown workers."""
+
+    async def probe(n: int) -> None:
+        event = AllBlocksCleared(Worker(str(PROBE_WORKER_BASE + n)))
+        await nc.publish(subject, encode_event(PROBE_WORKER_BASE + n, event, 0, 0))
+        await nc.flush()
+
+    return await prime(probe, delivered)

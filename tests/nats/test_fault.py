@@ -1,0 +1,96 @@
+"""Fault: nats-server killed (by pid) while a worker publishes, then restarted on the same port."""
+
+import asyncio
+import os
+import signal
+
+from extproc.events.dynamo_json import kv_events_subject
+from extproc.events.feed import RouterFeed
+from extproc.events.nats_events import NatsEventPublisher, NatsEventSubscriber
+from extproc.router import Worker, compute_block_hashes
+
+from .conftest import BLOCK_SIZE, connect, eventually, make_router, matches
+
+SUBJECT = kv_events_subject("test", "backend")
+W7 = Worker("7")
+
+
+class RecordingFeed(RouterFeed):
+    """The picker's feed, remembering every stream state change it was told about."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.states: list[tuple[Worker, bool]] = []
+
+    def stream_state(self, worker: Worker, up: bool, reason: str) -> None:
+        self.states.append((worker, up))
+        super().stream_state(worker, up, reason)
+
+
+async def test_killed_and_restarted_server_the_worker_is_resynchronised(nats_server, restart_nats):
+    router = make_router()
+    feed = RecordingFeed({w.worker_id: router for w in router.workers()})
+    sub_link = await connect(nats_server, "router")
+    pub_link = await connect(nats_server, "worker-7")
+    subscriber = NatsEventSubscriber(sub_link, feed, SUBJECT)
+    publisher = NatsEventPublisher(pub_link.nc, SUBJECT, 7)
+    await subscriber.start()
+    stop = asyncio.Event()
+    prompts: list[list[int]] = []
+    answers = 0
+
+    async def publish_forever() -> None:
+        i = 0
+        while not stop.is_set():
+            tokens = list(range(i * 8, i * 8 + 8))
+            prompts.append(compute_block_hashes(tokens, BLOCK_SIZE))
+            publisher.on_stored(None, [2 * i + 1, 2 * i + 2], [tokens[:4], tokens[4:]])
+            i += 1
+            await asyncio.sleep(0.005)  # pacing, not synchronisation
+
+    async def query_forever() -> None:
+        nonlocal answers
+        while not stop.is_set():
+            for local in prompts[-20:]:
+                router.indexer.find_matches(local)
+                router.best_worker_for_hashes(local, 8)  # a probe: no state change
+                answers += 1
+            await asyncio.sleep(0.001)
+
+    tasks = [asyncio.create_task(publish_forever()), asyncio.create_task(query_forever())]
+    restarted = None
+    try:
+        await eventually(lambda: sub_link.counters["nats.event"] >= 20, what="events flowing")
+        assert feed.states == [(W7, True)]
+
+        os.kill(nats_server.pid, signal.SIGKILL)
+        nats_server.stop()  # reaps it
+        await eventually(lambda: (W7, False) in feed.states, what="stream reported down")
+        assert not router.is_event_fed(W7)
+        await eventually(lambda: publisher.counters["nats.publish_dropped"] >= 5, what="events lost")
+        answers_while_down = answers
+
+        restarted = restart_nats(nats_server.port)
+        await eventually(lambda: feed.states[-1] == (W7, True), timeout_s=15, what="stream reported up")
+        await eventually(lambda: subscriber.gaps >= 1, what="the gap after the outage")
+        assert feed.counters["feed.reset"] >= 1  # the worker was reset on the gap
+
+        stop.set()
+        await asyncio.gather(*tasks)
+        await publisher.flush()
+        newest = prompts[-1]
+        await eventually(lambda: matches(router, newest) == {W7: 2}, what="new events apply")
+        assert router.is_event_fed(W7)
+        assert answers > answers_while_down > 0  # answered throughout, no exception
+        assert [up for _, up in feed.states][:3] == [True, False, True]
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await subscriber.stop()
+        await publisher.stop()
+        await sub_link.close()
+        await pub_link.close()
+        if restarted is not None:
+            restarted.stop()

@@ -1,0 +1,64 @@
+"""The snapshot codec: dump_events round-trips into an identical tree; garbage is rejected clearly."""
+
+import msgpack
+import pytest
+
+from extproc.events.snapshot import Snapshot, SnapshotError, decode_snapshot, encode_snapshot
+from extproc.router.radix import RadixTree
+from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, StoredBlock, Worker
+
+W0, W1 = Worker("7"), Worker(8, dp_rank=2)
+
+
+def test_a_dumped_tree_survives_the_codec():
+    tree = RadixTree()
+    tree.apply_event(BlocksStored(W0, (StoredBlock(1, 10), StoredBlock(2, 20), StoredBlock(3, 30))))
+    tree.apply_event(BlocksStored(W1, (StoredBlock(-5, 10), StoredBlock(2**64 - 1, 21))))
+    tree.apply_event(BlocksRemoved(W0, (1,)))  # W0 keeps blocks 2, 3 without their parent
+    snapshot = Snapshot(tuple(tree.dump_events()), stream_seq=42, created_by="r1", created_at_s=1.5)
+
+    decoded = decode_snapshot(encode_snapshot(snapshot))
+    assert decoded == snapshot
+    rebuilt = RadixTree()
+    for event in decoded.events:
+        rebuilt.apply_event(event)
+    assert sorted(rebuilt.entries(), key=repr) == sorted(tree.entries(), key=repr)
+    assert rebuilt.find_matches([10, 21]) == {W1: 2}
+
+
+def test_every_event_kind_round_trips():
+    events = (
+        BlocksStored(W0, (StoredBlock(1, 2),), parent_hash=9),
+        BlocksRemoved(W1, (1, 2)),
+        AllBlocksCleared(W0),
+    )
+    assert decode_snapshot(encode_snapshot(Snapshot(events))).events == events
+
+
+def _packed(**fields):
+    top = {"format": "extproc.kv-snapshot", "version": 1, "stream_seq": 0, "events": []}
+    top.update(fields)
+    return msgpack.packb(top)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"", "msgpack decoding failed"),
+        (b"\xc1", "msgpack decoding failed"),
+        (msgpack.packb([1, 2]), "expected a map with format"),
+        (_packed(format="other"), "expected a map with format"),
+        (_packed(version=2), "version 2 is not supported"),
+        (_packed(stream_seq=-1), "stream_seq -1"),
+        (_packed(events={}), "events is not a list"),
+        (_packed(events=[[9, "w", 0]]), "event 0 is malformed: unknown event kind 9"),
+        (_packed(events=[[0, "w", 0, None, [1]]]), "odd length"),
+        (_packed(events=[[1, 1.5, 0, []]]), "worker_id 1.5"),
+        (_packed(events=[[1, "w", -1, []]]), "dp_rank -1"),
+        (_packed(events=[[1, "w", 0, ["x"]]]), "block hash 'x'"),
+        (b"\x81\xa1a" + b"\x91" * 5000, "msgpack decoding failed"),
+    ],
+)
+def test_garbage_is_rejected_with_a_clear_error(data, message):
+    with pytest.raises(SnapshotError, match=message):
+        decode_snapshot(data)
