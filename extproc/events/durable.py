@@ -1,0 +1,410 @@
+"""Durable KV events (Dynamo's `--router-durable-kv-events`): JetStream log plus object-store snapshots.
+
+What lives where, on the NATS server:
+
+- stream `kv-events-<ns>-<component>` captures the `kv_events` subject (Dynamo JSON, published
+  with NATS core by the workers), file storage, `max_age` one hour;
+- one durable pull consumer per router replica, named `router-<replica id>` (replica ids must be
+  unique), acking in stream order; unused consumers disappear after `max_age`;
+- object store bucket `kv-snapshots-<ns>-<component>`, object `radix-tree`: the router's tree as
+  `dump_events()` in the `extproc.events.snapshot` codec, with the last stream sequence it reflects;
+- KV bucket `kv-locks-<ns>-<component>`, key `snapshot`: a create-only lock with a TTL.
+
+A replica starts by loading the snapshot (if any) and (re)creating its consumer at the snapshot's
+sequence + 1: its in-memory tree is new, so an old consumer position would be meaningless. It then
+applies events in order. When the stream holds more than `snapshot_threshold` messages (or
+`snapshot_interval_s` passed, so that nothing ages out of the stream before a snapshot covers it),
+the replica that takes the lock writes a snapshot at its last applied sequence and purges the
+stream up to it. Invariant: every purged message is covered by the current snapshot. A replica
+whose next message was purged meanwhile sees a hole in the stream sequence and reloads the
+snapshot; a hole no snapshot covers (the stream aged out, or was reset) is counted as lost, and
+the per-worker event-id check resets the workers concerned.
+
+`reset_states()` (Dynamo's `--router-reset-states`) purges the stream, deletes the snapshot and
+every consumer: replicas started afterwards begin empty. Counter keys: `durable.*`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.js import api
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from extproc.events.counters import EventCounters
+from extproc.events.dynamo_json import decode_event, kv_events_subject
+from extproc.events.nats_events import EventIdTracker, GapHook, cancel_and_wait
+from extproc.events.sink import EventSink
+from extproc.events.snapshot import Snapshot, SnapshotError, decode_snapshot, encode_snapshot
+from extproc.router.types import KvEvent, Worker, WorkerId
+
+log = logging.getLogger("extproc.events.durable")
+
+SNAPSHOT_OBJECT = "radix-tree"
+LOCK_KEY = "snapshot"
+RETRY_MAX_S = 5.0  # longest pause between attempts after a JetStream error
+
+
+class TreeSource(Protocol):
+    """What a snapshot is taken from: `KvRouter` satisfies it."""
+
+    def dump_events(self) -> list[KvEvent]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DurableConfig:
+    """Names and limits of durable mode; names derive from the Dynamo namespace and component."""
+
+    namespace: str
+    component: str
+    replica_id: str
+    snapshot_threshold: int = 10_000  # stream messages above which a snapshot is taken
+    snapshot_interval_s: float | None = None  # also snapshot this often (None: half of max_age_s)
+    max_age_s: float = 3600.0
+    lock_ttl_s: float = 30.0
+    fetch_batch: int = 256
+    fetch_timeout_s: float = 1.0
+    snapshot_read_timeout_s: float = 30.0
+    snapshot_read_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.snapshot_threshold < 1:
+            raise ValueError(f"snapshot_threshold must be at least 1, got {self.snapshot_threshold}")
+        if not self.replica_id:
+            raise ValueError("replica_id must not be empty (it names this replica's durable consumer)")
+
+    @property
+    def subject(self) -> str:
+        return kv_events_subject(self.namespace, self.component)
+
+    @property
+    def stream(self) -> str:
+        return _name(f"kv-events-{self.namespace}-{self.component}")
+
+    @property
+    def consumer(self) -> str:
+        return _name(f"router-{self.replica_id}")
+
+    @property
+    def snapshot_bucket(self) -> str:
+        return _name(f"kv-snapshots-{self.namespace}-{self.component}")
+
+    @property
+    def lock_bucket(self) -> str:
+        return _name(f"kv-locks-{self.namespace}-{self.component}")
+
+
+def _ignore_result(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: a failed release only means the TTL frees the lock
+
+
+def _name(raw: str) -> str:
+    """A JetStream stream/consumer/bucket name: letters, digits, '-' and '_' only."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", raw)
+
+
+class DurableKvEvents:
+    """One router replica's durable event consumer, snapshot writer and snapshot loader."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        sink: EventSink,
+        tree: TreeSource,
+        config: DurableConfig,
+        *,
+        counters: EventCounters | None = None,
+        on_gap: GapHook | None = None,
+        worker_id_of: Callable[[int], WorkerId] = str,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.sink = sink
+        self.tree = tree
+        self.config = config
+        self.counters = counters if counters is not None else EventCounters()
+        self.on_gap: GapHook = on_gap or self._reset_on_gap
+        self._worker_id_of = worker_id_of
+        self.event_ids = EventIdTracker()
+        self.applied_seq = 0  # last stream sequence applied (0: none yet)
+        self._seq_known = False  # whether applied_seq + 1 is the next sequence to expect
+        self._workers: set[Worker] = set()
+        self._objects: ObjectStore | None = None
+        self._locks: KeyValue | None = None
+        self._psub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_check = (0.0, 0)  # (monotonic time, applied_seq) of the last snapshot check
+        self._last_snapshot_try = time.monotonic()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, *, reset_states: bool = False) -> None:
+        """Create stream and buckets if needed, load the snapshot, consume from its sequence + 1."""
+        await self._prepare()
+        if reset_states:
+            await self.reset_states()
+        snapshot = await self.load_snapshot()
+        if snapshot is not None:
+            self._apply_snapshot(snapshot, "starting from the snapshot")
+        await self._subscribe(self.applied_seq + 1 if self._seq_known else None)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop consuming; the durable consumer stays on the server (until `max_age_s` idle)."""
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+            self._task = None
+        if self._psub is not None:
+            with contextlib.suppress(Exception):
+                await self._psub.unsubscribe()
+            self._psub = None
+
+    async def resume(self) -> None:
+        """After `stop`: consume again from the durable consumer's position, keeping this state.
+
+        Messages purged meanwhile (another replica snapshotted) make it reload the snapshot.
+        """
+        if self._task is not None:
+            return
+        cfg = self.config
+        self._psub = await self.js.pull_subscribe_bind(durable=cfg.consumer, stream=cfg.stream)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def reset_states(self) -> None:
+        """Purge the event stream, delete the snapshot and every replica's consumer."""
+        await self._prepare()
+        cfg = self.config
+        await self.js.purge_stream(cfg.stream)
+        assert self._objects is not None
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self._objects.delete(SNAPSHOT_OBJECT)
+        for info in await self.js.consumers_info(cfg.stream):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self.js.delete_consumer(cfg.stream, info.name)
+        self.counters.add("durable.reset_states")
+        log.info("durable KV events reset: stream %s purged, snapshot and consumers deleted", cfg.stream)
+
+    # --- snapshots -----------------------------------------------------------------------------
+
+    async def load_snapshot(self) -> Snapshot | None:
+        """The stored snapshot; None if there is none or it cannot be decoded (counted loudly).
+
+        A read that overlaps a replica replacing the snapshot may never finish (nats.py waits for
+        chunks the writer purged) or fail its digest check: it is retried, up to
+        `snapshot_read_attempts` times of `snapshot_read_timeout_s` each, then TimeoutError.
+        """
+        assert self._objects is not None
+        cfg = self.config
+        for _ in range(cfg.snapshot_read_attempts):
+            try:
+                result = await asyncio.wait_for(
+                    self._objects.get(SNAPSHOT_OBJECT), cfg.snapshot_read_timeout_s
+                )
+            except nats.js.errors.NotFoundError:
+                return None
+            except (TimeoutError, nats.js.errors.DigestMismatchError) as exc:
+                self.counters.loud(
+                    "durable.snapshot_read_retry", "reading the KV snapshot failed (%r); retrying", exc
+                )
+                continue
+            try:
+                return await asyncio.to_thread(decode_snapshot, result.data or b"")
+            except SnapshotError as exc:
+                self.counters.loud("durable.bad_snapshot", "ignoring unreadable KV snapshot: %s", exc)
+                return None
+        raise TimeoutError(f"could not read the KV snapshot in {cfg.snapshot_read_attempts} attempts")
+
+    async def snapshot_now(self) -> bool:
+        """Take the lock, write a snapshot at `applied_seq`, purge the stream up to it.
+
+        Returns False (nothing written) when another replica holds the lock or has already purged
+        past this replica's position. Must run on the consumer's event loop between batches (it
+        does from the consume loop), so that the tree and `applied_seq` agree.
+        """
+        assert self._locks is not None and self._objects is not None
+        cfg = self.config
+        self._last_snapshot_try = time.monotonic()
+        try:
+            revision = await self._locks.create(LOCK_KEY, cfg.replica_id.encode(), msg_ttl=cfg.lock_ttl_s)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            self.counters.add("durable.snapshot_lock_busy")
+            return False
+        try:
+            seq = self.applied_seq
+            state = (await self.js.stream_info(cfg.stream)).state
+            if seq == 0 or state.first_seq > seq + 1:
+                return False  # nothing applied, or a newer snapshot already covers what we have
+            snapshot = Snapshot(tuple(self.tree.dump_events()), seq, cfg.replica_id, time.time())
+            data = await asyncio.to_thread(encode_snapshot, snapshot)
+            await self._objects.put(SNAPSHOT_OBJECT, data)
+            await self.js.purge_stream(cfg.stream, seq=seq + 1)  # removes every message <= seq
+            self.counters.add("durable.snapshot")
+            log.info(
+                "KV snapshot at stream seq %d: %d events, %d bytes; stream purged",
+                seq,
+                len(snapshot.events),
+                len(data),
+            )
+            return True
+        finally:  # released even when cancelled (stop), or the others would wait out the TTL
+            release = asyncio.ensure_future(self._locks.delete(LOCK_KEY, last=revision))
+            release.add_done_callback(_ignore_result)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(release)
+
+    # --- internals -----------------------------------------------------------------------------
+
+    async def _prepare(self) -> None:
+        if self._objects is not None and self._locks is not None:
+            return
+        cfg = self.config
+        stream = api.StreamConfig(
+            name=cfg.stream,
+            subjects=[cfg.subject],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            max_age=cfg.max_age_s,
+        )
+        try:
+            await self.js.add_stream(stream)
+        except nats.js.errors.BadRequestError:  # exists with another config: bring it to ours
+            await self.js.update_stream(stream)
+        self._objects = await self.js.create_object_store(cfg.snapshot_bucket)
+        self._locks = await self.js.create_key_value(bucket=cfg.lock_bucket)
+
+    async def _subscribe(self, start_seq: int | None) -> None:
+        cfg = self.config
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.js.delete_consumer(cfg.stream, cfg.consumer)
+        policy = api.DeliverPolicy.ALL if start_seq is None else api.DeliverPolicy.BY_START_SEQUENCE
+        await self.js.add_consumer(
+            cfg.stream,
+            api.ConsumerConfig(
+                durable_name=cfg.consumer,
+                deliver_policy=policy,
+                opt_start_seq=start_seq,
+                ack_policy=api.AckPolicy.ALL,
+                max_ack_pending=max(1000, 4 * cfg.fetch_batch),
+                inactive_threshold=cfg.max_age_s,
+            ),
+        )
+        self._psub = await self.js.pull_subscribe_bind(durable=cfg.consumer, stream=cfg.stream)
+
+    async def _run(self) -> None:
+        retry_s = 0.1
+        while True:
+            try:
+                try:
+                    msgs = await self._psub.fetch(
+                        self.config.fetch_batch, timeout=self.config.fetch_timeout_s
+                    )
+                except nats.errors.TimeoutError:
+                    msgs = []
+                for msg in msgs:
+                    await self._handle(msg.metadata.sequence.stream, msg.data)
+                if msgs:
+                    await msgs[-1].ack()  # AckPolicy.ALL: acks the whole batch
+                await self._maybe_snapshot()
+                retry_s = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.counters.loud("durable.error", "durable KV event consumer error: %r; retrying", exc)
+                await asyncio.sleep(retry_s)
+                retry_s = min(RETRY_MAX_S, retry_s * 2)
+                with contextlib.suppress(Exception):
+                    await self._resubscribe_if_gone()
+
+    async def _handle(self, seq: int, data: bytes) -> None:
+        if self._seq_known and seq <= self.applied_seq:
+            self.counters.add("durable.redelivered")
+            return
+        if self._seq_known and seq > self.applied_seq + 1:
+            await self._reload(seq)
+            if seq <= self.applied_seq:
+                return
+            if seq > self.applied_seq + 1:
+                self.counters.loud(
+                    "durable.lost", "KV event stream seqs %d..%d are gone and no snapshot covers them",
+                    self.applied_seq + 1, seq - 1,
+                )  # fmt: skip
+        self.applied_seq, self._seq_known = seq, True
+        decoded = decode_event(data, self.counters, worker_id_of=self._worker_id_of)
+        if decoded is None:
+            return
+        _, event_id, event = decoded
+        worker = event.worker
+        if worker not in self._workers:
+            self._workers.add(worker)
+            self.sink.stream_state(worker, True, f"first durable event from stream {self.config.stream}")
+        expected = self.event_ids.check(worker, event_id)
+        if expected is not None:
+            self.counters.loud(
+                "durable.gap", "KV event gap from %s: expected event %d, got %d", worker, expected, event_id
+            )
+            self.on_gap(worker, expected, event_id)
+        self.sink.apply_events((event,))
+        self.counters.add("durable.event")
+
+    async def _reload(self, seq: int) -> None:
+        """Messages before `seq` were purged under us: replace our state by the snapshot's."""
+        snapshot = await self.load_snapshot()
+        if snapshot is None or snapshot.stream_seq <= self.applied_seq:
+            return
+        self.counters.add("durable.reload")
+        log.info(
+            "stream seq %d follows %d: reloading the snapshot at %d",
+            seq,
+            self.applied_seq,
+            snapshot.stream_seq,
+        )
+        for worker in self._workers:
+            self.sink.reset_worker(worker, f"reloading the KV snapshot at stream seq {snapshot.stream_seq}")
+        self._apply_snapshot(snapshot, "reloaded snapshot")
+
+    def _apply_snapshot(self, snapshot: Snapshot, reason: str) -> None:
+        self.event_ids.clear()  # engines' event ids restart being checked after a snapshot
+        for event in snapshot.events:
+            if event.worker not in self._workers:
+                self._workers.add(event.worker)
+                self.sink.stream_state(event.worker, True, reason)
+        self.sink.apply_events(snapshot.events)
+        self.applied_seq, self._seq_known = snapshot.stream_seq, True
+        self.counters.add("durable.snapshot_loaded")
+
+    async def _maybe_snapshot(self) -> None:
+        cfg = self.config
+        now = time.monotonic()
+        checked_at, checked_seq = self._last_check
+        interval_s = cfg.snapshot_interval_s if cfg.snapshot_interval_s is not None else cfg.max_age_s / 2
+        due = now - self._last_snapshot_try >= interval_s
+        new = self.applied_seq - checked_seq
+        if not due and (new <= 0 or (new < max(1, cfg.snapshot_threshold // 4) and now - checked_at < 2.0)):
+            return  # ask the server only every quarter threshold of new messages, or every 2 s
+        self._last_check = (now, self.applied_seq)
+        messages = (await self.js.stream_info(cfg.stream)).state.messages
+        if messages > cfg.snapshot_threshold or (due and messages > 0):
+            await self.snapshot_now()
+
+    async def _resubscribe_if_gone(self) -> None:
+        """After an error: if our consumer vanished (deleted, aged out), recreate it where we are."""
+        try:
+            await self.js.consumer_info(self.config.stream, self.config.consumer)
+        except nats.js.errors.NotFoundError:
+            self.counters.add("durable.resubscribe")
+            await self._subscribe(self.applied_seq + 1 if self._seq_known else None)
+
+    def _reset_on_gap(self, worker: Worker, expected: int, got: int) -> None:
+        self.sink.reset_worker(worker, f"durable KV event gap: expected event {expected}, got {got}")

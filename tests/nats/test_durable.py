@@ -1,0 +1,240 @@
+"""Durable mode: JetStream stream + durable consumers + object-store snapshots, on a real nats-server."""
+
+import pytest
+
+from extproc.events.durable import DurableConfig, DurableKvEvents
+from extproc.events.dynamo_json import kv_events_subject
+from extproc.events.nats_events import NatsEventPublisher
+from extproc.router import compute_block_hashes
+from extproc.router.hashing import compute_sequence_hashes
+
+from .conftest import BLOCK_SIZE, connect, eventually, make_feed, make_router, matches, prime_events
+
+NS, COMPONENT = "test", "backend"
+SUBJECT = kv_events_subject(NS, COMPONENT)
+CONFIG = DurableConfig(NS, COMPONENT, "names-only")  # stream and bucket names for the checks
+BASE = list(range(1000, 1008))  # a 2-block system prompt every prompt starts with
+
+
+class Replica:
+    """A router replica in durable mode: its own connection, router and consumer."""
+
+    def __init__(self, server, replica_id: str, **config) -> None:
+        self.server = server
+        self.config = DurableConfig(NS, COMPONENT, replica_id, **config)
+        self.router = make_router()
+
+    async def start(self, *, reset_states: bool = False) -> "Replica":
+        self.link = await connect(self.server, self.config.replica_id)
+        self.durable = DurableKvEvents(self.link.nc, make_feed(self.router), self.router, self.config)
+        await self.durable.start(reset_states=reset_states)
+        return self
+
+    async def stop(self) -> None:
+        await self.durable.stop()
+        await self.link.close()
+
+    def answers(self, queries: list[list[int]]) -> list[dict]:
+        return [matches(self.router, q) for q in queries]
+
+
+class Workers:
+    """Two engines publishing Dynamo events; prompts share BASE, each stored chain from the root."""
+
+    def __init__(self, link) -> None:
+        self.publishers = [NatsEventPublisher(link.nc, SUBJECT, w) for w in (7, 8)]
+        self.link = link
+        self.queries: list[list[int]] = []
+        self.rounds = 0
+        self.base = 0  # stream messages before the first event: the probes
+
+    async def prime(self, config: DurableConfig) -> None:
+        """Until the stream captures what the workers publish (see `prime` in conftest)."""
+        await prime_events(self.link.nc, SUBJECT, lambda: _last_seq_at_least(self.link, config, 1))
+        self.base = (await stream_state(self.link, config)).last_seq
+
+    def publish_round(self, prompts: int = 6) -> None:
+        r = self.rounds
+        self.rounds += 1
+        for i in range(prompts):
+            tokens = [*BASE, *range(10_000 * r + 100 * i, 10_000 * r + 100 * i + 4 * (1 + i % 3))]
+            local = compute_block_hashes(tokens, BLOCK_SIZE)
+            engine = compute_sequence_hashes(local)
+            blocks = [tokens[k : k + BLOCK_SIZE] for k in range(0, len(local) * BLOCK_SIZE, BLOCK_SIZE)]
+            pub = self.publishers[i % 2]
+            pub.on_stored(None, engine, blocks)
+            if i % 3 == 2:
+                pub.on_removed([engine[-1]])  # evicts the tail: the overlap drops by one
+            self.queries.append(local)
+
+    @property
+    def published(self) -> int:
+        return sum(p.next_event_id for p in self.publishers)
+
+    async def flush(self) -> None:
+        for p in self.publishers:
+            await p.flush()
+
+    async def stop(self) -> None:
+        for p in self.publishers:
+            await p.stop()
+
+
+async def stream_state(link, config: DurableConfig):
+    return (await link.nc.jetstream().stream_info(config.stream)).state
+
+
+async def published_and_stored(workers: Workers, link, config: DurableConfig) -> int:
+    """Flush the publishers and wait until the stream holds every event; returns the last seq."""
+    await workers.flush()
+    last = workers.base + workers.published
+    await eventually(lambda: _last_seq_is(link, config, last), what=f"{last} messages in the stream")
+    return last
+
+
+async def _last_seq_is(link, config, seq: int) -> bool:
+    return (await stream_state(link, config)).last_seq == seq
+
+
+async def _last_seq_at_least(link, config, seq: int) -> bool:
+    return (await stream_state(link, config)).last_seq >= seq
+
+
+@pytest.fixture
+async def worker_link(nats_server):
+    link = await connect(nats_server, "workers")
+    yield link
+    await link.close()
+
+
+async def test_a_restarted_replica_answers_the_same_overlaps(nats_server, worker_link):
+    replica = await Replica(nats_server, "r1", snapshot_threshold=1000).start()
+    workers = Workers(worker_link)
+    try:
+        await workers.prime(CONFIG)
+        workers.publish_round()
+        workers.publish_round()
+        last = await published_and_stored(workers, worker_link, replica.config)
+        await eventually(lambda: replica.durable.applied_seq == last, what="all events applied")
+        before = replica.answers(workers.queries)
+        assert all(before) and len({len(a) for a in before}) == 1
+        assert {n for a in before for n in a.values()} == {2, 3, 4}  # tails evicted, BASE shared
+        await replica.stop()
+
+        restarted = await Replica(nats_server, "r1", snapshot_threshold=1000).start()
+        try:
+            await eventually(lambda: restarted.durable.applied_seq == last, what="replayed after restart")
+            assert restarted.answers(workers.queries) == before
+            assert restarted.durable.counters["durable.snapshot"] == 0
+            assert (await stream_state(worker_link, replica.config)).messages == last  # nothing purged
+        finally:
+            await restarted.stop()
+    finally:
+        await workers.stop()
+
+
+async def test_past_the_threshold_a_snapshot_is_written_and_the_stream_purged(nats_server, worker_link):
+    replica = await Replica(nats_server, "r1", snapshot_threshold=5, snapshot_read_timeout_s=1.0).start()
+    workers = Workers(worker_link)
+    try:
+        await workers.prime(CONFIG)
+        workers.publish_round(prompts=12)  # 16 events
+        last = await published_and_stored(workers, worker_link, replica.config)
+        await eventually(lambda: replica.durable.applied_seq == last, what="all events applied")
+        found = {}
+
+        async def purged_up_to_the_snapshot() -> bool:
+            found["snapshot"] = await replica.durable.load_snapshot()
+            if found["snapshot"] is None:
+                return False
+            found["state"] = await stream_state(worker_link, replica.config)  # read after the snapshot
+            seq = found["snapshot"].stream_seq
+            return found["state"].first_seq == seq + 1 and last - seq <= 5  # the final snapshot
+
+        await eventually(purged_up_to_the_snapshot, what=lambda: f"purged up to the snapshot: {found}")
+        snapshot, state = found["snapshot"], found["state"]
+        assert replica.durable.counters["durable.snapshot"] >= 1
+        assert 5 < snapshot.stream_seq <= last and snapshot.created_by == "r1"
+        assert state.messages == last - snapshot.stream_seq <= 5
+        assert snapshot.events  # the tree, as dump_events gave it
+    finally:
+        await workers.stop()
+        await replica.stop()
+
+
+async def test_a_new_replica_recovers_everything_from_snapshot_and_stream(nats_server, worker_link):
+    r1 = await Replica(nats_server, "r1", snapshot_threshold=8).start()
+    r2 = await Replica(nats_server, "r2", snapshot_threshold=8).start()
+    workers = Workers(worker_link)
+    try:
+        await workers.prime(CONFIG)
+        workers.publish_round()
+        last = await published_and_stored(workers, worker_link, r1.config)
+        await eventually(
+            lambda: r1.durable.applied_seq == r2.durable.applied_seq == last, what="both applied"
+        )
+
+        # r2 stops consuming (its consumer stays on the server) while r1 snapshots and purges past it
+        await r2.durable.stop()
+        stalled_at = r2.durable.applied_seq
+        workers.publish_round(prompts=12)
+        last = await published_and_stored(workers, worker_link, r1.config)
+        await eventually(lambda: r1.durable.applied_seq == last, what="r1 applied round 2")
+        await eventually(
+            lambda: _first_seq_above(worker_link, r1.config, stalled_at + 1), what="purged past r2"
+        )
+        await r2.durable.resume()
+        workers.publish_round(prompts=3)
+        last = await published_and_stored(workers, worker_link, r1.config)
+        await eventually(
+            lambda: r1.durable.applied_seq == r2.durable.applied_seq == last, what="both caught up"
+        )
+        assert r2.durable.counters["durable.reload"] >= 1
+        before = r1.answers(workers.queries)
+        assert r2.answers(workers.queries) == before
+        assert all(before)
+    finally:
+        await r1.stop()
+        await r2.stop()
+
+    r3 = await Replica(nats_server, "r3", snapshot_threshold=8).start()
+    try:
+        await eventually(lambda: r3.durable.applied_seq == last, what="r3 applied snapshot and stream")
+        assert r3.durable.counters["durable.snapshot_loaded"] == 1
+        assert r3.answers(workers.queries) == before
+    finally:
+        await r3.stop()
+        await workers.stop()
+
+
+async def _first_seq_above(link, config, seq: int) -> bool:
+    return (await stream_state(link, config)).first_seq > seq
+
+
+async def test_reset_states_purges_everything_and_a_new_replica_starts_empty(nats_server, worker_link):
+    r1 = await Replica(nats_server, "r1", snapshot_threshold=5).start()
+    workers = Workers(worker_link)
+    try:
+        await workers.prime(CONFIG)
+        workers.publish_round(prompts=9)
+        last = await published_and_stored(workers, worker_link, r1.config)
+        await eventually(lambda: r1.durable.applied_seq == last, what="applied")
+        await eventually(lambda: r1.durable.counters["durable.snapshot"] >= 1, what="a snapshot")
+        assert any(r1.answers(workers.queries))
+        await r1.stop()
+
+        fresh = await Replica(nats_server, "r9", snapshot_threshold=5).start(reset_states=True)
+        try:
+            assert not any(fresh.answers(workers.queries))
+            assert (await stream_state(worker_link, fresh.config)).messages == 0
+            assert await fresh.durable.load_snapshot() is None
+            js = worker_link.nc.jetstream()
+            assert [c.name for c in await js.consumers_info(fresh.config.stream)] == ["router-r9"]
+            # and it goes on with what comes next
+            tokens = list(range(4))
+            workers.publishers[0].on_stored(None, [77], [tokens])
+            await eventually(lambda: matches(fresh.router, compute_block_hashes(tokens, 4)), what="new event")
+        finally:
+            await fresh.stop()
+    finally:
+        await workers.stop()
