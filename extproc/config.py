@@ -52,6 +52,7 @@ class WorkerConfig:
     max_num_batched_tokens: int = 8192
     kv_events: str | None = None  # ZMQ PUB endpoint of dp rank 0 (tcp://ip:port); rank r uses port + r
     kv_replay: str | None = None  # ZMQ replay (ROUTER) endpoint of dp rank 0, same port rule
+    instance_id: int | None = None  # the engine's u64 id in Dynamo-style NATS events (default: int(id))
 
     @property
     def host(self) -> str:
@@ -531,6 +532,7 @@ def _workers(raw: Any) -> tuple[WorkerConfig, ...]:
                     max_num_batched_tokens=int(w.get("max_num_batched_tokens", 8192)),
                     kv_events=_zmq_endpoint(w, "kv_events", i),
                     kv_replay=_zmq_endpoint(w, "kv_replay", i),
+                    instance_id=int(w["instance_id"]) if w.get("instance_id") is not None else None,
                 )
             )
         except (TypeError, ValueError) as exc:

@@ -8,10 +8,13 @@ wire formats and sockets live in `extproc.events` (`zmq`: vLLM's ZMQ PUB + repla
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from extproc.events.dynamo_json import kv_events_subject
+from extproc.events.nats_events import NatsEventPublisher, NatsLink
 from extproc.events.vllm import WireEvent
 from extproc.events.zmq_publisher import (
     DEFAULT_PUB_PORT,
@@ -22,6 +25,7 @@ from extproc.events.zmq_publisher import (
 from extproc.sim.prefix_cache import KvCacheListener
 
 KV_EVENTS_OFF = "off"
+log = logging.getLogger("extproc.sim")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +38,10 @@ class KvEventsConfig:
     host: str = "127.0.0.1"
     port: int | None = None
     replay_port: int | None = None
+    nats_url: str = "nats://127.0.0.1:4222"  # nats: where to publish Dynamo-style JSON events
+    instance_id: int = 0  # nats: the worker's u64 id on the wire (the picker maps it to a worker)
+    namespace: str = "dynamo"
+    component: str = "backend"
 
     def __post_init__(self) -> None:
         for name in ("port", "replay_port"):
@@ -81,7 +89,59 @@ class ZmqKvEvents:
         await self.publisher.stop()
 
 
-KV_EVENT_TRANSPORTS: dict[str, Callable[[KvEventsConfig, int], KvEventPublisher]] = {"zmq": ZmqKvEvents}
+class NatsKvEvents:
+    """Dynamo-style JSON KV events on NATS core (`namespace.<ns>.component.<c>.kv_events`)."""
+
+    def __init__(self, config: KvEventsConfig, block_size: int) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.link: NatsLink | None = None
+        self.publisher: NatsEventPublisher | None = None
+        self._listener = _Forward(self)
+
+    @property
+    def listener(self) -> KvCacheListener:
+        return self._listener
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.link = await NatsLink.connect(cfg.nats_url, name=f"mock-worker-{cfg.instance_id}")
+        subject = kv_events_subject(cfg.namespace, cfg.component)
+        self.publisher = NatsEventPublisher(self.link.nc, subject, cfg.instance_id)
+        log.info("publishing KV events as instance %d on %s at %s", cfg.instance_id, subject, cfg.nats_url)
+
+    async def stop(self) -> None:
+        publisher, self.publisher = self.publisher, None
+        if publisher is not None:
+            await publisher.stop()
+        if self.link is not None:
+            await self.link.close()
+            self.link = None
+
+
+class _Forward:
+    """The engine's listener: forwards to the NATS publisher once it is connected."""
+
+    def __init__(self, owner: NatsKvEvents) -> None:
+        self.owner = owner
+
+    def on_stored(self, parent_hash, block_hashes, token_ids) -> None:  # type: ignore[no-untyped-def]
+        if self.owner.publisher is not None:
+            self.owner.publisher.on_stored(parent_hash, block_hashes, token_ids)
+
+    def on_removed(self, block_hashes) -> None:  # type: ignore[no-untyped-def]
+        if self.owner.publisher is not None:
+            self.owner.publisher.on_removed(block_hashes)
+
+    def on_cleared(self) -> None:
+        if self.owner.publisher is not None:
+            self.owner.publisher.on_cleared()
+
+
+KV_EVENT_TRANSPORTS: dict[str, Callable[[KvEventsConfig, int], KvEventPublisher]] = {
+    "zmq": ZmqKvEvents,
+    "nats": NatsKvEvents,
+}
 
 
 def make_kv_event_publisher(config: KvEventsConfig, block_size: int) -> KvEventPublisher | None:

@@ -622,7 +622,8 @@ def add_mock_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-events",
         choices=[KV_EVENTS_OFF, *KV_EVENT_TRANSPORTS],
         default="zmq",
-        help="publish the prefix cache's KV events (zmq: vLLM's PUB + replay sockets; default: %(default)s)",
+        help="publish the prefix cache's KV events (zmq: vLLM's PUB + replay sockets; nats: Dynamo-style "
+        "JSON on NATS core; default: %(default)s)",
     )
     parser.add_argument("--kv-events-host", default="127.0.0.1", help="address the KV event sockets bind")
     parser.add_argument(
@@ -637,6 +638,16 @@ def add_mock_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="KV event replay (ROUTER) port; 0 picks a free one (default: 5558, or a free port when taken)",
     )
+    parser.add_argument(
+        "--nats-url",
+        default="nats://127.0.0.1:4222",
+        help="--kv-events nats: the NATS server (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--instance-id", type=int, default=0, help="--kv-events nats: this worker's u64 id in the events"
+    )
+    parser.add_argument("--namespace", default="dynamo", help="--kv-events nats: subject namespace")
+    parser.add_argument("--component", default="backend", help="--kv-events nats: subject component")
 
 
 def config_from_args(args: argparse.Namespace) -> MockWorkerConfig:
@@ -660,6 +671,10 @@ def config_from_args(args: argparse.Namespace) -> MockWorkerConfig:
             host=args.kv_events_host,
             port=args.kv_events_port,
             replay_port=args.kv_replay_port,
+            nats_url=args.nats_url,
+            instance_id=args.instance_id,
+            namespace=args.namespace,
+            component=args.component,
         ),
     )
 
