@@ -339,7 +339,8 @@ class KvRouter:
     def _overlaps(self, cfg: RouterConfig, local_hashes: Sequence[int]) -> OverlapScores:
         if cfg.mode is not RouterMode.KV or cfg.overlap_score_weight == 0 or not local_hashes:
             return {}
-        self.approx.expire(self._clock())
+        if len(self.approx):
+            self.approx.expire(self._clock())
         return self.indexer.find_matches(local_hashes)
 
     def _busy(self, cfg: RouterConfig, worker: Worker) -> bool:
