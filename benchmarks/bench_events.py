@@ -49,12 +49,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import gc
 import json
 import math
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -82,6 +80,7 @@ from bench_router import (  # noqa: E402
     GcWatch,
     TraceRequest,
     load_trace,
+    machine_environment,
     percentile,
 )
 
@@ -950,15 +949,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
             [find_nats_server(), "--version"], capture_output=True, text=True, timeout=5
         ).stdout.strip()
     return {
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "executable": sys.executable,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **machine_environment(),
         "msgpack": ".".join(map(str, msgpack.version)),
         "pyzmq": zmq.__version__,
         "libzmq": zmq.zmq_version(),

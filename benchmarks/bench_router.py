@@ -696,6 +696,21 @@ def import_dynamo(disabled: bool) -> tuple[Any, str | None]:
     return core, None
 
 
+def machine_environment() -> dict[str, Any]:
+    """Interpreter, machine and load at the start: what every benchmark's JSON records."""
+    return {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
 def environment(args: argparse.Namespace, core: Any) -> dict[str, Any]:
     import xxhash
 
@@ -708,15 +723,7 @@ def environment(args: argparse.Namespace, core: Any) -> dict[str, Any]:
         except Exception:
             dyn_version = getattr(core, "__version__", "unknown")
     return {
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "executable": sys.executable,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **machine_environment(),
         "numpy": np.__version__,
         "xxhash": xxhash.VERSION,
         "ai_dynamo_runtime": dyn_version,

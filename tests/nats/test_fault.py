@@ -20,10 +20,10 @@ class RecordingFeed(RouterFeed):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.states: list[tuple[Worker, bool]] = []
+        self.transitions: list[tuple[Worker, bool]] = []
 
     def stream_state(self, worker: Worker, up: bool, reason: str) -> None:
-        self.states.append((worker, up))
+        self.transitions.append((worker, up))
         super().stream_state(worker, up, reason)
 
 
@@ -61,17 +61,17 @@ async def test_killed_and_restarted_server_the_worker_is_resynchronised(nats_ser
     restarted = None
     try:
         await eventually(lambda: sub_link.counters["nats.event"] >= 20, what="events flowing")
-        assert feed.states == [(W7, True)]
+        assert feed.transitions == [(W7, True)]
 
         os.kill(nats_server.pid, signal.SIGKILL)
         nats_server.stop()  # reaps it
-        await eventually(lambda: (W7, False) in feed.states, what="stream reported down")
+        await eventually(lambda: (W7, False) in feed.transitions, what="stream reported down")
         assert not router.is_event_fed(W7)
         await eventually(lambda: publisher.counters["nats.publish_dropped"] >= 5, what="events lost")
         answers_while_down = answers
 
         restarted = restart_nats(nats_server.port)
-        await eventually(lambda: feed.states[-1] == (W7, True), timeout_s=15, what="stream reported up")
+        await eventually(lambda: feed.transitions[-1] == (W7, True), timeout_s=15, what="stream reported up")
         await eventually(lambda: subscriber.gaps >= 1, what="the gap after the outage")
         assert feed.counters["feed.reset"] >= 1  # the worker was reset on the gap
 
@@ -82,7 +82,7 @@ async def test_killed_and_restarted_server_the_worker_is_resynchronised(nats_ser
         await eventually(lambda: matches(router, newest) == {W7: 2}, what="new events apply")
         assert router.is_event_fed(W7)
         assert answers > answers_while_down > 0  # answered throughout, no exception
-        assert [up for _, up in feed.states][:3] == [True, False, True]
+        assert [up for _, up in feed.transitions][:3] == [True, False, True]
     finally:
         stop.set()
         for task in tasks:
