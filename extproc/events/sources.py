@@ -158,9 +158,9 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         await sync.start()
         sources.replica_sync = sync
         sources.closers.append(sync.stop)
-        listener = _SyncListener(sync)
+        listener = _SyncListener(sync, picker)
         picker.listeners.append(listener)
-        sources.closers.append(_remover(picker, listener))
+        sources.closers.append(listener.detach)
         log.info("replica sync on %s as %s", subject, router_id)
 
 
@@ -173,7 +173,7 @@ class _AllRouters:
 
     def __init__(self, picker: EndpointPicker) -> None:
         self._by_worker = picker.routers_by_worker()
-        self._routers: list[KvRouter] = list({id(r): r for r in self._by_worker.values()}.values())
+        self._routers: list[KvRouter] = [pool.router for pool in picker.pools.values()]
 
     def dump_events(self) -> list[KvEvent]:
         return [e for r in self._routers for e in r.dump_events()]
@@ -209,8 +209,13 @@ class _AllRouters:
 class _SyncListener:
     """Publishes this replica's request lifecycle to the others."""
 
-    def __init__(self, sync: ReplicaSync) -> None:
+    def __init__(self, sync: ReplicaSync, picker: EndpointPicker) -> None:
         self.sync = sync
+        self.picker = picker
+
+    async def detach(self) -> None:
+        if self in self.picker.listeners:
+            self.picker.listeners.remove(self)
 
     def on_routed(
         self, pick: Pick, local_hashes: Sequence[int], isl: int, expected_output_tokens: int | None
@@ -224,11 +229,3 @@ class _SyncListener:
 
     def on_freed(self, pick: Pick) -> None:
         self.sync.publish_freed(pick.request_id)
-
-
-def _remover(picker: EndpointPicker, listener: _SyncListener):  # type: ignore[no-untyped-def]
-    async def remove() -> None:
-        if listener in picker.listeners:
-            picker.listeners.remove(listener)
-
-    return remove

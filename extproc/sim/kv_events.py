@@ -9,7 +9,7 @@ wire formats and sockets live in `extproc.events` (`zmq`: vLLM's ZMQ PUB + repla
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -125,11 +125,13 @@ class _Forward:
     def __init__(self, owner: NatsKvEvents) -> None:
         self.owner = owner
 
-    def on_stored(self, parent_hash, block_hashes, token_ids) -> None:  # type: ignore[no-untyped-def]
+    def on_stored(
+        self, parent_hash: int | None, block_hashes: Sequence[int], token_ids: Sequence[Sequence[int]]
+    ) -> None:
         if self.owner.publisher is not None:
             self.owner.publisher.on_stored(parent_hash, block_hashes, token_ids)
 
-    def on_removed(self, block_hashes) -> None:  # type: ignore[no-untyped-def]
+    def on_removed(self, block_hashes: Sequence[int]) -> None:
         if self.owner.publisher is not None:
             self.owner.publisher.on_removed(block_hashes)
 

@@ -8,6 +8,7 @@ The picker runs in-process so the test can read its routers; the workers are chi
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from extproc.epp import CONFORMANCE_SELECTION_HEADER
 from extproc.events.feed import EVENT_FED, STALE
 from extproc.procs import ManagedProcess, free_port, start_envoy, wait_http_ok
 from extproc.request import parse_openai_body
-from extproc.router import Worker
+from extproc.router import RouterConfig, Worker
 from extproc.server import RunningPicker, start_picker
 from extproc.stack import MODEL, WorkerProcess, start_workers
 
@@ -47,8 +48,6 @@ def workers(log_dir: Path) -> Iterator[list[WorkerProcess]]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(workers, log_dir) -> AsyncIterator[tuple[RunningPicker, str]]:
-    from extproc.router import RouterConfig
-
     config = PickerConfig(
         router=RouterConfig(block_size=BLOCK, use_kv_events=True),
         workers=tuple(
@@ -93,8 +92,6 @@ def chat(text: str) -> dict:
 
 
 async def prompt_hashes(picker: RunningPicker, body: dict) -> list[int]:
-    import json
-
     pool = picker.picker.pools[MODEL]
     request = parse_openai_body(json.dumps(body).encode(), "/v1/chat/completions", max_bytes=1 << 20)
     tokens = await pool.tokenizer.tokenize(request)
