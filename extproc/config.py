@@ -80,6 +80,42 @@ class EventsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """One router group of a hierarchical picker: the local routers or another picker's group API."""
+
+    name: str
+    address: str | None = None  # host:port of a remote group API; None = this picker's own routers
+    weight: float = 1.0
+
+    @property
+    def is_local(self) -> bool:
+        return self.address is None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupsConfig:
+    """Hierarchical probing (off when `groups` is empty) and this picker's own group API."""
+
+    groups: tuple[GroupConfig, ...] = ()
+    api_port: int | None = None  # serve the router-group gRPC API here; None = off
+    probe_timeout_s: float = 0.05
+    policy: str = "max-overlap"  # max-overlap | min-cost | weighted
+    fallback: str | None = None  # name of a local group used when no group answers
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """Where workers come from besides the static list: a headless Service's DNS, config reload."""
+
+    dns_name: str | None = None  # e.g. vllm.default.svc.cluster.local; None = off
+    dns_port: int = 8000  # the workers' HTTP port (A records carry no port)
+    dns_model: str | None = None  # model served by the discovered workers (default: the only model)
+    dns_server: str | None = None  # ip[:port] of the DNS server; default: the system resolver
+    refresh_s: float = 10.0
+    reload_config: bool = False  # re-read the config file's workers when it changes
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     tokenizer: str | None = None
@@ -94,7 +130,11 @@ class PickerConfig:
     host: str = "127.0.0.1"
     port: int = 9002
     health_port: int = 9003
-    admin_port: int | None = None  # HTTP /metrics, /health, /debug/workers; None = off
+    admin_port: int | None = None  # HTTP /metrics, /healthz, /readyz, /busy_threshold, /debug/...; None = off
+    admin_host: str = "127.0.0.1"
+    admin_token: str | None = None  # bearer token required by mutating admin endpoints
+    queue_max_wait_s: float = 30.0  # a request queued longer is answered 503 (429 when sheddable)
+    session_ttl_s: float = 300.0  # sliding TTL of a sticky session's pin
     max_body_bytes: int = 16 * 1024 * 1024
     tokenizer: str | None = None
     tokenize_url: str | None = None
@@ -105,6 +145,9 @@ class PickerConfig:
     log_level: str = "info"
     kv_events_source: bool = False  # whether any KV event source is configured
     events: EventsConfig = field(default_factory=EventsConfig)
+    groups: GroupsConfig = field(default_factory=GroupsConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    config_path: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -254,6 +297,35 @@ ROUTER_OPTIONS: tuple[_Option, ...] = (
         "active_prefill_tokens_threshold_frac",
     ),
     _Option(
+        ("--router-queue-threshold",),
+        "router_queue_threshold",
+        _float_or_none,
+        None,
+        "Admission queue: hold a request while every eligible worker has more active prefill tokens "
+        "than this fraction of its max_num_batched_tokens; release when one drops to it. Off when unset.",
+        "router_queue_threshold",
+    ),
+    _Option(
+        ("--router-queue-policy",),
+        "router_queue_policy",
+        str,
+        "fcfs",
+        "Order of the admission queue: fcfs (arrival, moved up by priority), lcfs (newest first) or "
+        "wspt (highest (1 + priority) / prompt length first).",
+        "router_queue_policy",
+        ("fcfs", "lcfs", "wspt"),
+    ),
+    _Option(
+        ("--router-prefill-load-model",),
+        "router_prefill_load_model",
+        str,
+        "none",
+        "How a routed prompt loads its worker until its first token: none counts its tokens until the "
+        "first token; timing predicts its prefill time and lets the load decay as that time passes.",
+        "prefill_load_model",
+        ("none", "timing"),
+    ),
+    _Option(
         ("--router-log-formula",),
         "router_log_formula",
         bool,
@@ -286,6 +358,36 @@ PICKER_OPTIONS: tuple[_Option, ...] = (
         None,
         "HTTP admin port: /metrics (Prometheus), /health, /debug/workers (per-worker cache source and "
         "load). 0 picks a free port. Off when not set.",
+    ),
+    _Option(
+        ("--admin-host",),
+        "admin_host",
+        str,
+        "127.0.0.1",
+        "Address of the admin HTTP server; 0.0.0.0 to expose it beyond loopback.",
+    ),
+    _Option(
+        ("--admin-token",),
+        "admin_token",
+        str,
+        None,
+        "Bearer token required by mutating admin endpoints (POST /busy_threshold with values). "
+        "Also read from DYN_ADMIN_TOKEN. Off when not set.",
+    ),
+    _Option(
+        ("--router-queue-max-wait-ms",),
+        "router_queue_max_wait_ms",
+        float,
+        30_000.0,
+        "A request queued longer than this is answered 503 (429 when marked sheddable).",
+    ),
+    _Option(
+        ("--session-ttl-secs",),
+        "session_ttl_secs",
+        float,
+        300.0,
+        "Sticky sessions (nvext.session_control.session_id or x-session-id): seconds of inactivity "
+        "after which a session's worker pin lapses.",
     ),
     _Option(
         ("--max-body-bytes",),
@@ -411,6 +513,78 @@ EVENT_OPTIONS: tuple[_Option, ...] = (
 )
 
 
+GROUP_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        ("--group-api-port",),
+        "group_api_port",
+        _int_or_none,
+        None,
+        "Serve the router-group gRPC API (Probe, Commit, MarkPrefillComplete, Free, PotentialLoads) on "
+        "this port so a top-level picker can use this one as a group. 0 picks a free port. Off when not set.",
+    ),
+    _Option(
+        ("--group-probe-timeout-ms",),
+        "group_probe_timeout_ms",
+        float,
+        50.0,
+        "Hierarchical mode: groups that have not answered a probe within this deadline are skipped.",
+    ),
+    _Option(
+        ("--group-policy",),
+        "group_policy",
+        str,
+        "max-overlap",
+        "How to choose a group from their probes: max-overlap (cost breaks ties), min-cost, or weighted "
+        "(a blend of overlap and cost scaled by each group's weight).",
+        None,
+        ("max-overlap", "min-cost", "weighted"),
+    ),
+    _Option(
+        ("--group-fallback",),
+        "group_fallback",
+        str,
+        None,
+        "Name of a local group to route with when no group answers; without it such requests get 503.",
+    ),
+)
+
+DISCOVERY_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        ("--discovery-dns",),
+        "discovery_dns",
+        str,
+        None,
+        "Discover workers from the A/AAAA records of this name (a headless Service, e.g. "
+        "vllm.default.svc.cluster.local), refreshed periodically; pods come and go without a restart.",
+    ),
+    _Option(("--discovery-port",), "discovery_port", int, 8000, "The discovered workers' HTTP port."),
+    _Option(
+        ("--discovery-model",),
+        "discovery_model",
+        str,
+        None,
+        "Model served by the discovered workers (default: the only configured model).",
+    ),
+    _Option(
+        ("--discovery-dns-server",),
+        "discovery_dns_server",
+        str,
+        None,
+        "DNS server ip[:port] to ask instead of the system resolver.",
+    ),
+    _Option(
+        ("--discovery-refresh-secs",), "discovery_refresh_secs", float, 10.0, "Seconds between DNS lookups."
+    ),
+    _Option(
+        ("--reload-config",),
+        "reload_config",
+        bool,
+        False,
+        "Watch the config file and apply changes to its worker list without a restart.",
+    ),
+)
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", metavar="FILE", help="YAML file with workers, models and router settings."
@@ -419,6 +593,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         ("router", ROUTER_OPTIONS),
         ("KV events and replicas", EVENT_OPTIONS),
         ("picker", PICKER_OPTIONS),
+        ("router groups", GROUP_OPTIONS),
+        ("worker discovery", DISCOVERY_OPTIONS),
     )
     for title, options in groups:
         group = parser.add_argument_group(f"{title} (env DYN_<FLAG>, e.g. DYN_ROUTER_MODE)")
@@ -592,8 +768,10 @@ def load_config(
     router_section = document.get("router") or {}
     picker_section = document.get("picker") or {}
     events_section = document.get("events") or {}
-    if not all(isinstance(s, Mapping) for s in (router_section, picker_section, events_section)):
-        raise ConfigError("config file: 'router', 'events' and 'picker' must be mappings")
+    discovery_section = document.get("discovery") or {}
+    sections = (router_section, picker_section, events_section, discovery_section)
+    if not all(isinstance(s, Mapping) for s in sections):
+        raise ConfigError("config file: 'router', 'events', 'picker' and 'discovery' must be mappings")
 
     workers = _workers(document.get("workers"))
     ev = {opt.dest: _resolve(opt, args, environ, events_section) for opt in EVENT_OPTIONS}
@@ -627,6 +805,37 @@ def load_config(
     except InvalidConfig as exc:
         raise ConfigError(str(exc)) from exc
     picker = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in PICKER_OPTIONS}
+    if picker["router_queue_max_wait_ms"] <= 0:
+        raise ConfigError(
+            f"invalid router-queue-max-wait-ms={picker['router_queue_max_wait_ms']}: expected > 0"
+        )
+    if picker["session_ttl_secs"] <= 0:
+        raise ConfigError(f"invalid session-ttl-secs={picker['session_ttl_secs']}: expected > 0")
+    gr = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in GROUP_OPTIONS}
+    groups = GroupsConfig(
+        groups=_groups(document.get("groups")),
+        api_port=gr["group_api_port"],
+        probe_timeout_s=gr["group_probe_timeout_ms"] / 1000.0,
+        policy=gr["group_policy"],
+        fallback=gr["group_fallback"],
+    )
+    if groups.probe_timeout_s <= 0:
+        raise ConfigError(f"invalid group-probe-timeout-ms={gr['group_probe_timeout_ms']}: expected > 0")
+    if groups.fallback is not None and groups.fallback not in {g.name for g in groups.groups if g.is_local}:
+        raise ConfigError(f"invalid group-fallback={groups.fallback!r}: expected the name of a local group")
+    dc = {opt.dest: _resolve(opt, args, environ, discovery_section) for opt in DISCOVERY_OPTIONS}
+    discovery = DiscoveryConfig(
+        dns_name=dc["discovery_dns"],
+        dns_port=dc["discovery_port"],
+        dns_model=dc["discovery_model"],
+        dns_server=dc["discovery_dns_server"],
+        refresh_s=dc["discovery_refresh_secs"],
+        reload_config=dc["reload_config"],
+    )
+    if discovery.refresh_s <= 0:
+        raise ConfigError(f"invalid discovery-refresh-secs={discovery.refresh_s}: expected > 0")
+    if discovery.reload_config and not config_path:
+        raise ConfigError("--reload-config needs a config file (--config or DYN_CONFIG)")
     return PickerConfig(
         router=router,
         workers=workers,
@@ -635,6 +844,10 @@ def load_config(
         port=picker["port"],
         health_port=picker["health_port"],
         admin_port=picker["admin_port"],
+        admin_host=picker["admin_host"],
+        admin_token=picker["admin_token"],
+        queue_max_wait_s=picker["router_queue_max_wait_ms"] / 1000.0,
+        session_ttl_s=picker["session_ttl_secs"],
         max_body_bytes=picker["max_body_bytes"],
         tokenizer=picker["tokenizer"],
         tokenize_url=picker["tokenize_url"],
@@ -645,4 +858,36 @@ def load_config(
         log_level=picker["log_level"],
         kv_events_source=kv_events_source,
         events=events,
+        groups=groups,
+        discovery=discovery,
+        config_path=str(config_path) if config_path else None,
     )
+
+
+def _groups(raw: Any) -> tuple[GroupConfig, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError("invalid groups: expected a list of {name, address | local: true, weight}")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping) or not item.get("name"):
+            raise ConfigError(f"invalid groups[{i}]={item!r}: expected a mapping with a name")
+        g = _norm(item)
+        address = g.get("address")
+        local = bool(g.get("local", address is None))
+        if local == (address is not None):
+            raise ConfigError(f"invalid groups[{i}]: give either 'address: host:port' or 'local: true'")
+        if address is not None and ":" not in str(address):
+            raise ConfigError(f"invalid groups[{i}].address={address!r}: expected host:port")
+        try:
+            weight = float(g.get("weight", 1.0))
+        except (TypeError, ValueError):
+            raise ConfigError(f"invalid groups[{i}].weight={g.get('weight')!r}: expected a number") from None
+        if not weight > 0:
+            raise ConfigError(f"invalid groups[{i}].weight={weight}: expected > 0")
+        out.append(GroupConfig(str(g["name"]), None if local else str(address), weight))
+    names = [g.name for g in out]
+    if len(set(names)) != len(names):
+        raise ConfigError("invalid groups: group names must be unique")
+    return tuple(out)

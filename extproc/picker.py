@@ -47,6 +47,14 @@ class Pick:
     timings_ns: dict[str, int] = field(default_factory=dict)
 
 
+class WorkerSetListener(Protocol):
+    """Told when a model's workers change at run time (discovery, config reload)."""
+
+    def on_workers_changed(
+        self, model: str, added: Sequence[WorkerConfig], removed: Sequence[str]
+    ) -> None: ...
+
+
 class PickListener(Protocol):
     """Told about every tracked request's lifecycle (replica sync publishes these to other replicas)."""
 
@@ -90,6 +98,7 @@ class EndpointPicker:
         self._rng = rng or random.Random(config.seed)
         self._ids = count(1)
         self.listeners: list[PickListener] = []
+        self.worker_listeners: list[WorkerSetListener] = []
         self._pools: dict[str, ModelPool] = {}
         for model in config.models:
             workers = {w.id: w for w in config.workers if w.model == model.name}
@@ -113,6 +122,31 @@ class EndpointPicker:
     def routers_by_worker(self) -> dict[str, KvRouter]:
         """Each configured worker id's router (one router per model)."""
         return {wid: pool.router for pool in self._pools.values() for wid in pool.workers}
+
+    def set_workers(self, model: str, workers: Sequence[WorkerConfig]) -> tuple[list[str], list[str]]:
+        """Make `workers` the model's worker set; returns the ids added and removed.
+
+        A changed worker (new endpoint, dp ranks or capacity) is updated in place. A removed worker's
+        cached blocks and in-flight requests are forgotten (their streams still end normally).
+        """
+        pool = self._pools.get(model)
+        if pool is None:
+            raise UnknownModel(model, list(self._pools))
+        wanted = {w.id: w for w in workers}
+        removed = [wid for wid in pool.workers if wid not in wanted]
+        added = [w for wid, w in wanted.items() if pool.workers.get(wid) != w]
+        for wid in removed:
+            dropped = pool.router.remove_worker(wid)
+            del pool.workers[wid]
+            log.info("worker %s of %s removed (%d in-flight requests forgotten)", wid, model, len(dropped))
+        for w in added:
+            pool.router.add_worker(_specs([w])[0])
+            pool.workers[w.id] = w
+            log.info("worker %s of %s at %s added", w.id, model, w.endpoint)
+        if added or removed:
+            for listener in self.worker_listeners:
+                listener.on_workers_changed(model, added, removed)
+        return [w.id for w in added], removed
 
     async def close(self) -> None:
         for pool in self._pools.values():

@@ -4,7 +4,13 @@ Imports nothing from the rest of the package (a test guards this).
 """
 
 from extproc.router.approx import ApproxIndexer
-from extproc.router.config import QueuePolicy, RouterConfig, RouterConfigOverride, RouterMode
+from extproc.router.config import (
+    PrefillLoadModel,
+    QueuePolicy,
+    RouterConfig,
+    RouterConfigOverride,
+    RouterMode,
+)
 from extproc.router.errors import (
     AllWorkersBusy,
     InvalidConfig,
@@ -48,6 +54,7 @@ __all__ = [
     "NoWorkers",
     "OverlapScores",
     "PinnedWorkerUnavailable",
+    "PrefillLoadModel",
     "QueuePolicy",
     "RadixTree",
     "RouterConfig",

@@ -20,6 +20,11 @@ class RouterMode(enum.StrEnum):
     RANDOM = "random"
 
 
+class PrefillLoadModel(enum.StrEnum):
+    NONE = "none"  # a routed prompt's tokens load its worker until the first token
+    TIMING = "timing"  # the load decays as the predicted prefill time passes
+
+
 class QueuePolicy(enum.StrEnum):
     FCFS = "fcfs"
     LCFS = "lcfs"
@@ -55,12 +60,16 @@ class RouterConfig:
     active_prefill_tokens_threshold_frac: float | None = None
     router_queue_threshold: float | None = None
     router_queue_policy: QueuePolicy = QueuePolicy.FCFS
+    prefill_load_model: PrefillLoadModel = PrefillLoadModel.NONE
     log_formula: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _enum(RouterMode, "mode", self.mode))
         object.__setattr__(
             self, "router_queue_policy", _enum(QueuePolicy, "router_queue_policy", self.router_queue_policy)
+        )
+        object.__setattr__(
+            self, "prefill_load_model", _enum(PrefillLoadModel, "prefill_load_model", self.prefill_load_model)
         )
         _check(self.block_size >= 1, "block_size", self.block_size, "an integer >= 1")
         _check(
