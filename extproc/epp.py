@@ -42,12 +42,15 @@ ANSWERS: tuple[tuple[type[BaseException], int, str], ...] = (
     (router_errors.NoWorkers, 503, "rejected-no-endpoints"),
     (router_errors.AllWorkersBusy, 503, "rejected-saturated"),
     (router_errors.PinnedWorkerUnavailable, 503, "rejected-pinned-unavailable"),
+    (router_errors.QueueTimeout, 503, "rejected-queue-timeout"),  # 429 when sheddable: see status_of
 )
 _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
 
 
 def status_of(exc: BaseException) -> tuple[int, str]:
     """The HTTP status and dropped-reason for an error (500 for anything unexpected)."""
+    if isinstance(exc, router_errors.QueueTimeout) and exc.sheddable:
+        return 429, "shed-queue-timeout"
     for cls, status, reason in ANSWERS:
         if isinstance(exc, cls):
             return status, reason

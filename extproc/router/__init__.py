@@ -16,14 +16,17 @@ from extproc.router.errors import (
     InvalidConfig,
     NoWorkers,
     PinnedWorkerUnavailable,
+    QueueTimeout,
     RouterError,
     UnknownRequest,
 )
 from extproc.router.hashing import XXH3_SEED, block_seed, compute_block_hashes, compute_sequence_hashes
+from extproc.router.queue import AdmissionQueue, QueuedRequest
 from extproc.router.radix import IndexerStats, OverlapScores, RadixTree
 from extproc.router.router import KvRouter
 from extproc.router.selection import compute_costs, pick, softmax_probabilities
 from extproc.router.sequences import ActiveSequences
+from extproc.router.sessions import SessionPins
 from extproc.router.types import (
     AllBlocksCleared,
     BlocksRemoved,
@@ -41,6 +44,7 @@ from extproc.router.types import (
 __all__ = [
     "XXH3_SEED",
     "ActiveSequences",
+    "AdmissionQueue",
     "AllBlocksCleared",
     "AllWorkersBusy",
     "ApproxIndexer",
@@ -56,11 +60,14 @@ __all__ = [
     "PinnedWorkerUnavailable",
     "PrefillLoadModel",
     "QueuePolicy",
+    "QueueTimeout",
+    "QueuedRequest",
     "RadixTree",
     "RouterConfig",
     "RouterConfigOverride",
     "RouterError",
     "RouterMode",
+    "SessionPins",
     "StoredBlock",
     "UnknownRequest",
     "Worker",

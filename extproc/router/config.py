@@ -98,20 +98,28 @@ class RouterConfig:
             "a fraction in (0, 1]",
         )
         _check(
-            self.active_decode_blocks_threshold is None or self.active_decode_blocks_threshold >= 0,
+            self.active_decode_blocks_threshold is None
+            or (
+                _finite(self.active_decode_blocks_threshold) and 0 <= self.active_decode_blocks_threshold <= 1
+            ),
             "active_decode_blocks_threshold",
             self.active_decode_blocks_threshold,
-            "a fraction of the KV cache >= 0, or unset",
+            "a fraction of the KV cache in [0, 1], or unset",
         )
         _check(
-            self.active_prefill_tokens_threshold is None or self.active_prefill_tokens_threshold >= 0,
+            self.active_prefill_tokens_threshold is None
+            or (
+                isinstance(self.active_prefill_tokens_threshold, int)
+                and not isinstance(self.active_prefill_tokens_threshold, bool)
+                and self.active_prefill_tokens_threshold >= 0
+            ),
             "active_prefill_tokens_threshold",
             self.active_prefill_tokens_threshold,
             "a token count >= 0, or unset",
         )
         frac = self.active_prefill_tokens_threshold_frac
         _check(
-            frac is None or 0 <= frac <= 1,
+            _fraction_or_none(frac),
             "active_prefill_tokens_threshold_frac",
             frac,
             "a fraction in [0, 1], or unset",
@@ -134,6 +142,10 @@ class RouterConfig:
 
 def _finite(value: float) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _fraction_or_none(value: object) -> bool:
+    return value is None or (_finite(value) and 0 <= value <= 1)  # type: ignore[operator]
 
 
 def _check(ok: bool, name: str, value: object, accepted: str) -> None:

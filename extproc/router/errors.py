@@ -5,6 +5,7 @@ RouterError
 ├── NoWorkers                 no worker is registered (or none is allowed for this request)
 ├── AllWorkersBusy            every candidate is over a busy threshold
 ├── PinnedWorkerUnavailable   the pinned worker is unknown or busy
+├── QueueTimeout              a queued request waited its whole bound without capacity
 └── UnknownRequest            a lifecycle call named a request the router does not track
 """
 
@@ -39,6 +40,16 @@ class PinnedWorkerUnavailable(RouterError):
         super().__init__(f"pinned worker {worker} is {reason}")
         self.worker = worker
         self.reason = reason
+
+
+class QueueTimeout(RouterError):
+    def __init__(self, waited_s: float, *, sheddable: bool = False) -> None:
+        super().__init__(
+            f"every worker stayed saturated for {waited_s:.1f} s while the request was queued"
+            + ("; the request is sheddable and was shed" if sheddable else "")
+        )
+        self.waited_s = waited_s
+        self.sheddable = sheddable
 
 
 class UnknownRequest(RouterError):

@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import replace
 
 from extproc.router.approx import ApproxIndexer, is_predicted_id
 from extproc.router.config import RouterConfig, RouterConfigOverride, RouterMode
-from extproc.router.errors import AllWorkersBusy, NoWorkers, PinnedWorkerUnavailable
+from extproc.router.errors import AllWorkersBusy, InvalidConfig, NoWorkers, PinnedWorkerUnavailable
 from extproc.router.hashing import TokenIds, compute_block_hashes, compute_sequence_hashes
 from extproc.router.radix import OverlapScores, RadixTree
 from extproc.router.selection import compute_costs, is_busy, pick
@@ -238,7 +239,8 @@ class KvRouter:
         overlap = overlaps.get(worker, 0)
         if request_id is not None:
             self._track(request_id, worker, local_hashes, block_keys, isl, overlap, expected_output_tokens)
-        return Decision(worker, overlap, len(local_hashes), costs, cost)
+        best = max((overlaps.get(w, 0) for w in candidates), default=0) if overlaps else 0
+        return Decision(worker, overlap, len(local_hashes), costs, cost, best)
 
     def add_request(
         self,
@@ -296,6 +298,64 @@ class KvRouter:
             candidates, self._block_keys(local_hashes), len(tokens), self._overlaps(cfg, local_hashes)
         )
 
+    # --- admission ---------------------------------------------------------------------------
+
+    def has_capacity(
+        self,
+        *,
+        allowed_workers: WorkerFilter | None = None,
+        pinned_worker: Worker | WorkerId | None = None,
+    ) -> bool:
+        """Whether a request may be decided now rather than queued (REFERENCE section 5).
+
+        True when some candidate is under every busy threshold and, with a queue threshold t,
+        has active prefill tokens <= t * max_num_batched_tokens. Without workers: True (the
+        decision itself answers NoWorkers).
+        """
+        cfg = self.config
+        try:
+            candidates = self._candidates(allowed_workers)
+        except NoWorkers:
+            return True
+        if pinned_worker is not None:
+            candidates = [
+                w
+                for w in candidates
+                if w == pinned_worker
+                or (not isinstance(pinned_worker, Worker) and w.worker_id == pinned_worker)
+            ] or candidates
+        threshold = cfg.router_queue_threshold
+        for worker in candidates:
+            if self._busy(cfg, worker):
+                continue
+            if threshold is None:
+                return True
+            limit = threshold * self._specs[worker.worker_id].max_num_batched_tokens
+            if self.sequences.prefill_tokens(worker) <= limit:
+                return True
+        return False
+
+    def thresholds(self) -> dict[str, float | int | None]:
+        """The busy thresholds in force (None = unset)."""
+        cfg = self.config
+        return {
+            "active_decode_blocks_threshold": cfg.active_decode_blocks_threshold,
+            "active_prefill_tokens_threshold": cfg.active_prefill_tokens_threshold,
+            "active_prefill_tokens_threshold_frac": cfg.active_prefill_tokens_threshold_frac,
+        }
+
+    def set_thresholds(self, **values: float | int | None) -> dict[str, float | int | None]:
+        """Change busy thresholds at run time (only the names given); returns the full record.
+
+        Raises InvalidConfig for an unknown name or a value out of range; nothing changes then.
+        """
+        known = self.thresholds()
+        for name in values:
+            if name not in known:
+                raise InvalidConfig(name, values[name], "one of " + ", ".join(known))
+        self.config = replace(self.config, **values)
+        return self.thresholds()
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     def mark_prefill_complete(self, request_id: str) -> bool:
@@ -326,7 +386,7 @@ class KvRouter:
 
     def _resolve_pinned(self, pinned: Worker | WorkerId, candidates: list[Worker]) -> Worker:
         for w in candidates:
-            if w == pinned or (not isinstance(pinned, Worker) and w.worker_id == pinned):
+            if _is(w, pinned):
                 return w
         raise PinnedWorkerUnavailable(pinned, "unknown or not allowed")
 
@@ -372,6 +432,10 @@ class KvRouter:
             active_prefill, decode = seqs.potential(w, block_keys, isl)
             out.append(WorkerLoad(w, active_prefill + max(0, isl - overlap * bs), decode, overlap))
         return out
+
+
+def _is(worker: Worker, ref: Worker | WorkerId) -> bool:
+    return worker == ref or (not isinstance(ref, Worker) and worker.worker_id == ref)
 
 
 def _worker_order(worker: Worker) -> tuple[str, str, int]:

@@ -128,6 +128,7 @@ class Decision:
     request_blocks: int
     costs: tuple[WorkerCost, ...] = field(default=())
     cost: float = 0.0
+    best_overlap_blocks: int = 0  # the largest overlap any candidate had (regret = best - chosen)
 
     @property
     def worker_id(self) -> WorkerId:

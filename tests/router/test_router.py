@@ -210,6 +210,9 @@ def test_dp_ranks_are_routed_separately():
         ("block_size", 0),
         ("mode", "fastest"),
         ("active_prefill_tokens_threshold_frac", 1.5),
+        ("active_decode_blocks_threshold", 1.2),
+        ("active_prefill_tokens_threshold", -1),
+        ("active_prefill_tokens_threshold", 2.5),
     ],
 )
 def test_invalid_config_names_the_field_and_what_is_accepted(field, value):
@@ -231,3 +234,61 @@ def test_a_request_added_from_another_replica_loads_the_worker_like_a_local_deci
         assert router.sequences.prefill_tokens(B) == 0
         router.free("r1")
         assert router.is_idle()
+
+
+def test_queue_capacity_follows_active_prefill_tokens_of_the_freshest_load():
+    # threshold 0.01 of 8192 batched tokens = 81.92 tokens: one 128-token prompt saturates a worker
+    router = make_router(router_queue_threshold=0.01)
+    assert router.has_capacity()
+    for worker, rid in ((A, "x"), (B, "y"), (C, "z")):
+        router.best_worker(PROMPT, request_id=rid, pinned_worker=worker)
+    assert not router.has_capacity()
+    assert not router.has_capacity(allowed_workers={"a", "b"})
+    router.mark_prefill_complete("y")  # b's prompt is prefilled: b has room again
+    assert router.has_capacity()
+    assert router.has_capacity(allowed_workers={"b"})
+    assert not router.has_capacity(allowed_workers={"a", "c"})
+    assert not router.has_capacity(pinned_worker="a")
+
+
+def test_capacity_without_a_queue_threshold_means_some_worker_is_not_busy():
+    router = make_router(active_prefill_tokens_threshold=100)
+    assert router.has_capacity()
+    for worker, rid in ((A, "x"), (B, "y"), (C, "z")):
+        router.best_worker(PROMPT, request_id=rid, pinned_worker=worker)
+    assert not router.has_capacity()
+    router.free("z")
+    assert router.has_capacity()
+
+
+def test_thresholds_change_at_run_time_and_change_routing():
+    router = make_router()
+    assert router.thresholds() == {
+        "active_decode_blocks_threshold": None,
+        "active_prefill_tokens_threshold": None,
+        "active_prefill_tokens_threshold_frac": None,
+    }
+    router.best_worker(PROMPT, request_id="x", pinned_worker=A)
+    record = router.set_thresholds(active_prefill_tokens_threshold=100)
+    assert record["active_prefill_tokens_threshold"] == 100
+    assert all(router.best_worker(PROMPT).worker != A for _ in range(20))
+    router.set_thresholds(active_decode_blocks_threshold=0.5)  # the other value stays
+    assert router.thresholds()["active_prefill_tokens_threshold"] == 100
+    router.set_thresholds(active_prefill_tokens_threshold=None)
+    assert A in {router.best_worker(PROMPT).worker for _ in range(50)}
+
+
+def test_invalid_threshold_changes_are_refused_and_change_nothing():
+    router = make_router(active_prefill_tokens_threshold_frac=0.5)
+    with pytest.raises(ValueError, match="active_prefill_tokens_threshold_frac"):
+        router.set_thresholds(active_prefill_tokens_threshold_frac=2.0)
+    with pytest.raises(ValueError, match="temperature"):
+        router.set_thresholds(temperature=1.0)
+    assert router.thresholds()["active_prefill_tokens_threshold_frac"] == 0.5
+
+
+def test_decision_reports_the_best_overlap_available():
+    router = make_router()
+    cache(router, B, PROMPT)
+    decision = router.best_worker(PROMPT, pinned_worker=A)
+    assert (decision.overlap_blocks, decision.best_overlap_blocks) == (0, 8)

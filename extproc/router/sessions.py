@@ -1,0 +1,90 @@
+"""SessionPins: sticky sessions. A session's requests go to the worker its first request used.
+
+Pure: time comes in as `now` (seconds). A pin lives `ttl_s` after its last use (a sliding TTL),
+is dropped by a close action, and is moved when its worker disappears or is busy (the caller
+re-pins to the replacement). Expired pins are swept as time passes, oldest first, so memory is
+bounded by the sessions active within one TTL.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from extproc.router.types import Worker
+
+
+@dataclass(slots=True)
+class Pin:
+    worker: Worker
+    last_used_s: float
+    requests: int = 0
+
+
+class SessionPins:
+    """session id -> pinned worker, with a sliding TTL."""
+
+    def __init__(self, ttl_s: float) -> None:
+        if not ttl_s > 0:
+            raise ValueError(f"session ttl must be > 0 seconds, not {ttl_s!r}")
+        self.ttl_s = ttl_s
+        self._pins: OrderedDict[str, Pin] = OrderedDict()  # least recently used first
+        self.expired = 0
+        self.closed = 0
+        self.moved = 0
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._pins
+
+    def get(self, session_id: str, now: float) -> Worker | None:
+        """The session's worker, or None when it has none or its pin lapsed."""
+        self.expire(now)
+        pin = self._pins.get(session_id)
+        return pin.worker if pin is not None else None
+
+    def pin(self, session_id: str, worker: Worker, now: float) -> None:
+        """Record a use of the session on `worker` (a new pin, a refresh or a move)."""
+        pin = self._pins.get(session_id)
+        if pin is None:
+            self._pins[session_id] = Pin(worker, now, 1)
+            return
+        if pin.worker != worker:
+            self.moved += 1
+            pin.worker = worker
+        pin.last_used_s = now
+        pin.requests += 1
+        self._pins.move_to_end(session_id)
+
+    def close(self, session_id: str) -> bool:
+        if self._pins.pop(session_id, None) is None:
+            return False
+        self.closed += 1
+        return True
+
+    def drop_worker(self, worker_id: object) -> int:
+        """Forget every pin to a worker that left; its sessions are re-pinned on their next request."""
+        gone = [s for s, p in self._pins.items() if p.worker.worker_id == worker_id]
+        for session_id in gone:
+            del self._pins[session_id]
+        return len(gone)
+
+    def expire(self, now: float) -> int:
+        pins = self._pins
+        dropped = 0
+        while pins:
+            session_id, pin = next(iter(pins.items()))
+            if now - pin.last_used_s < self.ttl_s:
+                break
+            del pins[session_id]
+            dropped += 1
+        self.expired += dropped
+        return dropped
+
+    def by_worker(self) -> dict[Worker, int]:
+        counts: dict[Worker, int] = {}
+        for pin in self._pins.values():
+            counts[pin.worker] = counts.get(pin.worker, 0) + 1
+        return counts

@@ -1,0 +1,55 @@
+"""Sticky-session pins: sliding TTL, close, moves and workers leaving."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.router import SessionPins, Worker
+
+W0, W1 = Worker("w0"), Worker("w1")
+
+
+def test_a_pin_lasts_its_ttl_after_the_last_use() -> None:
+    pins = SessionPins(ttl_s=10.0)
+    pins.pin("s", W0, now=0.0)
+    assert pins.get("s", now=9.5) == W0
+    pins.pin("s", W0, now=9.5)  # used again: the TTL slides
+    assert pins.get("s", now=19.25) == W0
+    assert pins.get("s", now=19.5) is None
+    assert len(pins) == 0 and pins.expired == 1
+
+
+def test_close_drops_the_pin() -> None:
+    pins = SessionPins(ttl_s=10.0)
+    pins.pin("s", W0, now=0.0)
+    assert pins.close("s") and not pins.close("s")
+    assert pins.get("s", now=1.0) is None
+
+
+def test_repinning_to_another_worker_counts_a_move() -> None:
+    pins = SessionPins(ttl_s=10.0)
+    pins.pin("s", W0, now=0.0)
+    pins.pin("s", W1, now=1.0)
+    assert pins.get("s", now=2.0) == W1 and pins.moved == 1
+
+
+def test_a_worker_leaving_drops_its_pins_only() -> None:
+    pins = SessionPins(ttl_s=10.0)
+    pins.pin("a", W0, now=0.0)
+    pins.pin("b", W1, now=0.0)
+    assert pins.drop_worker("w0") == 1
+    assert pins.get("a", now=1.0) is None and pins.get("b", now=1.0) == W1
+
+
+def test_expiry_sweeps_old_sessions_and_keeps_recent_ones() -> None:
+    pins = SessionPins(ttl_s=5.0)
+    for i in range(1000):
+        pins.pin(f"s{i}", W0 if i % 2 else W1, now=i * 0.01)  # 0 .. 9.99 s
+    pins.expire(now=10.0)  # sessions last used before 5.0 s are gone
+    assert len(pins) == 500
+    assert pins.by_worker() == {W0: 250, W1: 250}
+
+
+def test_ttl_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        SessionPins(ttl_s=0)
