@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test demo lint bench protos clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/bench_router.py
+
+# Regenerate the router-group gRPC stubs checked in under extproc/groups/_generated/.
+protos: install
+	$(PY) -m grpc_tools.protoc -Iextproc/groups/_generated=extproc/groups \
+		--python_out=. --pyi_out=. --grpc_python_out=. extproc/groups/router_group.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
