@@ -42,10 +42,10 @@ def test_a_worker_leaving_drops_its_pins_only() -> None:
 
 
 def test_expiry_sweeps_old_sessions_and_keeps_recent_ones() -> None:
-    pins = SessionPins(ttl_s=5.0)
+    pins = SessionPins(ttl_s=500.0)
     for i in range(1000):
-        pins.pin(f"s{i}", W0 if i % 2 else W1, now=i * 0.01)  # 0 .. 9.99 s
-    pins.expire(now=10.0)  # sessions last used before 5.0 s are gone
+        pins.pin(f"s{i}", W0 if i % 2 else W1, now=float(i))
+    assert pins.expire(now=999.5) == 500  # used at 499 s or before: gone
     assert len(pins) == 500
     assert pins.by_worker() == {W0: 250, W1: 250}
 
