@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from extproc.admin import AdminServer, start_admin
 from extproc.config import PickerConfig
+from extproc.discovery import WorkerDiscovery, start_discovery
 from extproc.events.sources import EventSources, start_event_sources
 from extproc.picker import EndpointPicker
 from extproc.service import ExtProcService
@@ -49,6 +50,7 @@ class RunningPicker:
     health_port: int
     sources: EventSources
     admin: AdminServer | None = None
+    discovery: WorkerDiscovery | None = None  # DNS / config-file workers, when configured
 
     async def stop(self, grace_s: float = 5.0) -> None:
         for name in HEALTH_SERVICES:
@@ -57,6 +59,8 @@ class RunningPicker:
         await self.health_server.stop(0)
         if self.admin is not None:
             await self.admin.stop()
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self.sources.stop()
         await self.picker.close()
 
@@ -85,12 +89,13 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
     running = RunningPicker(
         picker, service, server, health_server, health_servicer, port, health_port, sources
     )
-    if config.admin_port is not None:
-        try:
+    try:
+        running.discovery = await start_discovery(config, picker)
+        if config.admin_port is not None:
             running.admin = await start_admin(picker, sources, config.host, config.admin_port)
-        except BaseException:
-            await running.stop(0)
-            raise
+    except BaseException:
+        await running.stop(0)
+        raise
     return running
 
 
