@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 from extproc import errors
 from extproc.router import errors as router_errors
@@ -85,6 +85,14 @@ def immediate_response(status: int, message: str, reason: str) -> pb.ProcessingR
             status=http_status_pb2.HttpStatus(code=status), headers=headers, body=body, details=reason
         )
     )
+
+
+def extend_message_timeout(seconds: float) -> pb.ProcessingResponse:
+    """Ask Envoy to wait this long for the answer to the current message (bounded by the filter's
+    `max_message_timeout`); Envoy ignores every other field of this response."""
+    timeout = duration_pb2.Duration()
+    timeout.FromMilliseconds(int(seconds * 1000))
+    return pb.ProcessingResponse(override_message_timeout=timeout)
 
 
 def _header(key: str, value: str) -> base_pb2.HeaderValueOption:

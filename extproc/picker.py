@@ -21,15 +21,27 @@ from itertools import count
 from typing import Protocol
 
 from extproc import epp
+from extproc.admission import AdmissionGate
 from extproc.config import PickerConfig, WorkerConfig
 from extproc.errors import NoEligibleWorker, TokenizerUnavailable, UnknownModel
+from extproc.pick_metrics import PickMetrics
 from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
-from extproc.router import KvRouter, RouterConfigOverride, Worker, WorkerSpec
+from extproc.router import (
+    Decision,
+    KvRouter,
+    PinnedWorkerUnavailable,
+    QueuedRequest,
+    RouterConfigOverride,
+    SessionPins,
+    Worker,
+    WorkerSpec,
+)
 from extproc.tokenizer import RequestTokenizer
 
 log = logging.getLogger("extproc.picker")
 
 DP_RANK_HEADER = "x-data-parallel-rank"  # vLLM's header for pinning a data-parallel rank
+SESSION_HEADER = "x-session-id"  # sticky session, when the body has no nvext.session_control
 
 
 @dataclass(slots=True)
@@ -45,6 +57,8 @@ class Pick:
     request_blocks: int = 0
     tracked: bool = False
     timings_ns: dict[str, int] = field(default_factory=dict)
+    session_id: str | None = None
+    queued_s: float = 0.0  # time spent in the admission queue
 
 
 class WorkerSetListener(Protocol):
@@ -79,6 +93,8 @@ class ModelPool:
     router: KvRouter
     tokenizer: RequestTokenizer
     workers: dict[str, WorkerConfig]
+    gate: AdmissionGate
+    sessions: SessionPins
 
     def endpoint_of(self, worker: Worker) -> str:
         return self.workers[str(worker.worker_id)].endpoint
@@ -95,14 +111,22 @@ class EndpointPicker:
         rng: random.Random | None = None,
     ) -> None:
         self.config = config
+        self._clock = clock
         self._rng = rng or random.Random(config.seed)
         self._ids = count(1)
+        self.metrics = PickMetrics()
         self.listeners: list[PickListener] = []
         self.worker_listeners: list[WorkerSetListener] = []
         self._pools: dict[str, ModelPool] = {}
         for model in config.models:
             workers = {w.id: w for w in config.workers if w.model == model.name}
-            router = KvRouter(config.router, clock=clock, rng=self._rng, workers=_specs(workers.values()))
+            router = KvRouter(
+                config.router,
+                clock=clock,
+                rng=self._rng,
+                workers=_specs(workers.values()),
+                timer=time.perf_counter_ns,
+            )
             remote = model.tokenize_url or config.tokenize_url
             if remote == "worker":
                 remote = f"http://{next(iter(workers.values())).endpoint}" if workers else None
@@ -113,7 +137,14 @@ class EndpointPicker:
                 timeout_s=config.tokenizer_timeout_s,
                 cache_size=config.tokenizer_cache_size,
             )
-            self._pools[model.name] = ModelPool(model.name, router, tokenizer, workers)
+            gate = AdmissionGate(router, max_wait_s=config.queue_max_wait_s, clock=clock)
+            sessions = SessionPins(config.session_ttl_s)
+            self._pools[model.name] = ModelPool(model.name, router, tokenizer, workers, gate, sessions)
+
+    @property
+    def may_queue(self) -> bool:
+        """Whether a request can wait in an admission queue (`--router-queue-threshold` is set)."""
+        return any(pool.gate.enabled for pool in self._pools.values())
 
     @property
     def pools(self) -> Mapping[str, ModelPool]:
@@ -138,6 +169,7 @@ class EndpointPicker:
         for wid in removed:
             dropped = pool.router.remove_worker(wid)
             del pool.workers[wid]
+            pool.sessions.drop_worker(wid)
             log.info("worker %s of %s removed (%d in-flight requests forgotten)", wid, model, len(dropped))
         for w in added:
             pool.router.add_worker(_specs([w])[0])
@@ -146,10 +178,22 @@ class EndpointPicker:
         if added or removed:
             for listener in self.worker_listeners:
                 listener.on_workers_changed(model, added, removed)
+            pool.gate.kick()
         return [w.id for w in added], removed
+
+    def set_thresholds(self, model: str, **values: float | int | None) -> dict[str, float | int | None]:
+        """Change a model's busy thresholds at run time; returns its full record (see KvRouter)."""
+        pool = self._pools.get(model)
+        if pool is None:
+            raise UnknownModel(model, list(self._pools))
+        record = pool.router.set_thresholds(**values)
+        log.info("busy thresholds of %s: %s", model, record)
+        pool.gate.kick()  # looser thresholds can release queued requests
+        return record
 
     async def close(self) -> None:
         for pool in self._pools.values():
+            await pool.gate.close()
             await pool.tokenizer.close()
 
     def is_idle(self) -> bool:
@@ -164,8 +208,12 @@ class EndpointPicker:
         headers: Mapping[str, str],
         subset: list[str] | None,
         client_request_id: str,
+        on_queued: Callable[[float], None] | None = None,
     ) -> Pick:
-        """Route one request. Raises PickerError or RouterError subclasses (mapped by `epp`)."""
+        """Route one request. Raises PickerError or RouterError subclasses (mapped by `epp`).
+
+        `on_queued(max_wait_s)` is called if the request has to wait in the admission queue.
+        """
         timings: dict[str, int] = {}
         t0 = time.perf_counter_ns()
         if body is None or path.partition("?")[0] not in ROUTABLE_PATHS:
@@ -195,15 +243,43 @@ class EndpointPicker:
         request_id = self._request_id(router, client_request_id)
         isl = len(tokens) if tokens is not None else max(1, request.body_size // 4)
         expected_output = _expected_output(request)
-        decision = router.best_worker_for_hashes(
-            hashes,
-            isl,
-            request_id=request_id,
-            config_override=override,
-            allowed_workers=allowed,
-            expected_output_tokens=expected_output,
+        session_id = request.session_id or headers.get(SESSION_HEADER) or None
+        pinned = pool.sessions.get(session_id, self._clock()) if session_id else None
+
+        def decide() -> Decision:
+            kwargs = dict(
+                request_id=request_id,
+                config_override=override,
+                allowed_workers=allowed,
+                expected_output_tokens=expected_output,
+            )
+            if pinned is not None and (allowed is None or str(pinned.worker_id) in allowed):
+                try:  # a pinned request skips the cost comparison
+                    return router.best_worker_for_hashes(hashes, isl, pinned_worker=pinned, **kwargs)
+                except PinnedWorkerUnavailable as exc:
+                    log.info("session %s: %s; choosing another worker", session_id, exc)
+            return router.best_worker_for_hashes(hashes, isl, **kwargs)
+
+        entry = QueuedRequest(
+            request_id,
+            self._clock(),
+            new_tokens=isl,
+            priority=_priority(request),
+            latency_sensitivity=_latency_sensitivity(request),
+            sheddable=_sheddable(request),
         )
-        timings["route"] = time.perf_counter_ns() - t3
+
+        def new_tokens() -> int:  # the prompt minus its best cached prefix
+            best = max(router.indexer.find_matches(hashes).values(), default=0) if hashes else 0
+            return max(1, isl - best * router.config.block_size)
+
+        decision, waited_s = await pool.gate.admit(
+            entry, decide, allowed=allowed, on_queued=on_queued, new_tokens=new_tokens
+        )
+        timings["queue"] = int(waited_s * 1e9)
+        timings["match"] = decision.match_ns
+        timings["select"] = decision.select_ns
+        self._update_session(pool, request, session_id, pinned, decision.worker)
         pick = Pick(
             request_id=request_id,
             model=request.model,
@@ -214,16 +290,23 @@ class EndpointPicker:
             request_blocks=decision.request_blocks,
             tracked=True,
             timings_ns=timings,
+            session_id=session_id,
+            queued_s=waited_s,
         )
+        self.metrics.observe_stages(timings)
+        self.metrics.routed(request.model, decision.overlap_blocks, decision.best_overlap_blocks)
         log.info(
-            "routed %s model=%s to %s (%s) overlap=%d/%d blocks cost=%.1f",
+            "routed %s model=%s to %s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s",
             client_request_id,
             request.model,
             decision.worker,
             pick.endpoint,
             decision.overlap_blocks,
             decision.request_blocks,
+            decision.best_overlap_blocks,
             decision.cost,
+            f" session={session_id}" if session_id else "",
+            f" queued {waited_s * 1000:.0f} ms" if waited_s else "",
         )
         for listener in self.listeners:
             listener.on_routed(pick, hashes, isl, expected_output)
@@ -231,16 +314,25 @@ class EndpointPicker:
 
     def first_token(self, pick: Pick) -> None:
         """The first response chunk arrived: the prompt is prefilled."""
-        if pick.tracked and self._pools[pick.model].router.mark_prefill_complete(pick.request_id):
+        pool = self._pools[pick.model]
+        if pick.tracked and pool.router.mark_prefill_complete(pick.request_id):
             for listener in self.listeners:
                 listener.on_prefill_complete(pick)
+            pool.gate.kick()
 
     def finish(self, pick: Pick, cause: str) -> None:
         """The stream ended (complete, error status, reset, cancel); frees the request once."""
-        if pick.tracked and self._pools[pick.model].router.free(pick.request_id):
+        pool = self._pools[pick.model]
+        if pick.tracked and pool.router.free(pick.request_id):
             log.debug("freed %s (%s)", pick.request_id, cause)
+            self.metrics.finished(pick.model, cause)
             for listener in self.listeners:
                 listener.on_freed(pick)
+            pool.gate.kick()
+
+    def rejected(self, status: int, reason: str) -> None:
+        """An error answer was given (counted by status and reason)."""
+        self.metrics.rejected(status, reason)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -274,6 +366,29 @@ class EndpointPicker:
             raise NoEligibleWorker("no worker of this model is in the allowed endpoint subset")
         return allowed
 
+    def _update_session(
+        self,
+        pool: ModelPool,
+        request: ParsedRequest,
+        session_id: str | None,
+        pinned: Worker | None,
+        worker: Worker,
+    ) -> None:
+        if not session_id:
+            return
+        sessions = pool.sessions
+        if request.session_action == "close":
+            if sessions.close(session_id):
+                self.metrics.sessions.labels(pool.model, "closed").inc()
+                log.info("session %s closed", session_id)
+            return
+        if pinned is None:
+            self.metrics.sessions.labels(pool.model, "pinned").inc()
+        elif pinned != worker:
+            self.metrics.sessions.labels(pool.model, "moved").inc()
+            log.info("session %s moved from %s to %s", session_id, pinned, worker)
+        sessions.pin(session_id, worker, self._clock())
+
     def _request_id(self, router: KvRouter, client_request_id: str) -> str:
         if client_request_id and client_request_id not in router.sequences:
             return client_request_id
@@ -294,6 +409,22 @@ def _expected_output(request: ParsedRequest) -> int | None:
     if isinstance(osl, int) and not isinstance(osl, bool) and osl > 0:
         return osl
     return request.max_tokens
+
+
+def _priority(request: ParsedRequest) -> int:
+    value = request.agent_hints.get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _latency_sensitivity(request: ParsedRequest) -> float:
+    value = _non_negative(request.agent_hints.get("latency_sensitivity"))
+    return value or 0.0
+
+
+def _sheddable(request: ParsedRequest) -> bool:
+    """Sheddable: `nvext.agent_hints.sheddable: true`, or a negative priority (the Inference
+    Extension's convention for sheddable objectives)."""
+    return request.agent_hints.get("sheddable") is True or _priority(request) < 0
 
 
 def _override(request: ParsedRequest, *, load_only: bool) -> RouterConfigOverride | None:

@@ -17,6 +17,8 @@ ended the stream, exactly once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import logging
 import uuid
@@ -58,6 +60,11 @@ class Picker(Protocol):
 
     def finish(self, pick: Pick, cause: str) -> None: ...
 
+    def rejected(self, status: int, reason: str) -> None: ...
+
+    @property
+    def may_queue(self) -> bool: ...
+
 
 class Phase(enum.Enum):
     REQUEST_HEADERS = "request_headers"
@@ -80,6 +87,8 @@ class _Stream:
     first_token_seen: bool = False
     freed: bool = False
     end_cause: str = "stream_closed"
+    notices: list[pb.ProcessingResponse] = field(default_factory=list)  # sent while a message waits
+    notice: asyncio.Event | None = None
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
@@ -98,8 +107,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         self.open_streams += 1
         try:
             async for message in request_iterator:
-                for answer in await self._handle(stream, message):
-                    yield answer
+                if self.picker.may_queue and stream.phase in (Phase.REQUEST_HEADERS, Phase.REQUEST_BODY):
+                    async for answer in self._handle_with_notices(stream, message):
+                        yield answer
+                else:
+                    for answer in await self._handle(stream, message):
+                        yield answer
                 if stream.phase is Phase.DONE and stream.pick is None:
                     break
         except BaseException:  # cancelled by Envoy or the client, or the servicer failed
@@ -108,6 +121,30 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         finally:
             self.open_streams -= 1
             self._free(stream, stream.end_cause)
+
+    async def _handle_with_notices(
+        self, stream: _Stream, message: pb.ProcessingRequest
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        """`_handle`, sending notices (a queued request's longer deadline) while it waits."""
+        stream.notice = asyncio.Event()
+        task = asyncio.ensure_future(self._handle(stream, message))
+        try:
+            while not task.done():
+                waiter = asyncio.ensure_future(stream.notice.wait())
+                await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stream.notice.clear()
+                while stream.notices:
+                    yield stream.notices.pop(0)
+            answers = task.result()
+        finally:
+            if not task.done():  # the stream went away: cancel the decision (leaves the queue)
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            stream.notice = None
+        for answer in answers:
+            yield answer
 
     async def _handle(self, stream: _Stream, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         kind = message.WhichOneof("request")
@@ -181,6 +218,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 headers=stream.headers,
                 subset=stream.subset,
                 client_request_id=stream.request_id,
+                on_queued=lambda wait_s: self._queued(stream, wait_s),
             )
         except (PickerError, RouterError) as exc:
             stream.phase = Phase.DONE
@@ -195,9 +233,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return epp.route_in_body(pick.endpoint, pick.headers)
         return epp.route_in_headers(pick.endpoint, pick.headers)
 
+    def _queued(self, stream: _Stream, wait_s: float) -> None:
+        """The request waits in the admission queue: ask Envoy to wait longer for this answer."""
+        if stream.notice is not None:
+            stream.notices.append(epp.extend_message_timeout(wait_s + 1.0))
+            stream.notice.set()
+
     def _reject(self, stream: _Stream, exc: BaseException) -> pb.ProcessingResponse:
         status, reason = epp.status_of(exc)
         log.info("rejected %s with %d (%s): %s", stream.request_id, status, reason, exc)
+        self.picker.rejected(status, reason)
         return epp.error_answer(exc)
 
     # --- response path -----------------------------------------------------------------------

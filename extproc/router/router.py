@@ -49,9 +49,12 @@ class KvRouter:
         clock: Callable[[], float],
         rng: random.Random | None = None,
         workers: Iterable[WorkerSpec] = (),
+        timer: Callable[[], int] | None = None,
     ) -> None:
+        """`clock`: seconds, for TTLs. `timer`: nanoseconds, to time decision stages (optional)."""
         self.config = config or RouterConfig()
         self._clock = clock
+        self._timer = timer
         self._rng = rng or random.Random()
         cfg = self.config
         self.indexer = RadixTree()
@@ -206,10 +209,13 @@ class KvRouter:
         expected_output_tokens: int | None = None,
     ) -> Decision:
         """As `best_worker`, for a caller that already has the local block hashes and the ISL."""
+        timer = self._timer
+        t0 = timer() if timer is not None else 0
         cfg = self.config.merged(config_override)
         candidates = self._candidates(allowed_workers)
         block_keys = self._block_keys(local_hashes)
         overlaps = self._overlaps(cfg, local_hashes)
+        t1 = timer() if timer is not None else 0
         eligible = [w for w in candidates if not self._busy(cfg, w)]
 
         if pinned_worker is not None:
@@ -240,7 +246,8 @@ class KvRouter:
         if request_id is not None:
             self._track(request_id, worker, local_hashes, block_keys, isl, overlap, expected_output_tokens)
         best = max((overlaps.get(w, 0) for w in candidates), default=0) if overlaps else 0
-        return Decision(worker, overlap, len(local_hashes), costs, cost, best)
+        t2 = timer() if timer is not None else 0
+        return Decision(worker, overlap, len(local_hashes), costs, cost, best, t1 - t0, t2 - t1)
 
     def add_request(
         self,

@@ -129,6 +129,8 @@ class Decision:
     costs: tuple[WorkerCost, ...] = field(default=())
     cost: float = 0.0
     best_overlap_blocks: int = 0  # the largest overlap any candidate had (regret = best - chosen)
+    match_ns: int = 0  # indexer lookup time, when the router was given a `timer`
+    select_ns: int = 0  # load, cost and pick time, likewise
 
     @property
     def worker_id(self) -> WorkerId:

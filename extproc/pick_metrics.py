@@ -1,0 +1,78 @@
+"""PickMetrics: what the request path counts and times, as Prometheus metrics.
+
+Updated as requests pass (the scrape-time view of routers and event sources is `metrics.py`):
+- `extproc_requests_total{model, outcome}`: routed, completed, upstream_error, cancelled;
+- `extproc_rejections_total{status, reason}`: every error answer the picker gave;
+- `extproc_decision_stage_seconds{stage}`: parse, tokenize, hash, match, select, queue;
+- `extproc_overlap_blocks_total{model, which}`: overlap of the chosen worker and the best available,
+  and `extproc_overlap_regret_blocks{model}`: their difference per request (what load cost us);
+- `extproc_session_pins_total{model, event}`: pinned, moved (its worker left or was busy), closed.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+STAGES = ("parse", "tokenize", "hash", "match", "select", "queue")
+_STAGE_BUCKETS = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1, 5, 30,
+)  # fmt: skip
+_REGRET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+
+OUTCOMES = {"complete": "completed", "cancelled": "cancelled", "stream_closed": "cancelled"}
+
+
+class PickMetrics:
+    """The picker's request-path metrics, in their own registry (the admin server adds the rest)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("extproc_requests", "Requests by outcome.", ["model", "outcome"], registry=r)
+        self.rejections = Counter(
+            "extproc_rejections", "Error answers by HTTP status and reason.", ["status", "reason"], registry=r
+        )
+        self.stage = Histogram(
+            "extproc_decision_stage_seconds",
+            "Time spent in each stage of a routing decision.",
+            ["stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=r,
+        )
+        self._stages = {name: self.stage.labels(name) for name in STAGES}
+        self.overlap = Counter(
+            "extproc_overlap_blocks",
+            "Prompt blocks cached on the chosen worker (which=chosen) and the best candidate (which=best).",
+            ["model", "which"],
+            registry=r,
+        )
+        self.regret = Histogram(
+            "extproc_overlap_regret_blocks",
+            "Per request: best available overlap minus the chosen worker's overlap, in blocks.",
+            ["model"],
+            buckets=_REGRET_BUCKETS,
+            registry=r,
+        )
+        self.sessions = Counter(
+            "extproc_session_pins", "Sticky-session pin events.", ["model", "event"], registry=r
+        )
+
+    def observe_stages(self, timings_ns: dict[str, int]) -> None:
+        for name, ns in timings_ns.items():
+            hist = self._stages.get(name)
+            if hist is not None:
+                hist.observe(ns / 1e9)
+
+    def routed(self, model: str, overlap: int, best: int) -> None:
+        self.requests.labels(model, "routed").inc()
+        if best:
+            self.overlap.labels(model, "chosen").inc(overlap)
+            self.overlap.labels(model, "best").inc(best)
+        self.regret.labels(model).observe(max(0, best - overlap))
+
+    def finished(self, model: str, cause: str) -> None:
+        outcome = OUTCOMES.get(cause, "upstream_error" if cause.startswith("upstream_status") else cause)
+        self.requests.labels(model, outcome).inc()
+
+    def rejected(self, status: int, reason: str) -> None:
+        self.rejections.labels(str(status), reason).inc()
