@@ -1,10 +1,11 @@
-"""Prometheus metrics of a running picker, read from its state at scrape time (nothing to update
-on the request path).
+"""Prometheus metrics of a running picker, read from its state at scrape time (the request path's
+own counters and timings are `pick_metrics.py`).
 
 Per worker (labels `model`, `worker`, `dp_rank`): active prefill tokens, active decode blocks,
 cached blocks known to the router, and where its cache state comes from (`source` = predicted,
 event-fed or stale, one-hot). Per model: indexer event counters. Per picker: every KV event
-transport counter (`key` label, e.g. `zmq.gap`, `nats.reconnect`, `vllm.unknown_event`).
+transport counter (`key` label, e.g. `zmq.gap`, `nats.reconnect`, `vllm.unknown_event`). Per model:
+admission queue depth and how queued requests left it, sticky sessions pinned.
 """
 
 from __future__ import annotations
@@ -66,7 +67,24 @@ class PickerCollector(Collector):
             stats = router.indexer.stats
             for f in fields(stats):
                 indexer.add_metric([model, f.name], getattr(stats, f.name))
-        yield from (prefill, decode, cached, source, indexer)
+        queue_depth = GaugeMetricFamily(
+            "extproc_queue_depth", "Requests waiting in the admission queue.", labels=["model"]
+        )
+        queue_events = CounterMetricFamily(
+            "extproc_queue_requests",
+            "Requests that waited in the admission queue, by how they left it.",
+            labels=["model", "outcome"],
+        )
+        pinned = GaugeMetricFamily(
+            "extproc_sessions_pinned", "Sticky sessions currently pinned to a worker.", labels=["model"]
+        )
+        for model, pool in self.picker.pools.items():
+            queue_depth.add_metric([model], len(pool.gate))
+            stats = pool.gate.stats
+            for outcome in ("queued", "released", "timed_out", "shed", "cancelled"):
+                queue_events.add_metric([model, outcome], getattr(stats, outcome))
+            pinned.add_metric([model], len(pool.sessions))
+        yield from (prefill, decode, cached, source, indexer, queue_depth, queue_events, pinned)
         transport = CounterMetricFamily(
             "extproc_kv_event_transport", "KV event transport and decoder counters.", labels=["key"]
         )

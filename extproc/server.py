@@ -8,6 +8,7 @@ Health answers the services the Inference Extension expects on its health port: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from extproc.config import PickerConfig
 from extproc.discovery import WorkerDiscovery, start_discovery
 from extproc.events.sources import EventSources, start_event_sources
 from extproc.picker import EndpointPicker
+from extproc.readiness import Readiness
 from extproc.service import ExtProcService
 
 log = logging.getLogger("extproc.server")
@@ -51,8 +53,16 @@ class RunningPicker:
     sources: EventSources
     admin: AdminServer | None = None
     discovery: WorkerDiscovery | None = None  # DNS / config-file workers, when configured
+    readiness: Readiness | None = None
+    readiness_task: asyncio.Task | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        if self.readiness is not None:
+            self.readiness.draining = True
+        if self.readiness_task is not None:
+            self.readiness_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.readiness_task
         for name in HEALTH_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(grace_s)
@@ -84,19 +94,52 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
         raise OSError(f"cannot listen on {config.host}:{config.port} / {config.health_port}")
     await server.start()
     await health_server.start()
+    readiness = Readiness(picker, sources)
     for name in HEALTH_SERVICES:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningPicker(
         picker, service, server, health_server, health_servicer, port, health_port, sources
     )
+    running.readiness = readiness
     try:
         running.discovery = await start_discovery(config, picker)
+        await _report_readiness(health_servicer, readiness)
+        running.readiness_task = asyncio.get_running_loop().create_task(
+            _follow_readiness(health_servicer, readiness)
+        )
         if config.admin_port is not None:
-            running.admin = await start_admin(picker, sources, config.host, config.admin_port)
+            running.admin = await start_admin(
+                picker,
+                sources,
+                config.admin_host,
+                config.admin_port,
+                readiness=readiness,
+                token=config.admin_token,
+            )
     except BaseException:
         await running.stop(0)
         raise
     return running
+
+
+async def _report_readiness(servicer: health.aio.HealthServicer, readiness: Readiness) -> bool:
+    report = readiness.check()
+    status = (
+        health_pb2.HealthCheckResponse.SERVING if report.ready else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    await servicer.set("readiness", status)
+    return report.ready
+
+
+async def _follow_readiness(servicer: health.aio.HealthServicer, readiness: Readiness) -> None:
+    """The gRPC `readiness` service follows `Readiness` (first KV sync, workers known)."""
+    last = None
+    while True:
+        ready = await _report_readiness(servicer, readiness)
+        if ready != last:
+            log.info("readiness: %s (%s)", "ready" if ready else "not ready", readiness.check().reason)
+            last = ready
+        await asyncio.sleep(0.5)  # a timer: readiness changes with no event to wait on
 
 
 async def serve(config: PickerConfig) -> None:

@@ -33,6 +33,7 @@ class RouterFeed:
         self.routers = dict(routers)
         self.counters = counters or EventCounters()
         self._state: dict[Worker, str] = {}
+        self._synced: set[Worker] = set()  # workers whose event stream has been up at least once
 
     def apply_events(self, events: Iterable[KvEvent]) -> None:
         routers = self.routers
@@ -70,6 +71,10 @@ class RouterFeed:
         else:
             self._set(worker, STALE if self._state.get(worker) == EVENT_FED else PREDICTED, reason)
 
+    def synced(self, worker: Worker) -> bool:
+        """Whether the worker's KV events have been flowing at some point (its first sync is done)."""
+        return worker in self._synced
+
     def state(self, worker: Worker) -> str:
         return self._state.get(worker, PREDICTED)
 
@@ -81,6 +86,8 @@ class RouterFeed:
     def _set(self, worker: Worker, state: str, reason: str) -> None:
         old = self._state.get(worker, PREDICTED)
         self._state[worker] = state
+        if state == EVENT_FED:
+            self._synced.add(worker)
         if old != state:
             level = logging.WARNING if state == STALE else logging.INFO
             log.log(level, "worker %s: cache state %s -> %s (%s)", worker, old, state, reason)
