@@ -7,15 +7,23 @@
 
 With KV events off (`--no-kv-events`) nothing is started and the routers predict cache state
 from their own decisions.
+
+The worker set may change while the picker runs (DNS discovery, config reload): a
+`WorkerSetFollower` keeps the feed's worker -> router map, the NATS instance-id map and the
+per-worker ZMQ subscribers in step with it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import zmq.asyncio
 
 from extproc.config import PickerConfig, WorkerConfig
 from extproc.events.counters import EventCounters
@@ -24,7 +32,12 @@ from extproc.events.dynamo_json import kv_events_subject
 from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
 from extproc.events.replica_sync import ReplicaSync, active_sequences_subject
-from extproc.events.zmq_subscriber import SubscriberTimings, ZmqEndpoint, ZmqEventSubscribers
+from extproc.events.zmq_subscriber import (
+    SubscriberTimings,
+    ZmqEndpoint,
+    ZmqEventSubscriber,
+    ZmqEventSubscribers,
+)
 from extproc.picker import EndpointPicker, Pick
 from extproc.router import KvRouter
 from extproc.router.types import KvEvent, Worker, WorkerId
@@ -43,6 +56,7 @@ class EventSources:
     durable: DurableKvEvents | None = None
     replica_sync: ReplicaSync | None = None
     closers: list = field(default_factory=list)  # async callables, stopped in reverse order
+    instance_ids: dict[int, WorkerId] = field(default_factory=dict)  # NATS instance id -> worker id
 
     def states(self) -> dict[Worker, str]:
         return self.feed.states()
@@ -83,33 +97,40 @@ async def start_event_sources(
     """Start every configured source; a source that cannot start is logged and routing goes on."""
     counters = EventCounters()
     sources = EventSources(RouterFeed(picker.routers_by_worker(), counters), counters)
+    sources.instance_ids = _instance_ids(config.workers)
     try:
         if config.events.nats_url is not None:
             await _start_nats(config, picker, sources)
-        if not config.router.use_kv_events:
+        if config.router.use_kv_events:
+            await _start_zmq(config, sources, timings)
+        else:
             log.info("KV events off: every worker's cache is predicted from routing decisions")
-            return sources
-        endpoints = zmq_endpoints(config)
-        if endpoints:
-            sources.zmq = ZmqEventSubscribers(
-                endpoints,
-                sources.feed,
-                block_size=config.router.block_size,
-                counters=counters,
-                timings=timings,
-            )
-            await sources.zmq.start()
-            sources.closers.append(sources.zmq.stop)
-            log.info(
-                "subscribed to ZMQ KV events of %d worker endpoints (%s)",
-                len(endpoints),
-                ", ".join(f"{e.worker}={e.pub}" for e in endpoints[:8])
-                + (" ..." if len(endpoints) > 8 else ""),
-            )
     except BaseException:
         await sources.stop()
         raise
+    # Last, so that it is the first closer: it detaches before any transport stops.
+    follower = WorkerSetFollower(config, picker, sources, timings=timings)
+    picker.worker_listeners.append(follower)
+    sources.closers.append(follower.stop)
     return sources
+
+
+async def _start_zmq(config: PickerConfig, sources: EventSources, timings: SubscriberTimings | None) -> None:
+    endpoints = zmq_endpoints(config)
+    discovering = config.discovery.dns_name is not None or config.discovery.reload_config
+    if not endpoints and not (discovering and _zmq_possible(config)):
+        return
+    block_size = config.router.block_size
+    sources.zmq = ZmqEventSubscribers(
+        endpoints, sources.feed, block_size=block_size, counters=sources.counters, timings=timings
+    )
+    await sources.zmq.start()
+    sources.closers.append(sources.zmq.stop)
+    log.info(
+        "subscribed to ZMQ KV events of %d worker endpoints (%s)",
+        len(endpoints),
+        ", ".join(f"{e.worker}={e.pub}" for e in endpoints[:8]) + (" ..." if len(endpoints) > 8 else ""),
+    )
 
 
 async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: EventSources) -> None:
@@ -118,8 +139,7 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
     link = await NatsLink.connect(events.nats_url, name=f"extproc-{router_id}", counters=sources.counters)
     sources.nats = link
     sources.closers.append(link.close)
-    ids = {w.instance_id if w.instance_id is not None else _int_or_none(w.id): w.id for w in config.workers}
-    ids.pop(None, None)
+    ids = sources.instance_ids  # kept current by the WorkerSetFollower
 
     def worker_id_of(instance_id: int) -> WorkerId:
         return ids.get(instance_id, str(instance_id))
@@ -129,7 +149,7 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             durable = DurableKvEvents(
                 link.nc,
                 sources.feed,
-                _AllRouters(picker),
+                _AllRouters(picker, sources.feed),
                 DurableConfig(
                     events.namespace,
                     events.component,
@@ -154,7 +174,8 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             log.info("subscribed to Dynamo KV events on %s at %s", subject, events.nats_url)
     if events.replica_sync:
         subject = active_sequences_subject(events.namespace, events.component)
-        sync = ReplicaSync(link.nc, _AllRouters(picker), router_id, subject, counters=sources.counters)
+        routers = _AllRouters(picker, sources.feed)
+        sync = ReplicaSync(link.nc, routers, router_id, subject, counters=sources.counters)
         await sync.start()
         sources.replica_sync = sync
         sources.closers.append(sync.stop)
@@ -168,11 +189,125 @@ def _int_or_none(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _instance_id(worker: WorkerConfig) -> int | None:
+    return worker.instance_id if worker.instance_id is not None else _int_or_none(worker.id)
+
+
+def _instance_ids(workers: Sequence[WorkerConfig]) -> dict[int, WorkerId]:
+    return {iid: w.id for w in workers if (iid := _instance_id(w)) is not None}
+
+
+def _zmq_possible(config: PickerConfig) -> bool:
+    """Whether a worker added later can have ZMQ events: a port for all, or per-worker endpoints."""
+    return config.events.kv_events_port is not None or config.discovery.reload_config
+
+
+class WorkerSetFollower:
+    """Keeps the event transports in step with the picker's worker set (a `WorkerSetListener`).
+
+    The feed's worker -> router map and the NATS instance-id map change at once (the call comes
+    from `EndpointPicker.set_workers`, on the event loop). ZMQ subscribers of removed or changed
+    workers are stopped and those of added or changed workers started in a task, one change after
+    the other; a new subscriber rebuilds its worker's blocks from the replay socket as at start.
+    """
+
+    def __init__(
+        self,
+        config: PickerConfig,
+        picker: EndpointPicker,
+        sources: EventSources,
+        *,
+        timings: SubscriberTimings | None = None,
+    ) -> None:
+        self.config = config
+        self.picker = picker
+        self.sources = sources
+        self.timings = timings
+        self._lock = asyncio.Lock()
+        self._pending: set[asyncio.Task[None]] = set()
+        self._ctx: zmq.asyncio.Context | None = None  # for subscribers started here
+        self._started_here: set[Worker] = set()
+
+    def on_workers_changed(self, model: str, added: Sequence[WorkerConfig], removed: Sequence[str]) -> None:
+        feed, ids = self.sources.feed, self.sources.instance_ids
+        router = self.picker.pools[model].router
+        for wid in removed:
+            feed.routers.pop(wid, None)
+            for iid in [i for i, w in ids.items() if w == wid]:
+                del ids[iid]
+        for w in added:
+            feed.routers[w.id] = router
+            if (iid := _instance_id(w)) is not None:
+                ids[iid] = w.id
+        if self.sources.zmq is not None:
+            task = asyncio.get_running_loop().create_task(self._resubscribe(list(added), list(removed)))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def wait_idle(self) -> None:
+        """Until every subscriber change asked for so far is done (tests, shutdown)."""
+        while self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+
+    async def _resubscribe(self, added: list[WorkerConfig], removed: list[str]) -> None:
+        holder = self.sources.zmq
+        assert holder is not None
+        async with self._lock:
+            gone = {*removed, *(w.id for w in added)}
+            for worker in [w for w in holder.subscribers if str(w.worker_id) in gone]:
+                await holder.subscribers.pop(worker).stop()
+                self._started_here.discard(worker)
+            endpoints: list[ZmqEndpoint] = []
+            for w in added:
+                pub, replay = _worker_zmq(w, self.config)
+                if pub is not None:
+                    endpoints += ZmqEndpoint.for_dp_ranks(w.id, pub, replay, w.dp_ranks)
+            if endpoints and self._ctx is None:
+                self._ctx = zmq.asyncio.Context()
+            for e in endpoints:
+                sub = ZmqEventSubscriber(
+                    e,
+                    self.sources.feed,
+                    block_size=self.config.router.block_size,
+                    counters=self.sources.counters,
+                    timings=self.timings,
+                    context=self._ctx,
+                )
+                holder.subscribers[e.worker] = sub
+                self._started_here.add(e.worker)
+                await sub.start()
+            if endpoints or gone:
+                log.info("ZMQ KV event subscribers: %d (started %d; stopped for %s)", len(holder.subscribers),
+                         len(endpoints), ", ".join(sorted(gone)) or "none")  # fmt: skip
+
+    async def stop_subscribers(self) -> None:
+        """Stop the subscribers started here and their ZMQ context."""
+        for task in list(self._pending):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.wait_idle()
+        holder = self.sources.zmq
+        for worker in list(self._started_here):
+            sub = holder.subscribers.pop(worker, None) if holder is not None else None
+            if sub is not None:
+                await sub.stop()
+        self._started_here.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    async def stop(self) -> None:
+        """Stop following the worker set."""
+        if self in self.picker.worker_listeners:
+            self.picker.worker_listeners.remove(self)
+        await self.stop_subscribers()
+
+
 class _AllRouters:
     """The picker's routers (one per model) seen as one, for snapshots and replica sync."""
 
-    def __init__(self, picker: EndpointPicker) -> None:
-        self._by_worker = picker.routers_by_worker()
+    def __init__(self, picker: EndpointPicker, feed: RouterFeed) -> None:
+        self._by_worker = feed.routers  # the live worker -> router map (follows the worker set)
         self._routers: list[KvRouter] = [pool.router for pool in picker.pools.values()]
 
     def dump_events(self) -> list[KvEvent]:
