@@ -1,0 +1,143 @@
+"""Router-group nouns: what a top-level picker asks a group and what the group answers.
+
+Plain frozen dataclasses, no logic and no protobuf (`codec.py` converts them at the gRPC edge).
+`RouterGroup` is the narrow interface the selector needs; `LocalGroup` (this picker's own
+routers) and `RemoteGroup` (another picker's group API) both satisfy it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from extproc.router import RouterConfigOverride, Worker
+
+TokenIds = Sequence[int] | np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRequest:
+    """One request as every group sees it: the model, its prompt's token ids and its routing hints.
+
+    `restrictions` are endpoint lists (subset hint, conformance header); a worker must match every
+    list (`epp.endpoint_matches`). `isl` overrides len(token_ids) when routing on load only.
+    """
+
+    model: str
+    token_ids: TokenIds
+    lora_name: str | None = None
+    overrides: RouterConfigOverride | None = None
+    expected_output_tokens: int | None = None
+    restrictions: tuple[tuple[str, ...], ...] | None = None
+    isl: int | None = None
+
+    @property
+    def input_tokens(self) -> int:
+        return self.isl if self.isl is not None else len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLoad:
+    """A group's current load, summed over its (worker, dp rank) pairs."""
+
+    workers: int = 0
+    active_requests: int = 0
+    active_prefill_tokens: int = 0
+    active_decode_blocks: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupChoice:
+    """A worker a group chose, where Envoy reaches it, and the numbers behind the choice."""
+
+    worker: Worker
+    endpoint: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    overlap_blocks: int = 0
+    request_blocks: int = 0
+    cost: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProbe:
+    """A group's answer to a probe: its choice, its load and its block size (tokens per block)."""
+
+    group: str
+    choice: GroupChoice
+    load: GroupLoad
+    block_size: int
+    latency_s: float = 0.0
+
+    @property
+    def overlap_tokens(self) -> int:
+        """Cached prompt tokens on the chosen worker (comparable across block sizes)."""
+        return self.choice.overlap_blocks * self.block_size
+
+    @property
+    def overlap_fraction(self) -> float:
+        blocks = self.choice.request_blocks
+        return self.choice.overlap_blocks / blocks if blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDecision:
+    """A committed request: the group that owns it, the id it tracks it under, and the final worker.
+
+    `redecided` means the probed worker had become ineligible or had left, so `choice` is a new
+    decision of that group.
+    """
+
+    group: str
+    request_id: str
+    choice: GroupChoice
+    redecided: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupWorkerLoad:
+    """One worker's load if the request went there (`KvRouter.get_potential_loads`), with its endpoint."""
+
+    worker: Worker
+    endpoint: str
+    prefill_tokens: int
+    decode_blocks: float
+    overlap_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLoads:
+    """A group's potential loads for one request, its current load and its block size."""
+
+    group: str
+    workers: tuple[GroupWorkerLoad, ...]
+    load: GroupLoad
+    block_size: int
+
+
+class RouterGroup(Protocol):
+    """What the selector needs from a group, local or remote."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weight(self) -> float: ...
+
+    async def probe(self, request: GroupRequest, *, timeout_s: float) -> GroupProbe:
+        """Which worker the group would choose; changes no state. Raises GroupError."""
+        ...
+
+    async def commit(self, request: GroupRequest, request_id: str, probe: GroupProbe) -> GroupDecision:
+        """Track the request on the probed worker (or a new choice). Raises GroupError."""
+        ...
+
+    async def mark_prefill_complete(self, model: str, request_id: str) -> bool: ...
+
+    async def free(self, model: str, request_id: str) -> bool: ...
+
+    async def potential_loads(self, request: GroupRequest) -> GroupLoads: ...
+
+    async def close(self) -> None: ...

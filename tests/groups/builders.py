@@ -1,0 +1,48 @@
+"""Builders shared by the router-group tests: pickers' pools, requests, and groups on free ports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from extproc.config import ModelConfig, PickerConfig, WorkerConfig
+from extproc.groups import GroupRequest, GroupRouters
+from extproc.picker import EndpointPicker, ModelPool
+from extproc.router import RouterConfig
+
+MODEL = "demo-model"
+BLOCK = 16
+
+
+def group_config(
+    prefix: str, n_workers: int = 2, *, subnet: int = 1, dp_ranks: Sequence[int] = (0,), **router
+) -> PickerConfig:
+    """Workers `<prefix>0..` at 127.0.<subnet>.<i+1>:8000, predicted cache state, block size 16."""
+    router.setdefault("block_size", BLOCK)
+    router.setdefault("use_kv_events", False)
+    workers = tuple(
+        WorkerConfig(f"{prefix}{i}", f"127.0.{subnet}.{i + 1}:8000", MODEL, dp_ranks=tuple(dp_ranks))
+        for i in range(n_workers)
+    )
+    return PickerConfig(router=RouterConfig(**router), workers=workers, models=(ModelConfig(MODEL),), seed=7)
+
+
+def group_pools(prefix: str, n_workers: int = 2, **kwargs) -> Mapping[str, ModelPool]:
+    """A real EndpointPicker's pools (the object `--group-api-port` serves)."""
+    return EndpointPicker(group_config(prefix, n_workers, **kwargs)).pools
+
+
+def prompt(seed: int, n_tokens: int = 160) -> list[int]:
+    """Distinct prompts per seed: n_tokens token ids (10 blocks of 16 by default)."""
+    return [seed * 1000 + i for i in range(n_tokens)]
+
+
+def request(tokens: Sequence[int], **kwargs) -> GroupRequest:
+    return GroupRequest(MODEL, list(tokens), **kwargs)
+
+
+def loads(routers: GroupRouters, tokens: Sequence[int]) -> list[tuple]:
+    """A comparable snapshot of a group's potential loads for `tokens`."""
+    return [
+        (w.worker, w.prefill_tokens, w.decode_blocks, w.overlap_blocks)
+        for w in routers.potential_loads(request(tokens)).workers
+    ]

@@ -1,0 +1,40 @@
+"""The groups package: its promised names, and checked-in stubs that match the .proto."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import extproc.groups
+
+PACKAGE = Path(extproc.groups.__file__).parent
+GENERATED = ("router_group_pb2.py", "router_group_pb2.pyi", "router_group_pb2_grpc.py")
+
+
+def test_every_exported_name_exists_and_the_list_is_sorted():
+    names = extproc.groups.__all__
+    assert names == sorted(names, key=lambda n: (n[0].islower(), n))
+    for name in names:
+        assert getattr(extproc.groups, name) is not None
+
+
+def test_the_checked_in_stubs_match_the_proto(tmp_path):
+    pytest.importorskip("grpc_tools", reason="grpcio-tools comes with the [test] extra")
+    # the same command as `make protos`, writing under tmp_path
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "grpc_tools.protoc", f"-Iextproc/groups/_generated={PACKAGE}",
+            f"--python_out={tmp_path}", f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}",
+            str(PACKAGE / "router_group.proto"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for name in GENERATED:
+        fresh = (tmp_path / "extproc" / "groups" / "_generated" / name).read_text()
+        assert fresh == (PACKAGE / "_generated" / name).read_text(), f"{name} is stale: run `make protos`"
