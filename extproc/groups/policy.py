@@ -1,0 +1,68 @@
+"""Group policies: how a top-level picker orders the groups that answered a probe. Pure functions.
+
+Overlap and cost are compared in tokens (blocks x the group's block size) so groups with different
+block sizes compare fairly. Exact ties are broken at random (the rng is injected), as Dynamo does
+between workers, so idle groups share new conversations.
+
+- `max-overlap` (default): most cached prompt tokens on the group's chosen worker; lower cost breaks ties.
+- `min-cost`: lowest cost of the group's chosen worker; more overlap breaks ties.
+- `weighted`: highest weight x (overlap fraction + (1 - cost / highest cost)) / 2, a score in
+  [0, weight] that blends cache reuse with load and prefers heavier-weighted groups.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Callable, Mapping, Sequence
+
+from extproc.groups.types import GroupProbe
+
+
+class GroupPolicy(enum.StrEnum):
+    MAX_OVERLAP = "max-overlap"
+    MIN_COST = "min-cost"
+    WEIGHTED = "weighted"
+
+
+def parse_policy(text: str) -> GroupPolicy:
+    """Raises ValueError naming the accepted values."""
+    try:
+        return GroupPolicy(text)
+    except ValueError:
+        accepted = ", ".join(p.value for p in GroupPolicy)
+        raise ValueError(f"invalid group policy {text!r}: expected one of {accepted}") from None
+
+
+def cost_tokens(probe: GroupProbe) -> float:
+    return probe.choice.cost * probe.block_size
+
+
+def rank(
+    probes: Sequence[GroupProbe],
+    policy: GroupPolicy,
+    *,
+    weights: Mapping[str, float],
+    rng: random.Random,
+) -> list[GroupProbe]:
+    """The probes ordered best first under `policy` (`weights` by group name, default 1)."""
+    shuffled = list(probes)
+    rng.shuffle(shuffled)  # the stable sort below keeps this order among exact ties
+    key: Callable[[GroupProbe], tuple[float, float]]
+    if policy is GroupPolicy.MAX_OVERLAP:
+        key = lambda p: (-p.overlap_tokens, cost_tokens(p))  # noqa: E731
+    elif policy is GroupPolicy.MIN_COST:
+        key = lambda p: (cost_tokens(p), -p.overlap_tokens)  # noqa: E731
+    else:
+        highest = max((cost_tokens(p) for p in probes), default=0.0)
+
+        def key(p: GroupProbe) -> tuple[float, float]:
+            return (-weighted_score(p, weights.get(p.group, 1.0), highest), cost_tokens(p))
+
+    return sorted(shuffled, key=key)
+
+
+def weighted_score(probe: GroupProbe, weight: float, highest_cost_tokens: float) -> float:
+    """weight x (overlap fraction + (1 - cost / highest cost)) / 2; 1 - cost/highest is 1 when all cost 0."""
+    relative_cost = cost_tokens(probe) / highest_cost_tokens if highest_cost_tokens > 0 else 0.0
+    return weight * (probe.overlap_fraction + 1.0 - relative_cost) / 2.0

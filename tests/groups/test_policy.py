@@ -1,0 +1,66 @@
+"""policy.py: how the answering groups are ordered (tables), ties broken at random."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extproc.groups.policy import GroupPolicy, parse_policy, rank, weighted_score
+from extproc.groups.types import GroupChoice, GroupLoad, GroupProbe
+from extproc.router import Worker
+
+
+def probe(group: str, overlap: int, cost: float, *, blocks: int = 10, block_size: int = 16) -> GroupProbe:
+    return GroupProbe(
+        group, GroupChoice(Worker(f"{group}-w"), "", {}, overlap, blocks, cost), GroupLoad(), block_size
+    )
+
+
+def order(probes, policy, weights=None, seed=0):
+    return [p.group for p in rank(probes, policy, weights=weights or {}, rng=random.Random(seed))]
+
+
+@pytest.mark.parametrize(
+    "probes, policy, expected",
+    [
+        # max-overlap: most cached tokens first, cost breaks ties
+        (
+            [probe("a", 2, 5.0), probe("b", 8, 30.0), probe("c", 8, 20.0)],
+            GroupPolicy.MAX_OVERLAP,
+            ["c", "b", "a"],
+        ),
+        # overlap is compared in tokens: 2 blocks of 64 beat 5 blocks of 16
+        ([probe("a", 5, 1.0), probe("b", 2, 1.0, block_size=64)], GroupPolicy.MAX_OVERLAP, ["b", "a"]),
+        # min-cost: cheapest first (cost in tokens), overlap breaks ties
+        (
+            [probe("a", 2, 5.0), probe("b", 8, 30.0), probe("c", 0, 5.0)],
+            GroupPolicy.MIN_COST,
+            ["a", "c", "b"],
+        ),
+        ([probe("a", 0, 2.0, block_size=64), probe("b", 0, 5.0)], GroupPolicy.MIN_COST, ["b", "a"]),
+        # weighted: (overlap fraction + 1 - cost / highest cost) / 2 x weight
+        ([probe("a", 10, 40.0), probe("b", 0, 10.0)], GroupPolicy.WEIGHTED, ["a", "b"]),  # 0.5 vs 0.375
+    ],
+)
+def test_ranking(probes, policy, expected):
+    assert order(probes, policy) == expected
+
+
+def test_weights_scale_the_weighted_score():
+    probes = [probe("a", 10, 40.0), probe("b", 0, 10.0)]
+    assert order(probes, GroupPolicy.WEIGHTED, {"b": 2.0}) == ["b", "a"]  # 0.5 vs 0.75
+    assert weighted_score(probes[0], 1.0, 40.0 * 16) == pytest.approx(0.5)
+    assert weighted_score(probes[1], 2.0, 40.0 * 16) == pytest.approx(0.75)
+
+
+def test_exact_ties_are_broken_at_random():
+    probes = [probe(g, 0, 10.0) for g in "abcd"]
+    firsts = {order(probes, GroupPolicy.MAX_OVERLAP, seed=s)[0] for s in range(40)}
+    assert firsts == set("abcd")
+
+
+def test_an_unknown_policy_names_the_accepted_ones():
+    assert parse_policy("min-cost") is GroupPolicy.MIN_COST
+    with pytest.raises(ValueError, match="max-overlap, min-cost, weighted"):
+        parse_policy("cheapest")
