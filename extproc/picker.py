@@ -8,6 +8,10 @@ an ext_proc answer through `epp.py`.
 A request whose path is not an OpenAI generation endpoint (GET /v1/models, /health, ...) or
 whose tokenization fails is still routed, on load alone; only generation requests are tracked
 until `finish`.
+
+With router groups configured (`groups:`), a tokenized request goes to `extproc.groups`'
+selector instead of this picker's own router: it probes every group, commits to the best one and
+owns the request's lifecycle; the Pick names the group.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from extproc import epp
 from extproc.admission import AdmissionGate
 from extproc.config import PickerConfig, WorkerConfig
 from extproc.errors import NoEligibleWorker, TokenizerUnavailable, UnknownModel
+from extproc.groups import GroupCollector, GroupRequest, GroupSelector
 from extproc.pick_metrics import PickMetrics
 from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
 from extproc.router import (
@@ -59,6 +64,7 @@ class Pick:
     timings_ns: dict[str, int] = field(default_factory=dict)
     session_id: str | None = None
     queued_s: float = 0.0  # time spent in the admission queue
+    group: str | None = None  # the router group that owns the request (hierarchical mode)
 
 
 class WorkerSetListener(Protocol):
@@ -140,6 +146,10 @@ class EndpointPicker:
             gate = AdmissionGate(router, max_wait_s=config.queue_max_wait_s, clock=clock)
             sessions = SessionPins(config.session_ttl_s)
             self._pools[model.name] = ModelPool(model.name, router, tokenizer, workers, gate, sessions)
+        self.groups: GroupSelector | None = None  # hierarchical mode: every tracked request goes through it
+        if config.groups.groups:
+            self.groups = GroupSelector.from_config(config.groups, self._pools, rng=self._rng)
+            self.metrics.registry.register(GroupCollector(self.groups.metrics))
 
     @property
     def may_queue(self) -> bool:
@@ -192,13 +202,16 @@ class EndpointPicker:
         return record
 
     async def close(self) -> None:
+        if self.groups is not None:
+            await self.groups.close()
         for pool in self._pools.values():
             await pool.gate.close()
             await pool.tokenizer.close()
 
     def is_idle(self) -> bool:
         """No request is tracked anywhere and every load counter is back at zero."""
-        return all(pool.router.is_idle() for pool in self._pools.values())
+        groups_idle = self.groups is None or self.groups.in_flight() == 0
+        return groups_idle and all(pool.router.is_idle() for pool in self._pools.values())
 
     async def pick(
         self,
@@ -217,6 +230,8 @@ class EndpointPicker:
         timings: dict[str, int] = {}
         t0 = time.perf_counter_ns()
         if body is None or path.partition("?")[0] not in ROUTABLE_PATHS:
+            if self.groups is not None:
+                return await self._pick_in_groups(None, None, subset, headers, client_request_id, timings)
             return self._pick_untracked(path, headers, subset)
         request = parse_openai_body(body, path, max_bytes=self.config.max_body_bytes)
         t1 = time.perf_counter_ns()
@@ -224,7 +239,7 @@ class EndpointPicker:
         pool = self._pools.get(request.model)
         if pool is None:
             raise UnknownModel(request.model, list(self._pools))
-        allowed = self._allowed(pool, subset, headers)
+        allowed = self._allowed(pool, subset, headers) if self.groups is None else None
 
         tokens: list[int] | None
         try:
@@ -234,6 +249,8 @@ class EndpointPicker:
             tokens = None
         t2 = time.perf_counter_ns()
         timings["tokenize"] = t2 - t1
+        if self.groups is not None:
+            return await self._pick_in_groups(request, tokens, subset, headers, client_request_id, timings)
 
         router = pool.router
         override = _override(request, load_only=tokens is None)
@@ -314,6 +331,9 @@ class EndpointPicker:
 
     def first_token(self, pick: Pick) -> None:
         """The first response chunk arrived: the prompt is prefilled."""
+        if pick.group is not None and self.groups is not None:
+            self.groups.first_token(pick.request_id)
+            return
         pool = self._pools[pick.model]
         if pick.tracked and pool.router.mark_prefill_complete(pick.request_id):
             for listener in self.listeners:
@@ -322,6 +342,11 @@ class EndpointPicker:
 
     def finish(self, pick: Pick, cause: str) -> None:
         """The stream ended (complete, error status, reset, cancel); frees the request once."""
+        if pick.group is not None and self.groups is not None:
+            if pick.tracked:
+                self.groups.finish(pick.request_id, cause)
+                self.metrics.finished(pick.model, cause)
+            return
         pool = self._pools[pick.model]
         if pick.tracked and pool.router.free(pick.request_id):
             log.debug("freed %s (%s)", pick.request_id, cause)
@@ -336,6 +361,60 @@ class EndpointPicker:
 
     # --- internals ---------------------------------------------------------------------------
 
+    async def _pick_in_groups(
+        self,
+        request: ParsedRequest | None,
+        tokens: list[int] | None,
+        subset: list[str] | None,
+        headers: Mapping[str, str],
+        client_request_id: str,
+        timings: dict[str, int],
+    ) -> Pick:
+        """Hierarchical mode: the selector probes every router group and commits to the best one.
+
+        A request that is not a generation request (`request` None) is routed on load and freed
+        at once, as `_pick_untracked` does locally.
+        """
+        assert self.groups is not None
+        start = time.perf_counter_ns()
+        restrictions = tuple(tuple(r) for r in self._restrictions(subset, headers)) or None
+        if request is None:
+            model = next(iter(self._pools), "")
+            group_request = GroupRequest(model, [], restrictions=restrictions, isl=1)
+        else:
+            model = request.model
+            group_request = GroupRequest(
+                model,
+                tokens or [],
+                lora_name=request.lora_name,
+                overrides=_override(request, load_only=tokens is None),
+                expected_output_tokens=_expected_output(request),
+                restrictions=restrictions,
+                isl=None if tokens is not None else max(1, request.body_size // 4),
+            )
+        request_id = client_request_id or "req"
+        if self.groups.owner_of(request_id) is not None:
+            request_id = f"{request_id}#{next(self._ids)}"
+        decision = await self.groups.route(group_request, request_id)
+        timings["groups"] = time.perf_counter_ns() - start
+        choice = decision.choice
+        tracked = request is not None
+        if not tracked:
+            self.groups.finish(request_id, "untracked")
+        pick = Pick(
+            request_id, model, choice.worker, choice.endpoint, dict(choice.headers), choice.overlap_blocks,
+            choice.request_blocks, tracked=tracked, timings_ns=timings, group=decision.group,
+        )  # fmt: skip
+        self.metrics.observe_stages(timings)
+        if tracked:
+            self.metrics.routed(model, choice.overlap_blocks, choice.overlap_blocks)
+        log.info(
+            "routed %s model=%s to group %s worker %s (%s) overlap=%d/%d blocks cost=%.1f%s",
+            client_request_id, model, decision.group, choice.worker, choice.endpoint, choice.overlap_blocks,
+            choice.request_blocks, choice.cost, " (re-decided at commit)" if decision.redecided else "",
+        )  # fmt: skip
+        return pick
+
     def _pick_untracked(self, path: str, headers: Mapping[str, str], subset: list[str] | None) -> Pick:
         if not self._pools:
             raise NoEligibleWorker("no worker is configured")
@@ -346,15 +425,19 @@ class EndpointPicker:
         log.info("routed %s (untracked) to %s (%s)", path[:100], decision.worker, endpoint)
         return Pick("", pool.model, decision.worker, endpoint, _extra_headers(pool, decision.worker))
 
-    def _allowed(
-        self, pool: ModelPool, subset: list[str] | None, headers: Mapping[str, str]
-    ) -> set[str] | None:
+    def _restrictions(self, subset: list[str] | None, headers: Mapping[str, str]) -> list[list[str]]:
         restrictions: list[list[str]] = []
         if subset is not None:
             restrictions.append(subset)
         if self.config.conformance_hooks and epp.CONFORMANCE_SELECTION_HEADER in headers:
             selection = headers[epp.CONFORMANCE_SELECTION_HEADER]
             restrictions.append([s.strip() for s in selection.split(",") if s.strip()])
+        return restrictions
+
+    def _allowed(
+        self, pool: ModelPool, subset: list[str] | None, headers: Mapping[str, str]
+    ) -> set[str] | None:
+        restrictions = self._restrictions(subset, headers)
         if not restrictions:
             return None
         allowed = {
