@@ -36,7 +36,8 @@ GATE_TIMEOUT_S = 10.0  # bound on how long a lock-step SSE worker waits for the 
 class EchoWorker:
     """A tiny upstream: answers with what it received, or streams server-sent events.
 
-    Any path: JSON {worker, method, path, headers, body_len, body_sha256}.
+    Any path: JSON {worker, method, path, headers, body_len, body_sha256}; with `?hold=K` the answer
+    waits for `release(K)` (a request the test keeps in prefill: no response byte yet).
     `/sse?n=N`: N events `data: {"worker": ..., "index": i}` then `data: [DONE]`. With `&key=K`
     it sends event i+1 only after `release(K)` (lock-step, so a test can prove that chunks pass
     one by one); with `&interval_ms=M` it paces events instead (for child-process workers).
@@ -75,6 +76,12 @@ class EchoWorker:
 
     async def _echo(self, request: web.Request) -> web.Response:
         body = await request.read()
+        hold = request.query.get("hold")
+        if hold is not None:
+            try:
+                await asyncio.wait_for(self._gate(hold).get(), GATE_TIMEOUT_S)
+            finally:
+                self._gates.pop(hold, None)
         return web.json_response(
             {
                 "worker": self.address,
