@@ -21,6 +21,7 @@ from extproc.admin import AdminServer, start_admin
 from extproc.config import PickerConfig
 from extproc.discovery import WorkerDiscovery, start_discovery
 from extproc.events.sources import EventSources, start_event_sources
+from extproc.groups import GroupApiServer, GroupRouters, start_group_api
 from extproc.picker import EndpointPicker
 from extproc.readiness import Readiness
 from extproc.service import ExtProcService
@@ -55,6 +56,7 @@ class RunningPicker:
     discovery: WorkerDiscovery | None = None  # DNS / config-file workers, when configured
     readiness: Readiness | None = None
     readiness_task: asyncio.Task | None = None
+    group_api: GroupApiServer | None = None  # --group-api-port: this picker's routers as a router group
 
     async def stop(self, grace_s: float = 5.0) -> None:
         if self.readiness is not None:
@@ -66,6 +68,8 @@ class RunningPicker:
         for name in HEALTH_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(grace_s)
+        if self.group_api is not None:
+            await self.group_api.stop(min(grace_s, 1.0))
         await self.health_server.stop(0)
         if self.admin is not None:
             await self.admin.stop()
@@ -103,6 +107,9 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
     running.readiness = readiness
     try:
         running.discovery = await start_discovery(config, picker)
+        if config.groups.api_port is not None:
+            routers = GroupRouters(f"{config.host}:{config.port}", picker.pools)
+            running.group_api = await start_group_api(routers, config.host, config.groups.api_port)
         await _report_readiness(health_servicer, readiness)
         running.readiness_task = asyncio.get_running_loop().create_task(
             _follow_readiness(health_servicer, readiness)
