@@ -64,8 +64,8 @@ class RemoteGroup:
         self.address = address
         self.commit_timeout_s = commit_timeout_s
         self.lifecycle_timeout_s = lifecycle_timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.RouterGroupStub(self._channel)
+        self._channel: grpc.aio.Channel | None = None  # opened on first use, in the running event loop
+        self._stub_: pb_grpc.RouterGroupStub | None = None
         self._encoded: tuple[GroupRequest, pb.RoutingRequest] | None = None
 
     @property
@@ -105,7 +105,16 @@ class RemoteGroup:
         return decode_loads(self._name, answer)
 
     async def close(self) -> None:
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._stub_ = None
+
+    @property
+    def _stub(self) -> pb_grpc.RouterGroupStub:
+        if self._stub_ is None:
+            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._stub_ = pb_grpc.RouterGroupStub(self._channel)
+        return self._stub_
 
     def _encode(self, request: GroupRequest) -> pb.RoutingRequest:
         # A probe and its commit send the same prompt: pack the token ids once.

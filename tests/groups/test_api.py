@@ -122,7 +122,7 @@ async def test_a_saturated_group_refuses_as_busy(served):
 
 async def test_undecodable_requests_get_invalid_argument(served):
     _, _, remote = served
-    stub = pb_grpc.RouterGroupStub(remote._channel)
+    stub = remote._stub
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.Probe(
             pb.ProbeRequest(request=pb.RoutingRequest(model=MODEL, token_ids=b"\x01\x02")), timeout=1

@@ -1,0 +1,155 @@
+"""A top-level EndpointPicker with `groups:` configured, its groups' APIs served in this event loop.
+
+Requests go through the picker (and once through the ext_proc servicer) exactly as Envoy's would:
+parse, tokenize, then the selector probes the groups, commits to one and owns the lifecycle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest_asyncio
+
+from extproc import epp
+from extproc.config import GroupConfig, GroupsConfig, ModelConfig, PickerConfig
+from extproc.groups import GroupRouters, start_group_api
+from extproc.picker import EndpointPicker
+from extproc.procs import free_port
+from extproc.router import RouterConfig
+from extproc.service import ExtProcService
+
+from ..picker_fixtures import request_body, request_headers
+from .builders import BLOCK, MODEL, group_config
+
+
+def chat(*turns: str) -> bytes:
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+    return json.dumps({"model": MODEL, "messages": messages, "max_tokens": 4}).encode()
+
+
+def top_config(groups: list[GroupConfig], **kwargs) -> PickerConfig:
+    return PickerConfig(
+        router=RouterConfig(block_size=BLOCK, use_kv_events=False),
+        workers=(),
+        models=(ModelConfig(MODEL),),
+        seed=3,
+        conformance_hooks=True,
+        groups=GroupsConfig(groups=tuple(groups), probe_timeout_s=0.5, **kwargs),
+    )
+
+
+@pytest_asyncio.fixture
+async def fleet() -> AsyncIterator[tuple[EndpointPicker, dict[str, EndpointPicker]]]:
+    """Two group pickers (east: 127.0.1.x, west: 127.0.2.x) serving their API, and the top-level picker."""
+    groups = {
+        "east": EndpointPicker(group_config("e", 2, subnet=1)),
+        "west": EndpointPicker(group_config("w", 2, subnet=2)),
+    }
+    apis = [await start_group_api(GroupRouters(n, p.pools), "127.0.0.1", 0) for n, p in groups.items()]
+    top = EndpointPicker(
+        top_config([GroupConfig(n, f"127.0.0.1:{api.port}") for n, api in zip(groups, apis, strict=True)])
+    )
+    try:
+        yield top, groups
+    finally:
+        await top.close()
+        for api in apis:
+            await api.stop(0)
+
+
+async def pick(picker: EndpointPicker, body: bytes | None, request_id: str, *, path="/v1/chat/completions",
+               headers=None, subset=None):  # fmt: skip
+    return await picker.pick(
+        body=body, path=path, headers=headers or {}, subset=subset, client_request_id=request_id
+    )
+
+
+def idle(top: EndpointPicker, groups: dict[str, EndpointPicker]) -> bool:
+    return top.is_idle() and all(g.is_idle() for g in groups.values())
+
+
+async def test_a_conversation_sticks_to_its_group_and_worker(fleet):
+    top, groups = fleet
+    system = "you are a helpful assistant that answers in rhymes " * 8
+    firsts = {}
+    for conv in range(6):
+        first = await pick(top, chat(system + f" conversation {conv} " * 20), f"c{conv}-1")
+        assert first.group in groups and first.tracked
+        assert first.endpoint == groups[first.group].pools[MODEL].endpoint_of(first.worker)
+        top.first_token(first)
+        top.finish(first, "complete")
+        firsts[conv] = first
+    await top.groups.drain()
+    assert idle(top, groups)
+    for conv, first in firsts.items():
+        second = await pick(
+            top, chat(system + f" conversation {conv} " * 20, "a rhyme", "another one"), f"c{conv}-2"
+        )
+        assert (second.group, second.worker, second.endpoint) == (first.group, first.worker, first.endpoint)
+        assert second.overlap_blocks >= first.request_blocks - 1
+        owner = groups[second.group].pools[MODEL].router
+        assert owner.sequences.worker_of(second.request_id) == second.worker
+        top.finish(second, "cancelled")
+    await top.groups.drain()
+    assert idle(top, groups)
+    assert sum(s.chosen for s in top.groups.metrics.groups.values()) == 12
+
+
+async def test_subset_hints_and_conformance_selection_reach_the_groups(fleet):
+    top, groups = fleet
+    only = groups["west"].pools[MODEL].workers["w1"].endpoint
+    for i in range(4):
+        chosen = await pick(top, chat(f"subset {i} " * 30), f"s{i}", subset=[only])
+        assert (chosen.group, chosen.endpoint) == ("west", only)
+        top.finish(chosen, "complete")
+    chosen = await pick(
+        top, chat("selection " * 30), "sel", headers={epp.CONFORMANCE_SELECTION_HEADER: "127.0.1.1"}
+    )
+    assert (chosen.group, chosen.endpoint) == ("east", "127.0.1.1:8000")
+    top.finish(chosen, "complete")
+    await top.groups.drain()
+    assert idle(top, groups)
+
+
+async def test_untracked_requests_are_routed_through_a_group_and_freed(fleet):
+    top, groups = fleet
+    chosen = await pick(top, None, "models", path="/v1/models")
+    assert chosen.group in groups and not chosen.tracked
+    await top.groups.drain()
+    assert idle(top, groups)
+
+
+async def test_no_group_answering_is_a_503_through_the_servicer():
+    dead = [GroupConfig("a", f"127.0.0.1:{free_port()}"), GroupConfig("b", f"127.0.0.1:{free_port()}")]
+    top = EndpointPicker(top_config(dead))
+    service = ExtProcService(top, max_body_bytes=1 << 20)
+
+    async def feed():
+        yield request_headers()
+        yield request_body(chat("nobody home " * 10))
+
+    answers = [a async for a in service.Process(feed(), None)]
+    immediate = answers[-1].immediate_response
+    assert immediate.status.code == 503 and immediate.details == "rejected-no-endpoints"
+    assert top.is_idle()
+    await top.close()
+
+
+async def test_a_local_fallback_group_takes_over_when_no_remote_answers():
+    config = replace(
+        top_config(
+            [GroupConfig("remote", f"127.0.0.1:{free_port()}"), GroupConfig("here", None)], fallback="here"
+        ),
+        workers=group_config("h", 2, subnet=7).workers,
+    )
+    top = EndpointPicker(config)
+    chosen = await pick(top, chat("fall back " * 20), "f1")
+    assert chosen.group == "here" and chosen.endpoint.startswith("127.0.7.")
+    assert top.groups.metrics.outcomes["fallback"] == 1
+    assert not top.pools[MODEL].router.is_idle()
+    top.finish(chosen, "complete")
+    await top.groups.drain()
+    assert top.is_idle()
+    await top.close()
