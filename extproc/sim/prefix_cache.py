@@ -105,6 +105,15 @@ class PrefixCache:
         self.queried_tokens += queried_tokens
         self.hit_tokens += hit_tokens
 
+    def blocks_needed(self, table: BlockTable, block_hashes: Sequence[int], num_tokens: int) -> int:
+        """Free blocks `allocate(table, block_hashes, num_tokens)` would take (new or revived ones)."""
+        full = num_tokens // self.block_size
+        new_hashes = block_hashes[len(table.block_hashes) : full]
+        refs = self._ref_counts
+        evictable = self._evictable
+        taken = sum(1 for h in new_hashes if h not in refs or h in evictable)
+        return taken + int(num_tokens % self.block_size > 0) - int(table.has_partial)
+
     def allocate(
         self,
         table: BlockTable,

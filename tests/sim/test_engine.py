@@ -173,9 +173,9 @@ def test_cancel_releases_blocks_and_drops_the_request_from_the_pass_in_flight():
     engine = Engine()
     engine.add_request("a", prompt(20_000), 4, 0.0)
     p = engine.next_pass(0.0)
-    assert p is not None and engine.cache.num_active_blocks == 313
+    assert p is not None and engine.cache.num_active_blocks == 128  # blocks come chunk by chunk
     assert engine.cancel("a")
-    assert engine.cache.num_active_blocks == 0 and engine.cache.num_cached_blocks == 312
+    assert engine.cache.num_active_blocks == 0 and engine.cache.num_cached_blocks == 128
     assert engine.finish_pass(p) == []
     assert engine.next_pass(p.end_ms) is None
     assert not engine.cancel("a")
