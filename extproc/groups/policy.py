@@ -4,7 +4,10 @@ Overlap and cost are compared in tokens (blocks x the group's block size) so gro
 block sizes compare fairly. Exact ties are broken at random (the rng is injected), as Dynamo does
 between workers, so idle groups share new conversations.
 
-- `max-overlap` (default): most cached prompt tokens on the group's chosen worker; lower cost breaks ties.
+- `max-overlap` (default): most cached prompt tokens on the group's chosen worker; lower cost breaks
+  ties. Overlaps within `OVERLAP_TIE_FRACTION` of the prompt of the best one count as ties: every
+  chat request shares its template's first block or two, and without the tolerance the first group
+  to serve one would win every new conversation by a block and the other groups would idle.
 - `min-cost`: lowest cost of the group's chosen worker; more overlap breaks ties.
 - `weighted`: highest weight x (overlap fraction + (1 - cost / highest cost)) / 2, a score in
   [0, weight] that blends cache reuse with load and prefers heavier-weighted groups.
@@ -17,6 +20,8 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 
 from extproc.groups.types import GroupProbe
+
+OVERLAP_TIE_FRACTION = 0.1  # max-overlap: overlaps this close to the best (share of the prompt) tie
 
 
 class GroupPolicy(enum.StrEnum):
@@ -50,7 +55,13 @@ def rank(
     rng.shuffle(shuffled)  # the stable sort below keeps this order among exact ties
     key: Callable[[GroupProbe], tuple[float, float]]
     if policy is GroupPolicy.MAX_OVERLAP:
-        key = lambda p: (-p.overlap_tokens, cost_tokens(p))  # noqa: E731
+        best = max((p.overlap_tokens for p in probes), default=0)
+        prompt_tokens = max((p.choice.request_blocks * p.block_size for p in probes), default=0)
+        near = best - OVERLAP_TIE_FRACTION * prompt_tokens
+
+        def key(p: GroupProbe) -> tuple[float, float]:  # the near-best by cost, then the rest by overlap
+            return (-best if p.overlap_tokens >= near else -p.overlap_tokens, cost_tokens(p))
+
     elif policy is GroupPolicy.MIN_COST:
         key = lambda p: (cost_tokens(p), -p.overlap_tokens)  # noqa: E731
     else:

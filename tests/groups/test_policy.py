@@ -31,7 +31,22 @@ def order(probes, policy, weights=None, seed=0):
             ["c", "b", "a"],
         ),
         # overlap is compared in tokens: 2 blocks of 64 beat 5 blocks of 16
-        ([probe("a", 5, 1.0), probe("b", 2, 1.0, block_size=64)], GroupPolicy.MAX_OVERLAP, ["b", "a"]),
+        (
+            [probe("a", 5, 1.0), probe("b", 2, 1.0, blocks=2, block_size=64)],
+            GroupPolicy.MAX_OVERLAP,
+            ["b", "a"],
+        ),
+        # overlaps within 10 % of the prompt of the best tie (a shared template block): cost decides
+        (
+            [probe("a", 1, 30.0, blocks=100), probe("b", 0, 20.0, blocks=100)],
+            GroupPolicy.MAX_OVERLAP,
+            ["b", "a"],
+        ),
+        (
+            [probe("a", 10, 30.0), probe("b", 9, 20.0), probe("c", 8, 1.0)],
+            GroupPolicy.MAX_OVERLAP,
+            ["b", "a", "c"],
+        ),
         # min-cost: cheapest first (cost in tokens), overlap breaks ties
         (
             [probe("a", 2, 5.0), probe("b", 8, 30.0), probe("c", 0, 5.0)],
