@@ -14,6 +14,7 @@ time (register it on the admin server's registry). Per group (label `group`):
     extproc_group_commit_failures_total           commits that failed (the next group was tried)
     extproc_group_lifecycle_failures_total{call}  prefill-complete / free calls that failed
     extproc_group_ejected                         1 while the group is skipped after repeated failures
+    extproc_group_in_flight                       requests committed to the group and not yet freed
 and per picker `extproc_group_requests_total{outcome}`: routed, fallback, rejected.
 """
 
@@ -45,6 +46,7 @@ class GroupStats:
     commit_failures: int = 0
     lifecycle_failures: Counter[str] = field(default_factory=Counter)
     ejected: bool = False
+    in_flight: int = 0
 
 
 class GroupMetrics:
@@ -68,6 +70,9 @@ class GroupMetrics:
         stats.chosen += 1
         stats.overlap_won_blocks += overlap_blocks
         stats.overlap_wins += won_on_overlap
+
+    def owned(self, group: str, delta: int) -> None:
+        self.groups[group].in_flight += delta
 
     def commit_redecided(self, group: str) -> None:
         self.groups[group].commit_redecided += 1
@@ -133,6 +138,9 @@ class GroupCollector(Collector):
         ejected = GaugeMetricFamily(
             "extproc_group_ejected", "1 while the group is skipped after repeated failures.", labels=["group"]
         )
+        in_flight = GaugeMetricFamily(
+            "extproc_group_in_flight", "Requests committed to the group and not yet freed.", labels=["group"]
+        )
         for name, s in self.metrics.groups.items():
             cumulative, buckets = 0, []
             for bound, n in zip((*PROBE_LATENCY_BUCKETS_S, float("inf")), s.probe_buckets, strict=True):
@@ -149,10 +157,11 @@ class GroupCollector(Collector):
             for call, n in sorted(s.lifecycle_failures.items()):
                 lifecycle.add_metric([name, call], n)
             ejected.add_metric([name], 1.0 if s.ejected else 0.0)
+            in_flight.add_metric([name], s.in_flight)
         outcomes = CounterMetricFamily(
             "extproc_group_requests", "Requests routed through router groups, by outcome.", labels=["outcome"]
         )
         for what in ("routed", "fallback", "rejected"):
             outcomes.add_metric([what], self.metrics.outcomes[what])
         yield from (latency, failures, chosen, won_blocks, wins, redecided, commit_failures, lifecycle)
-        yield from (ejected, outcomes)
+        yield from (ejected, in_flight, outcomes)

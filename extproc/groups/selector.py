@@ -211,6 +211,7 @@ class GroupSelector:
         """The request ended (complete, error, cancel): free it in its group, once (in the background)."""
         owned = self._owned.pop(request_id, None)
         if owned is not None:
+            self.metrics.owned(owned.group.name, -1)
             log.debug("freeing %s in group %s (%s)", request_id, owned.group.name, cause)
             self._spawn(self._lifecycle(owned.group, "free", owned.model, owned.group_request_id))
 
@@ -303,6 +304,7 @@ class GroupSelector:
         won_on_overlap: bool,
     ) -> None:
         self._owned[request_id] = _Owned(group, model, decision.request_id)
+        self.metrics.owned(group.name, 1)
         self.metrics.chosen(group.name, decision.choice.overlap_blocks, won_on_overlap=won_on_overlap)
         if decision.redecided:
             self.metrics.commit_redecided(group.name)

@@ -235,6 +235,9 @@ async def test_the_collector_exposes_per_group_metrics():
     assert 'extproc_group_overlap_won_blocks_total{group="a"} 0.0' in text
     assert 'extproc_group_requests_total{outcome="routed"} 1.0' in text
     assert 'extproc_group_ejected{group="b"} 0.0' in text
+    assert 'extproc_group_in_flight{group="a"} 1.0' in text
+    sel.finish("r1", "complete")
+    assert 'extproc_group_in_flight{group="a"} 0.0' in generate_latest(registry).decode()
 
 
 async def test_groups_from_config():
