@@ -6,9 +6,10 @@ from extproc.demo import run_modes
 
 
 def test_the_demo_hit_rate_with_event_fed_routing_beats_round_robin(tmp_path):
+    # 4 concurrent sessions over 3 workers: round robin cannot line sessions up with workers by chance
     args = argparse.Namespace(
-        workers=3, sessions=9, turns=3, turn_tokens=300, system_prompts=3, system_prompt_tokens=1500,
-        concurrency=3, max_tokens=4, speedup=20.0, seed=1, picker_log_level="info",
+        workers=3, sessions=8, turns=3, turn_tokens=300, system_prompts=3, system_prompt_tokens=1500,
+        concurrency=4, max_tokens=4, speedup=20.0, seed=1, picker_log_level="info",
     )  # fmt: skip
     summaries = run_modes(["kv", "round-robin"], args, tmp_path)
     kv, rr = summaries["kv"]["total"], summaries["round-robin"]["total"]
