@@ -5,9 +5,10 @@ block sizes compare fairly. Exact ties are broken at random (the rng is injected
 between workers, so idle groups share new conversations.
 
 - `max-overlap` (default): most cached prompt tokens on the group's chosen worker; lower cost breaks
-  ties. Overlaps within `OVERLAP_TIE_FRACTION` of the prompt of the best one count as ties: every
-  chat request shares its template's first block or two, and without the tolerance the first group
-  to serve one would win every new conversation by a block and the other groups would idle.
+  ties. Near ties are ties: overlaps within `TIE_FRACTION` of the prompt of the best one, and among
+  those, costs within the same amount of the lowest (chosen at random). Every chat request shares
+  its template's first block or two; counted strictly, that block would make the first group to
+  serve any request win every new conversation, and the other groups would idle.
 - `min-cost`: lowest cost of the group's chosen worker; more overlap breaks ties.
 - `weighted`: highest weight x (overlap fraction + (1 - cost / highest cost)) / 2, a score in
   [0, weight] that blends cache reuse with load and prefers heavier-weighted groups.
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from extproc.groups.types import GroupProbe
 
-OVERLAP_TIE_FRACTION = 0.1  # max-overlap: overlaps this close to the best (share of the prompt) tie
+TIE_FRACTION = 0.1  # max-overlap: overlaps (then costs) this close to the best, as a share of the prompt, tie
 
 
 class GroupPolicy(enum.StrEnum):
@@ -53,16 +54,10 @@ def rank(
     """The probes ordered best first under `policy` (`weights` by group name, default 1)."""
     shuffled = list(probes)
     rng.shuffle(shuffled)  # the stable sort below keeps this order among exact ties
-    key: Callable[[GroupProbe], tuple[float, float]]
     if policy is GroupPolicy.MAX_OVERLAP:
-        best = max((p.overlap_tokens for p in probes), default=0)
-        prompt_tokens = max((p.choice.request_blocks * p.block_size for p in probes), default=0)
-        near = best - OVERLAP_TIE_FRACTION * prompt_tokens
-
-        def key(p: GroupProbe) -> tuple[float, float]:  # the near-best by cost, then the rest by overlap
-            return (-best if p.overlap_tokens >= near else -p.overlap_tokens, cost_tokens(p))
-
-    elif policy is GroupPolicy.MIN_COST:
+        return _max_overlap(shuffled)
+    key: Callable[[GroupProbe], tuple[float, float]]
+    if policy is GroupPolicy.MIN_COST:
         key = lambda p: (cost_tokens(p), -p.overlap_tokens)  # noqa: E731
     else:
         highest = max((cost_tokens(p) for p in probes), default=0.0)
@@ -71,6 +66,24 @@ def rank(
             return (-weighted_score(p, weights.get(p.group, 1.0), highest), cost_tokens(p))
 
     return sorted(shuffled, key=key)
+
+
+def _max_overlap(shuffled: list[GroupProbe]) -> list[GroupProbe]:
+    """Near-best overlap and near-lowest cost (random order), the rest of the near-best overlap by
+    cost, then everything else by overlap and cost."""
+    if not shuffled:
+        return []
+    slack = TIE_FRACTION * max(p.choice.request_blocks * p.block_size for p in shuffled)
+    best = max(p.overlap_tokens for p in shuffled)
+    near = [p for p in shuffled if p.overlap_tokens >= best - slack]
+    cheapest = min(cost_tokens(p) for p in near)
+    even = [p for p in near if cost_tokens(p) <= cheapest + slack]
+    rest_of_near = sorted((p for p in near if cost_tokens(p) > cheapest + slack), key=cost_tokens)
+    others = sorted(
+        (p for p in shuffled if p.overlap_tokens < best - slack),
+        key=lambda p: (-p.overlap_tokens, cost_tokens(p)),
+    )
+    return even + rest_of_near + others
 
 
 def weighted_score(probe: GroupProbe, weight: float, highest_cost_tokens: float) -> float:

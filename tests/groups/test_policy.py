@@ -38,7 +38,7 @@ def order(probes, policy, weights=None, seed=0):
         ),
         # overlaps within 10 % of the prompt of the best tie (a shared template block): cost decides
         (
-            [probe("a", 1, 30.0, blocks=100), probe("b", 0, 20.0, blocks=100)],
+            [probe("a", 1, 40.0, blocks=100), probe("b", 0, 20.0, blocks=100)],
             GroupPolicy.MAX_OVERLAP,
             ["b", "a"],
         ),
@@ -67,6 +67,12 @@ def test_weights_scale_the_weighted_score():
     assert order(probes, GroupPolicy.WEIGHTED, {"b": 2.0}) == ["b", "a"]  # 0.5 vs 0.75
     assert weighted_score(probes[0], 1.0, 40.0 * 16) == pytest.approx(0.5)
     assert weighted_score(probes[1], 2.0, 40.0 * 16) == pytest.approx(0.75)
+
+
+def test_near_ties_under_max_overlap_are_broken_at_random():
+    # one shared block of 125 and costs one block apart: an idle fleet, nothing to tell them apart
+    probes = [probe("a", 1, 249.0, blocks=125), probe("b", 0, 250.0, blocks=125)]
+    assert {order(probes, GroupPolicy.MAX_OVERLAP, seed=s)[0] for s in range(20)} == {"a", "b"}
 
 
 def test_exact_ties_are_broken_at_random():
