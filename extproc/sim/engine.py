@@ -135,8 +135,20 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
 
-    def add_request(self, request_id: str, token_ids: Sequence[int], max_tokens: int, now_ms: float) -> None:
-        """Queue a request at the back of the waiting queue. Raises RequestTooLarge, ValueError."""
+    def add_request(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        now_ms: float,
+        *,
+        local_block_hashes: Sequence[int] | None = None,
+    ) -> None:
+        """Queue a request at the back of the waiting queue. Raises RequestTooLarge, ValueError.
+
+        `local_block_hashes` (those of `token_ids` at this engine's block size) spare hashing the
+        prompt again when the caller already has them.
+        """
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if max_tokens < 1 or not token_ids:
@@ -147,7 +159,12 @@ class Engine:
             raise RequestTooLarge(request_id, prompt_blocks, self.config.num_gpu_blocks)
         tokens = list(token_ids)
         self._serial += 1
-        hashes = compute_sequence_hashes(compute_block_hashes(tokens, bs))
+        if local_block_hashes is None:
+            local_block_hashes = compute_block_hashes(tokens, bs)
+        elif len(local_block_hashes) != len(tokens) // bs:
+            n = len(local_block_hashes)
+            raise ValueError(f"{len(tokens)} tokens have {len(tokens) // bs} full blocks, got {n} hashes")
+        hashes = compute_sequence_hashes(local_block_hashes)
         req = _Request(request_id, self._serial, tokens, len(tokens), max_tokens, now_ms, hashes)
         self._requests[request_id] = req
         self._waiting.append(req)
@@ -266,29 +283,30 @@ class Engine:
         preempted: tuple[str, ...],
     ) -> Pass:
         # Recomputed generated tokens (after a preemption) are not priced: only prompt tokens are.
-        prefills = [
-            (min(prefix, req.prompt_len), min(prefix + new, req.prompt_len) - min(prefix, req.prompt_len))
-            for req, prefix, new, _ in scheduled
-            if not _is_decode_step(req, prefix, new)
-        ]
-        decoding = [req for req, _, _, _ in scheduled if req.num_output > 0]
+        prefills: list[tuple[int, int]] = []
+        decoding_tokens = 0
+        decoding = False
+        entries = []
+        for req, prefix, new, cached in scheduled:
+            n_tokens = len(req.tokens)
+            if req.num_output > 0:
+                decoding = True
+                decoding_tokens += n_tokens
+            if not (req.num_output > 0 and new == 1 and prefix == n_tokens - 1):  # not a plain decode
+                p = req.prompt_len
+                start = prefix if prefix < p else p
+                end = prefix + new if prefix + new < p else p
+                prefills.append((start, end - start))
+            emits = req.num_computed == n_tokens
+            finished = emits and req.num_output + 1 >= req.max_tokens
+            entries.append(PassEntry(req.request_id, new, cached, emits, finished))
         t = _prefill_tokens(prefills)
         duration = prefill_ms(t) if t > 0 else 0.0
         usage = None
         if decoding:
-            usage = min(1.0, sum(len(r.tokens) for r in decoding) / self.config.capacity_tokens)
+            usage = min(1.0, decoding_tokens / self.config.capacity_tokens)
             duration += decode_ms(usage)
-        entries = []
-        for req, _prefix, _new, cached in scheduled:
-            emits = req.num_computed == len(req.tokens)
-            finished = emits and req.num_output + 1 >= req.max_tokens
-            entries.append(PassEntry(req.request_id, _new, cached, emits, finished))
         return Pass(now_ms, duration, t, usage, tuple(entries), preempted)
-
-
-def _is_decode_step(req: _Request, prefix: int, new: int) -> bool:
-    """A plain decode: one token after all earlier ones were computed, by a request that emitted before."""
-    return req.num_output > 0 and new == 1 and prefix == len(req.tokens) - 1
 
 
 def _prefill_tokens(prefills: list[tuple[int, int]]) -> int:

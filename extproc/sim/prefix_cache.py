@@ -129,10 +129,12 @@ class PrefixCache:
         request's tokens) are only read to describe stored blocks to the listener.
         """
         full = num_tokens // self.block_size
+        want_partial = num_tokens % self.block_size > 0
+        if full == len(table.block_hashes) and want_partial == table.has_partial:
+            return True  # nothing new (most decode steps)
         if full > len(block_hashes):
             raise ValueError(f"{num_tokens} tokens need {full} block hashes, got {len(block_hashes)}")
         new_hashes = block_hashes[len(table.block_hashes) : full]
-        want_partial = num_tokens % self.block_size > 0
         fresh = [h for h in new_hashes if h not in self._ref_counts]
         revived = sum(1 for h in new_hashes if h in self._evictable)
         needed = len(fresh) + int(want_partial) - int(table.has_partial)
