@@ -14,7 +14,8 @@ or `NoGroupAvailable`, both answered 503.
 
 A group that times out or is unreachable `eject_after` times in a row is skipped for `eject_s`
 seconds (then probed again), so a hung group does not add the probe deadline to every request.
-When every group is ejected they are all probed anyway.
+When every group is ejected they are all probed anyway, and when no other group can take a request
+the skipped ones are probed before giving up.
 """
 
 from __future__ import annotations
@@ -128,35 +129,19 @@ class GroupSelector:
         Raises AllGroupsBusy, NoGroupAvailable (both 503) or UnknownModel (every group said so).
         """
         probes, failures = await self.probe_all(request)
-        ranked = rank(probes, self.policy, weights=self._weights, rng=self._rng)
-        for position, probe in enumerate(ranked):
-            group = self._group(probe.group)
-            try:
-                decision = await group.commit(request, request_id, probe)
-            except GroupError as exc:
-                log.warning("commit of %s to %s failed: %s", request_id, group.name, exc)
-                self.metrics.commit_failed(group.name)
-                failures[group.name] = exc.reason
-                if isinstance(exc, GroupTimeout):  # it may have tracked the request: undo
-                    self._spawn(self._lifecycle(group, "free", request.model, request_id))
-                continue
-            others = [p.overlap_tokens for p in ranked if p is not probe]
-            won = bool(others) and probe.overlap_tokens > max(others)
-            self._owned_by(request_id, group, request.model, decision, won_on_overlap=won)
-            self.metrics.outcome("routed")
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "%s -> group %s (rank %d); %s",
-                    request_id,
-                    group.name,
-                    position,
-                    _summary(probes, failures),
-                )
-            return decision
-        return await self._fall_back(request, request_id, failures)
+        decision = await self._commit_best(request, request_id, probes, failures)
+        skipped = [g for g in self.groups if failures.get(g.name) == EJECTED]
+        if decision is None and skipped:  # everything else failed: try the groups skipped for now
+            retried, retry_failures = await self._probe_groups(skipped, request)
+            failures.update(retry_failures)
+            decision = await self._commit_best(request, request_id, retried, failures)
+        if decision is None:
+            return await self._fall_back(request, request_id, failures)
+        self.metrics.outcome("routed")
+        return decision
 
     async def probe_all(self, request: GroupRequest) -> tuple[list[GroupProbe], dict[str, str]]:
-        """Every non-reserve group's probe within the deadline; (answers, {group: failure reason})."""
+        """Every non-reserve, non-ejected group's probe within the deadline; (answers, {group: failure})."""
         now = self._clock()
         candidates = [g for g in self.groups if g is not self.fallback]
         live = [g for g in candidates if self._health[g.name].ejected_until <= now] or candidates
@@ -165,23 +150,8 @@ class GroupSelector:
             if g not in live:
                 failures[g.name] = EJECTED
                 self.metrics.probe_failed(g.name, EJECTED)
-        tasks = {asyncio.ensure_future(self._probe(g, request)): g for g in live}
-        if not tasks:
-            return [], failures
-        done, pending = await asyncio.wait(tasks, timeout=self.probe_timeout_s)
-        probes = []
-        for task in pending:
-            task.cancel()
-            task.add_done_callback(_retrieve)
-            self._failed(tasks[task].name, GroupTimeout(tasks[task].name, self.probe_timeout_s), failures)
-        for task in done:
-            group = tasks[task]
-            outcome = task.result()
-            if isinstance(outcome, GroupProbe):
-                probes.append(outcome)
-                self._answered(group.name, outcome.latency_s)
-            else:
-                self._failed(group.name, outcome, failures)
+        probes, probe_failures = await self._probe_groups(live, request)
+        failures.update(probe_failures)
         return probes, failures
 
     async def potential_loads(self, request: GroupRequest) -> list[GroupLoads]:
@@ -226,6 +196,60 @@ class GroupSelector:
             await group.close()
 
     # --- internals ---------------------------------------------------------------------------
+
+    async def _probe_groups(
+        self, groups: Sequence[RouterGroup], request: GroupRequest
+    ) -> tuple[list[GroupProbe], dict[str, str]]:
+        """Probe `groups` concurrently; whatever has not answered within the deadline is a timeout."""
+        failures: dict[str, str] = {}
+        tasks = {asyncio.ensure_future(self._probe(g, request)): g for g in groups}
+        if not tasks:
+            return [], failures
+        done, pending = await asyncio.wait(tasks, timeout=self.probe_timeout_s)
+        probes = []
+        for task in pending:
+            task.cancel()
+            task.add_done_callback(_retrieve)
+            self._failed(tasks[task].name, GroupTimeout(tasks[task].name, self.probe_timeout_s), failures)
+        for task in done:
+            group = tasks[task]
+            outcome = task.result()
+            if isinstance(outcome, GroupProbe):
+                probes.append(outcome)
+                self._answered(group.name, outcome.latency_s)
+            else:
+                self._failed(group.name, outcome, failures)
+        return probes, failures
+
+    async def _commit_best(
+        self, request: GroupRequest, request_id: str, probes: list[GroupProbe], failures: dict[str, str]
+    ) -> GroupDecision | None:
+        """Commit to the best group by policy; a failed commit falls to the next. None: nobody took it."""
+        ranked = rank(probes, self.policy, weights=self._weights, rng=self._rng)
+        for position, probe in enumerate(ranked):
+            group = self._group(probe.group)
+            try:
+                decision = await group.commit(request, request_id, probe)
+            except GroupError as exc:
+                log.warning("commit of %s to %s failed: %s", request_id, group.name, exc)
+                self.metrics.commit_failed(group.name)
+                failures[group.name] = exc.reason
+                if isinstance(exc, GroupTimeout):  # it may have tracked the request: undo
+                    self._spawn(self._lifecycle(group, "free", request.model, request_id))
+                continue
+            others = [p.overlap_tokens for p in ranked if p is not probe]
+            won = bool(others) and probe.overlap_tokens > max(others)
+            self._owned_by(request_id, group, request.model, decision, won_on_overlap=won)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "%s -> group %s (rank %d); %s",
+                    request_id,
+                    group.name,
+                    position,
+                    _summary(probes, failures),
+                )
+            return decision
+        return None
 
     async def _probe(self, group: RouterGroup, request: GroupRequest) -> GroupProbe | Exception:
         start = time.perf_counter()

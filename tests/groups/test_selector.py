@@ -146,6 +146,22 @@ async def test_failed_groups_are_skipped_ejected_and_probed_again_later():
     assert down.probes == 4 and not sel.metrics.groups["down"].ejected
 
 
+async def test_groups_skipped_after_failures_are_tried_before_giving_up():
+    now = [100.0]
+    first, second = (
+        Down("first", group_pools("first", 1, subnet=1)),
+        Down("second", group_pools("second", 1, subnet=2)),
+    )
+    second.down = False
+    sel = selector(first, second, clock=lambda: now[0], eject_after=1, eject_s=60.0)
+    assert (await sel.route(request(prompt(1)), "r1")).group == "second"
+    assert sel.metrics.groups["first"].ejected
+    first.down, second.down = False, True  # the ejected group is back, the other one fails now
+    decision = await sel.route(request(prompt(2)), "r2")
+    assert decision.group == "first" and first.probes == 2
+    assert sel.metrics.outcomes["routed"] == 2
+
+
 async def test_a_failed_commit_falls_to_the_next_group():
     a = FailingCommit("a", group_pools("a", 1, subnet=1))
     b = local("b", 2, n_workers=1)
