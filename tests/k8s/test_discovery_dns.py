@@ -1,0 +1,164 @@
+"""DNS discovery against a real DNS server on loopback, while the picker runs.
+
+The server (tests/k8s/dns_server.py, dnslib) is a child process answering from a zone file the
+test rewrites: records added and removed change the running picker's worker set; a failing server
+leaves it as it was; a name that no longer exists empties it. Conditions are polled with a
+deadline, never slept for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from extproc.config import ConfigError, load_config
+from extproc.discovery import discovery_model, endpoint_of, parse_dns_server
+from extproc.procs import ManagedProcess
+from extproc.server import RunningPicker, start_picker
+
+NAME = "llm-workers.default.svc.cluster.local."
+MODEL = "demo-model"
+
+
+class Zone:
+    """The zone file the DNS server answers from."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.set(["10.1.0.1", "10.1.0.2"])
+
+    def set(
+        self, a: list[str], aaaa: list[str] | None = None, *, mode: str = "ok", exists: bool = True
+    ) -> None:
+        records = {NAME: {"A": a, "AAAA": aaaa or []}} if exists else {}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"mode": mode, "records": records}))
+        tmp.replace(self.path)  # atomic: the server never reads half a file
+
+
+@pytest.fixture
+def dns_server(tmp_path: Path) -> Iterator[tuple[Zone, int]]:
+    zone = Zone(tmp_path / "zone.json")
+    server = ManagedProcess(
+        [sys.executable, str(Path(__file__).with_name("dns_server.py")), str(zone.path)],
+        log_path=tmp_path / "dns.log",
+    ).start()
+    try:
+        deadline = time.monotonic() + 10
+        while "PORT " not in server.log_tail():
+            assert server.is_running(), server.log_tail()
+            assert time.monotonic() < deadline, "the DNS server did not start"
+            time.sleep(0.02)
+        port = int(server.log_tail().split("PORT ")[1].split()[0])
+        yield zone, port
+    finally:
+        server.stop(grace_s=2)
+
+
+@pytest.fixture
+async def picker(dns_server, tmp_path) -> AsyncIterator[tuple[RunningPicker, Zone]]:
+    zone, port = dns_server
+    config_file = tmp_path / "picker.yaml"
+    config_file.write_text(f"models:\n- name: {MODEL}\ndiscovery:\n  discovery-refresh-secs: 0.05\n")
+    config = load_config(
+        ["--config", str(config_file), "--port", "0", "--health-port", "0", "--discovery-dns", NAME,
+         "--discovery-dns-server", f"127.0.0.1:{port}", "--discovery-port", "8000"],
+        environ={},
+    )  # fmt: skip
+    running = await start_picker(config)
+    try:
+        yield running, zone
+    finally:
+        await running.stop(0)
+
+
+def endpoints(running: RunningPicker) -> set[str]:
+    return {w.endpoint for w in running.picker.pools[MODEL].workers.values()}
+
+
+async def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+async def test_records_added_and_removed_change_the_running_pickers_workers(picker):
+    running, zone = picker
+    assert endpoints(running) == {"10.1.0.1:8000", "10.1.0.2:8000"}  # looked up before start returned
+
+    zone.set(["10.1.0.2", "10.1.0.3"])  # a pod went, another came
+    await wait_until(lambda: endpoints(running) == {"10.1.0.2:8000", "10.1.0.3:8000"}, "pod replaced")
+    worker = running.picker.pools[MODEL].workers["10.1.0.3:8000"]
+    assert (worker.id, worker.model) == ("10.1.0.3:8000", MODEL)
+
+    zone.set(["10.1.0.2", "10.1.0.3"], ["fd00::7"])  # a dual-stack pod
+    await wait_until(lambda: "[fd00::7]:8000" in endpoints(running), "IPv6 worker added")
+
+    zone.set(["10.1.0.3"])
+    await wait_until(lambda: endpoints(running) == {"10.1.0.3:8000"}, "workers removed")
+
+
+async def test_a_failing_lookup_keeps_the_last_known_workers(picker, caplog):
+    running, zone = picker
+    caplog.set_level(logging.DEBUG, logger="extproc.discovery")
+    zone.set(["10.1.0.1", "10.1.0.2"], mode="servfail")
+
+    def failures() -> int:
+        return sum("DNS lookup failed" in r.getMessage() for r in caplog.records)
+
+    await wait_until(lambda: failures() >= 3, "three failed lookups")
+    assert endpoints(running) == {"10.1.0.1:8000", "10.1.0.2:8000"}
+    assert (
+        sum(r.levelno == logging.WARNING for r in caplog.records if "DNS lookup failed" in r.getMessage())
+        == 1
+    )
+
+    zone.set(["10.1.0.9"])  # the server answers again
+    await wait_until(lambda: endpoints(running) == {"10.1.0.9:8000"}, "recovered")
+
+
+async def test_a_name_that_no_longer_exists_empties_the_set(picker):
+    running, zone = picker
+    zone.set([], exists=False)  # NXDOMAIN: a headless Service without ready pods
+    await wait_until(lambda: endpoints(running) == set(), "no worker left")
+    zone.set(["10.1.0.4"])
+    await wait_until(lambda: endpoints(running) == {"10.1.0.4:8000"}, "a pod is ready again")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("10.96.0.10", ("10.96.0.10", 53)), ("127.0.0.1:5353", ("127.0.0.1", 5353)),
+     ("[fd00::a]:53", ("fd00::a", 53)), ("fd00::a", ("fd00::a", 53))],
+)  # fmt: skip
+def test_dns_server_setting(text, expected):
+    assert parse_dns_server(text) == expected
+
+
+@pytest.mark.parametrize("text", ["kube-dns", "10.0.0.1:0", "10.0.0.1:x", "[fd00::1]:99999"])
+def test_bad_dns_server_setting_names_it(text):
+    with pytest.raises(ConfigError, match="discovery-dns-server"):
+        parse_dns_server(text)
+
+
+def test_endpoints_bracket_ipv6():
+    assert endpoint_of("10.0.0.1", 8000) == "10.0.0.1:8000"
+    assert endpoint_of("fd00::1", 8000) == "[fd00::1]:8000"
+
+
+def test_the_discovered_model_must_be_known(tmp_path):
+    config_file = tmp_path / "picker.yaml"
+    config_file.write_text("models: [{name: a}, {name: b}]\n")
+    base = ["--config", str(config_file), "--discovery-dns", NAME]
+    with pytest.raises(ConfigError, match="needs --discovery-model"):
+        discovery_model(load_config(base, environ={}))
+    with pytest.raises(ConfigError, match="invalid discovery-model='c'"):
+        discovery_model(load_config([*base, "--discovery-model", "c"], environ={}))
+    assert discovery_model(load_config([*base, "--discovery-model", "b"], environ={})) == "b"
