@@ -92,7 +92,7 @@ async def test_a_conversation_sticks_to_its_group_and_worker(fleet):
         owner = groups[second.group].pools[MODEL].router
         assert owner.sequences.worker_of(second.request_id) == second.worker
         top.finish(second, "cancelled")
-    await top.groups.drain()
+        await top.groups.drain()  # freed before the next turn: a busy holder may rightly lose a turn
     assert idle(top, groups)
     assert sum(s.chosen for s in top.groups.metrics.groups.values()) == 12
 
