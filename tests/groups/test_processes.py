@@ -1,0 +1,117 @@
+"""Router groups as child processes (`python -m extproc serve --group-api-port`), used from this
+process by a selector exactly as a top-level picker does; a group restarts on the same port."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from extproc.groups import GroupSelector, RemoteGroup
+from extproc.groups.errors import UNREACHABLE
+from extproc.procs import ManagedProcess, free_port, wait_for_port
+
+from .builders import BLOCK, MODEL, prompt, request
+
+
+def launch_group(name: str, subnet: int, api_port: int, log_dir: Path) -> ManagedProcess:
+    """A picker over two (unreachable, never contacted) workers, serving its routers on `api_port`."""
+    config = log_dir / f"{name}.yaml"
+    workers = [
+        {"id": f"{name}{i}", "endpoint": f"127.0.{subnet}.{i + 1}:8000", "model": MODEL} for i in range(2)
+    ]
+    config.write_text(yaml.safe_dump({"workers": workers}))
+    argv = [
+        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", str(free_port()),
+        "--health-port", str(free_port()), "--group-api-port", str(api_port), "--no-router-kv-events",
+        "--kv-cache-block-size", str(BLOCK), "--log-level", "warning",
+    ]  # fmt: skip
+    return ManagedProcess(argv, log_path=log_dir / f"{name}.log").start()
+
+
+def wait_until_serving(process: ManagedProcess, api_port: int) -> None:
+    try:
+        wait_for_port("127.0.0.1", api_port, 30.0, process=process)
+    except BaseException:
+        process.stop(grace_s=1.0)
+        raise
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("group-processes")
+
+
+@pytest.fixture(scope="module")
+def groups(log_dir: Path) -> Iterator[dict[str, tuple[ManagedProcess, int]]]:
+    """Groups a (127.0.1.x) and b (127.0.2.x), started together; the last test restarts a."""
+    started: dict[str, tuple[ManagedProcess, int]] = {}
+    try:
+        for subnet, name in enumerate(("a", "b"), start=1):
+            port = free_port()
+            started[name] = (launch_group(name, subnet, port, log_dir), port)
+        for process, port in started.values():
+            wait_until_serving(process, port)
+        yield started
+    finally:
+        for process, _ in started.values():
+            process.stop(grace_s=2.0)
+
+
+def selector(groups: dict[str, tuple[ManagedProcess, int]], **kwargs) -> GroupSelector:
+    remotes = [RemoteGroup(name, f"127.0.0.1:{port}") for name, (_, port) in groups.items()]
+    return GroupSelector(remotes, probe_timeout_s=0.5, **kwargs)
+
+
+async def test_routing_and_lifecycle_against_group_processes(groups):
+    sel = selector(groups)
+    try:
+        first = await sel.route(request(prompt(1)), "r1")
+        owner = next(g for g in sel.groups if g.name == first.group)
+        loads = await owner.potential_loads(request(prompt(1)))
+        assert loads.load.active_requests == 1 and loads.load.active_prefill_tokens == 160
+        sel.first_token("r1")
+        await sel.drain()
+        assert (await owner.potential_loads(request(prompt(1)))).load.active_prefill_tokens == 0
+        second = await sel.route(request(prompt(1) + prompt(2)), "r2")
+        assert (second.group, second.choice.worker, second.choice.overlap_blocks) == (
+            first.group,
+            first.choice.worker,
+            10,
+        )
+        sel.finish("r1", "complete")
+        sel.finish("r2", "cancelled")
+        await sel.drain()
+        for group in sel.groups:
+            assert (await group.potential_loads(request(prompt(1)))).load.active_requests == 0
+    finally:
+        await sel.close()
+
+
+async def test_a_restarted_group_is_used_again(groups, log_dir):
+    sel = selector(groups, eject_after=1, eject_s=0.2)
+    process, port = groups["a"]
+    try:
+        process.stop(grace_s=2.0)
+        for i in range(3):
+            assert (await sel.route(request(prompt(i)), f"down-{i}")).group == "b"
+        assert sel.metrics.groups["a"].probe_failures[UNREACHABLE] >= 1
+        groups["a"] = (launch_group("a", 1, port, log_dir), port)
+        wait_until_serving(groups["a"][0], port)
+        deadline = time.monotonic() + 10  # the channel reconnects with a backoff of at most 2 s
+        i = 0
+        while True:
+            i += 1
+            decision = await sel.route(request(prompt(100 + i)), f"up-{i}")
+            if decision.group == "a":
+                break
+            assert time.monotonic() < deadline, "the restarted group was never chosen again"
+            await asyncio.sleep(0.05)
+        assert not sel.metrics.groups["a"].ejected
+    finally:
+        await sel.close()
