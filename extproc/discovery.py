@@ -186,6 +186,7 @@ class WorkerDiscovery:
         self._file_workers: tuple[WorkerConfig, ...] = tuple(static_workers)
         self._dns_workers: tuple[WorkerConfig, ...] = ()
         self._dns_failing = False
+        self._dns_answered = False
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -218,9 +219,10 @@ class WorkerDiscovery:
         if self._dns_failing:
             log.info("DNS lookup of %s answers again", self.dns.name)
             self._dns_failing = False
+        if not workers and (self._dns_workers or not self._dns_answered):
+            log.warning("DNS %s has no address (no ready pod?): no discovered worker", self.dns.name)
+        self._dns_answered = True
         if workers != self._dns_workers:
-            if not workers:
-                log.warning("DNS %s has no address (no ready pod?): no discovered worker", self.dns.name)
             self._dns_workers = workers
             self._apply()
 
