@@ -110,6 +110,38 @@ def start_group(
     return GroupProcess(name, started, picker, api_port)
 
 
+def launch_group_picker(
+    name: str,
+    workers: Sequence[tuple[str, str]],
+    log_dir: Path,
+    *,
+    api_port: int,
+    block_size: int = 16,
+    args: Sequence[str] = (),
+) -> ManagedProcess:
+    """`serve --group-api-port` over (id, endpoint) workers that need not exist (routing decisions only:
+    no KV events, nothing contacts them); returns at once, see `wait_until_serving`."""
+    config = log_dir / f"{name}.yaml"
+    config.write_text(
+        yaml.safe_dump({"workers": [{"id": i, "endpoint": e, "model": MODEL} for i, e in workers]})
+    )
+    argv = [
+        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", str(free_port()),
+        "--health-port", str(free_port()), "--group-api-port", str(api_port), "--no-router-kv-events",
+        "--kv-cache-block-size", str(block_size), "--log-level", "warning", *args,
+    ]  # fmt: skip
+    return ManagedProcess(argv, log_path=log_dir / f"{name}.log").start()
+
+
+def wait_until_serving(process: ManagedProcess, api_port: int, timeout_s: float = 30.0) -> None:
+    """Poll (bounded) until the group API listens; stops the process if it never does."""
+    try:
+        wait_for_port("127.0.0.1", api_port, timeout_s, process=process)
+    except BaseException:
+        process.stop(grace_s=1.0)
+        raise
+
+
 def write_top_config(groups: Sequence[tuple[str, str]], path: Path) -> Path:
     """A top-level picker's config: the model and one remote group per (name, host:port)."""
     document = {

@@ -4,42 +4,24 @@ process by a selector exactly as a top-level picker does; a group restarts on th
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from extproc.groups import GroupSelector, RemoteGroup
 from extproc.groups.errors import UNREACHABLE
-from extproc.procs import ManagedProcess, free_port, wait_for_port
+from extproc.groups.stack import launch_group_picker, wait_until_serving
+from extproc.procs import ManagedProcess, free_port
 
-from .builders import BLOCK, MODEL, prompt, request
+from .builders import BLOCK, prompt, request
 
 
 def launch_group(name: str, subnet: int, api_port: int, log_dir: Path) -> ManagedProcess:
-    """A picker over two (unreachable, never contacted) workers, serving its routers on `api_port`."""
-    config = log_dir / f"{name}.yaml"
-    workers = [
-        {"id": f"{name}{i}", "endpoint": f"127.0.{subnet}.{i + 1}:8000", "model": MODEL} for i in range(2)
-    ]
-    config.write_text(yaml.safe_dump({"workers": workers}))
-    argv = [
-        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", str(free_port()),
-        "--health-port", str(free_port()), "--group-api-port", str(api_port), "--no-router-kv-events",
-        "--kv-cache-block-size", str(BLOCK), "--log-level", "warning",
-    ]  # fmt: skip
-    return ManagedProcess(argv, log_path=log_dir / f"{name}.log").start()
-
-
-def wait_until_serving(process: ManagedProcess, api_port: int) -> None:
-    try:
-        wait_for_port("127.0.0.1", api_port, 30.0, process=process)
-    except BaseException:
-        process.stop(grace_s=1.0)
-        raise
+    """A picker over two workers that are never contacted, serving its routers on `api_port`."""
+    workers = [(f"{name}{i}", f"127.0.{subnet}.{i + 1}:8000") for i in range(2)]
+    return launch_group_picker(name, workers, log_dir, api_port=api_port, block_size=BLOCK)
 
 
 @pytest.fixture(scope="module")
