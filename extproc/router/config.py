@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from extproc.router.errors import InvalidConfig
+from extproc.router.prefill_model import PrefillTiming
+
+_DEFAULT_TIMING = PrefillTiming()  # frozen, so one shared default
 
 
 class RouterMode(enum.StrEnum):
@@ -61,6 +64,7 @@ class RouterConfig:
     router_queue_threshold: float | None = None
     router_queue_policy: QueuePolicy = QueuePolicy.FCFS
     prefill_load_model: PrefillLoadModel = PrefillLoadModel.NONE
+    prefill_timing: PrefillTiming = _DEFAULT_TIMING  # the workers' pass-time model (timing only)
     log_formula: bool = False
 
     def __post_init__(self) -> None:
@@ -70,6 +74,14 @@ class RouterConfig:
         )
         object.__setattr__(
             self, "prefill_load_model", _enum(PrefillLoadModel, "prefill_load_model", self.prefill_load_model)
+        )
+        if isinstance(self.prefill_timing, str):
+            object.__setattr__(self, "prefill_timing", PrefillTiming.parse(self.prefill_timing))
+        _check(
+            isinstance(self.prefill_timing, PrefillTiming),
+            "prefill_timing",
+            self.prefill_timing,
+            "a PrefillTiming or 'a,b,c[,d2,d1,d0]'",
         )
         _check(self.block_size >= 1, "block_size", self.block_size, "an integer >= 1")
         _check(

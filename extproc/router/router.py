@@ -71,6 +71,9 @@ class KvRouter:
             track_active_blocks=cfg.router_track_active_blocks,
             track_prefill_tokens=cfg.router_track_prefill_tokens,
             track_output_blocks=cfg.router_track_output_blocks,
+            prefill_load_model=cfg.prefill_load_model,
+            prefill_timing=cfg.prefill_timing,
+            clock=clock,
         )
         self._specs: dict[WorkerId, WorkerSpec] = {}
         self._workers: list[Worker] = []
@@ -431,14 +434,8 @@ class KvRouter:
     def _loads(
         self, workers: Sequence[Worker], block_keys: Sequence[int], isl: int, overlaps: OverlapScores
     ) -> list[WorkerLoad]:
-        seqs = self.sequences
-        bs = self.config.block_size
-        out = []
-        for w in workers:
-            overlap = overlaps.get(w, 0)
-            active_prefill, decode = seqs.potential(w, block_keys, isl)
-            out.append(WorkerLoad(w, active_prefill + max(0, isl - overlap * bs), decode, overlap))
-        return out
+        seqs = self.sequences  # the prefill load model decides how loads are counted
+        return [seqs.potential_load(w, block_keys, isl, overlaps.get(w, 0)) for w in workers]
 
 
 def _is(worker: Worker, ref: Worker | WorkerId) -> bool:

@@ -10,16 +10,25 @@ With output-block tracking on, generated tokens add placeholder blocks, weighted
 `1 - progress` toward the expected output length when one is given (a request near its end will
 soon release its blocks).
 
+The prefill load model decides what "active prefill tokens" means. `none`: a request's uncached
+tokens count in full until its first token. `timing` (`extproc.router.prefill_model`): each
+worker keeps a timeline of predicted prefill durations that decays as the clock moves and is
+re-anchored by every first token; `potential_load` then predicts a request's time to first token
+on each worker (the work ahead of it plus its own chunked prefill) and reports it, and the decode
+blocks, as prefill-token equivalents of time, so the unchanged cost function compares time.
+
 Every call is idempotent: adding a known request id, completing prefill twice or freeing an
 unknown id changes nothing, so edges may call `free` from every path that ends a stream.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from extproc.router.types import Worker
+from extproc.router.config import PrefillLoadModel
+from extproc.router.prefill_model import PrefillEstimate, PrefillTimeline, PrefillTiming, estimate
+from extproc.router.types import Worker, WorkerLoad
 
 
 @dataclass(slots=True)
@@ -32,6 +41,7 @@ class _Request:
     expected_output_tokens: int | None
     output_tokens: int = 0
     output_weight: float = 0.0  # placeholder output blocks, decayed
+    prefilled: bool = False  # the first token came back
 
 
 @dataclass(slots=True)
@@ -40,6 +50,7 @@ class _WorkerLoad:
     own_blocks: float = 0.0
     block_refs: dict[int, int] = field(default_factory=dict)
     requests: int = 0
+    decoding: int = 0  # requests past their first token
 
     @property
     def decode_blocks(self) -> float:
@@ -57,14 +68,25 @@ class ActiveSequences:
         track_active_blocks: bool = True,
         track_prefill_tokens: bool = True,
         track_output_blocks: bool = False,
+        prefill_load_model: PrefillLoadModel | str = PrefillLoadModel.NONE,
+        prefill_timing: PrefillTiming | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """`clock` (seconds) is read only by the timing model, which needs one (ValueError)."""
         self.block_size = block_size
         self.assume_kv_reuse = assume_kv_reuse
         self.track_active_blocks = track_active_blocks
         self.track_prefill_tokens = track_prefill_tokens
         self.track_output_blocks = track_output_blocks
+        self.prefill_load_model = PrefillLoadModel(prefill_load_model)
+        self.prefill_timing = prefill_timing or PrefillTiming()
+        self._timed = self.prefill_load_model is PrefillLoadModel.TIMING and track_prefill_tokens
+        if self._timed and clock is None:
+            raise ValueError("the timing prefill load model needs a clock")
+        self._clock = clock
         self._requests: dict[str, _Request] = {}
         self._loads: dict[Worker, _WorkerLoad] = {}
+        self._timelines: dict[Worker, PrefillTimeline] = {}
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -79,6 +101,10 @@ class ActiveSequences:
         return request.worker if request else None
 
     def prefill_tokens(self, worker: Worker) -> int:
+        """Active prefill tokens; with the timing model, those still predicted to be computed."""
+        if self._timed:
+            timeline = self._timelines.get(worker)
+            return timeline.remaining_tokens(self._now_ms()) if timeline is not None else 0
         load = self._loads.get(worker)
         return load.prefill_tokens if load else 0
 
@@ -92,7 +118,32 @@ class ActiveSequences:
         new = self.new_blocks(worker, block_keys, isl)
         if load is None:
             return 0, float(new)
-        return load.prefill_tokens, load.decode_blocks + new
+        return self.prefill_tokens(worker), load.decode_blocks + new
+
+    def potential_load(
+        self, worker: Worker, block_keys: Sequence[int], isl: int, overlap_blocks: int
+    ) -> WorkerLoad:
+        """The load `worker` would carry with this request, as the cost function reads it.
+
+        `none`: active prefill tokens + this request's uncached tokens, and active decode blocks +
+        this request's new blocks (Dynamo's potential loads). `timing`: its predicted time to first
+        token there and the time cost of the decode blocks, both in prefill-token equivalents (time
+        / the timing model's ms per prefill token); blocks in flight on the worker count as cached,
+        since the engine matches a block as soon as it is scheduled.
+        """
+        if not self._timed:
+            active_prefill, decode = self.potential(worker, block_keys, isl)
+            uncached = max(0, isl - overlap_blocks * self.block_size)
+            return WorkerLoad(worker, active_prefill + uncached, decode, overlap_blocks)
+        timing = self.prefill_timing
+        load = self._loads.get(worker)
+        new = self.new_blocks(worker, block_keys, isl)
+        decode = (load.decode_blocks if load else 0.0) + new
+        usage = decode * self.block_size / timing.kv_capacity_tokens
+        guess = self._estimate(worker, block_keys, isl, overlap_blocks, new, load, self._now_ms())
+        prefill_equiv = guess.ttft_ms / timing.ms_per_token
+        decode_equiv = decode * timing.decode_ms_per_block(usage, self.block_size) / timing.ms_per_token
+        return WorkerLoad(worker, round(prefill_equiv), decode_equiv / self.block_size, overlap_blocks)
 
     def num_requests(self, worker: Worker) -> int:
         load = self._loads.get(worker)
@@ -122,6 +173,37 @@ class ActiveSequences:
                 hi = mid
         return len(block_keys) - lo + tail
 
+    def _now_ms(self) -> float:
+        assert self._clock is not None
+        return self._clock() * 1000.0
+
+    def _estimate(
+        self,
+        worker: Worker,
+        block_keys: Sequence[int],
+        isl: int,
+        overlap_blocks: int,
+        new_blocks: int,
+        load: _WorkerLoad | None,
+        now_ms: float,
+    ) -> PrefillEstimate:
+        bs = self.block_size
+        cached = overlap_blocks
+        if self.track_active_blocks and self.assume_kv_reuse:
+            in_flight = len(block_keys) - (new_blocks - (1 if isl % bs else 0))
+            cached = max(cached, in_flight)
+        cached = min(cached, max(0, (isl - 1) // bs))  # the engine computes at least one token
+        decoding = load is not None and load.decoding > 0
+        usage = (load.decode_blocks if load else 0.0) * bs / self.prefill_timing.kv_capacity_tokens
+        return estimate(
+            self.prefill_timing,
+            self._timelines.get(worker),
+            max(1, isl - cached * bs),
+            decoding=decoding,
+            kv_usage=usage,
+            now_ms=now_ms,
+        )
+
     def is_idle(self) -> bool:
         """True when nothing is in flight and every counter is back at zero."""
         return not self._requests and all(
@@ -150,6 +232,13 @@ class ActiveSequences:
         if self.track_active_blocks:
             own = (1 if isl % self.block_size else 0) + (0 if self.assume_kv_reuse else len(block_keys))
         request = _Request(worker, keys, own, prefill, isl, expected_output_tokens)
+        if self._timed:
+            now = self._now_ms()
+            current = self._loads.get(worker)
+            new = self.new_blocks(worker, block_keys, isl)
+            guess = self._estimate(worker, block_keys, isl, overlap_blocks, new, current, now)
+            timeline = self._timelines.setdefault(worker, PrefillTimeline())
+            timeline.add(request_id, now + guess.wait_ms, guess.prefill_ms, guess.uncached_tokens)
         self._requests[request_id] = request
         load = self._loads.setdefault(worker, _WorkerLoad())
         load.requests += 1
@@ -161,12 +250,30 @@ class ActiveSequences:
         return True
 
     def mark_prefill_complete(self, request_id: str) -> bool:
+        """The first token came back; False if unknown or already marked."""
         request = self._requests.get(request_id)
-        if request is None or request.prefill_tokens == 0:
+        if request is None or request.prefilled:
             return False
-        self._loads[request.worker].prefill_tokens -= request.prefill_tokens
+        request.prefilled = True
+        load = self._loads[request.worker]
+        load.prefill_tokens -= request.prefill_tokens
+        load.decoding += 1
         request.prefill_tokens = 0
+        if self._timed:
+            self._timeline_done(request.worker, request_id, complete=True)
         return True
+
+    def _timeline_done(self, worker: Worker, request_id: str, *, complete: bool) -> None:
+        timeline = self._timelines.get(worker)
+        if timeline is None:
+            return
+        now = self._now_ms()
+        if complete:
+            timeline.complete(request_id, now)
+        else:
+            timeline.drop(request_id, now)
+        if not timeline:
+            del self._timelines[worker]
 
     def add_output_tokens(self, request_id: str, count: int) -> None:
         """Record generated tokens (output-block tracking only)."""
@@ -191,6 +298,10 @@ class ActiveSequences:
         load = self._loads[request.worker]
         load.requests -= 1
         load.prefill_tokens -= request.prefill_tokens
+        if request.prefilled:
+            load.decoding -= 1
+        elif self._timed:
+            self._timeline_done(request.worker, request_id, complete=False)
         load.own_blocks -= request.own_blocks + request.output_weight
         refs = load.block_refs
         for k in request.block_keys:
