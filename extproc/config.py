@@ -162,12 +162,18 @@ class _Option:
     choices: tuple[str, ...] | None = None
 
 
-def _float_or_none(text: str) -> float | None:
-    return None if text.lower() in ("", "none", "null") else float(text)
+def _float_or_none(text: str | float) -> float | None:
+    if isinstance(text, str) and text.lower() in ("", "none", "null"):
+        return None
+    return float(text)
 
 
-def _int_or_none(text: str) -> int | None:
-    return None if text.lower() in ("", "none", "null") else int(text)
+def _int_or_none(text: str | int) -> int | None:
+    if isinstance(text, str) and text.lower() in ("", "none", "null"):
+        return None
+    if isinstance(text, float) and not text.is_integer():
+        raise ValueError(f"{text!r} is not an integer")
+    return int(text)
 
 
 ROUTER_OPTIONS: tuple[_Option, ...] = (

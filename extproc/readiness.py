@@ -1,6 +1,7 @@
 """Readiness: whether the picker should receive traffic yet.
 
-Ready when every model has at least one worker and, when the routers use KV events, every
+Ready when every model has at least one worker (or, hierarchical, router groups are configured:
+each group's own picker reports its readiness) and, when the routers use KV events, every
 worker's event stream has been up once (its first sync: a replay rebuilt its blocks, or its
 events started arriving). An engine that never publishes (idle, or no replay socket) would hold
 readiness forever, so after `sync_grace_s` the picker is ready anyway and says which workers are
@@ -57,6 +58,9 @@ class Readiness:
         workers = [w for pool in pools.values() for w in pool.router.workers()]
         if self.draining:
             return ReadinessReport(False, "shutting down", len(workers))
+        if self.picker.groups is not None:  # hierarchical: workers live behind the groups
+            groups = self.picker.config.groups.groups
+            return ReadinessReport(True, f"routing through {len(groups)} router groups", len(workers))
         empty = [model for model, pool in pools.items() if not pool.router.workers()]
         if not pools or empty:
             return ReadinessReport(

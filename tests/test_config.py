@@ -138,3 +138,22 @@ def test_bad_worker_lists_are_refused_with_a_clear_message(tmp_path, workers, me
 def test_missing_config_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(["--config", str(tmp_path / "nope.yaml")], environ={})
+
+
+def test_plain_yaml_numbers_work_for_optional_numeric_settings(tmp_path):
+    path = tmp_path / "numbers.yaml"
+    path.write_text(
+        "router: {active-prefill-tokens-threshold: 1000, active-decode-blocks-threshold: 0.8,"
+        " router-queue-threshold: 1}\n"
+        "picker: {admin-port: 9090, seed: 7}\n"
+        "events: {kv-events-port: 5557}\n"
+        "workers: [{id: w0, endpoint: '10.0.0.5:8000', model: m}]\n"
+    )
+    config = load_config(["--config", str(path)], environ={})
+    assert config.router.active_prefill_tokens_threshold == 1000
+    assert config.router.active_decode_blocks_threshold == 0.8
+    assert config.router.router_queue_threshold == 1.0
+    assert (config.admin_port, config.seed, config.events.kv_events_port) == (9090, 7, 5557)
+    path.write_text("picker: {admin-port: 90.5}\n")
+    with pytest.raises(ConfigError, match=r"admin-port=90\.5"):
+        load_config(["--config", str(path)], environ={})

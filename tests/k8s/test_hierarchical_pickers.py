@@ -75,11 +75,6 @@ async def test_the_top_level_picker_routes_through_the_groups(hierarchy):
         top.picker.finish(pick, "test")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="extproc/readiness.py counts only a picker's own workers: a top-level picker whose workers are "
-    "all behind remote groups never reports ready, so the overlay's readiness probe holds it out of service",
-)
 async def test_the_top_level_picker_becomes_ready(hierarchy):
     top, _ = hierarchy
     assert top.readiness is not None
