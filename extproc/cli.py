@@ -16,6 +16,7 @@ extproc: a KV-cache-aware endpoint picker for LLM serving behind Envoy.
   serve        run the ext_proc picker (gRPC :9002, health :9003) for the workers in --config
   mock-worker  run a simulated OpenAI-compatible worker (prefix cache + timing model)
   demo         start Envoy, the picker and four mock workers; compare KV routing with round robin
+  replay       replay traces through simulated engines and the router in virtual time (routing quality)
   envoy-config print a ready Envoy config (buffered, duplex or failopen) for a picker and workers
 """
 
@@ -55,6 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
         "chat traffic with shared system prompts, and print per-worker tables.",
     )
     add_demo_arguments(demo)
+
+    from extproc.sim.replay_cli import add_replay_arguments
+
+    replay = sub.add_parser(
+        "replay",
+        help="replay traces through simulated engines and the router, in virtual time",
+        description="Replay Mooncake traces through N simulated vLLM-style engines (REFERENCE section 6) "
+        "and the real KV router, in virtual time; print TTFT, ITL, E2E, throughput, reuse and balance.",
+    )
+    add_replay_arguments(replay)
 
     envoy = sub.add_parser(
         "envoy-config",
@@ -124,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"extproc envoy-config: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "replay":
+        from extproc.sim.replay_cli import run_replay
+
+        return run_replay(args)
     if args.command == "mock-worker":
         from extproc.sim.mock_worker import run_mock_worker
 

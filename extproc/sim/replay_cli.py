@@ -1,0 +1,256 @@
+"""`python -m extproc replay`: replay traces through simulated engines and the real router.
+
+Owns the command line only: flags, building the configs, printing, files. The router flags are
+`serve`'s (`extproc.config.ROUTER_OPTIONS`, same names, env vars and config-file keys, built by the
+same `load_config`), except `--router-mode`, which `--router` replaces so that one run can compare
+several routers on the same trace. The router's block size defaults to the engines' here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from extproc.config import ROUTER_OPTIONS, ConfigError, load_config
+from extproc.router.config import RouterConfig, RouterMode
+from extproc.router.errors import InvalidConfig
+from extproc.router.prefill_model import PrefillTiming
+from extproc.sim.engine import EngineConfig
+from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult
+from extproc.sim.replay_metrics import format_summary, summarize
+from extproc.sim.trace import TraceError, load_mooncake
+
+ROUTERS = tuple(m.value for m in RouterMode)
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "traces", nargs="+", metavar="TRACE", help="Mooncake JSONL trace file(s), replayed in order"
+    )
+    parser.add_argument("--workers", type=int, default=4, help="simulated workers (default: %(default)s)")
+    parser.add_argument(
+        "--router",
+        action="append",
+        metavar="ROUTER",
+        help=f"router to replay with: {', '.join(ROUTERS)}; repeat or comma-separate to compare several "
+        "(default: kv)",
+    )
+    parser.add_argument(
+        "--speedup", type=float, default=1.0, help="divide arrival times by this (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--trace-block-size",
+        type=int,
+        default=512,
+        help="tokens per trace hash id (512 for Mooncake; default: %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the router's rng (default: %(default)s)")
+    parser.add_argument(
+        "--kv-event-lag-ms",
+        type=float,
+        default=0.0,
+        help="delay between an engine's KV event and the router applying it (default: %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summaries as JSON on stdout")
+    parser.add_argument("--requests-out", metavar="FILE.jsonl", help="write one JSON line per request")
+    parser.add_argument(
+        "--plot", metavar="FILE.png", help="TTFT distribution per router and load per worker (matplotlib)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    engine = parser.add_argument_group("simulated engine (Dynamo mocker defaults)")
+    defaults = EngineConfig()
+    engine.add_argument("--block-size", type=int, default=defaults.block_size, help="KV block size in tokens")
+    engine.add_argument(
+        "--num-gpu-blocks", type=int, default=defaults.num_gpu_blocks, help="KV blocks per worker"
+    )
+    engine.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=defaults.max_num_batched_tokens,
+        help="token budget of one pass",
+    )
+    engine.add_argument(
+        "--max-num-seqs", type=int, default=defaults.max_num_seqs, help="running requests per worker"
+    )
+
+    router = parser.add_argument_group("router (the flags of serve; env DYN_<FLAG>; --config FILE 'router:')")
+    router.add_argument(
+        "--config", metavar="FILE", help="YAML config file; only its 'router' section is used"
+    )
+    router.add_argument(
+        "--router-prefill-timing",
+        metavar="A,B,C[,D2,D1,D0]",
+        help="the timing prefill load model's pass-time polynomials: prefill ms = A T^2 + B T + C, decode ms "
+        "= D2 u^2 + D1 u + D0 (default: REFERENCE section 6's)",
+    )
+    for opt in ROUTER_OPTIONS:
+        if opt.router_field == "mode":
+            continue  # --router replaces it
+        flags = list(opt.flags)
+        help_text = f"{opt.help} (default: {'auto' if opt.default is None else opt.default})"
+        if opt.kind is bool:
+            if opt.dest == "router_kv_events":
+                flags.append("--kv-events")
+            router.add_argument(
+                *flags, dest=opt.dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
+        else:
+            router.add_argument(
+                *flags, dest=opt.dest, default=None, choices=opt.choices, type=opt.kind, help=help_text
+            )
+
+
+def router_config(args: argparse.Namespace, engine: EngineConfig, environ: Mapping[str, str]) -> RouterConfig:
+    """The router config `serve` would build from these flags, with replay defaults: KV events on
+    (the engines publish them) and the engines' block size. Raises ConfigError."""
+    ns = argparse.Namespace(**vars(args))
+    if ns.router_kv_events is None:
+        ns.router_kv_events = True
+    config = load_config(args=ns, environ=environ).router
+    given_block_size = args.kv_cache_block_size is not None or "DYN_KV_CACHE_BLOCK_SIZE" in environ
+    if not given_block_size:
+        config = replace(config, block_size=engine.block_size)
+    if args.router_prefill_timing:
+        try:
+            config = replace(config, prefill_timing=PrefillTiming.parse(args.router_prefill_timing))
+        except InvalidConfig as exc:
+            raise ConfigError(str(exc)) from exc
+    return config
+
+
+def _routers(args: argparse.Namespace) -> list[str]:
+    names = [n.strip() for value in (args.router or ["kv"]) for n in value.split(",") if n.strip()]
+    for name in names:
+        if name not in ROUTERS:
+            raise ConfigError(f"invalid --router {name!r}: expected one of {', '.join(ROUTERS)}")
+    return list(dict.fromkeys(names))
+
+
+class _Progress:
+    """One line on stderr every couple of seconds of wall time."""
+
+    def __init__(self, label: str, stream: TextIO, every_s: float = 2.0) -> None:
+        self.label = label
+        self.stream = stream
+        self.every_s = every_s
+        self.started = time.monotonic()
+        self.last = self.started
+
+    def __call__(self, done: int, total: int, now_ms: float) -> None:
+        t = time.monotonic()
+        if t - self.last < self.every_s:
+            return
+        self.last = t
+        pct = 100.0 * done / total if total else 100.0
+        print(
+            f"  {self.label}: {done}/{total} requests done ({pct:.0f} %), simulated {now_ms / 1000:.0f} s,"
+            f" wall {t - self.started:.0f} s",
+            file=self.stream,
+            flush=True,
+        )
+
+
+def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    try:
+        engine = EngineConfig(
+            block_size=args.block_size,
+            num_gpu_blocks=args.num_gpu_blocks,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+        )
+        base = router_config(args, engine, environ)
+        routers = _routers(args)
+        requests = load_mooncake(args.traces, trace_block_size=args.trace_block_size, speedup=args.speedup)
+    except (ConfigError, ValueError, TraceError, OSError) as exc:
+        print(f"extproc replay: {exc}", file=sys.stderr)
+        return 2
+    if not requests:
+        print("extproc replay: the trace holds no request", file=sys.stderr)
+        return 2
+    results: dict[str, ReplayResult] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    for name in routers:
+        try:
+            config = ReplayConfig(
+                args.workers,
+                router=replace(base, mode=RouterMode(name)),
+                engine=engine,
+                kv_event_lag_ms=args.kv_event_lag_ms,
+                seed=args.seed,
+            )
+        except ValueError as exc:
+            print(f"extproc replay: {exc}", file=sys.stderr)
+            return 2
+        progress = None if args.quiet else _Progress(name, sys.stderr)
+        if progress is not None:
+            print(
+                f"replaying {len(requests)} requests on {args.workers} workers with {name}", file=sys.stderr
+            )
+        results[name] = Replayer(requests, config, progress=progress).run()
+        summaries[name] = summarize(results[name])
+    if args.requests_out:
+        write_requests(args.requests_out, results)
+    if args.plot:
+        title = f"{', '.join(Path(t).name for t in args.traces)}: {args.workers} workers, {args.speedup:g}x"
+        try:
+            from extproc.sim.replay_plot import plot_replays
+
+            plot_replays(results, args.plot, title=title)
+        except RuntimeError as exc:
+            print(f"extproc replay: {exc}", file=sys.stderr)
+            return 2
+    if args.json:
+        doc = {
+            "traces": list(args.traces),
+            "workers": args.workers,
+            "speedup": args.speedup,
+            "seed": args.seed,
+            "kv_event_lag_ms": args.kv_event_lag_ms,
+            "prefill_load_model": str(base.prefill_load_model),
+            "routers": summaries,
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        for name, summary in summaries.items():
+            print(format_summary(name, summary))
+    return 0
+
+
+def write_requests(path: str | Path, results: Mapping[str, ReplayResult]) -> None:
+    """One JSON line per request and router: times in ms from the trace start."""
+    with open(path, "w", encoding="utf-8") as f:
+        for name, result in results.items():
+            for r in result.records:
+                f.write(
+                    json.dumps(
+                        {
+                            "router": name,
+                            "index": r.index,
+                            "worker": r.worker,
+                            "arrival_ms": r.arrival_ms,
+                            "routed_ms": r.routed_ms,
+                            "first_token_ms": r.first_token_ms,
+                            "end_ms": r.end_ms,
+                            "ttft_ms": r.ttft_ms,
+                            "tpot_ms": r.tpot_ms,
+                            "e2e_ms": r.e2e_ms,
+                            "input_tokens": r.input_tokens,
+                            "output_tokens": r.output_tokens,
+                            "cached_tokens": r.cached_tokens,
+                            "overlap_blocks": r.overlap_blocks,
+                            "best_overlap_blocks": r.best_overlap_blocks,
+                            "admissions": r.admissions,
+                            "rejected": r.rejected,
+                        }
+                    )
+                    + "\n"
+                )

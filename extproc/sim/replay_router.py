@@ -1,0 +1,187 @@
+"""The replay's seam between simulated engines and the router: what a real router gets, nothing more.
+
+A real router learns about the fleet from three things only: its own decisions, the lifecycle of
+the requests it routed (first token, end) and the engines' KV events. `ReplayRouter` is exactly
+that surface, and the replayer talks to routers through it alone. `KvRouterAdapter` puts the real
+`KvRouter` behind it (never a copy), built from a `RouterConfig`, a virtual clock and a seeded rng
+with no reference to any engine, plus the router's own admission queue when
+`router_queue_threshold` is set (as `extproc.admission.AdmissionGate` does in the picker).
+`KvEventTap` is the engines' side: it turns a prefix cache's listener callbacks into the router's
+one event model (`BlocksStored` / `BlocksRemoved` / `AllBlocksCleared`), re-hashing each stored
+block's tokens as the vLLM ZMQ decoder does, and hands them to whoever delivers events.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from extproc.router.config import QueuePolicy, RouterConfig
+from extproc.router.hashing import compute_block_hashes
+from extproc.router.queue import AdmissionQueue, QueuedRequest
+from extproc.router.router import KvRouter
+from extproc.router.types import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    KvEvent,
+    StoredBlock,
+    Worker,
+    WorkerSpec,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteResult:
+    """What the replay records of a decision: the worker, and overlaps as the router saw them."""
+
+    request_id: str
+    worker: Worker
+    overlap_blocks: int  # cached prefix blocks on the chosen worker
+    best_overlap_blocks: int  # the largest cached prefix on any worker
+
+
+class ReplayRouter(Protocol):
+    """Everything a router may see during a replay. Arguments are plain data; no engine state."""
+
+    def route(
+        self, request_id: str, local_hashes: Sequence[int], isl: int, output_tokens: int
+    ) -> RouteResult | None:
+        """Choose a worker for a new request and start tracking it; None: it waits in the router's
+        admission queue and comes out of `released` later."""
+        ...
+
+    def released(self) -> list[RouteResult]:
+        """Queued requests decided now (capacity freed); called after every instant of the replay."""
+        ...
+
+    @property
+    def waiting(self) -> int:
+        """Requests held in the admission queue."""
+        ...
+
+    def on_first_token(self, request_id: str) -> None: ...
+
+    def on_end(self, request_id: str) -> None:
+        """The request finished or was rejected by its worker."""
+        ...
+
+    def on_kv_event(self, event: KvEvent) -> None: ...
+
+
+@dataclass(slots=True)
+class _Held:
+    local_hashes: Sequence[int]
+    isl: int
+    output_tokens: int
+
+
+class KvRouterAdapter:
+    """The real KvRouter behind the `ReplayRouter` surface.
+
+    `clock_s` is the replay's virtual clock in seconds. Round-robin and random are the router's own
+    modes; for them the best available overlap is read from the router's indexer, which the KV
+    events keep up to date whatever the mode.
+    """
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        workers: Sequence[WorkerSpec],
+        *,
+        clock_s: Callable[[], float],
+        rng: random.Random,
+    ) -> None:
+        self.router = KvRouter(config, clock=clock_s, rng=rng, workers=workers)
+        self._clock_s = clock_s
+        self._queue = AdmissionQueue(config.router_queue_policy)
+        self._held: dict[str, _Held] = {}
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    def route(
+        self, request_id: str, local_hashes: Sequence[int], isl: int, output_tokens: int
+    ) -> RouteResult | None:
+        router = self.router
+        if router.config.router_queue_threshold is not None and (self._queue or not router.has_capacity()):
+            entry = QueuedRequest(request_id, self._clock_s(), new_tokens=isl)
+            if self._queue.policy is QueuePolicy.WSPT:
+                best = (
+                    max(router.indexer.find_matches(local_hashes).values(), default=0) if local_hashes else 0
+                )
+                entry.new_tokens = max(1, isl - best * router.config.block_size)
+            self._queue.push(entry)
+            self._held[request_id] = _Held(local_hashes, isl, output_tokens)
+            return None
+        return self._decide(request_id, local_hashes, isl, output_tokens)
+
+    def released(self) -> list[RouteResult]:
+        out = []
+        while self._queue and self.router.has_capacity():
+            entry = self._queue.peek()
+            assert entry is not None
+            self._queue.remove(entry.request_id)
+            held = self._held.pop(entry.request_id)
+            out.append(self._decide(entry.request_id, held.local_hashes, held.isl, held.output_tokens))
+        return out
+
+    def _decide(
+        self, request_id: str, local_hashes: Sequence[int], isl: int, output_tokens: int
+    ) -> RouteResult:
+        router = self.router
+        decision = router.best_worker_for_hashes(
+            local_hashes, isl, request_id=request_id, expected_output_tokens=output_tokens
+        )
+        chosen, best = decision.overlap_blocks, decision.best_overlap_blocks
+        if not decision.costs and local_hashes:  # round robin, random: the router did not look
+            overlaps = router.indexer.find_matches(local_hashes)
+            chosen, best = overlaps.get(decision.worker, 0), max(overlaps.values(), default=0)
+        return RouteResult(request_id, decision.worker, chosen, max(best, chosen))
+
+    def on_first_token(self, request_id: str) -> None:
+        self.router.mark_prefill_complete(request_id)
+
+    def on_end(self, request_id: str) -> None:
+        self.router.free(request_id)
+
+    def on_kv_event(self, event: KvEvent) -> None:
+        self.router.apply_event(event)
+
+
+class KvEventTap:
+    """A prefix cache's `KvCacheListener` that emits the router's KV events for one worker.
+
+    Stored blocks carry the engine's id (the cache's sequence hash) and the router's local hash of
+    the block's tokens, recomputed here as a real event decoder does. `sink` receives each event;
+    event ids are consecutive per worker, as engines number them.
+    """
+
+    def __init__(self, worker: Worker, block_size: int, sink: Callable[[KvEvent], None]) -> None:
+        self.worker = worker
+        self.block_size = block_size
+        self.sink = sink
+        self._event_id = 0
+
+    def _next_id(self) -> int:
+        self._event_id += 1
+        return self._event_id
+
+    def on_stored(
+        self, parent_hash: int | None, block_hashes: Sequence[int], token_ids: Sequence[Sequence[int]]
+    ) -> None:
+        bs = self.block_size
+        blocks = tuple(
+            StoredBlock(engine_hash, compute_block_hashes(tokens, bs)[0])
+            for engine_hash, tokens in zip(block_hashes, token_ids, strict=True)
+        )
+        self.sink(BlocksStored(self.worker, blocks, parent_hash, self._next_id()))
+
+    def on_removed(self, block_hashes: Sequence[int]) -> None:
+        self.sink(BlocksRemoved(self.worker, tuple(block_hashes), self._next_id()))
+
+    def on_cleared(self) -> None:
+        self.sink(AllBlocksCleared(self.worker, self._next_id()))
