@@ -15,6 +15,7 @@ a group with `--group-api-port` (the gRPC API in `router_group.proto`).
     selector.py  GroupSelector: probe all, choose, commit, own the lifecycle, fall back
     metrics.py   per-group counters and their Prometheus collector
     errors.py    GroupError tree; NoGroupAvailable / AllGroupsBusy (503)
+    stack.py     groups, a top-level picker and Envoy as child processes (examples, tests, benchmarks)
 """
 
 from extproc.groups.errors import (
