@@ -230,6 +230,9 @@ class GroupSelector:
             group = self._group(probe.group)
             try:
                 decision = await group.commit(request, request_id, probe)
+            except asyncio.CancelledError:  # the stream went away mid-commit; the group may track it
+                self._spawn(self._lifecycle(group, "free", request.model, request_id))
+                raise
             except GroupError as exc:
                 log.warning("commit of %s to %s failed: %s", request_id, group.name, exc)
                 self.metrics.commit_failed(group.name)

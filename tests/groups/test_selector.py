@@ -172,6 +172,30 @@ async def test_a_failed_commit_falls_to_the_next_group():
     assert sel.metrics.groups["a"].commit_failures == 1
 
 
+class LostCommitAnswer(LocalGroup):
+    """Commits, but its answer never comes back (the caller gives up first)."""
+
+    async def commit(self, request, request_id, probe):
+        await super().commit(request, request_id, probe)
+        await asyncio.Event().wait()
+
+
+async def test_a_request_cancelled_mid_commit_is_freed_in_the_group():
+    group = LostCommitAnswer("g", group_pools("g", 2, subnet=1))
+    sel = selector(group)
+    routing = asyncio.ensure_future(sel.route(request(prompt(1)), "r1"))
+    for _ in range(100):  # a few loop turns: probe, then the commit that never answers
+        if not router_of(group).is_idle():
+            break
+        await asyncio.sleep(0)
+    assert not router_of(group).is_idle()
+    routing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await routing
+    await sel.drain()
+    assert router_of(group).is_idle() and sel.in_flight() == 0
+
+
 async def test_no_answer_uses_the_fallback_group():
     reserve = local("reserve", 3)
     sel = selector(Down("r1", group_pools("r1", 1, subnet=1)), reserve, fallback="reserve")
