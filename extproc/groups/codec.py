@@ -98,6 +98,7 @@ def encode_choice(choice: GroupChoice) -> pb.Choice:
         overlap_blocks=choice.overlap_blocks,
         request_blocks=choice.request_blocks,
         cost=choice.cost,
+        best_overlap_blocks=choice.best_overlap_blocks,
     )
 
 
@@ -109,6 +110,7 @@ def decode_choice(message: pb.Choice) -> GroupChoice:
         overlap_blocks=message.overlap_blocks,
         request_blocks=message.request_blocks,
         cost=message.cost,
+        best_overlap_blocks=message.best_overlap_blocks,
     )
 
 
@@ -148,7 +150,8 @@ def encode_commit(decision: GroupDecision) -> pb.CommitResponse:
 
 
 def decode_commit(group: str, message: pb.CommitResponse) -> GroupDecision:
-    return GroupDecision(group, message.request_id, decode_choice(message.choice), message.redecided)
+    choice = decode_choice(message.choice)
+    return GroupDecision(group, message.request_id, choice, message.redecided, choice.best_overlap_blocks)
 
 
 def encode_loads(loads: GroupLoads) -> pb.PotentialLoadsResponse:

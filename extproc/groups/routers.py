@@ -105,7 +105,8 @@ class GroupRouters:
                 expected_output_tokens=request.expected_output_tokens,
             )
         self._hashes = None
-        return GroupDecision(self.name, tracked_id, _choice(pool, decision), redecided)
+        choice = _choice(pool, decision)
+        return GroupDecision(self.name, tracked_id, choice, redecided, choice.best_overlap_blocks)
 
     def potential_loads(self, request: GroupRequest) -> GroupLoads:
         """Per allowed worker: its load if the request went there, and its overlap. Changes no state."""
@@ -206,6 +207,7 @@ def _choice(pool: GroupPool, decision: Decision) -> GroupChoice:
         overlap_blocks=decision.overlap_blocks,
         request_blocks=decision.request_blocks,
         cost=decision.cost,
+        best_overlap_blocks=max(decision.best_overlap_blocks, decision.overlap_blocks),
     )
 
 

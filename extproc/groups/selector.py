@@ -25,7 +25,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from extproc.config import GroupsConfig
@@ -242,6 +242,8 @@ class GroupSelector:
                 continue
             others = [p.overlap_tokens for p in ranked if p is not probe]
             won = bool(others) and probe.overlap_tokens > max(others)
+            best = max(p.choice.best_overlap_blocks for p in ranked)
+            decision = replace(decision, best_overlap_blocks=max(best, decision.best_overlap_blocks))
             self._owned_by(request_id, group, request.model, decision, won_on_overlap=won)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(

@@ -59,6 +59,7 @@ class GroupChoice:
     overlap_blocks: int = 0
     request_blocks: int = 0
     cost: float = 0.0
+    best_overlap_blocks: int = 0  # the largest overlap of any candidate in the group (regret = best - chosen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +88,15 @@ class GroupDecision:
     """A committed request: the group that owns it, the id it tracks it under, and the final worker.
 
     `redecided` means the probed worker had become ineligible or had left, so `choice` is a new
-    decision of that group.
+    decision of that group. `best_overlap_blocks` is the largest overlap any group reported for any
+    of its candidates (set by the selector; the group's own when it comes straight from a group).
     """
 
     group: str
     request_id: str
     choice: GroupChoice
     redecided: bool = False
+    best_overlap_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)

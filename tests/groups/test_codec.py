@@ -89,7 +89,7 @@ def test_token_ids_outside_uint32_cannot_be_encoded(bad):
         encode_request(GroupRequest("m", bad))
 
 
-CHOICE = GroupChoice(Worker("w1", 2), "10.0.0.2:8000", {"x-data-parallel-rank": "2"}, 7, 10, 12.5)
+CHOICE = GroupChoice(Worker("w1", 2), "10.0.0.2:8000", {"x-data-parallel-rank": "2"}, 7, 10, 12.5, 9)
 LOAD = GroupLoad(workers=4, active_requests=3, active_prefill_tokens=900, active_decode_blocks=41.5)
 
 
@@ -98,7 +98,7 @@ def test_answers_round_trip():
     assert (
         decode_probe("g", pb.ProbeResponse.FromString(encode_probe(probe).SerializeToString()), 0.0) == probe
     )
-    decision = GroupDecision("g", "rid@1", CHOICE, redecided=True)
+    decision = GroupDecision("g", "rid@1", CHOICE, redecided=True, best_overlap_blocks=9)
     assert decode_commit("g", encode_commit(decision)) == decision
     loads = GroupLoads("g", (GroupWorkerLoad(Worker("w0"), "10.0.0.1:8000", 320, 20.0, 3),), LOAD, 64)
     assert decode_loads("g", encode_loads(loads)) == loads

@@ -135,3 +135,12 @@ def test_the_routers_are_the_pickers_own():
     assert picker.is_idle()
     picker.set_workers(MODEL, [*picker.config.workers, WorkerConfig("w9", "127.0.9.9:8000", MODEL)])
     assert group.probe(request(prompt(1))).load.workers == 3
+
+
+def test_a_probe_reports_the_best_overlap_when_it_chooses_another_worker():
+    group = routers(2)
+    holder = group.commit(request(prompt(1)), "r1", None).choice.worker  # still prefilling: busy
+    group.commit(request(prompt(9, 16 * 60)), "big", holder)  # and a long prompt on top
+    probe = group.probe(request(prompt(1)))
+    assert probe.choice.worker != holder
+    assert (probe.choice.overlap_blocks, probe.choice.best_overlap_blocks) == (0, 10)

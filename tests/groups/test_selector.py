@@ -87,7 +87,7 @@ async def test_each_conversation_sticks_to_the_group_and_worker_holding_its_pref
     for conv in range(8):
         decision = await sel.route(request(prompt(conv) + prompt(100 + conv)), f"c{conv}-t2")
         assert (decision.group, decision.choice.worker) == first_turns[conv]
-        assert decision.choice.overlap_blocks == 10
+        assert decision.choice.overlap_blocks == decision.best_overlap_blocks == 10
         sel.finish(f"c{conv}-t2", "complete")
     await sel.drain()
     assert sel.in_flight() == 0 and router_of(a).is_idle() and router_of(b).is_idle()

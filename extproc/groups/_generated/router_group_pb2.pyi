@@ -59,7 +59,7 @@ class GroupLoad(_message.Message):
     def __init__(self, workers: _Optional[int] = ..., active_requests: _Optional[int] = ..., active_prefill_tokens: _Optional[int] = ..., active_decode_blocks: _Optional[float] = ...) -> None: ...
 
 class Choice(_message.Message):
-    __slots__ = ("worker", "endpoint", "headers", "overlap_blocks", "request_blocks", "cost")
+    __slots__ = ("worker", "endpoint", "headers", "overlap_blocks", "request_blocks", "cost", "best_overlap_blocks")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,13 +73,15 @@ class Choice(_message.Message):
     OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
+    BEST_OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     worker: Worker
     endpoint: str
     headers: _containers.ScalarMap[str, str]
     overlap_blocks: int
     request_blocks: int
     cost: float
-    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., endpoint: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., overlap_blocks: _Optional[int] = ..., request_blocks: _Optional[int] = ..., cost: _Optional[float] = ...) -> None: ...
+    best_overlap_blocks: int
+    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., endpoint: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., overlap_blocks: _Optional[int] = ..., request_blocks: _Optional[int] = ..., cost: _Optional[float] = ..., best_overlap_blocks: _Optional[int] = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("request",)
