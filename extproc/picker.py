@@ -407,11 +407,12 @@ class EndpointPicker:
         )  # fmt: skip
         self.metrics.observe_stages(timings)
         if tracked:
-            self.metrics.routed(model, choice.overlap_blocks, choice.overlap_blocks)
+            self.metrics.routed(model, choice.overlap_blocks, decision.best_overlap_blocks)
         log.info(
-            "routed %s model=%s to group %s worker %s (%s) overlap=%d/%d blocks cost=%.1f%s",
+            "routed %s model=%s to group %s worker %s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s",
             client_request_id, model, decision.group, choice.worker, choice.endpoint, choice.overlap_blocks,
-            choice.request_blocks, choice.cost, " (re-decided at commit)" if decision.redecided else "",
+            choice.request_blocks, decision.best_overlap_blocks, choice.cost,
+            " (re-decided at commit)" if decision.redecided else "",
         )  # fmt: skip
         return pick
 
