@@ -23,8 +23,9 @@ Sections of the JSON:
    of 4 (workers 0-3 and 4-7), each group a `KvRouter` of its own, the top-level decision made as
    `GroupRouters` / `GroupSelector` make it: probe each group (a decision without a request id),
    order the probes with `extproc.groups.policy.rank`, commit to the first with its probed worker
-   pinned (re-deciding if it became busy). Mean/p50/p90/p99 TTFT (ms, percentile as REFERENCE
-   section 6 defines it) and reuse (cached prompt tokens / prompt tokens) per seed and their mean;
+   pinned (re-deciding if it became busy). Mean/p50/p90/p99 TTFT (ms), reuse (cached prompt tokens
+   / prompt tokens), chosen/best overlap and request imbalance from `extproc.sim.replay_metrics`
+   (REFERENCE section 6 definitions), per seed and their mean over seeds;
    policies `max-overlap` (default) and `min-cost`. Skipped, with the reason, when the replay
    simulator is not importable.
 """
@@ -255,6 +256,13 @@ class GroupedReplayRouter:
         self.policy = policy
         self.redecided = 0
 
+    @property
+    def waiting(self) -> int:
+        return 0  # no admission queue: every request is decided on arrival
+
+    def released(self) -> list[Any]:
+        return []
+
     def route(self, request_id: str, local_hashes: Sequence[int], isl: int, output_tokens: int) -> Any:
         from extproc.sim.replay_router import RouteResult
 
@@ -283,7 +291,7 @@ class GroupedReplayRouter:
             max(r.indexer.find_matches(local_hashes).values(), default=0) for r in self.routers.values()
         )
         return RouteResult(
-            decision.worker, decision.overlap_blocks, max(best_overlap, decision.overlap_blocks)
+            request_id, decision.worker, decision.overlap_blocks, max(best_overlap, decision.overlap_blocks)
         )
 
     def on_first_token(self, request_id: str) -> None:
@@ -299,21 +307,20 @@ class GroupedReplayRouter:
 
 
 def replay_summary(result: Any) -> dict[str, float]:
-    done = [r for r in result.records if not r.rejected and r.ttft_ms is not None]
-    ttfts = sorted(r.ttft_ms for r in done)
+    from extproc.sim.replay_metrics import summarize
 
-    def pct(q: float) -> float:  # REFERENCE section 6: sorted[round_half_up(q * (n - 1))]
-        return ttfts[math.floor(q * (len(ttfts) - 1) + 0.5)]
-
+    s = summarize(result)
     return {
-        "ttft_mean_ms": round(statistics.fmean(ttfts), 1),
-        "ttft_p50_ms": round(pct(0.5), 1),
-        "ttft_p90_ms": round(pct(0.9), 1),
-        "ttft_p99_ms": round(pct(0.99), 1),
-        "reuse": round(sum(r.cached_tokens for r in done) / sum(r.input_tokens for r in done), 3),
-        "requests": len(done),
-        "rejected": sum(1 for r in result.records if r.rejected),
-        "wall_s": round(result.wall_s, 1),
+        "ttft_mean_ms": round(s["ttft_ms"]["mean"], 1),
+        "ttft_p50_ms": round(s["ttft_ms"]["p50"], 1),
+        "ttft_p90_ms": round(s["ttft_ms"]["p90"], 1),
+        "ttft_p99_ms": round(s["ttft_ms"]["p99"], 1),
+        "reuse": round(s["reuse"], 3),
+        "overlap_chosen_over_best": round(s["overlap"]["chosen_over_best"], 3),
+        "max_over_mean_requests_per_worker": round(s["imbalance"]["max_over_mean"], 3),
+        "requests": s["completed"],
+        "rejected": s["rejected"],
+        "wall_s": round(s["wall_s"], 1),
     }
 
 
@@ -345,7 +352,14 @@ def quality_section(args: argparse.Namespace) -> dict[str, Any]:
                 router_factory=factory,
             )
             runs.append(replay_summary(replay.run()))
-        keys = ("ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "reuse")
+        keys = (
+            "ttft_mean_ms",
+            "ttft_p50_ms",
+            "ttft_p90_ms",
+            "ttft_p99_ms",
+            "reuse",
+            "overlap_chosen_over_best",
+        )
         out["setups"][name] = {
             "mean_over_seeds": {k: round(statistics.fmean(r[k] for r in runs), 3) for k in keys},
             "per_seed": runs,
