@@ -23,7 +23,8 @@ class GroupRequest:
     """One request as every group sees it: the model, its prompt's token ids and its routing hints.
 
     `restrictions` are endpoint lists (subset hint, conformance header); a worker must match every
-    list (`epp.endpoint_matches`). `isl` overrides len(token_ids) when routing on load only.
+    list (`epp.endpoint_matches`). `isl` is set only to route on load alone (the tokenizer failed):
+    the prompt's length in tokens, with no block hashes (any token ids are then ignored).
     """
 
     model: str
