@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 lint: install
-	$(PY) -m ruff check extproc tests benchmarks
+	$(PY) -m ruff check extproc tests benchmarks examples
 
 test: install lint
 	$(PY) -m pytest -q
