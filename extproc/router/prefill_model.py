@@ -97,12 +97,6 @@ class PrefillTiming:
         ms = self.decode_quadratic_ms * u * u + self.decode_linear_ms * u + self.decode_constant_ms
         return max(self.decode_min_ms, ms)
 
-    def decode_ms_per_block(self, kv_usage: float, block_size: int) -> float:
-        """How much one more decoding block lengthens every pass, at KV usage `kv_usage`."""
-        u = min(1.0, max(0.0, kv_usage))
-        slope = max(0.0, 2 * self.decode_quadratic_ms * u + self.decode_linear_ms)
-        return slope * block_size / self.kv_capacity_tokens
-
     def prompt_ms(self, uncached_tokens: int, decode_part_ms: float = 0.0) -> float:
         """A prompt's prefill alone on the worker: chunks of `max_num_batched_tokens`, each a pass
         that also pays `decode_part_ms` when the worker is decoding other requests."""
@@ -119,25 +113,25 @@ class PrefillTiming:
         return self.prefill_linear_ms
 
 
-@dataclass(slots=True)
-class _Pending:
-    duration_ms: float
-    tokens: int
-
-
 class PrefillTimeline:
-    """One worker's predicted prefill work: requests routed there whose first token has not come back.
+    """One worker's predicted prompt work: a stream of uncached prompt tokens, computed in passes.
 
-    `busy_until_ms` is when the worker should finish the last of them. A new request queues behind
-    them; a first token re-anchors the rest to that moment; a request freed before its first token
-    takes its predicted time with it.
+    The requests routed to the worker whose first token has not come back, in routing order (the
+    engine admits and chunks them in that order). From `anchor_ms` on, the worker runs passes of
+    `max_num_batched_tokens` stream tokens, each costing `prefill_ms(tokens)` plus the decode part
+    while it also decodes. A new request cannot join the pass in progress, but its tokens share the
+    following passes with the rest of the stream, as the engine packs prompts. A first token
+    re-anchors the stream to that moment; a request freed before its first token leaves it.
     """
 
-    __slots__ = ("_pending", "busy_until_ms")
+    __slots__ = ("_decode_ms", "_pending", "_timing", "_total", "anchor_ms")
 
-    def __init__(self) -> None:
-        self._pending: dict[str, _Pending] = {}  # routing order
-        self.busy_until_ms = 0.0
+    def __init__(self, timing: PrefillTiming) -> None:
+        self._timing = timing
+        self._pending: dict[str, int] = {}  # request id -> uncached tokens, routing order
+        self._total = 0
+        self._decode_ms = 0.0  # decode part of each pass of this stream
+        self.anchor_ms = 0.0
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -145,47 +139,81 @@ class PrefillTimeline:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._pending
 
-    def remaining_ms(self, now_ms: float) -> float:
-        return max(0.0, self.busy_until_ms - now_ms) if self._pending else 0.0
+    def _position(self, now_ms: float) -> tuple[float, int, float] | None:
+        """(start, committed tokens, end) of the pass in progress, or None if the stream is done."""
+        if not self._total:
+            return None
+        timing = self._timing
+        budget = timing.max_num_batched_tokens
+        full_ms = timing.prefill_ms(budget) + self._decode_ms
+        elapsed = now_ms - self.anchor_ms
+        if elapsed < 0:  # the stream starts when the pass in progress ends
+            return now_ms, 0, self.anchor_ms
+        k = int(elapsed // full_ms)
+        if k * budget >= self._total:
+            return None
+        committed = min(self._total, (k + 1) * budget)
+        start = self.anchor_ms + k * full_ms
+        end = start + timing.prefill_ms(committed - k * budget) + self._decode_ms
+        return None if end <= now_ms else (start, committed, end)
+
+    def ttft_ms(self, uncached_tokens: int, now_ms: float, decode_ms: float) -> float:
+        """Predicted time to first token of a request of `uncached_tokens` routed here now.
+
+        `decode_ms`: the decode part each pass pays now (0 when nothing decodes); with prompt work
+        queued, the stream's own decode part applies instead.
+        """
+        pos = self._position(now_ms)
+        if pos is None:
+            return decode_ms / 2 + self._timing.prompt_ms(uncached_tokens, decode_ms)
+        _, committed, end = pos
+        rest = self._total - committed + max(1, uncached_tokens)
+        return end - now_ms + self._timing.prompt_ms(rest, self._decode_ms)
 
     def remaining_tokens(self, now_ms: float) -> int:
-        """Prompt tokens still to compute, if the work goes as predicted (the newest request last)."""
-        left = self.remaining_ms(now_ms)
-        tokens = 0.0
-        for p in reversed(self._pending.values()):
-            if left <= 0:
-                break
-            share = min(p.duration_ms, left)
-            tokens += p.tokens * (share / p.duration_ms if p.duration_ms > 0 else 1.0)
-            left -= share
-        return round(tokens)
+        """Prompt tokens still to compute if the work goes as predicted (the pass in progress pro rata)."""
+        pos = self._position(now_ms)
+        if pos is None:
+            return 0
+        start, committed, end = pos
+        budget = self._timing.max_num_batched_tokens
+        in_pass = committed - (committed - 1) // budget * budget if committed else 0
+        progress = (now_ms - start) / (end - start) if end > start else 0.0
+        return round(self._total - committed + in_pass * (1.0 - min(1.0, max(0.0, progress))))
 
-    def add(self, request_id: str, start_ms: float, duration_ms: float, tokens: int) -> None:
-        """Queue a request whose prefill is predicted to start at `start_ms` at the earliest."""
+    def add(self, request_id: str, uncached_tokens: int, now_ms: float, decode_ms: float) -> None:
+        """Append a request routed here now; `decode_ms` as for `ttft_ms`."""
         if request_id in self._pending:
             return
-        self._pending[request_id] = _Pending(duration_ms, tokens)
-        self.busy_until_ms = max(self.busy_until_ms, start_ms) + duration_ms
+        if self._position(now_ms) is None:  # idle (as predicted): a new stream after the pass in progress
+            self._pending.clear()
+            self._total = 0
+            self._decode_ms = decode_ms
+            self.anchor_ms = now_ms + decode_ms / 2
+        tokens = max(1, uncached_tokens)
+        self._pending[request_id] = tokens
+        self._total += tokens
 
     def complete(self, request_id: str, now_ms: float) -> bool:
-        """The first token of `request_id` came back at `now_ms`: it and every request routed to this
-        worker before it are done; the rest start now. False if it was not pending."""
+        """The first token of `request_id` came back at `now_ms`: it and every request routed here
+        before it are done; the rest of the stream starts now. False if it was not pending."""
         if request_id not in self._pending:
             return False
         while self._pending:
-            done = next(iter(self._pending))
+            done, tokens = next(iter(self._pending.items()))
             del self._pending[done]
+            self._total -= tokens
             if done == request_id:
                 break
-        self.busy_until_ms = now_ms + sum(p.duration_ms for p in self._pending.values())
+        self.anchor_ms = now_ms
         return True
 
-    def drop(self, request_id: str, now_ms: float) -> bool:
-        """The request left before its first token (cancelled, failed); its predicted time goes too."""
-        p = self._pending.pop(request_id, None)
-        if p is None:
+    def drop(self, request_id: str) -> bool:
+        """The request left before its first token (cancelled, failed): its tokens leave the stream."""
+        tokens = self._pending.pop(request_id, None)
+        if tokens is None:
             return False
-        self.busy_until_ms = max(now_ms, self.busy_until_ms - p.duration_ms)
+        self._total -= tokens
         return True
 
 
@@ -193,13 +221,15 @@ class PrefillTimeline:
 class PrefillEstimate:
     """A request's predicted time to first token on one worker."""
 
-    wait_ms: float  # the worker's work ahead of it (or the rest of the pass in progress)
-    prefill_ms: float  # its own chunked prefill there
+    ttft_ms: float
+    prefill_ms: float  # its own chunked prefill, were the worker idle
     uncached_tokens: int
+    decode_ms: float  # the decode part each of the worker's passes pays now
 
     @property
-    def ttft_ms(self) -> float:
-        return self.wait_ms + self.prefill_ms
+    def wait_ms(self) -> float:
+        """What the work already there adds (the pass in progress, prompts ahead of it)."""
+        return self.ttft_ms - self.prefill_ms
 
 
 def estimate(
@@ -218,8 +248,8 @@ def estimate(
     for half a pass to end.
     """
     decode_part = timing.decode_ms(kv_usage) if decoding else 0.0
-    wait = timeline.remaining_ms(now_ms) if timeline is not None else 0.0
-    if wait == 0.0 and decoding:
-        wait = decode_part / 2
     own = timing.prompt_ms(uncached_tokens, decode_part)
-    return PrefillEstimate(wait, own, uncached_tokens)
+    if timeline is None:
+        return PrefillEstimate(decode_part / 2 + own, own, uncached_tokens, decode_part)
+    ttft = timeline.ttft_ms(uncached_tokens, now_ms, decode_part)
+    return PrefillEstimate(ttft, own, uncached_tokens, decode_part)

@@ -14,8 +14,8 @@ The prefill load model decides what "active prefill tokens" means. `none`: a req
 tokens count in full until its first token. `timing` (`extproc.router.prefill_model`): each
 worker keeps a timeline of predicted prefill durations that decays as the clock moves and is
 re-anchored by every first token; `potential_load` then predicts a request's time to first token
-on each worker (the work ahead of it plus its own chunked prefill) and reports it, and the decode
-blocks, as prefill-token equivalents of time, so the unchanged cost function compares time.
+on each worker (the work ahead of it plus its own chunked prefill) and reports it as prefill-token
+equivalents of time, so the unchanged cost function compares time.
 
 Every call is idempotent: adding a known request id, completing prefill twice or freeing an
 unknown id changes nothing, so edges may call `free` from every path that ends a stream.
@@ -126,24 +126,23 @@ class ActiveSequences:
         """The load `worker` would carry with this request, as the cost function reads it.
 
         `none`: active prefill tokens + this request's uncached tokens, and active decode blocks +
-        this request's new blocks (Dynamo's potential loads). `timing`: its predicted time to first
-        token there and the time cost of the decode blocks, both in prefill-token equivalents (time
-        / the timing model's ms per prefill token); blocks in flight on the worker count as cached,
-        since the engine matches a block as soon as it is scheduled.
+        this request's new blocks (Dynamo's potential loads). `timing`: the request's predicted time
+        to first token there, in prefill-token equivalents (ms / the timing model's ms per prefill
+        token), and no decode blocks: decoding requests enter the prediction through what they add
+        to every pass (the decode part, and half a pass of waiting when the worker has no prompt
+        work). Blocks in flight on the worker count as cached: the engine matches a block as soon
+        as it is scheduled.
         """
         if not self._timed:
             active_prefill, decode = self.potential(worker, block_keys, isl)
             uncached = max(0, isl - overlap_blocks * self.block_size)
             return WorkerLoad(worker, active_prefill + uncached, decode, overlap_blocks)
-        timing = self.prefill_timing
         load = self._loads.get(worker)
         new = self.new_blocks(worker, block_keys, isl)
-        decode = (load.decode_blocks if load else 0.0) + new
-        usage = decode * self.block_size / timing.kv_capacity_tokens
         guess = self._estimate(worker, block_keys, isl, overlap_blocks, new, load, self._now_ms())
-        prefill_equiv = guess.ttft_ms / timing.ms_per_token
-        decode_equiv = decode * timing.decode_ms_per_block(usage, self.block_size) / timing.ms_per_token
-        return WorkerLoad(worker, round(prefill_equiv), decode_equiv / self.block_size, overlap_blocks)
+        return WorkerLoad(
+            worker, round(guess.ttft_ms / self.prefill_timing.ms_per_token), 0.0, overlap_blocks
+        )
 
     def num_requests(self, worker: Worker) -> int:
         load = self._loads.get(worker)
@@ -237,8 +236,10 @@ class ActiveSequences:
             current = self._loads.get(worker)
             new = self.new_blocks(worker, block_keys, isl)
             guess = self._estimate(worker, block_keys, isl, overlap_blocks, new, current, now)
-            timeline = self._timelines.setdefault(worker, PrefillTimeline())
-            timeline.add(request_id, now + guess.wait_ms, guess.prefill_ms, guess.uncached_tokens)
+            timeline = self._timelines.get(worker)
+            if timeline is None:
+                timeline = self._timelines[worker] = PrefillTimeline(self.prefill_timing)
+            timeline.add(request_id, guess.uncached_tokens, now, guess.decode_ms)
         self._requests[request_id] = request
         load = self._loads.setdefault(worker, _WorkerLoad())
         load.requests += 1
@@ -271,7 +272,7 @@ class ActiveSequences:
         if complete:
             timeline.complete(request_id, now)
         else:
-            timeline.drop(request_id, now)
+            timeline.drop(request_id)
         if not timeline:
             del self._timelines[worker]
 

@@ -1,0 +1,165 @@
+"""The timing prefill load model: pass-time model, per-worker prompt stream, and routing in time."""
+
+import random
+
+import pytest
+
+from extproc.router import (
+    ActiveSequences,
+    BlocksStored,
+    InvalidConfig,
+    KvRouter,
+    RouterConfig,
+    StoredBlock,
+    Worker,
+    WorkerSpec,
+    compute_block_hashes,
+)
+from extproc.router.prefill_model import PrefillTimeline, PrefillTiming, estimate
+from extproc.sim import timing as engine_timing
+
+from .clock import FakeClock
+
+T = PrefillTiming()
+W = Worker("w")
+
+
+def p(tokens: int) -> float:
+    return T.prefill_ms(tokens)
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 1000, 8192])
+def test_default_prefill_polynomial_is_the_simulated_engines(tokens):
+    assert T.prefill_ms(tokens) == pytest.approx(engine_timing.prefill_ms(tokens), rel=1e-12)
+
+
+@pytest.mark.parametrize("usage", [0.0, 0.01, 0.5, 1.0])
+def test_default_decode_polynomial_is_the_simulated_engines(usage):
+    assert T.decode_ms(usage) == pytest.approx(engine_timing.decode_ms(usage), rel=1e-12)
+
+
+def test_a_cold_40160_token_prompt_takes_828_29_ms_in_five_chunks():
+    assert T.prompt_ms(40_160) == pytest.approx(828.29, abs=0.005)
+    assert T.prompt_ms(40_160, decode_part_ms=7.0) == pytest.approx(828.29 + 5 * 7.0, abs=0.005)
+
+
+def test_parse_takes_three_or_six_coefficients_and_names_bad_input():
+    assert PrefillTiming.parse("1e-7,0.02,10") == PrefillTiming(1e-7, 0.02, 10.0)
+    six = PrefillTiming.parse("0,0.01,5,-1,20,3")
+    assert (six.decode_quadratic_ms, six.decode_linear_ms, six.decode_constant_ms) == (-1.0, 20.0, 3.0)
+    for bad in ("1,2", "a,b,c", "1,2,3,4"):
+        with pytest.raises(InvalidConfig, match="prefill_timing"):
+            PrefillTiming.parse(bad)
+    with pytest.raises(InvalidConfig, match="prefill_linear_ms"):
+        PrefillTiming(prefill_linear_ms=0.0)
+    with pytest.raises(InvalidConfig, match="max_num_batched_tokens"):
+        PrefillTiming(max_num_batched_tokens=0)
+    assert RouterConfig(prefill_timing="1e-7,0.02,10").prefill_timing.prefill_linear_ms == 0.02
+
+
+def test_an_idle_worker_predicts_the_prompt_alone_and_half_a_pass_more_while_decoding():
+    assert estimate(T, None, 5000, decoding=False, kv_usage=0.0, now_ms=0.0).ttft_ms == pytest.approx(p(5000))
+    busy = estimate(T, None, 5000, decoding=True, kv_usage=0.1, now_ms=0.0)
+    d = T.decode_ms(0.1)
+    assert busy.ttft_ms == pytest.approx(d / 2 + p(5000) + d)
+    assert busy.wait_ms == pytest.approx(d / 2)
+
+
+def test_queued_prompts_share_passes_with_a_new_one():
+    line = PrefillTimeline(T)
+    line.add("a", 20_000, now_ms=0.0, decode_ms=0.0)
+    # pass 1 (8,192 tokens) is in progress; b's 1,000 tokens pack behind a's other 11,808
+    assert line.ttft_ms(1000, 0.0, 0.0) == pytest.approx(T.prompt_ms(21_000))
+    assert line.remaining_tokens(0.0) == 20_000
+    assert line.remaining_tokens(p(8192)) == 20_000 - 8192
+    assert line.remaining_tokens(T.prompt_ms(20_000)) == 0  # done, as predicted
+
+
+def test_a_request_arriving_mid_pass_waits_for_the_pass_end():
+    line = PrefillTimeline(T)
+    line.add("a", 1000, now_ms=0.0, decode_ms=0.0)
+    half = p(1000) / 2
+    assert line.ttft_ms(1000, half, 0.0) == pytest.approx(p(1000) - half + p(1000))
+    assert 0 < line.remaining_tokens(half) < 1000
+
+
+def test_a_first_token_reanchors_the_rest_of_the_stream():
+    line = PrefillTimeline(T)
+    line.add("a", 8192, now_ms=0.0, decode_ms=0.0)
+    line.add("b", 4000, now_ms=0.0, decode_ms=0.0)
+    late = p(8192) + 50.0  # a took longer than predicted
+    assert line.complete("a", late)
+    assert line.ttft_ms(100, late, 0.0) == pytest.approx(p(4000) + p(100))  # b's pass is in progress
+    assert not line.complete("a", late)
+    assert line.drop("b") and not line.drop("b")
+    assert len(line) == 0 and line.remaining_tokens(late) == 0
+
+
+def test_timing_model_needs_a_clock():
+    with pytest.raises(ValueError, match="clock"):
+        ActiveSequences(64, prefill_load_model="timing")
+
+
+def test_prefill_tokens_decay_as_predicted_time_passes_and_drop_at_the_first_token():
+    clock = FakeClock()
+    seqs = ActiveSequences(64, prefill_load_model="timing", clock=clock)
+    seqs.add_request("a", W, list(range(200)), isl=200 * 64, overlap_blocks=0)
+    assert seqs.prefill_tokens(W) == 12_800
+    clock.advance(p(8192) / 1000)  # one full pass later
+    assert seqs.prefill_tokens(W) == 12_800 - 8192
+    static = ActiveSequences(64)
+    static.add_request("a", W, list(range(200)), isl=200 * 64, overlap_blocks=0)
+    assert static.prefill_tokens(W) == 12_800  # `none`: static until the first token
+    assert seqs.mark_prefill_complete("a") and seqs.prefill_tokens(W) == 0
+    assert seqs.free("a") and seqs.is_idle()
+
+
+def test_none_model_reports_dynamos_potential_load():
+    seqs = ActiveSequences(16)
+    seqs.add_request("bg", W, [1, 2], isl=40, overlap_blocks=0)
+    load = seqs.potential_load(W, [1, 2, 3, 4], isl=70, overlap_blocks=1)
+    assert (load.prefill_tokens, load.decode_blocks) == (40 + 70 - 16, 3 + 3)
+
+
+def test_blocks_in_flight_on_a_worker_count_as_cached_in_time():
+    clock = FakeClock()
+    seqs = ActiveSequences(64, prefill_load_model="timing", clock=clock)
+    keys = list(range(100))
+    seqs.add_request("a", W, keys, isl=6400, overlap_blocks=0)
+    other = Worker("other")
+    same = seqs.potential_load(W, [*keys, 500], isl=6464, overlap_blocks=0)
+    cold = seqs.potential_load(other, [*keys, 500], isl=6464, overlap_blocks=0)
+    assert same.decode_blocks == cold.decode_blocks == 0.0  # decode enters through pass time
+    # on W a's 100 blocks are in flight: after a's pass it computes only its 64 new tokens
+    assert same.prefill_tokens == round((p(6400) + p(64)) / T.ms_per_token)
+    assert cold.prefill_tokens == round(p(6464) / T.ms_per_token)
+
+
+BS = 64
+A, B = Worker("a"), Worker("b")
+
+
+def routers() -> tuple[KvRouter, FakeClock]:
+    clock = FakeClock()
+    router = KvRouter(
+        RouterConfig(block_size=BS, prefill_load_model="timing"),
+        clock=clock,
+        rng=random.Random(1),
+        workers=[WorkerSpec("a"), WorkerSpec("b")],
+    )
+    return router, clock
+
+
+def test_the_cached_worker_wins_until_its_predicted_queue_outweighs_the_hit_and_again_once_it_drains():
+    router, clock = routers()
+    prompt = [7] * (BS * 100)  # 6,400 tokens
+    hashes = compute_block_hashes(prompt, BS)
+    router.apply_event(BlocksStored(A, tuple(StoredBlock(i + 1, h) for i, h in enumerate(hashes))))
+    assert router.best_worker([*prompt, 1]).worker == A  # cached: 1 token to compute
+    # a cold 40k-token prompt lands on a: about 828 ms of prefill queued there
+    router.best_worker(list(range(10_000, 50_160)), request_id="big", pinned_worker=A)
+    assert router.best_worker([*prompt, 1]).worker == B  # 828 ms wait > ~110 ms to compute it on b
+    clock.advance(0.75)  # most of the big prompt is done, as predicted
+    assert router.best_worker([*prompt, 1]).worker == A
+    router.mark_prefill_complete("big")
+    assert router.sequences.prefill_tokens(A) == 0
