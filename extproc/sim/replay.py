@@ -120,6 +120,18 @@ class ReplayResult:
     token_gaps_ms: array.array = field(default_factory=lambda: array.array("d"))  # every inter-token gap
 
 
+class VirtualClock:
+    """The replay's time. The router gets `seconds`, which reaches nothing else of the replay."""
+
+    __slots__ = ("now_ms",)
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+
+    def seconds(self) -> float:
+        return self.now_ms / 1000.0
+
+
 class _Worker:
     __slots__ = ("busy", "engine", "index", "last_sample", "tap")
 
@@ -156,7 +168,7 @@ class Replayer:
         self.requests = requests
         self.config = config
         self.progress = progress
-        self.now_ms = 0.0
+        self.clock = VirtualClock()
         ecfg = config.engine
         specs = [
             WorkerSpec(
@@ -164,8 +176,9 @@ class Replayer:
             )
             for i in range(config.num_workers)
         ]
-        # The router gets a config, a clock, an rng and the worker specs: nothing of the engines.
-        self.router = router_factory(config.router, specs, self._clock_s, random.Random(config.seed))
+        # The router gets a config, a clock, an rng and the worker specs: nothing of the engines
+        # (tests/sim/test_replay_interface.py walks its references to make sure).
+        self.router = router_factory(config.router, specs, self.clock.seconds, random.Random(config.seed))
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._workers = [self._make_worker(i) for i in range(config.num_workers)]
@@ -177,8 +190,14 @@ class Replayer:
         self._pending: dict[str, tuple[TraceRequest, list[int], list[int]]] = {}  # queued in the router
         self._poll_at: float | None = None
 
-    def _clock_s(self) -> float:
-        return self.now_ms / 1000.0
+    @property
+    def engines(self) -> list[Engine]:
+        """The simulated engines, by worker index (for analysis and tests; the router never sees them)."""
+        return [w.engine for w in self._workers]
+
+    @property
+    def now_ms(self) -> float:
+        return self.clock.now_ms
 
     def _make_worker(self, index: int) -> _Worker:
         tap = KvEventTap(Worker(index), self.config.engine.block_size, self._emit)
@@ -208,7 +227,7 @@ class Replayer:
             t = heap[0][0] if heap else float("inf")
             if i < n and requests[i].arrival_ms < t:
                 t = requests[i].arrival_ms
-            self.now_ms = t
+            self.clock.now_ms = t
             touched: set[_Worker] = set()
             while heap and heap[0][0] == t:
                 _, kind, _, payload = heapq.heappop(heap)

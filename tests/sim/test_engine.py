@@ -154,6 +154,7 @@ def test_a_request_short_of_blocks_preempts_the_newest_running_request_which_lat
     assert [e.request_id for e in passes[2].entries] == ["a"]
     readmission = passes[3].entries[0]
     assert (readmission.request_id, readmission.cached_tokens, readmission.new_tokens) == ("b", 4, 5)
+    assert passes[3].prefill_tokens == 3  # prompt tokens only: its 2 recomputed generated ones are free
     assert readmission.finished
     assert emitted == {"a": 3, "b": 3}  # b keeps the tokens it generated before preemption
     assert engine.cache.num_active_blocks == 0
