@@ -149,7 +149,8 @@ class KvRouterAdapter:
         self.router.free(request_id)
 
     def on_kv_event(self, event: KvEvent) -> None:
-        self.router.apply_event(event)
+        if self.router.config.use_kv_events:  # approximate mode: no subscription, the router predicts
+            self.router.apply_event(event)
 
 
 class KvEventTap:

@@ -23,14 +23,15 @@ def replayer(
     workers: int = 1,
     trace_block_size: int | None = None,
     mode: str = "round-robin",
+    router: dict | None = None,
     **replay: object,
 ) -> Replayer:
     engine = engine or EngineConfig()
     path = tmp_path / "trace.jsonl"
     write_mooncake(path, rows)
     requests = load_mooncake([path], trace_block_size=trace_block_size or engine.block_size)
-    router = RouterConfig(mode=mode, block_size=engine.block_size)
-    return Replayer(requests, ReplayConfig(workers, router=router, engine=engine, **replay))  # type: ignore[arg-type]
+    config = RouterConfig(mode=mode, block_size=engine.block_size, **(router or {}))
+    return Replayer(requests, ReplayConfig(workers, router=config, engine=engine, **replay))  # type: ignore[arg-type]
 
 
 def replay(tmp_path: Path, rows: Sequence[Row], **kwargs: object) -> ReplayResult:

@@ -60,3 +60,12 @@ def test_evictions_reach_the_router_and_its_tree_equals_every_engines_pool(tmp_p
         assert tree_blocks(router, worker) == pool
     assert result.kv_events == len(events)
     assert router.is_idle()
+
+
+def test_approximate_mode_gets_no_kv_events_and_predicts_the_cache_from_its_decisions(tmp_path):
+    run = replayer(tmp_path, churn(3), engine=ENGINE, workers=2, mode="kv", router={"use_kv_events": False})
+    result = run.run()
+    router = run.router.router
+    assert router.dump_events() == []  # nothing the engines reported
+    assert router.dump_events(include_predicted=True)  # what it predicted from its own decisions
+    assert sum(r.overlap_blocks for r in result.records) > 0
