@@ -296,7 +296,8 @@ class Engine:
                 p = req.prompt_len
                 start = prefix if prefix < p else p
                 end = prefix + new if prefix + new < p else p
-                prefills.append((start, end - start))
+                if end > start:  # a recompute of generated tokens alone is not a prefill
+                    prefills.append((start, end - start))
             emits = req.num_computed == n_tokens
             finished = emits and req.num_output + 1 >= req.max_tokens
             entries.append(PassEntry(req.request_id, new, cached, emits, finished))
