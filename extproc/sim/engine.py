@@ -11,7 +11,8 @@ virtual-time trace replayer drive the same core. Mirrors Dynamo 1.6.1's mocker (
    left of `max_num_batched_tokens` (at most `max_num_seqs` running).
 3. Duration = prefill_ms(T) + decode_ms(u); the decode part only when the pass holds a request that
    had already emitted a token. T is priced from per-request means (see `_prefill_tokens`) over
-   prompt tokens only: generated tokens recomputed after a preemption are not priced.
+   prompt tokens only: generated tokens recomputed after a preemption are not priced, and an entry
+   recomputing nothing but generated tokens does not count in the means.
 4. Cached prefix = longest run of pooled blocks, capped at floor((len - 1) / B) * B tokens. A request
    takes blocks as its tokens are scheduled, chunk by chunk, and a block is matchable from then on.
 5. Admission only if the blocks of its whole prompt fit (not counting those running requests hold);
@@ -20,7 +21,10 @@ virtual-time trace replayer drive the same core. Mirrors Dynamo 1.6.1's mocker (
    recomputes its prompt and generated tokens.
 
 Checked against the real mocker request by request: round robin on the shared Mooncake trace at
-1x, 2x and 4x with 4 and 8 workers gives identical TTFT, end time and reuse for every request.
+1x, 2x and 4x with 4 and 8 workers gives identical TTFT, end time and reuse for every request, as
+do random micro traces with pools of a few hundred blocks. With pools of a few dozen blocks, where
+preemptions cascade, some end times still differ (tests/sim/test_replay_rules.py pins one that
+agrees).
 
 A request whose prompt alone is larger than the pool is refused by `add_request`.
 """
