@@ -43,7 +43,7 @@ class ReplayConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     kv_event_lag_ms: float = 0.0
     seed: int = 0
-    load_sample_ms: float = 1000.0  # resolution of the per-worker load series
+    load_window_ms: float = 10_000.0  # width of the windows of the per-worker load series
     queue_poll_ms: float = 50.0  # while requests wait in the router's queue, re-check this often
 
     def __post_init__(self) -> None:
@@ -97,15 +97,16 @@ class RequestRecord:
         return (self.end_ms - self.first_token_ms) / (self.output_tokens - 1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LoadSample:
-    """One worker's state when a pass started (sampled at most once per `load_sample_ms`)."""
+    """One worker's load over one window of `load_window_ms` (passes counted where they start)."""
 
-    time_ms: float
+    time_ms: float  # window start
     worker: int
-    running: int
-    waiting: int
-    active_blocks: int
+    busy_ms: float = 0.0  # time spent in passes
+    prefill_tokens: int = 0  # prompt tokens computed (priced T)
+    max_requests: int = 0  # most requests in its engine (running + waiting) at a pass start
+    peak_active_blocks: int = 0
 
 
 @dataclass(slots=True)
@@ -133,14 +134,14 @@ class VirtualClock:
 
 
 class _Worker:
-    __slots__ = ("busy", "engine", "index", "last_sample", "tap")
+    __slots__ = ("busy", "engine", "index", "load", "tap")
 
     def __init__(self, index: int, engine: Engine, tap: KvEventTap) -> None:
         self.index = index
         self.engine = engine
         self.tap = tap
         self.busy: Pass | None = None
-        self.last_sample = -1
+        self.load: LoadSample | None = None
 
 
 RouterFactory = Callable[
@@ -310,13 +311,17 @@ class Replayer:
                 record.admissions += 1
                 if entry.cached_tokens > record.cached_tokens:
                     record.cached_tokens = entry.cached_tokens
-        bucket = int(self.now_ms // self.config.load_sample_ms)
-        if bucket != w.last_sample:
-            w.last_sample = bucket
-            e = w.engine
-            self._load.append(
-                LoadSample(self.now_ms, w.index, e.num_running, e.num_waiting, e.cache.num_active_blocks)
-            )
+        window = self.config.load_window_ms
+        start = self.now_ms // window * window
+        sample = w.load
+        if sample is None or sample.time_ms != start:
+            sample = w.load = LoadSample(start, w.index)
+            self._load.append(sample)
+        e = w.engine
+        sample.busy_ms += p.duration_ms
+        sample.prefill_tokens += p.prefill_tokens
+        sample.max_requests = max(sample.max_requests, e.num_running + e.num_waiting)
+        sample.peak_active_blocks = max(sample.peak_active_blocks, e.cache.num_active_blocks)
         self._push(p.end_ms, _PASS_END, w)
 
     def _finish_pass(self, w: _Worker) -> int:

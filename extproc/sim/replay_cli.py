@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from extproc.config import ROUTER_OPTIONS, ConfigError, load_config
-from extproc.router.config import RouterConfig, RouterMode
+from extproc.router.config import PrefillLoadModel, RouterConfig, RouterMode
 from extproc.router.errors import InvalidConfig
 from extproc.router.prefill_model import PrefillTiming
 from extproc.sim.engine import EngineConfig
@@ -197,6 +197,8 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
             )
         results[name] = Replayer(requests, config, progress=progress).run()
         summaries[name] = summarize(results[name])
+    timed = base.prefill_load_model is PrefillLoadModel.TIMING
+    labels = {name: f"{name} (timing)" if name == "kv" and timed else name for name in results}
     if args.requests_out:
         write_requests(args.requests_out, results)
     if args.plot:
@@ -204,7 +206,7 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
         try:
             from extproc.sim.replay_plot import plot_replays
 
-            plot_replays(results, args.plot, title=title)
+            plot_replays({labels[n]: r for n, r in results.items()}, args.plot, title=title)
         except RuntimeError as exc:
             print(f"extproc replay: {exc}", file=sys.stderr)
             return 2
@@ -221,7 +223,7 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
         print(json.dumps(doc, indent=2))
     else:
         for name, summary in summaries.items():
-            print(format_summary(name, summary))
+            print(format_summary(labels[name], summary))
     return 0
 
 

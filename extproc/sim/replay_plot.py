@@ -13,8 +13,8 @@ from extproc.sim.replay import ReplayResult
 
 
 def plot_replays(results: Mapping[str, ReplayResult], path: str | Path, *, title: str = "") -> None:
-    """Write one PNG: TTFT CDF of every replay on top, then per replay the requests in each worker's
-    engine (running + waiting) over time. Raises RuntimeError without matplotlib."""
+    """Write one PNG: TTFT CDF of every replay on top, then per replay the prompt tokens each worker
+    computed per load window over time. Raises RuntimeError without matplotlib."""
     try:
         import matplotlib
 
@@ -42,17 +42,21 @@ def plot_replays(results: Mapping[str, ReplayResult], path: str | Path, *, title
 
     for row, (label, result) in enumerate(results.items(), start=1):
         ax = axes[row][0]
+        window_s = 0.0
         for worker in range(result.num_workers):
-            samples = [s for s in result.load if s.worker == worker]
+            samples = sorted((s for s in result.load if s.worker == worker), key=lambda s: s.time_ms)
+            if len(samples) > 1:
+                window_s = (samples[1].time_ms - samples[0].time_ms) / 1000
             ax.plot(
                 [s.time_ms / 1000 for s in samples],
-                [s.running + s.waiting for s in samples],
-                linewidth=0.7,
+                [s.prefill_tokens / 1000 for s in samples],
+                linewidth=0.8,
                 label=f"worker {worker}",
             )
-        ax.set_title(f"{label}: requests in each worker's engine (sampled when a pass starts)")
+        per = f" per {window_s:g} s" if window_s else ""
+        ax.set_title(f"{label}: prompt tokens each worker computed{per} (its prefill load)")
         ax.set_xlabel("simulated time (s)")
-        ax.set_ylabel("running + waiting")
+        ax.set_ylabel("thousand tokens")
         ax.grid(True, alpha=0.3)
         if result.num_workers <= 8:
             ax.legend(loc="upper right", fontsize="x-small", ncol=4)
