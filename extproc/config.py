@@ -332,6 +332,16 @@ ROUTER_OPTIONS: tuple[_Option, ...] = (
         ("none", "timing"),
     ),
     _Option(
+        ("--router-prefill-timing",),
+        "router_prefill_timing",
+        str,
+        None,
+        "With --router-prefill-load-model timing: the workers' pass-time polynomials A,B,C[,D2,D1,D0] "
+        "(prefill ms = A T^2 + B T + C for T uncached tokens; decode ms = D2 u^2 + D1 u + D0 for KV "
+        "usage u). Default: the Dynamo mocker's (REFERENCE section 6); fit your engine's pass times.",
+        "prefill_timing",
+    ),
+    _Option(
         ("--router-log-formula",),
         "router_log_formula",
         bool,
@@ -806,6 +816,8 @@ def load_config(
     router_values = {opt.router_field: _resolve(opt, args, environ, router_section) for opt in ROUTER_OPTIONS}
     if router_values["use_kv_events"] is None:
         router_values["use_kv_events"] = kv_events_source
+    if router_values["prefill_timing"] is None:
+        del router_values["prefill_timing"]  # the model's default
     try:
         router = RouterConfig(**router_values)
     except InvalidConfig as exc:

@@ -157,3 +157,15 @@ def test_plain_yaml_numbers_work_for_optional_numeric_settings(tmp_path):
     path.write_text("picker: {admin-port: 90.5}\n")
     with pytest.raises(ConfigError, match=r"admin-port=90\.5"):
         load_config(["--config", str(path)], environ={})
+
+
+def test_the_timing_prefill_model_takes_the_engines_pass_time_polynomials():
+    config = load_config(
+        ["--router-prefill-load-model", "timing", "--router-prefill-timing", "1e-7,0.02,10"], environ={}
+    )
+    assert config.router.prefill_load_model == "timing"
+    assert config.router.prefill_timing.prefill_linear_ms == 0.02
+    default = load_config([], environ={"DYN_ROUTER_PREFILL_LOAD_MODEL": "timing"}).router
+    assert default.prefill_timing.prefill_constant_ms == pytest.approx(16.50142)
+    with pytest.raises(ConfigError, match="3 or 6 comma-separated numbers"):
+        load_config(["--router-prefill-timing", "fast"], environ={})

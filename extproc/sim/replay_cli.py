@@ -20,8 +20,6 @@ from typing import Any, TextIO
 
 from extproc.config import ROUTER_OPTIONS, ConfigError, load_config
 from extproc.router.config import PrefillLoadModel, RouterConfig, RouterMode
-from extproc.router.errors import InvalidConfig
-from extproc.router.prefill_model import PrefillTiming
 from extproc.sim.engine import EngineConfig
 from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult
 from extproc.sim.replay_metrics import format_summary, summarize
@@ -85,12 +83,6 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     router.add_argument(
         "--config", metavar="FILE", help="YAML config file; only its 'router' section is used"
     )
-    router.add_argument(
-        "--router-prefill-timing",
-        metavar="A,B,C[,D2,D1,D0]",
-        help="the timing prefill load model's pass-time polynomials: prefill ms = A T^2 + B T + C, decode ms "
-        "= D2 u^2 + D1 u + D0 (default: REFERENCE section 6's)",
-    )
     for opt in ROUTER_OPTIONS:
         if opt.router_field == "mode":
             continue  # --router replaces it
@@ -118,11 +110,6 @@ def router_config(args: argparse.Namespace, engine: EngineConfig, environ: Mappi
     given_block_size = args.kv_cache_block_size is not None or "DYN_KV_CACHE_BLOCK_SIZE" in environ
     if not given_block_size:
         config = replace(config, block_size=engine.block_size)
-    if args.router_prefill_timing:
-        try:
-            config = replace(config, prefill_timing=PrefillTiming.parse(args.router_prefill_timing))
-        except InvalidConfig as exc:
-            raise ConfigError(str(exc)) from exc
     return config
 
 
