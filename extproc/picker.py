@@ -34,7 +34,6 @@ from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
 from extproc.router import (
     Decision,
     KvRouter,
-    PinnedWorkerUnavailable,
     QueuedRequest,
     RouterConfigOverride,
     SessionPins,
@@ -263,19 +262,16 @@ class EndpointPicker:
         session_id = request.session_id or headers.get(SESSION_HEADER) or None
         pinned = pool.sessions.get(session_id, self._clock()) if session_id else None
 
-        def decide() -> Decision:
-            kwargs = dict(
+        def decide() -> Decision:  # a session's worker takes it when it can (no cost comparison)
+            return router.best_worker_for_hashes(
+                hashes,
+                isl,
                 request_id=request_id,
                 config_override=override,
+                preferred_worker=pinned,
                 allowed_workers=allowed,
                 expected_output_tokens=expected_output,
             )
-            if pinned is not None and (allowed is None or str(pinned.worker_id) in allowed):
-                try:  # a pinned request skips the cost comparison
-                    return router.best_worker_for_hashes(hashes, isl, pinned_worker=pinned, **kwargs)
-                except PinnedWorkerUnavailable as exc:
-                    log.info("session %s: %s; choosing another worker", session_id, exc)
-            return router.best_worker_for_hashes(hashes, isl, **kwargs)
 
         entry = QueuedRequest(
             request_id,
@@ -470,7 +466,7 @@ class EndpointPicker:
             self.metrics.sessions.labels(pool.model, "pinned").inc()
         elif pinned != worker:
             self.metrics.sessions.labels(pool.model, "moved").inc()
-            log.info("session %s moved from %s to %s", session_id, pinned, worker)
+            log.info("session %s moved from %s to %s (gone, busy or not allowed)", session_id, pinned, worker)
         sessions.pin(session_id, worker, self._clock())
 
     def _request_id(self, router: KvRouter, client_request_id: str) -> str:

@@ -30,7 +30,7 @@ from extproc.groups.types import (
     GroupRequest,
     GroupWorkerLoad,
 )
-from extproc.router import Decision, KvRouter, NoWorkers, PinnedWorkerUnavailable, Worker, WorkerId
+from extproc.router import Decision, KvRouter, NoWorkers, Worker, WorkerId
 
 
 class GroupPool(Protocol):
@@ -80,30 +80,16 @@ class GroupRouters:
         allowed = self._allowed(pool, request.restrictions)
         tracked_id = self._unique_id(router, request_id)
         pinned = _resolve(router, probed) if probed is not None else None
-        decision: Decision | None = None
-        if pinned is not None:
-            try:
-                decision = router.best_worker_for_hashes(
-                    hashes,
-                    request.input_tokens,
-                    request_id=tracked_id,
-                    config_override=request.overrides,
-                    pinned_worker=pinned,
-                    allowed_workers=allowed,
-                    expected_output_tokens=request.expected_output_tokens,
-                )
-            except PinnedWorkerUnavailable:
-                decision = None
-        redecided = decision is None
-        if decision is None:
-            decision = router.best_worker_for_hashes(
-                hashes,
-                request.input_tokens,
-                request_id=tracked_id,
-                config_override=request.overrides,
-                allowed_workers=allowed,
-                expected_output_tokens=request.expected_output_tokens,
-            )
+        decision = router.best_worker_for_hashes(
+            hashes,
+            request.input_tokens,
+            request_id=tracked_id,
+            config_override=request.overrides,
+            preferred_worker=pinned,
+            allowed_workers=allowed,
+            expected_output_tokens=request.expected_output_tokens,
+        )
+        redecided = pinned is None or decision.worker != pinned
         self._hashes = None
         choice = _choice(pool, decision)
         return GroupDecision(self.name, tracked_id, choice, redecided, choice.best_overlap_blocks)

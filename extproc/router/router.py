@@ -182,12 +182,16 @@ class KvRouter:
         request_id: str | None = None,
         config_override: RouterConfigOverride | None = None,
         pinned_worker: Worker | WorkerId | None = None,
+        preferred_worker: Worker | WorkerId | None = None,
         allowed_workers: WorkerFilter | None = None,
         lora_name: str | None = None,
         expected_output_tokens: int | None = None,
     ) -> Decision:
         """Choose a worker for `tokens`; with `request_id` the request is also tracked.
 
+        `pinned_worker` must take the request (else PinnedWorkerUnavailable); `preferred_worker`
+        takes it when it is an eligible candidate, and otherwise the usual choice is made (a sticky
+        session, a probed worker). Either skips the cost comparison when it is used.
         Raises NoWorkers, AllWorkersBusy or PinnedWorkerUnavailable.
         """
         return self.best_worker_for_hashes(
@@ -196,6 +200,7 @@ class KvRouter:
             request_id=request_id,
             config_override=config_override,
             pinned_worker=pinned_worker,
+            preferred_worker=preferred_worker,
             allowed_workers=allowed_workers,
             expected_output_tokens=expected_output_tokens,
         )
@@ -208,6 +213,7 @@ class KvRouter:
         request_id: str | None = None,
         config_override: RouterConfigOverride | None = None,
         pinned_worker: Worker | WorkerId | None = None,
+        preferred_worker: Worker | WorkerId | None = None,
         allowed_workers: WorkerFilter | None = None,
         expected_output_tokens: int | None = None,
     ) -> Decision:
@@ -226,6 +232,10 @@ class KvRouter:
             if pinned not in eligible:
                 raise PinnedWorkerUnavailable(pinned, "busy")
             eligible = [pinned]
+        elif preferred_worker is not None:
+            preferred = next((w for w in eligible if _is(w, preferred_worker)), None)
+            if preferred is not None:
+                eligible = [preferred]
         if not eligible:
             raise AllWorkersBusy(len(candidates))
 

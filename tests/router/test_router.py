@@ -292,3 +292,13 @@ def test_decision_reports_the_best_overlap_available():
     cache(router, B, PROMPT)
     decision = router.best_worker(PROMPT, pinned_worker=A)
     assert (decision.overlap_blocks, decision.best_overlap_blocks) == (0, 8)
+
+
+def test_a_preferred_worker_takes_the_request_when_eligible_and_is_replaced_otherwise():
+    router = make_router(active_prefill_tokens_threshold=100)
+    cache(router, B, PROMPT)
+    assert router.best_worker(PROMPT, preferred_worker="a").worker == A  # over b's better overlap
+    assert router.best_worker(PROMPT, preferred_worker="nope").worker == B  # unknown: usual choice
+    assert router.best_worker(PROMPT, preferred_worker=A, allowed_workers={"b", "c"}).worker == B
+    router.best_worker(PROMPT, request_id="x", pinned_worker=A)  # a is now busy
+    assert router.best_worker(PROMPT, preferred_worker=A).worker == B
