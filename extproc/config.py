@@ -613,21 +613,30 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         ("worker discovery", DISCOVERY_OPTIONS),
     )
     for title, options in groups:
-        group = parser.add_argument_group(f"{title} (env DYN_<FLAG>, e.g. DYN_ROUTER_MODE)")
-        for opt in options:
-            flags = list(opt.flags)
-            default_text = "auto" if opt.default is None and opt.kind is bool else opt.default
-            help_text = f"{opt.help} (default: {default_text})"
-            if opt.kind is bool:
-                if opt.dest == "router_kv_events":
-                    flags.append("--kv-events")
-                group.add_argument(
-                    *flags, dest=opt.dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
-                )
-            else:
-                group.add_argument(
-                    *flags, dest=opt.dest, default=None, choices=opt.choices, type=opt.kind, help=help_text
-                )
+        add_options(parser.add_argument_group(f"{title} (env DYN_<FLAG>, e.g. DYN_ROUTER_MODE)"), options)
+
+
+def add_options(
+    group: argparse._ActionsContainer, options: Sequence[_Option], *, skip: Sequence[str] = ()
+) -> None:
+    """Add `options` as flags (None default: `load_config` resolves env, file and defaults);
+    `skip` names dests to leave out."""
+    for opt in options:
+        if opt.dest in skip:
+            continue
+        flags = list(opt.flags)
+        default_text = "auto" if opt.default is None and opt.kind is bool else opt.default
+        help_text = f"{opt.help} (default: {default_text})"
+        if opt.kind is bool:
+            if opt.dest == "router_kv_events":
+                flags.append("--kv-events")
+            group.add_argument(
+                *flags, dest=opt.dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
+        else:
+            group.add_argument(
+                *flags, dest=opt.dest, default=None, choices=opt.choices, type=opt.kind, help=help_text
+            )
 
 
 def _env_names(opt: _Option) -> list[str]:
@@ -823,12 +832,8 @@ def load_config(
     except InvalidConfig as exc:
         raise ConfigError(str(exc)) from exc
     picker = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in PICKER_OPTIONS}
-    if picker["router_queue_max_wait_ms"] <= 0:
-        raise ConfigError(
-            f"invalid router-queue-max-wait-ms={picker['router_queue_max_wait_ms']}: expected > 0"
-        )
-    if picker["session_ttl_secs"] <= 0:
-        raise ConfigError(f"invalid session-ttl-secs={picker['session_ttl_secs']}: expected > 0")
+    _positive("router-queue-max-wait-ms", picker["router_queue_max_wait_ms"])
+    _positive("session-ttl-secs", picker["session_ttl_secs"])
     gr = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in GROUP_OPTIONS}
     groups = GroupsConfig(
         groups=_groups(document.get("groups")),
@@ -837,8 +842,7 @@ def load_config(
         policy=gr["group_policy"],
         fallback=gr["group_fallback"],
     )
-    if groups.probe_timeout_s <= 0:
-        raise ConfigError(f"invalid group-probe-timeout-ms={gr['group_probe_timeout_ms']}: expected > 0")
+    _positive("group-probe-timeout-ms", gr["group_probe_timeout_ms"])
     if groups.fallback is not None and groups.fallback not in {g.name for g in groups.groups if g.is_local}:
         raise ConfigError(f"invalid group-fallback={groups.fallback!r}: expected the name of a local group")
     dc = {opt.dest: _resolve(opt, args, environ, discovery_section) for opt in DISCOVERY_OPTIONS}
@@ -850,8 +854,7 @@ def load_config(
         refresh_s=dc["discovery_refresh_secs"],
         reload_config=dc["reload_config"],
     )
-    if discovery.refresh_s <= 0:
-        raise ConfigError(f"invalid discovery-refresh-secs={discovery.refresh_s}: expected > 0")
+    _positive("discovery-refresh-secs", discovery.refresh_s)
     if discovery.reload_config and not config_path:
         raise ConfigError("--reload-config needs a config file (--config or DYN_CONFIG)")
     return PickerConfig(
@@ -880,6 +883,11 @@ def load_config(
         discovery=discovery,
         config_path=str(config_path) if config_path else None,
     )
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"invalid {name}={value}: expected > 0")
 
 
 def _groups(raw: Any) -> tuple[GroupConfig, ...]:

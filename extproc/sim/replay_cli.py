@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from extproc.config import ROUTER_OPTIONS, ConfigError, load_config
+from extproc.config import ROUTER_OPTIONS, ConfigError, add_options, load_config
 from extproc.router.config import PrefillLoadModel, RouterConfig, RouterMode
 from extproc.sim.engine import EngineConfig
 from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult
@@ -83,21 +83,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     router.add_argument(
         "--config", metavar="FILE", help="YAML config file; only its 'router' section is used"
     )
-    for opt in ROUTER_OPTIONS:
-        if opt.router_field == "mode":
-            continue  # --router replaces it
-        flags = list(opt.flags)
-        help_text = f"{opt.help} (default: {'auto' if opt.default is None else opt.default})"
-        if opt.kind is bool:
-            if opt.dest == "router_kv_events":
-                flags.append("--kv-events")
-            router.add_argument(
-                *flags, dest=opt.dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
-            )
-        else:
-            router.add_argument(
-                *flags, dest=opt.dest, default=None, choices=opt.choices, type=opt.kind, help=help_text
-            )
+    add_options(router, ROUTER_OPTIONS, skip=("router_mode",))  # --router replaces --router-mode
 
 
 def router_config(args: argparse.Namespace, engine: EngineConfig, environ: Mapping[str, str]) -> RouterConfig:
