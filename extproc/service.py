@@ -91,6 +91,14 @@ class _Stream:
     notice: asyncio.Event | None = None
 
 
+def _may_route(stream: _Stream, message: pb.ProcessingRequest) -> bool:
+    """Whether handling `message` can route the request (and so wait in the admission queue):
+    a request-phase message other than a body chunk that does not end the body."""
+    if stream.phase not in (Phase.REQUEST_HEADERS, Phase.REQUEST_BODY):
+        return False
+    return message.WhichOneof("request") != "request_body" or message.request_body.end_of_stream
+
+
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
     """Envoy external processor that routes each request through a Picker."""
 
@@ -107,7 +115,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         self.open_streams += 1
         try:
             async for message in request_iterator:
-                if self.picker.may_queue and stream.phase in (Phase.REQUEST_HEADERS, Phase.REQUEST_BODY):
+                if self.picker.may_queue and _may_route(stream, message):
                     async for answer in self._handle_with_notices(stream, message):
                         yield answer
                 else:
