@@ -53,10 +53,45 @@ class WorkerConfig:
     kv_events: str | None = None  # ZMQ PUB endpoint of dp rank 0 (tcp://ip:port); rank r uses port + r
     kv_replay: str | None = None  # ZMQ replay (ROUTER) endpoint of dp rank 0, same port rule
     instance_id: int | None = None  # the engine's u64 id in Dynamo-style NATS events (default: int(id))
+    role: str = "both"  # prefill | decode | both (aggregated): see WORKER_ROLES
+    device: str = "cuda"  # cuda (any accelerator) | cpu: see WORKER_DEVICES
 
     @property
     def host(self) -> str:
         return self.endpoint.rsplit(":", 1)[0].strip("[]")
+
+
+WORKER_ROLES = ("prefill", "decode", "both")
+WORKER_DEVICES = ("cuda", "cpu")
+_DEVICE_ALIASES = {"gpu": "cuda", "accelerator": "cuda", "xpu": "cuda", "npu": "cuda", "hpu": "cuda"}
+
+
+def worker_role(text: object, where: str) -> str:
+    """A worker role from config or discovery: prefill, decode or both (aggregated, the default)."""
+    role = str(text).strip().lower() if text is not None else "both"
+    role = {"aggregated": "both", "agg": "both"}.get(role, role)
+    if role not in WORKER_ROLES:
+        raise ConfigError(f"invalid {where}={text!r}: expected one of {', '.join(WORKER_ROLES)}")
+    return role
+
+
+def worker_device(text: object, where: str) -> str:
+    """A worker device class: cuda (any accelerator; gpu, xpu, ... are aliases) or cpu."""
+    device = str(text).strip().lower() if text is not None else "cuda"
+    device = _DEVICE_ALIASES.get(device, device)
+    if device not in WORKER_DEVICES:
+        raise ConfigError(f"invalid {where}={text!r}: expected cuda (or another accelerator) or cpu")
+    return device
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggConfig:
+    """Disaggregated prefill/decode serving: active for a model that has prefill workers."""
+
+    prefill_header: str = "x-prefill-endpoint"  # tells the decode side where to prefill
+    min_remote_prefill_tokens: int = 256  # prefill locally when fewer prompt tokens are uncached
+    max_decode_prefix_frac: float = 0.8  # prefill locally when the decode worker caches this much
+    decode_overlap_weight: float | None = None  # decode stage's overlap weight (None: the router's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +148,9 @@ class DiscoveryConfig:
     dns_server: str | None = None  # ip[:port] of the DNS server; default: the system resolver
     refresh_s: float = 10.0
     reload_config: bool = False  # re-read the config file's workers when it changes
+    role: str = "both"  # role of the workers behind dns_name
+    device: str = "cuda"  # device class of the workers behind dns_name
+    prefill_dns_name: str | None = None  # a second headless Service whose workers are prefill workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +185,7 @@ class PickerConfig:
     events: EventsConfig = field(default_factory=EventsConfig)
     groups: GroupsConfig = field(default_factory=GroupsConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
     config_path: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -182,9 +221,20 @@ ROUTER_OPTIONS: tuple[_Option, ...] = (
         "router_mode",
         str,
         "kv",
-        "How to choose a worker: kv (cache overlap and load), round-robin or random.",
+        "How to choose a worker: kv (cache overlap and load), round-robin, random, or "
+        "device-aware-weighted (share requests between cuda and cpu workers by their throughput ratio, "
+        "then choose within a class by kv rules).",
         "mode",
-        ("kv", "round-robin", "random"),
+        ("kv", "round-robin", "random", "device-aware-weighted"),
+    ),
+    _Option(
+        ("--router-cuda-to-cpu-ratio",),
+        "router_cuda_to_cpu_ratio",
+        float,
+        8.0,
+        "device-aware-weighted: how many requests one accelerator worker takes for each one a cpu "
+        "worker takes. Also read from DYN_ENCODER_CUDA_TO_CPU_RATIO.",
+        "cuda_to_cpu_ratio",
     ),
     _Option(
         ("--router-kv-overlap-score-weight", "--kv-overlap-score-weight"),
@@ -564,6 +614,39 @@ GROUP_OPTIONS: tuple[_Option, ...] = (
     ),
 )
 
+DISAGG_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        ("--prefill-endpoint-header",),
+        "prefill_endpoint_header",
+        str,
+        "x-prefill-endpoint",
+        "Disaggregated serving (a model with `role: prefill` workers): request header that names the "
+        "chosen prefill worker (ip:port) to the decode worker's side.",
+    ),
+    _Option(
+        ("--disagg-min-remote-prefill-tokens",),
+        "disagg_min_remote_prefill_tokens",
+        int,
+        256,
+        "Prefill on the decode worker itself when fewer prompt tokens than this are uncached there.",
+    ),
+    _Option(
+        ("--disagg-max-decode-prefix-frac",),
+        "disagg_max_decode_prefix_frac",
+        float,
+        0.8,
+        "Prefill on the decode worker itself when it already caches at least this fraction of the prompt.",
+    ),
+    _Option(
+        ("--disagg-decode-overlap-weight",),
+        "disagg_decode_overlap_weight",
+        _float_or_none,
+        None,
+        "Overlap weight when choosing the decode worker of a disaggregated model (default: the router's "
+        "--router-kv-overlap-score-weight; 0 is Dynamo's decode stage: balance decode load only).",
+    ),
+)
+
 DISCOVERY_OPTIONS: tuple[_Option, ...] = (
     _Option(
         ("--discovery-dns",),
@@ -592,6 +675,31 @@ DISCOVERY_OPTIONS: tuple[_Option, ...] = (
         ("--discovery-refresh-secs",), "discovery_refresh_secs", float, 10.0, "Seconds between DNS lookups."
     ),
     _Option(
+        ("--discovery-role",),
+        "discovery_role",
+        str,
+        "both",
+        "Role of the workers found by --discovery-dns: both (aggregated), prefill or decode.",
+        None,
+        ("both", "prefill", "decode"),
+    ),
+    _Option(
+        ("--discovery-prefill-dns",),
+        "discovery_prefill_dns",
+        str,
+        None,
+        "A second name whose A/AAAA records are prefill workers (disaggregated serving).",
+    ),
+    _Option(
+        ("--discovery-device",),
+        "discovery_device",
+        str,
+        "cuda",
+        "Device class of the discovered workers: cuda (any accelerator) or cpu.",
+        None,
+        ("cuda", "cpu"),
+    ),
+    _Option(
         ("--reload-config",),
         "reload_config",
         bool,
@@ -610,6 +718,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         ("KV events and replicas", EVENT_OPTIONS),
         ("picker", PICKER_OPTIONS),
         ("router groups", GROUP_OPTIONS),
+        ("disaggregated prefill/decode", DISAGG_OPTIONS),
         ("worker discovery", DISCOVERY_OPTIONS),
     )
     for title, options in groups:
@@ -647,6 +756,8 @@ def _env_names(opt: _Option) -> list[str]:
         names += ["DYN_ROUTER_USE_KV_EVENTS", "DYN_KV_EVENTS"]
     if opt.dest == "nats_url":
         names.append("NATS_SERVER")
+    if opt.dest == "router_cuda_to_cpu_ratio":
+        names.append("DYN_ENCODER_CUDA_TO_CPU_RATIO")
     return names
 
 
@@ -734,6 +845,8 @@ def _workers(raw: Any) -> tuple[WorkerConfig, ...]:
                     kv_events=_zmq_endpoint(w, "kv_events", i),
                     kv_replay=_zmq_endpoint(w, "kv_replay", i),
                     instance_id=int(w["instance_id"]) if w.get("instance_id") is not None else None,
+                    role=worker_role(w.get("role"), f"workers[{i}].role"),
+                    device=worker_device(w.get("device"), f"workers[{i}].device"),
                 )
             )
         except (TypeError, ValueError) as exc:
@@ -794,9 +907,12 @@ def load_config(
     picker_section = document.get("picker") or {}
     events_section = document.get("events") or {}
     discovery_section = document.get("discovery") or {}
-    sections = (router_section, picker_section, events_section, discovery_section)
+    disagg_section = document.get("disagg") or {}
+    sections = (router_section, picker_section, events_section, discovery_section, disagg_section)
     if not all(isinstance(s, Mapping) for s in sections):
-        raise ConfigError("config file: 'router', 'events', 'picker' and 'discovery' must be mappings")
+        raise ConfigError(
+            "config file: 'router', 'events', 'picker', 'discovery' and 'disagg' must be mappings"
+        )
 
     workers = _workers(document.get("workers"))
     ev = {opt.dest: _resolve(opt, args, environ, events_section) for opt in EVENT_OPTIONS}
@@ -853,8 +969,34 @@ def load_config(
         dns_server=dc["discovery_dns_server"],
         refresh_s=dc["discovery_refresh_secs"],
         reload_config=dc["reload_config"],
+        role=dc["discovery_role"],
+        device=dc["discovery_device"],
+        prefill_dns_name=dc["discovery_prefill_dns"],
     )
     _positive("discovery-refresh-secs", discovery.refresh_s)
+    ds = {opt.dest: _resolve(opt, args, environ, disagg_section) for opt in DISAGG_OPTIONS}
+    disagg = DisaggConfig(
+        prefill_header=ds["prefill_endpoint_header"].strip().lower(),
+        min_remote_prefill_tokens=ds["disagg_min_remote_prefill_tokens"],
+        max_decode_prefix_frac=ds["disagg_max_decode_prefix_frac"],
+        decode_overlap_weight=ds["disagg_decode_overlap_weight"],
+    )
+    if not disagg.prefill_header or any(c.isspace() or c == ":" for c in disagg.prefill_header):
+        raise ConfigError(
+            f"invalid prefill-endpoint-header={disagg.prefill_header!r}: expected a header name"
+        )
+    if disagg.min_remote_prefill_tokens < 0:
+        raise ConfigError(
+            f"invalid disagg-min-remote-prefill-tokens={disagg.min_remote_prefill_tokens}: expected >= 0"
+        )
+    if not 0 <= disagg.max_decode_prefix_frac <= 1:
+        raise ConfigError(
+            f"invalid disagg-max-decode-prefix-frac={disagg.max_decode_prefix_frac}: "
+            "expected a fraction in [0, 1]"
+        )
+    weight = disagg.decode_overlap_weight
+    if weight is not None and not 0 <= weight < float("inf"):
+        raise ConfigError(f"invalid disagg-decode-overlap-weight={weight}: expected a number >= 0")
     if discovery.reload_config and not config_path:
         raise ConfigError("--reload-config needs a config file (--config or DYN_CONFIG)")
     return PickerConfig(
@@ -881,6 +1023,7 @@ def load_config(
         events=events,
         groups=groups,
         discovery=discovery,
+        disagg=disagg,
         config_path=str(config_path) if config_path else None,
     )
 

@@ -64,6 +64,8 @@ class Pick:
     session_id: str | None = None
     queued_s: float = 0.0  # time spent in the admission queue
     group: str | None = None  # the router group that owns the request (hierarchical mode)
+    prefill_worker: Worker | None = None  # disaggregated: the worker that prefills the prompt
+    prefill_endpoint: str | None = None  # its ip:port (also in `headers` under the prefill header)
 
 
 class WorkerSetListener(Protocol):
@@ -221,10 +223,13 @@ class EndpointPicker:
         subset: list[str] | None,
         client_request_id: str,
         on_queued: Callable[[float], None] | None = None,
+        override: RouterConfigOverride | None = None,
     ) -> Pick:
         """Route one request. Raises PickerError or RouterError subclasses (mapped by `epp`).
 
         `on_queued(max_wait_s)` is called if the request has to wait in the admission queue.
+        `override` replaces the body's `nvext.agent_hints` overlap weight and temperature (callers
+        of the Python client; Envoy traffic has none).
         """
         timings: dict[str, int] = {}
         t0 = time.perf_counter_ns()
@@ -252,7 +257,10 @@ class EndpointPicker:
             return await self._pick_in_groups(request, tokens, subset, headers, client_request_id, timings)
 
         router = pool.router
-        override = _override(request, load_only=tokens is None)
+        if tokens is None:
+            override = _override(request, load_only=True)
+        elif override is None:
+            override = _override(request, load_only=False)
         hashes = router.block_hashes(tokens, lora_name=request.lora_name) if tokens else []
         t3 = time.perf_counter_ns()
         timings["hash"] = t3 - t2
@@ -476,7 +484,10 @@ class EndpointPicker:
 
 
 def _specs(workers: Iterable[WorkerConfig]) -> list[WorkerSpec]:
-    return [WorkerSpec(w.id, w.dp_ranks, w.total_blocks, w.max_num_batched_tokens) for w in workers]
+    return [
+        WorkerSpec(w.id, w.dp_ranks, w.total_blocks, w.max_num_batched_tokens, device=w.device)
+        for w in workers
+    ]
 
 
 def _extra_headers(pool: ModelPool, worker: Worker) -> dict[str, str]:

@@ -21,6 +21,7 @@ class RouterMode(enum.StrEnum):
     KV = "kv"
     ROUND_ROBIN = "round-robin"
     RANDOM = "random"
+    DEVICE_AWARE_WEIGHTED = "device-aware-weighted"  # share by device class throughput, then kv
 
 
 class PrefillLoadModel(enum.StrEnum):
@@ -65,6 +66,7 @@ class RouterConfig:
     router_queue_policy: QueuePolicy = QueuePolicy.FCFS
     prefill_load_model: PrefillLoadModel = PrefillLoadModel.NONE
     prefill_timing: PrefillTiming = _DEFAULT_TIMING  # the workers' pass-time model (timing only)
+    cuda_to_cpu_ratio: float = 8.0  # device-aware-weighted: one accelerator worker's share per cpu worker's
     log_formula: bool = False
 
     def __post_init__(self) -> None:
@@ -95,6 +97,12 @@ class RouterConfig:
             "temperature",
             self.temperature,
             "a number >= 0",
+        )
+        _check(
+            _finite(self.cuda_to_cpu_ratio) and self.cuda_to_cpu_ratio > 0,
+            "cuda_to_cpu_ratio",
+            self.cuda_to_cpu_ratio,
+            "a number > 0",
         )
         _check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "seconds > 0")
         _check(

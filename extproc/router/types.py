@@ -39,6 +39,7 @@ class WorkerSpec:
     dp_ranks: tuple[int, ...] = (0,)
     total_blocks: int = 16384
     max_num_batched_tokens: int = 8192
+    device: str = "cuda"  # device class: cuda (any accelerator) or cpu (device-aware-weighted mode)
 
     def workers(self) -> list[Worker]:
         return [Worker(self.worker_id, r) for r in self.dp_ranks]
