@@ -174,6 +174,7 @@ class PickerConfig:
     queue_max_wait_s: float = 30.0  # a request queued longer is answered 503 (429 when sheddable)
     session_ttl_s: float = 300.0  # sliding TTL of a sticky session's pin
     max_body_bytes: int = 16 * 1024 * 1024
+    max_prompt_tokens: int | None = None  # longer tokenized prompts are answered 413; None = no limit
     tokenizer: str | None = None
     tokenize_url: str | None = None
     tokenizer_timeout_s: float = 2.0
@@ -461,6 +462,14 @@ PICKER_OPTIONS: tuple[_Option, ...] = (
         int,
         16 * 1024 * 1024,
         "Larger request bodies are answered 413.",
+    ),
+    _Option(
+        ("--max-prompt-tokens",),
+        "max_prompt_tokens",
+        _int_or_none,
+        None,
+        "Requests whose prompt tokenizes to more tokens than this are answered 413 (set it to the "
+        "engines' max_model_len). Off when not set.",
     ),
     _Option(
         ("--tokenizer",),
@@ -950,6 +959,8 @@ def load_config(
     picker = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in PICKER_OPTIONS}
     _positive("router-queue-max-wait-ms", picker["router_queue_max_wait_ms"])
     _positive("session-ttl-secs", picker["session_ttl_secs"])
+    if picker["max_prompt_tokens"] is not None:
+        _positive("max-prompt-tokens", picker["max_prompt_tokens"])
     gr = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in GROUP_OPTIONS}
     groups = GroupsConfig(
         groups=_groups(document.get("groups")),
@@ -1012,6 +1023,7 @@ def load_config(
         queue_max_wait_s=picker["router_queue_max_wait_ms"] / 1000.0,
         session_ttl_s=picker["session_ttl_secs"],
         max_body_bytes=picker["max_body_bytes"],
+        max_prompt_tokens=picker["max_prompt_tokens"],
         tokenizer=picker["tokenizer"],
         tokenize_url=picker["tokenize_url"],
         tokenizer_timeout_s=picker["tokenizer_timeout_ms"] / 1000.0,

@@ -36,6 +36,7 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 # error class -> (HTTP status, dropped-reason); first match in order wins
 ANSWERS: tuple[tuple[type[BaseException], int, str], ...] = (
     (errors.BodyTooLarge, 413, "body-too-large"),
+    (errors.PromptTooLong, 413, "prompt-too-long"),
     (errors.RequestInvalid, 400, "invalid-request"),
     (errors.UnknownModel, 404, "unknown-model"),
     (errors.NoEligibleWorker, 503, "rejected-no-endpoints"),

@@ -3,6 +3,7 @@
     PickerError
     ├── RequestInvalid          the body cannot be routed: not JSON, wrong types, no model (400)
     ├── BodyTooLarge            the body is over the configured limit (413)
+    ├── PromptTooLong           the tokenized prompt is over --max-prompt-tokens (413)
     ├── UnknownModel            no worker serves the requested model (404 in OpenAI terms; we answer 400)
     ├── TokenizerUnavailable    the tokenizer backend failed; callers fall back to load-only routing
     └── NoEligibleWorker        no worker may take the request (subset hint, all down) (503)
@@ -32,6 +33,15 @@ class BodyTooLarge(PickerError):
         super().__init__(f"request body of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes")
         self.size_bytes = size_bytes
         self.limit_bytes = limit_bytes
+
+
+class PromptTooLong(PickerError):
+    """The tokenized prompt has more tokens than the configured limit."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        super().__init__(f"prompt of {tokens} tokens exceeds the limit of {limit} tokens")
+        self.tokens = tokens
+        self.limit = limit
 
 
 class UnknownModel(PickerError):

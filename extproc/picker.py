@@ -27,7 +27,7 @@ from typing import Protocol
 from extproc import epp
 from extproc.admission import AdmissionGate
 from extproc.config import PickerConfig, WorkerConfig
-from extproc.errors import NoEligibleWorker, TokenizerUnavailable, UnknownModel
+from extproc.errors import NoEligibleWorker, PromptTooLong, TokenizerUnavailable, UnknownModel
 from extproc.groups import GroupCollector, GroupRequest, GroupSelector
 from extproc.pick_metrics import PickMetrics
 from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
@@ -253,6 +253,9 @@ class EndpointPicker:
             tokens = None
         t2 = time.perf_counter_ns()
         timings["tokenize"] = t2 - t1
+        limit = self.config.max_prompt_tokens
+        if limit is not None and tokens is not None and len(tokens) > limit:
+            raise PromptTooLong(len(tokens), limit)
         if self.groups is not None:
             return await self._pick_in_groups(request, tokens, subset, headers, client_request_id, timings)
 

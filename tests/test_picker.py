@@ -65,3 +65,20 @@ async def test_token_id_prompts_are_routed_without_tokenizing():
     assert chosen.request_blocks == 4
     picker.finish(chosen, "complete")
     assert picker.is_idle()
+
+
+async def test_a_prompt_over_the_token_limit_is_refused_and_leaves_no_state():
+    import pytest
+
+    from extproc import epp
+    from extproc.errors import PromptTooLong
+
+    picker = EndpointPicker(replace(picker_config(), max_prompt_tokens=100))
+    with pytest.raises(PromptTooLong) as refused:
+        await pick(picker, chat_body("x" * 400))
+    assert epp.status_of(refused.value) == (413, "prompt-too-long")
+    assert "exceeds the limit of 100 tokens" in refused.value.message
+    assert picker.is_idle()
+    short = await pick(picker, chat_body("hi"))
+    picker.finish(short, "complete")
+    assert picker.is_idle()
