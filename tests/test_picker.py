@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
+
+from extproc import epp
 from extproc.config import ModelConfig
+from extproc.errors import PromptTooLong
 from extproc.picker import EndpointPicker
 from extproc.procs import free_port
 from extproc.tokenizer import HfTokenizer
@@ -68,11 +72,6 @@ async def test_token_id_prompts_are_routed_without_tokenizing():
 
 
 async def test_a_prompt_over_the_token_limit_is_refused_and_leaves_no_state():
-    import pytest
-
-    from extproc import epp
-    from extproc.errors import PromptTooLong
-
     picker = EndpointPicker(replace(picker_config(), max_prompt_tokens=100))
     with pytest.raises(PromptTooLong) as refused:
         await pick(picker, chat_body("x" * 400))
