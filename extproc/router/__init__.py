@@ -11,6 +11,7 @@ from extproc.router.config import (
     RouterConfigOverride,
     RouterMode,
 )
+from extproc.router.disagg import DisaggDecision, DisaggPolicy, DisaggRouter, prefill_router_config
 from extproc.router.errors import (
     AllWorkersBusy,
     InvalidConfig,
@@ -51,6 +52,9 @@ __all__ = [
     "BlocksRemoved",
     "BlocksStored",
     "Decision",
+    "DisaggDecision",
+    "DisaggPolicy",
+    "DisaggRouter",
     "IndexerStats",
     "InvalidConfig",
     "KvEvent",
@@ -80,5 +84,6 @@ __all__ = [
     "compute_costs",
     "compute_sequence_hashes",
     "pick",
+    "prefill_router_config",
     "softmax_probabilities",
 ]

@@ -1,0 +1,157 @@
+"""DisaggRouter: decode worker, prefill worker by overlap and prefill load, conditional disaggregation."""
+
+import random
+
+import pytest
+
+from extproc.router import (
+    AllWorkersBusy,
+    BlocksStored,
+    KvRouter,
+    RouterConfig,
+    StoredBlock,
+    Worker,
+    WorkerSpec,
+    compute_block_hashes,
+)
+from extproc.router.disagg import (
+    LOCAL_CACHED,
+    LOCAL_NO_PREFILL,
+    LOCAL_PREFILL_BUSY,
+    LOCAL_SHORT,
+    DisaggPolicy,
+    DisaggRouter,
+    prefill_router_config,
+)
+
+from .clock import FakeClock
+
+BS = 16
+D0, D1, P0, P1 = Worker("d0"), Worker("d1"), Worker("p0"), Worker("p1")
+PROMPT = list(range(1000, 1000 + 64 * BS))  # 64 full blocks = 1024 tokens
+
+
+def make(policy: DisaggPolicy | None = None, prefill_workers=("p0", "p1"), **config) -> DisaggRouter:
+    cfg = RouterConfig(block_size=BS, **config)
+    clock = FakeClock()
+    decode = KvRouter(cfg, clock=clock, rng=random.Random(1), workers=[WorkerSpec("d0"), WorkerSpec("d1")])
+    prefill = KvRouter(
+        prefill_router_config(cfg),
+        clock=clock,
+        rng=random.Random(2),
+        workers=[WorkerSpec(w) for w in prefill_workers],
+    )
+    return DisaggRouter(decode, prefill, policy or DisaggPolicy())
+
+
+def cache(router: KvRouter, worker: Worker, tokens: list[int]) -> list[int]:
+    hashes = compute_block_hashes(tokens, BS)
+    blocks = tuple(StoredBlock(h, h) for h in hashes)
+    router.apply_event(BlocksStored(worker, blocks))
+    return hashes
+
+
+def test_the_prefill_worker_caching_the_prefix_prefills_and_the_decode_worker_is_the_destination():
+    router = make()
+    hashes = cache(router.prefill, P1, PROMPT[: 48 * BS])  # p1 caches 48 of 64 blocks
+    decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert decision.prefill_worker == P1 and decision.prefill.overlap_blocks == len(hashes)
+    assert decision.decode.worker in (D0, D1) and decision.local_reason is None
+    # the prompt is the prefill worker's work, not the decode worker's
+    assert router.prefill.sequences.prefill_tokens(P1) == len(PROMPT) - 48 * BS
+    assert router.decode.sequences.prefill_tokens(decision.decode.worker) == 0
+    assert router.prefill.sequences.decode_blocks(P1) == 0  # prefill workers track no decode blocks
+    assert router.decode.sequences.decode_blocks(decision.decode.worker) > 0
+
+
+def test_prefill_load_spreads_prompts_without_a_cached_prefix():
+    router = make()
+    first = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    other = [t + 50_000 for t in PROMPT]
+    second = router.route(compute_block_hashes(other, BS), len(other), request_id="r2")
+    assert {first.prefill_worker, second.prefill_worker} == {P0, P1}
+
+
+def test_the_first_token_ends_the_prefill_share_and_free_ends_the_rest():
+    router = make()
+    decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert router.first_token("r1")
+    assert router.prefill.is_idle() and not router.decode.is_idle()
+    assert router.free("r1") and router.is_idle()
+    assert not router.free("r1")  # idempotent
+    assert decision.prefill is not None
+
+
+def test_a_request_that_ends_before_its_first_token_frees_both_stages():
+    router = make()
+    router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert router.free("r1") and router.is_idle()
+
+
+def test_a_short_uncached_part_is_prefilled_on_the_decode_worker():
+    router = make(DisaggPolicy(min_remote_prefill_tokens=2000))
+    decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert decision.prefill is None and decision.local_reason == LOCAL_SHORT
+    assert router.prefill.is_idle()
+    # the decode worker does the prompt work, so its prefill tokens count
+    assert router.decode.sequences.prefill_tokens(decision.decode.worker) == len(PROMPT)
+
+
+def test_a_decode_worker_that_caches_most_of_the_prompt_prefills_it_itself():
+    router = make(DisaggPolicy(min_remote_prefill_tokens=0, max_decode_prefix_frac=0.75))
+    cache(router.decode, D1, PROMPT[: 56 * BS])  # 56/64 = 0.875 cached on d1
+    decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert decision.decode.worker == D1  # the decode router's own overlap weight found it
+    assert decision.prefill is None and decision.local_reason == LOCAL_CACHED
+
+
+def test_with_decode_overlap_weight_zero_the_cached_prefix_is_still_looked_up_for_the_skip():
+    policy = DisaggPolicy(min_remote_prefill_tokens=0, max_decode_prefix_frac=0.75, decode_overlap_weight=0)
+    router = make(policy)
+    for w in (D0, D1):
+        cache(router.decode, w, PROMPT[: 60 * BS])
+    decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert decision.local_reason == LOCAL_CACHED
+
+
+def test_no_prefill_worker_falls_back_to_aggregated_serving():
+    router = make(prefill_workers=())
+    decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert decision.prefill is None and decision.local_reason == LOCAL_NO_PREFILL
+    assert router.decode.sequences.prefill_tokens(decision.decode.worker) == len(PROMPT)
+    router.free("r1")
+    assert router.is_idle()
+
+
+def test_prefill_workers_outside_the_allowed_set_are_not_used():
+    router = make()
+    decision = router.route(
+        compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1", prefill_allowed={"p1"}
+    )
+    assert decision.prefill_worker == P1
+    other = [t + 50_000 for t in PROMPT]  # not predicted on a decode worker yet
+    none = router.route(compute_block_hashes(other, BS), len(other), request_id="r2", prefill_allowed={"x"})
+    assert none.local_reason == LOCAL_NO_PREFILL
+
+
+def test_busy_prefill_workers_fall_back_to_local_prefill_and_busy_decode_workers_raise():
+    router = make(active_prefill_tokens_threshold=1000)
+
+    def prompt(i: int) -> list[int]:  # a prompt no worker caches
+        return [t + 100_000 * i for t in PROMPT]
+
+    for i in range(2):  # 1024 uncached prefill tokens each: both prefill workers over 1000
+        assert router.route(compute_block_hashes(prompt(i), BS), 1024, request_id=f"r{i}").prefill is not None
+    busy = router.route(compute_block_hashes(prompt(2), BS), 1024, request_id="r2")
+    assert busy.local_reason == LOCAL_PREFILL_BUSY
+    # the decode worker prefills that one itself: it is now over the threshold, the other is not
+    assert router.decode.sequences.prefill_tokens(busy.decode.worker) == 1024
+    router.route(compute_block_hashes(prompt(3), BS), 1024, request_id="r3")
+    with pytest.raises(AllWorkersBusy):
+        router.route(compute_block_hashes(prompt(4), BS), 1024, request_id="r4")
+
+
+def test_the_prefill_router_config_drops_decode_tracking_and_the_queue():
+    cfg = prefill_router_config(RouterConfig(router_queue_threshold=0.5, router_track_output_blocks=True))
+    assert not cfg.router_track_active_blocks and not cfg.router_track_output_blocks
+    assert cfg.router_queue_threshold is None and cfg.router_track_prefill_tokens
