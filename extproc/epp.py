@@ -40,6 +40,7 @@ ANSWERS: tuple[tuple[type[BaseException], int, str], ...] = (
     (errors.RequestInvalid, 400, "invalid-request"),
     (errors.UnknownModel, 404, "unknown-model"),
     (errors.NoEligibleWorker, 503, "rejected-no-endpoints"),
+    (errors.TooManyStreams, 429, "rejected-too-many-streams"),
     (router_errors.NoWorkers, 503, "rejected-no-endpoints"),
     (router_errors.AllWorkersBusy, 503, "rejected-saturated"),
     (router_errors.PinnedWorkerUnavailable, 503, "rejected-pinned-unavailable"),

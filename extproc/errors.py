@@ -6,7 +6,8 @@
     ├── PromptTooLong           the tokenized prompt is over --max-prompt-tokens (413)
     ├── UnknownModel            no worker serves the requested model (404 in OpenAI terms; we answer 400)
     ├── TokenizerUnavailable    the tokenizer backend failed; callers fall back to load-only routing
-    └── NoEligibleWorker        no worker may take the request (subset hint, all down) (503)
+    ├── NoEligibleWorker        no worker may take the request (subset hint, all down) (503)
+    └── TooManyStreams          --max-concurrent-streams ext_proc streams are already open (429)
 
 Router-core errors (all workers busy, queue full, ...) live in `extproc/router/errors.py`.
 """
@@ -61,3 +62,12 @@ class TokenizerUnavailable(PickerError):
 
 class NoEligibleWorker(PickerError):
     """No worker may take the request (empty subset hint, conformance filter, none configured)."""
+
+
+class TooManyStreams(PickerError):
+    """The picker already serves its limit of concurrent ext_proc streams (one per HTTP request)."""
+
+    def __init__(self, open_streams: int, limit: int) -> None:
+        super().__init__(f"the endpoint picker is at its limit of {limit} concurrent requests; retry later")
+        self.open_streams = open_streams
+        self.limit = limit
