@@ -92,6 +92,7 @@ class DisaggConfig:
     min_remote_prefill_tokens: int = 256  # prefill locally when fewer prompt tokens are uncached
     max_decode_prefix_frac: float = 0.8  # prefill locally when the decode worker caches this much
     decode_overlap_weight: float | None = None  # decode stage's overlap weight (None: the router's)
+    prefill_health_interval_s: float = 2.0  # GET /health of prefill workers; 0 = off
 
 
 @dataclass(frozen=True, slots=True)
@@ -654,6 +655,14 @@ DISAGG_OPTIONS: tuple[_Option, ...] = (
         "Overlap weight when choosing the decode worker of a disaggregated model (default: the router's "
         "--router-kv-overlap-score-weight; 0 is Dynamo's decode stage: balance decode load only).",
     ),
+    _Option(
+        ("--prefill-health-interval-secs",),
+        "prefill_health_interval_secs",
+        float,
+        2.0,
+        "Probe each prefill worker's GET /health this often; one that fails is not named in the prefill "
+        "header until it answers again. 0 turns probing off.",
+    ),
 )
 
 DISCOVERY_OPTIONS: tuple[_Option, ...] = (
@@ -991,6 +1000,7 @@ def load_config(
         min_remote_prefill_tokens=ds["disagg_min_remote_prefill_tokens"],
         max_decode_prefix_frac=ds["disagg_max_decode_prefix_frac"],
         decode_overlap_weight=ds["disagg_decode_overlap_weight"],
+        prefill_health_interval_s=ds["prefill_health_interval_secs"],
     )
     if not disagg.prefill_header or any(c.isspace() or c == ":" for c in disagg.prefill_header):
         raise ConfigError(
@@ -1004,6 +1014,10 @@ def load_config(
         raise ConfigError(
             f"invalid disagg-max-decode-prefix-frac={disagg.max_decode_prefix_frac}: "
             "expected a fraction in [0, 1]"
+        )
+    if disagg.prefill_health_interval_s < 0:
+        raise ConfigError(
+            f"invalid prefill-health-interval-secs={disagg.prefill_health_interval_s}: expected >= 0"
         )
     weight = disagg.decode_overlap_weight
     if weight is not None and not 0 <= weight < float("inf"):
