@@ -109,6 +109,7 @@ class EventsConfig:
     reset_states: bool = False
     replica_sync: bool = False
     router_id: str | None = None
+    queue_size: int = 10_000  # per subscription: ZMQ SUB high-water mark, NATS pending messages
 
     @property
     def nats_needed(self) -> bool:
@@ -176,6 +177,7 @@ class PickerConfig:
     session_ttl_s: float = 300.0  # sliding TTL of a sticky session's pin
     max_body_bytes: int = 16 * 1024 * 1024
     max_prompt_tokens: int | None = None  # longer tokenized prompts are answered 413; None = no limit
+    max_concurrent_streams: int | None = None  # ext_proc streams beyond this are answered 429; None = off
     tokenizer: str | None = None
     tokenize_url: str | None = None
     tokenizer_timeout_s: float = 2.0
@@ -473,6 +475,14 @@ PICKER_OPTIONS: tuple[_Option, ...] = (
         "engines' max_model_len). Off when not set.",
     ),
     _Option(
+        ("--max-concurrent-streams",),
+        "max_concurrent_streams",
+        _int_or_none,
+        None,
+        "ext_proc streams (one per HTTP request in flight) beyond this are answered 429 "
+        "(rejected-too-many-streams) at once. Each may buffer up to --max-body-bytes. Off when not set.",
+    ),
+    _Option(
         ("--tokenizer",),
         "tokenizer",
         str,
@@ -585,6 +595,14 @@ EVENT_OPTIONS: tuple[_Option, ...] = (
         str,
         None,
         "This replica's name in replica sync and its durable consumer (default: host-pid).",
+    ),
+    _Option(
+        ("--event-queue-size",),
+        "event_queue_size",
+        int,
+        10_000,
+        "Messages buffered per KV event subscription (each worker's ZMQ socket, each NATS subject) while "
+        "the picker is busy. Beyond it messages are dropped, counted, and the worker resynchronised.",
     ),
 )
 
@@ -945,7 +963,9 @@ def load_config(
         reset_states=ev["router_reset_states"],
         replica_sync=ev["router_replica_sync"],
         router_id=ev["router_id"],
+        queue_size=ev["event_queue_size"],
     )
+    _positive("event-queue-size", events.queue_size)
     if (events.durable_kv_events or events.replica_sync) and not events.nats_url:
         raise ConfigError(
             "--router-durable-kv-events and --router-replica-sync need NATS: set --nats-url or NATS_SERVER"
@@ -970,6 +990,8 @@ def load_config(
     _positive("session-ttl-secs", picker["session_ttl_secs"])
     if picker["max_prompt_tokens"] is not None:
         _positive("max-prompt-tokens", picker["max_prompt_tokens"])
+    if picker["max_concurrent_streams"] is not None:
+        _positive("max-concurrent-streams", picker["max_concurrent_streams"])
     gr = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in GROUP_OPTIONS}
     groups = GroupsConfig(
         groups=_groups(document.get("groups")),
@@ -1038,6 +1060,7 @@ def load_config(
         session_ttl_s=picker["session_ttl_secs"],
         max_body_bytes=picker["max_body_bytes"],
         max_prompt_tokens=picker["max_prompt_tokens"],
+        max_concurrent_streams=picker["max_concurrent_streams"],
         tokenizer=picker["tokenizer"],
         tokenize_url=picker["tokenize_url"],
         tokenizer_timeout_s=picker["tokenizer_timeout_ms"] / 1000.0,
