@@ -56,6 +56,13 @@ class PickMetrics:
         self.sessions = Counter(
             "extproc_session_pins", "Sticky-session pin events.", ["model", "event"], registry=r
         )
+        self.disagg_decisions = Counter(
+            "extproc_disagg_decisions",
+            "Requests of disaggregated models: prefilled remotely (where=remote) or on the decode worker "
+            "(where=local, reason says why).",
+            ["model", "where", "reason"],
+            registry=r,
+        )
 
     def observe_stages(self, timings_ns: dict[str, int]) -> None:
         for name, ns in timings_ns.items():
@@ -73,6 +80,11 @@ class PickMetrics:
     def finished(self, model: str, cause: str) -> None:
         outcome = OUTCOMES.get(cause, "upstream_error" if cause.startswith("upstream_status") else cause)
         self.requests.labels(model, outcome).inc()
+
+    def disagg(self, model: str, local_reason: str | None) -> None:
+        """A disaggregated model's request: `local_reason` None when a prefill worker was named."""
+        where = "remote" if local_reason is None else "local"
+        self.disagg_decisions.labels(model, where, local_reason or "").inc()
 
     def rejected(self, status: int, reason: str) -> None:
         self.rejections.labels(str(status), reason).inc()
