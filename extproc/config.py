@@ -96,6 +96,44 @@ class DisaggConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientTlsConfig:
+    """TLS of an outgoing connection (to remote router groups, to NATS): on when any field is set."""
+
+    ca_file: str | None = None  # verify the server against this CA bundle (default: the system's roots)
+    cert_file: str | None = None  # with key_file: a client certificate, for servers that require mutual TLS
+    key_file: str | None = None
+    server_name: str | None = None  # name to verify (and send as SNI) instead of the address's host
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.ca_file, self.cert_file, self.server_name))
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS of the picker's gRPC servers: ext_proc and the router-group API (health stays plaintext).
+
+    Off by default. A certificate and key from files, or `self_signed`: a key and certificate made at
+    start, as the Inference Extension's EPP does with --secure-serving (encryption without identity;
+    Envoy then skips verification). `client_ca_file` turns on mutual TLS: clients must present a
+    certificate signed by that CA or the handshake fails.
+    """
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    self_signed: bool = False
+    client_ca_file: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.self_signed or self.cert_file is not None
+
+    @property
+    def mutual(self) -> bool:
+        return self.client_ca_file is not None
+
+
+@dataclass(frozen=True, slots=True)
 class EventsConfig:
     """Where KV events and replica state come from (all off by default: the embedded picker)."""
 
@@ -110,6 +148,11 @@ class EventsConfig:
     replica_sync: bool = False
     router_id: str | None = None
     queue_size: int = 10_000  # per subscription: ZMQ SUB high-water mark, NATS pending messages
+    nats_tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)
+    nats_creds_file: str | None = None  # a NATS .creds file (JWT + nkey seed)
+    nats_user: str | None = None
+    nats_password: str | None = field(default=None, repr=False)
+    nats_token: str | None = field(default=None, repr=False)
 
     @property
     def nats_needed(self) -> bool:
@@ -138,6 +181,7 @@ class GroupsConfig:
     probe_timeout_s: float = 0.05
     policy: str = "max-overlap"  # max-overlap | min-cost | weighted
     fallback: str | None = None  # name of a local group used when no group answers
+    tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)  # to every remote group's API
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +234,8 @@ class PickerConfig:
     groups: GroupsConfig = field(default_factory=GroupsConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     disagg: DisaggConfig = field(default_factory=DisaggConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    shutdown_grace_s: float = 25.0  # SIGTERM: in-flight ext_proc streams get this long to finish
     config_path: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -606,6 +652,71 @@ EVENT_OPTIONS: tuple[_Option, ...] = (
     ),
 )
 
+NATS_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        ("--nats-creds-file",),
+        "nats_creds_file",
+        str,
+        None,
+        "NATS credentials file (.creds: user JWT and nkey seed). Also read from NATS_AUTH_CREDENTIALS_FILE.",
+    ),
+    _Option(
+        ("--nats-user",),
+        "nats_user",
+        str,
+        None,
+        "NATS user name, with --nats-password. Also read from NATS_AUTH_USERNAME.",
+    ),
+    _Option(
+        ("--nats-password",),
+        "nats_password",
+        str,
+        None,
+        "NATS password. Prefer the environment (DYN_NATS_PASSWORD or NATS_AUTH_PASSWORD): a flag is "
+        "visible to every local user in the process list.",
+    ),
+    _Option(
+        ("--nats-token",),
+        "nats_token",
+        str,
+        None,
+        "NATS authentication token. Also read from NATS_AUTH_TOKEN; prefer the environment.",
+    ),
+    _Option(
+        ("--nats-tls-ca-file",),
+        "nats_tls_ca_file",
+        str,
+        None,
+        "Connect to NATS over TLS and verify the server against this CA bundle. Also read from "
+        "NATS_TLS_CA_CERT_PATH. A tls:// URL alone uses TLS with the system's roots.",
+    ),
+    _Option(
+        ("--nats-tls-cert-file",),
+        "nats_tls_cert_file",
+        str,
+        None,
+        "Client certificate for a NATS server that verifies clients (tls { verify: true }), with "
+        "--nats-tls-key-file. Also read from NATS_TLS_CLIENT_CERT_PATH.",
+    ),
+    _Option(
+        ("--nats-tls-key-file",),
+        "nats_tls_key_file",
+        str,
+        None,
+        "Private key of --nats-tls-cert-file. Also read from NATS_TLS_CLIENT_KEY_PATH.",
+    ),
+)
+# Dynamo's runtime reads the same settings from these (lib/runtime/src/config/environment_names.rs).
+_NATS_ENV_ALIASES = {
+    "nats_creds_file": ("NATS_AUTH_CREDENTIALS_FILE",),
+    "nats_user": ("NATS_AUTH_USERNAME",),
+    "nats_password": ("NATS_AUTH_PASSWORD",),
+    "nats_token": ("NATS_AUTH_TOKEN",),
+    "nats_tls_ca_file": ("NATS_TLS_CA_CERT_PATH",),
+    "nats_tls_cert_file": ("NATS_TLS_CLIENT_CERT_PATH",),
+    "nats_tls_key_file": ("NATS_TLS_CLIENT_KEY_PATH",),
+}
+
 
 GROUP_OPTIONS: tuple[_Option, ...] = (
     _Option(
@@ -639,6 +750,72 @@ GROUP_OPTIONS: tuple[_Option, ...] = (
         str,
         None,
         "Name of a local group to route with when no group answers; without it such requests get 503.",
+    ),
+)
+
+TLS_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        ("--tls-cert-file",),
+        "tls_cert_file",
+        str,
+        None,
+        "Serve ext_proc and the router-group API over TLS with this PEM certificate (chain), with "
+        "--tls-key-file. The gRPC health server stays plaintext (kubelet probes). Off when not set.",
+    ),
+    _Option(("--tls-key-file",), "tls_key_file", str, None, "PEM private key of --tls-cert-file."),
+    _Option(
+        ("--tls-self-signed",),
+        "tls_self_signed",
+        bool,
+        False,
+        "Serve over TLS with a key and self-signed certificate generated at start (like the Inference "
+        "Extension's --secure-serving): encrypted, but clients cannot verify who they talk to.",
+    ),
+    _Option(
+        ("--tls-client-ca-file",),
+        "tls_client_ca_file",
+        str,
+        None,
+        "Mutual TLS: require every ext_proc and group API client to present a certificate signed by "
+        "this CA bundle; others fail the handshake. Needs --tls-cert-file or --tls-self-signed.",
+    ),
+    _Option(
+        ("--group-tls-ca-file",),
+        "group_tls_ca_file",
+        str,
+        None,
+        "Reach remote router groups over TLS and verify them against this CA bundle.",
+    ),
+    _Option(
+        ("--group-tls-cert-file",),
+        "group_tls_cert_file",
+        str,
+        None,
+        "Client certificate presented to remote groups that require mutual TLS, with "
+        "--group-tls-key-file (turns TLS on; without --group-tls-ca-file the system's roots verify).",
+    ),
+    _Option(
+        ("--group-tls-key-file",), "group_tls_key_file", str, None, "Private key of --group-tls-cert-file."
+    ),
+    _Option(
+        ("--group-tls-server-name",),
+        "group_tls_server_name",
+        str,
+        None,
+        "Name the remote groups' certificates must carry (and the SNI sent) instead of the host part of "
+        "their address; for certificates issued to a DNS name reached by IP.",
+    ),
+)
+
+SHUTDOWN_OPTIONS: tuple[_Option, ...] = (
+    _Option(
+        ("--shutdown-grace-secs",),
+        "shutdown_grace_secs",
+        float,
+        25.0,
+        "On SIGTERM: report not ready, refuse new ext_proc streams, give in-flight ones this long to "
+        "finish, then cancel the rest and exit. Keep it below the pod's terminationGracePeriodSeconds "
+        "(30 in gateway/base). 0 cancels at once.",
     ),
 )
 
@@ -754,6 +931,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         ("KV events and replicas", EVENT_OPTIONS),
         ("picker", PICKER_OPTIONS),
         ("router groups", GROUP_OPTIONS),
+        ("transport security", TLS_OPTIONS),
+        ("NATS credentials and TLS", NATS_OPTIONS),
+        ("shutdown", SHUTDOWN_OPTIONS),
         ("disaggregated prefill/decode", DISAGG_OPTIONS),
         ("worker discovery", DISCOVERY_OPTIONS),
     )
@@ -792,6 +972,7 @@ def _env_names(opt: _Option) -> list[str]:
         names += ["DYN_ROUTER_USE_KV_EVENTS", "DYN_KV_EVENTS"]
     if opt.dest == "nats_url":
         names.append("NATS_SERVER")
+    names.extend(_NATS_ENV_ALIASES.get(opt.dest, ()))
     if opt.dest == "router_cuda_to_cpu_ratio":
         names.append("DYN_ENCODER_CUDA_TO_CPU_RATIO")
     return names
@@ -952,6 +1133,7 @@ def load_config(
 
     workers = _workers(document.get("workers"))
     ev = {opt.dest: _resolve(opt, args, environ, events_section) for opt in EVENT_OPTIONS}
+    na = {opt.dest: _resolve(opt, args, environ, events_section) for opt in NATS_OPTIONS}
     events = EventsConfig(
         kv_events_port=ev["kv_events_port"],
         kv_replay_port=ev["kv_replay_port"],
@@ -964,6 +1146,7 @@ def load_config(
         replica_sync=ev["router_replica_sync"],
         router_id=ev["router_id"],
         queue_size=ev["event_queue_size"],
+        **_nats_settings(na),
     )
     _positive("event-queue-size", events.queue_size)
     if (events.durable_kv_events or events.replica_sync) and not events.nats_url:
@@ -993,12 +1176,17 @@ def load_config(
     if picker["max_concurrent_streams"] is not None:
         _positive("max-concurrent-streams", picker["max_concurrent_streams"])
     gr = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in GROUP_OPTIONS}
+    tl = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in (*TLS_OPTIONS, *SHUTDOWN_OPTIONS)}
+    tls, group_tls = _tls_settings(tl)
+    if tl["shutdown_grace_secs"] < 0:
+        raise ConfigError(f"invalid shutdown-grace-secs={tl['shutdown_grace_secs']}: expected >= 0")
     groups = GroupsConfig(
         groups=_groups(document.get("groups")),
         api_port=gr["group_api_port"],
         probe_timeout_s=gr["group_probe_timeout_ms"] / 1000.0,
         policy=gr["group_policy"],
         fallback=gr["group_fallback"],
+        tls=group_tls,
     )
     _positive("group-probe-timeout-ms", gr["group_probe_timeout_ms"])
     if groups.fallback is not None and groups.fallback not in {g.name for g in groups.groups if g.is_local}:
@@ -1073,6 +1261,8 @@ def load_config(
         groups=groups,
         discovery=discovery,
         disagg=disagg,
+        tls=tls,
+        shutdown_grace_s=tl["shutdown_grace_secs"],
         config_path=str(config_path) if config_path else None,
     )
 
@@ -1080,6 +1270,72 @@ def load_config(
 def _positive(name: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(f"invalid {name}={value}: expected > 0")
+
+
+def _files(values: Mapping[str, Any], *dests: str) -> None:
+    """Each of `dests` that is set must name a readable file: said at start, not at the first handshake."""
+    for dest in dests:
+        path = values[dest]
+        if path is not None and not os.access(path, os.R_OK):
+            what = "not found" if not os.path.exists(path) else "not readable"
+            raise ConfigError(f"invalid {dest.replace('_', '-')}={path!r}: file {what}")
+
+
+def _pair(values: Mapping[str, Any], cert: str, key: str) -> None:
+    if (values[cert] is None) != (values[key] is None):
+        raise ConfigError(f"--{cert.replace('_', '-')} and --{key.replace('_', '-')} go together: give both")
+
+
+def _tls_settings(values: Mapping[str, Any]) -> tuple[TlsConfig, ClientTlsConfig]:
+    """The servers' TlsConfig and the remote groups' ClientTlsConfig from the TLS options."""
+    _pair(values, "tls_cert_file", "tls_key_file")
+    _pair(values, "group_tls_cert_file", "group_tls_key_file")
+    _files(values, "tls_cert_file", "tls_key_file", "tls_client_ca_file")
+    _files(values, "group_tls_ca_file", "group_tls_cert_file", "group_tls_key_file")
+    tls = TlsConfig(
+        cert_file=values["tls_cert_file"],
+        key_file=values["tls_key_file"],
+        self_signed=values["tls_self_signed"],
+        client_ca_file=values["tls_client_ca_file"],
+    )
+    if tls.self_signed and tls.cert_file is not None:
+        raise ConfigError("give either --tls-self-signed or --tls-cert-file/--tls-key-file, not both")
+    if tls.mutual and not tls.enabled:
+        raise ConfigError(
+            "--tls-client-ca-file (mutual TLS) needs TLS: "
+            "add --tls-cert-file/--tls-key-file or --tls-self-signed"
+        )
+    group_tls = ClientTlsConfig(
+        ca_file=values["group_tls_ca_file"],
+        cert_file=values["group_tls_cert_file"],
+        key_file=values["group_tls_key_file"],
+        server_name=values["group_tls_server_name"],
+    )
+    return tls, group_tls
+
+
+def _nats_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """EventsConfig's NATS credential and TLS fields; one way to authenticate at most."""
+    _pair(values, "nats_user", "nats_password")
+    _pair(values, "nats_tls_cert_file", "nats_tls_key_file")
+    _files(values, "nats_creds_file", "nats_tls_ca_file", "nats_tls_cert_file", "nats_tls_key_file")
+    methods = [name for name in ("nats_creds_file", "nats_user", "nats_token") if values[name] is not None]
+    if len(methods) > 1:
+        given = ", ".join("--" + m.replace("_", "-") for m in methods)
+        raise ConfigError(
+            f"NATS authentication: give one of a creds file, user/password or a token, not {given}"
+        )
+    return {
+        "nats_tls": ClientTlsConfig(
+            ca_file=values["nats_tls_ca_file"],
+            cert_file=values["nats_tls_cert_file"],
+            key_file=values["nats_tls_key_file"],
+        ),
+        "nats_creds_file": values["nats_creds_file"],
+        "nats_user": values["nats_user"],
+        "nats_password": values["nats_password"],
+        "nats_token": values["nats_token"],
+    }
 
 
 def _groups(raw: Any) -> tuple[GroupConfig, ...]:
