@@ -122,13 +122,14 @@ def make_admin_app(
     async def workers(_request: web.Request) -> web.Response:
         out = []
         for model, pool in picker.pools.items():
-            router = pool.router
             pins = pool.sessions.by_worker()
-            for worker in router.workers():
+            roles = {wid: w.role for wid, w in pool.all_workers().items()}
+            for router, worker in [(r, w) for r in pool.routers() for w in r.workers()]:
                 out.append(
                     {
                         "model": model,
                         "worker": str(worker.worker_id),
+                        "role": roles.get(str(worker.worker_id), "both"),
                         "dp_rank": worker.dp_rank,
                         "endpoint": pool.endpoint_of(worker),
                         "cache_source": sources.feed.state(worker),

@@ -55,16 +55,16 @@ class PickerCollector(Collector):
         )
         feed = self.sources.feed
         for model, pool in self.picker.pools.items():
-            router = pool.router
-            for worker in router.workers():
-                values = [model, str(worker.worker_id), str(worker.dp_rank)]
-                prefill.add_metric(values, router.sequences.prefill_tokens(worker))
-                decode.add_metric(values, router.sequences.decode_blocks(worker))
-                cached.add_metric(values, router.indexer.num_blocks(worker))
-                state = feed.state(worker)
-                for name in SOURCES:
-                    source.add_metric([*values, name], 1.0 if name == state else 0.0)
-            stats = router.indexer.stats
+            for router in pool.routers():  # decode/aggregated workers, then prefill workers
+                for worker in router.workers():
+                    values = [model, str(worker.worker_id), str(worker.dp_rank)]
+                    prefill.add_metric(values, router.sequences.prefill_tokens(worker))
+                    decode.add_metric(values, router.sequences.decode_blocks(worker))
+                    cached.add_metric(values, router.indexer.num_blocks(worker))
+                    state = feed.state(worker)
+                    for name in SOURCES:
+                        source.add_metric([*values, name], 1.0 if name == state else 0.0)
+            stats = pool.router.indexer.stats
             for f in fields(stats):
                 indexer.add_metric([model, f.name], getattr(stats, f.name))
         queue_depth = GaugeMetricFamily(

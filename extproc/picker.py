@@ -26,21 +26,26 @@ from typing import Protocol
 
 from extproc import epp
 from extproc.admission import AdmissionGate
-from extproc.config import PickerConfig, WorkerConfig
+from extproc.config import DisaggConfig, PickerConfig, WorkerConfig
 from extproc.errors import NoEligibleWorker, PromptTooLong, TokenizerUnavailable, UnknownModel
 from extproc.groups import GroupCollector, GroupRequest, GroupSelector
 from extproc.pick_metrics import PickMetrics
 from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
 from extproc.router import (
     Decision,
+    DisaggDecision,
+    DisaggPolicy,
+    DisaggRouter,
     KvRouter,
     QueuedRequest,
     RouterConfigOverride,
     SessionPins,
     Worker,
     WorkerSpec,
+    prefill_router_config,
 )
 from extproc.tokenizer import RequestTokenizer
+from extproc.worker_health import WorkerHealth
 
 log = logging.getLogger("extproc.picker")
 
@@ -94,7 +99,12 @@ class PickListener(Protocol):
 
 @dataclass(slots=True)
 class ModelPool:
-    """The workers serving one model, their router and their tokenizer."""
+    """The workers serving one model, their routers and their tokenizer.
+
+    `router` chooses among the decode and aggregated workers (`workers`): the HTTP destination.
+    `prefill` holds the prefill workers (`prefill_workers`); while it has any, requests go
+    through `disagg`, which chooses the prefill worker too (or prefills on the decode worker).
+    """
 
     model: str
     router: KvRouter
@@ -102,9 +112,28 @@ class ModelPool:
     workers: dict[str, WorkerConfig]
     gate: AdmissionGate
     sessions: SessionPins
+    prefill: KvRouter
+    disagg: DisaggRouter
+    prefill_workers: dict[str, WorkerConfig] = field(default_factory=dict)
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.prefill_workers)
 
     def endpoint_of(self, worker: Worker) -> str:
-        return self.workers[str(worker.worker_id)].endpoint
+        wid = str(worker.worker_id)
+        config = self.workers.get(wid) or self.prefill_workers[wid]
+        return config.endpoint
+
+    def router_for(self, worker: WorkerConfig) -> KvRouter:
+        """The router that tracks this worker: the prefill router for prefill workers."""
+        return self.prefill if worker.role == "prefill" else self.router
+
+    def routers(self) -> tuple[KvRouter, KvRouter]:
+        return self.router, self.prefill
+
+    def all_workers(self) -> dict[str, WorkerConfig]:
+        return {**self.workers, **self.prefill_workers}
 
 
 class EndpointPicker:
@@ -126,7 +155,9 @@ class EndpointPicker:
         self.worker_listeners: list[WorkerSetListener] = []
         self._pools: dict[str, ModelPool] = {}
         for model in config.models:
-            workers = {w.id: w for w in config.workers if w.model == model.name}
+            served = [w for w in config.workers if w.model == model.name]
+            workers = {w.id: w for w in served if w.role != "prefill"}
+            prefill_workers = {w.id: w for w in served if w.role == "prefill"}
             router = KvRouter(
                 config.router,
                 clock=clock,
@@ -134,9 +165,18 @@ class EndpointPicker:
                 workers=_specs(workers.values()),
                 timer=time.perf_counter_ns,
             )
+            prefill = KvRouter(
+                prefill_router_config(config.router),
+                clock=clock,
+                rng=self._rng,
+                workers=_specs(prefill_workers.values()),
+                timer=time.perf_counter_ns,
+            )
+            disagg = DisaggRouter(router, prefill, _policy(config.disagg))
             remote = model.tokenize_url or config.tokenize_url
             if remote == "worker":
-                remote = f"http://{next(iter(workers.values())).endpoint}" if workers else None
+                any_worker = next(iter({**workers, **prefill_workers}.values()), None)
+                remote = f"http://{any_worker.endpoint}" if any_worker else None
             tokenizer = RequestTokenizer.from_settings(
                 local_path=model.tokenizer or config.tokenizer,
                 remote_url=remote,
@@ -146,7 +186,18 @@ class EndpointPicker:
             )
             gate = AdmissionGate(router, max_wait_s=config.queue_max_wait_s, clock=clock)
             sessions = SessionPins(config.session_ttl_s)
-            self._pools[model.name] = ModelPool(model.name, router, tokenizer, workers, gate, sessions)
+            self._pools[model.name] = ModelPool(
+                model.name, router, tokenizer, workers, gate, sessions, prefill, disagg, prefill_workers
+            )
+            if prefill_workers:
+                log.info(
+                    "%s: disaggregated serving with %d prefill and %d decode workers",
+                    model.name, len(prefill_workers), len(workers),
+                )  # fmt: skip
+        self.prefill_health = WorkerHealth(
+            lambda: {wid: w.endpoint for p in self._pools.values() for wid, w in p.prefill_workers.items()},
+            interval_s=config.disagg.prefill_health_interval_s,
+        )
         self.groups: GroupSelector | None = None  # hierarchical mode: every tracked request goes through it
         if config.groups.groups:
             self.groups = GroupSelector.from_config(config.groups, self._pools, rng=self._rng)
@@ -163,7 +214,9 @@ class EndpointPicker:
 
     def routers_by_worker(self) -> dict[str, KvRouter]:
         """Each configured worker id's router (one router per model)."""
-        return {wid: pool.router for pool in self._pools.values() for wid in pool.workers}
+        return {
+            wid: pool.router_for(w) for pool in self._pools.values() for wid, w in pool.all_workers().items()
+        }
 
     def set_workers(self, model: str, workers: Sequence[WorkerConfig]) -> tuple[list[str], list[str]]:
         """Make `workers` the model's worker set; returns the ids added and removed.
@@ -175,17 +228,23 @@ class EndpointPicker:
         if pool is None:
             raise UnknownModel(model, list(self._pools))
         wanted = {w.id: w for w in workers}
-        removed = [wid for wid in pool.workers if wid not in wanted]
-        added = [w for wid, w in wanted.items() if pool.workers.get(wid) != w]
-        for wid in removed:
-            dropped = pool.router.remove_worker(wid)
-            del pool.workers[wid]
+        current = pool.all_workers()
+        removed = [wid for wid in current if wid not in wanted]
+        added = [w for wid, w in wanted.items() if current.get(wid) != w]
+        moved = [w.id for w in added if w.id in current and current[w.id].role != w.role]
+        for wid in [*removed, *moved]:  # gone, or changed between prefill and decode
+            old = current[wid]
+            dropped = pool.router_for(old).remove_worker(wid)
+            pool.workers.pop(wid, None)
+            pool.prefill_workers.pop(wid, None)
             pool.sessions.drop_worker(wid)
-            log.info("worker %s of %s removed (%d in-flight requests forgotten)", wid, model, len(dropped))
-        for w in added:
-            pool.router.add_worker(_specs([w])[0])
-            pool.workers[w.id] = w
-            log.info("worker %s of %s at %s added", w.id, model, w.endpoint)
+            if wid in removed:
+                log.info("worker %s of %s removed (%d in-flight requests forgotten)",
+                         wid, model, len(dropped))  # fmt: skip
+        for w in added:  # new, moved, or changed in place (endpoint, dp ranks, capacity)
+            pool.router_for(w).add_worker(_specs([w])[0])
+            (pool.prefill_workers if w.role == "prefill" else pool.workers)[w.id] = w
+            log.info("%s worker %s of %s at %s added", _ROLE_NAMES[w.role], w.id, model, w.endpoint)
         if added or removed:
             for listener in self.worker_listeners:
                 listener.on_workers_changed(model, added, removed)
@@ -205,6 +264,7 @@ class EndpointPicker:
     async def close(self) -> None:
         if self.groups is not None:
             await self.groups.close()
+        await self.prefill_health.stop()
         for pool in self._pools.values():
             await pool.gate.close()
             await pool.tokenizer.close()
@@ -212,7 +272,7 @@ class EndpointPicker:
     def is_idle(self) -> bool:
         """No request is tracked anywhere and every load counter is back at zero."""
         groups_idle = self.groups is None or self.groups.in_flight() == 0
-        return groups_idle and all(pool.router.is_idle() for pool in self._pools.values())
+        return groups_idle and all(pool.disagg.is_idle() for pool in self._pools.values())
 
     async def pick(
         self,
@@ -273,7 +333,23 @@ class EndpointPicker:
         session_id = request.session_id or headers.get(SESSION_HEADER) or None
         pinned = pool.sessions.get(session_id, self._clock()) if session_id else None
 
+        split: list[DisaggDecision] = []  # a disaggregated model's two-stage decision
+
         def decide() -> Decision:  # a session's worker takes it when it can (no cost comparison)
+            if pool.disaggregated:
+                split.append(
+                    pool.disagg.route(
+                        hashes,
+                        isl,
+                        request_id=request_id,
+                        config_override=override,
+                        preferred_worker=pinned,
+                        allowed_workers=allowed,
+                        prefill_allowed=self._healthy_prefill(pool),
+                        expected_output_tokens=expected_output,
+                    )
+                )
+                return split[-1].decode
             return router.best_worker_for_hashes(
                 hashes,
                 isl,
@@ -317,6 +393,9 @@ class EndpointPicker:
             session_id=session_id,
             queued_s=waited_s,
         )
+        disagg_note = ""
+        if split:
+            disagg_note = self._name_prefill_worker(pool, pick, split[-1])
         self.metrics.observe_stages(timings)
         self.metrics.routed(request.model, decision.overlap_blocks, decision.best_overlap_blocks)
         log.info(
@@ -332,6 +411,8 @@ class EndpointPicker:
             f" session={session_id}" if session_id else "",
             f" queued {waited_s * 1000:.0f} ms" if waited_s else "",
         )
+        if disagg_note:
+            log.info("%s %s", client_request_id, disagg_note)
         for listener in self.listeners:
             listener.on_routed(pick, hashes, isl, expected_output)
         return pick
@@ -342,7 +423,12 @@ class EndpointPicker:
             self.groups.first_token(pick.request_id)
             return
         pool = self._pools[pick.model]
-        if pick.tracked and pool.router.mark_prefill_complete(pick.request_id):
+        if not pick.tracked:
+            return
+        if pick.prefill_worker is not None:
+            pool.disagg.first_token(pick.request_id)  # the prefill worker's share ends too
+            pool.gate.kick()
+        elif pool.router.mark_prefill_complete(pick.request_id):
             for listener in self.listeners:
                 listener.on_prefill_complete(pick)
             pool.gate.kick()
@@ -355,6 +441,8 @@ class EndpointPicker:
                 self.metrics.finished(pick.model, cause)
             return
         pool = self._pools[pick.model]
+        if pick.tracked and pick.prefill_worker is not None:
+            pool.prefill.free(pick.request_id)
         if pick.tracked and pool.router.free(pick.request_id):
             log.debug("freed %s (%s)", pick.request_id, cause)
             self.metrics.finished(pick.model, cause)
@@ -422,6 +510,28 @@ class EndpointPicker:
             " (re-decided at commit)" if decision.redecided else "",
         )  # fmt: skip
         return pick
+
+    def _healthy_prefill(self, pool: ModelPool) -> set[str] | None:
+        """The prefill workers that may be named (None: all); starts probing on first use."""
+        self.prefill_health.start()
+        unhealthy = self.prefill_health.unhealthy
+        if not unhealthy:
+            return None
+        return {wid for wid in pool.prefill_workers if wid not in unhealthy}
+
+    def _name_prefill_worker(self, pool: ModelPool, pick: Pick, split: DisaggDecision) -> str:
+        """Put the prefill worker on the pick (and in its headers); returns a note for the log."""
+        self.metrics.disagg(pool.model, split.local_reason)
+        if split.prefill is None:
+            return f"prefills on its decode worker ({split.local_reason})"
+        endpoint = pool.prefill_workers[str(split.prefill.worker_id)].endpoint
+        pick.prefill_worker = split.prefill.worker
+        pick.prefill_endpoint = endpoint
+        pick.headers[self.config.disagg.prefill_header] = endpoint
+        return (
+            f"prefills on {split.prefill.worker} ({endpoint}) overlap="
+            f"{split.prefill.overlap_blocks}/{split.prefill.request_blocks} blocks"
+        )
 
     def _pick_untracked(self, path: str, headers: Mapping[str, str], subset: list[str] | None) -> Pick:
         if not self._pools:
@@ -496,6 +606,17 @@ def _specs(workers: Iterable[WorkerConfig]) -> list[WorkerSpec]:
 def _extra_headers(pool: ModelPool, worker: Worker) -> dict[str, str]:
     config = pool.workers[str(worker.worker_id)]
     return {DP_RANK_HEADER: str(worker.dp_rank)} if len(config.dp_ranks) > 1 else {}
+
+
+_ROLE_NAMES = {"prefill": "prefill", "decode": "decode", "both": "aggregated"}
+
+
+def _policy(config: DisaggConfig) -> DisaggPolicy:
+    return DisaggPolicy(
+        min_remote_prefill_tokens=config.min_remote_prefill_tokens,
+        max_decode_prefix_frac=config.max_decode_prefix_frac,
+        decode_overlap_weight=config.decode_overlap_weight,
+    )
 
 
 def _expected_output(request: ParsedRequest) -> int | None:

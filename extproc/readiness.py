@@ -55,7 +55,7 @@ class Readiness:
 
     def check(self) -> ReadinessReport:
         pools = self.picker.pools
-        workers = [w for pool in pools.values() for w in pool.router.workers()]
+        workers = [w for pool in pools.values() for r in pool.routers() for w in r.workers()]
         if self.draining:
             return ReadinessReport(False, "shutting down", len(workers))
         if self.picker.groups is not None:  # hierarchical: workers live behind the groups

@@ -230,13 +230,13 @@ class WorkerSetFollower:
 
     def on_workers_changed(self, model: str, added: Sequence[WorkerConfig], removed: Sequence[str]) -> None:
         feed, ids = self.sources.feed, self.sources.instance_ids
-        router = self.picker.pools[model].router
+        pool = self.picker.pools[model]
         for wid in removed:
             feed.routers.pop(wid, None)
             for iid in [i for i, w in ids.items() if w == wid]:
                 del ids[iid]
         for w in added:
-            feed.routers[w.id] = router
+            feed.routers[w.id] = pool.router_for(w)  # a prefill worker's events feed the prefill router
             if (iid := _instance_id(w)) is not None:
                 ids[iid] = w.id
         if self.sources.zmq is not None:
@@ -308,7 +308,7 @@ class _AllRouters:
 
     def __init__(self, picker: EndpointPicker, feed: RouterFeed) -> None:
         self._by_worker = feed.routers  # the live worker -> router map (follows the worker set)
-        self._routers: list[KvRouter] = [pool.router for pool in picker.pools.values()]
+        self._routers: list[KvRouter] = [r for pool in picker.pools.values() for r in pool.routers()]
 
     def dump_events(self) -> list[KvEvent]:
         return [e for r in self._routers for e in r.dump_events()]
