@@ -53,9 +53,14 @@ class DisaggPolicy:
 
 
 def prefill_router_config(config: RouterConfig) -> RouterConfig:
-    """The prefill router's config: the model's, without decode tracking or an admission queue."""
+    """The prefill router's config: the model's, without decode tracking or an admission queue.
+
+    Prefill tokens are always tracked there: `--no-router-track-prefill-tokens` and
+    `--no-router-assume-kv-reuse` describe the decode side (Dynamo's decode-only path).
+    """
     return replace(
         config,
+        router_track_prefill_tokens=True,
         router_track_active_blocks=False,
         router_track_output_blocks=False,
         router_queue_threshold=None,

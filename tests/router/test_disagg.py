@@ -152,6 +152,24 @@ def test_busy_prefill_workers_fall_back_to_local_prefill_and_busy_decode_workers
 
 
 def test_the_prefill_router_config_drops_decode_tracking_and_the_queue():
-    cfg = prefill_router_config(RouterConfig(router_queue_threshold=0.5, router_track_output_blocks=True))
+    cfg = prefill_router_config(
+        RouterConfig(
+            router_queue_threshold=0.5, router_track_output_blocks=True, router_track_prefill_tokens=False
+        )
+    )
     assert not cfg.router_track_active_blocks and not cfg.router_track_output_blocks
-    assert cfg.router_queue_threshold is None and cfg.router_track_prefill_tokens
+    assert cfg.router_queue_threshold is None
+    assert cfg.router_track_prefill_tokens  # the decode-only flag leaves the prefill stage's load alone
+
+
+def test_decode_only_flags_shape_the_decode_side_of_local_and_remote_prefills():
+    router = make(router_track_prefill_tokens=False, router_assume_kv_reuse=False)
+    remote = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert router.prefill.sequences.prefill_tokens(remote.prefill_worker) == len(PROMPT)
+    other = [t + 7 for t in PROMPT[: 8 * BS]]  # short: prefilled on its decode worker
+    local = router.route(compute_block_hashes(other, BS), len(other), request_id="r2")
+    assert local.local_reason == LOCAL_SHORT
+    assert router.decode.sequences.prefill_tokens(local.decode.worker) == 0  # not tracked at all
+    # no reuse assumed: every block of every request counts on its decode worker
+    blocks = sum(router.decode.sequences.decode_blocks(w) for w in (D0, D1))
+    assert blocks == 64 + 8
