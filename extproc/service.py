@@ -13,6 +13,12 @@ Decisions come from a `Picker` (declared here, narrow); answers are built by `ep
 Lifecycle: the first response body chunk marks prefill complete; the end of the response, a
 non-2xx status, a reset or a cancelled stream frees the request. The `finally` frees whatever
 ended the stream, exactly once.
+
+Concurrency limit (`max_concurrent_streams`): a stream opened while that many are open gets its
+first message answered with a 429 ImmediateResponse (`TooManyStreams`) and ends. The limit is
+checked here rather than with gRPC's `maximum_concurrent_rpcs`, which refuses the stream with
+RESOURCE_EXHAUSTED: Envoy would then fail open (route without the picker, under
+`failure_mode_allow`) or answer its own 500, neither of which tells the client what happened.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc import epp
-from extproc.errors import BodyTooLarge, PickerError
+from extproc.errors import BodyTooLarge, PickerError, TooManyStreams
 from extproc.picker import Pick
 from extproc.router.errors import RouterError
 
@@ -102,9 +108,19 @@ def _may_route(stream: _Stream, message: pb.ProcessingRequest) -> bool:
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
     """Envoy external processor that routes each request through a Picker."""
 
-    def __init__(self, picker: Picker, *, max_body_bytes: int, conformance_hooks: bool = False) -> None:
+    def __init__(
+        self,
+        picker: Picker,
+        *,
+        max_body_bytes: int,
+        max_concurrent_streams: int | None = None,
+        conformance_hooks: bool = False,
+    ) -> None:
+        if max_concurrent_streams is not None and max_concurrent_streams < 1:
+            raise ValueError(f"max_concurrent_streams must be at least 1, got {max_concurrent_streams}")
         self.picker = picker
         self.max_body_bytes = max_body_bytes
+        self.max_concurrent_streams = max_concurrent_streams
         self.conformance_hooks = conformance_hooks
         self.open_streams = 0
 
@@ -112,6 +128,13 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = _Stream()
+        limit = self.max_concurrent_streams
+        if limit is not None and self.open_streams >= limit:
+            async for answer in self._refuse(
+                stream, request_iterator, TooManyStreams(self.open_streams, limit)
+            ):
+                yield answer
+            return
         self.open_streams += 1
         try:
             async for message in request_iterator:
@@ -129,6 +152,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         finally:
             self.open_streams -= 1
             self._free(stream, stream.end_cause)
+
+    async def _refuse(
+        self, stream: _Stream, request_iterator: AsyncIterator[pb.ProcessingRequest], error: PickerError
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        """Answer the stream's first message with `error` and end the stream."""
+        async for message in request_iterator:
+            if message.WhichOneof("request") == "request_headers":
+                stream.request_id = epp.header_map(message.request_headers).get("x-request-id", "")
+            yield self._reject(stream, error)
+            return
 
     async def _handle_with_notices(
         self, stream: _Stream, message: pb.ProcessingRequest
