@@ -1,0 +1,119 @@
+"""The concurrent-stream limit through a real Envoy: what a client sees past `--max-concurrent-streams`.
+
+Two echo workers hold their answers until the test releases them, so each request keeps its
+ext_proc stream open; the picker's service allows two streams. The third request gets the 429
+ImmediateResponse, also under `failure_mode_allow` (an ImmediateResponse is an answer, not a
+failure, so Envoy does not fail open around it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import grpc
+import pytest
+import pytest_asyncio
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from extproc import epp
+from extproc.config import ModelConfig, PickerConfig, WorkerConfig
+from extproc.envoy_config import Variant
+from extproc.picker import EndpointPicker
+from extproc.procs import free_port
+from extproc.router import RouterConfig
+from extproc.service import ExtProcService
+from extproc.stack import MODEL
+
+from .harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+TIMEOUT = aiohttp.ClientTimeout(total=30)
+LIMIT = 2
+
+
+@dataclass
+class Stack:
+    picker: EndpointPicker
+    service: ExtProcService
+    envoy: EnvoyUnderTest
+    workers: list[EchoWorker]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["buffered", "failopen"])
+async def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    variant: Variant = request.param
+    workers = await start_echo_workers(2)
+    config = PickerConfig(
+        router=RouterConfig(block_size=16, use_kv_events=False),
+        workers=tuple(WorkerConfig(f"w{i}", w.address, MODEL) for i, w in enumerate(workers)),
+        models=(ModelConfig(MODEL),),
+        seed=5,
+    )
+    picker = EndpointPicker(config)
+    service = ExtProcService(picker, max_body_bytes=config.max_body_bytes, max_concurrent_streams=LIMIT)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    envoy = start_envoy_variant(
+        variant,
+        picker_address=f"127.0.0.1:{port}",
+        workers=[w.address for w in workers],
+        log_dir=tmp_path_factory.mktemp(f"limits-{variant}"),
+    )
+    try:
+        yield Stack(picker, service, envoy, workers)
+    finally:
+        envoy.stop()
+        await server.stop(0)
+        await picker.close()
+        for w in workers:
+            await w.stop()
+
+
+async def post(http: aiohttp.ClientSession, url: str, text: str, query: str = "") -> tuple[int, dict, dict]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+    async with http.post(f"{url}/v1/chat/completions{query}", json=body) as r:
+        return r.status, dict(r.headers), json.loads(await r.read() or b"{}")
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_request_beyond_the_stream_limit_gets_429_and_the_next_one_after_a_slot_frees_is_served(
+    stack: Stack,
+) -> None:
+    rejected = stack.picker.metrics.registry.get_sample_value
+    labels = {"status": "429", "reason": "rejected-too-many-streams"}
+    before = rejected("extproc_rejections_total", labels) or 0.0
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+        held = [asyncio.create_task(post(http, stack.envoy.url, f"held {k}", f"?hold={k}")) for k in "ab"]
+        await until(lambda: stack.service.open_streams == LIMIT)
+
+        status, headers, answer = await post(http, stack.envoy.url, "one too many")
+        assert status == 429
+        assert headers[epp.DROPPED_REASON_HEADER] == "rejected-too-many-streams"
+        assert answer["error"]["type"] == "RateLimitError" and "limit of 2" in answer["error"]["message"]
+        assert "worker" not in answer  # no worker saw it
+        assert rejected("extproc_rejections_total", labels) == before + 1
+
+        for w in stack.workers:
+            for k in "ab":
+                w.release(k)
+        assert [(await t)[0] for t in held] == [200, 200]
+        await until(lambda: stack.service.open_streams == 0)
+        status, _, answer = await post(http, stack.envoy.url, "room again")
+        assert status == 200 and answer["worker"] in {w.address for w in stack.workers}
+    await until(stack.picker.is_idle)
