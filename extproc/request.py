@@ -301,9 +301,17 @@ def _opt_object(obj: Mapping[str, Any], key: str, where: str) -> dict[str, Any] 
 
 def _check_number(obj: Mapping[str, Any], key: str, where: str, low: float | None = None) -> None:
     value = obj[key]
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and _finite(value)
     if not ok or (low is not None and value < low):
         _invalid(where, value, "a finite number" if low is None else f"a finite number >= {low:g}")
+
+
+def _finite(value: float) -> bool:
+    """Whether `value` is finite as a float (an integer past the float range is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 _HINT_CHECKS: Final = {  # Dynamo's nvext.agent_hints types; unknown keys pass through unchecked

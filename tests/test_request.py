@@ -254,6 +254,12 @@ def test_completion_prompt_forms(prompt: Any, text: str | None, token_ids: tuple
             "temperature must be a finite number",
         ),
         (chat(nvext={"agent_hints": {"kv_overlap_score_weight": -1}}), CHAT, "must be a finite number >= 0"),
+        (  # fuzz-found: an integer past the float range raised OverflowError
+            chat(nvext={"agent_hints": {"kv_overlap_score_weight": 10**400}}),
+            CHAT,
+            "must be a finite number >= 0",
+        ),
+        (chat(nvext={"agent_hints": {"latency_sensitivity": -(10**400)}}), CHAT, "must be a finite number"),
         (
             chat(nvext={"agent_hints": {"speculative_prefill": "yes"}}),
             CHAT,
