@@ -64,6 +64,7 @@ def start_workers(
     block_size: int = 16,
     kv_events: bool = True,
     extra_args: Sequence[str] = (),
+    id_prefix: str = "w",
 ) -> list[WorkerProcess]:
     """Start `count` mock workers on free loopback ports and wait until /health answers.
 
@@ -72,9 +73,9 @@ def start_workers(
     workers = []
     try:
         for i in range(count):
-            port = free_port()
+            port, wid = free_port(), f"{id_prefix}{i}"
             argv = [
-                sys.executable, "-m", "extproc", "mock-worker", "--port", str(port), "--worker-id", f"w{i}",
+                sys.executable, "-m", "extproc", "mock-worker", "--port", str(port), "--worker-id", wid,
                 "--model", MODEL, "--block-size", str(block_size), "--speedup", str(speedup),
             ]  # fmt: skip
             events = replay = None
@@ -85,8 +86,8 @@ def start_workers(
                 events, replay = f"tcp://127.0.0.1:{events_port}", f"tcp://127.0.0.1:{replay_port}"
             else:
                 argv += ["--kv-events", "off"]
-            process = ManagedProcess([*argv, *extra_args], log_path=log_dir / f"worker-w{i}.log").start()
-            workers.append(WorkerProcess(f"w{i}", f"127.0.0.1:{port}", process, events, replay))
+            process = ManagedProcess([*argv, *extra_args], log_path=log_dir / f"worker-{wid}.log").start()
+            workers.append(WorkerProcess(wid, f"127.0.0.1:{port}", process, events, replay))
         for w in workers:
             wait_http_ok(f"{w.url}/health", 30.0, process=w.process)
     except BaseException:
