@@ -26,7 +26,9 @@ do random micro traces with pools of a few hundred blocks. With pools of a few d
 preemptions cascade, some end times still differ (tests/sim/test_replay_rules.py pins one that
 agrees).
 
-A request whose prompt alone is larger than the pool is refused by `add_request`.
+A request whose prompt alone is larger than the pool is refused by `add_request`. Disaggregated
+serving (not in the mocker's checks): `receive_blocks` lands a prompt's KV computed by a prefill
+worker as cached blocks, so the request then prefills only the rest.
 """
 
 from __future__ import annotations
@@ -172,6 +174,31 @@ class Engine:
         req = _Request(request_id, self._serial, tokens, len(tokens), max_tokens, now_ms, hashes)
         self._requests[request_id] = req
         self._waiting.append(req)
+
+    def transferable_blocks(self, token_ids: Sequence[int]) -> list[int]:
+        """Sequence hashes of the prompt blocks a KV transfer can bring in: its full blocks up to the
+        cached-prefix cap floor((len - 1) / B), so that admission still computes at least one token."""
+        bs = self.config.block_size
+        cap = max(0, len(token_ids) - 1) // bs
+        return compute_sequence_hashes(compute_block_hashes(list(token_ids[: cap * bs]), bs))
+
+    def receive_blocks(self, block_hashes: Sequence[int], token_ids: Sequence[int]) -> bool:
+        """Store a prompt's leading full blocks computed elsewhere (received by KV transfer from a
+        prefill worker) as cached blocks; False, and nothing changed, when the pool cannot hold them.
+
+        The decode side of vLLM's disaggregated serving: the blocks enter the pool like computed ones
+        (new ones are reported stored; ones already there are refreshed) and are released at once,
+        tail first, to the most recent end of the LRU order, so a request for this prompt added next
+        is admitted with them as its cached prefix and prefills only the rest. Nothing else moves: no
+        request, no pass. `block_hashes` are the first of `transferable_blocks(token_ids)`.
+        """
+        table = BlockTable()
+        if not self.cache.allocate(
+            table, block_hashes, len(block_hashes) * self.config.block_size, token_ids
+        ):
+            return False
+        self.cache.release(table)
+        return True
 
     def cancel(self, request_id: str) -> bool:
         """Drop a request wherever it is and release its blocks; False if it is unknown or done."""
