@@ -5,6 +5,7 @@ and runs passes in real time (sleeping a pass's duration divided by `speedup` IS
 time), then encodes tokens as vLLM does (JSON or SSE) and exposes vLLM's Prometheus metric names.
 Every response carries `x-worker-id`; generation responses also `x-prefix-cache-hit-tokens`, the
 request's cached prefix in tokens. A client disconnect cancels the request and frees its blocks.
+Disaggregated prefill/decode roles (`--role`, the prefill header, the KV transfer): `disagg.py`.
 
     python -m extproc mock-worker --port 8001 --worker-id w0 --model demo-model --speedup 10
 
@@ -33,6 +34,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from extproc.sim.disagg import (
+    PREFILL_SOURCE_HEADER,
+    Disaggregation,
+    DisaggWorkerConfig,
+    add_disagg_arguments,
+    disagg_config_from_args,
+    wants_remote_decode,
+)
 from extproc.sim.engine import Engine, EngineConfig, PassEntry
 from extproc.sim.kv_events import KV_EVENT_TRANSPORTS, KV_EVENTS_OFF, KvEventsConfig, make_kv_event_publisher
 
@@ -61,6 +70,7 @@ class MockWorkerConfig:
     max_output_tokens: int = 4096  # cap on any request's output tokens
     max_model_len: int | None = None  # prompt + output limit; None = the pool's capacity in tokens
     kv_events: KvEventsConfig = field(default_factory=KvEventsConfig)  # off unless asked (the CLI: zmq)
+    disagg: DisaggWorkerConfig = field(default_factory=DisaggWorkerConfig)  # role: both (aggregated)
 
     def __post_init__(self) -> None:
         if not self.speedup > 0:
@@ -373,12 +383,21 @@ class MockWorker:
         listener = self.kv_events.listener if self.kv_events is not None else None
         self.driver = EngineDriver(Engine(config.engine, listener), config.speedup)
         self.metrics = WorkerMetrics(config.model, lambda: self.driver.engine)
+        self.disagg = Disaggregation(
+            config.disagg,
+            worker_id=config.worker_id,
+            model=config.model,
+            block_size=config.engine.block_size,
+            registry=self.metrics.registry,
+        )
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, self._wire_request(_read_json(await request.read()), chat=True))
+        body = _read_json(await request.read())
+        return await self._generate(request, self._wire_request(body, chat=True), body)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, self._wire_request(_read_json(await request.read()), chat=False))
+        body = _read_json(await request.read())
+        return await self._generate(request, self._wire_request(body, chat=False), body)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = _read_json(await request.read())
@@ -403,6 +422,7 @@ class MockWorker:
             "root": self.config.model,
             "parent": None,
             "max_model_len": self.config.effective_max_model_len,
+            "role": self.config.disagg.role,  # not vLLM's: prefill, decode or both (aggregated)
         }
         return web.json_response({"object": "list", "data": [card]})
 
@@ -452,13 +472,17 @@ class MockWorker:
         include_usage = bool(options and options.get("include_usage"))
         return WireRequest(chat, request_id, model, prompt, max_tokens, finish_reason, stream, include_usage)
 
-    async def _generate(self, request: web.Request, wire: WireRequest) -> web.StreamResponse:
-        """Submit, relay pass entries until the last token, answer; the request is freed however it ends."""
+    async def _generate(
+        self, request: web.Request, wire: WireRequest, body: Mapping[str, Any]
+    ) -> web.StreamResponse:
+        """Prefill (maybe remotely), submit, relay pass entries until the last token, answer; the
+        request is freed however it ends."""
+        progress = _Progress(time.monotonic(), self.driver.now_ms())
+        progress.prefill_source = await self.disagg.prefill(request, body, wire.prompt_token_ids, self.driver)
         try:
             queue = self.driver.submit(wire.request_id, wire.prompt_token_ids, wire.max_tokens)
         except ValueError as exc:  # an empty prompt, or RequestTooLarge
             raise _bad_request(str(exc)) from exc
-        progress = _Progress(time.monotonic(), self.driver.now_ms())
         response: web.StreamResponse | None = None
         try:
             while True:
@@ -472,7 +496,7 @@ class MockWorker:
                 if progress.cached_tokens is None:
                     progress.cached_tokens = entry.cached_tokens or 0
                     if wire.stream:
-                        response = await self._start_stream(request, wire, progress.cached_tokens)
+                        response = await self._start_stream(request, wire, progress)
                 if entry.emits_token:
                     self._count_token(wire, progress, end_ms)
                     if response is not None:
@@ -482,9 +506,12 @@ class MockWorker:
             progress.outcome = wire.finish_reason
             self.metrics.finished(time.monotonic() - progress.start_s, wire.finish_reason)
             if response is None:
-                return web.json_response(
-                    wire.full_response(progress.emitted), headers=_cache_header(progress)
-                )
+                answer = wire.full_response(progress.emitted)
+                if wants_remote_decode(body):
+                    answer["kv_transfer_params"] = self.disagg.prefill_answer_params(
+                        request, wire.prompt_token_ids
+                    )
+                return web.json_response(answer, headers=_progress_headers(progress))
             await response.write(wire.stream_tail(progress.emitted))
             await response.write_eof()
             return response
@@ -494,11 +521,12 @@ class MockWorker:
         finally:
             self.driver.cancel(wire.request_id)
             log.info(
-                "request %s %s prompt_tokens=%d cached_tokens=%s ttft_ms=%.1f sim_ttft_ms=%.1f "
-                "output_tokens=%d",
+                "request %s %s prompt_tokens=%d prefill=%s cached_tokens=%s ttft_ms=%.1f "
+                "sim_ttft_ms=%.1f output_tokens=%d",
                 wire.request_id,
                 progress.outcome,
                 len(wire.prompt_token_ids),
+                progress.prefill_source,
                 progress.cached_tokens,
                 progress.ttft_s * 1000.0,
                 progress.sim_ttft_ms,
@@ -513,14 +541,11 @@ class MockWorker:
             progress.sim_ttft_ms = pass_end_ms - progress.arrival_ms
             self.metrics.first_token(len(wire.prompt_token_ids), progress.ttft_s)
 
-    async def _start_stream(self, request: web.Request, wire: WireRequest, cached: int) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "x-prefix-cache-hit-tokens": str(cached),
-            }
-        )
+    async def _start_stream(
+        self, request: web.Request, wire: WireRequest, progress: _Progress
+    ) -> web.StreamResponse:
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        response = web.StreamResponse(headers=headers | _progress_headers(progress))
         await response.prepare(request)
         head = wire.stream_head()
         if head:
@@ -539,10 +564,15 @@ class _Progress:
     ttft_s: float = math.nan
     sim_ttft_ms: float = math.nan
     outcome: str = "cancelled"
+    prefill_source: str = ""  # remote, local or local-fallback: see disagg.py
 
 
-def _cache_header(progress: _Progress) -> dict[str, str]:
-    return {"x-prefix-cache-hit-tokens": str(progress.cached_tokens or 0)}
+def _progress_headers(progress: _Progress) -> dict[str, str]:
+    """The cached prefix (received KV blocks included) and where the prompt was prefilled."""
+    return {
+        "x-prefix-cache-hit-tokens": str(progress.cached_tokens or 0),
+        PREFILL_SOURCE_HEADER: progress.prefill_source,
+    }
 
 
 @web.middleware
@@ -584,7 +614,11 @@ def make_app(config: MockWorkerConfig, *, tokenizer: TokenizerLike | None = None
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
+    async def close_disagg(app: web.Application) -> None:
+        await worker.disagg.close()
+
     app.on_response_prepare.append(add_worker_id)
+    app.on_cleanup.append(close_disagg)
     app.cleanup_ctx.append(kv_events)  # before the engine loop, so it stops after it
     app.cleanup_ctx.append(engine_loop)
     app.router.add_post("/v1/chat/completions", worker.chat_completions)
@@ -648,6 +682,7 @@ def add_mock_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--namespace", default="dynamo", help="--kv-events nats: subject namespace")
     parser.add_argument("--component", default="backend", help="--kv-events nats: subject component")
+    add_disagg_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> MockWorkerConfig:
@@ -676,6 +711,7 @@ def config_from_args(args: argparse.Namespace) -> MockWorkerConfig:
             namespace=args.namespace,
             component=args.component,
         ),
+        disagg=disagg_config_from_args(args),
     )
 
 
@@ -705,8 +741,9 @@ async def run_mock_worker(args: argparse.Namespace) -> None:
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
         log.info(
-            "mock worker %s serving %s on %s (block_size=%d blocks=%d speedup=%g)",
+            "mock worker %s (role %s) serving %s on %s (block_size=%d blocks=%d speedup=%g)",
             config.worker_id,
+            config.disagg.role,
             config.model,
             ", ".join(str(a) for a in runner.addresses),
             config.engine.block_size,
