@@ -688,8 +688,9 @@ class RadixTree:
 
         One stored event per run a worker holds, then one per alias; parents come before
         children. A run whose parent block this worker does not hold is re-created after
-        stand-in ancestors (negative engine ids, never used by engines, whose ids are unsigned)
-        that are removed right after, so it stays unreachable as before.
+        stand-in ancestors (negative engine ids, never used by engines, whose ids are unsigned,
+        nor by the worker: a snapshot may have stored some) that are removed right after, so it
+        stays unreachable as before.
         """
         events: list[KvEvent] = []
         depth: dict[int, int] = {id(self._root): 0}
@@ -716,10 +717,13 @@ class RadixTree:
         chain: list[StoredBlock] = []
         up = node.parent
         parent = None
+        held, aliases = self._maps[slot], self._aliases[slot]
         while up is not None and up is not self._root:
             ids = up.eids.get(slot, ())
             for h in reversed(up.hashes[len(ids) :]):
                 stand_ins[0] -= 1
+                while stand_ins[0] in held or stand_ins[0] in aliases:  # a negative id a snapshot stored
+                    stand_ins[0] -= 1
                 chain.append(StoredBlock(stand_ins[0], h))
             if ids:
                 parent = ids[-1]

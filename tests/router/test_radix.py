@@ -323,6 +323,16 @@ def test_dump_and_rebuild_after_splits():
     assert rebuilt.stats.unknown_parent == 0 and rebuilt.stats.unknown_removal == 0
 
 
+def test_dump_stand_ins_avoid_negative_ids_the_worker_holds():
+    """Fuzz-found: a snapshot may store negative engine ids; a stand-in reusing one dropped that block."""
+    tree = RadixTree()
+    tree.apply_event(stored(W0, [(-1, 7)]))
+    tree.apply_event(stored(W0, [(30, 1), (31, 2)]))
+    tree.apply_event(BlocksRemoved(W0, (30,)))  # block 2 is held without its parent: dumped after a stand-in
+    check_rebuild(tree, [[7], [1, 2]])
+    assert tree.find_matches([7]) == {W0: 1}
+
+
 # --- property test against a brute-force model ---------------------------------------------------
 
 
