@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from extproc.config import ConfigError, add_serve_arguments, load_config
+from extproc.envoy_config import PickerTls
 
 DESCRIPTION = """\
 extproc: a KV-cache-aware endpoint picker for LLM serving behind Envoy.
@@ -94,7 +95,33 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument(
         "--message-timeout-ms", type=int, default=5000, help="ext_proc message timeout (default: %(default)s)"
     )
+    tls = envoy.add_argument_group("TLS to the picker (for a picker started with --tls-*)")
+    tls.add_argument(
+        "--picker-tls",
+        action="store_true",
+        help="reach the picker over TLS without verifying it (a --tls-self-signed picker)",
+    )
+    tls.add_argument("--picker-tls-ca-file", help="verify the picker's certificate against this CA (TLS on)")
+    tls.add_argument(
+        "--picker-tls-server-name",
+        help="name the picker's certificate must carry, also sent as SNI (default: the picker's IP)",
+    )
+    tls.add_argument("--picker-tls-cert-file", help="Envoy's client certificate, for a picker requiring mTLS")
+    tls.add_argument("--picker-tls-key-file", help="private key of --picker-tls-cert-file")
     return parser
+
+
+def _picker_tls(args: argparse.Namespace) -> bool | PickerTls:
+    """envoy-config's TLS flags as render_envoy_config's `picker_tls`."""
+    files = (
+        args.picker_tls_ca_file,
+        args.picker_tls_server_name,
+        args.picker_tls_cert_file,
+        args.picker_tls_key_file,
+    )
+    if not any(files):
+        return bool(args.picker_tls)
+    return PickerTls(*files)
 
 
 def _logging(level: str) -> None:
@@ -115,8 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         _logging(config.log_level)
         from extproc.server import serve
+        from extproc.tls import TlsError
 
-        asyncio.run(serve(config))
+        try:
+            asyncio.run(serve(config))
+        except TlsError as exc:
+            print(f"extproc serve: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "envoy-config":
         from extproc.envoy_config import render_envoy_config
@@ -129,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 picker_address=args.picker,
                 workers=[w for w in args.workers.split(",") if w],
                 message_timeout_ms=args.message_timeout_ms,
+                picker_tls=_picker_tls(args),
             )
             print(text)
         except ValueError as exc:

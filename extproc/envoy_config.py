@@ -10,13 +10,20 @@ Variants:
     duplex     request body FULL_DUPLEX_STREAMED (Gateway API Inference Extension style), fails closed
     failopen   BUFFERED + failure_mode_allow, STATIC cluster of all workers with override_host,
                round robin when the picker gives no destination
+
+Any variant can reach the picker over TLS (`picker_tls`, a `PickerTls`): the endpoint_picker cluster
+gets an UpstreamTlsContext (envoy.transport_sockets.tls) with ALPN h2; with a CA file Envoy verifies
+the picker's chain and name (Envoy checks no name unless told to: match_typed_subject_alt_names), and
+with a client certificate it can talk to a picker that requires mutual TLS (--tls-client-ca-file).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import string
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +38,22 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # Envoy's default buffer limit of 1 Mi
 DEFAULT_STREAM_IDLE_TIMEOUT_S = 600
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "envoy"
+
+
+@dataclass(frozen=True, slots=True)
+class PickerTls:
+    """TLS from Envoy to the picker. Paths are read by Envoy at its start.
+
+    No fields: encrypted but not verified (for a picker with --tls-self-signed, as Gateway API
+    implementations treat the Inference Extension's self-signed EPP). `ca_file`: verify the
+    picker's chain against it and its name: `server_name` (also sent as SNI) or else the picker's IP.
+    `cert_file` + `key_file`: Envoy's client certificate, for a picker with --tls-client-ca-file.
+    """
+
+    ca_file: str | None = None
+    server_name: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
 
 def template_path(variant: Variant) -> Path:
@@ -56,15 +79,15 @@ def render_envoy_config(
     max_message_timeout_ms: int = DEFAULT_MAX_MESSAGE_TIMEOUT_MS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     stream_idle_timeout_s: int = DEFAULT_STREAM_IDLE_TIMEOUT_S,
-    picker_tls: bool = False,
+    picker_tls: bool | PickerTls = False,
 ) -> str:
     """Render the Envoy v3 YAML of `variant`.
 
     `picker_address` and each of `workers` are "ip:port" ("[v6]:port" for IPv6); workers are
     required by "failopen" (its STATIC cluster lists them) and only checked by the other variants,
-    whose ORIGINAL_DST cluster reaches whatever endpoint the picker names. `picker_tls` puts TLS
-    (ALPN h2, no certificate verification: add a validation_context for production) on the
-    connection to the picker. Raises ValueError naming the bad argument.
+    whose ORIGINAL_DST cluster reaches whatever endpoint the picker names. `picker_tls` puts TLS on the
+    connection to the picker: True encrypts without verifying, a `PickerTls` says what to verify
+    and which client certificate to present. Raises ValueError naming the bad argument.
     """
     path = template_path(variant)
     for name, port in (("listen_port", listen_port), ("admin_port", admin_port)):
@@ -87,7 +110,7 @@ def render_envoy_config(
         "admin_port": str(admin_port),
         "picker_host": picker_host,
         "picker_port": str(picker_port),
-        "picker_transport_socket": _PICKER_TLS if picker_tls else "",
+        "picker_transport_socket": _picker_transport_socket(picker_tls, picker_host),
         "message_timeout": _duration(message_timeout_ms),
         "max_message_timeout": _duration(max_message_timeout_ms),
         "max_body_bytes": str(max_body_bytes),
@@ -131,8 +154,34 @@ def _lb_endpoints(endpoints: list[tuple[str, int]]) -> str:
     return "[" + ", ".join(items) + "]"
 
 
-_PICKER_TLS = (
-    "transport_socket: {name: envoy.transport_sockets.tls, typed_config: "
-    "{'@type': type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, "
-    "common_tls_context: {alpn_protocols: [h2]}}}"
-)
+def _picker_transport_socket(tls: bool | PickerTls, picker_host: str) -> str:
+    """The endpoint_picker cluster's transport_socket line ("" for plaintext), as one JSON (= YAML
+    flow) mapping so the template's indentation does not matter and paths need no escaping."""
+    if tls is False:
+        return ""
+    tls = PickerTls() if tls is True else tls
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise ValueError("picker_tls: cert_file and key_file go together")
+    common: dict[str, object] = {"alpn_protocols": ["h2"]}
+    if tls.cert_file is not None:
+        common["tls_certificates"] = [
+            {"certificate_chain": {"filename": tls.cert_file}, "private_key": {"filename": tls.key_file}}
+        ]
+    if tls.ca_file is not None:
+        san = (
+            {"san_type": "DNS", "matcher": {"exact": tls.server_name}}
+            if tls.server_name
+            else {"san_type": "IP_ADDRESS", "matcher": {"exact": picker_host}}
+        )
+        common["validation_context"] = {
+            "trusted_ca": {"filename": tls.ca_file},
+            "match_typed_subject_alt_names": [san],
+        }
+    context: dict[str, object] = {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        "common_tls_context": common,
+    }
+    if tls.server_name:
+        context["sni"] = tls.server_name
+    socket = {"name": "envoy.transport_sockets.tls", "typed_config": context}
+    return "transport_socket: " + json.dumps(socket)

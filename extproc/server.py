@@ -2,7 +2,21 @@
 
 Health answers the services the Inference Extension expects on its health port: overall (""),
 `liveness`, `readiness`, `envoy.service.ext_proc.v3.ExternalProcessor` and
-`inference-extension`. Readiness goes NOT_SERVING as soon as shutdown starts.
+`inference-extension`.
+
+Listening (every address defaults to 127.0.0.1; `--host` / `--admin-host` widen it):
+    ext_proc          --host:--port (9002)            TLS with --tls-*, else plaintext
+    router-group API  --host:--group-api-port          same credentials as ext_proc; off by default
+    gRPC health       --host:--health-port (9003)      always plaintext: kubelet's gRPC probes cannot
+                                                       use TLS (the Inference Extension does the same)
+    admin HTTP        --admin-host:--admin-port        plaintext; off by default; mutating endpoints
+                                                       need --admin-token
+
+Graceful shutdown (`RunningPicker.stop`, on SIGTERM or SIGINT): readiness goes NOT_SERVING and
+/readyz 503 at once (liveness stays SERVING), the ext_proc and group servers refuse new streams,
+in-flight streams get `--shutdown-grace-secs` to finish and are then cancelled (the service frees
+their requests; Envoy with failure_mode_allow carries on without the picker), then discovery, the
+event sources and the picker stop and the process exits 0. A second signal cancels at once.
 """
 
 from __future__ import annotations
@@ -11,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -25,6 +40,7 @@ from extproc.groups import GroupApiServer, GroupRouters, start_group_api
 from extproc.picker import EndpointPicker
 from extproc.readiness import Readiness
 from extproc.service import ExtProcService
+from extproc.tls import describe, server_credentials, server_pair
 
 log = logging.getLogger("extproc.server")
 
@@ -42,6 +58,15 @@ GRPC_OPTIONS = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """What a graceful stop did: ext_proc streams open when it began, and those cancelled at its end."""
+
+    draining: int
+    cancelled: int
+    seconds: float
+
+
 @dataclass
 class RunningPicker:
     picker: EndpointPicker
@@ -57,19 +82,15 @@ class RunningPicker:
     readiness: Readiness | None = None
     readiness_task: asyncio.Task | None = None
     group_api: GroupApiServer | None = None  # --group-api-port: this picker's routers as a router group
+    tls: str = "plaintext"  # how ext_proc and the group API listen (tls.describe)
 
-    async def stop(self, grace_s: float = 5.0) -> None:
-        if self.readiness is not None:
-            self.readiness.draining = True
-        if self.readiness_task is not None:
-            self.readiness_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.readiness_task
-        for name in HEALTH_SERVICES:
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.server.stop(grace_s)
-        if self.group_api is not None:
-            await self.group_api.stop(min(grace_s, 1.0))
+    async def stop(self, grace_s: float = 5.0, *, cut_short: asyncio.Event | None = None) -> DrainReport:
+        """Stop gracefully: not ready at once, new streams refused, in-flight ext_proc streams given
+        `grace_s` seconds (or until `cut_short` is set) to finish, the rest cancelled; then the other
+        servers, discovery, the event sources and the picker stop."""
+        started = time.monotonic()
+        await self._report_draining()
+        draining, cancelled = await self._drain(grace_s, cut_short)
         await self.health_server.stop(0)
         if self.admin is not None:
             await self.admin.stop()
@@ -77,10 +98,59 @@ class RunningPicker:
             await self.discovery.stop()
         await self.sources.stop()
         await self.picker.close()
+        return DrainReport(draining, cancelled, time.monotonic() - started)
+
+    async def _drain(self, grace_s: float, cut_short: asyncio.Event | None) -> tuple[int, int]:
+        """Refuse new ext_proc and group API calls, wait up to `grace_s` (or until `cut_short`) for
+        the open ones, then cancel the rest. Returns (ext_proc streams open at the start, cancelled)."""
+        draining = self.service.open_streams
+        if draining:
+            log.info("draining %d ext_proc streams (grace %.0f s); new ones are refused", draining, grace_s)
+        servers = [self.server] + ([self.group_api.server] if self.group_api is not None else [])
+        stopping = asyncio.gather(*(server.stop(grace_s) for server in servers))
+        hurry = asyncio.ensure_future(cut_short.wait()) if cut_short is not None else None
+        await asyncio.wait(
+            [stopping, *([hurry] if hurry else [])], timeout=grace_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        cancelled = 0
+        if not stopping.done():
+            cancelled = self.service.open_streams
+            if cancelled:
+                why = (
+                    "on a second signal"
+                    if hurry is not None and hurry.done()
+                    else f"after the {grace_s:.0f} s grace"
+                )
+                log.warning("%d ext_proc streams cancelled %s; their requests are freed", cancelled, why)
+            for server in servers:
+                await server.stop(None)  # a second stop cancels every remaining call now
+        await stopping
+        if hurry is not None:
+            hurry.cancel()
+        if draining and not cancelled:
+            log.info("all %d in-flight ext_proc streams finished", draining)
+        return draining, cancelled
+
+    async def _report_draining(self) -> None:
+        """Readiness NOT_SERVING (gRPC health and /readyz); liveness stays SERVING until the end."""
+        if self.readiness is not None:
+            self.readiness.draining = True
+        if self.readiness_task is not None:
+            self.readiness_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.readiness_task
+        for name in HEALTH_SERVICES:
+            if name != "liveness":
+                await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 async def start_picker(config: PickerConfig) -> RunningPicker:
-    """Start the event sources and both servers (port 0 picks free ports); mark health SERVING."""
+    """Start the event sources and both servers (port 0 picks free ports); mark health SERVING.
+
+    Raises TlsError (extproc.tls) for unusable certificate files, before anything starts.
+    """
+    pair = server_pair(config.tls, host=config.host)
+    credentials = server_credentials(config.tls, pair)
     picker = EndpointPicker(config)
     sources = await start_event_sources(config, picker)
     service = ExtProcService(
@@ -88,11 +158,11 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
     )
     server = grpc.aio.server(options=GRPC_OPTIONS)
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = _bind(server, f"{config.host}:{config.port}", credentials)
     health_server = grpc.aio.server(options=GRPC_OPTIONS)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
-    health_port = health_server.add_insecure_port(f"{config.host}:{config.health_port}")
+    health_port = _bind(health_server, f"{config.host}:{config.health_port}", None)
     if not port or not health_port:
         await sources.stop()
         raise OSError(f"cannot listen on {config.host}:{config.port} / {config.health_port}")
@@ -105,11 +175,14 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
         picker, service, server, health_server, health_servicer, port, health_port, sources
     )
     running.readiness = readiness
+    running.tls = describe(config.tls)
     try:
         running.discovery = await start_discovery(config, picker)
         if config.groups.api_port is not None:
             routers = GroupRouters(f"{config.host}:{config.port}", picker.pools)
-            running.group_api = await start_group_api(routers, config.host, config.groups.api_port)
+            running.group_api = await start_group_api(
+                routers, config.host, config.groups.api_port, credentials=credentials
+            )
         await _report_readiness(health_servicer, readiness)
         running.readiness_task = asyncio.get_running_loop().create_task(
             _follow_readiness(health_servicer, readiness)
@@ -127,6 +200,16 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
         await running.stop(0)
         raise
     return running
+
+
+def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Add a listening port (TLS with `credentials`); 0 when it cannot be bound."""
+    try:
+        if credentials is None:
+            return server.add_insecure_port(address)
+        return server.add_secure_port(address, credentials)
+    except RuntimeError:  # newer grpcio raises instead of returning 0
+        return 0
 
 
 async def _report_readiness(servicer: health.aio.HealthServicer, readiness: Readiness) -> bool:
@@ -150,24 +233,46 @@ async def _follow_readiness(servicer: health.aio.HealthServicer, readiness: Read
 
 
 async def serve(config: PickerConfig) -> None:
-    """Run until SIGINT/SIGTERM."""
+    """Run until SIGTERM or SIGINT, then stop gracefully within `config.shutdown_grace_s`."""
     running = await start_picker(config)
     mode = "KV events" if config.router.use_kv_events else "predicted from routing decisions (no KV events)"
+    group_api = (
+        f", router-group API on {config.host}:{running.group_api.port} ({running.tls})"
+        if running.group_api is not None
+        else ""
+    )
     log.info(
-        "ext_proc on %s:%d, health on %s:%d; %d workers over %d models; router mode %s, cache state %s",
+        "ext_proc on %s:%d (%s), health on %s:%d (plaintext)%s; %d workers over %d models; "
+        "router mode %s, cache state %s",
         config.host,
         running.port,
+        running.tls,
         config.host,
         running.health_port,
+        group_api,
         len(config.workers),
         len(config.models),
         config.router.mode,
         mode,
     )
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def on_signal(name: str) -> None:
+        if not stop.is_set():
+            log.info("%s: shutting down (grace %.0f s); not ready from now on", name, config.shutdown_grace_s)
+            stop.set()
+        else:
+            log.warning("%s again: cancelling the remaining streams now", name)
+            hurry.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig.name)
     await stop.wait()
-    log.info("shutting down: not ready, finishing in-flight streams")
-    await running.stop()
+    report = await running.stop(config.shutdown_grace_s, cut_short=hurry)
+    log.info(
+        "stopped in %.1f s: %d ext_proc streams were in flight, %d cancelled",
+        report.seconds,
+        report.draining,
+        report.cancelled,
+    )

@@ -4,6 +4,10 @@ A thin gRPC client: encodes with `codec.py`, calls with a deadline, decodes, and
 failures into `GroupError`s where they enter (status codes as listed in `router_group.proto`).
 Calls never wait for a connection: an unreachable group fails at once, and the channel retries in
 the background with a short backoff so a restarted group is used again within seconds.
+
+With `tls` (from --group-tls-*: a CA to verify the group against, a client certificate for groups
+that require mutual TLS, a server name) the channel is TLS; a failed handshake (unknown CA, wrong
+name, missing client certificate) makes the group unreachable, with gRPC's reason in the error.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import TypeVar
 
 import grpc
 
+from extproc.config import ClientTlsConfig
 from extproc.groups._generated import router_group_pb2 as pb
 from extproc.groups._generated import router_group_pb2_grpc as pb_grpc
 from extproc.groups.codec import decode_commit, decode_loads, decode_probe, encode_request, encode_worker
@@ -29,6 +34,7 @@ from extproc.groups.errors import (
 )
 from extproc.groups.servicer import GROUP_GRPC_OPTIONS
 from extproc.groups.types import GroupDecision, GroupLoads, GroupProbe, GroupRequest
+from extproc.tls import channel_credentials, channel_options
 
 T = TypeVar("T")
 
@@ -58,7 +64,9 @@ class RemoteGroup:
         weight: float = 1.0,
         commit_timeout_s: float = 1.0,
         lifecycle_timeout_s: float = 2.0,
+        tls: ClientTlsConfig | None = None,
     ) -> None:
+        """Raises TlsError (extproc.tls) when `tls` names unusable files."""
         self._name = name
         self._weight = weight
         self.address = address
@@ -67,6 +75,9 @@ class RemoteGroup:
         self._channel: grpc.aio.Channel | None = None  # opened on first use, in the running event loop
         self._stub_: pb_grpc.RouterGroupStub | None = None
         self._encoded: tuple[GroupRequest, pb.RoutingRequest] | None = None
+        tls = tls or ClientTlsConfig()
+        self._credentials = channel_credentials(tls)  # read now: bad files fail at start, not per call
+        self._options = [*CHANNEL_OPTIONS, *channel_options(tls)]
 
     @property
     def name(self) -> str:
@@ -112,7 +123,12 @@ class RemoteGroup:
     @property
     def _stub(self) -> pb_grpc.RouterGroupStub:
         if self._stub_ is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
+            else:
+                self._channel = grpc.aio.secure_channel(
+                    self.address, self._credentials, options=self._options
+                )
             self._stub_ = pb_grpc.RouterGroupStub(self._channel)
         return self._stub_
 

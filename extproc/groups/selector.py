@@ -110,7 +110,7 @@ class GroupSelector:
         groups: list[RouterGroup] = [
             LocalGroup(g.name, pools, weight=g.weight)
             if g.address is None
-            else RemoteGroup(g.name, g.address, weight=g.weight)
+            else RemoteGroup(g.name, g.address, weight=g.weight, tls=config.tls)
             for g in config.groups
         ]
         return cls(

@@ -111,24 +111,38 @@ class GroupApiServer:
     port: int
     servicer: RouterGroupServicer
 
-    async def stop(self, grace_s: float = 1.0) -> None:
+    async def stop(self, grace_s: float | None = 1.0) -> None:
+        """Refuse new calls, give open ones `grace_s` seconds (None: cancel them at once)."""
         await self.server.stop(grace_s)
 
 
-async def start_group_api(routers: GroupRouters, host: str, port: int) -> GroupApiServer:
-    """Serve `routers` on host:port (0 picks a free port) in the running event loop.
+async def start_group_api(
+    routers: GroupRouters, host: str, port: int, *, credentials: grpc.ServerCredentials | None = None
+) -> GroupApiServer:
+    """Serve `routers` on host:port (0 picks a free port) in the running event loop; over TLS with
+    `credentials` (the picker passes its ext_proc server's, see extproc/tls.py), else plaintext.
 
     Raises OSError when the port cannot be bound.
     """
     server = grpc.aio.server(options=GROUP_GRPC_OPTIONS)
     servicer = RouterGroupServicer(routers)
     pb_grpc.add_RouterGroupServicer_to_server(servicer, server)
+    address = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError:  # newer grpcio raises instead of returning 0
         bound = 0
     if not bound:
         raise OSError(f"cannot listen on {host}:{port} for the router-group API")
     await server.start()
-    log.info("router-group API of %r on %s:%d", routers.name, host, bound)
+    log.info(
+        "router-group API of %r on %s:%d (%s)",
+        routers.name,
+        host,
+        bound,
+        "TLS" if credentials else "plaintext",
+    )
     return GroupApiServer(server, bound, servicer)
