@@ -248,7 +248,7 @@ async def start_admin(
 async def _json_object(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply, too many digits
         raise _BadRequest(400, "the body must be a JSON object") from None
     except web.HTTPRequestEntityTooLarge:
         raise _BadRequest(413, f"the body is larger than {MAX_ADMIN_BODY} bytes") from None

@@ -95,6 +95,14 @@ async def test_bad_busy_threshold_requests_get_clear_answers(http) -> None:
         assert r.status == 400
 
 
+@pytest.mark.parametrize("path", ["/busy_threshold", "/debug/potential_loads"])
+@pytest.mark.parametrize("body", [b"[" * 5000 + b"]" * 5000, b'{"model": ' + b"9" * 5000 + b"}"])
+async def test_bodies_json_cannot_read_get_a_400_not_a_500(http, path, body) -> None:
+    """Fuzz-found: nesting past the recursion limit, or an integer over Python's digit limit, was a 500."""
+    async with http.post(path, data=body) as r:
+        assert r.status == 400 and "JSON object" in (await r.json())["error"]
+
+
 async def test_setting_thresholds_needs_the_admin_token_reading_does_not(http) -> None:
     body = {"model": MODEL, "active_prefill_tokens_threshold": 10}
     assert (await call(http, "POST", "/busy_threshold", json=body))[0] == 401
