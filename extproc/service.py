@@ -210,6 +210,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     async def _on_request_headers(
         self, stream: _Stream, message: pb.ProcessingRequest
     ) -> list[pb.ProcessingResponse]:
+        if stream.phase is not Phase.REQUEST_HEADERS:  # one request per stream: a repeat changes nothing
+            log.warning("ignoring request headers sent again on the stream of %s", stream.request_id)
+            return [epp.CONTINUE_REQUEST_HEADERS]
         if message.HasField("protocol_config"):
             stream.request_body_mode = message.protocol_config.request_body_mode
             stream.response_body_mode = message.protocol_config.response_body_mode

@@ -175,6 +175,18 @@ async def test_cancelled_stream_frees_the_request():
     assert picker.is_idle()
 
 
+async def test_request_headers_again_after_routing_are_not_routed_again():
+    """Fuzz-found: a second request-headers message routed anew and the first request was never freed."""
+    picker, service = make_service()
+    messages = [request_headers(), request_body(chat_body()), request_headers(end_of_stream=True)]
+    stream = service.Process(_once(messages), None)
+    answers = [await stream.__anext__() for _ in messages]
+    assert epp.DESTINATION_HEADER not in mutation_headers(answers[2].request_headers.response)
+    assert routed_load(picker) == 1
+    await stream.aclose()
+    assert picker.is_idle()
+
+
 async def test_subset_hint_restricts_the_choice_and_an_empty_match_is_503():
     from google.protobuf import struct_pb2
 
