@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from extproc.router.config import RouterConfig
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import KvEvent, Worker, WorkerSpec
-from extproc.sim.engine import Engine, EngineConfig, Pass, RequestTooLarge
+from extproc.sim.engine import Engine, EngineConfig, Pass, PassEntry, RequestTooLarge
 from extproc.sim.replay_router import KvEventTap, KvRouterAdapter, ReplayRouter, RouteResult
 from extproc.sim.trace import TraceRequest
 
@@ -73,9 +73,18 @@ class RequestRecord:
     first_token_ms: float | None = None
     last_token_ms: float = 0.0
     end_ms: float | None = None
-    cached_tokens: int = 0  # largest cached prefix over all admissions
+    cached_tokens: int = 0  # largest cached prefix over all admissions where its prompt was computed
     admissions: int = 0
     rejected: bool = False
+    # disaggregated replays (`extproc.sim.replay_disagg`): `worker` is the decode worker
+    prefill_worker: int = -1  # the prefill worker that computed the prompt; -1: prefilled on `worker`
+    local_reason: str | None = None  # why it was prefilled on its decode worker (DisaggDecision)
+    prefill_end_ms: float | None = None  # the prefill worker finished the prompt
+    transfer_ms: float = 0.0  # simulated KV transfer from the prefill to the decode worker
+
+    @property
+    def remote_prefill(self) -> bool:
+        return self.prefill_worker >= 0
 
     @property
     def queued_ms(self) -> float:
@@ -119,6 +128,9 @@ class ReplayResult:
     preemptions: int
     kv_events: int
     token_gaps_ms: array.array = field(default_factory=lambda: array.array("d"))  # every inter-token gap
+    disaggregated: bool = False  # the last `num_prefill_workers` of the `num_workers` engines prefill
+    num_prefill_workers: int = 0
+    transfers_not_landed: int = 0  # KV transfers the decode pool could not take (prompt recomputed)
 
 
 class VirtualClock:
@@ -238,8 +250,10 @@ class Replayer:
                     touched.add(payload)
                 elif kind == _KV_EVENT:
                     self.router.on_kv_event(payload)  # type: ignore[arg-type]
-                else:
+                elif kind == _POLL:
                     self._poll_at = None
+                else:
+                    done += self._on_event(kind, payload, touched)
             for result in self.router.released() if self.router.waiting else ():
                 done += self._place(result, touched)
             while i < n and requests[i].arrival_ms == t:
@@ -260,13 +274,17 @@ class Replayer:
         return ReplayResult(
             records,
             self._load,
-            self.config.num_workers,
+            len(self._workers),
             time.perf_counter() - started,
             self._passes,
             sum(w.engine.num_preemptions for w in self._workers),
             self._kv_events,
             self._token_gaps,
         )
+
+    def _on_event(self, kind: int, payload: object, touched: set[_Worker]) -> int:
+        """A heap event of a kind a subclass added; returns the requests it finished."""
+        raise ValueError(f"unknown replay event kind {kind}")
 
     def _arrive(self, req: TraceRequest, touched: set[_Worker]) -> int:
         """Route (or queue) a new request; returns 1 if it is already over (rejected)."""
@@ -304,13 +322,9 @@ class Replayer:
             return
         w.busy = p
         self._passes += 1
-        records = self._records
         for entry in p.entries:
             if entry.cached_tokens is not None:
-                record = records[entry.request_id]
-                record.admissions += 1
-                if entry.cached_tokens > record.cached_tokens:
-                    record.cached_tokens = entry.cached_tokens
+                self._admitted(w, entry)
         window = self.config.load_window_ms
         start = self.now_ms // window * window
         sample = w.load
@@ -323,6 +337,13 @@ class Replayer:
         sample.max_requests = max(sample.max_requests, e.num_running + e.num_waiting)
         sample.peak_active_blocks = max(sample.peak_active_blocks, e.cache.num_active_blocks)
         self._push(p.end_ms, _PASS_END, w)
+
+    def _admitted(self, w: _Worker, entry: PassEntry) -> None:
+        """A request was admitted by `w` in the pass starting now (first time or after a preemption)."""
+        record = self._records[entry.request_id]
+        record.admissions += 1
+        if entry.cached_tokens is not None and entry.cached_tokens > record.cached_tokens:
+            record.cached_tokens = entry.cached_tokens
 
     def _finish_pass(self, w: _Worker) -> int:
         p = w.busy

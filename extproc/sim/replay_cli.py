@@ -4,6 +4,8 @@ Owns the command line only: flags, building the configs, printing, files. The ro
 `serve`'s (`extproc.config.ROUTER_OPTIONS`, same names, env vars and config-file keys, built by the
 same `load_config`), except `--router-mode`, which `--router` replaces so that one run can compare
 several routers on the same trace. The router's block size defaults to the engines' here.
+`--disagg P:D` replays P prefill and D decode workers (`extproc.sim.replay_disagg`) with serve's
+`--disagg-*` policy flags and a simulated KV transfer time.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from extproc.config import ROUTER_OPTIONS, ConfigError, add_options, load_config
+from extproc.config import DISAGG_OPTIONS, ROUTER_OPTIONS, ConfigError, PickerConfig, add_options, load_config
 from extproc.router.config import PrefillLoadModel, RouterConfig, RouterMode
+from extproc.router.disagg import DisaggPolicy
 from extproc.sim.engine import EngineConfig
 from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult
+from extproc.sim.replay_disagg import DisaggReplayer, DisaggSetup
 from extproc.sim.replay_metrics import format_summary, summarize
 from extproc.sim.trace import TraceError, load_mooncake
 
@@ -81,22 +85,67 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
     router = parser.add_argument_group("router (the flags of serve; env DYN_<FLAG>; --config FILE 'router:')")
     router.add_argument(
-        "--config", metavar="FILE", help="YAML config file; only its 'router' section is used"
+        "--config", metavar="FILE", help="YAML config file; only its 'router' and 'disagg' sections are used"
     )
     add_options(router, ROUTER_OPTIONS, skip=("router_mode",))  # --router replaces --router-mode
+
+    disagg = parser.add_argument_group("disaggregated prefill/decode (serve's --disagg-* flags)")
+    disagg.add_argument(
+        "--disagg",
+        metavar="P:D",
+        type=_prefill_decode,
+        help="replay P prefill and D decode workers (the picker's two-stage router) instead of --workers",
+    )
+    setup = DisaggSetup(0)
+    disagg.add_argument(
+        "--kv-transfer-base-ms",
+        type=float,
+        default=setup.transfer_base_ms,
+        help="simulated KV transfer time per request (default: %(default)s)",
+    )
+    disagg.add_argument(
+        "--kv-transfer-ms-per-block",
+        type=float,
+        default=setup.transfer_ms_per_block,
+        help="simulated KV transfer time per transferred block (default: %(default)s)",
+    )
+    add_options(disagg, DISAGG_OPTIONS, skip=("prefill_endpoint_header", "prefill_health_interval_secs"))
+
+
+def _prefill_decode(text: str) -> tuple[int, int]:
+    try:
+        p, d = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected P:D (prefill:decode workers), got {text!r}") from None
+    if p < 0 or d < 1:
+        raise argparse.ArgumentTypeError(f"expected P >= 0 prefill and D >= 1 decode workers, got {text!r}")
+    return p, d
+
+
+def _load(args: argparse.Namespace, environ: Mapping[str, str]) -> PickerConfig:
+    ns = argparse.Namespace(**vars(args))
+    if ns.router_kv_events is None:
+        ns.router_kv_events = True
+    return load_config(args=ns, environ=environ)
 
 
 def router_config(args: argparse.Namespace, engine: EngineConfig, environ: Mapping[str, str]) -> RouterConfig:
     """The router config `serve` would build from these flags, with replay defaults: KV events on
     (the engines publish them) and the engines' block size. Raises ConfigError."""
-    ns = argparse.Namespace(**vars(args))
-    if ns.router_kv_events is None:
-        ns.router_kv_events = True
-    config = load_config(args=ns, environ=environ).router
+    config = _load(args, environ).router
     given_block_size = args.kv_cache_block_size is not None or "DYN_KV_CACHE_BLOCK_SIZE" in environ
     if not given_block_size:
         config = replace(config, block_size=engine.block_size)
     return config
+
+
+def disagg_setup(args: argparse.Namespace, environ: Mapping[str, str]) -> DisaggSetup | None:
+    """The disaggregated fleet and policy of `--disagg P:D`, or None. Raises ConfigError, ValueError."""
+    if args.disagg is None:
+        return None
+    d = _load(args, environ).disagg
+    policy = DisaggPolicy(d.min_remote_prefill_tokens, d.max_decode_prefix_frac, d.decode_overlap_weight)
+    return DisaggSetup(args.disagg[0], policy, args.kv_transfer_base_ms, args.kv_transfer_ms_per_block)
 
 
 def _routers(args: argparse.Namespace) -> list[str]:
@@ -141,6 +190,7 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
             max_num_seqs=args.max_num_seqs,
         )
         base = router_config(args, engine, environ)
+        setup = disagg_setup(args, environ)
         routers = _routers(args)
         requests = load_mooncake(args.traces, trace_block_size=args.trace_block_size, speedup=args.speedup)
     except (ConfigError, ValueError, TraceError, OSError) as exc:
@@ -149,12 +199,18 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
     if not requests:
         print("extproc replay: the trace holds no request", file=sys.stderr)
         return 2
+    workers = args.workers if setup is None else args.disagg[1]
+    fleet = (
+        f"{workers} workers"
+        if setup is None
+        else f"{setup.prefill_workers} prefill + {workers} decode workers"
+    )
     results: dict[str, ReplayResult] = {}
     summaries: dict[str, dict[str, Any]] = {}
     for name in routers:
         try:
             config = ReplayConfig(
-                args.workers,
+                workers,
                 router=replace(base, mode=RouterMode(name)),
                 engine=engine,
                 kv_event_lag_ms=args.kv_event_lag_ms,
@@ -165,17 +221,18 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
             return 2
         progress = None if args.quiet else _Progress(name, sys.stderr)
         if progress is not None:
-            print(
-                f"replaying {len(requests)} requests on {args.workers} workers with {name}", file=sys.stderr
-            )
-        results[name] = Replayer(requests, config, progress=progress).run()
+            print(f"replaying {len(requests)} requests on {fleet} with {name}", file=sys.stderr)
+        if setup is None:
+            results[name] = Replayer(requests, config, progress=progress).run()
+        else:
+            results[name] = DisaggReplayer(requests, config, setup, progress=progress).run()
         summaries[name] = summarize(results[name])
     timed = base.prefill_load_model is PrefillLoadModel.TIMING
     labels = {name: f"{name} (timing)" if name == "kv" and timed else name for name in results}
     if args.requests_out:
         write_requests(args.requests_out, results)
     if args.plot:
-        title = f"{', '.join(Path(t).name for t in args.traces)}: {args.workers} workers, {args.speedup:g}x"
+        title = f"{', '.join(Path(t).name for t in args.traces)}: {fleet}, {args.speedup:g}x"
         try:
             from extproc.sim.replay_plot import plot_replays
 
@@ -186,13 +243,23 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
     if args.json:
         doc = {
             "traces": list(args.traces),
-            "workers": args.workers,
+            "workers": workers if setup is None else workers + setup.prefill_workers,
             "speedup": args.speedup,
             "seed": args.seed,
             "kv_event_lag_ms": args.kv_event_lag_ms,
             "prefill_load_model": str(base.prefill_load_model),
             "routers": summaries,
         }
+        if setup is not None:
+            doc["disagg"] = {
+                "prefill_workers": setup.prefill_workers,
+                "decode_workers": workers,
+                "kv_transfer_base_ms": setup.transfer_base_ms,
+                "kv_transfer_ms_per_block": setup.transfer_ms_per_block,
+                "min_remote_prefill_tokens": setup.policy.min_remote_prefill_tokens,
+                "max_decode_prefix_frac": setup.policy.max_decode_prefix_frac,
+                "decode_overlap_weight": setup.policy.decode_overlap_weight,
+            }
         print(json.dumps(doc, indent=2))
     else:
         for name, summary in summaries.items():
@@ -225,6 +292,10 @@ def write_requests(path: str | Path, results: Mapping[str, ReplayResult]) -> Non
                             "best_overlap_blocks": r.best_overlap_blocks,
                             "admissions": r.admissions,
                             "rejected": r.rejected,
+                            "prefill_worker": r.prefill_worker if r.remote_prefill else None,
+                            "local_reason": r.local_reason,
+                            "prefill_end_ms": r.prefill_end_ms,
+                            "transfer_ms": r.transfer_ms,
                         }
                     )
                     + "\n"

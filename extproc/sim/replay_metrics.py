@@ -9,6 +9,10 @@ compares with its reports:
   weighted). TPOT per request: (last token - first token) / (output tokens - 1), 2+ tokens.
 - Reuse: the largest cached prefix over all of a request's admissions, summed, over input tokens.
 - Rejected requests (a prompt larger than a worker's pool) are left out of every figure.
+- Disaggregated replays: TTFT and ITL are the decode workers' (a remotely prefilled request's first
+  token comes from its decode worker); reuse is counted where each prompt was computed; imbalance is
+  over the decode workers. A `disagg` section adds where prompts were prefilled and why, the prefill
+  workers' reuse and the transfer times.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from extproc.sim.replay import ReplayResult
+from extproc.sim.replay import ReplayResult, RequestRecord
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -50,14 +54,15 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     start = min((r.arrival_ms for r in records), default=0.0)
     end = max((r.end_ms for r in done if r.end_ms is not None), default=start)
     duration_s = max(1e-9, (end - start) / 1000.0)
-    per_worker = [0] * result.num_workers
+    num_decode = result.num_workers - result.num_prefill_workers
+    per_worker = [0] * num_decode
     for r in records:
         per_worker[r.worker] += 1
-    mean_requests = len(records) / result.num_workers if result.num_workers else 0.0
+    mean_requests = len(records) / num_decode if num_decode else 0.0
     chosen = sum(r.overlap_blocks for r in records)
     best = sum(r.best_overlap_blocks for r in records)
     queued = [r.queued_ms for r in records if r.queued_ms > 0]
-    return {
+    summary = {
         "requests": len(result.records),
         "completed": len(done),
         "rejected": len(result.records) - len(records),
@@ -89,6 +94,42 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         "engine": {"passes": result.passes, "preemptions": result.preemptions, "kv_events": result.kv_events},
         "wall_s": result.wall_s,
     }
+    if result.disaggregated:
+        summary["disagg"] = disagg_summary(result, records)
+    return summary
+
+
+def disagg_summary(result: ReplayResult, records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Where the prompts of a disaggregated replay were computed and what the transfers cost."""
+    remote = [r for r in records if r.remote_prefill]
+    local = [r for r in records if not r.remote_prefill]
+    reasons: dict[str, int] = {}
+    for r in local:
+        key = r.local_reason or "unknown"
+        reasons[key] = reasons.get(key, 0) + 1
+    num_decode = result.num_workers - result.num_prefill_workers
+    per_prefill = [0] * result.num_prefill_workers
+    for r in remote:
+        per_prefill[r.prefill_worker - num_decode] += 1
+    remote_input = sum(r.input_tokens for r in remote)
+    transfer = sum((r.transfer_ms for r in remote), 0.0)
+
+    def ttft_mean(rs: Sequence[RequestRecord]) -> float:
+        values = [r.ttft_ms for r in rs if r.ttft_ms is not None]
+        return sum(values) / len(values) if values else math.nan
+
+    return {
+        "prefill_workers": result.num_prefill_workers,
+        "decode_workers": num_decode,
+        "remote_prefill": len(remote),
+        "local_prefill": len(local),
+        "local_reasons": dict(sorted(reasons.items())),
+        "ttft_mean_ms": {"remote": ttft_mean(remote), "local": ttft_mean(local)},
+        "prefill_reuse": sum(r.cached_tokens for r in remote) / remote_input if remote_input else 0.0,
+        "prefill_requests_per_worker": per_prefill,
+        "transfer_ms": {"total": transfer, "mean": transfer / len(remote) if remote else 0.0},
+        "transfers_not_landed": result.transfers_not_landed,
+    }
 
 
 def format_summary(label: str, summary: dict[str, Any]) -> str:
@@ -114,4 +155,15 @@ def format_summary(label: str, summary: dict[str, Any]) -> str:
         lines.append(
             f"  router queue: {q['queued_requests']} requests waited, {q['wait_ms_mean']:.1f} ms mean"
         )
+    d = summary.get("disagg")
+    if d is not None:
+        reasons = ", ".join(f"{k} {v}" for k, v in d["local_reasons"].items()) or "none"
+        remote_ttft, transfer = d["ttft_mean_ms"]["remote"], d["transfer_ms"]
+        lines += [
+            f"  disaggregated {d['prefill_workers']}P:{d['decode_workers']}D: {d['remote_prefill']}"
+            f" prefilled remotely (TTFT mean {remote_ttft:.1f} ms, prefill reuse {d['prefill_reuse']:.3f}),"
+            f" {d['local_prefill']} locally ({reasons})",
+            f"  KV transfer {transfer['mean']:.1f} ms mean, {transfer['total'] / 1000:.1f} s in all"
+            + (f"; {d['transfers_not_landed']} did not land" if d["transfers_not_landed"] else ""),
+        ]
     return "\n".join(lines)

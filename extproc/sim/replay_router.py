@@ -6,7 +6,8 @@ that surface, and the replayer talks to routers through it alone. `KvRouterAdapt
 `KvRouter` behind it (never a copy), built from a `RouterConfig`, a virtual clock and a seeded rng
 with no reference to any engine, plus the router's own admission queue when
 `router_queue_threshold` is set (as `extproc.admission.AdmissionGate` does in the picker).
-`KvEventTap` is the engines' side: it turns a prefix cache's listener callbacks into the router's
+`DisaggRouterAdapter` does the same for the picker's two-stage `DisaggRouter` (a decode and a prefill
+router). `KvEventTap` is the engines' side: it turns a prefix cache's listener callbacks into the router's
 one event model (`BlocksStored` / `BlocksRemoved` / `AllBlocksCleared`), re-hashing each stored
 block's tokens as the vLLM ZMQ decoder does, and hands them to whoever delivers events.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from extproc.router.config import QueuePolicy, RouterConfig
+from extproc.router.disagg import DisaggPolicy, DisaggRouter, prefill_router_config
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.queue import AdmissionQueue, QueuedRequest
 from extproc.router.router import KvRouter
@@ -26,6 +28,7 @@ from extproc.router.types import (
     AllBlocksCleared,
     BlocksRemoved,
     BlocksStored,
+    Decision,
     KvEvent,
     StoredBlock,
     Worker,
@@ -41,6 +44,9 @@ class RouteResult:
     worker: Worker
     overlap_blocks: int  # cached prefix blocks on the chosen worker
     best_overlap_blocks: int  # the largest cached prefix on any worker
+    # disaggregated routing: the worker that prefills the prompt (None: `worker` does), or why not
+    prefill_worker: Worker | None = None
+    local_reason: str | None = None
 
 
 class ReplayRouter(Protocol):
@@ -132,15 +138,11 @@ class KvRouterAdapter:
     def _decide(
         self, request_id: str, local_hashes: Sequence[int], isl: int, output_tokens: int
     ) -> RouteResult:
-        router = self.router
-        decision = router.best_worker_for_hashes(
+        decision = self.router.best_worker_for_hashes(
             local_hashes, isl, request_id=request_id, expected_output_tokens=output_tokens
         )
-        chosen, best = decision.overlap_blocks, decision.best_overlap_blocks
-        if not decision.costs and local_hashes:  # round robin, random: the router did not look
-            overlaps = router.indexer.find_matches(local_hashes)
-            chosen, best = overlaps.get(decision.worker, 0), max(overlaps.values(), default=0)
-        return RouteResult(request_id, decision.worker, chosen, max(best, chosen))
+        chosen, best = _overlaps(self.router, decision, local_hashes)
+        return RouteResult(request_id, decision.worker, chosen, best)
 
     def on_first_token(self, request_id: str) -> None:
         self.router.mark_prefill_complete(request_id)
@@ -151,6 +153,73 @@ class KvRouterAdapter:
     def on_kv_event(self, event: KvEvent) -> None:
         if self.router.config.use_kv_events:  # approximate mode: no subscription, the router predicts
             self.router.apply_event(event)
+
+
+def _overlaps(
+    router: KvRouter, decision: Decision, local_hashes: Sequence[int], looked: bool | None = None
+) -> tuple[int, int]:
+    """Cached prefix blocks on the chosen worker and the best one, as the router's indexer sees them."""
+    chosen, best = decision.overlap_blocks, decision.best_overlap_blocks
+    if looked is None:
+        looked = bool(decision.costs)
+    if not looked and local_hashes:  # round robin, random, overlap weight 0: the router did not look
+        overlaps = router.indexer.find_matches(local_hashes)
+        chosen, best = overlaps.get(decision.worker, 0), max(overlaps.values(), default=0)
+    return chosen, max(best, chosen)
+
+
+class DisaggRouterAdapter(KvRouterAdapter):
+    """The real `DisaggRouter` (the picker's two stages) behind the `ReplayRouter` surface.
+
+    `self.router` is the decode router (its admission queue is the replay's, as for one router) and
+    `self.prefill` the prefill router, built with `prefill_router_config` and its own rng. KV events
+    go to the router that knows their worker; the lifecycle calls are the DisaggRouter's: the first
+    token (on the decode worker) ends the prefill share, the end frees both.
+    """
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        decode_workers: Sequence[WorkerSpec],
+        prefill_workers: Sequence[WorkerSpec],
+        policy: DisaggPolicy,
+        *,
+        clock_s: Callable[[], float],
+        rng: random.Random,
+        prefill_rng: random.Random,
+    ) -> None:
+        super().__init__(config, decode_workers, clock_s=clock_s, rng=rng)
+        self.prefill = KvRouter(
+            prefill_router_config(config), clock=clock_s, rng=prefill_rng, workers=prefill_workers
+        )
+        self.disagg = DisaggRouter(self.router, self.prefill, policy)
+        self._prefill_ids = {spec.worker_id for spec in prefill_workers}
+
+    def _decide(
+        self, request_id: str, local_hashes: Sequence[int], isl: int, output_tokens: int
+    ) -> RouteResult:
+        d = self.disagg.route(local_hashes, isl, request_id=request_id, expected_output_tokens=output_tokens)
+        weight = self.disagg.policy.decode_overlap_weight
+        looked = bool(d.decode.costs) and weight != 0  # None: the decode router's own weight
+        chosen, best = _overlaps(self.router, d.decode, local_hashes, looked)
+        return RouteResult(request_id, d.decode.worker, chosen, best, d.prefill_worker, d.local_reason)
+
+    def on_first_token(self, request_id: str) -> None:
+        self.disagg.first_token(request_id)
+
+    def on_end(self, request_id: str) -> None:
+        self.disagg.free(request_id)
+
+    def on_kv_event(self, event: KvEvent) -> None:
+        if not self.router.config.use_kv_events:
+            return
+        if event.worker.worker_id in self._prefill_ids:
+            self.prefill.apply_event(event)
+        else:
+            self.router.apply_event(event)
+
+    def is_idle(self) -> bool:
+        return self.disagg.is_idle() and not self.waiting
 
 
 class KvEventTap:

@@ -99,6 +99,7 @@ def test_the_router_seam_imports_nothing_of_the_engines():
     modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert {m for m in modules if m and m.startswith("extproc.")} <= {
         "extproc.router.config",
+        "extproc.router.disagg",
         "extproc.router.hashing",
         "extproc.router.queue",
         "extproc.router.router",
