@@ -1,7 +1,10 @@
 """Disaggregated replay: prefill engines, KV transfers, decode engines and the picker's DisaggRouter."""
 
 import gc
+import importlib.util
 import json
+import random
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +26,7 @@ from .test_replay_events import churn, tree_blocks
 BS = 16
 ENGINE = EngineConfig(block_size=BS, num_gpu_blocks=1024, max_num_batched_tokens=256)
 SMALL = EngineConfig(block_size=BS, num_gpu_blocks=40, max_num_batched_tokens=128)
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_disagg.py"
 
 
 def disagg(tmp_path, rows, *, prefill=1, decode=2, engine=ENGINE, mode="kv", policy=None, **setup):
@@ -183,3 +187,31 @@ def test_the_cli_replays_a_disaggregated_fleet_with_serves_policy_flags(tmp_path
     assert d["remote_prefill"] + d["local_prefill"] == 20 and d["remote_prefill"] >= 4
     assert d["transfer_ms"]["mean"] == pytest.approx(3 + 0.2 * 7)  # 7 blocks up to the cap of 128 tokens
     assert len(doc["routers"]["kv"]["imbalance"]["requests_per_worker"]) == 2  # the decode workers
+
+
+def test_bench_disagg_quick_compares_aggregated_and_disaggregated(tmp_path, capsys):
+    rng = random.Random(0)
+    rows = [
+        (i * 200, rng.randrange(600, 3000), rng.randrange(2, 8), [i % 5, 100 + i, 200 + i]) for i in range(30)
+    ]
+    write_mooncake(tmp_path / "trace.jsonl", rows)
+    spec = importlib.util.spec_from_file_location("bench_disagg", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = [
+        "--quick",
+        "--jobs",
+        "1",
+        "--trace",
+        str(tmp_path / "trace.jsonl"),
+        "--out-dir",
+        str(tmp_path / "out"),
+    ]
+    assert bench.main(argv) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    aggregated, split = doc["cells"]
+    assert aggregated["aggregated"] and aggregated["layout"] == "aggregated 4"
+    assert split["layout"].startswith("1P:3D") and split["remote_frac"] > 0
+    assert "| TTFT mean |" in err and (tmp_path / "out" / "disagg.md").exists()

@@ -1,0 +1,276 @@
+"""Aggregated against disaggregated serving on a trace, with the same total number of workers.
+
+Every replay runs the shared Mooncake trace (REFERENCE section 6) in virtual time through simulated
+engines and the real routers (`extproc.sim.replay`, `extproc.sim.replay_disagg`: the same code as
+`python -m extproc replay [--disagg P:D]`). For a total of N workers it compares N aggregated
+workers with P prefill + (N - P) decode workers for each P of --prefill, at each arrival speed and
+router, and reports TTFT, ITL, TPOT, throughput and reuse side by side, plus where the prompts were
+prefilled and what the KV transfers cost.
+
+The disaggregated layouts use the picker's `DisaggRouter` with its policy flags (conditional
+disaggregation: a prompt is prefilled remotely only when at least --min-remote-prefill-tokens of it
+are uncached on the decode worker and that worker caches less than --max-decode-prefix-frac of
+it) and a simulated transfer of base + per-block ms (--transfers, several to compare).
+
+Prints one JSON object on stdout, a table on stderr (progress too) and writes `disagg.json` and
+`disagg.md` under --out-dir.
+
+    .venv/bin/python benchmarks/bench_disagg.py                 # 16 replays, about 3 minutes on 2 CPUs
+    .venv/bin/python benchmarks/bench_disagg.py --quick         # a smoke test: seconds
+    .venv/bin/python benchmarks/bench_disagg.py --prefill 3 --transfers 2:0.2,0:0 --speedups 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    _path = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from extproc.router.config import PrefillLoadModel, RouterConfig, RouterMode
+from extproc.router.disagg import DisaggPolicy
+from extproc.sim.engine import EngineConfig
+from extproc.sim.replay import ReplayConfig, Replayer
+from extproc.sim.replay_disagg import DisaggReplayer, DisaggSetup
+from extproc.sim.replay_metrics import summarize
+from extproc.sim.trace import load_mooncake
+
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+ROUTERS: dict[str, dict[str, Any]] = {
+    "kv": {"mode": RouterMode.KV},
+    "kv-timing": {"mode": RouterMode.KV, "prefill_load_model": PrefillLoadModel.TIMING},
+}
+QUICK_REQUESTS = 300
+
+
+def replay_one(job: dict[str, Any]) -> dict[str, Any]:
+    """One replay (in a worker process): its summary, without per-request records."""
+    requests = load_mooncake([job["trace"]], trace_block_size=512, speedup=job["speedup"])
+    if job["limit"]:
+        requests = requests[: job["limit"]]
+    engine = EngineConfig()
+    router = RouterConfig(block_size=engine.block_size, **ROUTERS[job["router"]])
+    prefill = job["prefill"]
+    config = ReplayConfig(job["total"] - prefill, router=router, engine=engine, seed=job["seed"])
+    if job["aggregated"]:
+        result = Replayer(requests, config).run()
+    else:
+        base, per_block = job["transfer"]
+        setup = DisaggSetup(prefill, DisaggPolicy(*job["policy"]), base, per_block)
+        result = DisaggReplayer(requests, config, setup).run()
+    return {**job, "summary": summarize(result)}
+
+
+def layout(job: dict[str, Any]) -> str:
+    if job["aggregated"]:
+        return f"aggregated {job['total']}"
+    base, per_block = job["transfer"]
+    return f"{job['prefill']}P:{job['total'] - job['prefill']}D, transfer {base:g}+{per_block:g}/block ms"
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean over seeds of the figures of one cell."""
+
+    def mean(get: Any) -> float:
+        return sum(get(r["summary"]) for r in runs) / len(runs)
+
+    cell: dict[str, Any] = {
+        "seeds": [r["seed"] for r in runs],
+        "ttft_mean_ms": mean(lambda s: s["ttft_ms"]["mean"]),
+        "ttft_p50_ms": mean(lambda s: s["ttft_ms"]["p50"]),
+        "ttft_p99_ms": mean(lambda s: s["ttft_ms"]["p99"]),
+        "itl_mean_ms": mean(lambda s: s["itl_ms"]["mean"]),
+        "itl_p99_ms": mean(lambda s: s["itl_ms"]["p99"]),
+        "tpot_mean_ms": mean(lambda s: s["tpot_ms"]["mean"]),
+        "e2e_mean_ms": mean(lambda s: s["e2e_ms"]["mean"]),
+        "output_tokens_per_s": mean(lambda s: s["throughput"]["output_tokens_per_s"]),
+        "requests_per_s": mean(lambda s: s["throughput"]["requests_per_s"]),
+        "reuse": mean(lambda s: s["reuse"]),
+        "preemptions": mean(lambda s: s["engine"]["preemptions"]),
+        "wall_s": mean(lambda s: s["wall_s"]),
+    }
+    if "disagg" in runs[0]["summary"]:
+        cell["remote_frac"] = mean(lambda s: s["disagg"]["remote_prefill"] / s["requests"])
+        cell["ttft_remote_mean_ms"] = mean(lambda s: s["disagg"]["ttft_mean_ms"]["remote"])
+        cell["ttft_local_mean_ms"] = mean(lambda s: s["disagg"]["ttft_mean_ms"]["local"])
+        cell["prefill_reuse"] = mean(lambda s: s["disagg"]["prefill_reuse"])
+        cell["transfer_mean_ms"] = mean(lambda s: s["disagg"]["transfer_ms"]["mean"])
+        cell["transfer_total_s"] = mean(lambda s: s["disagg"]["transfer_ms"]["total"] / 1000)
+        reasons: dict[str, float] = {}
+        for r in runs:
+            for k, v in r["summary"]["disagg"]["local_reasons"].items():
+                reasons[k] = reasons.get(k, 0) + v / len(runs)
+        cell["local_reasons"] = reasons
+        cell["transfers_not_landed"] = mean(lambda s: s["disagg"]["transfers_not_landed"])
+    return cell
+
+
+def table(doc: dict[str, Any]) -> str:
+    lines = [
+        "| speed | router | layout | TTFT mean | p50 | p99 | ITL mean | ITL p99 | TPOT mean | output tok/s "
+        "| reuse | remote prefill | remote / local TTFT mean | transfer mean |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in doc["cells"]:
+        remote = ""
+        split = ""
+        transfer = ""
+        if "remote_frac" in c:
+            remote = f"{c['remote_frac']:.0%} (prefill reuse {c['prefill_reuse']:.3f})"
+            split = f"{c['ttft_remote_mean_ms']:.1f} / {c['ttft_local_mean_ms']:.1f}"
+            transfer = f"{c['transfer_mean_ms']:.1f}"
+        figures = [
+            f"{c['speedup']:g}x",
+            c["router"],
+            c["layout"],
+            f"{c['ttft_mean_ms']:.1f}",
+            f"{c['ttft_p50_ms']:.1f}",
+            f"{c['ttft_p99_ms']:.1f}",
+            f"{c['itl_mean_ms']:.2f}",
+            f"{c['itl_p99_ms']:.2f}",
+            f"{c['tpot_mean_ms']:.2f}",
+            f"{c['output_tokens_per_s']:.0f}",
+            f"{c['reuse']:.3f}",
+            remote,
+            split,
+            transfer,
+        ]
+        lines.append("| " + " | ".join(figures) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def _transfers(text: str) -> list[tuple[float, float]]:
+    out = []
+    for item in text.split(","):
+        base, per_block = item.split(":")
+        out.append((float(base), float(per_block)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trace", default=str(DEFAULT_TRACE))
+    parser.add_argument("--out-dir", default="benchmarks/results/disagg", help="where the JSON and table go")
+    parser.add_argument("--total", type=int, default=8, help="workers in every layout (default 8)")
+    parser.add_argument("--prefill", default="2,3,4", help="prefill workers of the disaggregated layouts")
+    parser.add_argument("--speedups", default="1,2")
+    parser.add_argument("--routers", default=",".join(ROUTERS), help="comma list of: " + ", ".join(ROUTERS))
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per cell (default 1)")
+    parser.add_argument(
+        "--transfers",
+        default="2:0.2",
+        help="KV transfer costs to compare, base_ms:ms_per_block, comma separated (default 2:0.2)",
+    )
+    defaults = DisaggPolicy()
+    parser.add_argument("--min-remote-prefill-tokens", type=int, default=defaults.min_remote_prefill_tokens)
+    parser.add_argument("--max-decode-prefix-frac", type=float, default=defaults.max_decode_prefix_frac)
+    parser.add_argument(
+        "--decode-overlap-weight",
+        type=float,
+        default=None,
+        help="decode stage's weight (default: the router's)",
+    )
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="replays in parallel")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke test: the first {QUICK_REQUESTS} requests, 4 workers (1P:3D), 1x, kv, one transfer cost",
+    )
+    args = parser.parse_args(argv)
+
+    routers = [r for r in args.routers.split(",") if r]
+    for r in routers:
+        if r not in ROUTERS:
+            parser.error(f"unknown router {r!r}: expected one of {', '.join(ROUTERS)}")
+    prefills = [int(p) for p in args.prefill.split(",") if p]
+    speedups = _floats(args.speedups)
+    transfers = _transfers(args.transfers)
+    total, limit = args.total, 0
+    if args.quick:
+        total, prefills, speedups, routers, limit = 4, [1], [1.0], ["kv"], QUICK_REQUESTS
+        transfers = transfers[:1]
+    if any(not 0 < p < total for p in prefills):
+        parser.error(f"--prefill values must be between 1 and {total - 1}")
+    policy = (args.min_remote_prefill_tokens, args.max_decode_prefix_frac, args.decode_overlap_weight)
+
+    jobs: list[dict[str, Any]] = []
+    for speedup, router, seed in itertools.product(speedups, routers, range(args.seeds)):
+        common = {"trace": args.trace, "total": total, "speedup": speedup, "router": router, "seed": seed}
+        common["limit"] = limit
+        jobs.append({**common, "aggregated": True, "prefill": 0, "transfer": None, "policy": None})
+        for prefill, transfer in itertools.product(prefills, transfers):
+            jobs.append(
+                {**common, "aggregated": False, "prefill": prefill, "transfer": transfer, "policy": policy}
+            )
+    started = time.perf_counter()
+    print(f"{len(jobs)} replays on {min(args.jobs, len(jobs))} processes", file=sys.stderr)
+    runs: list[dict[str, Any]] = []
+
+    def report(run: dict[str, Any]) -> None:
+        s = run["summary"]
+        print(
+            f"  {run['speedup']:g}x {run['router']:<9} seed {run['seed']} {layout(run):<38} TTFT mean"
+            f" {s['ttft_ms']['mean']:7.1f} ms, ITL mean {s['itl_ms']['mean']:5.2f} ms ({s['wall_s']:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        runs.append(run)
+
+    if args.jobs <= 1:
+        for job in jobs:
+            report(replay_one(job))
+    else:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            for run in pool.map(replay_one, jobs):
+                report(run)
+
+    groups: dict[tuple[float, str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["speedup"], run["router"], layout(run)), []).append(run)
+    cells = []
+    for (speedup, router, name), group in groups.items():
+        first = group[0]
+        cell = {"speedup": speedup, "router": router, "layout": name}
+        cell |= {k: first[k] for k in ("total", "prefill", "aggregated", "transfer")}
+        cells.append(cell | aggregate(group))
+    doc: dict[str, Any] = {
+        "benchmark": "bench_disagg",
+        "trace": args.trace,
+        "requests": limit or None,
+        "total_workers": total,
+        "policy": {
+            "min_remote_prefill_tokens": policy[0],
+            "max_decode_prefix_frac": policy[1],
+            "decode_overlap_weight": policy[2],
+        },
+        "seeds": list(range(args.seeds)),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "cells": cells,
+    }
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "disagg.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "disagg.md").write_text(table(doc))
+    print(table(doc), file=sys.stderr)
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
