@@ -141,14 +141,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"extproc serve: {exc}", file=sys.stderr)
             return 2
         _logging(config.log_level)
+        from extproc.events.nats_security import NatsRefused
         from extproc.server import serve
         from extproc.tls import TlsError
 
         try:
             asyncio.run(serve(config))
-        except TlsError as exc:
+        except TlsError as exc:  # unusable certificate files
             print(f"extproc serve: {exc}", file=sys.stderr)
             return 2
+        except NatsRefused as exc:  # logged already, with the setting to check
+            print(f"extproc serve: {exc}", file=sys.stderr)
+            return 1
         return 0
     if args.command == "envoy-config":
         from extproc.envoy_config import render_envoy_config

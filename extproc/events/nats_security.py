@@ -1,0 +1,179 @@
+"""NATS credentials and TLS: the `nats.connect` options of `EventsConfig`, and why a connection was refused.
+
+One NATS connection per picker carries KV events, durable state and replica sync
+(`events/sources.py`), so these options secure all of them. Authentication (at most one, checked
+in config.py): a .creds file (user JWT and nkey seed; nats-py signs with the `nkeys` package, which
+ships no wheel and so is not in the image: install `nats-py[nkeys]` to use it), user and password,
+or a token; credentials in the URL (nats://user:pass@host) work too. TLS: with a CA file, a
+client certificate or a tls:// URL (system roots), the server's certificate is verified; a client
+certificate answers servers with `tls { verify: true }`. Names follow Dynamo's runtime, whose
+environment variables (NATS_AUTH_*, NATS_TLS_*) config.py also reads.
+
+`connect_nats` opens the picker's connection. nats-py retries a first connection that fails
+forever (the link reconnects without limit), which suits a server that is not up yet but hides a
+refusal: a certificate that does not verify, a client certificate the server rejects, wrong
+credentials. So one attempt without retries comes first; a refusal stops the start with one log
+line saying which setting to check (nats-py's own errors are terse: a server that rejects the
+client certificate just closes the connection, seen as "Connection lost").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import ssl
+from typing import Any
+
+import nats
+import nats.errors
+
+from extproc.config import EventsConfig
+from extproc.events.counters import EventCounters
+from extproc.events.nats_events import NatsLink
+from extproc.tls import client_ssl_context
+
+log = logging.getLogger("extproc.events.nats")
+
+FIRST_ATTEMPT_TIMEOUT_S = 2.0
+
+
+class NatsRefused(RuntimeError):
+    """The first connection to NATS failed; the message says why and which setting to check."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot connect to NATS at {url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+async def connect_nats(events: EventsConfig, *, name: str, counters: EventCounters | None = None) -> NatsLink:
+    """The picker's NATS link to `events.nats_url` with its credentials and TLS.
+
+    Raises NatsRefused (logged once, with the reason) when the server refuses this client, and
+    TlsError for unusable certificate files. A server that does not answer yet is waited for.
+    """
+    url = events.nats_url or ""
+    options = nats_connect_options(events)
+    await _first_attempt(url, events, options)
+    link = await NatsLink.connect(url, name=name, counters=counters, **options)
+    log.info(
+        "connected to NATS at %s (%s, %s)",
+        url,
+        "TLS" if "tls" in options or url.startswith("tls://") else "plaintext",
+        authentication(events),
+    )
+    return link
+
+
+async def _first_attempt(url: str, events: EventsConfig, options: dict[str, Any]) -> None:
+    """Connect once without retrying; raise NatsRefused if the server refuses us."""
+
+    async def quiet(_exc: Exception) -> None:  # the reason is logged below, once
+        return None
+
+    try:
+        nc = await nats.connect(
+            url,
+            connect_timeout=FIRST_ATTEMPT_TIMEOUT_S,  # type: ignore[arg-type]
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            error_cb=quiet,
+            **options,
+        )
+    except Exception as exc:
+        if not _is_refusal(exc, events):
+            log.warning(
+                "NATS at %s does not answer yet (%s); retrying until it does", url, exc or type(exc).__name__
+            )
+            return
+        reason = explain_refusal(exc, events)
+        log.error("NATS at %s refused the picker: %s", url, reason)
+        raise NatsRefused(url, reason) from exc
+    await nc.close()
+
+
+def _is_refusal(exc: BaseException, events: EventsConfig) -> bool:
+    """Whether `exc` is the server refusing this client (settings to fix), not the server being away."""
+    if isinstance(exc, ssl.SSLError | nats.errors.AuthorizationError):
+        return True
+    if isinstance(exc, nats.errors.Error) and "authorization" in str(exc).lower():
+        return True
+    tls = events.nats_tls.enabled or (events.nats_url or "").startswith("tls://")
+    return tls and isinstance(exc, ConnectionResetError | EOFError)
+
+
+def nats_connect_options(events: EventsConfig) -> dict[str, Any]:
+    """Keyword arguments for `nats.connect` (through `NatsLink.connect`): credentials and TLS.
+
+    Raises TlsError for unusable certificate files and NatsRefused when a creds file is given
+    without the `nkeys` package.
+    """
+    options: dict[str, Any] = {}
+    if events.nats_creds_file is not None:
+        if importlib.util.find_spec("nkeys") is None:
+            raise NatsRefused(
+                events.nats_url or "",
+                "--nats-creds-file needs the nkeys package (pip install 'nats-py[nkeys]'), which the "
+                "image does not ship; use --nats-user/--nats-password or --nats-token instead",
+            )
+        options["user_credentials"] = events.nats_creds_file
+    if events.nats_user is not None:
+        options["user"] = events.nats_user
+        options["password"] = events.nats_password
+    if events.nats_token is not None:
+        options["token"] = events.nats_token
+    context = client_ssl_context(events.nats_tls)
+    if context is not None:
+        options["tls"] = context
+        if events.nats_tls.server_name:
+            options["tls_hostname"] = events.nats_tls.server_name
+    return options
+
+
+def authentication(events: EventsConfig) -> str:
+    """How the picker authenticates to NATS, for log lines (never the secret itself)."""
+    if events.nats_creds_file is not None:
+        return f"credentials file {events.nats_creds_file}"
+    if events.nats_user is not None:
+        return f"user {events.nats_user!r} and a password"
+    if events.nats_token is not None:
+        return "a token"
+    return "no credentials"
+
+
+def explain_refusal(exc: BaseException, events: EventsConfig) -> str:
+    """Why connecting failed, in terms of the picker's settings."""
+    tls = events.nats_tls
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        ca = (
+            f"--nats-tls-ca-file {tls.ca_file}"
+            if tls.ca_file
+            else "the system's CA roots (no --nats-tls-ca-file)"
+        )
+        return (
+            f"the server's TLS certificate was not accepted ({exc.verify_message}): "
+            f"it must be signed by a CA in {ca} and name the host in the URL"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failed ({exc.reason or exc}); check the --nats-tls-* files"
+    text = str(exc)
+    if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in text.lower():
+        return (
+            f"authentication refused ({text}) with {authentication(events)}; "
+            "check --nats-user/--nats-password, --nats-token or --nats-creds-file"
+        )
+    if isinstance(exc, ConnectionResetError | EOFError) and (
+        tls.enabled or (events.nats_url or "").startswith("tls://")
+    ):
+        if tls.cert_file is None:
+            return (
+                "the server closed the connection during the TLS handshake: it requires a client certificate "
+                "(tls { verify: true }); set --nats-tls-cert-file and --nats-tls-key-file"
+            )
+        return (
+            f"the server closed the connection during the TLS handshake: it did not accept the client "
+            f"certificate {tls.cert_file} (it must be signed by a CA in the server's tls ca_file)"
+        )
+    if isinstance(exc, nats.errors.NoServersError | ConnectionRefusedError | TimeoutError):
+        return f"no server answered ({text or type(exc).__name__})"
+    return f"{type(exc).__name__}: {text}"
