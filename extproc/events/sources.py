@@ -31,6 +31,7 @@ from extproc.events.durable import DurableConfig, DurableKvEvents
 from extproc.events.dynamo_json import kv_events_subject
 from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
+from extproc.events.nats_security import connect_nats
 from extproc.events.replica_sync import ReplicaSync, active_sequences_subject
 from extproc.events.zmq_subscriber import (
     SubscriberTimings,
@@ -136,7 +137,7 @@ async def _start_zmq(config: PickerConfig, sources: EventSources, timings: Subsc
 async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: EventSources) -> None:
     events = config.events
     router_id = events.router_id or f"{socket.gethostname()}-{os.getpid()}"
-    link = await NatsLink.connect(events.nats_url, name=f"extproc-{router_id}", counters=sources.counters)
+    link = await connect_nats(events, name=f"extproc-{router_id}", counters=sources.counters)
     sources.nats = link
     sources.closers.append(link.close)
     ids = sources.instance_ids  # kept current by the WorkerSetFollower
