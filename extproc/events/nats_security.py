@@ -98,8 +98,7 @@ def _is_refusal(exc: BaseException, events: EventsConfig) -> bool:
         return True
     if isinstance(exc, nats.errors.Error) and "authorization" in str(exc).lower():
         return True
-    tls = events.nats_tls.enabled or (events.nats_url or "").startswith("tls://")
-    return tls and isinstance(exc, ConnectionResetError | EOFError)
+    return _client_certificate_refused(exc, events)
 
 
 def nats_connect_options(events: EventsConfig) -> dict[str, Any]:
@@ -154,6 +153,16 @@ def explain_refusal(exc: BaseException, events: EventsConfig) -> str:
             f"the server's TLS certificate was not accepted ({exc.verify_message}): "
             f"it must be signed by a CA in {ca} and name the host in the URL"
         )
+    if _client_certificate_refused(exc, events):
+        if tls.cert_file is None:
+            return (
+                "the server ended the TLS handshake: it requires a client certificate "
+                "(tls { verify: true }); set --nats-tls-cert-file and --nats-tls-key-file"
+            )
+        return (
+            f"the server ended the TLS handshake: it did not accept the client certificate {tls.cert_file} "
+            "(it must be signed by a CA in the server's tls ca_file)"
+        )
     if isinstance(exc, ssl.SSLError):
         return f"TLS failed ({exc.reason or exc}); check the --nats-tls-* files"
     text = str(exc)
@@ -162,18 +171,20 @@ def explain_refusal(exc: BaseException, events: EventsConfig) -> str:
             f"authentication refused ({text}) with {authentication(events)}; "
             "check --nats-user/--nats-password, --nats-token or --nats-creds-file"
         )
-    if isinstance(exc, ConnectionResetError | EOFError) and (
-        tls.enabled or (events.nats_url or "").startswith("tls://")
-    ):
-        if tls.cert_file is None:
-            return (
-                "the server closed the connection during the TLS handshake: it requires a client certificate "
-                "(tls { verify: true }); set --nats-tls-cert-file and --nats-tls-key-file"
-            )
-        return (
-            f"the server closed the connection during the TLS handshake: it did not accept the client "
-            f"certificate {tls.cert_file} (it must be signed by a CA in the server's tls ca_file)"
-        )
     if isinstance(exc, nats.errors.NoServersError | ConnectionRefusedError | TimeoutError):
         return f"no server answered ({text or type(exc).__name__})"
     return f"{type(exc).__name__}: {text}"
+
+
+# TLS alerts a server sends when it rejects the client's certificate (or its absence).
+_CLIENT_CERTIFICATE_ALERTS = ("ALERT_UNKNOWN_CA", "ALERT_BAD_CERTIFICATE", "ALERT_CERTIFICATE_REQUIRED",
+                              "ALERT_CERTIFICATE_UNKNOWN", "ALERT_HANDSHAKE_FAILURE")  # fmt: skip
+
+
+def _client_certificate_refused(exc: BaseException, events: EventsConfig) -> bool:
+    """The server rejected our client certificate: it sent an alert, or (TLS 1.3, when the alert
+    loses the race with the close) just closed the connection during the handshake."""
+    if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLCertVerificationError):
+        return any(alert in str(exc.reason or exc) for alert in _CLIENT_CERTIFICATE_ALERTS)
+    tls = events.nats_tls.enabled or (events.nats_url or "").startswith("tls://")
+    return tls and isinstance(exc, ConnectionResetError | EOFError)
