@@ -990,11 +990,11 @@ def _parse_bool(name: str, text: str) -> bool:
 def _convert(opt: _Option, name: str, raw: Any) -> Any:
     if opt.kind is bool:
         return raw if isinstance(raw, bool) else _parse_bool(name, raw)
-    if raw is None:
-        return None
+    if raw is None:  # null in the config file: unset
+        return opt.default
     try:
         value = opt.kind(str(raw)) if not isinstance(raw, int | float) or opt.kind is str else opt.kind(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(
             f"invalid {name}={raw!r}: expected {getattr(opt.kind, '__name__', 'a value')}"
         ) from None
@@ -1031,6 +1031,9 @@ def _norm(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in mapping.items()}
 
 
+MAX_DP_SIZE = 1024  # data-parallel ranks per worker a config's dp_size may ask for
+
+
 def _workers(raw: Any) -> tuple[WorkerConfig, ...]:
     if raw is None:
         return ()
@@ -1047,10 +1050,12 @@ def _workers(raw: Any) -> tuple[WorkerConfig, ...]:
         endpoint = str(w["endpoint"])
         if ":" not in endpoint:
             raise ConfigError(f"invalid workers[{i}].endpoint={endpoint!r}: expected ip:port")
-        dp = w.get("dp_ranks")
-        if dp is None and "dp_size" in w:
-            dp = list(range(int(w["dp_size"])))
         try:
+            dp = w.get("dp_ranks")
+            if dp is None and "dp_size" in w:
+                dp = range(int(w["dp_size"]))
+                if not 1 <= len(dp) <= MAX_DP_SIZE:
+                    raise ValueError(f"dp_size={w['dp_size']!r} is not in [1, {MAX_DP_SIZE}]")
             out.append(
                 WorkerConfig(
                     id=str(w["id"]),
@@ -1066,7 +1071,7 @@ def _workers(raw: Any) -> tuple[WorkerConfig, ...]:
                     device=worker_device(w.get("device"), f"workers[{i}].device"),
                 )
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise ConfigError(f"invalid workers[{i}]: {exc}") from None
     ids = [w.id for w in out]
     if len(set(ids)) != len(ids):
@@ -1115,7 +1120,7 @@ def load_config(
     if config_path:
         try:
             loaded = yaml.safe_load(Path(config_path).read_text())
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8, a bad escape
             raise ConfigError(f"cannot read config file {config_path}: {exc}") from exc
         if loaded is not None and not isinstance(loaded, Mapping):
             raise ConfigError(f"config file {config_path}: expected a mapping at the top level")
@@ -1276,7 +1281,13 @@ def _files(values: Mapping[str, Any], *dests: str) -> None:
     """Each of `dests` that is set must name a readable file: said at start, not at the first handshake."""
     for dest in dests:
         path = values[dest]
-        if path is not None and not os.access(path, os.R_OK):
+        if path is None:
+            continue
+        try:
+            readable = os.access(path, os.R_OK)
+        except ValueError:  # a NUL or a lone surrogate: no file has that name
+            readable = False
+        if not readable:
             what = "not found" if not os.path.exists(path) else "not readable"
             raise ConfigError(f"invalid {dest.replace('_', '-')}={path!r}: file {what}")
 

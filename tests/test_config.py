@@ -135,6 +135,40 @@ def test_bad_worker_lists_are_refused_with_a_clear_message(tmp_path, workers, me
         load_config(["--config", str(path)], environ={})
 
 
+W0 = b"workers: [{id: w0, endpoint: '1.1.1.1:1', model: m, "
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [  # fuzz-found: each raised something other than ConfigError (MemoryError for the huge dp_size)
+        (W0 + b"dp_size: many}]", "invalid workers[0]"),
+        (W0 + b"dp_size: [0, 1]}]", "invalid workers[0]"),
+        (W0 + b"dp_size: 9007199254740992}]", "dp_size=9007199254740992 is not in [1, 1024]"),
+        (W0 + b"total_blocks: .inf}]", "invalid workers[0]"),
+        (b"picker: {max-body-bytes: .inf}", "max-body-bytes=inf"),
+        (b"router: {router-temperature: 1" + b"0" * 400 + b"}", "router-temperature="),
+        (b"\xff\xfe", "cannot read config file"),
+        (b'a: "\\U1010FFFF"', "cannot read config file"),
+        (b'picker: {group-tls-ca-file: "\\uDC00x"}', "file not found"),
+        (b'picker: {group-tls-ca-file: "a\\0b"}', "file not found"),
+    ],
+)
+def test_any_bad_config_file_is_a_config_error(tmp_path, document, message):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(document)
+    with pytest.raises(ConfigError) as info:
+        load_config(["--config", str(path)], environ={})
+    assert message in str(info.value)
+
+
+def test_null_in_the_config_file_means_unset(tmp_path):
+    path = tmp_path / "nulls.yaml"
+    path.write_text("disagg: {disagg-min-remote-prefill-tokens: null}\nrouter: {router-temperature: null}\n")
+    config = load_config(["--config", str(path)], environ={})
+    default = load_config([], environ={})
+    assert config.disagg == default.disagg and config.router.temperature == default.router.temperature
+
+
 def test_missing_config_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(["--config", str(tmp_path / "nope.yaml")], environ={})
