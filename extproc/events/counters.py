@@ -3,6 +3,9 @@
 Keys are short dotted names, `<source>.<what>` (`vllm.unknown_event`, `zmq.gap`,
 `nats.reconnect`, ...). Counting is the only side effect: decoders never raise on bad input,
 they count it (and log it) and move on.
+
+Messages lost to a full queue (`--event-queue-size`) are also counted per worker and reason in
+`drops` (exported as `extproc_kv_events_dropped_total`), and under `<source>.dropped`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,12 @@ class EventCounters:
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self.drops: Counter[tuple[str, str, str]] = Counter()  # (source, worker, reason) -> messages
+
+    def dropped(self, source: str, worker: str, reason: str, n: int = 1) -> None:
+        """Count `n` messages of `worker` (`"*"` when unknown) lost to a full queue or a gap."""
+        self.counts[f"{source}.dropped"] += n
+        self.drops[(source, worker, reason)] += n
 
     def add(self, key: str, n: int = 1) -> None:
         self.counts[key] += n

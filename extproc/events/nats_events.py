@@ -15,6 +15,12 @@ NATS core is at most once. The publisher drops (and counts) events while its con
 instead of letting the client buffer them: a buffered batch flushed after a reconnect reaches the
 subscribers that are already back and not the others, while a dropped event leaves an id gap
 that every subscriber sees and resynchronises on. A loss is noticed at that worker's next event.
+
+Bounded buffers: a subscription holds at most `queue_size` messages (`--event-queue-size`) that
+its callback has not taken yet (nats.py's `pending_msgs_limit`; its 128 MiB `pending_bytes_limit`
+stays). nats.py drops what arrives beyond that as a slow consumer; `NatsLink.on_overflow` hands
+each such drop to the subscription's owner, which counts it (`drops[("nats", "*", "queue-full")]`:
+which worker it came from is unknown) and relies on the event-id gap to reset that worker.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.errors import SlowConsumerError
 
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import decode_event, encode_event
@@ -50,6 +57,8 @@ log = logging.getLogger("extproc.events.nats")
 GapHook = Callable[[Worker, int, int], None]  # (worker, expected event id, received event id)
 StateWatcher = Callable[[bool, str], None]  # (connection up, reason)
 
+DEFAULT_QUEUE_SIZE = 10_000  # messages a subscription buffers for its callback (--event-queue-size)
+
 RECONNECT_BASE_S = 0.1  # first reconnect delay; doubles per failed attempt ...
 RECONNECT_MAX_S = 5.0  # ... up to this, each with up to 50 % jitter
 PING_INTERVAL_S = 20  # a silent half-open connection is declared dead after 3 missed pings
@@ -62,6 +71,7 @@ class NatsLink:
         self.counters = counters if counters is not None else EventCounters()
         self._nc: NatsClient | None = None
         self._watchers: list[StateWatcher] = []
+        self._overflow: list[tuple[Any, Callable[[], None]]] = []  # (subscription, its drop handler)
         self.up = False
 
     @classmethod
@@ -108,6 +118,13 @@ class NatsLink:
         self._watchers.append(watcher)
         return lambda: self._watchers.remove(watcher) if watcher in self._watchers else None
 
+    def on_overflow(self, subscription: Any, handler: Callable[[], None]) -> Callable[[], None]:
+        """Call `handler()` for each message nats.py drops because `subscription`'s pending queue is
+        full (a slow consumer); returns a function that stops it."""
+        entry = (subscription, handler)
+        self._overflow.append(entry)
+        return lambda: self._overflow.remove(entry) if entry in self._overflow else None
+
     async def close(self) -> None:
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
@@ -134,6 +151,11 @@ class NatsLink:
         self._set(False, "NATS connection closed")
 
     async def _on_error(self, exc: Exception) -> None:
+        if isinstance(exc, SlowConsumerError):
+            for subscription, handler in list(self._overflow):
+                if exc.sub is subscription:
+                    handler()
+                    return
         self.counters.loud("nats.error", "NATS client error: %r", exc)
 
 
@@ -187,30 +209,46 @@ class NatsEventSubscriber:
         counters: EventCounters | None = None,
         on_gap: GapHook | None = None,
         worker_id_of: Callable[[int], WorkerId] = str,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
     ) -> None:
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {queue_size}")
         self.link = link
         self.sink = sink
         self.subject = subject
+        self.queue_size = queue_size
         self.counters = counters if counters is not None else link.counters
         self.on_gap: GapHook = on_gap or self._reset_on_gap
         self._worker_id_of = worker_id_of
         self.event_ids = EventIdTracker()
         self._sub: Any = None
         self._unwatch: Callable[[], None] | None = None
+        self._unwatch_overflow: Callable[[], None] | None = None
 
     @property
     def gaps(self) -> int:
         return self.counters["nats.gap"]
 
+    @property
+    def pending(self) -> int:
+        """Messages received and not yet handled (at most `queue_size`)."""
+        return 0 if self._sub is None else self._sub.pending_msgs
+
     async def start(self) -> None:
         self._unwatch = self.link.watch(self._on_link_state)
-        self._sub = await self.link.nc.subscribe(self.subject, cb=self._on_message)
+        self._sub = await self.link.nc.subscribe(
+            self.subject, cb=self._on_message, pending_msgs_limit=self.queue_size
+        )
+        self._unwatch_overflow = self.link.on_overflow(self._sub, self._on_overflow)
         await self.link.nc.flush()  # the subscription is registered when start returns
 
     async def stop(self) -> None:
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
+        if self._unwatch_overflow is not None:
+            self._unwatch_overflow()
+            self._unwatch_overflow = None
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -218,6 +256,16 @@ class NatsEventSubscriber:
 
     def _reset_on_gap(self, worker: Worker, expected: int, got: int) -> None:
         self.sink.reset_worker(worker, f"event gap on {self.subject}: expected event {expected}, got {got}")
+
+    def _on_overflow(self) -> None:
+        self.counters.dropped("nats", "*", "queue-full")
+        self.counters.loud(
+            "nats.queue_full",
+            "KV events on %s arrive faster than they are applied: more than %d pending, dropping "
+            "(the workers concerned are reset at their next event)",
+            self.subject,
+            self.queue_size,
+        )
 
     async def _on_message(self, msg: Msg) -> None:
         self.handle(msg.data)

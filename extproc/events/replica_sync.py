@@ -18,6 +18,13 @@ replicas reusing a request id never touch each other's entries. Publishing never
 messages are queued and sent in order by a background task (buffered by the client while the
 connection is down); failures are counted. A replica that dies without `stop()` leaves its
 requests in the others' view until they are freed by hand (`forget_replica`).
+
+Bounded buffers (`queue_size`, `--event-queue-size`): the subscription holds at most that many
+unhandled messages and the publishing queue at most that many unsent ones. A message nats.py drops
+from a full subscription (reported through `overflowed()`) may have been a `free`: the other
+replicas' requests are no longer trustworthy, so once every message received before the drop has
+been applied, all of them are forgotten (`sync.resync`). Their load is under-counted until they
+end, never leaked.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from extproc.events.counters import EventCounters
-from extproc.events.nats_events import OrderedSender
+from extproc.events.nats_events import DEFAULT_QUEUE_SIZE, OrderedSender
 from extproc.router.types import Worker
 
 log = logging.getLogger("extproc.events.replica_sync")
@@ -67,8 +74,8 @@ class SyncedRouter(Protocol):
 class ReplicaSync:
     """Publishes this replica's request lifecycle and applies the other replicas' to `router`.
 
-    Counter keys: `sync.published`, `sync.publish_failed`, `sync.applied`, `sync.malformed`,
-    `sync.apply_failed`.
+    Counter keys: `sync.published`, `sync.publish_failed`, `sync.publish_dropped`, `sync.applied`,
+    `sync.malformed`, `sync.apply_failed`, `sync.dropped`, `sync.resync`.
     """
 
     def __init__(
@@ -79,20 +86,33 @@ class ReplicaSync:
         subject: str,
         *,
         counters: EventCounters | None = None,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
     ) -> None:
         if not router_id:
             raise ValueError("router_id must not be empty (replicas tell their messages apart by it)")
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {queue_size}")
         self.nc = nc
         self.router = router
         self.router_id = router_id
         self.subject = subject
+        self.queue_size = queue_size
         self.counters = counters if counters is not None else EventCounters()
-        self._sender = OrderedSender(nc, self.counters, "sync", drop_while_down=False)
+        self._sender = OrderedSender(nc, self.counters, "sync", drop_while_down=False, max_queued=queue_size)
         self._remote: dict[str, set[str]] = {}  # origin replica -> its request ids we track
         self._sub: Any = None
+        self._handled = 0  # messages taken from the subscription so far
+        self._resync_at: int | None = None  # forget every remote request once _handled reaches this
+
+    @property
+    def subscription(self) -> Any:
+        """The nats.py subscription (for `NatsLink.on_overflow`); None before `start`."""
+        return self._sub
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(self.subject, cb=self._on_message)
+        self._sub = await self.nc.subscribe(
+            self.subject, cb=self._on_message, pending_msgs_limit=self.queue_size
+        )
         await self.nc.flush()  # subscribed when start returns
 
     async def stop(self) -> None:
@@ -161,8 +181,30 @@ class ReplicaSync:
         """In-flight requests per other replica, as this replica tracks them."""
         return {origin: len(ids) for origin, ids in self._remote.items() if ids}
 
+    def overflowed(self) -> None:
+        """nats.py dropped a message: the subscription's queue was full. Counted; every remote
+        request is forgotten once the messages received before the drop are applied."""
+        self.counters.dropped("sync", "*", "queue-full")
+        self.counters.loud(
+            "sync.queue_full",
+            "replica sync messages arrive faster than they are applied (more than %d pending): "
+            "dropping, then forgetting the other replicas' requests",
+            self.queue_size,
+        )
+        self._resync_at = self._handled + (self._sub.pending_msgs if self._sub is not None else 0)
+        self._maybe_resync()
+
+    def _maybe_resync(self) -> None:
+        if self._resync_at is not None and self._handled >= self._resync_at:
+            self._resync_at = None
+            forgotten = sum(self.forget_replica(origin) for origin in list(self._remote))
+            self.counters.add("sync.resync")
+            log.warning("replica sync lost messages: forgot %d requests of other replicas", forgotten)
+
     async def _on_message(self, msg: Msg) -> None:
         self.handle(msg.data)
+        self._handled += 1
+        self._maybe_resync()
 
     def handle(self, data: bytes) -> None:
         """Apply one sync message (what the subscription does); never raises."""

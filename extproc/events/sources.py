@@ -8,6 +8,9 @@
 With KV events off (`--no-kv-events`) nothing is started and the routers predict cache state
 from their own decisions.
 
+Every subscription buffers at most `--event-queue-size` messages (`EventsConfig.queue_size`);
+what overflows is dropped, counted and the worker concerned resynchronised (see each transport).
+
 The worker set may change while the picker runs (DNS discovery, config reload): a
 `WorkerSetFollower` keeps the feed's worker -> router map, the NATS instance-id map and the
 per-worker ZMQ subscribers in step with it.
@@ -123,7 +126,12 @@ async def _start_zmq(config: PickerConfig, sources: EventSources, timings: Subsc
         return
     block_size = config.router.block_size
     sources.zmq = ZmqEventSubscribers(
-        endpoints, sources.feed, block_size=block_size, counters=sources.counters, timings=timings
+        endpoints,
+        sources.feed,
+        block_size=block_size,
+        counters=sources.counters,
+        timings=timings,
+        queue_size=config.events.queue_size,
     )
     await sources.zmq.start()
     sources.closers.append(sources.zmq.stop)
@@ -168,7 +176,12 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         else:
             subject = kv_events_subject(events.namespace, events.component)
             subscriber = NatsEventSubscriber(
-                link, sources.feed, subject, counters=sources.counters, worker_id_of=worker_id_of
+                link,
+                sources.feed,
+                subject,
+                counters=sources.counters,
+                worker_id_of=worker_id_of,
+                queue_size=events.queue_size,
             )
             await subscriber.start()
             sources.closers.append(subscriber.stop)
@@ -176,10 +189,18 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
     if events.replica_sync:
         subject = active_sequences_subject(events.namespace, events.component)
         routers = _AllRouters(picker, sources.feed)
-        sync = ReplicaSync(link.nc, routers, router_id, subject, counters=sources.counters)
+        sync = ReplicaSync(
+            link.nc, routers, router_id, subject, counters=sources.counters, queue_size=events.queue_size
+        )
         await sync.start()
         sources.replica_sync = sync
         sources.closers.append(sync.stop)
+        unwatch = link.on_overflow(sync.subscription, sync.overflowed)
+
+        async def stop_watching_overflow() -> None:
+            unwatch()
+
+        sources.closers.append(stop_watching_overflow)
         listener = _SyncListener(sync, picker)
         picker.listeners.append(listener)
         sources.closers.append(listener.detach)
@@ -273,6 +294,7 @@ class WorkerSetFollower:
                     counters=self.sources.counters,
                     timings=self.timings,
                     context=self._ctx,
+                    queue_size=self.config.events.queue_size,
                 )
                 holder.subscribers[e.worker] = sub
                 self._started_here.add(e.worker)

@@ -18,8 +18,16 @@ the failure cases spelled out:
   last seq (a probe that also catches up on missed batches); the stream is reported down only if
   that goes unanswered, or at once when the connection to the publisher drops.
 
-Counters (`EventCounters`): zmq.batch, zmq.event, zmq.gap, zmq.replay, zmq.replay_failed,
-zmq.reset, zmq.restart, zmq.reconnect, zmq.duplicate, zmq.probe, zmq.probe_failed, zmq.unfilled_gap.
+Bounded buffers (`queue_size`, `--event-queue-size`): the SUB socket holds at most that many
+batches (ZMQ_RCVHWM) while the picker is busy; beyond it ZMQ stops reading, TCP pushes back and the
+publisher drops at its own high-water mark, as vLLM's does. A dropped batch is a seq gap: counted
+as dropped (`drops[("zmq", worker, "seq-gap")]`) and filled from the replay socket (the
+resynchronisation), or the worker is reset when the replay cannot fill it. A replay is read in
+parts of at most `queue_size` batches, each applied before the next is asked for.
+
+Counters (`EventCounters`): zmq.batch, zmq.event, zmq.gap, zmq.dropped, zmq.replay, zmq.replay_failed,
+zmq.replay_truncated, zmq.reset, zmq.restart, zmq.reconnect, zmq.duplicate, zmq.probe,
+zmq.probe_failed, zmq.unfilled_gap.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ from extproc.router.types import Worker
 log = logging.getLogger(__name__)
 
 Batch = tuple[int, bytes]  # (seq, msgpack payload)
+
+DEFAULT_QUEUE_SIZE = 10_000  # batches buffered per subscriber (--event-queue-size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +130,12 @@ class ZmqEventSubscriber:
         counters: EventCounters,
         timings: SubscriberTimings | None = None,
         context: zmq.asyncio.Context | None = None,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
     ) -> None:
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {queue_size}")
         self.endpoint = endpoint
+        self.queue_size = queue_size
         self.worker = endpoint.worker
         self.sink = sink
         self.counters = counters
@@ -182,7 +196,7 @@ class ZmqEventSubscriber:
         assert self._ctx is not None
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.RCVHWM, self.queue_size)
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         try:
             sub.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
@@ -308,28 +322,39 @@ class ZmqEventSubscriber:
         if batches and batches[0][0] != 0:
             self._unfilled(0, batches[0][0], "the replay buffer no longer starts at seq 0", reset=False)
         self._apply_replayed(batches, None)
-        self._set_state(True, f"rebuilt from replay ({len(batches)} batches)")
+        replayed = len(batches)
+        while len(batches) >= self.queue_size:  # read in parts: ask for the rest
+            assert s.last_applied is not None
+            more = await self._replay_from(s.last_applied + 1)
+            if more is None:
+                break  # the next live batch's gap, or the next probe, asks again
+            batches = more
+            self._apply_replayed(batches, None)
+            replayed += len(batches)
+        self._set_state(True, f"rebuilt from replay ({replayed} batches)")
 
     async def _fill_gap(self, seq: int) -> None:
         """Apply the missing batches before `seq` from the replay socket, or reset the worker."""
         s = self._s
         assert s.last_applied is not None
-        start = s.last_applied + 1
         self.counters.add("zmq.gap")
+        self.counters.dropped("zmq", str(self.worker), "seq-gap", seq - s.last_applied - 1)
         if self.endpoint.replay is None:
-            self._unfilled(start, seq, "no replay socket")
+            self._unfilled(s.last_applied + 1, seq, "no replay socket")
             return
-        batches = await self._replay_from(start)
-        if batches is None:
-            self._unfilled(start, seq, "the replay socket does not answer")
-            return
-        wanted = [b for b in batches if start <= b[0] < seq]
-        if not wanted:
-            self._unfilled(start, seq, "the replay buffer no longer holds it")
-            return
-        if wanted[0][0] != start:
-            self._unfilled(start, wanted[0][0], "the replay buffer no longer holds it")
-        self._apply_replayed(wanted, seq)
+        while s.last_applied + 1 < seq:  # each round applies at least one batch, or gives up
+            start = s.last_applied + 1
+            batches = await self._replay_from(start)
+            if batches is None:
+                self._unfilled(start, seq, "the replay socket does not answer")
+                return
+            wanted = [b for b in batches if start <= b[0] < seq]
+            if not wanted:
+                self._unfilled(start, seq, "the replay buffer no longer holds it")
+                return
+            if wanted[0][0] != start:
+                self._unfilled(start, wanted[0][0], "the replay buffer no longer holds it")
+            self._apply_replayed(wanted, seq)
 
     def _apply_replayed(self, batches: list[Batch], stop: int | None) -> None:
         """Apply replayed batches in seq order; a hole inside them counts as an unfilled gap."""
@@ -385,12 +410,14 @@ class ZmqEventSubscriber:
             self._set_state(True, "replay socket answers")
 
     async def _replay_from(self, start: int) -> list[Batch] | None:
-        """Every buffered batch from `start` on, in order; None if the replay socket does not answer."""
+        """The buffered batches from `start` on, in order, at most `queue_size` of them (a full list
+        may have been cut short: ask again after its last seq); None if the replay socket does not
+        answer."""
         assert self._ctx is not None and self.endpoint.replay is not None
         self.counters.add("zmq.replay")
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, self.queue_size)
         try:
             sock.connect(self.endpoint.replay)
             await sock.send_multipart((b"", encode_seq(start)))
@@ -406,6 +433,9 @@ class ZmqEventSubscriber:
                 if seq == END_SEQ:
                     return out
                 out.append((seq, bytes(frames[1])))
+                if len(out) >= self.queue_size:
+                    self.counters.add("zmq.replay_truncated")
+                    return out  # the rest is discarded with the socket
         except TimeoutError:
             self.counters.add("zmq.replay_failed")
             return None
@@ -455,11 +485,13 @@ class ZmqEventSubscribers:
         block_size: int,
         counters: EventCounters,
         timings: SubscriberTimings | None = None,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
     ) -> None:
         self.endpoints = list(endpoints)
         workers = [e.worker for e in self.endpoints]
         if len(set(workers)) != len(workers):
             raise ValueError(f"each (worker, dp rank) needs exactly one endpoint, got {workers}")
+        self.queue_size = queue_size
         self._args = (sink, block_size, counters, timings)
         self._ctx: zmq.asyncio.Context | None = None
         self.subscribers: dict[Worker, ZmqEventSubscriber] = {}
@@ -469,7 +501,13 @@ class ZmqEventSubscribers:
         self._ctx = zmq.asyncio.Context()
         for e in self.endpoints:
             sub = ZmqEventSubscriber(
-                e, sink, block_size=block_size, counters=counters, timings=timings, context=self._ctx
+                e,
+                sink,
+                block_size=block_size,
+                counters=counters,
+                timings=timings,
+                context=self._ctx,
+                queue_size=self.queue_size,
             )
             self.subscribers[e.worker] = sub
             await sub.start()
