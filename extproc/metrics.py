@@ -4,7 +4,8 @@ own counters and timings are `pick_metrics.py`).
 Per worker (labels `model`, `worker`, `dp_rank`): active prefill tokens, active decode blocks,
 cached blocks known to the router, and where its cache state comes from (`source` = predicted,
 event-fed or stale, one-hot). Per model: indexer event counters. Per picker: every KV event
-transport counter (`key` label, e.g. `zmq.gap`, `nats.reconnect`, `vllm.unknown_event`). Per model:
+transport counter (`key` label, e.g. `zmq.gap`, `nats.reconnect`, `vllm.unknown_event`), and KV
+event messages dropped by a full buffer (`source`, `worker`: `*` when unknown, `reason`). Per model:
 admission queue depth and how queued requests left it, sticky sessions pinned.
 """
 
@@ -91,3 +92,12 @@ class PickerCollector(Collector):
         for key, value in sorted(self.sources.counters.snapshot().items()):
             transport.add_metric([key], value)
         yield transport
+        dropped = CounterMetricFamily(
+            "extproc_kv_events_dropped",
+            "KV event messages lost to a full buffer (--event-queue-size) or a seq gap; the worker is "
+            "resynchronised after each.",
+            labels=["source", "worker", "reason"],
+        )
+        for (source_name, worker, reason), value in sorted(self.sources.counters.drops.items()):
+            dropped.add_metric([source_name, worker, reason], value)
+        yield dropped

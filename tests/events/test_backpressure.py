@@ -15,15 +15,21 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from extproc.events.counters import EventCounters
+from extproc.events.feed import RouterFeed
+from extproc.events.sources import EventSources
 from extproc.events.vllm import WireBlockStored
 from extproc.events.zmq_publisher import ZmqEventPublisher
 from extproc.events.zmq_subscriber import SubscriberTimings, ZmqEndpoint, ZmqEventSubscriber
+from extproc.metrics import PickerCollector
+from extproc.picker import EndpointPicker
 from extproc.router import KvRouter, RouterConfig
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.router.types import KvEvent, Worker
 from tests.nats.conftest import eventually, prime
+from tests.picker_fixtures import picker_config
 
 BS = 4  # as the NATS tests' routers (tests/nats/conftest.py)
 ZMQ_BS = 64  # big blocks make big batches: the ZMQ burst must outgrow the kernel's socket buffers too
@@ -162,3 +168,17 @@ def test_queue_sizes_must_be_positive(size: int):
             counters=EventCounters(),
             queue_size=size,
         )
+
+
+def test_drops_are_exported_per_source_worker_and_reason():
+    picker = EndpointPicker(picker_config())
+    counters = EventCounters()
+    counters.dropped("zmq", "w0/dp1", "seq-gap", 3)
+    counters.dropped("nats", "*", "queue-full")
+    registry = CollectorRegistry()
+    registry.register(PickerCollector(picker, EventSources(RouterFeed(picker.routers_by_worker()), counters)))
+    sample = registry.get_sample_value
+    name = "extproc_kv_events_dropped_total"
+    assert sample(name, {"source": "zmq", "worker": "w0/dp1", "reason": "seq-gap"}) == 3
+    assert sample(name, {"source": "nats", "worker": "*", "reason": "queue-full"}) == 1
+    assert sample("extproc_kv_event_transport_total", {"key": "zmq.dropped"}) == 3
