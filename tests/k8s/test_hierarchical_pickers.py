@@ -52,9 +52,9 @@ async def hierarchy(tmp_path) -> AsyncIterator[tuple[RunningPicker, dict[str, se
             top = top.replace(in_cluster, local)
         top = top.replace("tokenize-url: http://llm-workers:8000", "")  # no engine here: byte tokens
         (tmp_path / "top.yaml").write_text(top)
-        config = load_config(
-            ["--config", str(tmp_path / "top.yaml"), "--port", "0", "--health-port", "0"], environ={}
-        )
+        # the overlay's 50 ms probe deadline is for a cluster; a loaded test machine may need longer
+        argv = ["--config", str(tmp_path / "top.yaml"), "--port", "0", "--health-port", "0"]
+        config = load_config([*argv, "--group-probe-timeout-ms", "2000"], environ={})
         top_picker = await start_picker(config)
         running.append(top_picker)
         yield top_picker, endpoints
