@@ -6,12 +6,16 @@ Updated as requests pass (the scrape-time view of routers and event sources is `
 - `extproc_decision_stage_seconds{stage}`: parse, tokenize, hash, match, select, queue;
 - `extproc_overlap_blocks_total{model, which}`: overlap of the chosen worker and the best available,
   and `extproc_overlap_regret_blocks{model}`: their difference per request (what load cost us);
-- `extproc_session_pins_total{model, event}`: pinned, moved (its worker left or was busy), closed.
+- `extproc_session_pins_total{model, event}`: pinned, moved (its worker left or was busy), closed;
+- `extproc_upstream_responses_total{model, worker, status}`: the status each routed request got back
+  (Envoy's own 503 when it could not connect included), and
+  `extproc_worker_consecutive_failures{model, worker}`: 5xx answers in a row (a 2xx resets it).
+  Observed only: routing does not use them.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 STAGES = ("parse", "tokenize", "hash", "match", "select", "queue")
 _STAGE_BUCKETS = (
@@ -56,6 +60,19 @@ class PickMetrics:
         self.sessions = Counter(
             "extproc_session_pins", "Sticky-session pin events.", ["model", "event"], registry=r
         )
+        self.upstream = Counter(
+            "extproc_upstream_responses",
+            "Response status of routed requests, per worker (Envoy's 503 for a failed connection included).",
+            ["model", "worker", "status"],
+            registry=r,
+        )
+        self.consecutive_failures = Gauge(
+            "extproc_worker_consecutive_failures",
+            "5xx answers in a row from a worker (a 2xx answer resets it).",
+            ["model", "worker"],
+            registry=r,
+        )
+        self._failures: dict[tuple[str, str], int] = {}
         self.disagg_decisions = Counter(
             "extproc_disagg_decisions",
             "Requests of disaggregated models: prefilled remotely (where=remote) or on the decode worker "
@@ -88,3 +105,15 @@ class PickMetrics:
 
     def rejected(self, status: int, reason: str) -> None:
         self.rejections.labels(str(status), reason).inc()
+
+    def upstream_answered(self, model: str, worker: str, status: int) -> tuple[int, int]:
+        """Count a worker's response status; returns its consecutive 5xx answers before and after
+        this one (4xx and other statuses leave the run as it is)."""
+        self.upstream.labels(model, worker, str(status)).inc()
+        key = (model, worker)
+        before = self._failures.get(key, 0)
+        after = before + 1 if status >= 500 else 0 if 200 <= status < 300 else before
+        if after != before:
+            self._failures[key] = after
+            self.consecutive_failures.labels(model, worker).set(after)
+        return before, after

@@ -9,9 +9,12 @@ failure, so Envoy does not fail open around it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -44,37 +47,49 @@ class Stack:
     workers: list[EchoWorker]
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    endpoints: list[str], variant: Variant, log_dir: Path, **service_options: Any
+) -> AsyncIterator[tuple[EndpointPicker, ExtProcService, EnvoyUnderTest]]:
+    """A picker for `endpoints` behind its ext_proc service on a free port, and an Envoy using it."""
+    config = PickerConfig(
+        router=RouterConfig(block_size=16, use_kv_events=False),
+        workers=tuple(WorkerConfig(f"w{i}", ep, MODEL) for i, ep in enumerate(endpoints)),
+        models=(ModelConfig(MODEL),),
+        seed=5,
+    )
+    picker = EndpointPicker(config)
+    service = ExtProcService(picker, max_body_bytes=config.max_body_bytes, **service_options)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    try:
+        envoy = start_envoy_variant(
+            variant, picker_address=f"127.0.0.1:{port}", workers=endpoints, log_dir=log_dir
+        )
+        try:
+            yield picker, service, envoy
+        finally:
+            envoy.stop()
+    finally:
+        await server.stop(0)
+        await picker.close()
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["buffered", "failopen"])
 async def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
     variant: Variant = request.param
     workers = await start_echo_workers(2)
-    config = PickerConfig(
-        router=RouterConfig(block_size=16, use_kv_events=False),
-        workers=tuple(WorkerConfig(f"w{i}", w.address, MODEL) for i, w in enumerate(workers)),
-        models=(ModelConfig(MODEL),),
-        seed=5,
-    )
-    picker = EndpointPicker(config)
-    service = ExtProcService(picker, max_body_bytes=config.max_body_bytes, max_concurrent_streams=LIMIT)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    envoy = start_envoy_variant(
-        variant,
-        picker_address=f"127.0.0.1:{port}",
-        workers=[w.address for w in workers],
-        log_dir=tmp_path_factory.mktemp(f"limits-{variant}"),
-    )
+    endpoints = [w.address for w in workers]
     try:
-        yield Stack(picker, service, envoy, workers)
+        log_dir = tmp_path_factory.mktemp(f"limits-{variant}")
+        async with serving(endpoints, variant, log_dir, max_concurrent_streams=LIMIT) as running:
+            yield Stack(*running, workers)
     finally:
-        envoy.stop()
-        await server.stop(0)
-        await picker.close()
         for w in workers:
             await w.stop()
 
@@ -82,7 +97,9 @@ async def stack(
 async def post(http: aiohttp.ClientSession, url: str, text: str, query: str = "") -> tuple[int, dict, dict]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
     async with http.post(f"{url}/v1/chat/completions{query}", json=body) as r:
-        return r.status, dict(r.headers), json.loads(await r.read() or b"{}")
+        data = await r.read()
+        answer = json.loads(data) if r.content_type == "application/json" else {"text": data.decode()}
+        return r.status, dict(r.headers), answer
 
 
 async def until(condition, timeout_s: float = 10.0) -> None:
@@ -117,3 +134,29 @@ async def test_a_request_beyond_the_stream_limit_gets_429_and_the_next_one_after
         status, _, answer = await post(http, stack.envoy.url, "room again")
         assert status == 200 and answer["worker"] in {w.address for w in stack.workers}
     await until(stack.picker.is_idle)
+
+
+async def test_a_dead_worker_gets_envoys_503_counted_as_failures_in_a_row_until_it_answers_again(
+    tmp_path: Path,
+) -> None:
+    dead = EchoWorker()  # its port is chosen; nothing listens there yet
+    async with serving([dead.address], "buffered", tmp_path) as (picker, service, envoy):
+        service.metrics = picker.metrics  # what server.py passes (see ExtProcService)
+        sample = picker.metrics.registry.get_sample_value
+        labels = {"model": MODEL, "worker": "w0"}
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+            for attempt in range(1, 4):
+                status, _, answer = await post(http, envoy.url, f"nobody there {attempt}")
+                assert status == 503 and "upstream connect error" in answer["text"]  # Envoy's own answer
+                await until(picker.is_idle)  # freed like any other failed request
+                assert sample("extproc_worker_consecutive_failures", labels) == attempt
+            assert sample("extproc_upstream_responses_total", {**labels, "status": "503"}) == 3
+            await dead.start()  # the worker comes (back) up
+            try:
+                status, _, answer = await post(http, envoy.url, "hello again")
+                assert status == 200 and answer["worker"] == dead.address
+                await until(picker.is_idle)
+                assert sample("extproc_worker_consecutive_failures", labels) == 0
+                assert sample("extproc_upstream_responses_total", {**labels, "status": "200"}) == 1
+            finally:
+                await dead.stop()
