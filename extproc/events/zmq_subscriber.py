@@ -403,8 +403,10 @@ class ZmqEventSubscriber:
         if batches:
             if s.last_applied is None:
                 s.last_applied = batches[0][0] - 1
-            elif batches[0][0] > start:
-                self._unfilled(start, batches[0][0], "the replay buffer no longer holds it")
+            else:  # a silent SUB socket: these never arrived live
+                self.counters.dropped("zmq", str(self.worker), "seq-gap", batches[-1][0] - start + 1)
+                if batches[0][0] > start:
+                    self._unfilled(start, batches[0][0], "the replay buffer no longer holds it")
             self._apply_replayed(batches, None)
         if not s.disconnected:  # the reconnect, not the probe, brings a dropped stream back
             self._set_state(True, "replay socket answers")

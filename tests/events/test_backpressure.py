@@ -128,6 +128,42 @@ async def test_a_zmq_burst_beyond_the_bound_is_counted_as_dropped_and_replayed()
         await publisher.stop()
 
 
+async def test_dropped_batches_with_nothing_after_them_are_found_by_the_silence_probe():
+    publisher = ZmqEventPublisher(port=0, replay_port=0)
+    await publisher.start()
+    router = KvRouter(RouterConfig(block_size=BS, use_kv_events=True), clock=lambda: 0.0)
+    counters = EventCounters()
+    subscriber = ZmqEventSubscriber(
+        ZmqEndpoint(W0, publisher.endpoint, publisher.replay_endpoint),
+        RecordingSink(router),
+        block_size=BS,
+        counters=counters,
+        timings=SubscriberTimings(silence_s=0.3, replay_timeout_s=2.0),
+        queue_size=QUEUE,
+    )
+    await subscriber.start()
+    chains: list[list[int]] = []
+
+    def publish() -> int:
+        chains.append(chain_tokens(len(chains), 2))
+        hashes = compute_sequence_hashes(compute_block_hashes(chains[-1], BS))
+        return publisher.publish([WireBlockStored(hashes, None, chains[-1], BS)])
+
+    try:
+        await eventually(lambda: subscriber.status.complete, what="the start replay")
+        await prime(lambda _: publish(), lambda: subscriber.status.last_seq == publisher.next_seq - 1)
+        dropped_before = counters.drops[("zmq", "w0", "seq-gap")]
+        publisher.withhold(3)  # the last three never reach the SUB socket, and nothing follows them
+        last = [publish() for _ in range(3)][-1]
+        await eventually(lambda: subscriber.status.last_seq == last, what="the probe's replay")
+        assert counters.drops[("zmq", "w0", "seq-gap")] - dropped_before == 3
+        assert counters["zmq.probe"] >= 1
+        assert all(held_for(router, c) == 2 for c in chains)
+    finally:
+        await subscriber.stop()
+        await publisher.stop()
+
+
 async def test_a_replay_longer_than_the_bound_is_read_in_parts():
     publisher = ZmqEventPublisher(port=0, replay_port=0, buffer_steps=1000)
     await publisher.start()
