@@ -1,0 +1,293 @@
+"""The soak test's processes: nats-server, mock workers, the picker and Envoy (fail-open), and the
+faults done to them. Everything on 127.0.0.1, started as child processes and stopped by pid.
+
+Workers w0 and w1 publish KV events over ZMQ (with a replay socket), the others over NATS core.
+The picker runs as `python -m extproc serve` with its admin port (/debug/workers, /metrics,
+/readyz) and the limits below; Envoy renders `envoy/failopen.yaml`. The blocking methods here are
+called from the soak's event loop through `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc.envoy_config import render_envoy_config
+from extproc.procs import (
+    ManagedProcess,
+    NatsServer,
+    free_port,
+    http_status,
+    start_envoy,
+    start_nats_server,
+    wait_for_port,
+    wait_http_ok,
+)
+from extproc.stack import MODEL
+
+BLOCK_SIZE = 16
+NAMESPACE = "soak"
+MAX_BODY_BYTES = 32 * 1024  # the picker's --max-body-bytes
+MAX_PROMPT_TOKENS = 2048  # the picker's --max-prompt-tokens
+ENVOY_MAX_BODY_BYTES = 1024 * 1024  # Envoy's request_body_buffer_limit (the smallest it renders)
+WORKER_MAX_MODEL_LEN = 2304  # the workers' own limit: prompt + output tokens
+WORKER_GPU_BLOCKS = 4096
+SHUTDOWN_GRACE_S = 5.0  # the picker's --shutdown-grace-secs
+ZMQ_WORKERS = 2  # w0..w{n-1} publish over ZMQ, the rest over NATS
+
+
+@dataclass
+class WorkerSpec:
+    worker_id: str
+    port: int
+    argv: list[str]
+    transport: str  # zmq or nats
+    process: ManagedProcess | None = None
+    starts: int = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class ProcessSample:
+    rss_kib: int
+    fds: int
+    at_s: float
+
+
+@dataclass
+class PickerLife:
+    pid: int
+    started_at_request: int  # requests done when this process started
+    warm: ProcessSample | None = None
+    end: ProcessSample | None = None
+    exit_code: int | None = None
+    drain_log: str | None = None
+    crashed: bool = False  # ended by SIGKILL (a crash), not SIGTERM
+
+
+def sample_process(pid: int, t0: float) -> ProcessSample:
+    """RSS (VmRSS, KiB) and open file descriptors of `pid`, from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+    rss = int(match.group(1)) if match else 0
+    return ProcessSample(rss, len(os.listdir(f"/proc/{pid}/fd")), round(time.monotonic() - t0, 2))
+
+
+class SoakStack:
+    """The processes of one soak run, their ports, and the faults applied to them."""
+
+    def __init__(self, log_dir: Path, workers: int, speedup: float, seed: int) -> None:
+        self.log_dir = log_dir
+        self.seed = seed
+        self.nats: NatsServer | None = None
+        self.nats_port = free_port()
+        self.nats_starts = 0
+        self.workers = [self._worker_spec(i, speedup) for i in range(workers)]
+        self.picker: ManagedProcess | None = None
+        self.picker_port, self.health_port, self.picker_admin = free_port(), free_port(), free_port()
+        self.picker_starts = 0
+        self.pokes = 0  # requests sent straight to workers by recovery checks
+        self.envoy: ManagedProcess | None = None
+        self.listen_port, self.envoy_admin = free_port(), free_port()
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://127.0.0.1:{self.nats_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.picker_admin}"
+
+    def _worker_spec(self, i: int, speedup: float) -> WorkerSpec:
+        wid, port = f"w{i}", free_port()
+        argv = [
+            sys.executable, "-m", "extproc", "mock-worker", "--port", str(port), "--worker-id", wid,
+            "--model", MODEL, "--block-size", str(BLOCK_SIZE), "--speedup", str(speedup),
+            "--num-gpu-blocks", str(WORKER_GPU_BLOCKS), "--max-model-len", str(WORKER_MAX_MODEL_LEN),
+        ]  # fmt: skip
+        if i < ZMQ_WORKERS:
+            argv += ["--kv-events", "zmq", "--kv-events-port", str(free_port())]
+            argv += ["--kv-replay-port", str(free_port())]
+            return WorkerSpec(wid, port, argv, "zmq")
+        argv += ["--kv-events", "nats", "--nats-url", self.nats_url, "--instance-id", str(i)]
+        argv += ["--namespace", NAMESPACE]
+        return WorkerSpec(wid, port, argv, "nats")
+
+    def start(self) -> None:
+        self.start_nats()
+        for spec in self.workers:
+            self._spawn_worker(spec)
+        for spec in self.workers:
+            assert spec.process is not None
+            wait_http_ok(f"http://{spec.endpoint}/health", 30.0, process=spec.process)
+        self.start_picker()
+        config = render_envoy_config(
+            "failopen",
+            listen_port=self.listen_port,
+            admin_port=self.envoy_admin,
+            picker_address=f"127.0.0.1:{self.picker_port}",
+            workers=[w.endpoint for w in self.workers],
+            max_body_bytes=ENVOY_MAX_BODY_BYTES,
+        )
+        self.envoy = start_envoy(config, log_path=self.log_dir / "envoy.log", admin_port=self.envoy_admin)
+
+    def stop(self) -> None:
+        for process in [self.envoy, self.picker, *(w.process for w in self.workers), self.nats]:
+            if process is not None:
+                process.stop(grace_s=SHUTDOWN_GRACE_S + 2.0)
+
+    def start_nats(self) -> None:
+        self.nats_starts += 1
+        self.nats = start_nats_server(
+            self.nats_port,
+            jetstream=False,
+            store_dir=self.log_dir / "nats",
+            log_path=self.log_dir / f"nats-{self.nats_starts}.log",
+        )
+
+    def _spawn_worker(self, spec: WorkerSpec) -> None:
+        spec.starts += 1
+        log_path = self.log_dir / f"worker-{spec.worker_id}-{spec.starts}.log"
+        spec.process = ManagedProcess(spec.argv, log_path=log_path).start()
+
+    def worker(self, worker_id: str) -> WorkerSpec:
+        for spec in self.workers:
+            if spec.worker_id == worker_id:
+                return spec
+        raise ValueError(f"no worker {worker_id!r}; workers: {', '.join(w.worker_id for w in self.workers)}")
+
+    def picker_config(self) -> Path:
+        entries = []
+        for spec in self.workers:
+            entry: dict[str, Any] = {
+                "id": spec.worker_id,
+                "endpoint": spec.endpoint,
+                "model": MODEL,
+                "total_blocks": WORKER_GPU_BLOCKS,
+            }
+            if spec.transport == "zmq":
+                entry["kv-events"] = "tcp://127.0.0.1:" + spec.argv[spec.argv.index("--kv-events-port") + 1]
+                entry["kv-replay"] = "tcp://127.0.0.1:" + spec.argv[spec.argv.index("--kv-replay-port") + 1]
+            else:
+                entry["instance_id"] = int(spec.argv[spec.argv.index("--instance-id") + 1])
+            entries.append(entry)
+        path = self.log_dir / "picker.yaml"
+        path.write_text(yaml.safe_dump({"workers": entries}))
+        return path
+
+    def start_picker(self) -> None:
+        self.picker_starts += 1
+        argv = [
+            sys.executable, "-m", "extproc", "serve", "--config", str(self.picker_config()),
+            "--port", str(self.picker_port), "--health-port", str(self.health_port),
+            "--admin-port", str(self.picker_admin), "--kv-cache-block-size", str(BLOCK_SIZE),
+            "--nats-url", self.nats_url, "--namespace", NAMESPACE,
+            "--max-body-bytes", str(MAX_BODY_BYTES), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
+            "--shutdown-grace-secs", str(SHUTDOWN_GRACE_S), "--seed", str(self.seed),
+        ]  # fmt: skip
+        log_path = self.log_dir / f"picker-{self.picker_starts}.log"
+        self.picker = ManagedProcess(argv, log_path=log_path).start()
+        wait_for_port("127.0.0.1", self.picker_port, 30.0, process=self.picker)
+        wait_http_ok(f"{self.admin_url}/healthz", 30.0, process=self.picker)
+
+    # faults (blocking: run them in a thread)
+
+    def kill_worker(self, worker_id: str) -> None:
+        spec = self.worker(worker_id)
+        assert spec.process is not None
+        os.kill(spec.process.pid, signal.SIGKILL)
+        spec.process.stop(grace_s=5.0)  # reaps it
+
+    def restart_worker(self, worker_id: str) -> None:
+        spec = self.worker(worker_id)
+        self._spawn_worker(spec)
+        assert spec.process is not None
+        wait_http_ok(f"http://{spec.endpoint}/health", 30.0, process=spec.process)
+
+    def kill_nats(self) -> None:
+        assert self.nats is not None
+        os.kill(self.nats.pid, signal.SIGKILL)
+        self.nats.stop(grace_s=5.0)
+
+    def stop_picker(self) -> tuple[int | None, str | None]:
+        """SIGTERM the picker and wait for it to exit; (exit code, its drain log line)."""
+        assert self.picker is not None
+        code = self.picker.stop(grace_s=SHUTDOWN_GRACE_S + 10.0)
+        drained = [line for line in self.picker.log_tail(20_000).splitlines() if "stopped in" in line]
+        return code, (drained[-1].partition("extproc.server: ")[2] if drained else None)
+
+    def crash_picker(self) -> tuple[int | None, None]:
+        """SIGKILL the picker (a crash: no drain) and reap it; (exit code, None)."""
+        assert self.picker is not None
+        os.kill(self.picker.pid, signal.SIGKILL)
+        return self.picker.stop(grace_s=5.0), None
+
+    def poke(self, worker_ids: Sequence[str]) -> None:
+        """One small request with a fresh prompt straight to each worker (new blocks: KV events)."""
+        for wid in worker_ids:
+            self.pokes += 1
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"poke {self.pokes} " * 8}],
+                "max_tokens": 1,
+            }
+            request = urllib.request.Request(
+                f"http://{self.worker(wid).endpoint}/v1/chat/completions",
+                data=json.dumps(body).encode(),
+                headers={"content-type": "application/json"},
+            )
+            with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=2.0) as response:
+                response.read()
+
+    def debug_workers(self) -> dict[str, Any] | None:
+        status, text = http_status(f"{self.admin_url}/debug/workers", timeout_s=2.0)
+        return json.loads(text) if status == 200 else None
+
+    def event_counters(self) -> dict[str, int]:
+        """The picker's KV event counters (feed.reset, nats.reconnect, zmq.reconnect, ...)."""
+        state = self.debug_workers()
+        return state["kv_event_counters"] if state is not None else {}
+
+    def picker_metric(self, name: str) -> dict[str, float]:
+        """Samples of one metric on the picker's /metrics, keyed by their label text."""
+        status, text = http_status(f"{self.admin_url}/metrics", timeout_s=2.0)
+        if status != 200:
+            return {}
+        return _samples(text, name)
+
+    def worker_gauges(self) -> dict[str, float]:
+        """Each worker's running + waiting requests (vLLM gauges on its /metrics)."""
+        out = {}
+        for spec in self.workers:
+            status, text = http_status(f"http://{spec.endpoint}/metrics", timeout_s=2.0)
+            if status != 200:
+                out[spec.worker_id] = float("nan")
+                continue
+            running = sum(_samples(text, "vllm:num_requests_running").values())
+            waiting = sum(_samples(text, "vllm:num_requests_waiting").values())
+            out[spec.worker_id] = running + waiting
+        return out
+
+
+def _samples(exposition: str, name: str) -> dict[str, float]:
+    out = {}
+    for line in exposition.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, _, value = line.rpartition(" ")
+            out[key[len(name) :]] = float(value)
+    return out
