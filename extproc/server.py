@@ -154,7 +154,10 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
     picker = EndpointPicker(config)
     sources = await start_event_sources(config, picker)
     service = ExtProcService(
-        picker, max_body_bytes=config.max_body_bytes, conformance_hooks=config.conformance_hooks
+        picker,
+        max_body_bytes=config.max_body_bytes,
+        max_concurrent_streams=config.max_concurrent_streams,
+        conformance_hooks=config.conformance_hooks,
     )
     server = grpc.aio.server(options=GRPC_OPTIONS)
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)

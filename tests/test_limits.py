@@ -22,8 +22,9 @@ from aiohttp.test_utils import TestServer
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc import epp
-from extproc.config import GroupConfig, GroupsConfig
+from extproc.config import GroupConfig, GroupsConfig, load_config
 from extproc.picker import EndpointPicker
+from extproc.server import start_picker
 from extproc.service import ExtProcService
 
 from .picker_fixtures import chat_body, mutation_headers, picker_config, request_body, request_headers
@@ -119,6 +120,15 @@ async def test_a_stream_beyond_the_limit_is_answered_429_at_once_and_counted():
 def test_the_stream_limit_must_be_positive():
     with pytest.raises(ValueError, match="at least 1"):
         ExtProcService(EndpointPicker(picker_config()), max_body_bytes=1, max_concurrent_streams=0)
+
+
+async def test_serve_gives_its_service_the_stream_limit_of_the_flag():
+    config = load_config(["--max-concurrent-streams", "3", "--port", "0", "--health-port", "0"], environ={})
+    running = await start_picker(config)
+    try:
+        assert running.service.max_concurrent_streams == 3
+    finally:
+        await running.stop(0)
 
 
 # --- per-stage deadlines -------------------------------------------------------------------------------
