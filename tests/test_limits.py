@@ -122,11 +122,12 @@ def test_the_stream_limit_must_be_positive():
         ExtProcService(EndpointPicker(picker_config()), max_body_bytes=1, max_concurrent_streams=0)
 
 
-async def test_serve_gives_its_service_the_stream_limit_of_the_flag():
+async def test_serve_gives_its_service_the_stream_limit_and_the_metrics():
     config = load_config(["--max-concurrent-streams", "3", "--port", "0", "--health-port", "0"], environ={})
     running = await start_picker(config)
     try:
         assert running.service.max_concurrent_streams == 3
+        assert running.service.metrics is running.picker.metrics  # upstream answers are counted
     finally:
         await running.stop(0)
 
