@@ -82,6 +82,8 @@ MIN_REQUESTS_DURING_FAULT = 10  # a fault with fewer requests in flight during i
 
 @dataclass
 class SoakConfig:
+    """One run's settings (the command line's flags)."""
+
     requests: int = 20_000
     concurrency: int = 32
     rate: float = 150.0  # requests/s started at most; 0: as fast as the clients go
@@ -97,6 +99,9 @@ class SoakConfig:
 
 
 class Soak:
+    """One run: the clients, the fault injector and the samplers over a started `SoakStack`, then
+    the checks once traffic has stopped, and the JSON summary."""
+
     def __init__(self, config: SoakConfig, stack: SoakStack, t0: float) -> None:
         self.config = config
         self.stack = stack
