@@ -221,6 +221,8 @@ class PickerConfig:
     session_ttl_s: float = 300.0  # sliding TTL of a sticky session's pin
     max_body_bytes: int = 16 * 1024 * 1024
     max_prompt_tokens: int | None = None  # longer tokenized prompts are answered 413; None = no limit
+    outlier_consecutive_5xx: int = 5  # 5xx answers in a row that eject a worker; 0 = off
+    outlier_base_ejection_s: float = 10.0  # first ejection's length (then x2, x3, ... up to 300 s)
     max_concurrent_streams: int | None = None  # ext_proc streams beyond this are answered 429; None = off
     tokenizer: str | None = None
     tokenize_url: str | None = None
@@ -282,8 +284,10 @@ ROUTER_OPTIONS: tuple[_Option, ...] = (
         "router_cuda_to_cpu_ratio",
         float,
         8.0,
-        "device-aware-weighted: how many requests one accelerator worker takes for each one a cpu "
-        "worker takes. Also read from DYN_ENCODER_CUDA_TO_CPU_RATIO.",
+        "device-aware-weighted: throughput of one accelerator worker over one cpu worker, both "
+        "measured at the same latency target; under load each accelerator worker holds this many "
+        "requests in flight for each one a cpu worker holds (an idle pool uses the accelerators). "
+        "Also read from DYN_ENCODER_CUDA_TO_CPU_RATIO.",
         "cuda_to_cpu_ratio",
     ),
     _Option(
@@ -511,6 +515,22 @@ PICKER_OPTIONS: tuple[_Option, ...] = (
         int,
         16 * 1024 * 1024,
         "Larger request bodies are answered 413.",
+    ),
+    _Option(
+        ("--outlier-consecutive-5xx",),
+        "outlier_consecutive_5xx",
+        int,
+        5,
+        "Eject a worker from routing after this many 5xx answers in a row (Envoy's own 503 for a worker "
+        "it cannot reach counts), as Envoy's outlier detection would; 0 turns it off. At most half a "
+        "model's workers are ejected at once.",
+    ),
+    _Option(
+        ("--outlier-base-ejection-secs",),
+        "outlier_base_ejection_secs",
+        float,
+        10.0,
+        "How long a first ejection lasts; the n-th in a row lasts n times this (at most 300 s).",
     ),
     _Option(
         ("--max-prompt-tokens",),
@@ -1176,6 +1196,9 @@ def load_config(
     picker = {opt.dest: _resolve(opt, args, environ, picker_section) for opt in PICKER_OPTIONS}
     _positive("router-queue-max-wait-ms", picker["router_queue_max_wait_ms"])
     _positive("session-ttl-secs", picker["session_ttl_secs"])
+    if (consecutive := picker["outlier_consecutive_5xx"]) < 0:
+        raise ConfigError(f"invalid outlier-consecutive-5xx={consecutive}: expected >= 0")
+    _positive("outlier-base-ejection-secs", picker["outlier_base_ejection_secs"])
     if picker["max_prompt_tokens"] is not None:
         _positive("max-prompt-tokens", picker["max_prompt_tokens"])
     if picker["max_concurrent_streams"] is not None:
@@ -1253,6 +1276,8 @@ def load_config(
         session_ttl_s=picker["session_ttl_secs"],
         max_body_bytes=picker["max_body_bytes"],
         max_prompt_tokens=picker["max_prompt_tokens"],
+        outlier_consecutive_5xx=picker["outlier_consecutive_5xx"],
+        outlier_base_ejection_s=picker["outlier_base_ejection_secs"],
         max_concurrent_streams=picker["max_concurrent_streams"],
         tokenizer=picker["tokenizer"],
         tokenize_url=picker["tokenize_url"],
