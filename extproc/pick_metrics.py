@@ -73,6 +73,12 @@ class PickMetrics:
             registry=r,
         )
         self._failures: dict[tuple[str, str], int] = {}
+        self.ejections = Counter(
+            "extproc_worker_ejections",
+            "Times a worker was ejected from routing after failed answers in a row (outlier ejection).",
+            ["model", "worker"],
+            registry=r,
+        )
         self.disagg_decisions = Counter(
             "extproc_disagg_decisions",
             "Requests of disaggregated models: prefilled remotely (where=remote) or on the decode worker "

@@ -29,6 +29,7 @@ from extproc.admission import AdmissionGate
 from extproc.config import DisaggConfig, PickerConfig, WorkerConfig
 from extproc.errors import NoEligibleWorker, PromptTooLong, TokenizerUnavailable, UnknownModel
 from extproc.groups import GroupCollector, GroupRequest, GroupSelector
+from extproc.outlier import OutlierEjection
 from extproc.pick_metrics import PickMetrics
 from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
 from extproc.router import (
@@ -198,6 +199,9 @@ class EndpointPicker:
             lambda: {wid: w.endpoint for p in self._pools.values() for wid, w in p.prefill_workers.items()},
             interval_s=config.disagg.prefill_health_interval_s,
         )
+        self.outliers = OutlierEjection(
+            consecutive=config.outlier_consecutive_5xx, base_s=config.outlier_base_ejection_s
+        )
         self.groups: GroupSelector | None = None  # hierarchical mode: every tracked request goes through it
         if config.groups.groups:
             self.groups = GroupSelector.from_config(config.groups, self._pools, rng=self._rng)
@@ -238,6 +242,7 @@ class EndpointPicker:
             pool.workers.pop(wid, None)
             pool.prefill_workers.pop(wid, None)
             pool.sessions.drop_worker(wid)
+            self.outliers.forget(wid)
             if wid in removed:
                 log.info("worker %s of %s removed (%d in-flight requests forgotten)",
                          wid, model, len(dropped))  # fmt: skip
@@ -303,7 +308,7 @@ class EndpointPicker:
         pool = self._pools.get(request.model)
         if pool is None:
             raise UnknownModel(request.model, list(self._pools))
-        allowed = self._allowed(pool, subset, headers) if self.groups is None else None
+        allowed = self._routable(pool, self._allowed(pool, subset, headers)) if self.groups is None else None
 
         tokens: list[int] | None
         try:
@@ -441,6 +446,7 @@ class EndpointPicker:
                 self.metrics.finished(pick.model, cause)
             return
         pool = self._pools[pick.model]
+        self._answered(pool, pick, cause)
         if pick.tracked and pick.prefill_worker is not None:
             pool.prefill.free(pick.request_id)
         if pick.tracked and pool.router.free(pick.request_id):
@@ -511,6 +517,31 @@ class EndpointPicker:
         )  # fmt: skip
         return pick
 
+    def _routable(self, pool: ModelPool, allowed: set[str] | None) -> set[str] | None:
+        """`allowed` without ejected workers (unless that leaves none)."""
+        ejected = self.outliers.ejected(self._clock(), pool.workers)
+        if not ejected:
+            return allowed
+        kept = {wid for wid in (allowed if allowed is not None else pool.workers) if wid not in ejected}
+        return kept or allowed
+
+    def _answered(self, pool: ModelPool, pick: Pick, cause: str) -> None:
+        """Feed outlier ejection with how the worker answered (2xx, or the 5xx in the cause)."""
+        if cause == "complete":
+            status = 200
+        elif cause.startswith("upstream_status_") and cause[16:].isdigit():
+            status = int(cause[16:])
+        else:
+            return  # cancelled, reset: says nothing about the worker
+        wid = str(pick.worker.worker_id)
+        if wid not in pool.workers:
+            return
+        ejected_s = self.outliers.answered(wid, status, self._clock(), pool.workers)
+        if ejected_s is not None:
+            self.metrics.ejections.labels(pool.model, wid).inc()
+            log.warning("worker %s of %s ejected from routing for %.0f s after %d failed answers in a row",
+                        wid, pool.model, ejected_s, self.outliers.consecutive)  # fmt: skip
+
     def _healthy_prefill(self, pool: ModelPool) -> set[str] | None:
         """The prefill workers that may be named (None: all); starts probing on first use."""
         self.prefill_health.start()
@@ -537,7 +568,7 @@ class EndpointPicker:
         if not self._pools:
             raise NoEligibleWorker("no worker is configured")
         pool = next(iter(self._pools.values()))
-        allowed = self._allowed(pool, subset, headers)
+        allowed = self._routable(pool, self._allowed(pool, subset, headers))
         decision = pool.router.best_worker_for_hashes([], 0, allowed_workers=allowed)
         endpoint = pool.endpoint_of(decision.worker)
         log.info("routed %s (untracked) to %s (%s)", path[:100], decision.worker, endpoint)
