@@ -4,7 +4,7 @@
     ├── RequestInvalid          the body cannot be routed: not JSON, wrong types, no model (400)
     ├── BodyTooLarge            the body is over the configured limit (413)
     ├── PromptTooLong           the tokenized prompt is over --max-prompt-tokens (413)
-    ├── UnknownModel            no worker serves the requested model (404 in OpenAI terms; we answer 400)
+    ├── UnknownModel            no worker serves the requested model (404, as OpenAI answers)
     ├── TokenizerUnavailable    the tokenizer backend failed; callers fall back to load-only routing
     ├── NoEligibleWorker        no worker may take the request (subset hint, all down) (503)
     └── TooManyStreams          --max-concurrent-streams ext_proc streams are already open (429)
