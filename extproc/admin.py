@@ -21,7 +21,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,11 +257,11 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
 
 
 def _validate_threshold(name: str, value: Any) -> None:
-    is_number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
     if name == "active_prefill_tokens_threshold":
         if not (isinstance(value, int) and not isinstance(value, bool)) or value < 0:
             raise _BadRequest(400, f"{name} must be a token count (an integer >= 0), not {value!r}")
-    elif not is_number or not 0 <= value <= 1:
+    elif not is_number or not 0 <= value <= 1:  # NaN and infinities fail the comparison too
         raise _BadRequest(400, f"{name} must be a fraction in [0, 1], not {value!r}")
 
 
