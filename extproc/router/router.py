@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from extproc.router.approx import ApproxIndexer, is_predicted_id
 from extproc.router.config import RouterConfig, RouterConfigOverride, RouterMode
+from extproc.router.device_share import device_class_candidates
 from extproc.router.errors import AllWorkersBusy, InvalidConfig, NoWorkers, PinnedWorkerUnavailable
 from extproc.router.hashing import TokenIds, compute_block_hashes, compute_sequence_hashes
 from extproc.router.radix import OverlapScores, RadixTree
@@ -35,6 +36,8 @@ from extproc.router.types import (
 )
 
 log = logging.getLogger("extproc.router")
+
+_KV_RULES = (RouterMode.KV, RouterMode.DEVICE_AWARE_WEIGHTED)  # modes that choose by overlap and load
 
 WorkerFilter = Collection[WorkerId | Worker]
 
@@ -239,8 +242,16 @@ class KvRouter:
         if not eligible:
             raise AllWorkersBusy(len(candidates))
 
+        if cfg.mode is RouterMode.DEVICE_AWARE_WEIGHTED and len(eligible) > 1:
+            eligible = device_class_candidates(  # the class whose turn it is, then the kv rules
+                eligible,
+                device_of=self._device_of,
+                in_flight=self.sequences.num_requests,
+                ratio=cfg.cuda_to_cpu_ratio,
+            )
+
         costs = ()
-        if cfg.mode is RouterMode.KV or len(eligible) == 1:
+        if cfg.mode in _KV_RULES or len(eligible) == 1:
             loads = self._loads(eligible, block_keys, isl, overlaps)
             worker_costs = compute_costs(loads, cfg.block_size, cfg.overlap_score_weight)
             chosen = pick(worker_costs, cfg.temperature, self._rng)
@@ -417,11 +428,14 @@ class KvRouter:
         return compute_sequence_hashes(local_hashes)
 
     def _overlaps(self, cfg: RouterConfig, local_hashes: Sequence[int]) -> OverlapScores:
-        if cfg.mode is not RouterMode.KV or cfg.overlap_score_weight == 0 or not local_hashes:
+        if cfg.mode not in _KV_RULES or cfg.overlap_score_weight == 0 or not local_hashes:
             return {}
         if len(self.approx):
             self.approx.expire(self._clock())
         return self.indexer.find_matches(local_hashes)
+
+    def _device_of(self, worker: Worker) -> str:
+        return self._specs[worker.worker_id].device
 
     def _busy(self, cfg: RouterConfig, worker: Worker) -> bool:
         if (
