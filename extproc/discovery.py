@@ -5,16 +5,21 @@ Two sources, each owning its share of every model's worker set:
 - DNS (`--discovery-dns NAME`): the A and AAAA records of NAME, typically a Kubernetes headless
   Service (`clusterIP: None`), whose records are the IPs of its ready pods. Asked every
   `--discovery-refresh-secs`; each address becomes a worker `ip:port` (id = endpoint) serving
-  `--discovery-model`. A lookup that fails (timeout, SERVFAIL, refused, no route) keeps the last
-  known set and logs it; an authoritative answer with no address (NXDOMAIN, no records: a Service
-  with no ready pod) empties it, as the cluster says there is nobody to route to.
+  `--discovery-model`, with role `--discovery-role` and device class `--discovery-device`. A
+  lookup that fails (timeout, SERVFAIL, refused, no route) keeps the last known set and logs it;
+  an authoritative answer with no address (NXDOMAIN, no records: a Service with no ready pod)
+  empties it, as the cluster says there is nobody to route to. With `--discovery-prefill-dns
+  PREFILL` a second name is looked up the same way, on its own (one failing keeps only its own
+  last set); its addresses become workers with role `prefill` (same port, model and device class).
+  An address under both names is a prefill worker: the prefill name is the more specific one (a
+  Service selecting every pod of the model beside one selecting the prefill pods).
 - The config file (`--reload-config`): polled for a change of its bytes (a ConfigMap volume is
   updated by swapping a symlink, so mtime alone is not enough), then re-read with
   `extproc.config.load_config`; its `workers:` become the file's share. A file that does not load
   is logged and ignored (the previous share stays). Other sections are read once at start: a
   change to them is logged as needing a restart.
 
-A model's workers are the union of both shares (the file wins on an id present in both), applied
+A model's workers are the union of the shares (the file wins on an id present in more), applied
 with `EndpointPicker.set_workers`, which tells `worker_listeners` (the KV event transports). Runs
 on the event loop; the picker is only touched from there. Owns no routing state.
 """
@@ -36,7 +41,15 @@ import dns.exception
 import dns.resolver
 import yaml
 
-from extproc.config import ConfigError, DiscoveryConfig, PickerConfig, WorkerConfig, load_config
+from extproc.config import (
+    ConfigError,
+    DiscoveryConfig,
+    PickerConfig,
+    WorkerConfig,
+    load_config,
+    worker_device,
+    worker_role,
+)
 
 log = logging.getLogger("extproc.discovery")
 
@@ -86,14 +99,26 @@ def endpoint_of(address: str, port: int) -> str:
 
 
 class DnsWorkers:
-    """Resolves one name into workers: every A/AAAA address at `port`, serving `model`."""
+    """Resolves one name into workers: every A/AAAA address at `port`, serving `model` in `role`
+    on `device` (a worker's role and device class, as `workers:` entries of the config file have).
+    Raises ConfigError for an unknown role or device."""
 
     def __init__(
-        self, name: str, *, port: int, model: str, server: str | None = None, timeout_s: float = 5.0
+        self,
+        name: str,
+        *,
+        port: int,
+        model: str,
+        server: str | None = None,
+        timeout_s: float = 5.0,
+        role: str = "both",
+        device: str = "cuda",
     ) -> None:
         self.name = name
         self.port = port
         self.model = model
+        self.role = worker_role(role, "discovery-role")
+        self.device = worker_device(device, "discovery-device")
         if server is None:
             self._resolver = dns.asyncresolver.Resolver()  # /etc/resolv.conf: search domains, ndots
         else:
@@ -109,7 +134,7 @@ class DnsWorkers:
         answers = await asyncio.gather(self._addresses("A"), self._addresses("AAAA"))
         addresses = sorted({a for found in answers for a in found})
         return tuple(
-            WorkerConfig(id=endpoint, endpoint=endpoint, model=self.model)
+            WorkerConfig(id=endpoint, endpoint=endpoint, model=self.model, role=self.role, device=self.device)
             for endpoint in (endpoint_of(a, self.port) for a in addresses)
         )
 
@@ -165,6 +190,38 @@ class ConfigFileWorkers:
         return None
 
 
+class DnsShare:
+    """One name's share of the worker set: its last answer and whether its lookups fail."""
+
+    def __init__(self, source: DnsWorkers) -> None:
+        self.source = source
+        self.workers: tuple[WorkerConfig, ...] = ()
+        self._failing = False
+        self._answered = False
+
+    async def refresh(self) -> bool:
+        """One lookup; True when the share changed. A failed lookup keeps the last share."""
+        name = self.source.name
+        try:
+            workers = await self.source.lookup()
+        except LookupFailed as exc:
+            level = logging.DEBUG if self._failing else logging.WARNING
+            log.log(level, "DNS lookup failed (%s): keeping the last %d discovered workers of %s",
+                    exc, len(self.workers), name)  # fmt: skip
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("DNS lookup of %s answers again", name)
+            self._failing = False
+        if not workers and (self.workers or not self._answered):
+            log.warning("DNS %s has no address (no ready pod?): no discovered worker", name)
+        self._answered = True
+        if workers == self.workers:
+            return False
+        self.workers = workers
+        return True
+
+
 class WorkerDiscovery:
     """Merges the DNS and config-file shares into each model's worker set and keeps them fresh."""
 
@@ -174,24 +231,26 @@ class WorkerDiscovery:
         static_workers: Sequence[WorkerConfig],
         *,
         dns: DnsWorkers | None = None,
+        prefill_dns: DnsWorkers | None = None,
         config_file: ConfigFileWorkers | None = None,
         refresh_s: float = 10.0,
         config_poll_s: float = CONFIG_POLL_S,
     ) -> None:
+        """`dns`: the main name; `prefill_dns`: the prefill workers' name (its own role, normally prefill)."""
         self.picker = picker
         self.dns = dns
+        self.prefill_dns = prefill_dns
         self.config_file = config_file
         self.refresh_s = refresh_s
         self.config_poll_s = config_poll_s
         self._file_workers: tuple[WorkerConfig, ...] = tuple(static_workers)
-        self._dns_workers: tuple[WorkerConfig, ...] = ()
-        self._dns_failing = False
-        self._dns_answered = False
+        # in merge order: a later share wins on a shared id (the prefill name over the main one)
+        self._dns_shares = [DnsShare(source) for source in (dns, prefill_dns) if source is not None]
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Look the name up once (so the picker starts with its workers), then refresh in the background."""
-        if self.dns is not None:
+        """Look the names up once (so the picker starts with its workers), then refresh in the background."""
+        if self._dns_shares:
             await self.refresh_dns()
             self._tasks.append(self._every(self.refresh_s, self.refresh_dns, "DNS refresh"))
         if self.config_file is not None:
@@ -206,24 +265,10 @@ class WorkerDiscovery:
         self._tasks.clear()
 
     async def refresh_dns(self) -> None:
-        """One lookup; applies the answer, or keeps the last set when the lookup fails."""
-        assert self.dns is not None
-        try:
-            workers = await self.dns.lookup()
-        except LookupFailed as exc:
-            level = logging.DEBUG if self._dns_failing else logging.WARNING
-            log.log(level, "DNS lookup failed (%s): keeping the last %d discovered workers",
-                    exc, len(self._dns_workers))  # fmt: skip
-            self._dns_failing = True
-            return
-        if self._dns_failing:
-            log.info("DNS lookup of %s answers again", self.dns.name)
-            self._dns_failing = False
-        if not workers and (self._dns_workers or not self._dns_answered):
-            log.warning("DNS %s has no address (no ready pod?): no discovered worker", self.dns.name)
-        self._dns_answered = True
-        if workers != self._dns_workers:
-            self._dns_workers = workers
+        """One lookup of each name (at once); applies the answers, keeping a failed name's last set."""
+        assert self._dns_shares
+        changed = await asyncio.gather(*(share.refresh() for share in self._dns_shares))
+        if any(changed):
             self._apply()
 
     async def reload_config_file(self) -> None:
@@ -236,7 +281,12 @@ class WorkerDiscovery:
 
     def _apply(self) -> None:
         by_model: dict[str, dict[str, WorkerConfig]] = {model: {} for model in self.picker.pools}
-        for w in (*self._dns_workers, *self._file_workers):  # the file wins on a shared id
+        dns_workers = [w for share in self._dns_shares for w in share.workers]
+        if len(self._dns_shares) == 2:
+            main, prefill = ({w.id for w in share.workers} for share in self._dns_shares)
+            if both := main & prefill:
+                log.info("%d addresses are under both DNS names: they are prefill workers", len(both))
+        for w in (*dns_workers, *self._file_workers):  # the file wins on a shared id
             if w.model not in by_model:
                 log.error("worker %s serves model %r, which the picker was not started with "
                           "(known: %s): ignored", w.id, w.model, ", ".join(by_model))  # fmt: skip
@@ -283,17 +333,24 @@ async def start_discovery(
 ) -> WorkerDiscovery | None:
     """Start what `config.discovery` asks for; None when it asks for nothing. Raises ConfigError."""
     settings: DiscoveryConfig = config.discovery
-    if settings.dns_name is None and not settings.reload_config:
+    if settings.dns_name is None and settings.prefill_dns_name is None and not settings.reload_config:
         return None
-    dns_source = None
-    if settings.dns_name is not None:
-        dns_source = DnsWorkers(
-            settings.dns_name,
+
+    def dns_workers(name: str | None, role: str) -> DnsWorkers | None:
+        if name is None:
+            return None
+        return DnsWorkers(
+            name,
             port=settings.dns_port,
             model=discovery_model(config),
             server=settings.dns_server,
             timeout_s=min(DNS_LOOKUP_TIMEOUT_S, settings.refresh_s),
+            role=role,
+            device=settings.device,
         )
+
+    dns_source = dns_workers(settings.dns_name, settings.role)
+    prefill_source = dns_workers(settings.prefill_dns_name, "prefill")
     file_source = None
     if settings.reload_config:
         assert config.config_path is not None  # load_config refuses --reload-config without a file
@@ -304,14 +361,16 @@ async def start_discovery(
         picker,
         config.workers,
         dns=dns_source,
+        prefill_dns=prefill_source,
         config_file=file_source,
         refresh_s=settings.refresh_s,
         config_poll_s=min(CONFIG_POLL_S, settings.refresh_s),
     )
     await discovery.start()
-    if dns_source is not None:
-        log.info("discovering workers of %s from DNS %s (port %d, every %.3g s)",
-                 dns_source.model, dns_source.name, dns_source.port, settings.refresh_s)  # fmt: skip
+    for source in (dns_source, prefill_source):
+        if source is not None:
+            log.info("discovering %s workers (%s) of %s from DNS %s (port %d, every %.3g s)", source.role,
+                     source.device, source.model, source.name, source.port, settings.refresh_s)  # fmt: skip
     if file_source is not None:
         log.info("watching %s for worker changes", file_source.path)
     return discovery

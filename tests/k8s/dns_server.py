@@ -6,7 +6,11 @@ Binds a free port and prints `PORT <n>`. Every query re-reads ZONE.json, so a te
 records (or the server's behaviour) by rewriting the file while the server runs:
 
     {"mode": "ok" | "servfail",
-     "records": {"workers.test.": {"A": ["10.0.0.1"], "AAAA": ["fd00::1"]}}}
+     "records": {"workers.test.": {"A": ["10.0.0.1"], "AAAA": ["fd00::1"]}},
+     "servfail": ["prefill.test."]}
+
+`mode: servfail` fails every query; `servfail` (optional) lists the names that fail while the
+others answer.
 
 A name missing from `records` is answered NXDOMAIN; a known name without records of the asked type
 gets an empty NOERROR answer (what a headless Service without IPv6 pods looks like). Runs until
@@ -34,10 +38,10 @@ class ZoneFileResolver(BaseResolver):
     def resolve(self, request, handler):  # type: ignore[no-untyped-def]  # dnslib's signature
         reply = request.reply()
         zone = json.loads(self.path.read_text())
-        if zone.get("mode") == "servfail":
+        name = str(request.q.qname).lower()
+        if zone.get("mode") == "servfail" or name in zone.get("servfail", []):
             reply.header.rcode = RCODE.SERVFAIL
             return reply
-        name = str(request.q.qname).lower()
         records = zone.get("records", {}).get(name)
         if records is None:
             reply.header.rcode = RCODE.NXDOMAIN

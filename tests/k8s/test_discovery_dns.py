@@ -2,13 +2,15 @@
 
 The server (tests/k8s/dns_server.py, dnslib) is a child process answering from a zone file the
 test rewrites: records added and removed change the running picker's worker set; a failing server
-leaves it as it was; a name that no longer exists empties it. Conditions are polled with a
-deadline, never slept for.
+leaves it as it was; a name that no longer exists empties it. Discovered workers carry the role and
+device class the flags give them; a second (prefill) name adds prefill workers and fails on its
+own. Conditions are polled with a deadline, never slept for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -18,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from extproc.config import ConfigError, load_config
-from extproc.discovery import discovery_model, endpoint_of, parse_dns_server
+from extproc.config import ConfigError, PickerConfig, load_config
+from extproc.discovery import DnsWorkers, discovery_model, endpoint_of, parse_dns_server, start_discovery
+from extproc.picker import EndpointPicker
 from extproc.procs import ManagedProcess
 from extproc.server import RunningPicker, start_picker
 
 NAME = "llm-workers.default.svc.cluster.local."
+PREFILL_NAME = "llm-prefill.default.svc.cluster.local."
 MODEL = "demo-model"
 
 
@@ -35,11 +39,21 @@ class Zone:
         self.set(["10.1.0.1", "10.1.0.2"])
 
     def set(
-        self, a: list[str], aaaa: list[str] | None = None, *, mode: str = "ok", exists: bool = True
+        self,
+        a: list[str],
+        aaaa: list[str] | None = None,
+        *,
+        mode: str = "ok",
+        exists: bool = True,
+        prefill: list[str] | None = None,
+        failing: tuple[str, ...] = (),
     ) -> None:
+        """`prefill`: A records of PREFILL_NAME (None: no such name); `failing`: names answered SERVFAIL."""
         records = {NAME: {"A": a, "AAAA": aaaa or []}} if exists else {}
+        if prefill is not None:
+            records[PREFILL_NAME] = {"A": prefill}
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"mode": mode, "records": records}))
+        tmp.write_text(json.dumps({"mode": mode, "records": records, "servfail": list(failing)}))
         tmp.replace(self.path)  # atomic: the server never reads half a file
 
 
@@ -62,25 +76,46 @@ def dns_server(tmp_path: Path) -> Iterator[tuple[Zone, int]]:
         server.stop(grace_s=2)
 
 
+def discovery_config(port: int, tmp_path: Path, *flags: str) -> PickerConfig:
+    config_file = tmp_path / "picker.yaml"
+    config_file.write_text(f"models:\n- name: {MODEL}\ndiscovery:\n  discovery-refresh-secs: 0.05\n")
+    return load_config(
+        ["--config", str(config_file), "--port", "0", "--health-port", "0",
+         "--discovery-dns-server", f"127.0.0.1:{port}", "--discovery-port", "8000", *flags],
+        environ={},
+    )  # fmt: skip
+
+
 @pytest.fixture
 async def picker(dns_server, tmp_path) -> AsyncIterator[tuple[RunningPicker, Zone]]:
     zone, port = dns_server
-    config_file = tmp_path / "picker.yaml"
-    config_file.write_text(f"models:\n- name: {MODEL}\ndiscovery:\n  discovery-refresh-secs: 0.05\n")
-    config = load_config(
-        ["--config", str(config_file), "--port", "0", "--health-port", "0", "--discovery-dns", NAME,
-         "--discovery-dns-server", f"127.0.0.1:{port}", "--discovery-port", "8000"],
-        environ={},
-    )  # fmt: skip
-    running = await start_picker(config)
+    running = await start_picker(discovery_config(port, tmp_path, "--discovery-dns", NAME))
     try:
         yield running, zone
     finally:
         await running.stop(0)
 
 
+@contextlib.asynccontextmanager
+async def discovering(port: int, tmp_path: Path, *flags: str) -> AsyncIterator[EndpointPicker]:
+    """An in-memory picker (no gRPC server) whose workers discovery keeps; `flags` add to the command line."""
+    config = discovery_config(port, tmp_path, *flags)
+    picker = EndpointPicker(config)
+    discovery = await start_discovery(config, picker)
+    assert discovery is not None
+    try:
+        yield picker
+    finally:
+        await discovery.stop()
+        await picker.close()
+
+
 def endpoints(running: RunningPicker) -> set[str]:
     return {w.endpoint for w in running.picker.pools[MODEL].workers.values()}
+
+
+def roles(picker: EndpointPicker) -> dict[str, str]:
+    return {w.endpoint: w.role for w in picker.pools[MODEL].all_workers().values()}
 
 
 async def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
@@ -162,3 +197,88 @@ def test_the_discovered_model_must_be_known(tmp_path):
     with pytest.raises(ConfigError, match="invalid discovery-model='c'"):
         discovery_model(load_config([*base, "--discovery-model", "c"], environ={}))
     assert discovery_model(load_config([*base, "--discovery-model", "b"], environ={})) == "b"
+
+
+async def test_discovered_workers_have_the_flags_role_and_device(dns_server, tmp_path):
+    zone, port = dns_server
+    flags = ("--discovery-dns", NAME, "--discovery-role", "decode", "--discovery-device", "cpu")
+    async with discovering(port, tmp_path, *flags) as picker:
+        pool = picker.pools[MODEL]
+        assert {(w.endpoint, w.role, w.device) for w in pool.workers.values()} == {
+            ("10.1.0.1:8000", "decode", "cpu"),
+            ("10.1.0.2:8000", "decode", "cpu"),
+        }
+        # the routers' worker specs carry it too: device-aware-weighted routing reads it there
+        assert {pool.router.spec(wid).device for wid in pool.workers} == {"cpu"}
+        zone.set(["10.1.0.3"])
+        await wait_until(lambda: roles(picker) == {"10.1.0.3:8000": "decode"}, "pod replaced")
+        assert pool.router.spec("10.1.0.3:8000").device == "cpu"
+
+
+async def test_a_prefill_name_adds_prefill_workers(dns_server, tmp_path):
+    zone, port = dns_server
+    zone.set(["10.1.0.1", "10.1.0.2"], prefill=["10.2.0.1"])
+    flags = ("--discovery-dns", NAME, "--discovery-role", "decode", "--discovery-prefill-dns", PREFILL_NAME)
+    async with discovering(port, tmp_path, *flags) as picker:
+        assert roles(picker) == {
+            "10.1.0.1:8000": "decode",
+            "10.1.0.2:8000": "decode",
+            "10.2.0.1:8000": "prefill",
+        }
+        pool = picker.pools[MODEL]
+        assert set(pool.prefill_workers) == {"10.2.0.1:8000"}  # the picker's prefill pool
+        worker = pool.prefill_workers["10.2.0.1:8000"]
+        assert (worker.model, worker.device) == (MODEL, "cuda")  # the main name's model and device
+
+        zone.set(["10.1.0.1", "10.1.0.2"], prefill=["10.2.0.1", "10.2.0.2"])  # a prefill pod came
+        await wait_until(lambda: roles(picker).get("10.2.0.2:8000") == "prefill", "prefill pod added")
+
+        zone.set(["10.1.0.1", "10.1.0.2"], prefill=["10.1.0.2"])  # an address under both names
+        await wait_until(
+            lambda: roles(picker) == {"10.1.0.1:8000": "decode", "10.1.0.2:8000": "prefill"},
+            "the prefill name wins a shared address",
+        )
+
+        zone.set(["10.1.0.1"])  # the prefill Service has no ready pod: NXDOMAIN
+        await wait_until(lambda: roles(picker) == {"10.1.0.1:8000": "decode"}, "prefill workers gone")
+
+
+async def test_each_name_fails_on_its_own(dns_server, tmp_path, caplog):
+    zone, port = dns_server
+    caplog.set_level(logging.DEBUG, logger="extproc.discovery")
+    zone.set(["10.1.0.1"], prefill=["10.2.0.1"])
+    async with discovering(
+        port, tmp_path, "--discovery-dns", NAME, "--discovery-prefill-dns", PREFILL_NAME
+    ) as picker:
+        assert roles(picker) == {"10.1.0.1:8000": "both", "10.2.0.1:8000": "prefill"}
+
+        zone.set(["10.1.0.1", "10.1.0.5"], prefill=[], failing=(PREFILL_NAME,))
+        await wait_until(lambda: "10.1.0.5:8000" in set(roles(picker)), "the main name still applies")
+        await wait_until(
+            lambda: any(
+                "DNS lookup failed" in r.getMessage() and PREFILL_NAME in r.getMessage()
+                for r in caplog.records
+            ),
+            "the prefill lookup fails",
+        )
+        assert roles(picker)["10.2.0.1:8000"] == "prefill"  # its last answer is kept
+
+        zone.set(["10.1.0.1", "10.1.0.5"], prefill=["10.2.0.7"])  # the prefill name answers again
+        await wait_until(lambda: "10.2.0.7:8000" in set(roles(picker)), "prefill recovered")
+        assert "10.2.0.1:8000" not in set(roles(picker))
+
+
+async def test_a_prefill_name_alone_discovers_prefill_workers(dns_server, tmp_path):
+    zone, port = dns_server
+    zone.set([], prefill=["10.2.0.1"])
+    async with discovering(port, tmp_path, "--discovery-prefill-dns", PREFILL_NAME) as picker:
+        assert roles(picker) == {"10.2.0.1:8000": "prefill"}
+
+
+def test_an_unknown_discovered_role_or_device_is_refused():
+    with pytest.raises(ConfigError, match="discovery-role"):
+        DnsWorkers(NAME, port=8000, model=MODEL, server="127.0.0.1", role="encode")
+    with pytest.raises(ConfigError, match="discovery-device"):
+        DnsWorkers(NAME, port=8000, model=MODEL, server="127.0.0.1", device="tpu-pod")
+    workers = DnsWorkers(NAME, port=8000, model=MODEL, server="127.0.0.1", role="aggregated", device="gpu")
+    assert (workers.role, workers.device) == ("both", "cuda")
