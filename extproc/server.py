@@ -107,7 +107,9 @@ class RunningPicker:
         if draining:
             log.info("draining %d ext_proc streams (grace %.0f s); new ones are refused", draining, grace_s)
         servers = [self.server] + ([self.group_api.server] if self.group_api is not None else [])
-        stopping = asyncio.gather(*(server.stop(grace_s) for server in servers))
+        # One stop per server at a time: grpc.aio can crash (SIGSEGV) when a second stop() overlaps
+        # a pending one, so the grace is the stop's own; only a second signal stops again early.
+        stopping = asyncio.ensure_future(self._stop_servers(servers, grace_s))
         hurry = asyncio.ensure_future(cut_short.wait()) if cut_short is not None else None
         await asyncio.wait(
             [stopping, *([hurry] if hurry else [])], timeout=grace_s, return_when=asyncio.FIRST_COMPLETED
@@ -115,21 +117,23 @@ class RunningPicker:
         cancelled = 0
         if not stopping.done():
             cancelled = self.service.open_streams
+            hurried = hurry is not None and hurry.done()
             if cancelled:
-                why = (
-                    "on a second signal"
-                    if hurry is not None and hurry.done()
-                    else f"after the {grace_s:.0f} s grace"
-                )
+                why = "on a second signal" if hurried else f"after the {grace_s:.0f} s grace"
                 log.warning("%d ext_proc streams cancelled %s; their requests are freed", cancelled, why)
-            for server in servers:
-                await server.stop(None)  # a second stop cancels every remaining call now
+            if hurried:
+                await self._stop_servers(servers, None)  # a shorter grace wins: cancel the rest now
         await stopping
         if hurry is not None:
             hurry.cancel()
         if draining and not cancelled:
             log.info("all %d in-flight ext_proc streams finished", draining)
         return draining, cancelled
+
+    @staticmethod
+    async def _stop_servers(servers: list[grpc.aio.Server], grace_s: float | None) -> None:
+        for server in servers:
+            await server.stop(grace_s)
 
     async def _report_draining(self) -> None:
         """Readiness NOT_SERVING (gRPC health and /readyz); liveness stays SERVING until the end."""
