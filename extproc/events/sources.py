@@ -121,7 +121,8 @@ async def start_event_sources(
 
 async def _start_zmq(config: PickerConfig, sources: EventSources, timings: SubscriberTimings | None) -> None:
     endpoints = zmq_endpoints(config)
-    discovering = config.discovery.dns_name is not None or config.discovery.reload_config
+    d = config.discovery
+    discovering = d.dns_name is not None or d.prefill_dns_name is not None or d.reload_config
     if not endpoints and not (discovering and _zmq_possible(config)):
         return
     block_size = config.router.block_size

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from extproc.router.config import RouterConfig, RouterConfigOverride, RouterMode
+from extproc.router.config import RouterConfig, RouterConfigOverride
 from extproc.router.errors import AllWorkersBusy, NoWorkers
-from extproc.router.router import KvRouter, WorkerFilter
+from extproc.router.router import KV_RULES, KvRouter, WorkerFilter
 from extproc.router.types import Decision, Worker, WorkerId
 
 # why a request of a disaggregated model is prefilled on its decode worker
@@ -107,7 +107,7 @@ class DisaggRouter:
         """
         decode_override = self._decode_override(config_override)
         cfg = self.decode.config.merged(decode_override)
-        looked_up = cfg.mode is RouterMode.KV and cfg.overlap_score_weight > 0
+        looked_up = cfg.mode in KV_RULES and cfg.overlap_score_weight > 0
         # the decision records its own prediction of the worker's cache: look up before it
         cached = {} if looked_up or not local_hashes else self.decode.indexer.find_matches(local_hashes)
         decode = self.decode.best_worker_for_hashes(

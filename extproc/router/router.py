@@ -37,7 +37,7 @@ from extproc.router.types import (
 
 log = logging.getLogger("extproc.router")
 
-_KV_RULES = (RouterMode.KV, RouterMode.DEVICE_AWARE_WEIGHTED)  # modes that choose by overlap and load
+KV_RULES = (RouterMode.KV, RouterMode.DEVICE_AWARE_WEIGHTED)  # modes that choose by overlap and load
 
 WorkerFilter = Collection[WorkerId | Worker]
 
@@ -251,7 +251,7 @@ class KvRouter:
             )
 
         costs = ()
-        if cfg.mode in _KV_RULES or len(eligible) == 1:
+        if cfg.mode in KV_RULES or len(eligible) == 1:
             loads = self._loads(eligible, block_keys, isl, overlaps)
             worker_costs = compute_costs(loads, cfg.block_size, cfg.overlap_score_weight)
             chosen = pick(worker_costs, cfg.temperature, self._rng)
@@ -428,7 +428,7 @@ class KvRouter:
         return compute_sequence_hashes(local_hashes)
 
     def _overlaps(self, cfg: RouterConfig, local_hashes: Sequence[int]) -> OverlapScores:
-        if cfg.mode not in _KV_RULES or cfg.overlap_score_weight == 0 or not local_hashes:
+        if cfg.mode not in KV_RULES or cfg.overlap_score_weight == 0 or not local_hashes:
             return {}
         if len(self.approx):
             self.approx.expire(self._clock())
