@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from extproc.errors import TokenizerUnavailable
+from extproc.request import MAX_TOKEN_ID
 
 
 class RemoteTokenizer:
@@ -108,6 +109,6 @@ class RemoteTokenizer:
         except (ValueError, RecursionError) as e:
             raise TokenizerUnavailable(f"{self.url} answered with invalid JSON: {e}") from e
         tokens = answer.get("tokens") if isinstance(answer, dict) else None
-        if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in tokens):
             raise TokenizerUnavailable(f"{self.url} answered without a `tokens` list of token ids")
         return tokens

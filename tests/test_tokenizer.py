@@ -314,6 +314,8 @@ class FakeEngine:
             return web.Response(text="{not json", content_type="application/json")
         if self.mode == "shape":
             return web.json_response({"count": 2})
+        if self.mode == "huge-id":  # past u32: block hashing could not take it
+            return web.json_response({"tokens": [1, 2**40], "count": 2})
         if "prompt" in payload:
             tokens = [ord(c) for c in payload["prompt"]]
         else:
@@ -395,7 +397,13 @@ async def test_remote_timeout_is_quick_tokenizer_unavailable(engine: FakeEngine)
 
 
 @pytest.mark.parametrize(
-    "mode, match", [("error", "HTTP 500: engine exploded"), ("garbage", "invalid JSON"), ("shape", "tokens")]
+    "mode, match",
+    [
+        ("error", "HTTP 500: engine exploded"),
+        ("garbage", "invalid JSON"),
+        ("shape", "tokens"),
+        ("huge-id", "tokens"),
+    ],
 )
 async def test_remote_bad_answers_are_tokenizer_unavailable(
     engine: FakeEngine, remote: RemoteTokenizer, mode: str, match: str
