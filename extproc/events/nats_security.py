@@ -19,10 +19,11 @@ client certificate just closes the connection, seen as "Connection lost").
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import ssl
-from typing import Any
+from typing import Any, NoReturn
 
 import nats
 import nats.errors
@@ -86,10 +87,21 @@ async def _first_attempt(url: str, events: EventsConfig, options: dict[str, Any]
                 "NATS at %s does not answer yet (%s); retrying until it does", url, exc or type(exc).__name__
             )
             return
-        reason = explain_refusal(exc, events)
-        log.error("NATS at %s refused the picker: %s", url, reason)
-        raise NatsRefused(url, reason) from exc
+        _refused(url, exc, events)
+    # TLS 1.3: the server's verdict on our certificate may come after the handshake, so make one
+    # round trip before calling the connection good (otherwise the link would retry forever).
+    with contextlib.suppress(Exception):
+        await nc.flush(timeout=FIRST_ATTEMPT_TIMEOUT_S)
+    error = nc.last_error
     await nc.close()
+    if error is not None and _is_refusal(error, events):
+        _refused(url, error, events)
+
+
+def _refused(url: str, exc: BaseException, events: EventsConfig) -> NoReturn:
+    reason = explain_refusal(exc, events)
+    log.error("NATS at %s refused the picker: %s", url, reason)
+    raise NatsRefused(url, reason) from exc
 
 
 def _is_refusal(exc: BaseException, events: EventsConfig) -> bool:
@@ -183,8 +195,9 @@ _CLIENT_CERTIFICATE_ALERTS = ("ALERT_UNKNOWN_CA", "ALERT_BAD_CERTIFICATE", "ALER
 
 def _client_certificate_refused(exc: BaseException, events: EventsConfig) -> bool:
     """The server rejected our client certificate: it sent an alert, or (TLS 1.3, when the alert
-    loses the race with the close) just closed the connection during the handshake."""
+    loses the race with the close) just closed the connection during the handshake: a reset, a
+    broken pipe or an EOF, depending on which write or read meets the close first."""
     if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLCertVerificationError):
         return any(alert in str(exc.reason or exc) for alert in _CLIENT_CERTIFICATE_ALERTS)
     tls = events.nats_tls.enabled or (events.nats_url or "").startswith("tls://")
-    return tls and isinstance(exc, ConnectionResetError | EOFError)
+    return tls and isinstance(exc, ConnectionResetError | BrokenPipeError | EOFError)
