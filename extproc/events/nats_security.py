@@ -81,7 +81,7 @@ async def _first_attempt(url: str, events: EventsConfig, options: dict[str, Any]
             error_cb=quiet,
             **options,
         )
-    except Exception as exc:
+    except Exception as exc:  # (nats-py may leave a refused TLS socket for the collector to close)
         if not _is_refusal(exc, events):
             log.warning(
                 "NATS at %s does not answer yet (%s); retrying until it does", url, exc or type(exc).__name__
