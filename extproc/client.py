@@ -274,11 +274,13 @@ class RoutingClient:
                 f"http://{pick.endpoint}{path}", data=body, headers=send_headers
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
+            self.picker.answered(pick, 502)  # no answer at all: counts like Envoy's 503 (ejection)
             self.picker.finish(pick, "error")
             raise _transport_failed(pick, exc) from exc
         except BaseException:
             self.picker.finish(pick, "cancelled")
             raise
+        self.picker.answered(pick, response.status)
         if 200 <= response.status < 300:
             return pick, response
         try:

@@ -446,7 +446,6 @@ class EndpointPicker:
                 self.metrics.finished(pick.model, cause)
             return
         pool = self._pools[pick.model]
-        self._answered(pool, pick, cause)
         if pick.tracked and pick.prefill_worker is not None:
             pool.prefill.free(pick.request_id)
         if pick.tracked and pool.router.free(pick.request_id):
@@ -455,6 +454,25 @@ class EndpointPicker:
             for listener in self.listeners:
                 listener.on_freed(pick)
             pool.gate.kick()
+
+    def answered(self, pick: Pick, status: int) -> None:
+        """The worker's response status arrived: count it, and feed outlier ejection with it."""
+        worker = str(pick.worker.worker_id)
+        before, after = self.metrics.upstream_answered(pick.model, worker, status)
+        if after and (after == 1 or after % 10 == 0):
+            log.warning(
+                "worker %s (%s) answered %d: %d failed answers in a row", worker, pick.endpoint, status, after
+            )
+        elif before and not after:
+            log.info("worker %s (%s) answers again after %d failed answers", worker, pick.endpoint, before)
+        pool = self._pools.get(pick.model)
+        if pick.group is not None or pool is None or worker not in pool.workers:
+            return  # a group's worker (its own picker ejects it) or one that left
+        ejected_s = self.outliers.answered(worker, status, self._clock(), pool.workers)
+        if ejected_s is not None:
+            self.metrics.ejections.labels(pool.model, worker).inc()
+            log.warning("worker %s of %s ejected from routing for %.0f s after %d failed answers in a row",
+                        worker, pool.model, ejected_s, self.outliers.consecutive)  # fmt: skip
 
     def rejected(self, status: int, reason: str) -> None:
         """An error answer was given (counted by status and reason)."""
@@ -524,23 +542,6 @@ class EndpointPicker:
             return allowed
         kept = {wid for wid in (allowed if allowed is not None else pool.workers) if wid not in ejected}
         return kept or allowed
-
-    def _answered(self, pool: ModelPool, pick: Pick, cause: str) -> None:
-        """Feed outlier ejection with how the worker answered (2xx, or the 5xx in the cause)."""
-        if cause == "complete":
-            status = 200
-        elif cause.startswith("upstream_status_") and cause[16:].isdigit():
-            status = int(cause[16:])
-        else:
-            return  # cancelled, reset: says nothing about the worker
-        wid = str(pick.worker.worker_id)
-        if wid not in pool.workers:
-            return
-        ejected_s = self.outliers.answered(wid, status, self._clock(), pool.workers)
-        if ejected_s is not None:
-            self.metrics.ejections.labels(pool.model, wid).inc()
-            log.warning("worker %s of %s ejected from routing for %.0f s after %d failed answers in a row",
-                        wid, pool.model, ejected_s, self.outliers.consecutive)  # fmt: skip
 
     def _healthy_prefill(self, pool: ModelPool) -> set[str] | None:
         """The prefill workers that may be named (None: all); starts probing on first use."""

@@ -162,7 +162,6 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
         max_body_bytes=config.max_body_bytes,
         max_concurrent_streams=config.max_concurrent_streams,
         conformance_hooks=config.conformance_hooks,
-        metrics=picker.metrics,
     )
     server = grpc.aio.server(options=GRPC_OPTIONS)
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)

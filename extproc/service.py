@@ -14,9 +14,9 @@ Lifecycle: the first response body chunk marks prefill complete; the end of the 
 non-2xx status, a reset or a cancelled stream frees the request. The `finally` frees whatever
 ended the stream, exactly once.
 
-Upstream answers: with `metrics`, each routed request's response status is counted per worker,
-and a run of 5xx answers (Envoy's 503 when it cannot connect included) is logged. Observed only:
-the request is freed as any other non-2xx one and routing is unchanged.
+Upstream answers: each routed request's response status goes to the picker (`answered`), which
+counts it per worker and ejects a worker after a run of 5xx answers (Envoy's 503 when it cannot
+connect included); the request itself is freed as any other non-2xx one.
 
 Concurrency limit (`max_concurrent_streams`): a stream opened while that many are open gets its
 first message answered with a 429 ImmediateResponse (`TooManyStreams`) and ends. The limit is
@@ -43,7 +43,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc import epp
 from extproc.errors import BodyTooLarge, PickerError, TooManyStreams
-from extproc.pick_metrics import PickMetrics
 from extproc.picker import Pick
 from extproc.router.errors import RouterError
 
@@ -70,6 +69,8 @@ class Picker(Protocol):
     def first_token(self, pick: Pick) -> None: ...
 
     def finish(self, pick: Pick, cause: str) -> None: ...
+
+    def answered(self, pick: Pick, status: int) -> None: ...
 
     def rejected(self, status: int, reason: str) -> None: ...
 
@@ -120,7 +121,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         max_body_bytes: int,
         max_concurrent_streams: int | None = None,
         conformance_hooks: bool = False,
-        metrics: PickMetrics | None = None,
     ) -> None:
         if max_concurrent_streams is not None and max_concurrent_streams < 1:
             raise ValueError(f"max_concurrent_streams must be at least 1, got {max_concurrent_streams}")
@@ -128,7 +128,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         self.max_body_bytes = max_body_bytes
         self.max_concurrent_streams = max_concurrent_streams
         self.conformance_hooks = conformance_hooks
-        self.metrics = metrics
         self.open_streams = 0
 
     async def Process(
@@ -301,8 +300,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     def _on_response_headers(self, stream: _Stream, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         pick = stream.pick
         status = epp.header_map(headers).get(":status", "200")
-        if pick is not None and self.metrics is not None and status.isdigit():
-            self._count_upstream(pick, int(status))
+        if pick is not None and status.isdigit():
+            self.picker.answered(pick, int(status))
         if pick is not None and not status.startswith("2"):
             self._free(stream, f"upstream_status_{status}")
         elif headers.end_of_stream:
@@ -311,17 +310,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if pick is None:
             return [epp.CONTINUE_RESPONSE_HEADERS]
         return [epp.served_answer(pick.endpoint, conformance=self.conformance_hooks)]
-
-    def _count_upstream(self, pick: Pick, status: int) -> None:
-        assert self.metrics is not None
-        worker = str(pick.worker.worker_id)
-        before, after = self.metrics.upstream_answered(pick.model, worker, status)
-        if after and (after == 1 or after % 10 == 0):
-            log.warning(
-                "worker %s (%s) answered %d: %d failed answers in a row", worker, pick.endpoint, status, after
-            )
-        elif before and not after:
-            log.info("worker %s (%s) answers again after %d failed answers", worker, pick.endpoint, before)
 
     def _on_response_body(self, stream: _Stream, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         pick = stream.pick

@@ -127,7 +127,7 @@ async def test_serve_gives_its_service_the_stream_limit_and_the_metrics():
     running = await start_picker(config)
     try:
         assert running.service.max_concurrent_streams == 3
-        assert running.service.metrics is running.picker.metrics  # upstream answers are counted
+        assert running.service.picker is running.picker  # upstream answers are counted (picker.answered)
     finally:
         await running.stop(0)
 

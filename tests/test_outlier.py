@@ -67,7 +67,9 @@ async def test_the_picker_stops_routing_to_a_failing_worker_until_its_ejection_e
     for i in range(30):  # w0 answers 503 every time (Envoy cannot reach it); the others 200
         p = await pick(picker, f"request {i} " * 20, f"r{i}")
         chosen.append(p.worker.worker_id)
-        picker.finish(p, "upstream_status_503" if p.worker.worker_id == "w0" else "complete")
+        status = 503 if p.worker.worker_id == "w0" else 200
+        picker.answered(p, status)  # what the service reports from the response headers
+        picker.finish(p, "upstream_status_503" if status == 503 else "complete")
     assert chosen.count("w0") == 3, chosen  # three failures, then no more requests
     assert picker.metrics.registry.get_sample_value(
         "extproc_worker_ejections_total", {"model": "demo-model", "worker": "w0"}
@@ -76,5 +78,6 @@ async def test_the_picker_stops_routing_to_a_failing_worker_until_its_ejection_e
     again = [await pick(picker, f"later {i} " * 20, f"l{i}") for i in range(6)]
     assert "w0" in {p.worker.worker_id for p in again}
     for p in again:
+        picker.answered(p, 200)
         picker.finish(p, "complete")
     assert picker.is_idle()

@@ -140,8 +140,7 @@ async def test_a_dead_worker_gets_envoys_503_counted_as_failures_in_a_row_until_
     tmp_path: Path,
 ) -> None:
     dead = EchoWorker()  # its port is chosen; nothing listens there yet
-    async with serving([dead.address], "buffered", tmp_path) as (picker, service, envoy):
-        service.metrics = picker.metrics  # what server.py passes (see ExtProcService)
+    async with serving([dead.address], "buffered", tmp_path) as (picker, _service, envoy):
         sample = picker.metrics.registry.get_sample_value
         labels = {"model": MODEL, "worker": "w0"}
         async with aiohttp.ClientSession(timeout=TIMEOUT) as http:

@@ -215,6 +215,9 @@ class RecordingPicker:
             self.problems.append(f"request finished twice or never picked ({cause})")
         self.picker.finish(chosen, cause)
 
+    def answered(self, chosen: Pick, status: int) -> None:
+        self.picker.answered(chosen, status)
+
     def rejected(self, status: int, reason: str) -> None:
         if status == 500:
             self.problems.append(f"500 answer ({reason})")
