@@ -420,6 +420,8 @@ class EndpointPicker:
             log.info("%s %s", client_request_id, disagg_note)
         for listener in self.listeners:
             listener.on_routed(pick, hashes, isl, expected_output)
+            if pick.prefill_worker is not None:  # its prompt is not the decode worker's work
+                listener.on_prefill_complete(pick)
         return pick
 
     def first_token(self, pick: Pick) -> None:
@@ -430,10 +432,11 @@ class EndpointPicker:
         pool = self._pools[pick.model]
         if not pick.tracked:
             return
-        if pick.prefill_worker is not None:
-            pool.disagg.first_token(pick.request_id)  # the prefill worker's share ends too
-            pool.gate.kick()
-        elif pool.router.mark_prefill_complete(pick.request_id):
+        if pick.prefill_worker is not None:  # the prefill worker's share ends too
+            changed = pool.disagg.first_token(pick.request_id)
+        else:
+            changed = pool.router.mark_prefill_complete(pick.request_id)
+        if changed:
             for listener in self.listeners:
                 listener.on_prefill_complete(pick)
             pool.gate.kick()

@@ -142,3 +142,27 @@ async def test_an_unhealthy_prefill_worker_is_not_named_until_it_answers_again()
     finally:
         await runner.cleanup()
         await picker.close()
+
+
+async def test_replica_listeners_learn_a_remote_prompt_is_not_the_decode_workers_work():
+    events: list[tuple[str, str]] = []
+
+    class Listener:
+        def on_routed(self, pick, local_hashes, isl, expected_output_tokens):
+            events.append(("routed", pick.request_id))
+
+        def on_prefill_complete(self, pick):
+            events.append(("prefill_complete", pick.request_id))
+
+        def on_freed(self, pick):
+            events.append(("freed", pick.request_id))
+
+    picker = EndpointPicker(disagg_config())
+    picker.listeners.append(Listener())
+    remote = await pick(picker, LONG, request_id="remote")
+    assert remote.prefill_worker is not None
+    # other replicas track the decode worker without this prompt's prefill tokens, as this one does
+    assert events == [("routed", "remote"), ("prefill_complete", "remote")]
+    picker.first_token(remote)
+    picker.finish(remote, "complete")
+    assert events[-1] == ("freed", "remote") and picker.is_idle()
