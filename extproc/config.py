@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from extproc.router import RouterConfig
+from extproc.router import DisaggPolicy, RouterConfig
 from extproc.router.errors import InvalidConfig
 
 
@@ -93,6 +93,13 @@ class DisaggConfig:
     max_decode_prefix_frac: float = 0.8  # prefill locally when the decode worker caches this much
     decode_overlap_weight: float | None = None  # decode stage's overlap weight (None: the router's)
     prefill_health_interval_s: float = 2.0  # GET /health of prefill workers; 0 = off
+
+    @property
+    def policy(self) -> DisaggPolicy:
+        """The router core's view: when to prefill remotely, and the decode stage's weight."""
+        return DisaggPolicy(
+            self.min_remote_prefill_tokens, self.max_decode_prefix_frac, self.decode_overlap_weight
+        )
 
 
 @dataclass(frozen=True, slots=True)

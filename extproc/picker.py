@@ -26,7 +26,7 @@ from typing import Protocol
 
 from extproc import epp
 from extproc.admission import AdmissionGate
-from extproc.config import DisaggConfig, PickerConfig, WorkerConfig
+from extproc.config import PickerConfig, WorkerConfig
 from extproc.errors import NoEligibleWorker, PromptTooLong, TokenizerUnavailable, UnknownModel
 from extproc.groups import GroupCollector, GroupRequest, GroupSelector
 from extproc.outlier import OutlierEjection
@@ -35,7 +35,6 @@ from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
 from extproc.router import (
     Decision,
     DisaggDecision,
-    DisaggPolicy,
     DisaggRouter,
     KvRouter,
     QueuedRequest,
@@ -173,7 +172,7 @@ class EndpointPicker:
                 workers=_specs(prefill_workers.values()),
                 timer=time.perf_counter_ns,
             )
-            disagg = DisaggRouter(router, prefill, _policy(config.disagg))
+            disagg = DisaggRouter(router, prefill, config.disagg.policy)
             remote = model.tokenize_url or config.tokenize_url
             if remote == "worker":
                 any_worker = next(iter({**workers, **prefill_workers}.values()), None)
@@ -644,14 +643,6 @@ def _extra_headers(pool: ModelPool, worker: Worker) -> dict[str, str]:
 
 
 _ROLE_NAMES = {"prefill": "prefill", "decode": "decode", "both": "aggregated"}
-
-
-def _policy(config: DisaggConfig) -> DisaggPolicy:
-    return DisaggPolicy(
-        min_remote_prefill_tokens=config.min_remote_prefill_tokens,
-        max_decode_prefix_frac=config.max_decode_prefix_frac,
-        decode_overlap_weight=config.decode_overlap_weight,
-    )
 
 
 def _expected_output(request: ParsedRequest) -> int | None:

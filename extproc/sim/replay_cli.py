@@ -22,7 +22,6 @@ from typing import Any, TextIO
 
 from extproc.config import DISAGG_OPTIONS, ROUTER_OPTIONS, ConfigError, PickerConfig, add_options, load_config
 from extproc.router.config import PrefillLoadModel, RouterConfig, RouterMode
-from extproc.router.disagg import DisaggPolicy
 from extproc.sim.engine import EngineConfig
 from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult
 from extproc.sim.replay_disagg import DisaggReplayer, DisaggSetup
@@ -143,8 +142,7 @@ def disagg_setup(args: argparse.Namespace, environ: Mapping[str, str]) -> Disagg
     """The disaggregated fleet and policy of `--disagg P:D`, or None. Raises ConfigError, ValueError."""
     if args.disagg is None:
         return None
-    d = _load(args, environ).disagg
-    policy = DisaggPolicy(d.min_remote_prefill_tokens, d.max_decode_prefix_frac, d.decode_overlap_weight)
+    policy = _load(args, environ).disagg.policy
     return DisaggSetup(args.disagg[0], policy, args.kv_transfer_base_ms, args.kv_transfer_ms_per_block)
 
 
