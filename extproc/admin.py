@@ -7,7 +7,7 @@
     POST /busy_threshold          {"model": M} reads M's record; with threshold fields, sets them
     GET  /debug/workers           per worker: endpoint, cache source, cached blocks, active load
     GET  /debug/dump_events       ?model=M: the KV events that rebuild M's indexer (engine-reported)
-    POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens"}: load per worker if sent
+    POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens", "cache_salt"?}: loads if sent
 
 A busy-threshold record is {"model", "active_decode_blocks_threshold", "active_prefill_tokens_threshold",
 "active_prefill_tokens_threshold_frac"}, null when unset. Setting validates every value (fractions in
@@ -160,6 +160,9 @@ def make_admin_app(
         if pool is None:
             raise _BadRequest(404 if isinstance(model, str) else 400, f"unknown or missing model {model!r}")
         tokens = body.get("tokens")
+        cache_salt = body.get("cache_salt")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise _BadRequest(400, "'cache_salt' must be a non-empty string")
         if tokens is not None:
             if not isinstance(tokens, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in tokens
@@ -174,7 +177,7 @@ def make_admin_app(
                 raise _BadRequest(400, exc.message) from None
         else:
             raise _BadRequest(400, "give 'tokens', 'messages' or 'prompt'")
-        loads = pool.router.get_potential_loads(tokens)
+        loads = pool.router.get_potential_loads(tokens, cache_salt=cache_salt)
         return web.json_response(
             {
                 "model": model,

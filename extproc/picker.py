@@ -328,7 +328,11 @@ class EndpointPicker:
             override = _override(request, load_only=True)
         elif override is None:
             override = _override(request, load_only=False)
-        hashes = router.block_hashes(tokens, lora_name=request.lora_name) if tokens else []
+        hashes = (
+            router.block_hashes(tokens, lora_name=request.lora_name, cache_salt=request.cache_salt)
+            if tokens
+            else []
+        )
         t3 = time.perf_counter_ns()
         timings["hash"] = t3 - t2
         request_id = self._request_id(router, client_request_id)
@@ -508,6 +512,7 @@ class EndpointPicker:
                 model,
                 tokens or [],
                 lora_name=request.lora_name,
+                cache_salt=request.cache_salt,
                 overrides=_override(request, load_only=tokens is None),
                 expected_output_tokens=_expected_output(request),
                 restrictions=restrictions,

@@ -12,6 +12,9 @@ Decisions:
   because no tokenizer can encode them.
 - `null` means "absent" for optional fields, as in the OpenAI schema.
 - `lora_name` stays None: vLLM serves LoRA adapters as model names, so `model` already identifies them.
+- `cache_salt` (vLLM's and SGLang's request field) must be a non-empty string when present, as vLLM
+  requires: a salted prompt only reuses blocks stored under the same salt, so its block hashes are
+  seeded with it (Dynamo's `cache_namespace`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class ParsedRequest:
     agent_hints: Mapping[str, Any] = field(default_factory=_empty_mapping)  # known keys type-checked
     nvext: Mapping[str, Any] = field(default_factory=_empty_mapping)
     lora_name: str | None = None
+    cache_salt: str | None = None  # the engines' per-tenant prefix-cache isolation key
     body_size: int = 0  # bytes
 
 
@@ -140,7 +144,11 @@ def _parse_common(obj: dict[str, Any]) -> dict[str, Any]:
     for key, check in _HINT_CHECKS.items():
         if hints.get(key) is not None:
             check(hints, key, f"nvext.agent_hints.{key}")
+    cache_salt = _opt_str(obj, "cache_salt", "cache_salt")
+    if cache_salt == "":
+        raise RequestInvalid("cache_salt must be a non-empty string when given")
     return {
+        "cache_salt": cache_salt,
         "stream": _opt_bool(obj, "stream", "stream", False),
         # vLLM's precedence: max_completion_tokens wins over the deprecated max_tokens.
         "max_tokens": max_completion_tokens if max_completion_tokens is not None else max_tokens,

@@ -12,6 +12,8 @@ from extproc.config import ModelConfig
 from extproc.errors import PromptTooLong
 from extproc.picker import EndpointPicker
 from extproc.procs import free_port
+from extproc.router.hashing import compute_block_hashes
+from extproc.router.types import BlocksStored, StoredBlock, Worker
 from extproc.tokenizer import HfTokenizer
 
 from .picker_fixtures import MODEL, chat_body, picker_config
@@ -80,4 +82,30 @@ async def test_a_prompt_over_the_token_limit_is_refused_and_leaves_no_state():
     assert picker.is_idle()
     short = await pick(picker, chat_body("hi"))
     picker.finish(short, "complete")
+    assert picker.is_idle()
+
+
+async def test_a_salted_prompt_only_reuses_blocks_stored_under_its_salt():
+    """vLLM and SGLang isolate prefix caches per `cache_salt`; the router hashes a salted prompt as
+    Dynamo does (the salt is the cache namespace), so it is never predicted to hit unsalted blocks."""
+    picker = EndpointPicker(picker_config(use_kv_events=True))
+    tokens = list(range(1000, 1064))
+    router = picker.pools[MODEL].router
+    for worker, salt in ((Worker("w0"), None), (Worker("w1"), "tenant-a")):
+        hashes = compute_block_hashes(tokens, 16, namespace=salt)
+        blocks = tuple(StoredBlock(engine_hash=i + 1, local_hash=h) for i, h in enumerate(hashes))
+        router.apply_event(BlocksStored(worker, blocks))
+
+    async def route(**extra):
+        body = json.dumps({"model": MODEL, "prompt": tokens, **extra}).encode()
+        chosen = await picker.pick(
+            body=body, path="/v1/completions", headers={}, subset=None, client_request_id="s"
+        )
+        picker.finish(chosen, "complete")
+        return chosen.worker.worker_id, chosen.overlap_blocks
+
+    assert await route(cache_salt="tenant-a") == ("w1", 4)
+    assert await route() == ("w0", 4)
+    _, overlap = await route(cache_salt="tenant-b")
+    assert overlap == 0
     assert picker.is_idle()

@@ -90,6 +90,9 @@ def test_minimal_chat_request_has_defaults():
             {"token_data": [1], "agent_hints": None},
         ),
         ({"nvext": None}, "nvext", {}),
+        ({"cache_salt": "tenant-a"}, "cache_salt", "tenant-a"),
+        ({"cache_salt": None}, "cache_salt", None),
+        ({}, "cache_salt", None),
     ],
 )
 def test_chat_fields(fields: dict[str, Any], attribute: str, expected: Any):
@@ -284,6 +287,8 @@ def test_completion_prompt_forms(prompt: Any, text: str | None, token_ids: tuple
         (completion(prompt=[[1, 2.0]]), COMPLETIONS, r"prompt\[0\]\[1\] must be a token id"),
         (completion(prompt=[None]), COMPLETIONS, r"prompt\[0\] must be a string or a list of token ids"),
         (completion(stream=[]), COMPLETIONS, "stream must be a boolean"),
+        (chat(cache_salt=""), CHAT, "cache_salt must be a non-empty string"),
+        (completion(cache_salt=7), COMPLETIONS, "cache_salt must be a string, not the number 7"),
     ],
 )
 def test_rejections_name_the_problem(body: Any, path: str, message: str):

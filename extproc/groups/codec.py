@@ -36,6 +36,7 @@ def encode_request(request: GroupRequest) -> pb.RoutingRequest:
         model=request.model,
         token_ids=bytes(tokens_as_u32le(request.token_ids)),
         lora_name=request.lora_name or "",
+        cache_salt=request.cache_salt or "",
     )
     if request.overrides is not None:
         if request.overrides.overlap_score_weight is not None:
@@ -70,6 +71,7 @@ def decode_request(message: pb.RoutingRequest) -> GroupRequest:
         model=message.model,
         token_ids=tokens,
         lora_name=message.lora_name or None,
+        cache_salt=message.cache_salt or None,
         overrides=overrides,
         expected_output_tokens=(
             message.expected_output_tokens if message.HasField("expected_output_tokens") else None

@@ -101,6 +101,7 @@ class GroupRouters:
         loads = router.get_potential_loads(
             request.token_ids,
             lora_name=request.lora_name,
+            cache_salt=request.cache_salt,
             allowed_workers=self._allowed(pool, request.restrictions),
             config_override=request.overrides,
         )
@@ -138,7 +139,9 @@ class GroupRouters:
         if cached is not None and cached[0] is request and cached[1] == block_size:
             return cached[2]
         hashes = (
-            router.block_hashes(request.token_ids, lora_name=request.lora_name) if request.isl is None else []
+            router.block_hashes(request.token_ids, lora_name=request.lora_name, cache_salt=request.cache_salt)
+            if request.isl is None
+            else []
         )
         self._hashes = (request, block_size, hashes)
         return hashes

@@ -30,6 +30,7 @@ class GroupRequest:
     model: str
     token_ids: TokenIds
     lora_name: str | None = None
+    cache_salt: str | None = None
     overrides: RouterConfigOverride | None = None
     expected_output_tokens: int | None = None
     restrictions: tuple[tuple[str, ...], ...] | None = None

@@ -175,8 +175,11 @@ class KvRouter:
 
     # --- decisions ---------------------------------------------------------------------------
 
-    def block_hashes(self, tokens: TokenIds, *, lora_name: str | None = None) -> list[int]:
-        return compute_block_hashes(tokens, self.config.block_size, lora_name=lora_name)
+    def block_hashes(
+        self, tokens: TokenIds, *, lora_name: str | None = None, cache_salt: str | None = None
+    ) -> list[int]:
+        """Local block hashes of a request; a `cache_salt` seeds them as Dynamo's cache namespace does."""
+        return compute_block_hashes(tokens, self.config.block_size, lora_name=lora_name, namespace=cache_salt)
 
     def best_worker(
         self,
@@ -188,6 +191,7 @@ class KvRouter:
         preferred_worker: Worker | WorkerId | None = None,
         allowed_workers: WorkerFilter | None = None,
         lora_name: str | None = None,
+        cache_salt: str | None = None,
         expected_output_tokens: int | None = None,
     ) -> Decision:
         """Choose a worker for `tokens`; with `request_id` the request is also tracked.
@@ -198,7 +202,7 @@ class KvRouter:
         Raises NoWorkers, AllWorkersBusy or PinnedWorkerUnavailable.
         """
         return self.best_worker_for_hashes(
-            self.block_hashes(tokens, lora_name=lora_name),
+            self.block_hashes(tokens, lora_name=lora_name, cache_salt=cache_salt),
             len(tokens),
             request_id=request_id,
             config_override=config_override,
@@ -318,12 +322,13 @@ class KvRouter:
         tokens: TokenIds,
         *,
         lora_name: str | None = None,
+        cache_salt: str | None = None,
         allowed_workers: WorkerFilter | None = None,
         config_override: RouterConfigOverride | None = None,
     ) -> list[WorkerLoad]:
         """Per worker: prefill tokens and decode blocks if the request went there, and its overlap."""
         cfg = self.config.merged(config_override)
-        local_hashes = self.block_hashes(tokens, lora_name=lora_name)
+        local_hashes = self.block_hashes(tokens, lora_name=lora_name, cache_salt=cache_salt)
         candidates = self._candidates(allowed_workers)
         return self._loads(
             candidates, self._block_keys(local_hashes), len(tokens), self._overlaps(cfg, local_hashes)

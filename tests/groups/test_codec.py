@@ -42,6 +42,7 @@ def test_token_ids_travel_as_little_endian_uint32_bytes():
             "m",
             list(range(100)),
             lora_name="my-lora",
+            cache_salt="tenant-a",
             overrides=RouterConfigOverride(overlap_score_weight=0.0, temperature=0.5),
             expected_output_tokens=64,
             restrictions=(("10.0.0.1:8000", "10.0.0.2"), ()),
@@ -54,9 +55,10 @@ def test_requests_round_trip(request_):
     decoded = decode_request(wire)
     assert isinstance(decoded.token_ids, np.ndarray) and decoded.token_ids.dtype == np.dtype("<u4")
     assert list(decoded.token_ids) == list(request_.token_ids)
-    assert (decoded.model, decoded.lora_name, decoded.overrides) == (
+    assert (decoded.model, decoded.lora_name, decoded.cache_salt, decoded.overrides) == (
         request_.model,
         request_.lora_name,
+        request_.cache_salt,
         request_.overrides,
     )
     assert decoded.expected_output_tokens == request_.expected_output_tokens

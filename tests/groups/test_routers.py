@@ -144,3 +144,15 @@ def test_a_probe_reports_the_best_overlap_when_it_chooses_another_worker():
     probe = group.probe(request(prompt(1)))
     assert probe.choice.worker != holder
     assert (probe.choice.overlap_blocks, probe.choice.best_overlap_blocks) == (0, 10)
+
+
+def test_a_salted_request_is_hashed_with_its_salt_in_probe_and_commit():
+    group = routers(2)
+    first = group.commit(GroupRequest(MODEL, prompt(1), cache_salt="tenant-a"), "r1", None)
+    group.mark_prefill_complete(MODEL, "r1")
+    same_salt = group.probe(GroupRequest(MODEL, prompt(1), cache_salt="tenant-a"))
+    assert same_salt.choice.worker == first.choice.worker and same_salt.choice.overlap_blocks == 10
+    assert group.probe(GroupRequest(MODEL, prompt(1))).choice.overlap_blocks == 0
+    assert group.probe(GroupRequest(MODEL, prompt(1), cache_salt="tenant-b")).choice.overlap_blocks == 0
+    loads = group.potential_loads(GroupRequest(MODEL, prompt(1), cache_salt="tenant-a"))
+    assert max(w.overlap_blocks for w in loads.workers) == 10

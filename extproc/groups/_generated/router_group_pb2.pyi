@@ -21,7 +21,7 @@ class EndpointList(_message.Message):
     def __init__(self, endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RoutingRequest(_message.Message):
-    __slots__ = ("model", "token_ids", "lora_name", "overrides", "expected_output_tokens", "restrictions", "isl")
+    __slots__ = ("model", "token_ids", "lora_name", "overrides", "expected_output_tokens", "restrictions", "isl", "cache_salt")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LORA_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class RoutingRequest(_message.Message):
     EXPECTED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RESTRICTIONS_FIELD_NUMBER: _ClassVar[int]
     ISL_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     model: str
     token_ids: bytes
     lora_name: str
@@ -36,7 +37,8 @@ class RoutingRequest(_message.Message):
     expected_output_tokens: int
     restrictions: _containers.RepeatedCompositeFieldContainer[EndpointList]
     isl: int
-    def __init__(self, model: _Optional[str] = ..., token_ids: _Optional[bytes] = ..., lora_name: _Optional[str] = ..., overrides: _Optional[_Union[RouterOverrides, _Mapping]] = ..., expected_output_tokens: _Optional[int] = ..., restrictions: _Optional[_Iterable[_Union[EndpointList, _Mapping]]] = ..., isl: _Optional[int] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, model: _Optional[str] = ..., token_ids: _Optional[bytes] = ..., lora_name: _Optional[str] = ..., overrides: _Optional[_Union[RouterOverrides, _Mapping]] = ..., expected_output_tokens: _Optional[int] = ..., restrictions: _Optional[_Iterable[_Union[EndpointList, _Mapping]]] = ..., isl: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class Worker(_message.Message):
     __slots__ = ("worker_id", "dp_rank")
