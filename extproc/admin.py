@@ -132,6 +132,7 @@ def make_admin_app(
                         "dp_rank": worker.dp_rank,
                         "endpoint": pool.endpoint_of(worker),
                         "cache_source": sources.feed.state(worker),
+                        "cache_source_reason": sources.feed.reason(worker),
                         "cached_blocks": router.indexer.num_blocks(worker),
                         "active_prefill_tokens": router.sequences.prefill_tokens(worker),
                         "active_decode_blocks": router.sequences.decode_blocks(worker),

@@ -17,8 +17,8 @@ engine id -> run (the offset is found in the run's list; a split re-points only 
 moves). When a worker stores content it already holds under another engine id, the new id is an
 alias of the first one, and the block stays until every id naming it is removed. Parents and
 removals resolve through these maps (Dynamo's tree shares one map and cannot do this). Bad input
-never raises: an unknown parent drops the event, an unknown removal is ignored, and both are
-counted in `stats`.
+never raises: an unknown parent drops the event (and `apply_event` says so, so that the caller can
+resynchronise that worker), an unknown removal is ignored, and both are counted in `stats`.
 """
 
 from __future__ import annotations
@@ -172,11 +172,15 @@ class RadixTree:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def apply_event(self, event: KvEvent) -> None:
-        """Apply one KV event; never raises on inconsistent input (see `stats`)."""
+    def apply_event(self, event: KvEvent) -> bool:
+        """Apply one KV event; never raises on inconsistent input (see `stats`).
+
+        Returns False only for a store whose parent block this worker is not known to hold (an
+        orphan, dropped): the view of that worker lost blocks its engine still has.
+        """
         if isinstance(event, BlocksStored):
-            self._store(event)
-        elif isinstance(event, BlocksRemoved):
+            return self._store(event)
+        if isinstance(event, BlocksRemoved):
             self.stats.removed_events += 1
             self._remove(event.worker, event.engine_hashes)
         elif isinstance(event, AllBlocksCleared):
@@ -184,6 +188,7 @@ class RadixTree:
             self.clear_worker(event.worker)
         else:
             raise TypeError(f"not a KV event: {type(event).__name__}")
+        return True
 
     def clear_worker(self, worker: Worker) -> None:
         """Forget every block of `worker` but keep its slot."""
@@ -236,7 +241,7 @@ class RadixTree:
             self._blocks[worker] = m
         return slot
 
-    def _store(self, event: BlocksStored) -> None:
+    def _store(self, event: BlocksStored) -> bool:
         """Walks the event along the runs in bulk; anything unusual goes block by block."""
         self.stats.stored_events += 1
         slot = self._slot_of(event.worker)
@@ -249,13 +254,13 @@ class RadixTree:
             found = self._locate(slot, event.parent_hash)
             if found is None:
                 self.stats.unknown_parent += 1
-                return
+                return False
             node, end = found
             end += 1
         blocks = event.blocks
         n = len(blocks)
         if not n:
-            return
+            return True
         hs = [b.local_hash for b in blocks]
         es = [b.engine_hash for b in blocks]
         bit = 1 << slot
@@ -341,9 +346,10 @@ class RadixTree:
             for node in touched:
                 self._settle(node)
             self._store_slow(slot, before, hs, es, i)
-            return
+            return True
         for node in touched:
             self._settle(node)
+        return True
 
     def _store_slow(self, slot: int, before: int | None, hs: list[int], es: list[int], i: int) -> None:
         """Stores blocks i.. one at a time after the block the worker names `before` (None: root)."""

@@ -119,14 +119,17 @@ class KvRouter:
     def spec(self, worker_id: WorkerId) -> WorkerSpec | None:
         return self._specs.get(worker_id)
 
-    def apply_event(self, event: KvEvent) -> None:
+    def apply_event(self, event: KvEvent, *, feeds: bool = True) -> bool:
         """Apply one KV event from an engine (never raises on inconsistent content).
 
-        With KV events on, the first event of a worker makes it event-fed (see `set_event_fed`).
+        With KV events on, the first event of a worker makes it event-fed (see `set_event_fed`),
+        unless `feeds` is False: its stream is known to be incomplete, so the router keeps
+        predicting on top. Returns False when a store was dropped because its parent block is not
+        known for that worker (an orphan: the view lost blocks the engine still holds).
         """
-        if event.worker not in self._event_fed and self.config.use_kv_events:
+        if feeds and event.worker not in self._event_fed and self.config.use_kv_events:
             self.set_event_fed(event.worker, True)
-        self.indexer.apply_event(event)
+        return self.indexer.apply_event(event)
 
     def set_event_fed(self, worker: Worker, fed: bool) -> None:
         """Switch where `worker`'s cache state comes from.

@@ -6,7 +6,7 @@ import random
 from extproc.events.counters import EventCounters
 from extproc.events.feed import EVENT_FED, PREDICTED, STALE, RouterFeed
 from extproc.router import KvRouter, RouterConfig, Worker, WorkerSpec, compute_block_hashes
-from extproc.router.types import BlocksStored, StoredBlock
+from extproc.router.types import AllBlocksCleared, BlocksStored, StoredBlock
 
 from ..router.clock import FakeClock
 
@@ -32,7 +32,9 @@ def stored(worker: Worker, tokens: list[int]) -> BlocksStored:
 def test_events_make_a_worker_event_fed_and_a_lost_stream_makes_it_stale(caplog):
     router, feed = make()
     assert feed.states() == {A: PREDICTED, B: PREDICTED}
-    feed.apply_events([stored(A, PROMPT)])
+    feed.apply_events([stored(A, PROMPT)])  # applied, but the transport has not said the stream is up
+    assert feed.state(A) == PREDICTED and not router.is_event_fed(A)
+    feed.stream_state(A, True, "rebuilt from replay")
     assert feed.state(A) == EVENT_FED and router.is_event_fed(A)
     assert router.indexer.find_matches(compute_block_hashes(PROMPT, 16)) == {A: 4}
     with caplog.at_level(logging.INFO, logger="extproc.events"):
@@ -59,8 +61,81 @@ def test_each_worker_feeds_the_router_of_its_model():
     first = KvRouter(RouterConfig(block_size=16, use_kv_events=True), clock=clock, workers=[WorkerSpec("a")])
     second = KvRouter(RouterConfig(block_size=16, use_kv_events=True), clock=clock, workers=[WorkerSpec("b")])
     feed = RouterFeed({"a": first, "b": second})
+    feed.stream_state(A, True, "first event")
+    feed.stream_state(B, True, "first event")
     feed.apply_events([stored(A, PROMPT), stored(B, PROMPT[:32])])
     hashes = compute_block_hashes(PROMPT, 16)
     assert first.indexer.find_matches(hashes) == {A: 4}
     assert second.indexer.find_matches(hashes) == {B: 2}
     assert feed.states() == {A: EVENT_FED, B: EVENT_FED}
+
+
+def stored_after(worker: Worker, parent: int, tokens: list[int], first_id: int) -> BlocksStored:
+    hashes = compute_block_hashes(tokens, 16)
+    return BlocksStored(worker, tuple(StoredBlock(first_id + i, h) for i, h in enumerate(hashes)), parent)
+
+
+def test_a_store_under_an_unknown_block_makes_the_worker_stale_and_asks_for_a_resync(caplog):
+    """The picker lost the worker's first blocks (a new picker, an event gap, a lost snapshot): the
+    engine's next stores hang under blocks it never saw. The worker is not reported whole, the
+    router predicts on top so new prompts are learned again, and its transport is asked to
+    rebuild it."""
+    router, feed = make()
+    asked: list[str] = []
+    feed.set_resync(A, asked.append)
+    feed.stream_state(A, True, "first event")
+    template, turn = PROMPT[:32], list(range(500, 532))
+    with caplog.at_level(logging.WARNING, logger="extproc.events"):
+        feed.apply_events([stored_after(A, 999_999, turn, 2000)])  # its parent 999999 was never seen
+    assert feed.state(A) == STALE and feed.lost(A) and not router.is_event_fed(A)
+    assert "parent 999999 is unknown" in feed.reason(A) and "event-fed -> stale" in caplog.text
+    assert len(asked) == 1 and feed.counters["feed.orphaned"] == 1
+    assert feed.counters.drops[("feed", "a", "unknown-parent")] == 1
+    feed.apply_events([stored_after(A, 999_998, turn, 3000)])
+    assert len(asked) == 1 and feed.counters["feed.orphaned"] == 2  # asked once per loss
+
+    # new prompts are learned again: the router predicts what it routes to a stale worker
+    fresh = template + list(range(700, 764))
+    decision = router.best_worker(fresh, request_id="r1", allowed_workers=[A])
+    assert decision.worker == A
+    assert router.indexer.find_matches(compute_block_hashes(fresh, 16)).get(A) == 6
+    assert feed.lossy() == [A]
+
+
+def test_a_lost_view_is_whole_again_after_a_run_of_stores_under_known_blocks():
+    router, feed = make()
+    feed.recover_after_stores = 3
+    feed.stream_state(A, True, "first event")
+    feed.apply_events([stored(A, PROMPT)])
+    feed.apply_events([stored_after(A, 424242, PROMPT, 5000)])
+    assert feed.state(A) == STALE
+    for i in range(2):
+        feed.apply_events([stored_after(A, 1003 if i == 0 else 6000, list(range(900 + 16 * i, 916 + 16 * i)),
+                                        6000 + i)])  # fmt: skip
+        assert feed.state(A) == STALE
+    feed.apply_events([stored_after(A, 6001, list(range(990, 1006)), 6002)])
+    assert feed.state(A) == EVENT_FED and not feed.lost(A) and router.is_event_fed(A)
+
+
+def test_an_engine_clear_or_a_reset_ends_the_loss():
+    _, feed = make()
+    feed.stream_state(A, True, "first event")
+    feed.apply_events([stored_after(A, 1, PROMPT, 100)])
+    assert feed.lost(A)
+    feed.apply_events([AllBlocksCleared(A)])
+    assert not feed.lost(A) and feed.state(A) == EVENT_FED
+    feed.apply_events([stored_after(A, 1, PROMPT, 100)])
+    assert feed.lost(A)
+    feed.reset_worker(A, "rebuilding from replay")
+    assert not feed.lost(A) and feed.state(A) == EVENT_FED
+    assert feed.synced(A)
+
+
+def test_a_worker_lost_from_its_first_event_is_never_reported_synced():
+    _, feed = make()
+    feed.stream_state(A, True, "first event")
+    assert feed.synced(A)  # an empty view with a live stream: nothing known is wrong yet
+    _, feed = make()
+    feed.apply_events([stored_after(A, 77, PROMPT, 100)])  # orphan before the stream is up
+    feed.stream_state(A, True, "first event")
+    assert feed.state(A) == STALE and not feed.synced(A)

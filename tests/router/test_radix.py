@@ -70,12 +70,15 @@ def test_same_content_under_two_engine_ids_stays_until_both_are_removed():
 
 def test_unknown_parents_and_removals_are_counted_not_raised():
     tree = RadixTree()
-    tree.apply_event(stored(W0, [(2, 2)], parent=999))
-    tree.apply_event(BlocksRemoved(W0, (12345,)))
+    assert tree.apply_event(stored(W0, [(2, 2)], parent=999)) is False  # an orphan: the caller resyncs
+    assert tree.apply_event(BlocksRemoved(W0, (12345,))) is True
     tree.apply_event(BlocksRemoved(W1, (1,)))
+    assert tree.apply_event(stored(W0, [(1, 1)])) is True
+    assert tree.apply_event(stored(W0, [(3, 3)], parent=1)) is True
     assert tree.stats.unknown_parent == 1
     assert tree.stats.unknown_removal == 2
     assert tree.find_matches([2]) == {}
+    assert tree.find_matches([1, 3]) == {W0: 2}
 
 
 def test_removing_a_middle_block_cuts_the_match_there():
