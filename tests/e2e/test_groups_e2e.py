@@ -123,6 +123,7 @@ async def test_a_second_turn_lands_on_the_group_and_worker_holding_its_prefix(st
 
 async def test_a_probe_never_changes_a_groups_state(stack):
     await send(stack, body(100))  # some cached blocks and history in the groups
+    await until_idle(stack)  # its end (first token, free) must not land between the two readings
     prompts = [[1000 + i for i in range(400)], [7] * 300, list(range(5000))]
     before = {g.name: [await group_loads(g, p) for p in prompts] for g in stack.groups}
     for group in stack.groups:
