@@ -14,6 +14,9 @@ names them by string, so `decode_event` maps the wire id through `worker_id_of` 
 
 Decoding never raises: malformed JSON, unknown variants and out-of-range numbers are counted
 loudly in `EventCounters` under `dynamo.*` keys and the message is dropped.
+
+The RouterEvent shape is shared with Dynamo's msgpack event plane (`extproc.events.dynamo_plane`),
+which parses its envelope and hands each RouterEvent to `router_event_header` / `router_event_data`.
 """
 
 from __future__ import annotations
@@ -95,31 +98,34 @@ def decode_event(
         return None
     try:
         return _decode(message, counters, worker_id_of)
-    except _Malformed as exc:
+    except MalformedEvent as exc:
         counters.loud("dynamo.malformed", "malformed Dynamo KV event (%s); dropped", exc)
         return None
 
 
-class _Malformed(ValueError):
-    pass
+class MalformedEvent(ValueError):
+    """A RouterEvent (or its envelope) that does not have Dynamo's shape; the message says where."""
 
 
-def _decode(
-    message: Any, counters: EventCounters, worker_id_of: Callable[[int], WorkerId]
-) -> DecodedEvent | None:
+def router_event_header(message: Any) -> tuple[int, int, int, Any]:
+    """(wire worker id, event id, dp rank, data) of one parsed RouterEvent, JSON or msgpack alike.
+
+    Raises MalformedEvent when a field is missing or out of range (`dp_rank` defaults to 0).
+    """
     message = _object(message, "message")
     wire_worker = _uint(message.get("worker_id"), U64_MAX, "worker_id")
     event = _object(message.get("event"), "event")
     event_id = _uint(event.get("event_id"), U64_MAX, "event_id")
     dp_rank = _uint(event.get("dp_rank", 0), U32_MAX, "dp_rank")
-    worker_id = worker_id_of(wire_worker)
-    worker = Worker(worker_id, dp_rank)
-    payload = event.get("data")
+    return wire_worker, event_id, dp_rank, event.get("data")
 
-    decoded: KvEvent
+
+def router_event_data(payload: Any, worker: Worker, event_id: int) -> KvEvent | None:
+    """The router's event for a RouterEvent's `data`; None for a variant other than stored, removed
+    and cleared (the caller counts it). Raises MalformedEvent on a known variant of the wrong shape."""
     if payload == "cleared":
-        decoded = AllBlocksCleared(worker, event_id)
-    elif isinstance(payload, dict) and len(payload) == 1 and "stored" in payload:
+        return AllBlocksCleared(worker, event_id)
+    if isinstance(payload, dict) and len(payload) == 1 and "stored" in payload:
         stored = _object(payload["stored"], "stored")
         parent = stored.get("parent_hash")
         parent_hash = None if parent is None else _uint(parent, U64_MAX, "parent_hash")
@@ -130,21 +136,35 @@ def _decode(
             )
             for b in (_object(b, "block") for b in _list(stored.get("blocks"), "blocks"))
         )
-        decoded = BlocksStored(worker, blocks, parent_hash, event_id)
-    elif isinstance(payload, dict) and len(payload) == 1 and "removed" in payload:
+        return BlocksStored(worker, blocks, parent_hash, event_id)
+    if isinstance(payload, dict) and len(payload) == 1 and "removed" in payload:
         removed = _object(payload["removed"], "removed")
         hashes = tuple(
             _uint(h, U64_MAX, "block_hash") for h in _list(removed.get("block_hashes"), "block_hashes")
         )
-        decoded = BlocksRemoved(worker, hashes, event_id)
-    else:
-        variant = sorted(payload) if isinstance(payload, dict) else payload
-        counters.loud(
-            "dynamo.unknown_variant",
-            "Dynamo KV event from worker %s with unknown data %.80r; dropped",
-            worker,
-            variant,
-        )
+        return BlocksRemoved(worker, hashes, event_id)
+    return None
+
+
+def count_unknown_variant(counters: EventCounters, worker: Worker, payload: Any) -> None:
+    variant = sorted(payload) if isinstance(payload, dict) else payload
+    counters.loud(
+        "dynamo.unknown_variant",
+        "Dynamo KV event from worker %s with unknown data %.80r; dropped",
+        worker,
+        variant,
+    )
+
+
+def _decode(
+    message: Any, counters: EventCounters, worker_id_of: Callable[[int], WorkerId]
+) -> DecodedEvent | None:
+    wire_worker, event_id, dp_rank, payload = router_event_header(message)
+    worker_id = worker_id_of(wire_worker)
+    worker = Worker(worker_id, dp_rank)
+    decoded = router_event_data(payload, worker, event_id)
+    if decoded is None:
+        count_unknown_variant(counters, worker, payload)
         return None
     counters.add("dynamo.event")
     return worker_id, event_id, decoded
@@ -152,19 +172,19 @@ def _decode(
 
 def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _Malformed(f"{what} is {type(value).__name__}, not an object")
+        raise MalformedEvent(f"{what} is {type(value).__name__}, not an object")
     return value
 
 
 def _list(value: Any, what: str) -> list[Any]:
     if not isinstance(value, list):
-        raise _Malformed(f"{what} is {type(value).__name__}, not a list")
+        raise MalformedEvent(f"{what} is {type(value).__name__}, not a list")
     return value
 
 
 def _uint(value: Any, limit: int, what: str) -> int:
     if type(value) is not int or not 0 <= value <= limit:  # bool is not a number here
-        raise _Malformed(f"{what} {value!r:.40} is not an integer in [0, {limit}]")
+        raise MalformedEvent(f"{what} {value!r:.40} is not an integer in [0, {limit}]")
     return value
 
 

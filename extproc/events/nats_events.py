@@ -3,11 +3,14 @@
 - `NatsLink`: one NATS connection with reconnect options (unbounded attempts, exponential backoff
   with jitter) that tells its watchers when it goes down and comes back.
 - `NatsEventSubscriber`: decodes `namespace.<ns>.component.<c>.kv_events` (Dynamo JSON,
-  `extproc.events.dynamo_json`) into the router's event model and hands it to an `EventSink`.
-  Event ids are consecutive per worker and dp rank; any other id is a gap (events lost: slow
-  consumer, outage, publisher restart) and calls `on_gap(worker, expected, got)`, by default
-  `sink.reset_worker` before the event is applied. While the connection is down every worker seen
-  so far is reported `stream_state(worker, False)`; on reconnect, up again.
+  `extproc.events.dynamo_json`) and, beside it, Dynamo's event plane
+  `namespace.<ns>.component.<c>.endpoint.<e>.kv-events` (the msgpack envelopes of Dynamo's own
+  `KvEventPublisher`, `extproc.events.dynamo_plane`) into the router's event model and hands it to
+  an `EventSink`. Both go through one event-id check: ids are consecutive per worker and dp rank;
+  any other id is a gap (events lost: slow consumer, outage, publisher restart) and calls
+  `on_gap(worker, expected, got)`, by default `sink.reset_worker` before the event is applied.
+  While the connection is down every worker seen so far is reported `stream_state(worker, False)`;
+  on reconnect, up again.
 - `NatsEventPublisher`: the worker side, a `KvCacheListener` (extproc/sim/prefix_cache.py) that
   numbers events consecutively and publishes them in order, never blocking the engine.
 
@@ -40,6 +43,7 @@ from nats.errors import SlowConsumerError
 
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import decode_event, encode_event
+from extproc.events.dynamo_plane import decode_envelope
 from extproc.events.sink import EventSink
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import (
@@ -195,17 +199,22 @@ class EventIdTracker:
 
 
 class NatsEventSubscriber:
-    """Applies a NATS subject's Dynamo KV events to an `EventSink`, detecting event-id gaps.
+    """Applies Dynamo KV events from NATS to an `EventSink`, detecting event-id gaps.
 
-    Counter keys: `nats.event` (applied), `nats.gap`, plus the decoder's `dynamo.*` and the link's.
+    `subject` carries Dynamo JSON (one event per message) and `event_plane_subject` Dynamo's event
+    plane (msgpack envelopes of one or more events; it may hold a `*` wildcard); either may be None,
+    not both. Every decoded event, whichever the subject, goes through the same per-worker event-id
+    check and the same sink calls. Counter keys: `nats.event` (applied), `nats.gap`, plus the
+    decoders' `dynamo.*` and the link's.
     """
 
     def __init__(
         self,
         link: NatsLink,
         sink: EventSink,
-        subject: str,
+        subject: str | None,
         *,
+        event_plane_subject: str | None = None,
         counters: EventCounters | None = None,
         on_gap: GapHook | None = None,
         worker_id_of: Callable[[int], WorkerId] = str,
@@ -213,17 +222,26 @@ class NatsEventSubscriber:
     ) -> None:
         if queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {queue_size}")
+        if subject is None and event_plane_subject is None:
+            raise ValueError("NatsEventSubscriber needs a subject, an event_plane_subject or both")
         self.link = link
         self.sink = sink
         self.subject = subject
+        self.event_plane_subject = event_plane_subject
         self.queue_size = queue_size
         self.counters = counters if counters is not None else link.counters
         self.on_gap: GapHook = on_gap or self._reset_on_gap
         self._worker_id_of = worker_id_of
         self.event_ids = EventIdTracker()
-        self._sub: Any = None
+        self._subs: list[Any] = []
         self._unwatch: Callable[[], None] | None = None
-        self._unwatch_overflow: Callable[[], None] | None = None
+        self._unwatch_overflow: list[Callable[[], None]] = []
+        self._gap_subject = ""  # the subject of the event being checked, for the default gap reason
+
+    @property
+    def subjects(self) -> list[str]:
+        """The subjects subscribed to: the JSON one, then the event plane's."""
+        return [s for s in (self.subject, self.event_plane_subject) if s is not None]
 
     @property
     def gaps(self) -> int:
@@ -231,64 +249,84 @@ class NatsEventSubscriber:
 
     @property
     def pending(self) -> int:
-        """Messages received and not yet handled (at most `queue_size`)."""
-        return 0 if self._sub is None else self._sub.pending_msgs
+        """Messages received and not yet handled (at most `queue_size` per subject)."""
+        return sum(sub.pending_msgs for sub in self._subs)
 
     async def start(self) -> None:
         self._unwatch = self.link.watch(self._on_link_state)
-        self._sub = await self.link.nc.subscribe(
-            self.subject, cb=self._on_message, pending_msgs_limit=self.queue_size
-        )
-        self._unwatch_overflow = self.link.on_overflow(self._sub, self._on_overflow)
-        await self.link.nc.flush()  # the subscription is registered when start returns
+        handlers = ((self.subject, self._on_message), (self.event_plane_subject, self._on_plane_message))
+        for subject, handler in handlers:
+            if subject is None:
+                continue
+            sub = await self.link.nc.subscribe(subject, cb=handler, pending_msgs_limit=self.queue_size)
+            self._subs.append(sub)
+            self._unwatch_overflow.append(
+                self.link.on_overflow(sub, lambda subject=subject: self._on_overflow(subject))
+            )
+        await self.link.nc.flush()  # the subscriptions are registered when start returns
 
     async def stop(self) -> None:
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-        if self._unwatch_overflow is not None:
-            self._unwatch_overflow()
-            self._unwatch_overflow = None
-        if self._sub is not None:
+        for unwatch in self._unwatch_overflow:
+            unwatch()
+        self._unwatch_overflow.clear()
+        for sub in self._subs:
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+                await sub.unsubscribe()
+        self._subs.clear()
 
     def _reset_on_gap(self, worker: Worker, expected: int, got: int) -> None:
-        self.sink.reset_worker(worker, f"event gap on {self.subject}: expected event {expected}, got {got}")
+        reason = f"event gap on {self._gap_subject}: expected event {expected}, got {got}"
+        self.sink.reset_worker(worker, reason)
 
-    def _on_overflow(self) -> None:
+    def _on_overflow(self, subject: str) -> None:
         self.counters.dropped("nats", "*", "queue-full")
         self.counters.loud(
             "nats.queue_full",
             "KV events on %s arrive faster than they are applied: more than %d pending, dropping "
             "(the workers concerned are reset at their next event)",
-            self.subject,
+            subject,
             self.queue_size,
         )
 
     async def _on_message(self, msg: Msg) -> None:
         self.handle(msg.data)
 
+    async def _on_plane_message(self, msg: Msg) -> None:
+        self.handle_event_plane(msg.data, msg.subject)
+
     def handle(self, data: bytes) -> None:
-        """Decode and apply one message (what the subscription callback does); never raises."""
+        """Decode and apply one Dynamo JSON message (what its subscription does); never raises."""
         decoded = decode_event(data, self.counters, worker_id_of=self._worker_id_of)
         if decoded is None:
             return
         _, event_id, event = decoded
-        worker = event.worker
+        self._apply(event.worker, event_id, event, self.subject or "")
+
+    def handle_event_plane(self, data: bytes, subject: str | None = None) -> None:
+        """Decode and apply one event-plane message, each of its events in order; never raises."""
+        where = subject or self.event_plane_subject or ""
+        for item in decode_envelope(data, self.counters, worker_id_of=self._worker_id_of):
+            self._apply(item.worker, item.event_id, item.event, where)
+
+    def _apply(self, worker: Worker, event_id: int, event: KvEvent | None, subject: str) -> None:
+        """Check `event_id` for a gap, then apply `event` (None: the id only, nothing to apply)."""
         first = not self.event_ids.knows(worker)
         expected = self.event_ids.check(worker, event_id)
         try:
             if first:
-                self.sink.stream_state(worker, True, f"first event on {self.subject}")
+                self.sink.stream_state(worker, True, f"first event on {subject}")
             if expected is not None:
                 self.counters.loud(
                     "nats.gap", "KV event gap from %s: expected event %d, got %d", worker, expected, event_id
                 )
+                self._gap_subject = subject
                 self.on_gap(worker, expected, event_id)
-            self.sink.apply_events((event,))
-            self.counters.add("nats.event")
+            if event is not None:
+                self.sink.apply_events((event,))
+                self.counters.add("nats.event")
         except Exception:
             self.counters.loud("nats.sink_error", "applying KV event %d from %s failed", event_id, worker)
             log.exception("event sink failed")
