@@ -25,6 +25,7 @@ from extproc.events.vllm import (
     encode_seq,
     normalize_hash,
     parse_frames,
+    parse_replay_reply,
 )
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, StoredBlock, Worker
@@ -181,8 +182,50 @@ def test_encoder_writes_what_vllm_writes(layout, name):
 
 
 def test_encoder_omits_a_missing_dp_rank():
-    assert msgpack.unpackb(encode_batch([], ts=1.0)) == {"ts": 1.0, "events": []}
+    assert msgpack.unpackb(encode_batch([], ts=1.0, layout="map")) == {"ts": 1.0, "events": []}
     assert msgpack.unpackb(encode_batch([], ts=1.0, layout="array")) == [1.0, []]
+    assert msgpack.unpackb(encode_batch([], ts=1.0)) == [1.0, []]  # current engines: an array batch
+
+
+def test_current_layout_is_an_array_batch_of_map_events_with_optional_fields_only_when_set():
+    events = [
+        WireBlockStored([H1], None, [1, 2, 3, 4], BS, extra_keys=[("salt-A",)], group_idx=0),
+        WireBlockRemoved([H1], group_idx=0),
+        WireBlockRemoved([H2]),
+    ]
+    assert msgpack.unpackb(encode_batch(events, ts=1.0, dp_rank=2)) == [
+        1.0,
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": [H1],
+                "parent_block_hash": None,
+                "token_ids": [1, 2, 3, 4],
+                "block_size": BS,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": None,
+                "extra_keys": [["salt-A"]],
+                "group_idx": 0,
+            },
+            {"type": "BlockRemoved", "block_hashes": [H1], "medium": "GPU", "group_idx": 0},
+            {"type": "BlockRemoved", "block_hashes": [H2], "medium": "GPU"},
+        ],
+        2,
+    ]
+    with pytest.raises(ValueError, match="layout"):
+        encode_batch([], layout="json")  # type: ignore[arg-type]
+
+
+def test_replay_replies_in_both_layouts_and_both_end_markers():
+    seq, end = encode_seq(7), encode_seq(END_SEQ)
+    assert parse_replay_reply([b"", b"kv", seq, b"x"]) == (b"kv", 7, b"x")  # vLLM 0.33, SGLang 0.5.23
+    assert parse_replay_reply([b"", seq, b"x"]) == (b"", 7, b"x")  # older vLLM
+    assert parse_replay_reply([b"", b"", end, b""]) == (b"", END_SEQ, b"")
+    assert parse_replay_reply([b"", end, b""]) == (b"", END_SEQ, b"")
+    assert parse_replay_reply([b"kv", seq, b"x"]) == (b"kv", 7, b"x")  # without the delimiter (a REQ)
+    for bad in ([b"", b"\x07", b"x"], [b"", b"kv", seq, b"x", b"y"], [b""], [], [b"", end, b"x"]):
+        assert parse_replay_reply(bad) is None, bad
 
 
 def test_frames_and_seqs():
@@ -249,3 +292,218 @@ def test_decoder_never_raises_on_odd_events(events):
     payload = msgpack.packb({"ts": 1.0, "events": events})
     batch = VllmEventDecoder("w0", BS, counters=counters).decode(payload)
     assert isinstance(batch.events, list)
+
+
+# --- salts, partial blocks, lineages (vLLM 0.33 / SGLang 0.5.23 semantics) -----------------------
+
+
+def stored(ids, parent, tokens, *, block_size=BS, **extra):
+    return {
+        "type": "BlockStored",
+        "block_hashes": ids,
+        "parent_block_hash": parent,
+        "token_ids": tokens,
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        **extra,
+    }
+
+
+def removed(ids, **extra):
+    return {"type": "BlockRemoved", "block_hashes": ids, "medium": "GPU", **extra}
+
+
+def run(decoder: VllmEventDecoder, *events) -> list:
+    return decoder.decode(msgpack.packb([1.0, list(events), 0])).events
+
+
+def new_decoder(**kwargs) -> VllmEventDecoder:
+    return VllmEventDecoder("w0", BS, counters=EventCounters(), **kwargs)
+
+
+def salted(tokens: list[int], salt: str, lora_name: str | None = None) -> list[int]:
+    return compute_block_hashes(tokens, BS, lora_name=lora_name, namespace=salt)
+
+
+def test_a_vllm_salt_in_the_first_blocks_extra_keys_salts_the_whole_store_and_its_continuations():
+    d = new_decoder()
+    first = run(d, stored([1, 2], None, [1, 2, 3, 4, 5, 6, 7, 8], extra_keys=[["salt-A"], None]))
+    assert first == [BlocksStored(W0, tuple(map(StoredBlock, (1, 2), salted(list(range(1, 9)), "salt-A"))))]
+    # a later chunk: a parent, no salt in its extra keys -> the parent's salt
+    more = run(d, stored([3], 2, [9, 10, 11, 12], extra_keys=[None]))
+    assert more == [BlocksStored(W0, (StoredBlock(3, salted([9, 10, 11, 12], "salt-A")[0]),), 2)]
+    # an unsalted sequence is hashed plainly
+    plain = run(d, stored([7], None, [1, 2, 3, 4]))
+    assert plain == [BlocksStored(W0, (StoredBlock(7, local([1, 2, 3, 4])[0]),))]
+    assert d.tracked == (3, 0)
+
+
+def test_a_lora_name_leads_each_extra_keys_entry_and_is_not_a_salt():
+    d = new_decoder()
+    events = run(
+        d,
+        stored([1, 2], None, list(range(8)), lora_id=1, lora_name="sql", extra_keys=[["sql", "s"], ["sql"]]),
+        stored([3], None, list(range(4)), lora_id=1, lora_name="sql", extra_keys=[["sql"]]),
+    )
+    assert events == [
+        BlocksStored(W0, tuple(map(StoredBlock, (1, 2), salted(list(range(8)), "s", "sql")))),
+        BlocksStored(W0, (StoredBlock(3, local(list(range(4)), "sql")[0]),)),
+    ]
+
+
+def test_sglang_cache_salt_is_on_every_store():
+    d = new_decoder()
+    events = run(
+        d,
+        stored([1], None, [1, 2, 3, 4], cache_salt="salt-A"),
+        stored([2], 1, [5, 6, 7, 8], cache_salt="salt-A"),
+    )
+    assert [e.blocks[0].local_hash for e in events] == salted(list(range(1, 9)), "salt-A")
+
+
+def test_salts_are_forgotten_with_removals_clears_and_resets():
+    d = new_decoder()
+    run(d, stored([1, 2], None, list(range(8)), extra_keys=[["s"], None]))
+    run(d, removed([2]))
+    assert d.tracked == (1, 0)
+    assert run(d, stored([2], 1, [4, 5, 6, 7]))[0].blocks[0].local_hash == salted([4, 5, 6, 7], "s")[0]
+    run(d, {"type": "AllBlocksCleared"})
+    assert d.tracked == (0, 0)
+    run(d, stored([1], None, list(range(4)), extra_keys=[["s"]]))
+    d.reset()
+    # after a reset the parent's salt is unknown: the store is hashed plainly (the router drops it
+    # anyway, its parent is gone with the reset)
+    assert run(d, stored([2], 1, [4, 5, 6, 7]))[0].blocks[0].local_hash == local([4, 5, 6, 7])[0]
+
+
+def test_tracked_blocks_are_bounded_and_the_oldest_go_first():
+    d = new_decoder(max_tracked_blocks=2)
+    for i in range(1, 4):
+        run(d, stored([i], None, [i] * BS, cache_salt="s"))
+    assert d.tracked == (2, 0)
+    assert d.counters["vllm.salt_map_full"] == 1
+    assert run(d, stored([9], 1, [0] * BS))[0].blocks[0].local_hash == local([0] * BS)[0]  # 1 was forgotten
+    assert run(d, stored([8], 3, [0] * BS))[0].blocks[0].local_hash == salted([0] * BS, "s")[0]
+    with pytest.raises(ValueError):
+        new_decoder(max_tracked_blocks=0)
+
+
+def test_multimodal_and_prompt_embeds_blocks_and_what_follows_them_are_not_indexed():
+    d = new_decoder()
+    mm = [None, [["img-1", 2]], None]
+    events = run(d, stored([1, 2, 3], None, list(range(12)), extra_keys=mm))
+    assert events == [BlocksStored(W0, (StoredBlock(1, local(list(range(4)))[0]),))]
+    assert d.counters["vllm.multimodal_block"] == 2
+    # what continues after the image hangs under a block the router never had: dropped quietly
+    assert run(d, stored([4], 3, [0] * BS)) == []
+    assert d.counters["vllm.unindexed_parent"] == 1
+    assert run(d, stored([5, 6], None, list(range(8)), extra_keys=[[b"\x01" * 32], [b"\x02" * 32]])) == []
+    assert d.counters["vllm.prompt_embeds_block"] == 2
+    # their removals never reach the router; indexed ones do
+    assert run(d, removed([2, 3, 4]), removed([1, 5])) == [BlocksRemoved(W0, (1,))]
+    assert d.counters["vllm.unindexed_removal"] == 1
+    assert d.tracked == (0, 1)  # 6 is still held by the engine
+
+
+def test_a_partial_page_is_counted_quietly_and_what_hangs_under_it_is_recognised(caplog):
+    d = new_decoder()
+    events = run(
+        d,
+        stored([1], None, [1, 2, 3, 4]),
+        stored([2], 1, [5, 6], block_size=2),  # SGLang's partial last page / vLLM's partial block
+        stored([3, 4], 2, [7, 8, 9, 10, 11, 12, 13, 14]),  # a child under the partial page
+        stored([5], 4, [0] * BS),  # and its child
+    )
+    assert events == [BlocksStored(W0, (StoredBlock(1, local([1, 2, 3, 4])[0]),))]
+    assert d.counters["vllm.partial_block"] == 1
+    assert d.counters["vllm.partial_parent"] == 2
+    assert d.counters["vllm.block_size_mismatch"] == 0
+    assert "block_size" not in caplog.text
+    assert run(d, removed([2, 3, 4, 5, 1])) == [BlocksRemoved(W0, (1,))]
+    assert d.tracked == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        stored([1], None, list(range(8)), block_size=8),  # a larger block size
+        stored([1, 2], None, [1, 2, 3, 4], block_size=2),  # a smaller one, several blocks
+        stored([1], None, [1, 2, 3], block_size=2),  # a smaller one, tokens not one block
+    ],
+)
+def test_a_genuine_block_size_mismatch_stays_loud(event, caplog):
+    d = new_decoder()
+    assert run(d, event) == []
+    assert d.counters["vllm.block_size_mismatch"] == 1
+    assert d.counters["vllm.partial_block"] == 0
+    assert "the router's is 4" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("extra", "counter"),
+    [
+        ({"medium": "CPU"}, "vllm.other_medium"),
+        ({"medium": "STORAGE"}, "vllm.other_medium"),
+        ({"medium": "CPU_PINNED"}, "vllm.other_medium"),
+        ({"medium": "DISK"}, "vllm.other_medium"),
+        ({"medium": "EXTERNAL"}, "vllm.other_medium"),
+        ({"group_idx": 1}, "vllm.other_kv_group"),
+        ({"kv_cache_spec_kind": "sliding_window"}, "vllm.other_kv_spec"),
+        ({"kv_cache_spec_kind": "mamba"}, "vllm.other_kv_spec"),
+        ({"kv_cache_spec_kind": ["odd"]}, "vllm.other_kv_spec"),
+        ({"locality": "REMOTE"}, "vllm.remote_block"),
+    ],
+)
+def test_only_local_gpu_full_attention_blocks_of_group_0_are_routable(extra, counter):
+    d = new_decoder()
+    assert run(d, stored([1], None, [1, 2, 3, 4], **extra)) == []
+    assert d.counters[counter] == 1
+
+
+def test_fields_used_deliberately_or_ignored():
+    d = new_decoder()
+    event = stored(
+        [1],
+        None,
+        [1, 2, 3, 4],
+        group_idx=0,
+        kv_cache_spec_kind="full_attention",
+        locality="LOCAL",
+        ownership="kvcr",
+        session_id="sess-1",
+        kv_cache_spec_sliding_window=None,
+        lookahead_token_ids=[[5]],
+    )
+    assert run(d, event) == [BlocksStored(W0, (StoredBlock(1, local([1, 2, 3, 4])[0]),))]
+    assert d.counters["vllm.lookahead_block"] == 1
+    mla = stored([2], None, [1, 2, 3, 4], kv_cache_spec_kind="mla_attention")
+    assert run(d, mla)[0].blocks == (StoredBlock(2, local([1, 2, 3, 4])[0]),)
+
+
+def test_sglang_bigram_pages_are_indexed_by_their_first_tokens():
+    d = new_decoder()
+    pairs = [[1, 2], [2, 3], [3, 4], [4, 5]]
+    assert run(d, stored([1], None, pairs))[0].blocks == (StoredBlock(1, local([1, 2, 3, 4])[0]),)
+    assert d.counters["vllm.bigram_page"] == 1
+    assert run(d, stored([2], None, [[1, 2], 3, 4, 5])) == []
+    assert d.counters["vllm.malformed_event"] == 1
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"extra_keys": [["a"], ["b"]]},  # two salts
+        {"extra_keys": [None]},  # not one entry per block
+        {"extra_keys": "salt"},
+        {"extra_keys": [5, None]},
+        {"extra_keys": [[5], None]},
+        {"cache_salt": 5},
+        {"cache_salt": "a", "extra_keys": [["b"], None]},
+    ],
+)
+def test_inconsistent_salts_and_extra_keys_are_malformed(extra):
+    d = new_decoder()
+    assert run(d, stored([1, 2], None, list(range(8)), **extra)) == []
+    assert d.counters["vllm.malformed_event"] == 1
