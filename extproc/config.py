@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,7 @@ class EventsConfig:
     nats_url: str | None = None
     namespace: str = "dynamo"
     component: str = "backend"
+    dynamo_endpoint: str = "generate"  # event plane: namespace.<ns>.component.<c>.endpoint.<this>.kv-events
     durable_kv_events: bool = False
     snapshot_threshold: int = 100_000
     reset_states: bool = False
@@ -633,6 +635,19 @@ EVENT_OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(("--component",), "component", str, "backend", "NATS subject component of the workers."),
     _Option(
+        ("--dynamo-endpoint",),
+        "dynamo_endpoint",
+        str,
+        "generate",
+        "The workers' Dynamo endpoint, as `python -m dynamo.router --endpoint` names it: "
+        "namespace.component.endpoint (sets --namespace and --component) or just the endpoint. With NATS "
+        "the picker hears namespace.<ns>.component.<component>.endpoint.<endpoint>.kv-events, where "
+        "Dynamo's own KvEventPublisher sends its msgpack events (on the endpoint a worker serves, or its "
+        "kv_state_endpoint), beside the JSON kv_events subject. `*` hears every endpoint of the "
+        "component: use it only when each worker and dp rank publishes on one of them (two publishers "
+        "of one worker interleave event ids, and each seeming gap resets the worker).",
+    ),
+    _Option(
         ("--router-durable-kv-events",),
         "router_durable_kv_events",
         bool,
@@ -1054,6 +1069,45 @@ def _resolve(
     return opt.default
 
 
+_DYNAMO_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _dynamo_names(namespace: str, component: str, endpoint: str) -> dict[str, str]:
+    """namespace, component and dynamo_endpoint from --dynamo-endpoint, which may name all three.
+
+    `ns.component.endpoint` (optionally `dyn://`-prefixed, as Dynamo's runtime takes it) sets the
+    namespace and component, unless --namespace or --component (not their defaults) name others.
+    """
+    path = endpoint.strip().removeprefix("dyn://")
+    parts = path.split(".")
+    accepted = "an endpoint name, '*', or namespace.component.endpoint (e.g. dynamo.backend.generate)"
+    if len(parts) == 3:
+        ns, comp, name = parts
+        for what, value in (("namespace", ns), ("component", comp)):
+            if not _DYNAMO_NAME.fullmatch(value):
+                raise ConfigError(
+                    f"invalid dynamo-endpoint={endpoint!r}: {what} {value!r} is not a Dynamo name "
+                    "(letters, digits, '-' and '_')"
+                )
+        for given, default, named, flag in (
+            (namespace, "dynamo", ns, "--namespace"),
+            (component, "backend", comp, "--component"),
+        ):
+            if given not in (default, named):
+                raise ConfigError(
+                    f"invalid dynamo-endpoint={endpoint!r}: it names {flag.lstrip('-')} {named!r} but "
+                    f"{flag} is {given!r}; give one of them"
+                )
+        namespace, component = ns, comp
+    elif len(parts) == 1:
+        name = path
+    else:
+        raise ConfigError(f"invalid dynamo-endpoint={endpoint!r}: expected {accepted}")
+    if name != "*" and not _DYNAMO_NAME.fullmatch(name):
+        raise ConfigError(f"invalid dynamo-endpoint={endpoint!r}: expected {accepted}")
+    return {"namespace": namespace, "component": component, "dynamo_endpoint": name}
+
+
 def _norm(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in mapping.items()}
 
@@ -1170,8 +1224,7 @@ def load_config(
         kv_events_port=ev["kv_events_port"],
         kv_replay_port=ev["kv_replay_port"],
         nats_url=ev["nats_url"],
-        namespace=ev["namespace"],
-        component=ev["component"],
+        **_dynamo_names(ev["namespace"], ev["component"], ev["dynamo_endpoint"]),
         durable_kv_events=ev["router_durable_kv_events"],
         snapshot_threshold=ev["router_snapshot_threshold"],
         reset_states=ev["router_reset_states"],

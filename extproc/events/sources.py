@@ -2,8 +2,10 @@
 
 - ZMQ (vLLM / SGLang): one subscriber per worker dp rank, at the worker's `kv-events` endpoint
   or at its endpoint's IP and `--kv-events-port` (+ dp rank), with the replay endpoint likewise.
-- NATS (Dynamo-style JSON): core subscriber, or a JetStream durable consumer with snapshots
-  when `--router-durable-kv-events`; and replica sync of active requests.
+- NATS (Dynamo): one core subscriber for the JSON subject `namespace.<ns>.component.<c>.kv_events`
+  and Dynamo's event plane `namespace.<ns>.component.<c>.endpoint.<--dynamo-endpoint>.kv-events`
+  (what Dynamo's own `KvEventPublisher` sends), or a JetStream durable consumer of the JSON stream
+  with snapshots when `--router-durable-kv-events`; and replica sync of active requests.
 
 With KV events off (`--no-kv-events`) nothing is started and the routers predict cache state
 from their own decisions.
@@ -32,6 +34,7 @@ from extproc.config import PickerConfig, WorkerConfig
 from extproc.events.counters import EventCounters
 from extproc.events.durable import DurableConfig, DurableKvEvents
 from extproc.events.dynamo_json import kv_events_subject
+from extproc.events.dynamo_plane import event_plane_subject
 from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
 from extproc.events.nats_security import connect_nats
@@ -57,6 +60,7 @@ class EventSources:
     counters: EventCounters
     zmq: ZmqEventSubscribers | None = None
     nats: NatsLink | None = None
+    nats_events: NatsEventSubscriber | None = None  # core NATS: JSON and event-plane subjects
     durable: DurableKvEvents | None = None
     replica_sync: ReplicaSync | None = None
     closers: list = field(default_factory=list)  # async callables, stopped in reverse order
@@ -176,17 +180,21 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
                      router_id, events.snapshot_threshold)  # fmt: skip
         else:
             subject = kv_events_subject(events.namespace, events.component)
+            plane = event_plane_subject(events.namespace, events.component, events.dynamo_endpoint)
             subscriber = NatsEventSubscriber(
                 link,
                 sources.feed,
                 subject,
+                event_plane_subject=plane,
                 counters=sources.counters,
                 worker_id_of=worker_id_of,
                 queue_size=events.queue_size,
             )
             await subscriber.start()
+            sources.nats_events = subscriber
             sources.closers.append(subscriber.stop)
-            log.info("subscribed to Dynamo KV events on %s at %s", subject, events.nats_url)
+            log.info("subscribed to Dynamo KV events on %s (JSON) and %s (event plane) at %s",
+                     subject, plane, events.nats_url)  # fmt: skip
     if events.replica_sync:
         subject = active_sequences_subject(events.namespace, events.component)
         routers = _AllRouters(picker, sources.feed)
