@@ -147,6 +147,7 @@ def router_event_data(payload: Any, worker: Worker, event_id: int) -> KvEvent | 
 
 
 def count_unknown_variant(counters: EventCounters, worker: Worker, payload: Any) -> None:
+    """Count (loudly) a RouterEvent whose `data` is none of stored, removed and cleared."""
     variant = sorted(payload) if isinstance(payload, dict) else payload
     counters.loud(
         "dynamo.unknown_variant",
