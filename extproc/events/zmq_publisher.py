@@ -1,15 +1,17 @@
 """A vLLM-compatible KV event publisher over ZMQ, and the listener that feeds it from a simulated engine.
 
-Owns the publishing side of the vLLM KV event stream, as `ZmqEventPublisher` in
-`vllm/distributed/kv_events.py` runs it, so that the mock worker speaks exactly what a real engine
-speaks:
+Owns the publishing side of the vLLM KV event stream, as `ZmqEventPublisher` in vLLM 0.33.0's
+`vllm/distributed/kv_events.py` runs it (SGLang 0.5.23's is the same), so that the mock worker speaks
+exactly what a real engine speaks (`tests/events/test_engine_fixtures.py` compares our bytes with
+theirs):
 
 - PUB socket: every batch goes out as `[topic, seq (8-byte big-endian), msgpack payload]`, seq
-  counting from 0 for the life of the publisher (a restart starts again at 0);
+  counting from 0 for the life of the publisher (a restart starts again at 0); the payload is
+  `[ts, events, dp_rank]` with tagged-map events (`encode_batch`'s "current" layout);
 - a bounded replay buffer of the last `buffer_steps` (seq, payload) pairs;
 - ROUTER replay socket: a client sends `[b"", start seq (8 bytes)]` (a REQ or DEALER socket), gets
-  one `[b"", seq, payload]` message per buffered batch with seq >= start, then `[b"", END_SEQ, b""]`
-  with END_SEQ the signed 8-byte -1.
+  one `[b"", topic, seq, payload]` message per buffered batch with seq >= start, then
+  `[b"", b"", END_SEQ, b""]` with END_SEQ the signed 8-byte -1 (older vLLM left the topic out).
 
 Runs on the asyncio loop (zmq.asyncio); `publish` never blocks (PUB drops at its high-water mark,
 as vLLM's does). `VllmEventListener` is the `KvCacheListener` seam of `extproc.sim.prefix_cache`:
@@ -63,7 +65,7 @@ class ZmqEventPublisher:
         dp_rank: int = 0,
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
-        layout: Layout = "map",
+        layout: Layout = "current",
         fallback_to_free_port: bool = False,
     ) -> None:
         if buffer_steps <= 0:
@@ -166,8 +168,8 @@ class ZmqEventPublisher:
             client, _empty, start = frames
             start_seq = int.from_bytes(start, "big")
             for seq, payload in [item for item in self._buffer if item[0] >= start_seq]:
-                await router.send_multipart((client, b"", encode_seq(seq), payload))
-            await router.send_multipart((client, b"", encode_seq(END_SEQ), b""))
+                await router.send_multipart((client, b"", self.topic, encode_seq(seq), payload))
+            await router.send_multipart((client, b"", b"", encode_seq(END_SEQ), b""))
 
     async def stop(self) -> None:
         """Stop serving replays and close the sockets (idempotent)."""
@@ -191,9 +193,11 @@ class ZmqEventPublisher:
 class VllmEventListener:
     """A `KvCacheListener` that publishes the engine's block changes as vLLM KV events.
 
-    Engine block ids are the cache's sequence hashes; every store carries its blocks' token ids and
-    medium "GPU". Events are collected and sent as one batch per event-loop turn (a pass of the
-    simulated engine runs synchronously within one turn), or at once when no loop is running.
+    Engine block ids are the cache's sequence hashes; every store carries its blocks' token ids,
+    medium "GPU", KV cache group 0 and vLLM 0.33's per-block `extra_keys` (the LoRA name in each
+    entry, a request's `cache_salt` in the first block of a sequence: pass it to `on_stored`).
+    Events are collected and sent as one batch per event-loop turn (a pass of the simulated engine
+    runs synchronously within one turn), or at once when no loop is running.
     """
 
     def __init__(
@@ -206,14 +210,28 @@ class VllmEventListener:
         self._scheduled = False
 
     def on_stored(
-        self, parent_hash: int | None, block_hashes: Sequence[int], token_ids: Sequence[Sequence[int]]
+        self,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        cache_salt: str | None = None,
     ) -> None:
         tokens = [t for block in token_ids for t in block]
-        lora = self.lora_name
-        self._add(WireBlockStored(list(block_hashes), parent_hash, tokens, self.block_size, lora_name=lora))
+        keys = extra_keys(len(block_hashes), self.lora_name, cache_salt if parent_hash is None else None)
+        event = WireBlockStored(
+            list(block_hashes),
+            parent_hash,
+            tokens,
+            self.block_size,
+            lora_name=self.lora_name,
+            extra_keys=keys,
+            group_idx=0,
+        )
+        self._add(event)
 
     def on_removed(self, block_hashes: Sequence[int]) -> None:
-        self._add(WireBlockRemoved(list(block_hashes)))
+        self._add(WireBlockRemoved(list(block_hashes), group_idx=0))
 
     def on_cleared(self) -> None:
         self._add(WireAllBlocksCleared())
@@ -236,3 +254,17 @@ class VllmEventListener:
             return
         self._scheduled = True
         loop.call_soon(self.flush)
+
+
+def extra_keys(
+    blocks: int, lora_name: str | None, first_block_salt: str | None
+) -> list[tuple[str, ...] | None]:
+    """vLLM 0.33's untagged per-block extra keys of a text prompt (kv_cache_utils.py
+    `to_event_extra_keys`): the LoRA name in every entry, then the salt in the first block's."""
+    keys: list[tuple[str, ...] | None] = []
+    for i in range(blocks):
+        key = ((lora_name,) if lora_name else ()) + (
+            (first_block_salt,) if i == 0 and first_block_salt else ()
+        )
+        keys.append(key or None)
+    return keys

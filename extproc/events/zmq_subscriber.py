@@ -1,22 +1,43 @@
 """ZMQ KV event subscribers: one per worker endpoint, keeping the router's view of that cache exact.
 
 Owns the receiving side of the vLLM / SGLang stream (`extproc.events.zmq_publisher` is the sending
-side): a SUB socket per (worker, dp rank), sequence tracking, replay requests and the
-`EventSink` calls. Decoding is `extproc.events.vllm`'s. Does what vLLM's
-`examples/online_serving/kv_events_subscriber.py` sketches, and what Dynamo's ZMQ relay does, with
-the failure cases spelled out:
+side): a SUB socket per (worker, dp rank), sequence tracking, replay requests and the `EventSink`
+calls. Decoding is `extproc.events.vllm`'s (one decoder per endpoint, reset with the worker). Does
+what vLLM's `examples/online_serving/kv_events_subscriber.py` sketches, and what Dynamo's ZMQ relay
+does, with the failure cases spelled out:
 
 - start, or a publisher restart (its seq goes back, a reconnect after the TCP connection dropped,
   or a replayed seq arriving with other content): `sink.reset_worker`, then replay the whole
-  buffer from seq 0. While the replay socket does not answer, live batches are applied to the
-  emptied view (partial knowledge) and the full rebuild is retried with backoff;
-- a gap (seq jumps): replay the missing range and apply it in order, deduplicated by seq; when the
-  replay cannot fill it (buffer too short, no replay socket, no answer), reset the worker and carry
-  on from the new seq, marked incomplete;
+  buffer from seq 0 (a *rebuild*). While the replay socket does not answer, live batches are
+  applied to the emptied view (partial knowledge) and the rebuild is retried with backoff;
+- a gap (seq jumps): replay the missing range and apply it in order, deduplicated by seq. When
+  the replay buffer no longer holds it, reset the worker and carry on from what it still holds
+  (marked incomplete); when the replay socket does not answer, reset and rebuild as at start;
+- `request_resync(reason)`: others learnt that the view is incomplete (the feed saw a store under
+  an unknown parent). A rebuild is scheduled, at most one per `min_resync_interval_s` (a worker
+  whose replay buffer no longer reaches seq 0 cannot cause a replay loop); the view is kept, and
+  live batches applied, until the replay has answered: then it is replaced in one step;
 - liveness: vLLM sends no heartbeat and an idle engine publishes nothing, so silence alone proves
   nothing. After `silence_s` without a batch the replay socket is asked for everything after the
-  last seq (a probe that also catches up on missed batches); the stream is reported down only if
-  that goes unanswered, or at once when the connection to the publisher drops.
+  last seq (a probe that also catches up on missed batches). A probe without an answer, or a
+  dropped connection, reports the stream down.
+
+Replay replies (vllm/distributed/kv_events.py and sglang/srt/disaggregation/kv_events.py, vLLM
+0.33.0 and SGLang 0.5.23): after the DEALER's empty delimiter, `[topic, seq, payload]` per batch
+and `[b"", END_SEQ, b""]` at the end; older vLLM sent `[seq, payload]` and `[END_SEQ, b""]`. Both
+are accepted (`parse_replay_reply`); anything else is a malformed reply, and a replay with one is
+a failed replay (a batch would be missing).
+
+Stream state, as the sink hears it (`stream_state(worker, up, reason)`, once per change of state
+or cause, logged likewise; `StreamStatus` keeps the reason for /debug/workers):
+
+- up only once a replay rebuilt the worker (`rebuilt from replay ...`), or, without a replay
+  socket, once a batch decoded (`following live batches only ...: blocks cached before connecting
+  are unknown`). A gap the replay buffer no longer holds keeps it up, marked incomplete;
+- down while a rebuild is pending or failing, naming the cause (`replay socket ... does not
+  answer`, `answered N malformed replies`), while every batch since the last reset was
+  undecodable (`all N batches undecodable`), after a probe went unanswered (a rebuild follows),
+  and while the connection is lost. Live batches are still applied to the partial view meanwhile.
 
 Bounded buffers (`queue_size`, `--event-queue-size`): the SUB socket holds at most that many
 batches (ZMQ_RCVHWM) while the picker is busy; beyond it ZMQ stops reading, TCP pushes back and the
@@ -25,9 +46,10 @@ as dropped (`drops[("zmq", worker, "seq-gap")]`) and filled from the replay sock
 resynchronisation), or the worker is reset when the replay cannot fill it. A replay is read in
 parts of at most `queue_size` batches, each applied before the next is asked for.
 
-Counters (`EventCounters`): zmq.batch, zmq.event, zmq.gap, zmq.dropped, zmq.replay, zmq.replay_failed,
-zmq.replay_truncated, zmq.reset, zmq.restart, zmq.reconnect, zmq.duplicate, zmq.probe,
-zmq.probe_failed, zmq.unfilled_gap.
+Counters (`EventCounters`): zmq.batch, zmq.undecodable, zmq.event, zmq.gap, zmq.dropped, zmq.replay,
+zmq.replay_failed, zmq.replay_malformed, zmq.replay_truncated, zmq.reset, zmq.restart,
+zmq.reconnect, zmq.duplicate, zmq.probe, zmq.probe_failed, zmq.unfilled_gap, zmq.rebuild,
+zmq.resync_requested, zmq.resync_deferred, zmq.resync_unavailable, zmq.dp_rank_mismatch.
 """
 
 from __future__ import annotations
@@ -44,7 +66,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from extproc.events.counters import EventCounters
 from extproc.events.sink import EventSink
-from extproc.events.vllm import END_SEQ, VllmEventDecoder, decode_seq, encode_seq, parse_frames
+from extproc.events.vllm import END_SEQ, VllmEventDecoder, encode_seq, parse_frames, parse_replay_reply
 from extproc.router.types import Worker
 
 log = logging.getLogger(__name__)
@@ -87,17 +109,20 @@ def offset_port(endpoint: str, dp_rank: int) -> str:
 @dataclass(frozen=True, slots=True)
 class SubscriberTimings:
     """Seconds. `silence_s`: quiet time before probing the replay socket; `replay_timeout_s`: wait for
-    each replay message; `backoff_*`: between reconnects and retried rebuilds."""
+    each replay message; `backoff_*`: between reconnects and retried rebuilds;
+    `min_resync_interval_s`: at least this long between rebuilds that `request_resync` asks for."""
 
     silence_s: float = 10.0
     replay_timeout_s: float = 1.0
     backoff_min_s: float = 0.05
     backoff_max_s: float = 5.0
+    min_resync_interval_s: float = 30.0
 
 
 @dataclass(slots=True)
 class StreamStatus:
-    """What a subscriber knows of its stream. `complete`: rebuilt from seq 0 with no unfilled gap since."""
+    """What a subscriber knows of its stream. `up`: as last reported to the sink; `complete`: rebuilt
+    from seq 0 with no unfilled gap since; `reason`: why the state is what it is (/debug/workers)."""
 
     up: bool = False
     complete: bool = False
@@ -105,17 +130,29 @@ class StreamStatus:
     reason: str = "not started"
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayFailed:
+    """A replay that did not give every batch asked for: `cause` "no-answer" or "malformed"."""
+
+    cause: str
+    reason: str
+
+
 @dataclass(slots=True)
 class _Stream:
     last_applied: int | None = None  # seq of the last batch applied; None: take the next as baseline
     last_sub_seq: int = -1  # last seq seen on SUB (in order from one publisher)
     replayed: dict[int, int] = field(default_factory=dict)  # replayed seq -> hash(payload), not yet on SUB
-    resync_reason: str | None = None  # a full rebuild is pending
+    resync_reason: str | None = None  # a rebuild is pending
     resync_at: float = 0.0
-    resync_failed: bool = False  # the replay did not answer: apply live batches meanwhile
+    resync_reset: bool = False  # the view was reset when the rebuild was asked for
+    resync_failed: bool = False  # the last attempt failed: apply live batches meanwhile
     backoff_s: float = 0.0
     disconnected: bool = False
     last_rx: float = 0.0  # loop time of the last message on SUB
+    clean: bool = False  # nothing applied since the last reset
+    decoded: int = 0  # batches since the last reset that decoded
+    undecodable: int = 0  # and those that did not
 
 
 class ZmqEventSubscriber:
@@ -144,10 +181,13 @@ class ZmqEventSubscriber:
             endpoint.worker.worker_id, block_size, counters=counters, default_dp_rank=endpoint.worker.dp_rank
         )
         self.status = StreamStatus()
+        self._cause = "not started"
         self._ctx = context
         self._own_ctx = context is None
         self._task: asyncio.Task[None] | None = None
         self._s = _Stream()
+        self._wake_tx: zmq.Socket | None = None
+        self._last_rebuild_at: float | None = None  # loop time of the last successful rebuild
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -184,11 +224,39 @@ class ZmqEventSubscriber:
                 raise
             except Exception as exc:  # an edge loop: log, report, retry
                 log.exception("KV event stream of %s failed", self.worker)
-                self._set_state(False, f"error: {exc!r}")
+                self._set_state(False, f"error: {exc!r}", "error")
             if loop.time() - started > self.timings.backoff_max_s:
                 backoff = self.timings.backoff_min_s  # it ran a while: failing again is news
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.timings.backoff_max_s)
+
+    def request_resync(self, reason: str) -> None:
+        """Rebuild the worker's view from the replay buffer: it is known to be incomplete (e.g. a
+        store's parent is unknown). Call from the event loop; it only schedules. At most one rebuild
+        per `min_resync_interval_s`; the view is kept, and live batches applied, until the replay
+        answers; a rebuild already pending absorbs the request."""
+        self.counters.add("zmq.resync_requested")
+        if self._task is None or self.endpoint.replay is None:
+            self.counters.loud(
+                "zmq.resync_unavailable",
+                "KV events of %s: cannot resync (%s): no replay socket",
+                self.worker,
+                reason,
+            )
+            return
+        s = self._s
+        if s.resync_reason is not None:
+            return
+        now = asyncio.get_running_loop().time()
+        at = now
+        if self._last_rebuild_at is not None:
+            at = max(now, self._last_rebuild_at + self.timings.min_resync_interval_s)
+        if at > now:
+            self.counters.add("zmq.resync_deferred")
+        log.info("KV events of %s: rebuild from replay in %.1f s (%s)", self.worker, at - now, reason)
+        self._schedule(f"resync requested: {reason}", at, reset=False, failed=False)
+        self.status.complete = False
+        self._wake()
 
     # --- one connection ----------------------------------------------------------------------
 
@@ -198,14 +266,15 @@ class ZmqEventSubscriber:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, self.queue_size)
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        wake_rx, wake_tx = self._waker()
         try:
             sub.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
             sub.connect(self.endpoint.pub)
             self._s = _Stream()
             self._request_resync("subscriber started")
             poller = zmq.asyncio.Poller()
-            poller.register(sub, zmq.POLLIN)
-            poller.register(monitor, zmq.POLLIN)
+            for sock in (sub, monitor, wake_rx):
+                poller.register(sock, zmq.POLLIN)
             loop = asyncio.get_running_loop()
             probe_at = loop.time() + self.timings.silence_s
             while True:
@@ -217,6 +286,8 @@ class ZmqEventSubscriber:
                     deadlines.append(s.resync_at)
                 timeout_ms = max(0, int((min(deadlines) - loop.time()) * 1000)) + 1
                 ready = dict(await poller.poll(timeout_ms))
+                if wake_rx in ready:
+                    await self._drain_wakes(wake_rx)
                 if monitor in ready:
                     await self._monitor_events(monitor)
                 if sub in ready:
@@ -227,10 +298,32 @@ class ZmqEventSubscriber:
                     probe_at = loop.time() + self.timings.silence_s
                     await self._probe()
         finally:
+            self._wake_tx = None
             with contextlib.suppress(zmq.ZMQError):
                 sub.disable_monitor()
-            monitor.close(linger=0)
-            sub.close(linger=0)
+            for sock in (monitor, sub, wake_rx, wake_tx):
+                sock.close(linger=0)
+
+    def _waker(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+        """An inproc pair: `request_resync` sends a byte so that the poll wakes up at once."""
+        assert self._ctx is not None
+        address = f"inproc://kv-events-wake-{id(self):x}"
+        rx = self._ctx.socket(zmq.PAIR)
+        rx.bind(address)
+        tx = self._ctx.socket(zmq.PAIR)
+        tx.connect(address)
+        self._wake_tx = zmq.Socket.shadow(tx.underlying)
+        return rx, tx
+
+    def _wake(self) -> None:
+        if self._wake_tx is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._wake_tx.send(b"", zmq.NOBLOCK)
+
+    async def _drain_wakes(self, rx: zmq.asyncio.Socket) -> None:
+        with contextlib.suppress(zmq.Again):
+            while True:
+                await rx.recv(flags=zmq.NOBLOCK)
 
     async def _monitor_events(self, monitor: zmq.asyncio.Socket) -> None:
         while True:
@@ -241,7 +334,7 @@ class ZmqEventSubscriber:
             event = parse_monitor_message(frames)["event"]
             if event == zmq.EVENT_DISCONNECTED:
                 self._s.disconnected = True
-                self._set_state(False, "connection to the publisher lost")
+                self._set_state(False, "connection to the publisher lost", "disconnected")
             elif event == zmq.EVENT_CONNECTED and self._s.disconnected:
                 self._s.disconnected = False
                 self.counters.add("zmq.reconnect")
@@ -272,7 +365,7 @@ class ZmqEventSubscriber:
         s.last_sub_seq = seq
         while s.replayed and next(iter(s.replayed)) <= seq:
             s.replayed.pop(next(iter(s.replayed)))
-        if s.resync_reason is not None and not s.resync_failed and self.endpoint.replay is not None:
+        if s.resync_reason is not None and s.resync_reset and not s.resync_failed:
             return  # the rebuild about to run replays this batch too
         if s.last_applied is None:
             s.last_applied = seq - 1  # following live batches only: this one is the baseline
@@ -283,7 +376,12 @@ class ZmqEventSubscriber:
             await self._fill_gap(seq)
         self._apply(seq, payload)
 
-    # --- replay ------------------------------------------------------------------------------
+    # --- rebuilds ----------------------------------------------------------------------------
+
+    def _schedule(self, reason: str, at: float, *, reset: bool, failed: bool) -> None:
+        s = self._s
+        s.resync_reason, s.resync_at, s.resync_reset, s.resync_failed = reason, at, reset, failed
+        s.backoff_s = self.timings.backoff_min_s
 
     def _request_resync(self, reason: str) -> None:
         """Forget the worker's cache now; rebuild it from the replay buffer as soon as it answers."""
@@ -291,8 +389,9 @@ class ZmqEventSubscriber:
         s = self._s
         s.last_applied, s.last_sub_seq = None, -1
         s.replayed.clear()
-        s.resync_reason, s.resync_at, s.backoff_s = reason, 0.0, self.timings.backoff_min_s
-        s.resync_failed = False
+        self._schedule(reason, 0.0, reset=True, failed=False)
+        if self.endpoint.replay is not None:
+            self._set_state(False, f"{reason}; rebuilding from the replay socket", "rebuilding")
 
     async def _resync(self) -> None:
         s = self._s
@@ -300,38 +399,44 @@ class ZmqEventSubscriber:
         assert reason is not None
         if self.endpoint.replay is None:
             s.resync_reason = None
-            self.status.reason = f"{reason}; no replay socket, following live batches only"
+            self._set_state(False, f"{reason}; no replay socket: waiting for live batches", "live-only")
             return
         batches = await self._replay_from(0)
-        if batches is None:
-            now = asyncio.get_running_loop().time()
-            s.resync_failed = True
-            s.resync_at = now + s.backoff_s
-            s.backoff_s = min(s.backoff_s * 2, self.timings.backoff_max_s)
-            why = f"{reason}; replay socket {self.endpoint.replay} does not answer"
-            if now - s.last_rx >= self.timings.silence_s:  # live batches keep a partial view up
-                self._set_state(False, why)
-            else:
-                self.status.reason = why
+        if isinstance(batches, ReplayFailed):
+            self._rebuild_failed(f"{reason}; {batches.reason}", batches.cause)
             return
-        if s.last_applied is not None:  # live batches were applied meanwhile: rebuild from scratch
+        if not s.clean:  # the view is replaced by the replay in one step
             self._reset(f"{reason}; rebuilding from replay")
+        self.counters.add("zmq.rebuild")
         s.resync_reason = None
         s.last_applied = -1
         self.status.complete = True
+        incomplete = ""
         if batches and batches[0][0] != 0:
-            self._unfilled(0, batches[0][0], "the replay buffer no longer starts at seq 0", reset=False)
+            first = batches[0][0]
+            self._unfilled(0, first, "the replay buffer no longer starts at seq 0", reset=False, report=False)
+            incomplete = f"; incomplete: the replay buffer starts at seq {first}"
         self._apply_replayed(batches, None)
         replayed = len(batches)
         while len(batches) >= self.queue_size:  # read in parts: ask for the rest
             assert s.last_applied is not None
             more = await self._replay_from(s.last_applied + 1)
-            if more is None:
+            if isinstance(more, ReplayFailed):
                 break  # the next live batch's gap, or the next probe, asks again
             batches = more
             self._apply_replayed(batches, None)
             replayed += len(batches)
-        self._set_state(True, f"rebuilt from replay ({replayed} batches)")
+        self._last_rebuild_at = asyncio.get_running_loop().time()
+        if not self._all_undecodable():
+            self._set_state(True, f"rebuilt from replay ({replayed} batches){incomplete}", "rebuilt")
+
+    def _rebuild_failed(self, why: str, cause: str) -> None:
+        """The replay did not give the view back: down, live batches applied meanwhile, retried."""
+        s = self._s
+        s.resync_failed = True
+        s.resync_at = asyncio.get_running_loop().time() + s.backoff_s
+        s.backoff_s = min(s.backoff_s * 2, self.timings.backoff_max_s)
+        self._set_state(False, why, cause)
 
     async def _fill_gap(self, seq: int) -> None:
         """Apply the missing batches before `seq` from the replay socket, or reset the worker."""
@@ -345,8 +450,10 @@ class ZmqEventSubscriber:
         while s.last_applied + 1 < seq:  # each round applies at least one batch, or gives up
             start = s.last_applied + 1
             batches = await self._replay_from(start)
-            if batches is None:
-                self._unfilled(start, seq, "the replay socket does not answer")
+            if isinstance(batches, ReplayFailed):
+                self._unfilled(start, seq, batches.reason, report=False)
+                self._schedule(f"gap {start}..{seq - 1}", 0.0, reset=True, failed=True)
+                self._rebuild_failed(f"gap {start}..{seq - 1} not replayed: {batches.reason}", batches.cause)
                 return
             wanted = [b for b in batches if start <= b[0] < seq]
             if not wanted:
@@ -356,20 +463,24 @@ class ZmqEventSubscriber:
                 self._unfilled(start, wanted[0][0], "the replay buffer no longer holds it")
             self._apply_replayed(wanted, seq)
 
-    def _apply_replayed(self, batches: list[Batch], stop: int | None) -> None:
-        """Apply replayed batches in seq order; a hole inside them counts as an unfilled gap."""
+    def _apply_replayed(self, batches: list[Batch], stop: int | None) -> bool:
+        """Apply replayed batches in seq order; a hole inside them counts as an unfilled gap.
+        Returns whether one of them decoded (the stream state is the caller's to report)."""
         s = self._s
+        decoded = False
         for seq, payload in batches:
             assert s.last_applied is not None
             if seq <= s.last_applied or (stop is not None and seq >= stop):
                 continue
             if seq > s.last_applied + 1:
                 self._unfilled(s.last_applied + 1, seq, "the replay skipped it")
-            self._apply(seq, payload)
+            decoded |= self._apply(seq, payload, live=False)
             if seq > s.last_sub_seq:
                 s.replayed[seq] = hash(payload)
+        return decoded
 
-    def _unfilled(self, start: int, seq: int, why: str, *, reset: bool = True) -> None:
+    def _unfilled(self, start: int, seq: int, why: str, *, reset: bool = True, report: bool = True) -> None:
+        """Batches start..seq-1 are lost: reset (unless told not to) and carry on from `seq`."""
         self.counters.loud(
             "zmq.unfilled_gap",
             "KV events %d..%d of %s are lost (%s): cache view reset, continuing from %d",
@@ -383,21 +494,23 @@ class ZmqEventSubscriber:
             self._reset(f"gap {start}..{seq - 1} not replayable: {why}")
         self._s.last_applied = seq - 1
         self.status.complete = False
-        self.sink.stream_state(self.worker, True, f"events lost ({why}); cache view incomplete")
-        self.status.up, self.status.reason = True, f"incomplete since gap {start}..{seq - 1} ({why})"
+        if report and self.status.up:
+            self._set_state(True, f"incomplete since gap {start}..{seq - 1} ({why})", "incomplete")
 
     async def _probe(self) -> None:
-        """After silence: ask for anything after the last seq; no answer means the stream is down."""
+        """After silence: ask for anything after the last seq; no answer means the stream is down
+        (and the worker is rebuilt once the replay answers again)."""
         if self.endpoint.replay is None or self._s.resync_reason is not None:
             return
         s = self._s
         self.counters.add("zmq.probe")
         start = 0 if s.last_applied is None else s.last_applied + 1
         batches = await self._replay_from(start)
-        if batches is None:
+        if isinstance(batches, ReplayFailed):
             self.counters.add("zmq.probe_failed")
-            self._set_state(
-                False, f"no events for {self.timings.silence_s:g} s and the replay socket does not answer"
+            self._schedule("the silence probe failed", 0.0, reset=False, failed=True)
+            self._rebuild_failed(
+                f"no events for {self.timings.silence_s:g} s and {batches.reason}", batches.cause
             )
             return
         if batches:
@@ -407,46 +520,64 @@ class ZmqEventSubscriber:
                 self.counters.dropped("zmq", str(self.worker), "seq-gap", batches[-1][0] - start + 1)
                 if batches[0][0] > start:
                     self._unfilled(start, batches[0][0], "the replay buffer no longer holds it")
-            self._apply_replayed(batches, None)
-        if not s.disconnected:  # the reconnect, not the probe, brings a dropped stream back
-            self._set_state(True, "replay socket answers")
+            self._after_batch(self._apply_replayed(batches, None))
 
-    async def _replay_from(self, start: int) -> list[Batch] | None:
+    async def _replay_from(self, start: int) -> list[Batch] | ReplayFailed:
         """The buffered batches from `start` on, in order, at most `queue_size` of them (a full list
-        may have been cut short: ask again after its last seq); None if the replay socket does not
-        answer."""
+        may have been cut short: ask again after its last seq); a `ReplayFailed` when the socket
+        does not answer to the end marker or answers with malformed replies."""
         assert self._ctx is not None and self.endpoint.replay is not None
         self.counters.add("zmq.replay")
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, self.queue_size)
+        out: list[Batch] = []
+        malformed = 0
         try:
             sock.connect(self.endpoint.replay)
             await sock.send_multipart((b"", encode_seq(start)))
-            out: list[Batch] = []
-            while True:
+            while len(out) + malformed < self.queue_size:
                 frames = await asyncio.wait_for(sock.recv_multipart(), self.timings.replay_timeout_s)
-                if frames and not frames[0]:
-                    frames = frames[1:]
-                if len(frames) != 2 or len(frames[0]) != 8:
-                    self.counters.loud("zmq.replay_malformed", "bad replay message for %s", self.worker)
-                    return None
-                seq = decode_seq(frames[0])
-                if seq == END_SEQ:
-                    return out
-                out.append((seq, bytes(frames[1])))
-                if len(out) >= self.queue_size:
+                frame = parse_replay_reply(frames)
+                if frame is None:
+                    malformed += 1
+                    self.counters.loud(
+                        "zmq.replay_malformed",
+                        "malformed replay reply (%d frames) from %s for %s: not [topic, seq, payload]",
+                        len(frames),
+                        self.endpoint.replay,
+                        self.worker,
+                    )
+                elif frame.seq == END_SEQ:
+                    break
+                else:
+                    out.append((frame.seq, frame.payload))
+            else:
+                if not malformed:
                     self.counters.add("zmq.replay_truncated")
                     return out  # the rest is discarded with the socket
         except TimeoutError:
-            self.counters.add("zmq.replay_failed")
-            return None
+            if not malformed:
+                self.counters.add("zmq.replay_failed")
+                answered = f" after {len(out)} batches" if out else ""
+                return ReplayFailed(
+                    "no-answer", f"replay socket {self.endpoint.replay} does not answer{answered}"
+                )
         finally:
             sock.close(linger=0)
+        if malformed:
+            self.counters.add("zmq.replay_failed")
+            return ReplayFailed(
+                "malformed", f"replay socket {self.endpoint.replay} answered {malformed} malformed replies"
+            )
+        return out
 
     # --- applying ----------------------------------------------------------------------------
 
-    def _apply(self, seq: int, payload: bytes) -> None:
+    def _apply(self, seq: int, payload: bytes, *, live: bool = True) -> bool:
+        """Decode and apply one batch; returns whether it decoded. A live batch also updates the
+        stream state (replayed ones leave it to whoever asked for the replay)."""
+        s = self._s
         batch = self.decoder.decode(payload)
         if batch.dp_rank != self.worker.dp_rank:
             self.counters.loud(
@@ -454,24 +585,59 @@ class ZmqEventSubscriber:
             )
         self.counters.add("zmq.batch")
         self.counters.add("zmq.event", len(batch.events))
+        if batch.valid:
+            s.decoded += 1
+        else:
+            s.undecodable += 1
+            self.counters.add("zmq.undecodable")
+        s.clean = False
         if batch.events:
             self.sink.apply_events(batch.events)
-        self._s.last_applied = seq
+        s.last_applied = seq
         self.status.last_seq = seq
-        if not self.status.up:
-            self._set_state(True, "events arriving")
+        if live:
+            self._after_batch(batch.valid)
+        return batch.valid
+
+    def _after_batch(self, valid: bool) -> None:
+        """What one applied batch says about the stream (never up while a rebuild is pending)."""
+        if self._s.resync_reason is not None:
+            return
+        if self._all_undecodable():
+            return
+        if self.endpoint.replay is None and valid and not self.status.up:
+            self._set_state(
+                True,
+                "following live batches only (no replay socket): blocks cached before connecting are unknown",
+                "live-only",
+            )
+        elif valid and self._cause == "undecodable":
+            self.status.complete = False
+            self._set_state(True, "batches decode again; the undecodable ones are lost", "incomplete")
+
+    def _all_undecodable(self) -> bool:
+        """Every batch since the last reset was undecodable: report down (a stream of garbage)."""
+        s = self._s
+        if s.undecodable and not s.decoded:
+            self._set_state(False, f"all {s.undecodable} batches undecodable", "undecodable")
+            return True
+        return False
 
     def _reset(self, reason: str) -> None:
         self.counters.add("zmq.reset")
         self.status.complete = False
+        s = self._s
+        s.clean, s.decoded, s.undecodable = True, 0, 0
+        self.decoder.reset()
         log.info("KV events of %s: resetting the cache view (%s)", self.worker, reason)
         self.sink.reset_worker(self.worker, reason)
 
-    def _set_state(self, up: bool, reason: str) -> None:
+    def _set_state(self, up: bool, reason: str, cause: str) -> None:
+        """Record the state; the sink hears (and the log says) it only when `up` or the cause changes."""
         self.status.reason = reason
-        if up == self.status.up:
+        if up == self.status.up and cause == self._cause:
             return
-        self.status.up = up
+        self.status.up, self._cause = up, cause
         log.info("KV event stream of %s %s: %s", self.worker, "up" if up else "down", reason)
         self.sink.stream_state(self.worker, up, reason)
 

@@ -20,7 +20,7 @@ import pytest
 
 from extproc.events.counters import EventCounters
 from extproc.events.sink import EventSink
-from extproc.events.vllm import WireBlockStored, encode_seq
+from extproc.events.vllm import END_SEQ, WireBlockStored, encode_batch, encode_seq
 from extproc.events.zmq_publisher import VllmEventListener, ZmqEventPublisher
 from extproc.events.zmq_subscriber import (
     SubscriberTimings,
@@ -148,7 +148,8 @@ async def test_router_tree_follows_the_publishers_cache(publisher):
         await wait_until(lambda: engine.matches(router), what="tree == cache")
         assert counters["vllm.removed_event"] > 0
         assert sink.resets == [(W0, "subscriber started")]
-        assert sink.states[0][:2] == (W0, True)
+        assert [state[:2] for state in sink.states] == [(W0, False), (W0, True)]  # rebuilding, rebuilt
+        assert sink.states[1][2].startswith("rebuilt from replay")
         assert sub.status.complete and sub.status.up
         assert counters["zmq.unfilled_gap"] == 0
     finally:
@@ -256,26 +257,27 @@ async def test_a_seq_going_back_on_the_same_connection_is_a_restart(publisher):
         await sub.stop()
 
 
-async def test_silence_with_a_dead_replay_socket_reports_the_stream_down(publisher):
+async def test_a_replay_socket_that_does_not_answer_keeps_the_stream_down_while_live_batches_apply(publisher):
     router, counters = make_router(), EventCounters()
     sink = RouterSink(router)
-    # a replay endpoint nobody serves: the probe after silence goes unanswered
+    # a replay endpoint nobody serves: the start rebuild goes unanswered, again and again
     endpoint = ZmqEndpoint(W0, publisher.endpoint, f"tcp://127.0.0.1:{free_port()}")
     sub = ZmqEventSubscriber(endpoint, sink, block_size=BS, counters=counters, timings=FAST)
     await sub.start()
     try:
         await wait_until(lambda: counters["zmq.replay_failed"] >= 1, what="start replay unanswered")
 
-        def publish_until_up() -> bool:  # the first batches may go out before SUB has subscribed
+        def publish_until_applied() -> bool:  # the first batches may go out before SUB has subscribed
             publisher.publish([WireBlockStored([1], None, [1, 2, 3, 4], BS)])
-            return sub.status.up
+            return counters["zmq.batch"] > 0
 
-        await wait_until(publish_until_up, what="live batches applied meanwhile (a partial view)")
+        await wait_until(publish_until_applied, what="live batches applied meanwhile (a partial view)")
         assert router.indexer.find_matches(compute_block_hashes([1, 2, 3, 4], BS)) == {W0: 1}
-        await wait_until(lambda: not sub.status.up, what="down after silence")
-        assert sink.states[-1][:2] == (W0, False)
-        assert "replay socket" in sink.states[-1][2]
-        assert not sub.status.complete
+        await wait_until(lambda: counters["zmq.replay_failed"] >= 3, what="retried with backoff")
+        assert not sub.status.up and not sub.status.complete
+        assert "does not answer" in sub.status.reason
+        assert [state[:2] for state in sink.states] == [(W0, False), (W0, False)]  # rebuilding, no answer
+        assert "does not answer" in sink.states[-1][2]
     finally:
         await sub.stop()
 
@@ -315,23 +317,32 @@ def test_dp_rank_endpoints_offset_ports_like_vllm():
         offset_port("ipc:///tmp/x", 1)
 
 
-async def test_replay_socket_speaks_vllms_framing(publisher):
+async def test_replay_socket_speaks_vllm_0_33s_framing():
+    """What vLLM 0.33's `_service_replay` sends (tests/events/test_engine_fixtures.py holds theirs)."""
     import zmq
     import zmq.asyncio
 
-    for i in range(3):
-        publisher.publish([], ts=float(i))
+    publisher = ZmqEventPublisher(port=0, replay_port=0, topic="kv")
+    await publisher.start()
+    payloads = [encode_batch([], ts=float(i), dp_rank=0) for i in range(3)]
+    for payload in payloads:
+        publisher.publish_payload(payload)
     ctx = zmq.asyncio.Context()
-    req = ctx.socket(zmq.REQ)  # vLLM's example client uses REQ: [seq] out, [seq, payload] back
-    req.setsockopt(zmq.LINGER, 0)
-    req.connect(publisher.replay_endpoint)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(publisher.replay_endpoint)
     try:
-        await req.send(encode_seq(1))
-        first = await asyncio.wait_for(req.recv_multipart(), 2.0)
-        assert first[0] == encode_seq(1) and first[1]
+        await dealer.send_multipart([b"", encode_seq(1)])
+        replies = [await asyncio.wait_for(dealer.recv_multipart(), 2.0) for _ in range(3)]
+        assert replies == [
+            [b"", b"kv", encode_seq(1), payloads[1]],
+            [b"", b"kv", encode_seq(2), payloads[2]],
+            [b"", b"", encode_seq(END_SEQ), b""],
+        ]
     finally:
-        req.close(linger=0)
+        dealer.close(linger=0)
         ctx.term()
+        await publisher.stop()
 
 
 # --- the mock worker ---------------------------------------------------------------------------
