@@ -3,7 +3,8 @@
 What lives where, on the NATS server:
 
 - stream `kv-events-<ns>-<component>` captures the `kv_events` subject (Dynamo JSON, published
-  with NATS core by the workers), file storage, `max_age` one hour;
+  with NATS core by the workers) and the endpoint's event-plane subject (`...endpoint.<e>.kv-events`,
+  the msgpack envelopes of Dynamo's own `KvEventPublisher`), file storage, `max_age` one hour;
 - one durable pull consumer per router replica, named `router-<replica id>` (replica ids must be
   unique), acking in stream order; unused consumers disappear after `max_age`;
 - object store bucket `kv-snapshots-<ns>-<component>`, object `radix-tree`: the router's tree as
@@ -15,10 +16,11 @@ sequence + 1: its in-memory tree is new, so an old consumer position would be me
 applies events in order. When the stream holds more than `snapshot_threshold` messages (or
 `snapshot_interval_s` passed, so that nothing ages out of the stream before a snapshot covers it),
 the replica that takes the lock writes a snapshot at its last applied sequence and purges the
-stream up to it. Invariant: every purged message is covered by the current snapshot. A replica
-whose next message was purged meanwhile sees a hole in the stream sequence and reloads the
-snapshot; a hole no snapshot covers (the stream aged out, or was reset) is counted as lost, and
-the per-worker event-id check resets the workers concerned.
+stream up to it, unless its view of some worker is known to miss blocks (`RouterFeed.lossy`): a
+good snapshot is never replaced by a poorer one. Invariant: every purged message is covered by the
+current snapshot. A replica whose next message was purged meanwhile sees a hole in the stream
+sequence and reloads the snapshot; a hole no snapshot covers (the stream aged out, or was reset)
+is counted as lost, and the per-worker event-id check follows the gap (`nats_events.follow_gap`).
 
 `reset_states()` (Dynamo's `--router-reset-states`) purges the stream, deletes the snapshot and
 every consumer: replicas started afterwards begin empty. Counter keys: `durable.*`.
@@ -31,7 +33,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,7 +46,8 @@ from nats.js.object_store import ObjectStore
 
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import decode_event, kv_events_subject
-from extproc.events.nats_events import EventIdTracker, GapHook, cancel_and_wait
+from extproc.events.dynamo_plane import DEFAULT_ENDPOINT, PlaneEvent, decode_envelope, event_plane_subject
+from extproc.events.nats_events import EventIdTracker, GapHook, cancel_and_wait, follow_gap
 from extproc.events.sink import EventSink
 from extproc.events.snapshot import Snapshot, SnapshotError, decode_snapshot, encode_snapshot
 from extproc.router.types import KvEvent, Worker, WorkerId
@@ -69,6 +72,7 @@ class DurableConfig:
     namespace: str
     component: str
     replica_id: str
+    endpoint: str | None = DEFAULT_ENDPOINT  # Dynamo's event plane endpoint (`*`: all); None: JSON only
     snapshot_threshold: int = 10_000  # stream messages above which a snapshot is taken
     snapshot_interval_s: float | None = None  # also snapshot this often (None: half of max_age_s)
     max_age_s: float = 3600.0
@@ -87,6 +91,16 @@ class DurableConfig:
     @property
     def subject(self) -> str:
         return kv_events_subject(self.namespace, self.component)
+
+    @property
+    def plane_subject(self) -> str | None:
+        if self.endpoint is None:
+            return None
+        return event_plane_subject(self.namespace, self.component, self.endpoint)
+
+    @property
+    def subjects(self) -> list[str]:
+        return [self.subject] + ([self.plane_subject] if self.plane_subject else [])
 
     @property
     def stream(self) -> str:
@@ -128,15 +142,19 @@ class DurableKvEvents:
         counters: EventCounters | None = None,
         on_gap: GapHook | None = None,
         worker_id_of: Callable[[int], WorkerId] = str,
+        lossy: Callable[[], Sequence[Worker]] = tuple,
     ) -> None:
+        """`lossy()` names the workers whose view is known to miss blocks (`RouterFeed.lossy`): while
+        there is any, no snapshot is written, so a good snapshot is never replaced by a poorer one."""
         self.nc = nc
         self.js = nc.jetstream()
         self.sink = sink
         self.tree = tree
         self.config = config
         self.counters = counters if counters is not None else EventCounters()
-        self.on_gap: GapHook = on_gap or self._reset_on_gap
+        self.on_gap: GapHook = on_gap or self._follow_gap
         self._worker_id_of = worker_id_of
+        self._lossy = lossy
         self.event_ids = EventIdTracker()
         self.applied_seq = 0  # last stream sequence applied (0: none yet)
         self._seq_known = False  # whether applied_seq + 1 is the next sequence to expect
@@ -230,12 +248,22 @@ class DurableKvEvents:
         """Take the lock, write a snapshot at `applied_seq`, purge the stream up to it.
 
         Returns False (nothing written) when another replica holds the lock or has already purged
-        past this replica's position. Must run on the consumer's event loop between batches (it
-        does from the consume loop), so that the tree and `applied_seq` agree.
+        past this replica's position, or when this replica's view of some worker is known to miss
+        blocks (a snapshot of it would replace one that has them). Must run on the consumer's event
+        loop between batches (it does from the consume loop), so that the tree and `applied_seq` agree.
         """
         assert self._locks is not None and self._objects is not None
         cfg = self.config
         self._last_snapshot_try = time.monotonic()
+        lossy = self._lossy()
+        if lossy:
+            self.counters.loud(
+                "durable.snapshot_withheld",
+                "no KV snapshot written: the view of %s misses blocks its engine holds (a snapshot of "
+                "it would replace a better one); waiting until it is whole again",
+                ", ".join(map(str, lossy)),
+            )
+            return False
         try:
             revision = await self._locks.create(LOCK_KEY, cfg.replica_id.encode(), msg_ttl=cfg.lock_ttl_s)
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -272,7 +300,7 @@ class DurableKvEvents:
         cfg = self.config
         stream = api.StreamConfig(
             name=cfg.stream,
-            subjects=[cfg.subject],
+            subjects=cfg.subjects,
             retention=api.RetentionPolicy.LIMITS,
             storage=api.StorageType.FILE,
             max_age=cfg.max_age_s,
@@ -313,7 +341,7 @@ class DurableKvEvents:
                 except nats.errors.TimeoutError:
                     msgs = []
                 for msg in msgs:
-                    await self._handle(msg.metadata.sequence.stream, msg.data)
+                    await self._handle(msg.metadata.sequence.stream, msg.data, msg.subject)
                 if msgs:
                     await msgs[-1].ack()  # AckPolicy.ALL: acks the whole batch
                 await self._maybe_snapshot()
@@ -327,7 +355,7 @@ class DurableKvEvents:
                 with contextlib.suppress(Exception):
                     await self._resubscribe_if_gone()
 
-    async def _handle(self, seq: int, data: bytes) -> None:
+    async def _handle(self, seq: int, data: bytes, subject: str | None = None) -> None:
         if self._seq_known and seq <= self.applied_seq:
             self.counters.add("durable.redelivered")
             return
@@ -341,22 +369,34 @@ class DurableKvEvents:
                     self.applied_seq + 1, seq - 1,
                 )  # fmt: skip
         self.applied_seq, self._seq_known = seq, True
+        for item in self._decode(data, subject):
+            self._apply(item)
+
+    def _decode(self, data: bytes, subject: str | None) -> list[PlaneEvent]:
+        """The events of one stream message: a Dynamo JSON event, or an event-plane envelope."""
+        if subject is not None and subject != self.config.subject:
+            return decode_envelope(data, self.counters, worker_id_of=self._worker_id_of)
         decoded = decode_event(data, self.counters, worker_id_of=self._worker_id_of)
         if decoded is None:
-            return
+            return []
         _, event_id, event = decoded
-        worker = event.worker
+        return [PlaneEvent(event.worker, event_id, event)]
+
+    def _apply(self, item: PlaneEvent) -> None:
+        worker = item.worker
         if worker not in self._workers:
             self._workers.add(worker)
             self.sink.stream_state(worker, True, f"first durable event from stream {self.config.stream}")
-        expected = self.event_ids.check(worker, event_id)
+        expected = self.event_ids.check(worker, item.event_id)
         if expected is not None:
             self.counters.loud(
-                "durable.gap", "KV event gap from %s: expected event %d, got %d", worker, expected, event_id
-            )
-            self.on_gap(worker, expected, event_id)
-        self.sink.apply_events((event,))
-        self.counters.add("durable.event")
+                "durable.gap", "KV event gap from %s: expected event %d, got %d", worker, expected,
+                item.event_id,
+            )  # fmt: skip
+            self.on_gap(worker, expected, item.event_id)
+        if item.event is not None:
+            self.sink.apply_events((item.event,))
+            self.counters.add("durable.event")
 
     async def _reload(self, seq: int) -> None:
         """Messages before `seq` were purged under us: replace our state by the snapshot's."""
@@ -406,5 +446,5 @@ class DurableKvEvents:
             self.counters.add("durable.resubscribe")
             await self._subscribe(self.applied_seq + 1 if self._seq_known else None)
 
-    def _reset_on_gap(self, worker: Worker, expected: int, got: int) -> None:
-        self.sink.reset_worker(worker, f"durable KV event gap: expected event {expected}, got {got}")
+    def _follow_gap(self, worker: Worker, expected: int, got: int) -> None:
+        follow_gap(self.sink, self.counters, worker, expected, got, f"stream {self.config.stream}")

@@ -7,8 +7,11 @@
   `namespace.<ns>.component.<c>.endpoint.<e>.kv-events` (the msgpack envelopes of Dynamo's own
   `KvEventPublisher`, `extproc.events.dynamo_plane`) into the router's event model and hands it to
   an `EventSink`. Both go through one event-id check: ids are consecutive per worker and dp rank;
-  any other id is a gap (events lost: slow consumer, outage, publisher restart) and calls
-  `on_gap(worker, expected, got)`, by default `sink.reset_worker` before the event is applied.
+  any other id is a gap and calls `on_gap(worker, expected, got)` before the event is applied; by
+  default (`follow_gap`) an id that goes back is a restarted publisher, whose engine starts with an
+  empty cache (the worker is reset), and an id that jumps ahead is events lost (an outage, a slow
+  consumer): the blocks known stay, since they are still the best knowledge, and a store lost in the
+  gap shows when the engine stores under it (the feed then marks the worker lost and relearns it).
   While the connection is down every worker seen so far is reported `stream_state(worker, False)`;
   on reconnect, up again.
 - `NatsEventPublisher`: the worker side, a `KvCacheListener` (extproc/sim/prefix_cache.py) that
@@ -17,13 +20,13 @@
 NATS core is at most once. The publisher drops (and counts) events while its connection is down
 instead of letting the client buffer them: a buffered batch flushed after a reconnect reaches the
 subscribers that are already back and not the others, while a dropped event leaves an id gap
-that every subscriber sees and resynchronises on. A loss is noticed at that worker's next event.
+that every subscriber sees. A loss is noticed at that worker's next event.
 
 Bounded buffers: a subscription holds at most `queue_size` messages (`--event-queue-size`) that
 its callback has not taken yet (nats.py's `pending_msgs_limit`; its 128 MiB `pending_bytes_limit`
 stays). nats.py drops what arrives beyond that as a slow consumer; `NatsLink.on_overflow` hands
 each such drop to the subscription's owner, which counts it (`drops[("nats", "*", "queue-full")]`:
-which worker it came from is unknown) and relies on the event-id gap to reset that worker.
+which worker it came from is unknown) and relies on the event-id gap to notice the loss.
 """
 
 from __future__ import annotations
@@ -170,6 +173,23 @@ def _backoff(servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]:
     return server, delay * random.uniform(0.5, 1.0)
 
 
+def follow_gap(
+    sink: EventSink, counters: EventCounters, worker: Worker, expected: int, got: int, where: str
+) -> None:
+    """The default answer to an event-id gap of `worker` on `where` (a subject, a stream).
+
+    An id lower than expected: the publisher restarted (Dynamo's count from 1 again), and with it
+    its engine, whose cache is empty: forget the worker's blocks. A higher id: `got - expected`
+    events were lost (counted as dropped); the known blocks are kept: resetting would throw away
+    blocks the engine still holds (its chat templates' first blocks are stored once and then
+    reused for hours) and leave every later store of the worker under unknown parents.
+    """
+    if got < expected:
+        sink.reset_worker(worker, f"its publisher restarted on {where} (event {got} after {expected - 1})")
+        return
+    counters.dropped("nats", str(worker), "event-id-gap", got - expected)
+
+
 class EventIdTracker:
     """The next expected event id per worker and dp rank (Dynamo numbers events per publisher)."""
 
@@ -230,7 +250,7 @@ class NatsEventSubscriber:
         self.event_plane_subject = event_plane_subject
         self.queue_size = queue_size
         self.counters = counters if counters is not None else link.counters
-        self.on_gap: GapHook = on_gap or self._reset_on_gap
+        self.on_gap: GapHook = on_gap or self._follow_gap
         self._worker_id_of = worker_id_of
         self.event_ids = EventIdTracker()
         self._subs: list[Any] = []
@@ -277,16 +297,15 @@ class NatsEventSubscriber:
                 await sub.unsubscribe()
         self._subs.clear()
 
-    def _reset_on_gap(self, worker: Worker, expected: int, got: int) -> None:
-        reason = f"event gap on {self._gap_subject}: expected event {expected}, got {got}"
-        self.sink.reset_worker(worker, reason)
+    def _follow_gap(self, worker: Worker, expected: int, got: int) -> None:
+        follow_gap(self.sink, self.counters, worker, expected, got, self._gap_subject)
 
     def _on_overflow(self, subject: str) -> None:
         self.counters.dropped("nats", "*", "queue-full")
         self.counters.loud(
             "nats.queue_full",
             "KV events on %s arrive faster than they are applied: more than %d pending, dropping "
-            "(the workers concerned are reset at their next event)",
+            "(each worker concerned shows an event-id gap at its next event)",
             subject,
             self.queue_size,
         )

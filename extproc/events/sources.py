@@ -168,10 +168,12 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
                     events.namespace,
                     events.component,
                     router_id,
+                    endpoint=events.dynamo_endpoint,
                     snapshot_threshold=events.snapshot_threshold,
                 ),
                 counters=sources.counters,
                 worker_id_of=worker_id_of,
+                lossy=sources.feed.lossy,
             )
             await durable.start(reset_states=events.reset_states)
             sources.durable = durable

@@ -71,7 +71,7 @@ def probes_seen(subscriber: NatsEventSubscriber) -> int:
     return sum(1 for w in subscriber.event_ids.workers() if int(w.worker_id) >= PROBE_WORKER_BASE)
 
 
-async def test_a_nats_burst_beyond_the_bound_is_dropped_counted_and_the_worker_reset(
+async def test_a_nats_burst_beyond_the_bound_is_dropped_counted_and_seen_as_a_gap(
     nats_server: NatsServer,
 ):
     router = make_router()
@@ -114,10 +114,11 @@ async def test_a_nats_burst_beyond_the_bound_is_dropped_counted_and_the_worker_r
         await eventually(lambda: sink.applied[worker] + dropped() == len(payloads) + sent, what="accounting")
         assert dropped() > 0, "no drop: the burst fitted in the bound"
         assert QUEUE // 2 < sink.observed_max <= QUEUE  # the queue filled up to the bound, never beyond
-        assert any("event gap" in reason for w, reason in sink.resets if w == worker)
-        # resynchronised: no block that was removed survives; the tail blocks that arrived are there
+        # the loss shows as event-id gaps of that worker (counted), its known blocks are kept (a gap
+        # is not a restart: the engine still holds them); the tail blocks that arrived are there
+        assert counters.drops[("nats", "7", "event-id-gap")] > 0 and not sink.resets
         arrived = [t for t in tails if held_for(router, t, worker) == 3]
-        assert arrived and router.indexer.num_blocks(worker) == 3 * len(arrived)
+        assert arrived and router.indexer.num_blocks(worker) >= 3 * len(arrived)
     finally:
         await subscriber.stop()
         await link.close()

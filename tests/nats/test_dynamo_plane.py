@@ -187,13 +187,17 @@ def test_a_missing_message_and_a_restarted_publisher_are_gaps():
     assert sub.gaps == 2
 
 
-def test_by_default_a_gap_resets_the_worker_before_its_event():
+def test_by_default_lost_events_keep_the_blocks_and_a_restarted_publisher_resets():
     r = router()
     sub = subscriber(r)
     sub.handle_event_plane(fixture("stored-root"))
-    sub.handle_event_plane(fixture("stored-lora"))  # id 3 after 1: w7 is reset, then its lora block
-    assert matches(r, ROOT) == {}
+    sub.handle_event_plane(fixture("stored-lora"))  # id 3 after 1: one event lost, blocks kept
+    assert matches(r, ROOT) == {W7: 2}
     assert matches(r, LORA[:1]) == {W7: 1}
+    assert sub.sink.counters["feed.reset"] == 0
+    assert sub.counters.drops[("nats", "7", "event-id-gap")] == 1
+    sub.handle_event_plane(fixture("restarted-removed"))  # a new publisher starts at 1: a new engine
+    assert matches(r, ROOT) == {} and matches(r, LORA[:1]) == {}
     assert sub.sink.counters["feed.reset"] == 1
 
 

@@ -111,7 +111,9 @@ async def test_an_event_id_gap_is_counted_and_calls_the_hook(nats_server):
         await pub_link.close()
 
 
-async def test_by_default_a_gap_resets_the_worker_then_applies_the_event(nats_server):
+async def test_by_default_lost_events_keep_the_known_blocks_and_a_restart_resets(nats_server):
+    """An id that jumps ahead is events lost (an outage): the blocks known stay, since the engine
+    still holds them; an id that goes back is a restarted publisher, whose engine is empty."""
     router = make_router()
     feed = make_feed(router)
     sub_link = await connect(nats_server, "router")
@@ -124,12 +126,20 @@ async def test_by_default_a_gap_resets_the_worker_then_applies_the_event(nats_se
         old = list(range(8))
         publisher.on_stored(None, [1, 2], blocks_of(old))
         await eventually(lambda: matches(router, compute_block_hashes(old, BLOCK_SIZE)) == {W7: 2})
-        publisher.next_event_id += 1
+        publisher.next_event_id += 3  # three events lost
+        publisher.on_stored(2, [3], blocks_of(list(range(8, 12))))  # under a block still known
+        extended = compute_block_hashes(list(range(12)), BLOCK_SIZE)
+        await eventually(lambda: matches(router, extended) == {W7: 3})
+        assert subscriber.gaps == 1 and feed.counters["feed.reset"] == 0
+        assert sub_link.counters.drops[("nats", "7", "event-id-gap")] == 3
+        assert feed.state(W7) == "event-fed"
+
+        publisher.next_event_id = 0  # the worker restarted: its ids start over, its cache is empty
         new = list(range(50, 54))
         publisher.on_stored(None, [5], blocks_of(new))
         await eventually(lambda: matches(router, compute_block_hashes(new, BLOCK_SIZE)) == {W7: 1})
         assert matches(router, compute_block_hashes(old, BLOCK_SIZE)) == {}
-        assert subscriber.gaps == 1 and feed.counters["feed.reset"] == 1
+        assert subscriber.gaps == 2 and feed.counters["feed.reset"] == 1
     finally:
         await subscriber.stop()
         await publisher.stop()
