@@ -10,9 +10,9 @@ Mirrors two upstream steps, because the router's tokens must equal the engine's 
   `strftime_now` and a `tojson` that does not HTML-escape; special tokens and `chat_template_kwargs` as
   template variables; `continue_final_message` trimming.
 
-Known gaps (use the engine's /tokenize backend when they matter): multimodal placeholders are model-specific
-and dropped in the "string" format; tool definitions are passed as sent, while vLLM re-dumps them through
-its pydantic models (adding null `description`/`parameters`).
+Tool definitions reach the template as vLLM's pydantic models dump them (`vllm_tool`). Known gap (use the
+engine's /tokenize backend when it matters): multimodal placeholders are model-specific and dropped in the
+"string" format.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class ChatTemplate:
         context.setdefault("documents", None)
         context.update(
             messages=conversation,
-            tools=[dict(t) for t in tools] if tools is not None else None,
+            tools=[vllm_tool(t) for t in tools] if tools is not None else None,
             add_generation_prompt=add_generation_prompt,
         )
         try:
@@ -99,6 +99,34 @@ class ChatTemplate:
         except Exception as e:
             raise TokenizerUnavailable(f"chat template failed: {type(e).__name__}: {e}") from e
         return _trim_to_final_message(rendered, conversation) if continue_final_message else rendered
+
+
+def vllm_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool as vLLM hands it to the template: `ChatCompletionToolsParam(**tool).model_dump()`.
+
+    Only the declared keys, in declaration order: `{"type", "function": {"name", "description", "parameters",
+    "strict"?, "defer_loading"?}, "defer_loading"?}`. A missing description or parameters is null; `strict`
+    and `defer_loading` appear when set, and a tool-level `defer_loading` is copied into a function without.
+    """
+    function = tool.get("function")
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise TokenizerUnavailable("each tool needs a `function` object with a string `name`")
+    out_function: dict[str, Any] = {
+        "name": function["name"],
+        "description": function.get("description"),
+        "parameters": function.get("parameters"),
+    }
+    if function.get("strict") is not None:
+        out_function["strict"] = function["strict"]
+    defer_loading = function.get("defer_loading")
+    if defer_loading is None:
+        defer_loading = tool.get("defer_loading")
+    if defer_loading is not None:
+        out_function["defer_loading"] = defer_loading
+    out: dict[str, Any] = {"type": tool.get("type", "function"), "function": out_function}
+    if tool.get("defer_loading") is not None:
+        out["defer_loading"] = tool["defer_loading"]
+    return out
 
 
 def build_conversation(

@@ -60,11 +60,12 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 # What transformers renders for CONVERSATION + TOOLS with LLAMA_TEMPLATE, written out by hand: block lines
 # vanish (trim_blocks + lstrip_blocks), each expression line keeps its newline, parts join with "\n", the
-# image part is dropped ("string" content format), arguments become an object, tojson keeps é and <b>.
+# image part is dropped ("string" content format), the tool gets vLLM's null description, arguments become an
+# object, tojson keeps é and <b>.
 EXPECTED_PROMPT = (
     f"{BOS}\n"
     f'{H}system{E}\n\nTools:\n\n{{\n  "type": "function",\n  "function": {{\n    "name": "get_weather",\n'
-    f'    "parameters": {{\n      "type": "object"\n    }}\n  }}\n}}\n\n{EOT}\n'
+    f'    "description": null,\n    "parameters": {{\n      "type": "object"\n    }}\n  }}\n}}\n\n{EOT}\n'
     f"{H}system{E}\n\n\nYou are a helpful assistant.\n{EOT}\n"
     f"{H}user{E}\n\n\nhello\nworld\n{EOT}\n"
     f'{H}assistant{E}\n\n\nget_weather({{"city": "Paris"}})\n{EOT}\n'
@@ -289,6 +290,26 @@ def test_load_tokenizer_and_protocol_conformance(tok_dir: Path):
     local: Tokenizer = load_tokenizer(str(tok_dir))
     assert isinstance(default, ByteTokenizer) and isinstance(local, HfTokenizer)
     assert isinstance(load_tokenizer(""), ByteTokenizer)
+
+
+# --- what the request goldens found (tests/test_tokenizer_conformance.py): vLLM 0.33's own behaviour --------
+
+TAGGED = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+
+
+def test_tools_reach_the_template_as_vllms_pydantic_models_dump_them():
+    tools = [
+        {"type": "function", "function": {"parameters": {"type": "object"}, "name": "f", "x": 1}, "y": 2},
+        {"type": "function", "function": {"name": "g", "strict": True}, "defer_loading": True},
+    ]
+    rendered = ChatTemplate("{{ tools | tojson }}").render([], tools=tools, add_generation_prompt=False)
+    f = {"name": "f", "description": None, "parameters": {"type": "object"}}
+    g = {"name": "g", "description": None, "parameters": None, "strict": True, "defer_loading": True}
+    assert json.loads(rendered) == [
+        {"type": "function", "function": f},
+        {"type": "function", "function": g, "defer_loading": True},
+    ]
+    assert rendered.startswith('[{"type": "function", "function": {"name": "f", "description": null, ')
 
 
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
