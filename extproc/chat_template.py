@@ -210,13 +210,13 @@ def _tool_calls(tool_calls: Any) -> list[dict[str, Any]]:
             raise TokenizerUnavailable("each tool call needs a `function` object")
         function = dict(call["function"])
         arguments = function.get("arguments")
-        if isinstance(arguments, str):
+        if isinstance(arguments, str) and arguments:
             try:
-                function["arguments"] = json.loads(arguments)
+                arguments = json.loads(arguments)
             except (ValueError, RecursionError):
-                function["arguments"] = {}  # vLLM's fallback for arguments that are not JSON
-        elif not isinstance(arguments, dict | list):
-            function["arguments"] = {}
+                arguments = None
+        # vLLM's `_postprocess_messages`: templates get an object; JSON that is not one, or none, becomes {}
+        function["arguments"] = arguments if isinstance(arguments, dict) else {}
         out.append({**call, "function": function})
     return out
 

@@ -312,6 +312,13 @@ def test_tools_reach_the_template_as_vllms_pydantic_models_dump_them():
     assert rendered.startswith('[{"type": "function", "function": {"name": "f", "description": null, ')
 
 
+@pytest.mark.parametrize("arguments", ["[1, 2]", '"text"', "42", "", None, [1, 2], "{oops"])
+def test_tool_call_arguments_that_are_not_a_json_object_become_an_empty_one(arguments: Any):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    (message,) = build_conversation([{"role": "assistant", "content": None, "tool_calls": [call]}], "string")
+    assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": {}}
+
+
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
 
 
