@@ -4,7 +4,8 @@ Mirrors two upstream steps, because the router's tokens must equal the engine's 
 - vLLM's message preparation (`vllm/entrypoints/chat_utils.py`): content parts become one "\\n"-joined
   string, or a list of `{"type": "text"|"image"|...}` items when the template loops over
   `message['content']` (the "openai" content format, detected from the template AST as vLLM does); only
-  role, content, name, tool_calls (arguments parsed from JSON), tool_call_id and reasoning are kept.
+  role, content, name, tool_calls (arguments parsed to an object), tool_call_id and reasoning (or the older
+  reasoning_content) are kept.
 - transformers' `apply_chat_template` (`utils/chat_template_utils.py`): an ImmutableSandboxedEnvironment
   with trim_blocks, lstrip_blocks, loop controls and the `{% generation %}` tag; `raise_exception`,
   `strftime_now` and a `tojson` that does not HTML-escape; special tokens and `chat_template_kwargs` as
@@ -145,8 +146,12 @@ def build_conversation(
         if role == "assistant":
             if message.get("tool_calls") is not None:
                 out["tool_calls"] = _tool_calls(message["tool_calls"])
-            if message.get("reasoning") is not None:
-                out["reasoning"] = out["reasoning_content"] = message["reasoning"]
+            # vLLM's request model renames the older `reasoning_content` to `reasoning` when that is unset
+            reasoning = message.get("reasoning")
+            if reasoning is None:
+                reasoning = message.get("reasoning_content")
+            if reasoning is not None:
+                out["reasoning"] = out["reasoning_content"] = reasoning
         elif role == "tool":
             if "tool_call_id" in message:
                 out["tool_call_id"] = message["tool_call_id"]

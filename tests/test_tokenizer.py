@@ -319,6 +319,16 @@ def test_tool_call_arguments_that_are_not_a_json_object_become_an_empty_one(argu
     assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": {}}
 
 
+def test_reasoning_content_is_an_assistant_messages_reasoning_as_vllm_renames_it():
+    messages = [
+        {"role": "assistant", "content": "4", "reasoning_content": "2+2"},
+        {"role": "assistant", "content": "5", "reasoning": "wins", "reasoning_content": "loses"},
+    ]
+    first, second = build_conversation(messages, "string")
+    assert first == {"role": "assistant", "content": "4", "reasoning": "2+2", "reasoning_content": "2+2"}
+    assert second["reasoning"] == second["reasoning_content"] == "wins"
+
+
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
 
 
