@@ -5,7 +5,7 @@ Mirrors two upstream steps, because the router's tokens must equal the engine's 
   string, or a list of `{"type": "text"|"image"|...}` items when the template loops over
   `message['content']` (the "openai" content format, detected from the template AST as vLLM does); only
   role, content, name, tool_calls (arguments parsed to an object), tool_call_id and reasoning (or the older
-  reasoning_content) are kept.
+  reasoning_content) are kept; a system text's leading Claude Code billing-header line is dropped.
 - transformers' `apply_chat_template` (`utils/chat_template_utils.py`): an ImmutableSandboxedEnvironment
   with trim_blocks, lstrip_blocks, loop controls and the `{% generation %}` tag; `raise_exception`,
   `strftime_now` and a `tojson` that does not HTML-escape; special tokens and `chat_template_kwargs` as
@@ -50,6 +50,7 @@ _MEDIA_TYPES = {
     "audio_embeds": "audio",
     "video_url": "video",
 }
+_BILLING_HEADER = "x-anthropic-billing-header"
 # Never taken from chat_template_kwargs: messages and tools come from the request; vLLM rejects the others.
 _RESERVED_KWARGS = frozenset({"messages", "tools", "chat_template", "tokenize"})
 
@@ -140,7 +141,10 @@ def build_conversation(
     conversation = []
     for message in messages:
         role = message.get("role")
-        items = [item for part in _parts(message.get("content")) if (item := _part(part, content_format))]
+        parts = _parts(message.get("content"))
+        if role == "system":
+            parts = _without_billing_header(parts)
+        items = [item for part in parts if (item := _part(part, content_format))]
         content = items if content_format == "openai" else "\n".join(items)
         out: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant":
@@ -177,6 +181,26 @@ def _parts(content: Any) -> list[Any]:
     if isinstance(content, list):
         return content
     raise TokenizerUnavailable(f"message content of type {type(content).__name__} cannot be rendered")
+
+
+def _without_billing_header(parts: list[Any]) -> list[Any]:
+    """vLLM drops the first line of a system text that starts with Claude Code's billing header.
+
+    Its `cch` value changes with every request, so keeping it would end every prefix match right there.
+    """
+    out = []
+    for part in parts:
+        if isinstance(part, str):
+            text: Any = part
+        elif isinstance(part, Mapping) and part.get("type") == "text":
+            text = part.get("text")
+        else:
+            text = None
+        if not (isinstance(text, str) and text.startswith(_BILLING_HEADER)):
+            out.append(part)
+        elif rest := text.partition("\n")[2]:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
 
 
 def _part(part: Any, content_format: ContentFormat) -> Any:

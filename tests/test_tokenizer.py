@@ -329,6 +329,20 @@ def test_reasoning_content_is_an_assistant_messages_reasoning_as_vllm_renames_it
     assert second["reasoning"] == second["reasoning_content"] == "wins"
 
 
+def test_a_system_messages_claude_code_billing_header_line_is_dropped_as_vllm_does():
+    header = "x-anthropic-billing-header: cc_version=2.1; cch=5e1f2"
+    messages = [
+        {"role": "system", "content": f"{header}\nYou are Claude Code."},
+        {"role": "system", "content": [{"type": "text", "text": header}, "Second."]},
+        {"role": "user", "content": f"{header}\nkept"},
+    ]
+    assert [m["content"] for m in build_conversation(messages, "string")] == [
+        "You are Claude Code.",
+        "Second.",
+        f"{header}\nkept",
+    ]
+
+
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
 
 
