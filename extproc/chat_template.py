@@ -5,7 +5,8 @@ Mirrors two upstream steps, because the router's tokens must equal the engine's 
   string, or a list of `{"type": "text"|"image"|...}` items when the template loops over
   `message['content']` (the "openai" content format, detected from the template AST as vLLM does); only
   role, content, name, tool_calls (arguments parsed to an object), tool_call_id and reasoning (or the older
-  reasoning_content) are kept; a system text's leading Claude Code billing-header line is dropped.
+  reasoning_content) are kept; a system text's leading Claude Code billing-header line is dropped; for
+  templates without a developer role (`vllm/renderers/hf.py`), developer messages become system ones.
 - transformers' `apply_chat_template` (`utils/chat_template_utils.py`): an ImmutableSandboxedEnvironment
   with trim_blocks, lstrip_blocks, loop controls and the `{% generation %}` tag; `raise_exception`,
   `strftime_now` and a `tojson` that does not HTML-escape; special tokens and `chat_template_kwargs` as
@@ -61,6 +62,8 @@ class ChatTemplate:
     def __init__(self, source: str) -> None:
         """Compile `source`; raises `TokenizerUnavailable` on a syntax error."""
         self.source = source
+        # vLLM's test for templates that render a developer role themselves
+        self._knows_developer = '"developer"' in source or "'developer'" in source
         env = _environment()
         try:
             self._template = env.from_string(source)
@@ -88,6 +91,8 @@ class ChatTemplate:
         if add_generation_prompt and continue_final_message:
             raise TokenizerUnavailable("add_generation_prompt and continue_final_message cannot both be set")
         conversation = build_conversation(messages, self.content_format)
+        if not self._knows_developer:
+            conversation = _developer_as_system(conversation)
         context.setdefault("documents", None)
         context.update(
             messages=conversation,
@@ -171,6 +176,31 @@ def build_conversation(
             del out["tool_calls"]  # vLLM drops empty tool_calls to keep templates on the plain path
         conversation.append(out)
     return conversation
+
+
+def _developer_as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM's `safe_apply_chat_template` for templates that never name "developer": such messages become
+    system ones (without their tools), and once a system message is not first, all merge into the first.
+    """
+    if not any(m["role"] == "developer" for m in conversation):
+        return conversation
+    converted = [
+        {**{k: v for k, v in m.items() if k != "tools"}, "role": "system"} if m["role"] == "developer" else m
+        for m in conversation
+    ]
+    systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if systems == [0]:
+        return converted
+    texts = [_plain_text(m["content"]) for m in converted if m["role"] == "system"]
+    merged = {"role": "system", "content": "\n\n".join(t for t in texts if t)}
+    return [merged, *(m for m in converted if m["role"] != "system")]
+
+
+def _plain_text(content: Any) -> str:
+    if isinstance(content, list):  # the "openai" content format
+        texts = [p if isinstance(p, str) else p["text"] for p in content if isinstance(p, str) or "text" in p]
+        return "\n".join(texts)
+    return content or ""
 
 
 def _parts(content: Any) -> list[Any]:

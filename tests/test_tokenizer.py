@@ -343,6 +343,29 @@ def test_a_system_messages_claude_code_billing_header_line_is_dropped_as_vllm_do
     ]
 
 
+@pytest.mark.parametrize(
+    "messages, expected",
+    [
+        ([("developer", "d"), ("user", "u")], "[system:d][user:u]"),
+        ([("system", "s"), ("developer", "d"), ("user", "u")], "[system:s\n\nd][user:u]"),
+        ([("user", "u"), ("developer", "d"), ("system", ""), ("user", "v")], "[system:d][user:u][user:v]"),
+        ([("system", "s"), ("user", "u"), ("system", "t")], "[system:s][user:u][system:t]"),  # no developer
+    ],
+)
+def test_developer_messages_become_system_ones_for_templates_without_that_role(messages, expected):
+    conversation = [{"role": role, "content": content, "tools": []} for role, content in messages]
+    assert ChatTemplate(TAGGED).render(conversation, add_generation_prompt=False) == expected
+    knows_it = ChatTemplate(TAGGED + "{% if false %}{{ 'developer' }}{% endif %}")
+    role, content = messages[0]
+    assert knows_it.render(conversation[:1], add_generation_prompt=False) == f"[{role}:{content}]"
+
+
+def test_a_developer_message_turned_system_loses_its_tools():
+    source = "{% for m in messages %}{{ m.role }} {{ m.tools is defined }}{% endfor %}"
+    messages = [{"role": "developer", "content": "d", "tools": [{"name": "t"}]}]
+    assert ChatTemplate(source).render(messages, add_generation_prompt=False) == "system False"
+
+
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
 
 
