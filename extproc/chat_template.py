@@ -10,7 +10,7 @@ Mirrors two upstream steps, because the router's tokens must equal the engine's 
 - transformers' `apply_chat_template` (`utils/chat_template_utils.py`): an ImmutableSandboxedEnvironment
   with trim_blocks, lstrip_blocks, loop controls and the `{% generation %}` tag; `raise_exception`,
   `strftime_now` and a `tojson` that does not HTML-escape; special tokens and `chat_template_kwargs` as
-  template variables; `continue_final_message` trimming.
+  template variables; `continue_final_message` cutting the prompt where its tag for the final text lands.
 
 Tool definitions reach the template as vLLM's pydantic models dump them (`vllm_tool`). Known gap (use the
 engine's /tokenize backend when it matters): multimodal placeholders are model-specific and dropped in the
@@ -93,6 +93,7 @@ class ChatTemplate:
         conversation = build_conversation(messages, self.content_format)
         if not self._knows_developer:
             conversation = _developer_as_system(conversation)
+        final_text = _tag_final_message(conversation, self.source) if continue_final_message else None
         context.setdefault("documents", None)
         context.update(
             messages=conversation,
@@ -105,7 +106,7 @@ class ChatTemplate:
         # TypeError from `'a' + none`, ...); every failure means "cannot reproduce the engine's prompt".
         except Exception as e:
             raise TokenizerUnavailable(f"chat template failed: {type(e).__name__}: {e}") from e
-        return _trim_to_final_message(rendered, conversation) if continue_final_message else rendered
+        return rendered if final_text is None else _cut_at_tag(rendered, final_text)
 
 
 def vllm_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -280,21 +281,35 @@ def _tool_calls(tool_calls: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _trim_to_final_message(rendered: str, conversation: list[dict[str, Any]]) -> str:
-    """transformers' `continue_final_message`: cut the prompt right after the final message's text."""
-    final = conversation[-1]["content"] if conversation else ""
-    if isinstance(final, list):
-        texts = [block["text"] for block in final if isinstance(block, dict) and "text" in block]
-        if not texts:
-            raise TokenizerUnavailable("continue_final_message is set but the final message has no text")
-        final = texts[-1]
-    stripped = final.strip()
-    if stripped not in rendered:
+# transformers' `continue_final_message` (`render_jinja_template`): the final message's text gets this tag,
+# and the prompt ends where the rendered tag starts.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tag_final_message(conversation: list[dict[str, Any]], source: str) -> str:
+    """Tag the final message's text (its last text part in the "openai" format); return the untagged text."""
+    final = conversation[-1] if conversation else {}
+    content = final.get("content")
+    if content is None or "content" not in source:
+        raise TokenizerUnavailable("continue_final_message is set but there is no final message content")
+    if isinstance(content, str):
+        final["content"] = content + _CONTINUE_TAG
+        return content
+    for block in reversed(content):
+        if "text" in block:
+            text = block["text"]
+            block["text"] = text + _CONTINUE_TAG
+            return text
+    raise TokenizerUnavailable("continue_final_message is set but the final message has no text")
+
+
+def _cut_at_tag(rendered: str, final_text: str) -> str:
+    if final_text.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
         raise TokenizerUnavailable("continue_final_message is set but the template dropped the final message")
-    at = rendered.rindex(stripped)
-    if rendered[at : at + len(final.lstrip())] == final:
-        return rendered[: at + len(final.lstrip())]
-    return rendered[: at + len(stripped)]
+    at = rendered.rindex(_CONTINUE_TAG.strip())
+    if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return rendered[:at]
+    return rendered[:at].rstrip()  # the template trimmed the text's end, tag included
 
 
 class _GenerationTag(jinja2.ext.Extension):

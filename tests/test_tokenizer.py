@@ -366,6 +366,32 @@ def test_a_developer_message_turned_system_loses_its_tools():
     assert ChatTemplate(source).render(messages, add_generation_prompt=False) == "system False"
 
 
+@pytest.mark.parametrize(
+    "final, expected",
+    [
+        ("  spaced  ", "[user:q][assistant:  spaced  "),  # the template keeps the spaces, so does the cut
+        ("Sure", "[user:q][assistant:Sure"),
+        ("q", "[user:q][assistant:q"),  # the final text also appears earlier
+    ],
+)
+def test_continue_final_message_cuts_where_transformers_tags_the_final_text(final: str, expected: str):
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": final}]
+    kwargs = {"continue_final_message": True}
+    rendered = ChatTemplate(TAGGED).render(messages, add_generation_prompt=False, chat_template_kwargs=kwargs)
+    assert rendered == expected
+
+
+def test_continue_final_message_with_content_parts_continues_the_last_text_part(tmp_path: Path):
+    tok = HfTokenizer(write_tokenizer_dir(tmp_path, chat_template=PARTS_TEMPLATE))
+    parts = [{"type": "text", "text": "one "}, {"type": "image_url", "image_url": {"url": "u"}}]
+    text = tok.render_chat(
+        [{"role": "assistant", "content": parts}],
+        add_generation_prompt=False,
+        chat_template_kwargs={"continue_final_message": True},
+    )
+    assert text == "assistant:[one "
+
+
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
 
 
