@@ -670,6 +670,16 @@ def _encode_event(event: WireEvent, as_map: bool) -> Any:
     return [tag, *values]
 
 
+def _pack_msgspec_event(packer: msgpack.Packer, event: dict[str, Any]) -> bytes:
+    """A tagged map as msgspec writes it: the header of a struct with `omit_defaults` is sized for
+    all its fields and its tag, so vLLM 0.33's BlockStored (15 fields + tag) always gets a map16
+    header, whatever is omitted; smaller structs a fixmap."""
+    body = b"".join(packer.pack(k) + packer.pack(v) for k, v in event.items())
+    if event["type"] == "BlockStored":
+        return b"\xde" + len(event).to_bytes(2, "big") + body
+    return packer.pack_map_header(len(event)) + body
+
+
 def encode_batch(
     events: Sequence[WireEvent],
     *,
@@ -679,15 +689,28 @@ def encode_batch(
 ) -> bytes:
     """A msgpack batch as the engines' msgspec encoders write it.
 
-    `layout="current"`: vLLM 0.33 and SGLang 0.5.23 (`[ts, events(, dp_rank)]`, events tagged maps
-    with the fields in declaration order). `"map"`: the map batch of previews (`{"ts", "events",
-    "data_parallel_rank"}`, same events). `"array"`: older vLLM (`[ts, events(, dp_rank)]`, events
-    `[tag, *fields]`). A None dp rank is left out; `ts` defaults to now.
+    `layout="current"`: vLLM 0.33 (`[ts, events(, dp_rank)]`, events tagged maps with the fields in
+    declaration order), byte for byte (SGLang 0.5.23's is the same shape, its BlockStored has a
+    fixmap header). `"map"`: the map batch of previews (`{"ts", "events", "data_parallel_rank"}`, the
+    same events, msgpack's smallest headers). `"array"`: older vLLM (`[ts, events(, dp_rank)]`,
+    events `[tag, *fields]`). A None dp rank is left out; `ts` defaults to now.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     ts = time.time() if ts is None else ts
     encoded = [_encode_event(event, layout != "array") for event in events]
+    if layout == "current":
+        packer = msgpack.Packer(use_bin_type=True)
+        head = [float(ts)] + ([dp_rank] if dp_rank is not None else [])
+        return b"".join(
+            [
+                packer.pack_array_header(len(head) + 1),
+                packer.pack(head[0]),
+                packer.pack_array_header(len(encoded)),
+                *(_pack_msgspec_event(packer, e) for e in encoded),
+                *(packer.pack(x) for x in head[1:]),
+            ]
+        )
     batch: Any
     if layout == "map":
         batch = {"ts": float(ts), "events": encoded}
