@@ -52,8 +52,8 @@ _MEDIA_TYPES = {
     "video_url": "video",
 }
 _BILLING_HEADER = "x-anthropic-billing-header"
-# Never taken from chat_template_kwargs: messages and tools come from the request; vLLM rejects the others.
-_RESERVED_KWARGS = frozenset({"messages", "tools", "chat_template", "tokenize"})
+# Never taken from chat_template_kwargs: messages come from the request; vLLM rejects the others.
+_RESERVED_KWARGS = frozenset({"messages", "chat_template", "tokenize"})
 
 
 class ChatTemplate:
@@ -82,12 +82,16 @@ class ChatTemplate:
     ) -> str:
         """The prompt text for `messages`. Raises `TokenizerUnavailable` when the template fails.
 
-        `chat_template_kwargs` override special tokens and `add_generation_prompt`, as vLLM merges them.
+        `chat_template_kwargs` (merged with the request's fields: `tokenizer.template_kwargs`) override
+        special tokens. `add_generation_prompt` is the request field, which wins over the kwargs in vLLM. The
+        kwargs' `continue_final_message` asks for the prefill cut; their `tools`, when set, replace `tools` as
+        they are (vLLM's default for that kwarg is the dumped request tools).
         """
         context: dict[str, Any] = dict(special_tokens or {})
         context.update({k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_KWARGS})
-        add_generation_prompt = context.pop("add_generation_prompt", add_generation_prompt)
+        context.pop("add_generation_prompt", None)
         continue_final_message = context.pop("continue_final_message", False)
+        kwargs_tools = context.pop("tools", None)
         if add_generation_prompt and continue_final_message:
             raise TokenizerUnavailable("add_generation_prompt and continue_final_message cannot both be set")
         conversation = build_conversation(messages, self.content_format)
@@ -97,7 +101,7 @@ class ChatTemplate:
         context.setdefault("documents", None)
         context.update(
             messages=conversation,
-            tools=[vllm_tool(t) for t in tools] if tools is not None else None,
+            tools=kwargs_tools if kwargs_tools is not None else _vllm_tools(tools),
             add_generation_prompt=add_generation_prompt,
         )
         try:
@@ -107,6 +111,10 @@ class ChatTemplate:
         except Exception as e:
             raise TokenizerUnavailable(f"chat template failed: {type(e).__name__}: {e}") from e
         return rendered if final_text is None else _cut_at_tag(rendered, final_text)
+
+
+def _vllm_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    return [vllm_tool(t) for t in tools] if tools is not None else None
 
 
 def vllm_tool(tool: Mapping[str, Any]) -> dict[str, Any]:

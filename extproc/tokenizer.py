@@ -137,6 +137,8 @@ class HfTokenizer:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text the engine builds for this conversation. Raises `TokenizerUnavailable`."""
+        if (chat_template_kwargs or {}).get("tools") is not None:
+            tools = chat_template_kwargs["tools"]  # type: ignore[index]  # vLLM picks the template by these
         if tools is not None and "tool_use" in self.chat_templates:
             template = self.chat_templates["tool_use"]
         elif "default" in self.chat_templates:
@@ -336,18 +338,29 @@ class RequestTokenizer:
                 model=model,
                 tools=request.tools,
                 add_generation_prompt=request.add_generation_prompt,
-                chat_template_kwargs=_template_kwargs(request),
+                # the engine merges these itself; /tokenize has no continue_final_message field of ours to set
+                chat_template_kwargs=(
+                    {"continue_final_message": True, **request.chat_template_kwargs}
+                    if request.continue_final_message
+                    else dict(request.chat_template_kwargs) or None
+                ),
             )
         if request.prompt_text is not None:
             return await backend.encode_text(request.prompt_text, model=model)
         raise TokenizerUnavailable("request has neither messages nor a prompt")
 
 
-def _template_kwargs(request: ParsedRequest) -> dict[str, Any] | None:
-    """vLLM's merge: request-level template switches first, then `chat_template_kwargs` on top."""
-    kwargs: dict[str, Any] = {"continue_final_message": True} if request.continue_final_message else {}
-    kwargs.update(request.chat_template_kwargs)
-    return kwargs or None
+def template_kwargs(request: ParsedRequest) -> dict[str, Any]:
+    """The chat template kwargs vLLM renders `request` with (`ChatCompletionRequest.build_chat_params`, then
+    `ChatParams.with_defaults`): its `chat_template_kwargs`, overridden by its `add_generation_prompt` and
+    `continue_final_message` fields, with null and "auto" values skipped (`merge_kwargs`).
+    """
+    fields = {
+        "add_generation_prompt": request.add_generation_prompt,
+        "continue_final_message": request.continue_final_message,
+    }
+    merged = {**request.chat_template_kwargs, **fields}
+    return {k: v for k, v in merged.items() if not (v is None or (isinstance(v, str) and v == "auto"))}
 
 
 def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int]:
@@ -356,7 +369,7 @@ def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int]:
             request.messages,
             tools=request.tools,
             add_generation_prompt=request.add_generation_prompt,
-            chat_template_kwargs=_template_kwargs(request),
+            chat_template_kwargs=template_kwargs(request),
         )
     if request.prompt_text is not None:
         return backend.encode_text(request.prompt_text)

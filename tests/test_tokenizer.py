@@ -119,7 +119,7 @@ def test_encode_text_uses_the_post_processor_like_vllm_completions(hf: HfTokeniz
         ({}, f"{H}assistant{E}\n\n\n"),
         ({"add_generation_prompt": False}, f"hi\n{EOT}\n"),
         ({"chat_template_kwargs": {"enable_thinking": False}}, f"{H}assistant{E}\n\n\n<think></think>\n"),
-        ({"chat_template_kwargs": {"add_generation_prompt": False}}, f"hi\n{EOT}\n"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, f"{H}assistant{E}\n\n\n"),  # param wins
         ({"chat_template_kwargs": {"bos_token": "<BOS>"}}, f"{H}assistant{E}\n\n\n"),
     ],
 )
@@ -390,6 +390,40 @@ def test_continue_final_message_with_content_parts_continues_the_last_text_part(
         chat_template_kwargs={"continue_final_message": True},
     )
     assert text == "assistant:[one "
+
+
+def kwargs(**values: Any) -> dict[str, Any]:
+    return {"chat_template_kwargs": values}
+
+
+@pytest.mark.parametrize(
+    "fields, ending",
+    [
+        (kwargs(add_generation_prompt=False), f"hi\n{EOT}\n{H}assistant{E}\n\n\n"),
+        ({"add_generation_prompt": False, **kwargs(add_generation_prompt=True)}, f"ok\n{EOT}\n"),
+        ({"add_generation_prompt": False, **kwargs(continue_final_message=True)}, f"ok\n{EOT}\n"),
+        (kwargs(enable_thinking=False), f"{H}assistant{E}\n\n\n<think></think>\n"),
+        (kwargs(enable_thinking=None, bos_token="auto"), f"{H}assistant{E}\n\n\n"),
+    ],
+)
+async def test_request_fields_win_over_chat_template_kwargs_as_vllm_merges_them(
+    tok_dir: Path, fields: dict[str, Any], ending: str
+):
+    messages = [{"role": "user", "content": "hi"}]
+    if fields.get("add_generation_prompt") is False:
+        messages.append({"role": "assistant", "content": "ok"})
+    tokenizer = RequestTokenizer(HfTokenizer(tok_dir), timeout_s=1.0)
+    ids = await tokenizer.tokenize(parsed({"model": "m", "messages": messages, **fields}))
+    text = raw(tok_dir).decode(ids, skip_special_tokens=False)
+    assert text.startswith(f"{BOS}\n{H}user") and text.endswith(ending)  # null and "auto" kwargs are skipped
+
+
+async def test_chat_template_kwargs_tools_replace_the_requests_tools_unchanged(tok_dir: Path):
+    tokenizer = RequestTokenizer(HfTokenizer(tok_dir), timeout_s=1.0)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    ids = await tokenizer.tokenize(parsed({**body, "chat_template_kwargs": {"tools": [{"name": "raw"}]}}))
+    text = raw(tok_dir).decode(ids, skip_special_tokens=False)
+    assert f'Tools:\n\n{{\n  "name": "raw"\n}}\n\n{EOT}' in text
 
 
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
