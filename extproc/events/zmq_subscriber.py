@@ -239,7 +239,7 @@ class ZmqEventSubscriber:
         if self._task is None or self.endpoint.replay is None:
             self.counters.loud(
                 "zmq.resync_unavailable",
-                "KV events of %s: cannot resync (%s): no replay socket",
+                "KV events of %s: cannot resync (%s): not running or no replay socket",
                 self.worker,
                 reason,
             )
@@ -408,6 +408,9 @@ class ZmqEventSubscriber:
         if not s.clean:  # the view is replaced by the replay in one step
             self._reset(f"{reason}; rebuilding from replay")
         self.counters.add("zmq.rebuild")
+        # from now: a request that the replayed batches themselves cause (a buffer that no longer
+        # reaches seq 0 holds stores under lost parents) waits for the interval too
+        self._last_rebuild_at = asyncio.get_running_loop().time()
         s.resync_reason = None
         s.last_applied = -1
         self.status.complete = True
@@ -426,7 +429,6 @@ class ZmqEventSubscriber:
             batches = more
             self._apply_replayed(batches, None)
             replayed += len(batches)
-        self._last_rebuild_at = asyncio.get_running_loop().time()
         if not self._all_undecodable():
             self._set_state(True, f"rebuilt from replay ({replayed} batches){incomplete}", "rebuilt")
 

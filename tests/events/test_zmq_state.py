@@ -196,3 +196,34 @@ async def test_a_worker_reset_forgets_the_decoders_salts(engine, harness):
     await wait_until(lambda: harness.counters["zmq.restart"] == 1, what="restart")
     assert harness.sub.decoder.tracked == (0, 0)
     assert held(harness.router, 10, "salt-A") == 0
+
+
+class OrphanSink(TimedSink):
+    """A feed on a worker whose replay buffer no longer reaches seq 0: every store it is given hangs
+    under a lost parent, so it asks for a resync each time (the subscriber is attached later)."""
+
+    sub: ZmqEventSubscriber | None = None
+
+    def apply_events(self, events) -> None:
+        super().apply_events(events)
+        if self.sub is not None:
+            self.sub.request_resync("a stored block's parent is unknown")
+
+
+async def test_orphans_in_the_replayed_batches_do_not_start_a_replay_loop(engine):
+    engine.script = lambda start: (
+        [[b"", b"", encode_seq(i), store(10 * i, i)] for i in (5, 6)] + [END_CURRENT]
+    )
+    h = Harness(engine)
+    sink = OrphanSink(h.router)
+    h.sub.sink = sink
+    sink.sub = h.sub
+    await h.sub.start()
+    try:
+        await wait_until(lambda: h.counters["zmq.rebuild"] == 3, timeout_s=5.0, what="three rebuilds")
+        assert h.sub.status.reason.startswith("rebuilt from replay (2 batches); incomplete")
+        assert not h.sub.status.complete
+        assert h.counters["zmq.resync_deferred"] >= 2
+        assert all(b - a >= TIMINGS.min_resync_interval_s for a, b in itertools.pairwise(sink.reset_at))
+    finally:
+        await h.sub.stop()
