@@ -73,6 +73,7 @@ class ParsedRequest:
     nvext: Mapping[str, Any] = field(default_factory=_empty_mapping)
     lora_name: str | None = None
     cache_salt: str | None = None  # the engines' per-tenant prefix-cache isolation key
+    reasoning_effort: str | None = None  # chat: vLLM hands it, and enable_thinking, to the chat template
     body_size: int = 0  # bytes
 
 
@@ -188,6 +189,7 @@ def _parse_chat(obj: dict[str, Any]) -> dict[str, Any]:
         ),
         "add_generation_prompt": add_generation_prompt,
         "continue_final_message": continue_final_message,
+        "reasoning_effort": _opt_str(obj, "reasoning_effort", "reasoning_effort"),
     }
 
 

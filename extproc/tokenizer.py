@@ -352,13 +352,17 @@ class RequestTokenizer:
 
 def template_kwargs(request: ParsedRequest) -> dict[str, Any]:
     """The chat template kwargs vLLM renders `request` with (`ChatCompletionRequest.build_chat_params`, then
-    `ChatParams.with_defaults`): its `chat_template_kwargs`, overridden by its `add_generation_prompt` and
-    `continue_final_message` fields, with null and "auto" values skipped (`merge_kwargs`).
+    `ChatParams.with_defaults`): its `chat_template_kwargs`, overridden by its `add_generation_prompt`,
+    `continue_final_message` and `reasoning_effort` fields and by `enable_thinking = reasoning_effort !=
+    "none"` unless the kwargs name `enable_thinking`, with null and "auto" values skipped (`merge_kwargs`).
     """
-    fields = {
+    fields: dict[str, Any] = {
         "add_generation_prompt": request.add_generation_prompt,
         "continue_final_message": request.continue_final_message,
+        "reasoning_effort": request.reasoning_effort,
     }
+    if request.reasoning_effort is not None and "enable_thinking" not in request.chat_template_kwargs:
+        fields["enable_thinking"] = request.reasoning_effort != "none"
     merged = {**request.chat_template_kwargs, **fields}
     return {k: v for k, v in merged.items() if not (v is None or (isinstance(v, str) and v == "auto"))}
 

@@ -26,6 +26,7 @@ from extproc.tokenizer import (
     RequestTokenizer,
     Tokenizer,
     load_tokenizer,
+    template_kwargs,
 )
 from tests.tokenizer_files import BOS, PARTS_TEMPLATE, write_tokenizer_dir
 
@@ -424,6 +425,24 @@ async def test_chat_template_kwargs_tools_replace_the_requests_tools_unchanged(t
     ids = await tokenizer.tokenize(parsed({**body, "chat_template_kwargs": {"tools": [{"name": "raw"}]}}))
     text = raw(tok_dir).decode(ids, skip_special_tokens=False)
     assert f'Tools:\n\n{{\n  "name": "raw"\n}}\n\n{EOT}' in text
+
+
+@pytest.mark.parametrize(
+    "fields, ending",
+    [
+        ({"reasoning_effort": "none"}, f"{H}assistant{E}\n\n\n<think></think>\n"),
+        ({"reasoning_effort": "high"}, f"{H}assistant{E}\n\n\n"),
+        ({"reasoning_effort": "none", **kwargs(enable_thinking=True)}, f"{H}assistant{E}\n\n\n"),
+    ],
+)
+async def test_reasoning_effort_reaches_the_template_with_the_enable_thinking_it_implies(
+    tok_dir: Path, fields: dict[str, Any], ending: str
+):
+    tokenizer = RequestTokenizer(HfTokenizer(tok_dir), timeout_s=1.0)
+    request = parsed({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+    assert raw(tok_dir).decode(await tokenizer.tokenize(request), skip_special_tokens=False).endswith(ending)
+    effort = ChatTemplate("{{ reasoning_effort }}").render([], chat_template_kwargs=template_kwargs(request))
+    assert effort == fields["reasoning_effort"]
 
 
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
