@@ -278,12 +278,20 @@ async def test_the_engines_replay_rebuilds_the_router_to_exactly_its_cache(engin
         await sub.stop()
 
 
+def unsalted_twin(name: str, chain: dict[str, Any]) -> int:
+    """What the manifest says the same tokens find without a salt (another chain's blocks, or 0)."""
+    final = manifest()["fixtures"][name]["final"]["chains"]
+    same = [c for c in final if c["tokens"] == chain["tokens"] and c["lora_name"] == chain["lora_name"]]
+    return next((c["blocks"] for c in same if not c["cache_salt"]), 0)
+
+
 async def test_salted_blocks_match_only_requests_with_that_salt(engine):
-    """After each engine's replay: every salted chain matches with its salt and not with another."""
+    """After each engine's replay: every salted chain matches with its salt, not with another salt,
+    and without a salt only what the engine holds unsalted (nothing, or an unsalted twin's blocks)."""
+    checked = 0
     for name in FIXTURES:
-        chains = [
-            c for c in manifest()["fixtures"][name]["final"]["chains"] if c["cache_salt"] and c["blocks"]
-        ]
+        final = manifest()["fixtures"][name]["final"]["chains"]
+        chains = [c for c in final if c["cache_salt"] and c["blocks"]]
         if not chains:
             continue
         engine.script = Recorded(name, {0: exchange(name, 0)[1]})
@@ -293,11 +301,24 @@ async def test_salted_blocks_match_only_requests_with_that_salt(engine):
             await wait_until(lambda s=sub: s.status.up, what="rebuilt")
             w = worker(name)
             for c in chains:
-                for salt, blocks in ((c["cache_salt"], c["blocks"]), (c["cache_salt"] + "-other", 0)):
-                    query = compute_block_hashes(c["tokens"], BS, lora_name=c["lora_name"], namespace=salt)
-                    assert router.indexer.find_matches(query).get(w, 0) == blocks, (name, c["note"], salt)
+                salt = c["cache_salt"]
+                for namespace, blocks in (
+                    (salt, c["blocks"]),
+                    (salt + "-other", 0),
+                    (None, unsalted_twin(name, c)),
+                ):
+                    query = compute_block_hashes(
+                        c["tokens"], BS, lora_name=c["lora_name"], namespace=namespace
+                    )
+                    assert router.indexer.find_matches(query).get(w, 0) == blocks, (
+                        name,
+                        c["note"],
+                        namespace,
+                    )
+                    checked += 1
         finally:
             await sub.stop()
+    assert checked == 3 * 7  # vLLM: salt-A, salt-B with a LoRA, salt-C; SGLang: two formats x two nodes
 
 
 GAPPED = [name for name in FIXTURES if len(recording(name)["live"]) >= 3]
