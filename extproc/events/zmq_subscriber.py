@@ -266,8 +266,10 @@ class ZmqEventSubscriber:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, self.queue_size)
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        wake_rx, wake_tx = self._waker()
+        wakers: tuple[zmq.asyncio.Socket, ...] = ()
         try:
+            wakers = self._waker()
+            wake_rx = wakers[0]
             sub.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
             sub.connect(self.endpoint.pub)
             self._s = _Stream()
@@ -301,7 +303,7 @@ class ZmqEventSubscriber:
             self._wake_tx = None
             with contextlib.suppress(zmq.ZMQError):
                 sub.disable_monitor()
-            for sock in (monitor, sub, wake_rx, wake_tx):
+            for sock in (monitor, sub, *wakers):
                 sock.close(linger=0)
 
     def _waker(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
