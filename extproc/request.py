@@ -74,6 +74,7 @@ class ParsedRequest:
     lora_name: str | None = None
     cache_salt: str | None = None  # the engines' per-tenant prefix-cache isolation key
     reasoning_effort: str | None = None  # chat: vLLM hands it, and enable_thinking, to the chat template
+    add_special_tokens: bool | None = None  # None: the engine's default (chat False, completions True)
     body_size: int = 0  # bytes
 
 
@@ -148,7 +149,11 @@ def _parse_common(obj: dict[str, Any]) -> dict[str, Any]:
     cache_salt = _opt_str(obj, "cache_salt", "cache_salt")
     if cache_salt == "":
         raise RequestInvalid("cache_salt must be a non-empty string when given")
+    add_special_tokens = obj.get("add_special_tokens")
+    if add_special_tokens is not None and not isinstance(add_special_tokens, bool):
+        _invalid("add_special_tokens", add_special_tokens, "a boolean")
     return {
+        "add_special_tokens": add_special_tokens,
         "cache_salt": cache_salt,
         "stream": _opt_bool(obj, "stream", "stream", False),
         # vLLM's precedence: max_completion_tokens wins over the deprecated max_tokens.

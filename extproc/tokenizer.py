@@ -44,8 +44,8 @@ class Tokenizer(Protocol):
 
     name: str
 
-    def encode_text(self, text: str) -> list[int]:
-        """Token ids of a raw completion prompt, with the engine's default special tokens."""
+    def encode_text(self, text: str, *, add_special_tokens: bool | None = None) -> list[int]:
+        """Token ids of a raw completion prompt; special tokens as the engine adds them by default (None)."""
         ...
 
     def encode_chat(
@@ -55,8 +55,9 @@ class Tokenizer(Protocol):
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
     ) -> list[int]:
-        """Token ids of a chat conversation rendered with the chat template."""
+        """Token ids of a conversation rendered with the chat template (None: no special tokens added)."""
         ...
 
 
@@ -81,8 +82,8 @@ class ByteTokenizer:
 
     name = "bytes"
 
-    def encode_text(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode_text(self, text: str, *, add_special_tokens: bool | None = None) -> list[int]:
+        return list(text.encode("utf-8"))  # bytes have no special tokens to add
 
     def encode_chat(
         self,
@@ -91,6 +92,7 @@ class ByteTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
     ) -> list[int]:
         parts = [f"<|{m.get('role', 'user')}|>\n{message_text(m.get('content'))}\n" for m in messages]
         if add_generation_prompt:
@@ -101,9 +103,9 @@ class ByteTokenizer:
 class HfTokenizer:
     """A local Hugging Face tokenizer directory, read as transformers' fast tokenizer reads it.
 
-    `tokenizer.json` is used as saved (its post-processor decides the special tokens of `encode_text`, as
-    vLLM's completions do); chat prompts are rendered, then encoded without special tokens, as
-    `apply_chat_template(tokenize=True)` does. Templates: `chat_template.jinja` wins over
+    `tokenizer.json` is used as saved: its post-processor adds the special tokens of `encode_text`, as vLLM's
+    completions do unless a request says `add_special_tokens: false`; chat prompts are rendered, then encoded
+    without them unless a request says `add_special_tokens: true`. Templates: `chat_template.jinja` wins over
     `tokenizer_config.json`'s `chat_template` (a string, or a list of {name, template}), which wins over
     `chat_template.json`; `additional_chat_templates/*.jinja` add named ones; "tool_use" is chosen when the
     request has tools, else "default". Not reproduced: transformers' model-specific classes that rebuild
@@ -125,8 +127,8 @@ class HfTokenizer:
             name: ChatTemplate(source) for name, source in _template_sources(root, config).items()
         }
 
-    def encode_text(self, text: str) -> list[int]:
-        return self._encode(text, add_special_tokens=True)
+    def encode_text(self, text: str, *, add_special_tokens: bool | None = None) -> list[int]:
+        return self._encode(text, add_special_tokens=add_special_tokens is not False)
 
     def render_chat(
         self,
@@ -160,6 +162,7 @@ class HfTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
     ) -> list[int]:
         text = self.render_chat(
             messages,
@@ -167,7 +170,7 @@ class HfTokenizer:
             add_generation_prompt=add_generation_prompt,
             chat_template_kwargs=chat_template_kwargs,
         )
-        return self._encode(text, add_special_tokens=False)
+        return self._encode(text, add_special_tokens=add_special_tokens is True)
 
     def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         # encode_batch releases the GIL while Rust works (encode does not), so a worker thread running a
@@ -374,7 +377,8 @@ def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int]:
             tools=request.tools,
             add_generation_prompt=request.add_generation_prompt,
             chat_template_kwargs=template_kwargs(request),
+            add_special_tokens=request.add_special_tokens,
         )
     if request.prompt_text is not None:
-        return backend.encode_text(request.prompt_text)
+        return backend.encode_text(request.prompt_text, add_special_tokens=request.add_special_tokens)
     raise TokenizerUnavailable("request has neither messages nor a prompt")

@@ -445,6 +445,19 @@ async def test_reasoning_effort_reaches_the_template_with_the_enable_thinking_it
     assert effort == fields["reasoning_effort"]
 
 
+async def test_add_special_tokens_field_decides_the_post_processors_special_tokens(tok_dir: Path):
+    tokenizer = RequestTokenizer(HfTokenizer(tok_dir), timeout_s=1.0)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    plain = await tokenizer.tokenize(parsed(chat))
+    bos = raw(tok_dir).token_to_id(BOS)
+    assert await tokenizer.tokenize(parsed({**chat, "add_special_tokens": True})) == [bos, *plain]  # 2 BOS
+    assert await tokenizer.tokenize(parsed({**chat, "add_special_tokens": False})) == plain
+    completion = {"model": "m", "prompt": "hello world"}
+    without = raw(tok_dir).encode("hello world", add_special_tokens=False).ids
+    assert await tokenizer.tokenize(parsed({**completion, "add_special_tokens": False})) == without
+    assert await tokenizer.tokenize(parsed(completion)) == raw(tok_dir).encode("hello world").ids
+
+
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
 
 
@@ -603,7 +616,7 @@ class RecordingTokenizer:
         self.gate = gate
         self.fail = fail
 
-    def encode_text(self, text: str) -> list[int]:
+    def encode_text(self, text: str, *, add_special_tokens: bool | None = None) -> list[int]:
         self.threads.append(threading.get_ident())
         if self.gate is not None:
             self.gate.wait()
@@ -618,6 +631,7 @@ class RecordingTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
     ) -> list[int]:
         return [len(messages), len(chat_template_kwargs or {})]
 
