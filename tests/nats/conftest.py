@@ -1,8 +1,9 @@
 """A real nats-server (JetStream on) per test, on a free loopback port, stopped by pid.
 
 Helpers: `nats_server` (a `NatsServer`: `.port`, `.url`, `.pid`), `restart_nats` (a new
-server on the same port and store, to follow a kill), `make_router`, `connect`, `eventually`
-(poll with a deadline), `prime` (until the server delivers between two connections).
+server on the same port and store, to follow a kill), `dynamo` (Dynamo's own KV event publisher in
+a child process on that server: `dynamo_helpers.DynamoWorker`), `make_router`, `connect`,
+`eventually` (poll with a deadline), `prime` (until the server delivers between two connections).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import asyncio
 import inspect
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import encode_event
@@ -58,6 +60,19 @@ def restart_nats(nats_store: Path) -> Iterator[Callable[[int], NatsServer]]:
     finally:
         for server in started:
             server.stop(grace_s=2.0)
+
+
+@pytest_asyncio.fixture
+async def dynamo(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator:
+    """Dynamo's own publishers in a child process (a `dynamo_helpers.DynamoWorker`), stopped by pid."""
+    from .dynamo_helpers import DynamoWorker, require_dynamo  # it imports this module
+
+    require_dynamo()
+    worker = await DynamoWorker.start(nats_server.url, tmp_path / "dynamo-worker.log")
+    try:
+        yield worker
+    finally:
+        await worker.stop()
 
 
 def make_router(*worker_ids: str) -> KvRouter:
