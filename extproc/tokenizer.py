@@ -121,8 +121,9 @@ class HfTokenizer:
         except Exception as e:  # the Rust side raises a bare Exception for I/O and format errors
             raise TokenizerUnavailable(f"cannot load {root / 'tokenizer.json'}: {e}") from e
         config = _read_json_object(root / "tokenizer_config.json")
-        fallback = _read_json_object(root / "special_tokens_map.json")
-        self.special_tokens: dict[str, Any] = _special_tokens({**fallback, **config})
+        legacy_map = root / "special_tokens_map.json"
+        legacy = {} if "added_tokens_decoder" in config else _read_json_object(legacy_map)
+        self.special_tokens: dict[str, str] = _special_tokens({**config, **legacy})
         self.chat_templates: dict[str, ChatTemplate] = {
             name: ChatTemplate(source) for name, source in _template_sources(root, config).items()
         }
@@ -200,12 +201,17 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _special_tokens(config: Mapping[str, Any]) -> dict[str, Any]:
-    """transformers' `special_tokens_map`: only the tokens that are set, as template variables."""
-    tokens: dict[str, Any] = {k: t for k in _SPECIAL_TOKEN_KEYS if (t := _token_content(config.get(k)))}
-    extra = config.get("additional_special_tokens")
-    if isinstance(extra, list) and (names := [t for v in extra if (t := _token_content(v))]):
-        tokens["additional_special_tokens"] = names
+def _special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
+    """transformers 5's `special_tokens_map`, the special tokens a chat template sees: the named ones that are
+    set, every other `*_token` entry holding a token, and the `extra_special_tokens` (or
+    `model_specific_special_tokens`) dict; no `additional_special_tokens` any more. `special_tokens_map.json`
+    only counts in directories whose config has no `added_tokens_decoder`, and then wins over the config.
+    """
+    tokens = {k: t for k in _SPECIAL_TOKEN_KEYS if (t := _token_content(config.get(k)))}
+    tokens.update((k, t) for k, v in config.items() if k.endswith("_token") and (t := _token_content(v)))
+    for key in ("extra_special_tokens", "model_specific_special_tokens"):
+        if isinstance(named := config.get(key), dict):
+            tokens.update((k, t) for k, v in named.items() if isinstance(k, str) and (t := _token_content(v)))
     return tokens
 
 

@@ -164,15 +164,40 @@ def test_list_without_default_and_no_template_raise(tmp_path: Path):
     assert bare.encode_text("hello") == tok.encode_text("hello")
 
 
-def test_special_tokens_fall_back_to_special_tokens_map_and_unset_ones_render_empty(tmp_path: Path):
+SPECIAL_VARS = "".join(f"{{{{ {name}_token }}}}|" for name in ("bos", "pad", "unk", "image", "video", "boi"))
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        ({}, "<s>|<pad>|<unk>|<img>|<vid>|<boi>|"),  # legacy directory: special_tokens_map.json wins
+        ({"added_tokens_decoder": {}}, "|<pad>||<img>|<vid>||"),  # current one: the map is not read
+    ],
+)
+def test_template_special_tokens_are_transformers_5s_special_tokens_map(
+    tmp_path: Path, config: dict[str, Any], expected: str
+):
+    """Named tokens, other `*_token` entries, the `extra_special_tokens` dict; no additional_special_tokens.
+
+    The expectations are what transformers 5.20 and 5.24 `apply_chat_template` render from these files.
+    """
     root = write_tokenizer_dir(
         tmp_path,
-        chat_template="[{{ bos_token }}|{{ pad_token }}|{{ unk_token }}]",
-        config={"bos_token": None, "pad_token": {"content": "<pad>"}},
+        chat_template=SPECIAL_VARS + "{{ additional_special_tokens is defined }}",
+        config={
+            "bos_token": None,
+            "pad_token": {"__type": "AddedToken", "content": "<pad>", "special": True},
+            "image_token": "<img>",
+            "add_bos_token": True,
+            "additional_special_tokens": ["<x>"],
+            "extra_special_tokens": {"video_token": "<vid>"},
+            **config,
+        },
     )
-    (root / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "unk_token": "<unk>"}))
-    tok = HfTokenizer(root)
-    assert tok.render_chat([{"role": "user", "content": "x"}]) == "[|<pad>|<unk>]"  # config's null bos wins
+    (root / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<s>", "unk_token": "<unk>", "boi_token": "<boi>"})
+    )
+    assert HfTokenizer(root).render_chat([{"role": "user", "content": "x"}]) == expected + "False"
 
 
 def test_parts_template_gets_openai_content_format(tmp_path: Path):
