@@ -47,6 +47,7 @@ Resync = Callable[[str], None]  # asks a transport to rebuild one worker from th
 class _Loss:
     """A worker whose view lost blocks: how many orphaned stores, and the run of good ones since."""
 
+    why: str
     orphans: int = 0
     good_run: int = 0
 
@@ -143,13 +144,13 @@ class RouterFeed:
             loss.orphans += 1
             loss.good_run = 0
             return
-        self._lost[worker] = _Loss(orphans=1)
         parent = event.parent_hash if isinstance(event, BlocksStored) else None
         why = (
             f"a stored block's parent {parent} is unknown: blocks the engine holds were lost to the "
             "picker; predicting on top until resynchronised"
         )
-        self._refresh(worker, why)
+        self._lost[worker] = _Loss(why, orphans=1)
+        self._refresh(worker, "")
         resync = self._resync.get(worker)
         if resync is not None:
             resync(f"a stored block's parent {parent} is unknown")
@@ -170,6 +171,9 @@ class RouterFeed:
             return
         whole = worker in self._up and worker not in self._lost
         router.set_event_fed(worker, whole)
+        loss = self._lost.get(worker)
+        if loss is not None:  # the loss is the news; what the stream said comes after it
+            reason = f"{loss.why}; stream: {reason}" if reason else loss.why
         if whole:
             self._set(worker, EVENT_FED, reason)
         elif worker in self._lost or self._state.get(worker) in (EVENT_FED, STALE):

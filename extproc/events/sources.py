@@ -140,6 +140,8 @@ async def _start_zmq(config: PickerConfig, sources: EventSources, timings: Subsc
     )
     await sources.zmq.start()
     sources.closers.append(sources.zmq.stop)
+    for worker, sub in sources.zmq.subscribers.items():  # a lost view is rebuilt from the engine's replay
+        sources.feed.set_resync(worker, sub.request_resync)
     log.info(
         "subscribed to ZMQ KV events of %d worker endpoints (%s)",
         len(endpoints),
@@ -288,6 +290,7 @@ class WorkerSetFollower:
         async with self._lock:
             gone = {*removed, *(w.id for w in added)}
             for worker in [w for w in holder.subscribers if str(w.worker_id) in gone]:
+                self.sources.feed.set_resync(worker, None)
                 await holder.subscribers.pop(worker).stop()
                 self._started_here.discard(worker)
             endpoints: list[ZmqEndpoint] = []
@@ -310,6 +313,7 @@ class WorkerSetFollower:
                 holder.subscribers[e.worker] = sub
                 self._started_here.add(e.worker)
                 await sub.start()
+                self.sources.feed.set_resync(e.worker, sub.request_resync)
             if endpoints or gone:
                 log.info("ZMQ KV event subscribers: %d (started %d; stopped for %s)", len(holder.subscribers),
                          len(endpoints), ", ".join(sorted(gone)) or "none")  # fmt: skip
@@ -323,6 +327,7 @@ class WorkerSetFollower:
         holder = self.sources.zmq
         for worker in list(self._started_here):
             sub = holder.subscribers.pop(worker, None) if holder is not None else None
+            self.sources.feed.set_resync(worker, None)
             if sub is not None:
                 await sub.stop()
         self._started_here.clear()

@@ -188,6 +188,7 @@ class ZmqEventSubscriber:
         self._s = _Stream()
         self._wake_tx: zmq.Socket | None = None
         self._last_rebuild_at: float | None = None  # loop time of the last successful rebuild
+        self._rebuild_truncated = False  # the last rebuild's replay no longer reached seq 0
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -234,7 +235,8 @@ class ZmqEventSubscriber:
         """Rebuild the worker's view from the replay buffer: it is known to be incomplete (e.g. a
         store's parent is unknown). Call from the event loop; it only schedules. At most one rebuild
         per `min_resync_interval_s`; the view is kept, and live batches applied, until the replay
-        answers; a rebuild already pending absorbs the request."""
+        answers; a rebuild already pending absorbs the request. None after a rebuild whose replay no
+        longer reached seq 0: what the view lacks is older than the buffer (the feed predicts it)."""
         self.counters.add("zmq.resync_requested")
         if self._task is None or self.endpoint.replay is None:
             self.counters.loud(
@@ -246,6 +248,11 @@ class ZmqEventSubscriber:
             return
         s = self._s
         if s.resync_reason is not None:
+            return
+        if self._rebuild_truncated:  # what it lacks is older than the buffer: a rebuild cannot bring it
+            self.counters.add("zmq.resync_futile")
+            log.info("KV events of %s: no rebuild (%s): the replay buffer no longer reaches seq 0",
+                     self.worker, reason)  # fmt: skip
             return
         now = asyncio.get_running_loop().time()
         at = now
@@ -417,6 +424,7 @@ class ZmqEventSubscriber:
         s.last_applied = -1
         self.status.complete = True
         incomplete = ""
+        self._rebuild_truncated = bool(batches) and batches[0][0] != 0
         if batches and batches[0][0] != 0:
             first = batches[0][0]
             self._unfilled(0, first, "the replay buffer no longer starts at seq 0", reset=False, report=False)

@@ -173,7 +173,7 @@ async def test_request_resync_rebuilds_from_replay_at_most_once_per_interval(eng
     assert harness.sink.resets[-1] == (W0, reason)
     assert held(harness.router, 10) == 1 and harness.sub.status.up and harness.sub.status.complete
     assert harness.counters["zmq.rebuild"] == 2 and harness.counters["zmq.resync_requested"] == 2
-    # a worker whose buffer no longer reaches seq 0 asks again and again: one rebuild per interval
+    # a worker asked again and again (orphans keep coming): one rebuild per interval
     for _ in range(3):
         harness.sub.request_resync("still unknown")
         await wait_until(
@@ -211,6 +211,9 @@ class OrphanSink(TimedSink):
 
 
 async def test_orphans_in_the_replayed_batches_do_not_start_a_replay_loop(engine):
+    """A buffer that no longer reaches seq 0 holds stores under parents older than it: a rebuild
+    cannot bring those back, so the requests they cause start no further rebuild (the feed keeps
+    the worker stale and predicted instead)."""
     engine.script = lambda start: (
         [[b"", b"", encode_seq(i), store(10 * i, i)] for i in (5, 6)] + [END_CURRENT]
     )
@@ -220,10 +223,9 @@ async def test_orphans_in_the_replayed_batches_do_not_start_a_replay_loop(engine
     sink.sub = h.sub
     await h.sub.start()
     try:
-        await wait_until(lambda: h.counters["zmq.rebuild"] == 3, timeout_s=5.0, what="three rebuilds")
+        await wait_until(lambda: h.counters["zmq.resync_futile"] >= 2, timeout_s=5.0, what="futile requests")
+        assert h.counters["zmq.rebuild"] == 1
         assert h.sub.status.reason.startswith("rebuilt from replay (2 batches); incomplete")
-        assert not h.sub.status.complete
-        assert h.counters["zmq.resync_deferred"] >= 2
-        assert all(b - a >= TIMINGS.min_resync_interval_s for a, b in itertools.pairwise(sink.reset_at))
+        assert not h.sub.status.complete and len(sink.reset_at) == 1
     finally:
         await h.sub.stop()
