@@ -160,6 +160,7 @@ class Corpus:
         self.build_kwargs()
         self.build_long()
         self.build_completions()
+        self.build_odd_shapes()
         return self.cases
 
     # --- text -----------------------------------------------------------------------------------------
@@ -415,3 +416,32 @@ class Corpus:
         self.add(
             "completion-long", {"prompt": "".join(self.text("any") for _ in range(300))[:20_000]}, COMPLETIONS
         )
+
+    # --- odd shapes ----------------------------------------------------------------------------------------
+
+    def build_odd_shapes(self) -> None:
+        numbers = (
+            '{"int": 12345678901234567890, "float": 1.50, "exp": 1e5, "neg": -0.0, '
+            '"esc": "\\u00e9\\n", "dup": 1, "dup": 2}'
+        )
+        self.chat(
+            "tools-json-numbers",
+            user("n"),
+            assistant(None, tool_calls=[call("f", numbers, "c1")]),
+            user("ok"),
+        )
+        with_text = assistant(
+            text_parts("Calling", "now."), tool_calls=[call("get_weather", '{"city": "Rome"}', "c2")]
+        )
+        self.chat(
+            "tools-multi-step", system("s"), user("weather in Rome and Oslo?"), with_text,
+            {"role": "tool", "tool_call_id": "c2", "content": "hot", "name": "get_weather"},
+            user("<tool_response>\ncold\n</tool_response>"), tools=TOOLS[:1],
+        )  # fmt: skip
+        self.chat("tool-without-id", user("q"), {"role": "tool", "content": "orphan result"})
+        self.chat("role-function", user("q"), {"role": "function", "name": "f", "content": "result"})
+        self.chat("role-ipython", user("q"), {"role": "ipython", "content": "print(1)"})
+        self.chat("extra-message-keys", user("hi", metadata={"a": 1}, id="m1"), assistant("yo", refusal=None))
+        for text in ["a" * 5000, " " * 3000, "\n" * 2000, "ab " * 2000, "🎉" * 1000, "\t \n" * 1000]:
+            self.chat("repeat", user(text))
+            self.add("completion-repeat", {"prompt": text}, COMPLETIONS)
