@@ -481,10 +481,15 @@ class NatsEventPublisher:
         return event_id
 
     def on_stored(
-        self, parent_hash: int | None, block_hashes: Sequence[int], token_ids: Sequence[Sequence[int]]
+        self,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        cache_salt: str | None = None,
     ) -> None:
-        blocks = tuple(
-            StoredBlock(engine, compute_block_hashes(tokens, len(tokens))[0])
+        blocks = tuple(  # Dynamo's tokens_hash: the local hash, under the request's salt
+            StoredBlock(engine, compute_block_hashes(tokens, len(tokens), namespace=cache_salt)[0])
             for engine, tokens in zip(block_hashes, token_ids, strict=True)
         )
         self.publish(BlocksStored(self._worker, blocks, parent_hash))

@@ -250,11 +250,13 @@ class Disaggregation:
             self.metrics.sources[LOCAL_FALLBACK].inc()
             return LOCAL_FALLBACK
         start_ms = driver.now_ms()
-        hashes = driver.engine.transferable_blocks(token_ids)[: remote_tokens // self.block_size]
+        salt = body.get("cache_salt")  # the prefill worker hashed the prompt under it too
+        salt = salt if isinstance(salt, str) and salt else None
+        hashes = driver.engine.transferable_blocks(token_ids, salt)[: remote_tokens // self.block_size]
         missing = len(hashes) - driver.engine.cache.match_prefix(hashes)
         await asyncio.sleep(self.config.transfer_ms(missing) / 1000.0 / driver.speedup)
         elapsed_ms = driver.now_ms() - start_ms
-        if not driver.engine.receive_blocks(hashes, token_ids):
+        if not driver.engine.receive_blocks(hashes, token_ids, salt):
             log.warning("no room for %d received blocks; the engine recomputes them", len(hashes))
         self.metrics.transfer_blocks.inc(missing)
         self.metrics.transfer_seconds.observe(elapsed_ms / 1000.0)

@@ -111,6 +111,7 @@ class _Request:
     max_tokens: int
     arrival_ms: float  # kept for drivers and debugging; scheduling is FIFO by queue position
     block_hashes: list[int]  # sequence hashes of every full block of `tokens`
+    cache_salt: str | None = None  # the request's cache_salt: its blocks are hashed under it
     table: BlockTable = field(default_factory=BlockTable)
     num_computed: int = 0
     num_output: int = 0
@@ -149,11 +150,13 @@ class Engine:
         now_ms: float,
         *,
         local_block_hashes: Sequence[int] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Queue a request at the back of the waiting queue. Raises RequestTooLarge, ValueError.
 
-        `local_block_hashes` (those of `token_ids` at this engine's block size) spare hashing the
-        prompt again when the caller already has them.
+        `local_block_hashes` (those of `token_ids` at this engine's block size, under `cache_salt`)
+        spare hashing the prompt again when the caller already has them. A salted request shares
+        blocks only with requests of the same salt, as vLLM's and SGLang's `cache_salt` isolate.
         """
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
@@ -166,23 +169,27 @@ class Engine:
         tokens = list(token_ids)
         self._serial += 1
         if local_block_hashes is None:
-            local_block_hashes = compute_block_hashes(tokens, bs)
+            local_block_hashes = compute_block_hashes(tokens, bs, namespace=cache_salt)
         elif len(local_block_hashes) != len(tokens) // bs:
             n = len(local_block_hashes)
             raise ValueError(f"{len(tokens)} tokens have {len(tokens) // bs} full blocks, got {n} hashes")
         hashes = compute_sequence_hashes(local_block_hashes)
-        req = _Request(request_id, self._serial, tokens, len(tokens), max_tokens, now_ms, hashes)
+        req = _Request(request_id, self._serial, tokens, len(tokens), max_tokens, now_ms, hashes, cache_salt)
         self._requests[request_id] = req
         self._waiting.append(req)
 
-    def transferable_blocks(self, token_ids: Sequence[int]) -> list[int]:
+    def transferable_blocks(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         """Sequence hashes of the prompt blocks a KV transfer can bring in: its full blocks up to the
         cached-prefix cap floor((len - 1) / B), so that admission still computes at least one token."""
         bs = self.config.block_size
         cap = max(0, len(token_ids) - 1) // bs
-        return compute_sequence_hashes(compute_block_hashes(list(token_ids[: cap * bs]), bs))
+        return compute_sequence_hashes(
+            compute_block_hashes(list(token_ids[: cap * bs]), bs, namespace=cache_salt)
+        )
 
-    def receive_blocks(self, block_hashes: Sequence[int], token_ids: Sequence[int]) -> bool:
+    def receive_blocks(
+        self, block_hashes: Sequence[int], token_ids: Sequence[int], cache_salt: str | None = None
+    ) -> bool:
         """Store a prompt's leading full blocks computed elsewhere (received by KV transfer from a
         prefill worker) as cached blocks; False, and nothing changed, when the pool cannot hold them.
 
@@ -194,7 +201,7 @@ class Engine:
         """
         table = BlockTable()
         if not self.cache.allocate(
-            table, block_hashes, len(block_hashes) * self.config.block_size, token_ids
+            table, block_hashes, len(block_hashes) * self.config.block_size, token_ids, cache_salt=cache_salt
         ):
             return False
         self.cache.release(table)
@@ -238,7 +245,9 @@ class Engine:
             cache = self.cache
             if cache.blocks_needed(req.table, req.block_hashes, len(req.tokens)) > cache.num_free_blocks:
                 break  # the whole prompt must fit, though only this chunk's blocks are taken now
-            if not cache.allocate(req.table, req.block_hashes, cached + new, req.tokens):
+            if not cache.allocate(
+                req.table, req.block_hashes, cached + new, req.tokens, cache_salt=req.cache_salt
+            ):
                 break
             self.cache.record_query(len(req.tokens), cached)
             self._waiting.popleft()
@@ -284,7 +293,9 @@ class Engine:
     def _allocate_or_preempt(self, req: _Request, num_tokens: int, preempted: list[str]) -> bool:
         """Give a running request blocks for `num_tokens`, preempting the newest running ones (LIFO)
         until it fits; False when it had to preempt itself."""
-        while not self.cache.allocate(req.table, req.block_hashes, num_tokens, req.tokens):
+        while not self.cache.allocate(
+            req.table, req.block_hashes, num_tokens, req.tokens, cache_salt=req.cache_salt
+        ):
             victim = self._running.pop()
             self._preempt(victim)
             preempted.append(victim.request_id)

@@ -126,10 +126,15 @@ class _Forward:
         self.owner = owner
 
     def on_stored(
-        self, parent_hash: int | None, block_hashes: Sequence[int], token_ids: Sequence[Sequence[int]]
+        self,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        cache_salt: str | None = None,
     ) -> None:
         if self.owner.publisher is not None:
-            self.owner.publisher.on_stored(parent_hash, block_hashes, token_ids)
+            self.owner.publisher.on_stored(parent_hash, block_hashes, token_ids, cache_salt=cache_salt)
 
     def on_removed(self, block_hashes: Sequence[int]) -> None:
         if self.owner.publisher is not None:

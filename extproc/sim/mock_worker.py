@@ -120,6 +120,7 @@ class WireRequest:
     finish_reason: str  # "length" when the client set the limit, else "stop" (as if at end of sequence)
     stream: bool
     include_usage: bool
+    cache_salt: str | None = None  # vLLM's per-tenant prefix-cache isolation (its blocks hash under it)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def _usage(self, emitted: int) -> dict[str, int]:
@@ -243,9 +244,11 @@ class EngineDriver:
         """Simulated time: real time since start, times `speedup`."""
         return (time.monotonic() - self._t0) * 1000.0 * self.speedup
 
-    def submit(self, request_id: str, token_ids: Sequence[int], max_tokens: int) -> asyncio.Queue:
+    def submit(
+        self, request_id: str, token_ids: Sequence[int], max_tokens: int, cache_salt: str | None = None
+    ) -> asyncio.Queue:
         """Queue a request; its queue yields (entry, pass end in simulated ms), None if the engine failed."""
-        self.engine.add_request(request_id, token_ids, max_tokens, self.now_ms())
+        self.engine.add_request(request_id, token_ids, max_tokens, self.now_ms(), cache_salt=cache_salt)
         queue: asyncio.Queue[tuple[PassEntry, float] | None] = asyncio.Queue()
         self._queues[request_id] = queue
         self._wake.set()
@@ -468,9 +471,14 @@ class MockWorker:
                 "Please reduce the length of the messages or completion.",
                 "messages" if chat else "prompt",
             )
+        salt = body.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise _bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         include_usage = bool(options and options.get("include_usage"))
-        return WireRequest(chat, request_id, model, prompt, max_tokens, finish_reason, stream, include_usage)
+        return WireRequest(
+            chat, request_id, model, prompt, max_tokens, finish_reason, stream, include_usage, salt
+        )
 
     async def _generate(
         self, request: web.Request, wire: WireRequest, body: Mapping[str, Any]
@@ -480,7 +488,9 @@ class MockWorker:
         progress = _Progress(time.monotonic(), self.driver.now_ms())
         progress.prefill_source = await self.disagg.prefill(request, body, wire.prompt_token_ids, self.driver)
         try:
-            queue = self.driver.submit(wire.request_id, wire.prompt_token_ids, wire.max_tokens)
+            queue = self.driver.submit(
+                wire.request_id, wire.prompt_token_ids, wire.max_tokens, wire.cache_salt
+            )
         except ValueError as exc:  # an empty prompt, or RequestTooLarge
             raise _bad_request(str(exc)) from exc
         response: web.StreamResponse | None = None

@@ -27,9 +27,15 @@ class KvCacheListener(Protocol):
     """Receives block lifecycle changes, in order, as vLLM's KV events describe them."""
 
     def on_stored(
-        self, parent_hash: int | None, block_hashes: Sequence[int], token_ids: Sequence[Sequence[int]]
+        self,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        cache_salt: str | None = None,
     ) -> None:
-        """Consecutive new full blocks, chained after `parent_hash` (None: they start the sequence)."""
+        """Consecutive new full blocks, chained after `parent_hash` (None: they start the sequence),
+        stored by a request with `cache_salt` (its blocks' hashes are seeded with it)."""
         ...
 
     def on_removed(self, block_hashes: Sequence[int]) -> None:
@@ -120,13 +126,15 @@ class PrefixCache:
         block_hashes: Sequence[int],
         num_tokens: int,
         token_ids: Sequence[int] = (),
+        *,
+        cache_salt: str | None = None,
     ) -> bool:
         """Grow `table` to cover `num_tokens` tokens; False (and nothing changed) if the pool is short.
 
         `block_hashes` are the sequence hashes of the request's full blocks (at least
         `num_tokens // block_size` of them); `table.block_hashes` must be a prefix of them. Blocks
         already in the pool are shared; new ones evict cached blocks as needed. `token_ids` (the
-        request's tokens) are only read to describe stored blocks to the listener.
+        request's tokens) and its `cache_salt` are only read to describe stored blocks to the listener.
         """
         full = num_tokens // self.block_size
         want_partial = num_tokens % self.block_size > 0
@@ -148,7 +156,9 @@ class PrefixCache:
         for h in new_hashes:
             self._ref_counts[h] = self._ref_counts.get(h, 0) + 1
         if fresh and self.listener is not None:
-            self._report_stored(block_hashes, len(table.block_hashes), full, set(fresh), token_ids)
+            self._report_stored(
+                block_hashes, len(table.block_hashes), full, set(fresh), token_ids, cache_salt
+            )
         table.block_hashes.extend(new_hashes)
         table.has_partial = want_partial
         return True
@@ -189,7 +199,13 @@ class PrefixCache:
             self.listener.on_removed(removed)
 
     def _report_stored(
-        self, block_hashes: Sequence[int], start: int, end: int, fresh: set[int], token_ids: Sequence[int]
+        self,
+        block_hashes: Sequence[int],
+        start: int,
+        end: int,
+        fresh: set[int],
+        token_ids: Sequence[int],
+        cache_salt: str | None,
     ) -> None:
         """One on_stored per run of consecutive new blocks, each with the hash of the block before it."""
         assert self.listener is not None
@@ -204,5 +220,5 @@ class PrefixCache:
                 j += 1
             parent = block_hashes[i - 1] if i > 0 else None
             tokens = [list(token_ids[k * bs : (k + 1) * bs]) for k in range(i, j)]
-            self.listener.on_stored(parent, list(block_hashes[i:j]), tokens)
+            self.listener.on_stored(parent, list(block_hashes[i:j]), tokens, cache_salt=cache_salt)
             i = j

@@ -241,11 +241,16 @@ class KvEventTap:
         return self._event_id
 
     def on_stored(
-        self, parent_hash: int | None, block_hashes: Sequence[int], token_ids: Sequence[Sequence[int]]
+        self,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        cache_salt: str | None = None,
     ) -> None:
         bs = self.block_size
         blocks = tuple(
-            StoredBlock(engine_hash, compute_block_hashes(tokens, bs)[0])
+            StoredBlock(engine_hash, compute_block_hashes(tokens, bs, namespace=cache_salt)[0])
             for engine_hash, tokens in zip(block_hashes, token_ids, strict=True)
         )
         self.sink(BlocksStored(self.worker, blocks, parent_hash, self._next_id()))

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
+import openai
 import pytest
 import pytest_asyncio
 
@@ -162,3 +163,48 @@ async def test_a_restarted_worker_is_marked_stale_then_resynchronised(stack, wor
     await until(lambda: worker not in router.indexer.find_matches(hashes), "the old blocks are forgotten")
     await send(url, body, target)
     await until(lambda: router.indexer.find_matches(hashes).get(worker) == len(hashes), "new blocks arrive")
+
+
+async def test_salted_prompts_reuse_only_their_own_salts_blocks(stack, workers):
+    """The openai client sends `cache_salt` (vLLM's and SGLang's per-tenant cache isolation) through
+    Envoy. The worker keys its blocks under the salt and publishes them as vLLM 0.33 does (the salt in
+    the first block's extra_keys); the picker hashes the salted request the same way, so it routes a
+    tenant's repeat to the worker holding that tenant's blocks and never predicts a hit across salts."""
+    picker, url = stack
+    router = picker.picker.pools[MODEL].router
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30.0, max_retries=0)
+    text = "a long shared system prompt that two tenants both send " * 12
+    messages = [{"role": "user", "content": text}]
+
+    async def ask(salt: str, to: str | None = None) -> tuple[str, int]:
+        endpoint = next(w.endpoint for w in workers if w.worker_id == to) if to else None
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=4,
+            extra_body={"cache_salt": salt},
+            extra_headers={CONFORMANCE_SELECTION_HEADER: endpoint} if endpoint else None,
+        )
+        raw.parse()
+        return raw.headers["x-worker-id"], int(raw.headers["x-prefix-cache-hit-tokens"])
+
+    try:
+        body = {**chat(text), "cache_salt": "tenant-a"}
+        pool = picker.picker.pools[MODEL]
+        parsed = parse_openai_body(json.dumps(body).encode(), "/v1/chat/completions", max_bytes=1 << 20)
+        tokens = await pool.tokenizer.tokenize(parsed)
+        salted = router.block_hashes(tokens, cache_salt="tenant-a")
+        first, hits = await ask("tenant-a")
+        assert hits == 0
+        await until(
+            lambda: router.indexer.find_matches(salted).get(Worker(first)) == len(salted), "salted blocks"
+        )
+        assert router.indexer.find_matches(router.block_hashes(tokens)) == {}  # stored under the salt only
+        again, hits = await ask("tenant-a")
+        assert again == first and hits >= (len(salted) - 1) * BLOCK
+        other = router.block_hashes(tokens, cache_salt="tenant-b")
+        assert router.indexer.find_matches(other) == {}  # no hit predicted for the other tenant
+        served, hits = await ask("tenant-b", to=first)  # sent to tenant-a's worker on purpose
+        assert served == first and hits == 0  # which reuses nothing of tenant-a's blocks for it
+    finally:
+        await client.close()

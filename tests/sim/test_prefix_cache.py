@@ -12,11 +12,19 @@ B = 4
 class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple] = []
+        self.salts: list[str] = []
 
     def on_stored(
-        self, parent_hash: int | None, block_hashes: Sequence[int], token_ids: Sequence[Sequence[int]]
+        self,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        cache_salt: str | None = None,
     ) -> None:
         self.events.append(("stored", parent_hash, list(block_hashes), [list(t) for t in token_ids]))
+        if cache_salt is not None:
+            self.salts.append(cache_salt)
 
     def on_removed(self, block_hashes: Sequence[int]) -> None:
         self.events.append(("removed", list(block_hashes)))
