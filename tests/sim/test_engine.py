@@ -209,3 +209,16 @@ def test_duplicate_request_id_is_refused():
     engine.add_request("a", prompt(10), 1, 0.0)
     with pytest.raises(ValueError, match="already"):
         engine.add_request("a", prompt(10), 1, 0.0)
+
+
+@pytest.mark.parametrize(("first_salt", "second_salt", "cached"), [
+    ("tenant-a", "tenant-a", 960), ("tenant-a", "tenant-b", 0), ("tenant-a", None, 0), (None, None, 960),
+])  # fmt: skip
+def test_a_salted_prompt_reuses_only_blocks_of_its_own_salt(first_salt, second_salt, cached):
+    """vLLM's `cache_salt`: blocks are keyed under the salt, so tenants never share a cache entry."""
+    engine = Engine()
+    engine.add_request("a", prompt(1000), 1, 0.0, cache_salt=first_salt)
+    _, first, _ = run_until_idle(engine)
+    engine.add_request("b", prompt(1000), 1, first["a"], cache_salt=second_salt)
+    p = engine.next_pass(first["a"])
+    assert p is not None and p.entries[0].cached_tokens == cached

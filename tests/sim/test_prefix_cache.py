@@ -152,3 +152,11 @@ def test_query_counters_are_in_tokens():
 def test_too_few_hashes_for_the_tokens_is_a_caller_error():
     with pytest.raises(ValueError):
         PrefixCache(4, B).allocate(BlockTable(), [1], 2 * B)
+
+
+def test_the_listener_hears_the_salt_of_the_request_that_stored_the_blocks():
+    recorder = Recorder()
+    cache = PrefixCache(8, B, recorder)
+    cache.allocate(BlockTable(), [11, 12], 2 * B, list(range(2 * B)), cache_salt="tenant-a")
+    cache.allocate(BlockTable(), [21], B, list(range(B)))
+    assert recorder.salts == ["tenant-a"] and [e[2] for e in recorder.events] == [[11, 12], [21]]
