@@ -89,11 +89,26 @@ class ZmqEndpoint:
     def for_dp_ranks(
         worker_id: int | str, pub: str, replay: str | None, dp_ranks: Sequence[int] = (0,), topic: str = ""
     ) -> list[ZmqEndpoint]:
-        """One endpoint per dp rank, ports offset by the rank as vLLM binds them."""
-        return [
+        """One endpoint per dp rank, ports offset by the rank as vLLM binds them.
+
+        vLLM 0.33 and SGLang 0.5.23 bind rank r's PUB socket at the endpoint's port + r and its replay
+        socket at the replay port + r: the two ranges must not overlap, or the engine fails to start
+        ("Address already in use"). Such a layout is logged, since it cannot be what the engine runs.
+        """
+        endpoints = [
             ZmqEndpoint(Worker(worker_id, r), offset_port(pub, r), replay and offset_port(replay, r), topic)
             for r in dp_ranks
         ]
+        pubs = {e.pub for e in endpoints}
+        clash = sorted(e.replay for e in endpoints if e.replay in pubs)
+        if clash:
+            log.warning(
+                "worker %s: its dp ranks' KV event ports and replay ports overlap at %s: the engine binds "
+                "both at port + dp rank and cannot start so; give the replay port at least the event "
+                "port + the dp size",
+                worker_id, ", ".join(clash),
+            )  # fmt: skip
+        return endpoints
 
 
 def offset_port(endpoint: str, dp_rank: int) -> str:

@@ -306,13 +306,19 @@ async def test_manager_runs_one_subscriber_per_dp_rank():
             await p.stop()
 
 
-def test_dp_rank_endpoints_offset_ports_like_vllm():
-    eps = ZmqEndpoint.for_dp_ranks("w1", "tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558", (0, 1, 3))
+def test_dp_rank_endpoints_offset_ports_like_vllm(caplog):
+    eps = ZmqEndpoint.for_dp_ranks("w1", "tcp://10.0.0.1:5557", "tcp://10.0.0.1:5560", (0, 1, 3))
     assert [(e.worker, e.pub, e.replay) for e in eps] == [
-        (Worker("w1", 0), "tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558"),
-        (Worker("w1", 1), "tcp://10.0.0.1:5558", "tcp://10.0.0.1:5559"),
-        (Worker("w1", 3), "tcp://10.0.0.1:5560", "tcp://10.0.0.1:5561"),
+        (Worker("w1", 0), "tcp://10.0.0.1:5557", "tcp://10.0.0.1:5560"),
+        (Worker("w1", 1), "tcp://10.0.0.1:5558", "tcp://10.0.0.1:5561"),
+        (Worker("w1", 3), "tcp://10.0.0.1:5560", "tcp://10.0.0.1:5563"),
     ]
+    assert "overlap" in caplog.text  # rank 3's events and rank 0's replay share 5560
+    caplog.clear()
+    ZmqEndpoint.for_dp_ranks("w1", "tcp://10.0.0.1:5557", "tcp://10.0.0.1:5559", (0, 1))
+    assert not caplog.text  # 5557-5558 and 5559-5560: what vLLM can bind
+    ZmqEndpoint.for_dp_ranks("w1", "tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558", (0, 1))
+    assert "tcp://10.0.0.1:5558" in caplog.text and "cannot start" in caplog.text
     with pytest.raises(ValueError):
         offset_port("ipc:///tmp/x", 1)
 
