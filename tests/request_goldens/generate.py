@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gzip
 import hashlib
 import inspect
@@ -243,6 +244,7 @@ def vllm_chat_prompt(tokenizer: Any, body: dict[str, Any]) -> tuple[str, dict[st
     )
 
 
+@functools.lru_cache
 def _template_variables(template: str) -> set[str]:
     env = _compile_jinja_template(
         template
@@ -431,7 +433,7 @@ def main() -> None:
         print(
             f"{family}: {len(goldens['cases'])} cases ({len(meta['rejected_by_vllm'])} rejected by vLLM, "
             f"{meta['tokenize_true_disagreements']} where tokenize=True differs), {out.stat().st_size:,} "
-            f"bytes, transformers {meta['ms_per_case']:.2f} ms/case (render + encode, twice), "
+            f"bytes, {meta['ms_per_case']:.2f} ms/case (request emulation, render and encode twice), "
             f"vLLM check: {meta['vllm_checked']}"
         )
 
