@@ -1,20 +1,23 @@
 """Chat templates: turn OpenAI messages into the prompt text a vLLM engine renders for them.
 
-Mirrors two upstream steps, because the router's tokens must equal the engine's (REFERENCE.md §4):
-- vLLM's message preparation (`vllm/entrypoints/chat_utils.py`): content parts become one "\\n"-joined
-  string, or a list of `{"type": "text"|"image"|...}` items when the template loops over
-  `message['content']` (the "openai" content format, detected from the template AST as vLLM does); only
-  role, content, name, tool_calls (arguments parsed to an object), tool_call_id and reasoning (or the older
-  reasoning_content) are kept; a system text's leading Claude Code billing-header line is dropped; for
-  templates without a developer role (`vllm/renderers/hf.py`), developer messages become system ones.
+Mirrors two upstream steps as vLLM 0.33 runs them (with transformers 5.20), because the router's tokens must
+equal the engine's; `tests/test_tokenizer_conformance.py` checks the result on real tokenizers:
+- vLLM's message preparation (`vllm/renderers/chat_utils/chat_message.py`, `vllm/renderers/hf.py`): content
+  parts become one "\\n"-joined string, or a list of `{"type": "text"|"image"|...}` items when the template
+  loops over `message['content']` (the "openai" content format, detected from the template AST as vLLM does);
+  only role, content, name, tool_calls (arguments parsed to an object), tool_call_id and reasoning (or the
+  older reasoning_content) are kept; a system text's leading Claude Code billing-header line is dropped;
+  templates without a developer role get developer messages as system ones; tools are dumped as vLLM's
+  pydantic models dump them (`vllm_tool`).
 - transformers' `apply_chat_template` (`utils/chat_template_utils.py`): an ImmutableSandboxedEnvironment
   with trim_blocks, lstrip_blocks, loop controls and the `{% generation %}` tag; `raise_exception`,
   `strftime_now` and a `tojson` that does not HTML-escape; special tokens and `chat_template_kwargs` as
   template variables; `continue_final_message` cutting the prompt where its tag for the final text lands.
 
-Tool definitions reach the template as vLLM's pydantic models dump them (`vllm_tool`). Known gap (use the
-engine's /tokenize backend when it matters): multimodal placeholders are model-specific and dropped in the
-"string" format.
+Known gap (use the engine's /tokenize backend when it matters): multimodal placeholders are model-specific
+and dropped in the "string" format. transformers 5.21+ also drops null-valued message keys and copies the
+reasoning to a `thinking` key; this follows 5.20, as vLLM 0.33 pins `transformers<5.21` (on the goldens the
+two agree).
 """
 
 from __future__ import annotations
