@@ -74,6 +74,7 @@ class ParsedRequest:
     lora_name: str | None = None
     cache_salt: str | None = None  # the engines' per-tenant prefix-cache isolation key
     reasoning_effort: str | None = None  # chat: vLLM hands it, and enable_thinking, to the chat template
+    documents: tuple[Any, ...] | None = None  # chat: RAG documents vLLM hands to the chat template
     add_special_tokens: bool | None = None  # None: the engine's default (chat False, completions True)
     body_size: int = 0  # bytes
 
@@ -182,6 +183,9 @@ def _parse_chat(obj: dict[str, Any]) -> dict[str, Any]:
         for i, tool in enumerate(tools):
             if not isinstance(tool, dict):
                 _invalid(f"tools[{i}]", tool, "an object")
+    documents = obj.get("documents")
+    if documents is not None and not isinstance(documents, list):
+        _invalid("documents", documents, "a list of document objects")
     add_generation_prompt = _opt_bool(obj, "add_generation_prompt", "add_generation_prompt", True)
     continue_final_message = _opt_bool(obj, "continue_final_message", "continue_final_message", False)
     if add_generation_prompt and continue_final_message:
@@ -195,6 +199,7 @@ def _parse_chat(obj: dict[str, Any]) -> dict[str, Any]:
         "add_generation_prompt": add_generation_prompt,
         "continue_final_message": continue_final_message,
         "reasoning_effort": _opt_str(obj, "reasoning_effort", "reasoning_effort"),
+        "documents": tuple(documents) if documents is not None else None,
     }
 
 

@@ -362,18 +362,25 @@ class RequestTokenizer:
 def template_kwargs(request: ParsedRequest) -> dict[str, Any]:
     """The chat template kwargs vLLM renders `request` with (`ChatCompletionRequest.build_chat_params`, then
     `ChatParams.with_defaults`): its `chat_template_kwargs`, overridden by its `add_generation_prompt`,
-    `continue_final_message` and `reasoning_effort` fields and by `enable_thinking = reasoning_effort !=
-    "none"` unless the kwargs name `enable_thinking`, with null and "auto" values skipped (`merge_kwargs`).
+    `continue_final_message`, `documents` and `reasoning_effort` fields and by `enable_thinking =
+    reasoning_effort != "none"` unless the kwargs name `enable_thinking`; null and "auto" values are skipped
+    (`merge_kwargs`).
     """
     fields: dict[str, Any] = {
         "add_generation_prompt": request.add_generation_prompt,
         "continue_final_message": request.continue_final_message,
         "reasoning_effort": request.reasoning_effort,
+        "documents": list(request.documents) if request.documents is not None else None,
     }
     if request.reasoning_effort is not None and "enable_thinking" not in request.chat_template_kwargs:
         fields["enable_thinking"] = request.reasoning_effort != "none"
-    merged = {**request.chat_template_kwargs, **fields}
-    return {k: v for k, v in merged.items() if not (v is None or (isinstance(v, str) and v == "auto"))}
+    merged = {**request.chat_template_kwargs, **{k: v for k, v in fields.items() if not _unset(v)}}
+    return {k: v for k, v in merged.items() if not _unset(v)}
+
+
+def _unset(value: Any) -> bool:
+    """vLLM's `merge_kwargs` skips these instead of overriding with them."""
+    return value is None or (isinstance(value, str) and value == "auto")
 
 
 def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int]:

@@ -468,6 +468,9 @@ async def test_reasoning_effort_reaches_the_template_with_the_enable_thinking_it
     assert raw(tok_dir).decode(await tokenizer.tokenize(request), skip_special_tokens=False).endswith(ending)
     effort = ChatTemplate("{{ reasoning_effort }}").render([], chat_template_kwargs=template_kwargs(request))
     assert effort == fields["reasoning_effort"]
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    in_kwargs = parsed({**chat, **kwargs(reasoning_effort="x")})
+    assert template_kwargs(in_kwargs)["reasoning_effort"] == "x"  # an unset field leaves the kwargs' value
 
 
 async def test_add_special_tokens_field_decides_the_post_processors_special_tokens(tok_dir: Path):
@@ -481,6 +484,19 @@ async def test_add_special_tokens_field_decides_the_post_processors_special_toke
     without = raw(tok_dir).encode("hello world", add_special_tokens=False).ids
     assert await tokenizer.tokenize(parsed({**completion, "add_special_tokens": False})) == without
     assert await tokenizer.tokenize(parsed(completion)) == raw(tok_dir).encode("hello world").ids
+
+
+async def test_a_chat_requests_documents_reach_the_template_unless_null(tmp_path: Path):
+    source = "{% for d in documents or [] %}<{{ d.title }}:{{ d.text }}>{% endfor %}{{ documents is none }}"
+    backend = HfTokenizer(write_tokenizer_dir(tmp_path, chat_template=source))
+    tokenizer = RequestTokenizer(backend, timeout_s=1.0)
+    body = {"model": "m", "messages": [{"role": "user", "content": "q"}]}
+    docs = [{"title": "t", "text": "x"}]
+    rendered = await tokenizer.tokenize(parsed({**body, "documents": docs}))
+    assert raw(tmp_path).decode(rendered) == "<t:x>False"
+    from_kwargs = await tokenizer.tokenize(parsed({**body, "documents": None, **kwargs(documents=docs)}))
+    assert raw(tmp_path).decode(from_kwargs) == "<t:x>False"  # a null field leaves the kwargs' documents
+    assert raw(tmp_path).decode(await tokenizer.tokenize(parsed(body))) == "True"
 
 
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
