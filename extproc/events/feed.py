@@ -22,6 +22,11 @@ router could have wrong), after the engine cleared its own cache, or after `reco
 stores in a row hung under known blocks (the engine's working set is known again: what is still
 missing is no longer built on).
 
+A worker's predictions are withdrawn (the router made event-fed) only once one of its events
+applied, not when its transport first says its stream is up: that first event may hang under blocks
+the picker never saw (a picker started after the engines, an unreadable snapshot), and then what
+it predicted from its routing until then is all it knows of the prompts it routed there.
+
 Runs on the event loop thread, like every transport that calls it.
 """
 
@@ -70,6 +75,7 @@ class RouterFeed:
         self._up: set[Worker] = set()  # workers whose transport says their stream is usable
         self._lost: dict[Worker, _Loss] = {}  # workers whose view lost blocks the engine holds
         self._synced: set[Worker] = set()  # workers that have been event-fed with a whole view
+        self._heard: set[Worker] = set()  # workers one of whose events reached the feed, or reset
         self._resync: dict[Worker, Resync] = {}
 
     # --- EventSink -----------------------------------------------------------------------------
@@ -88,9 +94,13 @@ class RouterFeed:
                 )
                 continue
             whole = worker in self._up and worker not in self._lost
-            if not router.apply_event(event, feeds=whole):
+            first = worker not in self._heard
+            self._heard.add(worker)
+            if not router.apply_event(event, feeds=whole and not first):
                 self._orphaned(worker, event)
                 continue
+            if first and whole:
+                router.set_event_fed(worker, True)  # its predictions go now, not before the event
             applied += 1
             if isinstance(event, AllBlocksCleared):
                 self._found(worker, "the engine cleared its cache")
@@ -108,6 +118,7 @@ class RouterFeed:
             return
         log.info("worker %s: forgetting its cached blocks (%s)", worker, reason)
         router.reset_worker_cache(worker)
+        self._heard.add(worker)  # its view is rebuilt from the engine's own state: no prediction is kept
         self._found(worker, f"reset ({reason})", promote=False)  # nothing left that could be wrong
 
     def stream_state(self, worker: Worker, up: bool, reason: str) -> None:
@@ -170,7 +181,7 @@ class RouterFeed:
         if router is None:
             return
         whole = worker in self._up and worker not in self._lost
-        router.set_event_fed(worker, whole)
+        router.set_event_fed(worker, whole and worker in self._heard)
         loss = self._lost.get(worker)
         if loss is not None:  # the loss is the news; what the stream said comes after it
             reason = f"{loss.why}; stream: {reason}" if reason else loss.why

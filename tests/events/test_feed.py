@@ -139,3 +139,22 @@ def test_a_worker_lost_from_its_first_event_is_never_reported_synced():
     feed.apply_events([stored_after(A, 77, PROMPT, 100)])  # orphan before the stream is up
     feed.stream_state(A, True, "first event")
     assert feed.state(A) == STALE and not feed.synced(A)
+
+
+def test_what_was_predicted_before_a_workers_first_event_stays_if_that_event_is_an_orphan():
+    """A picker started after the engines stored their template (or that lost it with a snapshot)
+    predicts what it routes until it hears them. Its transport says the stream is up just before
+    it applies the first event; if that event hangs under a block the picker never saw, what it
+    predicted is all it knows of the prompts it routed: it stays. A first event that applies ends
+    the predictions as before."""
+    fresh = PROMPT[:32] + list(range(700, 764))
+    for first_event, predictions_stay in ((stored_after(A, 999_999, fresh[32:], 2000), True),
+                                          (stored(A, PROMPT), False)):  # fmt: skip
+        router, feed = make()
+        router.best_worker(fresh, request_id="r1", allowed_workers=[A])  # predicted: no event yet
+        feed.stream_state(A, True, "first event on the subject")
+        assert router.indexer.find_matches(compute_block_hashes(fresh, 16)) == {A: 6}
+        feed.apply_events([first_event])
+        assert feed.lost(A) == predictions_stay and router.is_event_fed(A) != predictions_stay
+        overlap = router.indexer.find_matches(compute_block_hashes(fresh, 16))
+        assert overlap == ({A: 6} if predictions_stay else {A: 2})  # else only the real PROMPT blocks
