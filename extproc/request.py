@@ -76,6 +76,8 @@ class ParsedRequest:
     reasoning_effort: str | None = None  # chat: vLLM hands it, and enable_thinking, to the chat template
     documents: tuple[Any, ...] | None = None  # chat: RAG documents vLLM hands to the chat template
     add_special_tokens: bool | None = None  # None: the engine's default (chat False, completions True)
+    truncate_prompt_tokens: int | None = None  # vLLM keeps this many prompt tokens (-1: up to its context)
+    truncation_side: str | None = None  # "left" | "right": vLLM then cuts after tokenizing, from that side
     body_size: int = 0  # bytes
 
 
@@ -153,8 +155,13 @@ def _parse_common(obj: dict[str, Any]) -> dict[str, Any]:
     add_special_tokens = obj.get("add_special_tokens")
     if add_special_tokens is not None and not isinstance(add_special_tokens, bool):
         _invalid("add_special_tokens", add_special_tokens, "a boolean")
+    truncation_side = _opt_str(obj, "truncation_side", "truncation_side")
+    if truncation_side not in (None, "left", "right"):
+        raise RequestInvalid('truncation_side must be "left" or "right"')
     return {
         "add_special_tokens": add_special_tokens,
+        "truncate_prompt_tokens": _opt_int(obj, "truncate_prompt_tokens", "truncate_prompt_tokens", -1, None),
+        "truncation_side": truncation_side,
         "cache_salt": cache_salt,
         "stream": _opt_bool(obj, "stream", "stream", False),
         # vLLM's precedence: max_completion_tokens wins over the deprecated max_tokens.

@@ -173,6 +173,17 @@ class HfTokenizer:
         )
         return self._encode(text, add_special_tokens=add_special_tokens is True)
 
+    def truncated(self, text: str, *, add_special_tokens: bool, max_tokens: int) -> list[int]:
+        """vLLM's `truncate_prompt_tokens` without a `truncation_side`: the tokenizer itself truncates, from
+        the left (vLLM loads generation tokenizers so), keeping room for the special tokens it then adds."""
+        try:
+            encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
+            added = self._backend.num_special_tokens_to_add(False) if add_special_tokens else 0
+            encoding.truncate(max(max_tokens - added, 0), direction="left")
+            return self._backend.post_process(encoding, add_special_tokens=add_special_tokens).ids
+        except Exception as e:
+            raise TokenizerUnavailable(f"tokenizer {self.name} failed: {e}") from e
+
     def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         # encode_batch releases the GIL while Rust works (encode does not), so a worker thread running a
         # big prompt leaves the event loop free.
@@ -316,10 +327,11 @@ class RequestTokenizer:
     async def tokenize(self, request: ParsedRequest) -> list[int]:
         """The token ids the engine will prefill for `request`. Raises `TokenizerUnavailable`."""
         if request.prompt_token_ids is not None:
-            return list(request.prompt_token_ids)
+            return _truncate(list(request.prompt_token_ids), request)
         try:
-            if isinstance(self.backend, RemoteTokenizer):
-                return await asyncio.wait_for(self._remote(self.backend, request), self._timeout_s)
+            if isinstance(self.backend, RemoteTokenizer):  # its payload has no truncation: cut here
+                ids = await asyncio.wait_for(self._remote(self.backend, request), self._timeout_s)
+                return _truncate(ids, request)
             if request.body_size <= self._inline_max_bytes:
                 return _tokenize_local(self.backend, request)
             work = asyncio.to_thread(_tokenize_local, self.backend, request)
@@ -384,14 +396,49 @@ def _unset(value: Any) -> bool:
 
 
 def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int]:
+    keep = request.truncate_prompt_tokens
+    if (
+        keep is not None
+        and keep >= 0
+        and request.truncation_side is None
+        and isinstance(backend, HfTokenizer)
+    ):
+        return _truncated_by_tokenizer(backend, request, keep)
     if request.messages is not None:
-        return backend.encode_chat(
+        ids = backend.encode_chat(
             request.messages,
             tools=request.tools,
             add_generation_prompt=request.add_generation_prompt,
             chat_template_kwargs=template_kwargs(request),
             add_special_tokens=request.add_special_tokens,
         )
-    if request.prompt_text is not None:
-        return backend.encode_text(request.prompt_text, add_special_tokens=request.add_special_tokens)
-    raise TokenizerUnavailable("request has neither messages nor a prompt")
+    elif request.prompt_text is not None:
+        ids = backend.encode_text(request.prompt_text, add_special_tokens=request.add_special_tokens)
+    else:
+        raise TokenizerUnavailable("request has neither messages nor a prompt")
+    return _truncate(ids, request)
+
+
+def _truncate(ids: list[int], request: ParsedRequest) -> list[int]:
+    """vLLM's `TokenizeParams._token_truncation`: keep `truncate_prompt_tokens` ids from the right end unless
+    `truncation_side` is "right". A -1 means "to the engine's context length", which only the engine knows:
+    such prompts stay whole (they differ only when longer than the context)."""
+    keep = request.truncate_prompt_tokens
+    if keep is None or keep < 0 or len(ids) <= keep:
+        return ids
+    return ids[:keep] if request.truncation_side == "right" else ids[len(ids) - keep :]
+
+
+def _truncated_by_tokenizer(backend: HfTokenizer, request: ParsedRequest, keep: int) -> list[int]:
+    if request.messages is not None:
+        text = backend.render_chat(
+            request.messages,
+            tools=request.tools,
+            add_generation_prompt=request.add_generation_prompt,
+            chat_template_kwargs=template_kwargs(request),
+        )
+        return backend.truncated(text, add_special_tokens=request.add_special_tokens is True, max_tokens=keep)
+    if request.prompt_text is None:
+        raise TokenizerUnavailable("request has neither messages nor a prompt")
+    add_special_tokens = request.add_special_tokens is not False
+    return backend.truncated(request.prompt_text, add_special_tokens=add_special_tokens, max_tokens=keep)

@@ -499,6 +499,25 @@ async def test_a_chat_requests_documents_reach_the_template_unless_null(tmp_path
     assert raw(tmp_path).decode(await tokenizer.tokenize(parsed(body))) == "True"
 
 
+async def test_truncate_prompt_tokens_keeps_the_tokens_vllm_keeps(tok_dir: Path):
+    tokenizer = RequestTokenizer(HfTokenizer(tok_dir), timeout_s=1.0)
+    text = "the quick brown fox jumps over the lazy dog"
+    full = raw(tok_dir).encode(text).ids  # BOS first: the post-processor adds it to completions
+    bos, words = full[0], full[1:]
+
+    async def ids(**fields: Any) -> list[int]:
+        return await tokenizer.tokenize(parsed({"model": "m", "prompt": text, **fields}))
+
+    assert await ids(truncate_prompt_tokens=4) == [bos, *words[-3:]]  # the tokenizer truncates, BOS kept
+    assert await ids(truncate_prompt_tokens=4, truncation_side="left") == full[-4:]  # sliced afterwards
+    assert await ids(truncate_prompt_tokens=4, truncation_side="right") == full[:4]
+    assert await ids(truncate_prompt_tokens=100) == await ids(truncate_prompt_tokens=-1) == full
+    chat = {"model": "m", "messages": [{"role": "user", "content": text}]}
+    whole = await tokenizer.tokenize(parsed(chat))
+    assert await tokenizer.tokenize(parsed({**chat, "truncate_prompt_tokens": 5})) == whole[-5:]
+    assert await ids(prompt=[1, 2, 3, 4, 5], truncate_prompt_tokens=2) == [4, 5]  # token prompts too
+
+
 # --- RemoteTokenizer against a real aiohttp server on 127.0.0.1 ----------------------------------------
 
 
