@@ -161,6 +161,7 @@ class Corpus:
         self.build_long()
         self.build_completions()
         self.build_odd_shapes()
+        self.build_truncation()
         return self.cases
 
     # --- text -----------------------------------------------------------------------------------------
@@ -445,3 +446,26 @@ class Corpus:
         for text in ["a" * 5000, " " * 3000, "\n" * 2000, "ab " * 2000, "🎉" * 1000, "\t \n" * 1000]:
             self.chat("repeat", user(text))
             self.add("completion-repeat", {"prompt": text}, COMPLETIONS)
+
+    # --- truncation ----------------------------------------------------------------------------------------
+
+    def build_truncation(self) -> None:
+        text = "The quick brown fox jumps over the lazy dog. 東京 🎉 <|im_start|> again and again."
+        for keep in (1, 3, 16, 1000, -1):
+            for side in (None, "left", "right"):
+                fields: dict[str, Any] = {"truncate_prompt_tokens": keep}
+                if side is not None:
+                    fields["truncation_side"] = side
+                self.add("truncate-completion", {"prompt": text, **fields}, COMPLETIONS)
+                self.add(
+                    "truncate-completion-no-bos",
+                    {"prompt": text, "add_special_tokens": False, **fields},
+                    COMPLETIONS,
+                )
+                self.chat("truncate-chat", system("s"), user(text), **fields)
+            self.add(
+                "truncate-token-prompt",
+                {"prompt": list(range(100, 120)), "truncate_prompt_tokens": keep},
+                COMPLETIONS,
+            )
+        self.chat("truncate-chat-bos", user(text), truncate_prompt_tokens=5, add_special_tokens=True)

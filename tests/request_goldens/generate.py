@@ -36,9 +36,11 @@ What vLLM 0.33.0's OpenAI server does (files under `vllm/`), as `vllm_chat_promp
   `apply_chat_template` knows and calls `tokenizer.apply_chat_template(conversation, tools=...,
   tokenize=False, return_dict=False, **kwargs)`. `renderers/base.py` `_tokenize_prompt` encodes that text with
   `tokenizer(text, add_special_tokens=request.add_special_tokens (default False), truncation=True,
-  max_length=max_model_len - max_tokens + 1)`; the goldens stay far below any truncation.
+  max_length=max_model_len + 1)` (longer prompts are refused), then cuts it to `truncate_prompt_tokens` if
+  the request sets it (`encode` below).
 - `/v1/completions`: a string `prompt` (or a list holding one) becomes `tokenizer(prompt,
-  add_special_tokens=request.add_special_tokens (default True))`: the tokenizer's post-processor adds BOS.
+  add_special_tokens=request.add_special_tokens (default True))`: the tokenizer's post-processor adds BOS;
+  token-id prompts are taken as they are. Truncation as for chat.
 - Special-token strings in user text (`<|im_start|>`) are escaped nowhere: the rendered text is encoded with
   the added tokens matched, so they become their special ids. transformers' `sanitize_control_tokens` is off
   by default and vLLM never turns it on.
@@ -73,6 +75,7 @@ REPO = HERE.parents[1]
 TOKENIZERS_DIR = REPO.parent / "shared" / "tokenizers"
 FAMILIES = ("qwen3", "llama3_1")
 SEED = 20251125
+MAX_MODEL_LEN = 32_768  # the served --max-model-len the goldens assume (only -1 truncation reads it)
 
 
 class Rejected(Exception):
@@ -260,8 +263,30 @@ def _apply_chat_template_params(tokenizer: Any) -> set[str]:
     }
 
 
-def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
-    return tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+def encode(
+    tokenizer: Any, prompt: str | list[int], body: dict[str, Any], add_special_tokens: bool
+) -> list[int]:
+    """`renderers/base.py` `_tokenize_singleton_prompt` with the request's `TokenizeParams`
+    (`renderers/params.py`): `truncate_prompt_tokens` N makes the tokenizer truncate to N (from the left, as
+    vLLM loads generation tokenizers, keeping room for the special tokens it adds), unless `truncation_side`
+    is set: then the whole text is encoded and the ids are cut to N from that side afterwards, as token-id
+    prompts always are. -1 means max_model_len - 1.
+    """
+    keep = body.get("truncate_prompt_tokens")
+    side = body.get("truncation_side")
+    if keep is not None and keep < 0:
+        keep = MAX_MODEL_LEN - 1
+    if isinstance(prompt, list):
+        ids = list(prompt)
+    elif keep is not None and side is None:
+        ids = tokenizer(prompt, add_special_tokens=add_special_tokens, truncation=True, max_length=keep)[
+            "input_ids"
+        ]
+    else:
+        ids = tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
+    if keep is not None and len(ids) > keep:
+        ids = ids[:keep] if side == "right" else ids[len(ids) - keep :]
+    return ids
 
 
 # --- running it ---------------------------------------------------------------------------------------------
@@ -269,18 +294,20 @@ def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
 
 def golden_case(tokenizer: Any, case_id: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     if path == COMPLETIONS:
-        prompt = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
-        ids = encode(tokenizer, prompt, body.get("add_special_tokens", True))
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and not isinstance(prompt[0], int):
+            prompt = prompt[0]
+        ids = encode(tokenizer, prompt, body, body.get("add_special_tokens", True))
         return {"id": case_id, "path": path, "body": body, "ids": ids}
     text, render, add_special = vllm_chat_prompt(tokenizer, body)
-    ids = encode(tokenizer, text, add_special)
+    ids = encode(tokenizer, text, body, add_special)
     out = {"id": case_id, "path": path, "body": body, "prompt": text, "ids": ids}
     # transformers' own tokenize=True path: the same rendering, encoded inside apply_chat_template
     conversation, tools = render.pop("conversation"), render.pop("tools")
     direct = tokenizer.apply_chat_template(
         conversation, tools=tools, tokenize=True, **{**render, "return_dict": False}
     )
-    if not add_special and direct != ids:
+    if not add_special and "truncate_prompt_tokens" not in body and direct != ids:
         out["tokenize_true_ids"] = direct
     return out
 
@@ -291,7 +318,7 @@ def sha256(path: Path) -> str:
 
 def generate(family: str, seed: int, check: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     directory = TOKENIZERS_DIR / family
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), truncation_side="left")  # as vLLM loads it
     cases, rejected, disagreements = [], [], []
     elapsed = 0.0
     for case_id, path, body in Corpus(family, seed).build():
@@ -362,7 +389,8 @@ class VllmCheck:
     def __call__(self, family: str, directory: Path, path: str, body: dict[str, Any]) -> list[int] | None:
         """vLLM's prompt ids for `body`, or None when vLLM answers it with an error."""
         tokenizer = self.tokenizers.get(family) or self.tokenizers.setdefault(
-            family, self.load(str(directory))
+            family,
+            self.load(str(directory), truncation_side="left"),  # vLLM's get_tokenizer, "generate" runner
         )
         config = self.types.SimpleNamespace(
             multimodal_config=None,
@@ -373,15 +401,17 @@ class VllmCheck:
             tokenizer_revision=None,
             tokenizer=str(directory),
             model=str(directory),
-            max_model_len=1 << 20,
+            max_model_len=MAX_MODEL_LEN,
             encoder_config=None,
             hf_config=self.types.SimpleNamespace(model_type=family),
         )
         try:
             if path == COMPLETIONS:
                 request = self.completion_request.model_validate(copy.deepcopy(body))
-                prompt = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
-                return tokenizer(prompt, **request.build_tok_params(config).get_encode_kwargs())["input_ids"]
+                prompt = body["prompt"]
+                if isinstance(prompt, list) and not isinstance(prompt[0], int):
+                    prompt = prompt[0]
+                return self.tokenize(tokenizer, prompt, request.build_tok_params(config))
             request = self.chat_request.model_validate(copy.deepcopy(body))
             kwargs = request.chat_template_kwargs or {}
             if request.chat_template is not None or kwargs.get("chat_template") is not None:
@@ -399,12 +429,22 @@ class VllmCheck:
             )
             conversation, _, _ = self.parse(request.messages, config, content_format=content_format)
             text = self.apply(config, tokenizer, conversation, **params.get_apply_chat_template_kwargs())
-            return tokenizer(text, **request.build_tok_params(config).get_encode_kwargs())["input_ids"]
+            return self.tokenize(tokenizer, text, request.build_tok_params(config))
         except (
             Exception
         ) as e:  # pydantic ValidationError, VLLMValidationError, ValueError: a 400 from the server
             self.errors.append(f"{type(e).__name__}: {str(e)[:200]}")
             return None
+
+    @staticmethod
+    def tokenize(tokenizer: Any, prompt: str | list[int], params: Any) -> list[int]:
+        """`BaseRenderer._tokenize_singleton_prompt` on a text or token prompt, with the request's params."""
+        if isinstance(prompt, list):
+            tokens = {"prompt_token_ids": prompt}
+        else:
+            text = params.apply_pre_tokenization(tokenizer, {"prompt": prompt})["prompt"]
+            tokens = {"prompt_token_ids": tokenizer(text, **params.get_encode_kwargs())["input_ids"]}
+        return params.apply_post_tokenization(tokenizer, tokens)["prompt_token_ids"]
 
 
 def main() -> None:
