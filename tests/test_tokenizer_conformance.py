@@ -115,7 +115,8 @@ def test_goldens_cover_every_kind_of_request(family: str):
         "tools-empty-calls", "no-generation-prompt", "continue-final", "enable-thinking", "reasoning-effort",
         "reasoning-reasoning_content", "developer-mid", "system-mid", "names", "billing-header", "long",
         "chat-add-special-tokens", "kwargs-generation-prompt-overridden", "completion-any",
-        "completion-exact",
+        "completion-exact", "truncate-chat", "truncate-completion", "truncate-token-prompt",
+        "tools-json-numbers",
     }  # fmt: skip
     assert expected <= kinds, expected - kinds
     assert len(cases) >= 300

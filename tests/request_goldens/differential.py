@@ -122,6 +122,8 @@ class Bodies:
             "chat_template_kwargs": lambda: r.choice([{"enable_thinking": False}, {"tools": None}, {}]),
             "add_special_tokens": lambda: r.choice([True, False]),
             "reasoning_effort": lambda: r.choice(["none", "high"]),
+            "truncate_prompt_tokens": lambda: r.choice([1, 4, 20]),
+            "truncation_side": lambda: r.choice(["left", "right"]),
         }
         for key, value in options.items():
             if r.random() < 0.2:
