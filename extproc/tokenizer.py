@@ -105,10 +105,10 @@ class HfTokenizer:
 
     `tokenizer.json` is used as saved: its post-processor adds the special tokens of `encode_text`, as vLLM's
     completions do unless a request says `add_special_tokens: false`; chat prompts are rendered, then encoded
-    without them unless a request says `add_special_tokens: true`. Templates: `chat_template.jinja` wins over
-    `tokenizer_config.json`'s `chat_template` (a string, or a list of {name, template}), which wins over
-    `chat_template.json`; `additional_chat_templates/*.jinja` add named ones; "tool_use" is chosen when the
-    request has tools, else "default". Not reproduced: transformers' model-specific classes that rebuild
+    without them unless a request says `add_special_tokens: true`. Templates: `chat_template.jinja` and
+    `additional_chat_templates/*.jinja` replace `tokenizer_config.json`'s `chat_template` (a string, or a list
+    of {name, template}), which wins over `chat_template.json`; "tool_use" is chosen when the request has
+    tools, else "default". Not reproduced: transformers' model-specific classes that rebuild
     the post-processor from `add_bos_token`/`add_eos_token` (configs normally agree with tokenizer.json).
     """
 
@@ -227,14 +227,22 @@ def _special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _template_sources(root: Path, config: Mapping[str, Any]) -> dict[str, str]:
-    sources: dict[str, str] = {}
-    jinja_file = root / "chat_template.jinja"
+    """The named chat templates as transformers 5 loads them: template files, when there are any, replace
+    the config's `chat_template` whole (`chat_template.jinja` is "default", and each
+    `additional_chat_templates/<name>.jinja` adds or overrides a name); otherwise the config's string or
+    list, else a processor's `chat_template.json`."""
+    files: dict[str, str] = {}
+    if (jinja_file := root / "chat_template.jinja").is_file():
+        files["default"] = _read_text(jinja_file)
+    if (extra := root / "additional_chat_templates").is_dir():
+        files.update((file.stem, _read_text(file)) for file in sorted(extra.glob("*.jinja")))
+    if files:
+        return files
     configured = config.get("chat_template")
-    if jinja_file.is_file():
-        sources["default"] = _read_text(jinja_file)
-    elif isinstance(configured, str):
-        sources["default"] = configured
-    elif isinstance(configured, list):
+    if isinstance(configured, str):
+        return {"default": configured}
+    if isinstance(configured, list):
+        sources = {}
         for item in configured:
             if not (
                 isinstance(item, dict)
@@ -243,15 +251,12 @@ def _template_sources(root: Path, config: Mapping[str, Any]) -> dict[str, str]:
             ):
                 raise TokenizerUnavailable(f"{root}: chat_template list items need string name and template")
             sources[item["name"]] = item["template"]
-    elif configured is not None:
+        return sources
+    if configured is not None:
         raise TokenizerUnavailable(f"{root}: chat_template must be a string or a list of named templates")
-    elif isinstance(processor := _read_json_object(root / "chat_template.json").get("chat_template"), str):
-        sources["default"] = processor
-    extra = root / "additional_chat_templates"
-    if extra.is_dir():
-        for file in sorted(extra.glob("*.jinja")):
-            sources.setdefault(file.stem, _read_text(file))
-    return sources
+    if isinstance(processor := _read_json_object(root / "chat_template.json").get("chat_template"), str):
+        return {"default": processor}
+    return {}
 
 
 def _read_text(path: Path) -> str:

@@ -144,6 +144,32 @@ def test_template_file_overrides_tokenizer_config(tmp_path: Path):
     assert tok.render_chat([{"role": "user", "content": "x"}]) == "FILE 1"
 
 
+@pytest.mark.parametrize(
+    "template_file, extra, expected",
+    [
+        (None, {"tool_use": "T", "default": "D"}, ["D", "T"]),  # the config's template is not read
+        (None, {"tool_use": "T"}, [None, "T"]),  # ...even when that leaves no default
+        ("F", {"tool_use": "T"}, ["F", "T"]),
+        ("F", {"default": "D"}, ["D", "D"]),  # a default.jinja beats chat_template.jinja
+    ],
+)
+def test_template_files_replace_the_configs_templates_as_transformers_5_loads_them(
+    tmp_path: Path, template_file: str | None, extra: dict[str, str], expected: list[str | None]
+):
+    root = write_tokenizer_dir(tmp_path, chat_template="CONFIG", template_file=template_file)
+    (root / "additional_chat_templates").mkdir()
+    for name, source in extra.items():
+        (root / "additional_chat_templates" / f"{name}.jinja").write_text(source)
+    tok = HfTokenizer(root)
+    rendered: list[str | None] = []
+    for tools in (None, TOOLS):
+        try:
+            rendered.append(tok.render_chat([{"role": "user", "content": "x"}], tools=tools))
+        except TokenizerUnavailable:
+            rendered.append(None)
+    assert rendered == expected  # what transformers 5.20 and 5.24 render from the same files
+
+
 def test_list_of_templates_uses_default_or_tool_use_with_tools(tmp_path: Path):
     templates = [
         {"name": "default", "template": "D"},
