@@ -108,8 +108,11 @@ class HfTokenizer:
     without them unless a request says `add_special_tokens: true`. Templates: `chat_template.jinja` and
     `additional_chat_templates/*.jinja` replace `tokenizer_config.json`'s `chat_template` (a string, or a list
     of {name, template}), which wins over `chat_template.json`; "tool_use" is chosen when the request has
-    tools, else "default". Not reproduced: transformers' model-specific classes that rebuild
-    the post-processor from `add_bos_token`/`add_eos_token` (configs normally agree with tokenizer.json).
+    tools, else "default". Not reproduced: transformers 5's model-specific classes (`tokenizer_class`) that
+    rebuild the normalizer and pre-tokenizer from the vocabulary instead of reading them from tokenizer.json;
+    Qwen2Tokenizer's rebuild encodes as tokenizer.json does (tests/test_tokenizer_conformance.py), other
+    families may not. Beside a tokenizer.json, transformers 5 ignores the config's `add_bos_token` and
+    `add_eos_token`, as this does.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
