@@ -25,8 +25,6 @@ RUN /opt/extproc/bin/pip install --no-deps --require-hashes --only-binary=:all: 
     && /opt/extproc/bin/pip check
 WORKDIR /app
 COPY extproc ./extproc
-# envoy/ holds the templates of `extproc envoy-config`
-COPY envoy ./envoy
 # Bytecode compiled now: the root filesystem is read-only in the pod (gateway/base/deployment.yaml).
 RUN /opt/extproc/bin/python -m compileall -q /app/extproc
 

@@ -698,7 +698,7 @@ class LagRun:
         self.counters = EventCounters()
 
     def child(self, nats_url: str | None) -> Any:
-        from extproc.procs import ManagedProcess
+        from extproc.devstack.procs import ManagedProcess
 
         argv = [
             sys.executable,
@@ -913,7 +913,7 @@ class LagRun:
 
 
 def run_lag(args: argparse.Namespace, requests: Sequence[TraceRequest]) -> dict[str, Any]:
-    from extproc.procs import start_nats_server
+    from extproc.devstack.procs import start_nats_server
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-events-") as tmp:
@@ -943,7 +943,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
 
     nats_version = None
     with contextlib.suppress(Exception):
-        from extproc.procs import find_nats_server
+        from extproc.devstack.procs import find_nats_server
 
         nats_version = subprocess.run(
             [find_nats_server(), "--version"], capture_output=True, text=True, timeout=5

@@ -10,11 +10,11 @@ Everything runs on 127.0.0.1 as child processes stopped by pid (`ManagedProcess.
 with `--concurrency 1`. Setups, each started, measured and stopped before the next one so that they do
 not compete for the cores (rounds interleave them to spread drift over all setups):
 
-- `direct`: Envoy without ext_proc. Derived from the rendered `envoy/buffered.yaml` by removing the
+- `direct`: Envoy without ext_proc. Derived from the rendered `buffered.yaml` template by removing the
   ext_proc filter and the `endpoint_picker` cluster and turning `picked_endpoint` into a STATIC
   ROUND_ROBIN cluster over the same echo workers. The listener, HCM settings and the header_mutation
   filter stay identical, so the only difference left is the picker.
-- `noop/<mode>`: Envoy (`envoy/<mode>.yaml`) + `benchmarks/noop_picker.py` as a child process
+- `noop/<mode>`: Envoy (`extproc/devstack/envoy/<mode>.yaml`) + `benchmarks/noop_picker.py` as a child process
   (round robin, no parsing): the floor of any Python ext_proc picker (REFERENCE section 2).
 - `picker/<mode>`: Envoy + `python -m extproc serve --no-router-kv-events --log-level warning`.
 
@@ -81,13 +81,13 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2  # noq
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb  # noqa: E402
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig  # noqa: E402
-from extproc.envoy_config import render_envoy_config  # noqa: E402
-from extproc.picker import EndpointPicker  # noqa: E402
-from extproc.procs import ManagedProcess, find_envoy, free_port, start_envoy  # noqa: E402
+from extproc.devstack.envoy_config import render_envoy_config  # noqa: E402
+from extproc.devstack.procs import ManagedProcess, find_envoy, free_port, start_envoy  # noqa: E402
+from extproc.devstack.stack import MODEL, WorkerProcess, start_picker, start_workers  # noqa: E402
+from extproc.epp.service import ExtProcService  # noqa: E402
+from extproc.picker.pipeline import EndpointPicker  # noqa: E402
+from extproc.request.tokenizer import ByteTokenizer  # noqa: E402
 from extproc.router import RouterConfig  # noqa: E402
-from extproc.service import ExtProcService  # noqa: E402
-from extproc.stack import MODEL, WorkerProcess, start_picker, start_workers  # noqa: E402
-from extproc.tokenizer import ByteTokenizer  # noqa: E402
 from tests.e2e.harness import NOOP_PICKER_PATH, start_echo_worker_process  # noqa: E402
 
 CHAT_PATH = "/v1/chat/completions"
@@ -368,7 +368,7 @@ class Running:
 
 
 def render_direct_config(listen_port: int, admin_port: int, workers: Sequence[str]) -> str:
-    """envoy/buffered.yaml without ext_proc: STATIC round robin over `workers`, all else identical."""
+    """The buffered template without ext_proc: STATIC round robin over `workers`, all else identical."""
     text = render_envoy_config(
         "buffered", listen_port=listen_port, admin_port=admin_port, picker_address="127.0.0.1:9",
         workers=workers,
@@ -445,7 +445,7 @@ def start_setup(setup: Setup, workers: Sequence[WorkerProcess], log_dir: Path) -
 
 
 def _wait_port(port: int, process: ManagedProcess) -> None:
-    from extproc.procs import wait_for_port
+    from extproc.devstack.procs import wait_for_port
 
     wait_for_port("127.0.0.1", port, 20.0, process=process)
 
@@ -1112,7 +1112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "envoy_concurrency": 1,
             "picker_args": list(PICKER_ARGS),
             "bodies": body_facts(bodies),
-            "direct_config": "envoy/buffered.yaml rendered, ext_proc filter and endpoint_picker cluster "
+            "direct_config": "buffered.yaml rendered, ext_proc filter and endpoint_picker cluster "
             "removed, picked_endpoint as STATIC ROUND_ROBIN over the echo workers",
             "client": "raw HTTP/1.1 keep-alive: blocking socket (sequential), asyncio protocol (concurrent)",
         },

@@ -55,12 +55,13 @@ for _path in (str(REPO_ROOT), str(BENCH_DIR)):  # benchmark this checkout; reuse
 
 from bench_router import DEFAULT_TRACE, machine_environment, percentile  # noqa: E402
 
+from extproc.devstack.groups import launch_group_picker, wait_until_serving  # noqa: E402
+from extproc.devstack.procs import ManagedProcess, free_port  # noqa: E402
+from extproc.devstack.stack import MODEL  # noqa: E402
 from extproc.groups import GroupProbe, GroupRequest, GroupSelector, RemoteGroup  # noqa: E402
 from extproc.groups.policy import GroupPolicy, rank  # noqa: E402
 from extproc.groups.routers import group_load  # noqa: E402
-from extproc.groups.stack import launch_group_picker, wait_until_serving  # noqa: E402
 from extproc.groups.types import GroupChoice  # noqa: E402
-from extproc.procs import ManagedProcess, free_port  # noqa: E402
 from extproc.router import (  # noqa: E402
     KvEvent,
     KvRouter,
@@ -69,7 +70,6 @@ from extproc.router import (  # noqa: E402
     RouterError,
     WorkerSpec,
 )
-from extproc.stack import MODEL  # noqa: E402
 
 GROUP_COUNTS = (1, 2, 4, 8)
 WORKERS_PER_GROUP = 4

@@ -35,7 +35,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_router import machine_environment
 
-from extproc.stack import MODEL, start_stack
+from extproc.devstack.stack import MODEL, start_stack
 
 MODES: dict[str, list[str]] = {
     "no-queue": [],

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from soak_stack import ENVOY_MAX_BODY_BYTES, MAX_BODY_BYTES, MAX_PROMPT_TOKENS
 
-from extproc.stack import MODEL
+from extproc.devstack.stack import MODEL
 
 SLACK_S = 1.0  # a fault window is stretched by this much after recovery when judging answers
 REQUEST_TIMEOUT_S = 60.0  # a request with no answer by then counts as unanswered

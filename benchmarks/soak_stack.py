@@ -3,7 +3,7 @@ faults done to them. Everything on 127.0.0.1, started as child processes and sto
 
 Workers w0 and w1 publish KV events over ZMQ (with a replay socket), the others over NATS core.
 The picker runs as `python -m extproc serve` with its admin port (/debug/workers, /metrics,
-/readyz) and the limits below; Envoy renders `envoy/failopen.yaml`. The blocking methods here are
+/readyz) and the limits below; Envoy renders the `failopen` template. The blocking methods here are
 called from the soak's event loop through `asyncio.to_thread`.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from extproc.envoy_config import render_envoy_config
-from extproc.procs import (
+from extproc.devstack.envoy_config import render_envoy_config
+from extproc.devstack.procs import (
     ManagedProcess,
     NatsServer,
     free_port,
@@ -35,7 +35,7 @@ from extproc.procs import (
     wait_for_port,
     wait_http_ok,
 )
-from extproc.stack import MODEL
+from extproc.devstack.stack import MODEL
 
 BLOCK_SIZE = 16
 NAMESPACE = "soak"

@@ -37,8 +37,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
 
+from extproc.request.tokenizer import ByteTokenizer  # noqa: E402
 from extproc.router import KvRouter, RouterConfig, WorkerSpec  # noqa: E402
-from extproc.tokenizer import ByteTokenizer  # noqa: E402
 
 MODEL = "demo-model"
 DOCUMENT = "Shipping policy: orders leave the warehouse within two days of payment. " * 10

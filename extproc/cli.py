@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from extproc.config import ConfigError, add_serve_arguments, load_config
-from extproc.envoy_config import PickerTls
+from extproc.devstack.envoy_config import PickerTls
 
 DESCRIPTION = """\
 extproc: a KV-cache-aware endpoint picker for LLM serving behind Envoy.
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_mock_worker_arguments(mock)
 
-    from extproc.demo import add_demo_arguments
+    from extproc.devstack.demo import add_demo_arguments
 
     demo = sub.add_parser(
         "demo",
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     envoy = sub.add_parser(
         "envoy-config",
         help="print an Envoy config that works with this picker",
-        description="Render one of the Envoy configs in envoy/ (see envoy/README.md).",
+        description="Render one of the Envoy configs the picker ships (extproc/devstack/envoy/README.md).",
     )
     envoy.add_argument(
         "--variant",
@@ -142,8 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         _logging(config.log_level)
         from extproc.events.nats_security import NatsRefused
-        from extproc.server import serve
-        from extproc.tls import TlsError
+        from extproc.runtime.server import serve
+        from extproc.runtime.tls import TlsError
 
         try:
             asyncio.run(serve(config))
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     if args.command == "envoy-config":
-        from extproc.envoy_config import render_envoy_config
+        from extproc.devstack.envoy_config import render_envoy_config
 
         try:
             text = render_envoy_config(
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _logging(getattr(args, "log_level", "info") or "info")
         asyncio.run(run_mock_worker(args))
         return 0
-    from extproc.demo import run_demo
+    from extproc.devstack.demo import run_demo
 
     _logging("warning")
     return run_demo(args)

@@ -46,11 +46,11 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDictProxy
 
-from extproc import epp
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
+from extproc.epp import answers as epp
 from extproc.errors import PickerError
 from extproc.events.sources import EventSources, start_event_sources
-from extproc.picker import EndpointPicker, Pick
+from extproc.picker.pipeline import EndpointPicker, Pick
 from extproc.router import RouterConfig, RouterConfigOverride, RouterError
 
 __all__ = [

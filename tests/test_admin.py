@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from extproc.router import AllWorkersBusy
-from extproc.server import start_picker
+from extproc.runtime.server import start_picker
 
 from .picker_fixtures import MODEL, chat_body, picker_config
 

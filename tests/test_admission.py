@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from extproc.admission import AdmissionGate
+from extproc.picker.admission import AdmissionGate
 from extproc.router import KvRouter, QueuedRequest, QueueTimeout, RouterConfig, Worker, WorkerSpec
 
 from .router.clock import FakeClock

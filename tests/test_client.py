@@ -26,12 +26,12 @@ from extproc.client import (
     _SseDecoder,
 )
 from extproc.config import WorkerConfig
-from extproc.procs import free_port
+from extproc.devstack.procs import free_port
+from extproc.request.tokenizer import ByteTokenizer
 from extproc.sim.disagg import DisaggWorkerConfig
 from extproc.sim.engine import Engine, EngineConfig
 from extproc.sim.kv_events import KvEventsConfig
 from extproc.sim.mock_worker import WORKER, MockWorkerConfig, make_app
-from extproc.tokenizer import ByteTokenizer
 
 MODEL = "demo-model"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -8,8 +8,8 @@ from dataclasses import replace
 from aiohttp import web
 
 from extproc.config import DisaggConfig, WorkerConfig
-from extproc.picker import EndpointPicker
-from extproc.procs import free_port
+from extproc.devstack.procs import free_port
+from extproc.picker.pipeline import EndpointPicker
 
 from .picker_fixtures import MODEL, chat_body, picker_config
 

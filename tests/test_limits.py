@@ -21,11 +21,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from extproc import epp
 from extproc.config import GroupConfig, GroupsConfig, load_config
-from extproc.picker import EndpointPicker
-from extproc.server import start_picker
-from extproc.service import ExtProcService
+from extproc.epp import answers as epp
+from extproc.epp.service import ExtProcService
+from extproc.picker.pipeline import EndpointPicker
+from extproc.runtime.server import start_picker
 
 from .picker_fixtures import chat_body, mutation_headers, picker_config, request_body, request_headers
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from extproc.outlier import OutlierEjection
-from extproc.picker import EndpointPicker
+from extproc.picker.outlier import OutlierEjection
+from extproc.picker.pipeline import EndpointPicker
 
 from .picker_fixtures import chat_body, picker_config
 

@@ -7,14 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from extproc import epp
 from extproc.config import ModelConfig
+from extproc.devstack.procs import free_port
+from extproc.epp import answers as epp
 from extproc.errors import PromptTooLong
-from extproc.picker import EndpointPicker
-from extproc.procs import free_port
+from extproc.picker.pipeline import EndpointPicker
+from extproc.request.tokenizer import HfTokenizer
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import BlocksStored, StoredBlock, Worker
-from extproc.tokenizer import HfTokenizer
 
 from .picker_fixtures import MODEL, chat_body, picker_config
 from .tokenizer_files import write_tokenizer_dir

@@ -5,9 +5,9 @@ from __future__ import annotations
 from extproc.events.counters import EventCounters
 from extproc.events.feed import RouterFeed
 from extproc.events.sources import EventSources
-from extproc.picker import EndpointPicker
-from extproc.readiness import Readiness
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
+from extproc.runtime.readiness import Readiness
 
 from .picker_fixtures import MODEL, picker_config
 from .router.clock import FakeClock

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extproc.errors import BodyTooLarge, RequestInvalid, TokenizerUnavailable
-from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
-from extproc.tokenizer import ByteTokenizer, HfTokenizer
+from extproc.request.parse import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
+from extproc.request.tokenizer import ByteTokenizer, HfTokenizer
 from tests.tokenizer_files import write_tokenizer_dir
 
 CHAT = "/v1/chat/completions"

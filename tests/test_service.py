@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from extproc import epp
-from extproc.picker import EndpointPicker
-from extproc.service import ExtProcService
+from extproc.epp import answers as epp
+from extproc.epp.service import ExtProcService
+from extproc.picker.pipeline import EndpointPicker
 
 from .picker_fixtures import (
     DUPLEX,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 
 from .picker_fixtures import MODEL, chat_body, picker_config
 from .router.clock import FakeClock

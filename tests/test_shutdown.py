@@ -26,8 +26,8 @@ import pytest_asyncio
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from extproc.procs import ManagedProcess, free_port, port_is_open
-from extproc.stack import MODEL
+from extproc.devstack.procs import ManagedProcess, free_port, port_is_open
+from extproc.devstack.stack import MODEL
 
 from .e2e.harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
 

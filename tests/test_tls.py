@@ -27,10 +27,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc.config import ClientTlsConfig, GroupConfig, GroupsConfig, ModelConfig, PickerConfig, load_config
 from extproc.groups import GroupUnreachable, RemoteGroup
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
-from extproc.server import RunningPicker, start_picker
-from extproc.tls import TlsError, load_pair, self_signed_pair
+from extproc.runtime.server import RunningPicker, start_picker
+from extproc.runtime.tls import TlsError, load_pair, self_signed_pair
 
 from .certs import Issued, TestCa
 from .groups.builders import MODEL, request

@@ -16,10 +16,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from tokenizers import Tokenizer as RawTokenizer
 
-from extproc.chat_template import ChatTemplate, build_conversation
 from extproc.errors import TokenizerUnavailable
-from extproc.request import ParsedRequest, parse_openai_body
-from extproc.tokenizer import (
+from extproc.request.chat_template import ChatTemplate, build_conversation
+from extproc.request.parse import ParsedRequest, parse_openai_body
+from extproc.request.tokenizer import (
     ByteTokenizer,
     HfTokenizer,
     RemoteTokenizer,

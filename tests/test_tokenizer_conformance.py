@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from extproc.config import load_config
-from extproc.picker import EndpointPicker, ModelPool
-from extproc.request import parse_openai_body
-from extproc.tokenizer import HfTokenizer, template_kwargs
+from extproc.picker.pipeline import EndpointPicker, ModelPool
+from extproc.request.parse import parse_openai_body
+from extproc.request.tokenizer import HfTokenizer, template_kwargs
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDENS = REPO / "tests" / "request_goldens"

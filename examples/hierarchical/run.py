@@ -8,7 +8,7 @@ Starts, as child processes on 127.0.0.1 (stopped by pid at the end):
 - per group ("east", "west"): two mock workers publishing their KV events over ZMQ, and a picker
   over them serving its routers on the router-group API (`serve --group-api-port`);
 - the top-level picker (`serve` with a `groups:` section and no workers of its own);
-- Envoy (`envoy/buffered.yaml`) in front of the top-level picker.
+- Envoy (`extproc/devstack/envoy/buffered.yaml`) in front of the top-level picker.
 Then it plays multi-turn conversations through Envoy, each with its own long system prompt (turn k
 of every conversation in flight together, then turn k+1), and prints where every turn was served
 and how much of its prompt the worker already cached. Every conversation's later turns land on the
@@ -35,10 +35,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
 
-from extproc.epp import CONFORMANCE_SERVED_HEADER  # noqa: E402
-from extproc.groups.stack import Hierarchy, start_hierarchy  # noqa: E402
-from extproc.procs import http_status  # noqa: E402
-from extproc.stack import MODEL  # noqa: E402
+from extproc.devstack.groups import Hierarchy, start_hierarchy  # noqa: E402
+from extproc.devstack.procs import http_status  # noqa: E402
+from extproc.devstack.stack import MODEL  # noqa: E402
+from extproc.epp.answers import CONFORMANCE_SERVED_HEADER  # noqa: E402
 
 WORDS = ("alpha", "beta", "gamma", "delta", "kv", "cache", "prefix", "token", "route", "envoy", "group")
 

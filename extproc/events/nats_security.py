@@ -31,7 +31,7 @@ import nats.errors
 from extproc.config import EventsConfig
 from extproc.events.counters import EventCounters
 from extproc.events.nats_events import NatsLink
-from extproc.tls import client_ssl_context
+from extproc.runtime.tls import client_ssl_context
 
 log = logging.getLogger("extproc.events.nats")
 

@@ -45,7 +45,7 @@ from extproc.events.zmq_subscriber import (
     ZmqEventSubscriber,
     ZmqEventSubscribers,
 )
-from extproc.picker import EndpointPicker, Pick
+from extproc.picker.pipeline import EndpointPicker, Pick
 from extproc.router import KvRouter
 from extproc.router.types import KvEvent, Worker, WorkerId
 

@@ -34,7 +34,7 @@ from extproc.groups.errors import (
 )
 from extproc.groups.servicer import GROUP_GRPC_OPTIONS
 from extproc.groups.types import GroupDecision, GroupLoads, GroupProbe, GroupRequest
-from extproc.tls import channel_credentials, channel_options
+from extproc.runtime.tls import channel_credentials, channel_options
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from itertools import count
 from typing import Protocol
 
-from extproc.epp import endpoint_matches
+from extproc.epp.answers import endpoint_matches
 from extproc.errors import UnknownModel
 from extproc.groups.types import (
     GroupChoice,
@@ -204,6 +204,8 @@ def _headers(router: KvRouter, worker: Worker) -> dict[str, str]:
     spec = router.spec(worker.worker_id)
     if spec is None or len(spec.dp_ranks) <= 1:
         return {}
-    from extproc.picker import DP_RANK_HEADER  # the picker imports this package: a top-level import cycles
+    from extproc.picker.pipeline import (
+        DP_RANK_HEADER,  # the picker imports this package: a top-level import cycles
+    )
 
     return {DP_RANK_HEADER: str(worker.dp_rank)}

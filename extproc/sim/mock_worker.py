@@ -597,7 +597,7 @@ async def _api_errors(request: web.Request, handler: Any) -> web.StreamResponse:
 def make_app(config: MockWorkerConfig, *, tokenizer: TokenizerLike | None = None) -> web.Application:
     """The worker as an aiohttp application (the engine loop starts and stops with it)."""
     if tokenizer is None:
-        from extproc.tokenizer import ByteTokenizer
+        from extproc.request.tokenizer import ByteTokenizer
 
         tokenizer = ByteTokenizer()
     worker = MockWorker(config, tokenizer)
@@ -728,10 +728,10 @@ def config_from_args(args: argparse.Namespace) -> MockWorkerConfig:
 def load_worker_tokenizer(path: str | None) -> TokenizerLike:
     """ByteTokenizer by default; a Hugging Face tokenizer (imported lazily) when a path is given."""
     if path is None:
-        from extproc.tokenizer import ByteTokenizer
+        from extproc.request.tokenizer import ByteTokenizer
 
         return ByteTokenizer()
-    from extproc.tokenizer import load_tokenizer
+    from extproc.request.tokenizer import load_tokenizer
 
     return load_tokenizer(path)
 

@@ -25,8 +25,8 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from extproc.envoy_config import Variant, render_envoy_config
-from extproc.procs import ManagedProcess, free_port, start_envoy, wait_for_port
+from extproc.devstack.envoy_config import Variant, render_envoy_config
+from extproc.devstack.procs import ManagedProcess, free_port, start_envoy, wait_for_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOOP_PICKER_PATH = REPO_ROOT / "benchmarks" / "noop_picker.py"

@@ -21,11 +21,11 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
-from extproc.envoy_config import render_envoy_config
-from extproc.procs import ManagedProcess, free_port, start_envoy
+from extproc.devstack.envoy_config import render_envoy_config
+from extproc.devstack.procs import ManagedProcess, free_port, start_envoy
+from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.router import RouterConfig
-from extproc.server import RunningPicker, start_picker
-from extproc.stack import MODEL, WorkerProcess, start_workers
+from extproc.runtime.server import RunningPicker, start_picker
 
 from .harness import EchoWorker, start_echo_workers
 

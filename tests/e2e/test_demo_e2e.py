@@ -2,7 +2,7 @@
 
 import argparse
 
-from extproc.demo import run_modes
+from extproc.devstack.demo import run_modes
 
 
 def test_the_demo_hit_rate_with_event_fed_routing_beats_round_robin(tmp_path):

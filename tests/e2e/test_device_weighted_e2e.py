@@ -21,10 +21,10 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
-from extproc.envoy_config import Variant
+from extproc.devstack.envoy_config import Variant
+from extproc.devstack.stack import MODEL
 from extproc.router import RouterConfig
-from extproc.server import RunningPicker, start_picker
-from extproc.stack import MODEL
+from extproc.runtime.server import RunningPicker, start_picker
 
 from .harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
 

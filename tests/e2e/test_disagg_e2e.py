@@ -20,13 +20,13 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import DisaggConfig, EventsConfig, ModelConfig, PickerConfig, WorkerConfig
-from extproc.envoy_config import render_envoy_config
-from extproc.picker import Pick
-from extproc.procs import free_port, start_envoy
-from extproc.request import parse_openai_body
+from extproc.devstack.envoy_config import render_envoy_config
+from extproc.devstack.procs import free_port, start_envoy
+from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
+from extproc.picker.pipeline import Pick
+from extproc.request.parse import parse_openai_body
 from extproc.router import RouterConfig, Worker
-from extproc.server import RunningPicker, start_picker
-from extproc.stack import MODEL, WorkerProcess, start_workers
+from extproc.runtime.server import RunningPicker, start_picker
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -1,4 +1,4 @@
-"""The Envoy configs in envoy/ with a real Envoy 1.40, the no-op picker and two echo workers.
+"""The Envoy configs in extproc/devstack/envoy/ with a real Envoy 1.40, the no-op picker and two echo workers.
 
 Checks the protocol facts the configs rely on (REFERENCE 2): the picker's choice is where the
 request goes, bodies pass byte-identical in BUFFERED and FULL_DUPLEX_STREAMED, SSE passes chunk by
@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from extproc.envoy_config import Variant, render_envoy_config
-from extproc.procs import find_envoy, free_port
+from extproc.devstack.envoy_config import Variant, render_envoy_config
+from extproc.devstack.procs import find_envoy, free_port
 
 from .harness import (
     EchoWorker,
@@ -275,7 +275,7 @@ async def test_hung_picker_times_out_after_message_timeout(
     variant: Variant, expected_status: int, envoys: dict[str, EnvoyUnderTest], client: aiohttp.ClientSession
 ) -> None:
     # message_timeout bounds each answer: buffered fails with 504, failopen skips the picker.
-    # (FULL_DUPLEX_STREAMED arms no such timer in Envoy 1.40: see envoy/README.md.)
+    # (FULL_DUPLEX_STREAMED arms no such timer in Envoy 1.40: see extproc/devstack/envoy/README.md.)
     loop = asyncio.get_running_loop()
     started = loop.time()
     async with client.post(envoys[f"{variant}-stalled"].url + "/v1/completions", data=b"{}") as response:

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from extproc.epp import CONFORMANCE_SELECTION_HEADER, CONFORMANCE_SERVED_HEADER
+from extproc.devstack.groups import GroupProcess, Hierarchy, start_hierarchy
+from extproc.devstack.procs import http_status
+from extproc.devstack.stack import MODEL, write_picker_config
+from extproc.epp.answers import CONFORMANCE_SELECTION_HEADER, CONFORMANCE_SERVED_HEADER
 from extproc.groups import GroupLoads, GroupRefused, GroupRequest, RemoteGroup
-from extproc.groups.stack import GroupProcess, Hierarchy, start_hierarchy
-from extproc.procs import http_status
-from extproc.stack import MODEL, write_picker_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

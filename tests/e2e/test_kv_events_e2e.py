@@ -19,14 +19,14 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
-from extproc.envoy_config import render_envoy_config
-from extproc.epp import CONFORMANCE_SELECTION_HEADER
+from extproc.devstack.envoy_config import render_envoy_config
+from extproc.devstack.procs import ManagedProcess, free_port, start_envoy, wait_http_ok
+from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
+from extproc.epp.answers import CONFORMANCE_SELECTION_HEADER
 from extproc.events.feed import EVENT_FED, STALE
-from extproc.procs import ManagedProcess, free_port, start_envoy, wait_http_ok
-from extproc.request import parse_openai_body
+from extproc.request.parse import parse_openai_body
 from extproc.router import RouterConfig, Worker
-from extproc.server import RunningPicker, start_picker
-from extproc.stack import MODEL, WorkerProcess, start_workers
+from extproc.runtime.server import RunningPicker, start_picker
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -22,14 +22,14 @@ import pytest
 import pytest_asyncio
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from extproc import epp
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
-from extproc.envoy_config import Variant
-from extproc.picker import EndpointPicker
-from extproc.procs import free_port
+from extproc.devstack.envoy_config import Variant
+from extproc.devstack.procs import free_port
+from extproc.devstack.stack import MODEL
+from extproc.epp import answers as epp
+from extproc.epp.service import ExtProcService
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
-from extproc.service import ExtProcService
-from extproc.stack import MODEL
 
 from .harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
 

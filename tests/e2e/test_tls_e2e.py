@@ -15,10 +15,10 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import ModelConfig, PickerConfig, TlsConfig, WorkerConfig
-from extproc.envoy_config import PickerTls
+from extproc.devstack.envoy_config import PickerTls
+from extproc.devstack.stack import MODEL
 from extproc.router import RouterConfig
-from extproc.server import RunningPicker, start_picker
-from extproc.stack import MODEL
+from extproc.runtime.server import RunningPicker, start_picker
 
 from ..certs import TestCa
 from .harness import EchoWorker, start_echo_workers, start_envoy_variant

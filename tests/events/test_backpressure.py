@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
+from extproc.admin.metrics import PickerCollector
 from extproc.events.counters import EventCounters
 from extproc.events.feed import RouterFeed
 from extproc.events.sources import EventSources
 from extproc.events.vllm import WireBlockStored
 from extproc.events.zmq_publisher import ZmqEventPublisher
 from extproc.events.zmq_subscriber import SubscriberTimings, ZmqEndpoint, ZmqEventSubscriber
-from extproc.metrics import PickerCollector
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import KvRouter, RouterConfig
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.router.types import KvEvent, Worker

@@ -9,7 +9,7 @@ from extproc.events.feed import STALE
 from extproc.events.sources import start_event_sources
 from extproc.events.vllm import WireBlockStored
 from extproc.events.zmq_publisher import ZmqEventPublisher
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import Worker
 from tests.events.test_worker_set import BS, FAST, events_config, worker

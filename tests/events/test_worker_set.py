@@ -16,7 +16,7 @@ from extproc.events.sources import start_event_sources
 from extproc.events.vllm import WireBlockStored
 from extproc.events.zmq_publisher import ZmqEventPublisher
 from extproc.events.zmq_subscriber import SubscriberTimings
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import Worker

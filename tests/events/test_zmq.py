@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from extproc.devstack.procs import ManagedProcess, free_port, wait_http_ok
 from extproc.events.counters import EventCounters
 from extproc.events.sink import EventSink
 from extproc.events.vllm import END_SEQ, WireBlockStored, encode_batch, encode_seq
@@ -29,7 +30,6 @@ from extproc.events.zmq_subscriber import (
     ZmqEventSubscribers,
     offset_port,
 )
-from extproc.procs import ManagedProcess, free_port, wait_http_ok
 from extproc.router import KvRouter, RouterConfig
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.router.types import KvEvent, Worker

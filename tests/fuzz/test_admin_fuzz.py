@@ -20,11 +20,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extproc.admin import THRESHOLD_FIELDS, make_admin_app
+from extproc.admin.api import THRESHOLD_FIELDS, make_admin_app
 from extproc.events.counters import EventCounters
 from extproc.events.feed import RouterFeed
 from extproc.events.sources import EventSources
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 from tests.fuzz.gen import chance, deep, floating, integer, json_bytes, json_value, mutate, pick
 from tests.fuzz.harness import (
     DECODED,

@@ -25,12 +25,12 @@ from google.protobuf import struct_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extproc import epp
+from extproc.epp import answers as epp
+from extproc.epp.service import ExtProcService
 from extproc.errors import PickerError
-from extproc.picker import SESSION_HEADER, EndpointPicker, Pick
-from extproc.request import CHAT_PATH, COMPLETIONS_PATH
+from extproc.picker.pipeline import SESSION_HEADER, EndpointPicker, Pick
+from extproc.request.parse import CHAT_PATH, COMPLETIONS_PATH
 from extproc.router.errors import RouterError
-from extproc.service import ExtProcService
 from tests.fuzz.gen import chance, json_bytes, mutate, pick, text
 from tests.fuzz.harness import (
     SHRINKING_SHARE,

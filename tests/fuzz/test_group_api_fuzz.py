@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from extproc.groups import GroupRouters, RouterGroupServicer
 from extproc.groups._generated import router_group_pb2 as pb
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 from tests.fuzz.gen import chance, floating, pick, text
 from tests.fuzz.harness import (
     SHRINKING_SHARE,

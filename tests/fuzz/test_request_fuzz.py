@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extproc.errors import BodyTooLarge, RequestInvalid
-from extproc.request import CHAT_PATH, COMPLETIONS_PATH, MAX_TOKEN_ID, parse_openai_body
-from extproc.tokenizer import ByteTokenizer
+from extproc.request.parse import CHAT_PATH, COMPLETIONS_PATH, MAX_TOKEN_ID, parse_openai_body
+from extproc.request.tokenizer import ByteTokenizer
 from tests.fuzz.gen import chance, deep, floating, integer, json_bytes, json_value, mutate, one_of, pick, text
 from tests.fuzz.harness import (
     DECODED,

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.groups import GroupRequest, GroupRouters
-from extproc.picker import EndpointPicker, ModelPool
+from extproc.picker.pipeline import EndpointPicker, ModelPool
 from extproc.router import RouterConfig
 
 MODEL = "demo-model"

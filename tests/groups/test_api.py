@@ -9,6 +9,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from extproc.devstack.procs import free_port
 from extproc.groups import (
     GroupRefused,
     GroupRouters,
@@ -22,8 +23,7 @@ from extproc.groups._generated import router_group_pb2 as pb
 from extproc.groups._generated import router_group_pb2_grpc as pb_grpc
 from extproc.groups.errors import ALL_BUSY, NO_WORKERS, UNKNOWN_MODEL
 from extproc.groups.types import GroupRequest
-from extproc.picker import EndpointPicker
-from extproc.procs import free_port
+from extproc.picker.pipeline import EndpointPicker
 
 from .builders import MODEL, group_config, loads, prompt, request
 

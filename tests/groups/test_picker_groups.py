@@ -12,13 +12,13 @@ from dataclasses import replace
 
 import pytest_asyncio
 
-from extproc import epp
 from extproc.config import GroupConfig, GroupsConfig, ModelConfig, PickerConfig
+from extproc.devstack.procs import free_port
+from extproc.epp import answers as epp
+from extproc.epp.service import ExtProcService
 from extproc.groups import GroupRouters, start_group_api
-from extproc.picker import EndpointPicker
-from extproc.procs import free_port
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
-from extproc.service import ExtProcService
 
 from ..picker_fixtures import request_body, request_headers
 from .builders import BLOCK, MODEL, group_config

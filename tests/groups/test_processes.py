@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from extproc.devstack.groups import launch_group_picker, wait_until_serving
+from extproc.devstack.procs import ManagedProcess, free_port
 from extproc.groups import GroupSelector, RemoteGroup
 from extproc.groups.errors import UNREACHABLE
-from extproc.groups.stack import launch_group_picker, wait_until_serving
-from extproc.procs import ManagedProcess, free_port
 
 from .builders import BLOCK, prompt, request
 

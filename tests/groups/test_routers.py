@@ -7,7 +7,7 @@ import pytest
 from extproc.config import WorkerConfig
 from extproc.errors import UnknownModel
 from extproc.groups import GroupRequest, GroupRouters
-from extproc.picker import DP_RANK_HEADER, EndpointPicker
+from extproc.picker.pipeline import DP_RANK_HEADER, EndpointPicker
 from extproc.router import AllWorkersBusy, NoWorkers, Worker
 
 from .builders import MODEL, group_config, group_pools, loads, prompt, request

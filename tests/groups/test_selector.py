@@ -8,8 +8,9 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from extproc import epp
 from extproc.config import GroupConfig, GroupsConfig
+from extproc.devstack.procs import free_port
+from extproc.epp import answers as epp
 from extproc.errors import UnknownModel
 from extproc.groups import (
     AllGroupsBusy,
@@ -25,7 +26,6 @@ from extproc.groups import (
     RouterGroup,
 )
 from extproc.groups.errors import TIMEOUT, UNREACHABLE
-from extproc.procs import free_port
 
 from .builders import MODEL, group_pools, prompt, request
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from extproc.server import HEALTH_SERVICES
+from extproc.runtime.server import HEALTH_SERVICES
 from tests.k8s.envoy_gateway import check_envoy_gateway
 from tests.k8s.manifests import (
     Manifests,

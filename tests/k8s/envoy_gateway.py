@@ -1,7 +1,7 @@
 """Checks that Envoy Gateway's policies make Envoy honour the picker (code `envoy`, and `ref`/`port`).
 
 An EnvoyExtensionPolicy must reach a picker and configure ext_proc as the picker needs it
-(envoy/README.md): request headers and a Buffered or FullDuplexStreamed body, response
+(extproc/devstack/envoy/README.md): request headers and a Buffered or FullDuplexStreamed body, response
 processing for the request lifecycle, an explicit message timeout, and `envoy.lb` among the
 writable metadata namespaces (else Envoy drops the destination). A route it puts the picker on
 whose backend is a plain Service must be redirected by an EnvoyPatchPolicy to an ORIGINAL_DST

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from extproc.config import load_config
-from extproc.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker, start_picker
 
 MODEL = "demo-model"
 

@@ -21,10 +21,16 @@ from pathlib import Path
 import pytest
 
 from extproc.config import ConfigError, PickerConfig, load_config
-from extproc.discovery import DnsWorkers, discovery_model, endpoint_of, parse_dns_server, start_discovery
-from extproc.picker import EndpointPicker
-from extproc.procs import ManagedProcess
-from extproc.server import RunningPicker, start_picker
+from extproc.devstack.procs import ManagedProcess
+from extproc.picker.pipeline import EndpointPicker
+from extproc.runtime.discovery import (
+    DnsWorkers,
+    discovery_model,
+    endpoint_of,
+    parse_dns_server,
+    start_discovery,
+)
+from extproc.runtime.server import RunningPicker, start_picker
 
 NAME = "llm-workers.default.svc.cluster.local."
 PREFILL_NAME = "llm-prefill.default.svc.cluster.local."

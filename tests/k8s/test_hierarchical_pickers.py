@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from extproc.config import load_config
-from extproc.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker, start_picker
 from tests.k8s.conftest import GATEWAY
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

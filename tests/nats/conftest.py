@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from extproc.devstack.procs import NatsServer, start_nats_server
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import encode_event
 from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsLink
-from extproc.procs import NatsServer, start_nats_server
 from extproc.router import KvRouter, RouterConfig, WorkerSpec
 from extproc.router.types import AllBlocksCleared, Worker
 from tests.router.clock import FakeClock

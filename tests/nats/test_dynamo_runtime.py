@@ -23,6 +23,7 @@ import nats
 import pytest
 
 from extproc.config import load_config
+from extproc.devstack.procs import NatsServer
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import kv_events_subject
 from extproc.events.dynamo_plane import decode_envelope, event_plane_subject
@@ -36,8 +37,7 @@ from extproc.events.vllm import (
     encode_batch,
 )
 from extproc.events.zmq_publisher import ZmqEventPublisher
-from extproc.picker import EndpointPicker
-from extproc.procs import NatsServer
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import KvRouter
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import BlocksStored, KvEvent, Worker

@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from extproc.config import PickerConfig, load_config
+from extproc.devstack.procs import NatsServer, find_nats_server, free_port, wait_for_port
 from extproc.events.dynamo_json import encode_event, kv_events_subject
 from extproc.events.nats_security import NatsRefused, connect_nats
-from extproc.procs import NatsServer, find_nats_server, free_port, wait_for_port
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import BlocksStored, StoredBlock, Worker
-from extproc.server import start_picker
+from extproc.runtime.server import start_picker
 
 from ..certs import Issued, TestCa
 from .conftest import eventually

@@ -13,10 +13,10 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
-from extproc.procs import ManagedProcess, free_port, wait_http_ok
-from extproc.request import parse_openai_body
+from extproc.devstack.procs import ManagedProcess, free_port, wait_http_ok
+from extproc.request.parse import parse_openai_body
 from extproc.router import RouterConfig, Worker
-from extproc.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker, start_picker
 
 from .conftest import eventually
 

@@ -46,7 +46,7 @@ from extproc.events.feed import EVENT_FED, STALE, RouterFeed
 from extproc.events.nats_events import NatsEventPublisher, NatsLink
 from extproc.events.snapshot import decode_snapshot
 from extproc.events.sources import EventSources, start_event_sources
-from extproc.picker import EndpointPicker, Pick
+from extproc.picker.pipeline import EndpointPicker, Pick
 from extproc.router import compute_block_hashes
 from extproc.router.hashing import compute_sequence_hashes
 from extproc.router.types import AllBlocksCleared, Worker

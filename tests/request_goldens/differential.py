@@ -28,8 +28,8 @@ from corpus import CHAT
 sys.path.insert(0, str(generate.REPO))
 
 from extproc.errors import RequestInvalid, TokenizerUnavailable
-from extproc.request import parse_openai_body
-from extproc.tokenizer import HfTokenizer, _tokenize_local
+from extproc.request.parse import parse_openai_body
+from extproc.request.tokenizer import HfTokenizer, _tokenize_local
 
 TEXTS = [
     "hi",

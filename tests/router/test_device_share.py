@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from extproc.config import load_config
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import (
     BlocksStored,
     KvRouter,

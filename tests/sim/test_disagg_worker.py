@@ -18,9 +18,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from extproc.devstack.procs import free_port
 from extproc.events.counters import EventCounters
 from extproc.events.zmq_subscriber import SubscriberTimings, ZmqEndpoint, ZmqEventSubscriber
-from extproc.procs import free_port
 from extproc.router import KvRouter, RouterConfig
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.router.types import KvEvent, Worker

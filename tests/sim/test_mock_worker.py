@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from extproc.request.tokenizer import ByteTokenizer
 from extproc.sim.engine import Engine, EngineConfig, Pass
 from extproc.sim.mock_worker import (
     WORKER,
@@ -21,7 +22,6 @@ from extproc.sim.mock_worker import (
     main,
     make_app,
 )
-from extproc.tokenizer import ByteTokenizer
 
 MODEL = "demo-model"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi " * 20}]

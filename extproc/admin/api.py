@@ -27,13 +27,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from extproc.admin.metrics import PickerCollector
 from extproc.errors import PickerError, UnknownModel
 from extproc.events.sources import EventSources
-from extproc.metrics import PickerCollector
-from extproc.picker import EndpointPicker
-from extproc.readiness import Readiness
-from extproc.request import parse_openai_body
+from extproc.picker.pipeline import EndpointPicker
+from extproc.request.parse import parse_openai_body
 from extproc.router import AllBlocksCleared, BlocksRemoved, BlocksStored, InvalidConfig, KvEvent
+from extproc.runtime.readiness import Readiness
 
 log = logging.getLogger("extproc.admin")
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from extproc.errors import TokenizerUnavailable
-from extproc.request import MAX_TOKEN_ID
+from extproc.request.parse import MAX_TOKEN_ID
 
 
 class RemoteTokenizer:

@@ -24,14 +24,16 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Protocol
 
-from extproc import epp
-from extproc.admission import AdmissionGate
 from extproc.config import PickerConfig, WorkerConfig
+from extproc.epp import answers as epp
 from extproc.errors import NoEligibleWorker, PromptTooLong, TokenizerUnavailable, UnknownModel
 from extproc.groups import GroupCollector, GroupRequest, GroupSelector
-from extproc.outlier import OutlierEjection
-from extproc.pick_metrics import PickMetrics
-from extproc.request import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
+from extproc.picker.admission import AdmissionGate
+from extproc.picker.metrics import PickMetrics
+from extproc.picker.outlier import OutlierEjection
+from extproc.picker.prefill_health import WorkerHealth
+from extproc.request.parse import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
+from extproc.request.tokenizer import RequestTokenizer
 from extproc.router import (
     Decision,
     DisaggDecision,
@@ -44,8 +46,6 @@ from extproc.router import (
     WorkerSpec,
     prefill_router_config,
 )
-from extproc.tokenizer import RequestTokenizer
-from extproc.worker_health import WorkerHealth
 
 log = logging.getLogger("extproc.picker")
 

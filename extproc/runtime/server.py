@@ -32,15 +32,15 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from extproc.admin import AdminServer, start_admin
+from extproc.admin.api import AdminServer, start_admin
 from extproc.config import PickerConfig
-from extproc.discovery import WorkerDiscovery, start_discovery
+from extproc.epp.service import ExtProcService
 from extproc.events.sources import EventSources, start_event_sources
 from extproc.groups import GroupApiServer, GroupRouters, start_group_api
-from extproc.picker import EndpointPicker
-from extproc.readiness import Readiness
-from extproc.service import ExtProcService
-from extproc.tls import describe, server_credentials, server_pair
+from extproc.picker.pipeline import EndpointPicker
+from extproc.runtime.discovery import WorkerDiscovery, start_discovery
+from extproc.runtime.readiness import Readiness
+from extproc.runtime.tls import describe, server_credentials, server_pair
 
 log = logging.getLogger("extproc.server")
 

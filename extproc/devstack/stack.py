@@ -1,7 +1,7 @@
 """A whole local stack on loopback: mock workers, the picker and Envoy, as child processes.
 
 Used by the demo, the end-to-end tests and the benchmarks so they all start the product the
-same way a user does (`python -m extproc ...` and the configs in `envoy/`). Every process is
+same way a user does (`python -m extproc ...` and the configs in `extproc/devstack/envoy/`). Every process is
 stopped by its pid in `Stack.stop()`.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from extproc.envoy_config import Variant, render_envoy_config
-from extproc.procs import ManagedProcess, free_port, start_envoy, wait_for_port, wait_http_ok
+from extproc.devstack.envoy_config import Variant, render_envoy_config
+from extproc.devstack.procs import ManagedProcess, free_port, start_envoy, wait_for_port, wait_http_ok
 
 MODEL = "demo-model"
 

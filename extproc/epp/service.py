@@ -41,9 +41,9 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from extproc import epp
+from extproc.epp import answers as epp
 from extproc.errors import BodyTooLarge, PickerError, TooManyStreams
-from extproc.picker import Pick
+from extproc.picker.pipeline import Pick
 from extproc.router.errors import RouterError
 
 log = logging.getLogger("extproc.service")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extproc.events.sources import EventSources
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 
 SYNC_GRACE_S = 30.0
 

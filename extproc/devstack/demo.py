@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from extproc.stack import MODEL, start_stack
+from extproc.devstack.stack import MODEL, start_stack
 
 # demo mode -> (picker flags, whether the mock workers publish KV events)
 MODES: dict[str, tuple[tuple[str, ...], bool]] = {

@@ -1,9 +1,10 @@
-"""Envoy configurations that work with this picker: render the templates in `envoy/` for one deployment.
+"""Envoy configurations that work with this picker: render the templates in `envoy/` (next to this
+module, shipped as package data) for one deployment.
 
 Owns the mapping from a few deployment facts (ports, picker address, workers, limits) to the
 placeholders of `envoy/{buffered,duplex,failopen}.yaml`; the YAML files own everything else and are
 documented in `envoy/README.md`. No I/O besides reading the template; the caller writes or runs the
-result (see `extproc.procs.start_envoy`).
+result (see `extproc.devstack.procs.start_envoy`).
 
 Variants:
     buffered   request body BUFFERED, ORIGINAL_DST keyed on envoy.lb metadata, fails closed (default)
@@ -37,7 +38,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # Envoy's default buffer limit of 1 Mi
 # hung picker in FULL_DUPLEX_STREAMED, where Envoy 1.40 arms no message_timeout (measured).
 DEFAULT_STREAM_IDLE_TIMEOUT_S = 600
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "envoy"
+TEMPLATE_DIR = Path(__file__).resolve().parent / "envoy"  # package data: ships in the wheel
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +58,11 @@ class PickerTls:
 
 
 def template_path(variant: Variant) -> Path:
-    """The template file of `variant`; raises ValueError for an unknown variant, FileNotFoundError
-    when the templates are not there (they ship with the source tree, not inside the package)."""
+    """The template file of `variant` (package data, `extproc/devstack/envoy/`); raises ValueError for
+    an unknown variant."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown Envoy config variant {variant!r}; accepted: {', '.join(VARIANTS)}")
-    path = TEMPLATE_DIR / f"{variant}.yaml"
-    if not path.is_file():
-        # The templates live in the source tree (envoy/), next to the package, not inside it.
-        raise FileNotFoundError(f"Envoy template {path} not found; run from a source checkout of extproc")
-    return path
+    return TEMPLATE_DIR / f"{variant}.yaml"
 
 
 def render_envoy_config(

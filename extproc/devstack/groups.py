@@ -4,7 +4,7 @@ picker over them, and Envoy in front, all child processes.
 Used by `examples/hierarchical/`, the end-to-end tests and `benchmarks/bench_groups.py`, so they all
 start the product the way a user does: each group is `python -m extproc serve --group-api-port N`
 over its own workers (`extproc.stack.start_workers` / `start_picker`), the top-level picker is
-`python -m extproc serve` with a `groups:` section, and Envoy runs `envoy/buffered.yaml`. Every
+`python -m extproc serve` with a `groups:` section, and Envoy runs the `buffered` template. Every
 process is stopped by its pid.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from extproc.envoy_config import render_envoy_config
-from extproc.procs import ManagedProcess, free_port, start_envoy, wait_for_port
-from extproc.stack import MODEL, WorkerProcess, start_picker, start_workers
+from extproc.devstack.envoy_config import render_envoy_config
+from extproc.devstack.procs import ManagedProcess, free_port, start_envoy, wait_for_port
+from extproc.devstack.stack import MODEL, WorkerProcess, start_picker, start_workers
 
 
 @dataclass

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from extproc.events.feed import EVENT_FED, PREDICTED, STALE
 from extproc.events.sources import EventSources
-from extproc.picker import EndpointPicker
+from extproc.picker.pipeline import EndpointPicker
 
 SOURCES = (PREDICTED, EVENT_FED, STALE)
 

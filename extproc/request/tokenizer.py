@@ -21,10 +21,10 @@ from typing import Any, Protocol
 
 import tokenizers
 
-from extproc.chat_template import ChatTemplate
 from extproc.errors import TokenizerUnavailable
-from extproc.remote_tokenizer import RemoteTokenizer
-from extproc.request import ParsedRequest
+from extproc.request.chat_template import ChatTemplate
+from extproc.request.parse import ParsedRequest
+from extproc.request.remote_tokenizer import RemoteTokenizer
 
 log = logging.getLogger(__name__)
 

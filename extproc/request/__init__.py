@@ -1,0 +1,8 @@
+"""An OpenAI request body -> the token ids the engine will prefill.
+
+parse.py             the body -> `ParsedRequest` (what routing reads); the one converter
+tokenizer.py         `RequestTokenizer`: chat template + Hugging Face tokenizer, or the engine's
+                     /tokenize, or bytes; bounded cache
+chat_template.py     vLLM's chat-template rendering (the Jinja environment, messages, tools)
+remote_tokenizer.py  the engine's own /tokenize endpoint as a tokenizer
+"""
