@@ -187,7 +187,9 @@ async def test_a_new_replica_recovers_everything_from_snapshot_and_stream(nats_s
         workers.publish_round(prompts=3)
         last = await published_and_stored(workers, worker_link, r1.config)
         await eventually(  # r2 reloads the snapshot first: allow a loaded machine its time
-            lambda: r1.durable.applied_seq == r2.durable.applied_seq == last, timeout_s=15, what="both caught up"
+            lambda: r1.durable.applied_seq == r2.durable.applied_seq == last,
+            timeout_s=15,
+            what="both caught up",
         )
         assert r2.durable.counters["durable.reload"] >= 1
         before = r1.answers(workers.queries)
