@@ -44,6 +44,7 @@ from extproc.sim.replay import ReplayConfig, Replayer
 from extproc.sim.replay_disagg import DisaggReplayer, DisaggSetup
 from extproc.sim.replay_metrics import summarize
 from extproc.sim.trace import load_mooncake
+from extproc.sim.transfer import KvTransferModel
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 ROUTERS: dict[str, dict[str, Any]] = {
@@ -66,7 +67,7 @@ def replay_one(job: dict[str, Any]) -> dict[str, Any]:
         result = Replayer(requests, config).run()
     else:
         base, per_block = job["transfer"]
-        setup = DisaggSetup(prefill, DisaggPolicy(*job["policy"]), base, per_block)
+        setup = DisaggSetup(prefill, DisaggPolicy(*job["policy"]), KvTransferModel(base, per_block))
         result = DisaggReplayer(requests, config, setup).run()
     return {**job, "summary": summarize(result)}
 
@@ -172,10 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speedups", default="1,2")
     parser.add_argument("--routers", default=",".join(ROUTERS), help="comma list of: " + ", ".join(ROUTERS))
     parser.add_argument("--seeds", type=int, default=1, help="seeds per cell (default 1)")
+    transfer = KvTransferModel()  # the simulator's defaults, the mock worker's too
     parser.add_argument(
         "--transfers",
-        default="2:0.2",
-        help="KV transfer costs to compare, base_ms:ms_per_block, comma separated (default 2:0.2)",
+        default=f"{transfer.base_ms:g}:{transfer.ms_per_block:g}",
+        help="KV transfer costs to compare, base_ms:ms_per_block, comma separated (default %(default)s)",
     )
     defaults = DisaggPolicy()
     parser.add_argument("--min-remote-prefill-tokens", type=int, default=defaults.min_remote_prefill_tokens)

@@ -16,10 +16,11 @@ on the decode pod), with the prefill worker named by a request header as llm-d's
    engine block hashes of its KV events, `remote_host`, `remote_port`, `remote_block_size`,
    `num_blocks`).
 4. The decode worker waits the simulated transfer of the blocks it does not cache yet
-   (`kv_transfer_base_ms + kv_transfer_ms_per_block * blocks`, simulated ms: divided by `speedup`
-   like pass times), lands them in its own pool (`Engine.receive_blocks`: stored, so it publishes
-   BlockStored for them as vLLM's decode side does) and generates; admission then finds them
-   cached and computes only the rest of the prompt (at least its last token).
+   (`extproc.sim.transfer.KvTransferModel`, the replay's model too: `--kv-transfer-base-ms` +
+   `--kv-transfer-ms-per-block` x blocks, simulated ms: divided by `speedup` like pass times),
+   lands them in its own pool (`Engine.receive_blocks`: stored, so it publishes BlockStored for
+   them as vLLM's decode side does) and generates; admission then finds them cached and computes
+   only the rest of the prompt (at least its last token).
 
 A failed prefill (refused, timed out, non-2xx, no `kv_transfer_params`) is logged and the decode
 worker prefills locally; a header naming this very worker, a prefill-role worker and a prefill
@@ -36,7 +37,7 @@ import ipaddress
 import logging
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
@@ -45,6 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.sim.engine import Engine
+from extproc.sim.transfer import KvTransferModel, add_kv_transfer_arguments, kv_transfer_from_args
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +57,6 @@ PREFILL_SOURCES = (REMOTE, LOCAL, LOCAL_FALLBACK)
 PREFILL_SOURCE_HEADER = "x-prefill-source"
 DEFAULT_PREFILL_ENDPOINT_HEADER = "x-prefill-endpoint"
 
-# KV transfer defaults: a 64-token block of an 8B model in fp16 (32 layers x 8 KV heads x 128 x 2 x
-# 2 bytes per token) is about 8 MB, so 0.5 ms per block is ~17 GB/s of RDMA; 2 ms for the handshake.
-DEFAULT_KV_TRANSFER_BASE_MS = 2.0
-DEFAULT_KV_TRANSFER_MS_PER_BLOCK = 0.5
 TRANSFER_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -68,8 +66,7 @@ class DisaggWorkerConfig:
 
     role: str = BOTH  # prefill | decode | both: see the module docstring for what each does
     prefill_endpoint_header: str = DEFAULT_PREFILL_ENDPOINT_HEADER
-    kv_transfer_base_ms: float = DEFAULT_KV_TRANSFER_BASE_MS  # simulated ms per transfer
-    kv_transfer_ms_per_block: float = DEFAULT_KV_TRANSFER_MS_PER_BLOCK  # simulated ms per block moved
+    kv_transfer: KvTransferModel = field(default_factory=KvTransferModel)  # simulated transfer time
     remote_prefill_timeout_s: float = 60.0  # real seconds for the whole prefill call
 
     def __post_init__(self) -> None:
@@ -77,17 +74,10 @@ class DisaggWorkerConfig:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if not self.prefill_endpoint_header.strip():
             raise ValueError("prefill_endpoint_header must be a header name, got an empty string")
-        for name in ("kv_transfer_base_ms", "kv_transfer_ms_per_block"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be at least 0, got {getattr(self, name)!r}")
         if not self.remote_prefill_timeout_s > 0:
             raise ValueError(
                 f"remote_prefill_timeout_s must be positive, got {self.remote_prefill_timeout_s!r}"
             )
-
-    def transfer_ms(self, num_blocks: int) -> float:
-        """Simulated ms to move `num_blocks` blocks from a prefill worker."""
-        return self.kv_transfer_base_ms + self.kv_transfer_ms_per_block * num_blocks
 
 
 class PrefillFailed(Exception):
@@ -254,7 +244,7 @@ class Disaggregation:
         salt = salt if isinstance(salt, str) and salt else None
         hashes = driver.engine.transferable_blocks(token_ids, salt)[: remote_tokens // self.block_size]
         missing = len(hashes) - driver.engine.cache.match_prefix(hashes)
-        await asyncio.sleep(self.config.transfer_ms(missing) / 1000.0 / driver.speedup)
+        await asyncio.sleep(self.config.kv_transfer.duration_ms(missing) / 1000.0 / driver.speedup)
         elapsed_ms = driver.now_ms() - start_ms
         if not driver.engine.receive_blocks(hashes, token_ids, salt):
             log.warning("no room for %d received blocks; the engine recomputes them", len(hashes))
@@ -316,18 +306,7 @@ def add_disagg_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.prefill_endpoint_header,
         help="request header naming the prefill worker (ip:port) (default: %(default)s)",
     )
-    parser.add_argument(
-        "--kv-transfer-base-ms",
-        type=float,
-        default=d.kv_transfer_base_ms,
-        help="simulated ms of every KV transfer from a prefill worker (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--kv-transfer-ms-per-block",
-        type=float,
-        default=d.kv_transfer_ms_per_block,
-        help="simulated ms per block transferred, only blocks not cached here (default: %(default)s)",
-    )
+    add_kv_transfer_arguments(parser, "only blocks not cached here")
     parser.add_argument(
         "--remote-prefill-timeout-s",
         type=float,
@@ -341,7 +320,6 @@ def disagg_config_from_args(args: argparse.Namespace) -> DisaggWorkerConfig:
     return DisaggWorkerConfig(
         role=args.role,
         prefill_endpoint_header=args.prefill_endpoint_header,
-        kv_transfer_base_ms=args.kv_transfer_base_ms,
-        kv_transfer_ms_per_block=args.kv_transfer_ms_per_block,
+        kv_transfer=kv_transfer_from_args(args),
         remote_prefill_timeout_s=args.remote_prefill_timeout_s,
     )

@@ -27,6 +27,7 @@ from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult
 from extproc.sim.replay_disagg import DisaggReplayer, DisaggSetup
 from extproc.sim.replay_metrics import format_summary, summarize
 from extproc.sim.trace import TraceError, load_mooncake
+from extproc.sim.transfer import add_kv_transfer_arguments, kv_transfer_from_args
 
 ROUTERS = tuple(m.value for m in RouterMode)
 
@@ -95,19 +96,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         type=_prefill_decode,
         help="replay P prefill and D decode workers (the picker's two-stage router) instead of --workers",
     )
-    setup = DisaggSetup(0)
-    disagg.add_argument(
-        "--kv-transfer-base-ms",
-        type=float,
-        default=setup.transfer_base_ms,
-        help="simulated KV transfer time per request (default: %(default)s)",
-    )
-    disagg.add_argument(
-        "--kv-transfer-ms-per-block",
-        type=float,
-        default=setup.transfer_ms_per_block,
-        help="simulated KV transfer time per transferred block (default: %(default)s)",
-    )
+    add_kv_transfer_arguments(disagg, "the prompt's full blocks up to the cached-prefix cap")
     add_options(disagg, DISAGG_OPTIONS, skip=("prefill_endpoint_header", "prefill_health_interval_secs"))
 
 
@@ -143,7 +132,7 @@ def disagg_setup(args: argparse.Namespace, environ: Mapping[str, str]) -> Disagg
     if args.disagg is None:
         return None
     policy = _load(args, environ).disagg.policy
-    return DisaggSetup(args.disagg[0], policy, args.kv_transfer_base_ms, args.kv_transfer_ms_per_block)
+    return DisaggSetup(args.disagg[0], policy, kv_transfer_from_args(args))
 
 
 def _routers(args: argparse.Namespace) -> list[str]:
@@ -252,8 +241,8 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
             doc["disagg"] = {
                 "prefill_workers": setup.prefill_workers,
                 "decode_workers": workers,
-                "kv_transfer_base_ms": setup.transfer_base_ms,
-                "kv_transfer_ms_per_block": setup.transfer_ms_per_block,
+                "kv_transfer_base_ms": setup.kv_transfer.base_ms,
+                "kv_transfer_ms_per_block": setup.kv_transfer.ms_per_block,
                 "min_remote_prefill_tokens": setup.policy.min_remote_prefill_tokens,
                 "max_decode_prefix_frac": setup.policy.max_decode_prefix_frac,
                 "decode_overlap_weight": setup.policy.decode_overlap_weight,

@@ -10,13 +10,13 @@ Per request:
   worker): the decode engine prefills and decodes it, exactly as an aggregated replay does.
 - Remote: the prefill engine computes the prompt as a request with one output token (its KV events
   reach the prefill router). When that token is emitted the KV transfer starts; it lasts
-  `transfer_base_ms + transfer_ms_per_block * blocks` for the prompt's transferable blocks (its full
-  blocks up to the cached-prefix cap). It then lands in the decode engine's pool as cached blocks
-  (`Engine.receive_blocks`: they are reported stored to the decode router) and the request joins the
-  decode engine's queue, which is admitted with them as its cached prefix, computes the rest of the
-  prompt (1 to B tokens, priced by the prefill formula like any prefill) and decodes. Its TTFT is
-  that first decode-side token: prefill + transfer + the decode engine's first pass; its ITL the
-  decode engine's. Its prefix reuse is the prefill engine's.
+  `setup.kv_transfer.duration_ms(blocks)` (`extproc.sim.transfer`, the mock worker's model too) for
+  the prompt's transferable blocks (its full blocks up to the cached-prefix cap). It then lands in
+  the decode engine's pool as cached blocks (`Engine.receive_blocks`: they are reported stored to
+  the decode router) and the request joins the decode engine's queue, which is admitted with them as
+  its cached prefix, computes the rest of the prompt (1 to B tokens, priced by the prefill formula
+  like any prefill) and decodes. Its TTFT is that first decode-side token: prefill + transfer + the
+  decode engine's first pass; its ITL the decode engine's. Its prefix reuse is the prefill engine's.
 - Lifecycle to the router: `first_token` when the decode engine emits the first token, `free` at
   the end (or when an engine refuses the request).
 
@@ -39,6 +39,7 @@ from extproc.sim.engine import PassEntry, RequestTooLarge
 from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult, _Worker
 from extproc.sim.replay_router import DisaggRouterAdapter, ReplayRouter, RouteResult
 from extproc.sim.trace import TraceRequest
+from extproc.sim.transfer import KvTransferModel
 
 _TRANSFER = 3  # a KV transfer lands on its decode worker (after pass ends, KV events and polls)
 
@@ -49,17 +50,11 @@ class DisaggSetup:
 
     prefill_workers: int
     policy: DisaggPolicy = field(default_factory=DisaggPolicy)
-    transfer_base_ms: float = 2.0  # per transfer (connection, completion notice)
-    transfer_ms_per_block: float = 0.2  # a 64-token block of an 8B model (~8 MiB) at ~40 GB/s
+    kv_transfer: KvTransferModel = field(default_factory=KvTransferModel)
 
     def __post_init__(self) -> None:
         if self.prefill_workers < 0:
             raise ValueError(f"prefill_workers must be >= 0, got {self.prefill_workers}")
-        if self.transfer_base_ms < 0 or self.transfer_ms_per_block < 0:
-            raise ValueError("KV transfer times must be >= 0")
-
-    def transfer_ms(self, blocks: int) -> float:
-        return self.transfer_base_ms + self.transfer_ms_per_block * blocks
 
 
 @dataclass(slots=True)
@@ -163,7 +158,7 @@ class DisaggReplayer(Replayer):
             flight.blocks = compute_sequence_hashes(flight.local[:cap])
             record = self._records[entry.request_id]
             record.prefill_end_ms = self.now_ms
-            record.transfer_ms = self.setup.transfer_ms(len(flight.blocks))
+            record.transfer_ms = self.setup.kv_transfer.duration_ms(len(flight.blocks))
             self._push(self.now_ms + record.transfer_ms, _TRANSFER, entry.request_id)
         return 0
 

@@ -34,6 +34,7 @@ from extproc.sim.mock_worker import (
     config_from_args,
     make_app,
 )
+from extproc.sim.transfer import KvTransferModel
 
 BS = 16
 MODEL = "demo-model"
@@ -53,8 +54,7 @@ def worker_config(
 ) -> MockWorkerConfig:
     disagg = DisaggWorkerConfig(
         role=role,
-        kv_transfer_base_ms=BASE_MS,
-        kv_transfer_ms_per_block=PER_BLOCK_MS,
+        kv_transfer=KvTransferModel(BASE_MS, PER_BLOCK_MS),
         remote_prefill_timeout_s=timeout_s,
     )
     return MockWorkerConfig(
@@ -311,10 +311,10 @@ async def test_role_flags_build_the_config_and_the_role_is_reported():
         [*flags, "--kv-transfer-ms-per-block", "0.25", "--remote-prefill-timeout-s", "5"]
     )
     disagg = config_from_args(args).disagg
-    assert disagg == DisaggWorkerConfig("decode", "x-p", 3.0, 0.25, 5.0)
+    assert disagg == DisaggWorkerConfig("decode", "x-p", KvTransferModel(3.0, 0.25), 5.0)
     assert config_from_args(parser.parse_args([])).disagg == DisaggWorkerConfig()  # aggregated by default
-    with pytest.raises(ValueError, match="kv_transfer_ms_per_block"):
-        DisaggWorkerConfig(kv_transfer_ms_per_block=-1)
+    with pytest.raises(ValueError, match="--kv-transfer-ms-per-block"):
+        config_from_args(parser.parse_args(["--kv-transfer-ms-per-block", "-1"]))
     async with serving(worker_config("d", "decode")) as (decode,):
         card = (await (await decode.get("/v1/models")).json())["data"][0]
         assert card["role"] == "decode"

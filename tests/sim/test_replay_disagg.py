@@ -19,6 +19,7 @@ from extproc.sim.replay_disagg import DisaggReplayer, DisaggSetup
 from extproc.sim.replay_router import DisaggRouterAdapter
 from extproc.sim.timing import prefill_ms
 from extproc.sim.trace import write_mooncake
+from extproc.sim.transfer import KvTransferModel
 
 from .replay_helpers import replayer
 from .test_replay_events import churn, tree_blocks
@@ -43,7 +44,7 @@ def long_prompt(i: int, blocks: int = 10) -> list[int]:
 def test_a_remote_prompt_is_prefilled_then_transferred_and_its_ttft_adds_the_three_stages(tmp_path):
     # one 100-token prompt on idle engines: prefill pass, transfer of its 6 full blocks up to the
     # cached-prefix cap, then the decode engine's first pass computes the last 4 tokens
-    run = disagg(tmp_path, [(0, 100, 5, long_prompt(0, 7))], transfer_base_ms=5.0, transfer_ms_per_block=1.0)
+    run = disagg(tmp_path, [(0, 100, 5, long_prompt(0, 7))], kv_transfer=KvTransferModel(5.0, 1.0))
     (record,) = run.run().records
     assert record.remote_prefill and record.worker in (0, 1) and record.prefill_worker == 2
     assert record.prefill_end_ms == pytest.approx(prefill_ms(100))
