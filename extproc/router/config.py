@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, fields, replace
+from typing import TypeGuard, TypeVar
 
 from extproc.router.errors import InvalidConfig
 from extproc.router.prefill_model import PrefillTiming
@@ -160,12 +161,12 @@ class RouterConfig:
         return replace(self, **changes) if changes else self
 
 
-def _finite(value: float) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
 def _fraction_or_none(value: object) -> bool:
-    return value is None or (_finite(value) and 0 <= value <= 1)  # type: ignore[operator]
+    return value is None or (_finite(value) and 0 <= value <= 1)
 
 
 def _check(ok: bool, name: str, value: object, accepted: str) -> None:
@@ -173,8 +174,13 @@ def _check(ok: bool, name: str, value: object, accepted: str) -> None:
         raise InvalidConfig(name, value, accepted)
 
 
-def _enum(cls: type[enum.StrEnum], name: str, value: object) -> enum.StrEnum:
-    try:
-        return cls(value)
-    except ValueError:
-        raise InvalidConfig(name, value, "one of " + ", ".join(m.value for m in cls)) from None
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+def _enum(cls: type[_E], name: str, value: object) -> _E:
+    if isinstance(value, str):  # a member is a str too
+        try:
+            return cls(value)
+        except ValueError:
+            pass
+    raise InvalidConfig(name, value, "one of " + ", ".join(m.value for m in cls))

@@ -49,7 +49,7 @@ def tokens_as_u32le(tokens: TokenIds) -> memoryview:
     if isinstance(tokens, np.ndarray):
         if tokens.size and (tokens.dtype.kind not in "iu" or tokens.min() < 0 or tokens.max() > 0xFFFFFFFF):
             raise ValueError("token ids must be integers in [0, 2**32)")
-        return memoryview(np.ascontiguousarray(tokens, dtype="<u4")).cast("B")
+        return np.ascontiguousarray(tokens, dtype="<u4").data.cast("B")
     try:
         arr = array.array("I", tokens)
     except (OverflowError, TypeError) as exc:
@@ -85,7 +85,7 @@ def compute_sequence_hashes(local_hashes: Sequence[int]) -> list[int]:
     if not local_hashes:
         return []
     pair = np.empty(2, dtype="<u8")
-    raw = memoryview(pair).cast("B")
+    raw = pair.data.cast("B")  # a live view: hashes what `pair` holds at each call
     out = [local_hashes[0]]
     prev = local_hashes[0]
     for h in local_hashes[1:]:

@@ -76,15 +76,18 @@ class PrefillTiming:
             raise InvalidConfig("prefill_timing", text, "3 or 6 comma-separated numbers") from None
         if len(values) not in (3, 6):
             raise InvalidConfig("prefill_timing", text, "3 or 6 comma-separated numbers")
-        names = (
-            "prefill_quadratic_ms",
-            "prefill_linear_ms",
-            "prefill_constant_ms",
-            "decode_quadratic_ms",
-            "decode_linear_ms",
-            "decode_constant_ms",
+        a, b, c = values[:3]
+        if len(values) == 3:
+            return cls(prefill_quadratic_ms=a, prefill_linear_ms=b, prefill_constant_ms=c)
+        d2, d1, d0 = values[3:]
+        return cls(
+            prefill_quadratic_ms=a,
+            prefill_linear_ms=b,
+            prefill_constant_ms=c,
+            decode_quadratic_ms=d2,
+            decode_linear_ms=d1,
+            decode_constant_ms=d0,
         )
-        return cls(**dict(zip(names, values, strict=False)))
 
     def prefill_ms(self, tokens: float) -> float:
         """One pass computing `tokens` uncached prompt tokens (no decode part)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from extproc.router.types import (
     AllBlocksCleared,
@@ -50,7 +50,9 @@ class _Node:
 
     __slots__ = ("children", "eids", "hashes", "parent", "partial", "workers")
 
-    def __init__(self, parent: _Node | None, hashes: list[int], workers: int, eids: dict[int, list]) -> None:
+    def __init__(
+        self, parent: _Node | None, hashes: list[int], workers: int, eids: dict[int, list[int]]
+    ) -> None:
         self.parent = parent
         self.hashes = hashes
         self.workers = workers  # bitmask of worker slots holding every block of the run
@@ -80,8 +82,8 @@ class RadixTree:
         self._slot: dict[Worker, int] = {}
         self._worker_at: list[Worker | None] = []
         self._blocks: dict[Worker, dict[int, _Node]] = {}  # per worker: engine id -> run
-        self._maps: list[dict[Any, _Node]] = []  # the same maps, by slot (a free slot: empty)
-        self._aliases: list[dict[Any, Any]] = []  # by slot: extra engine id -> first one
+        self._maps: list[dict[int, _Node]] = []  # the same maps, by slot (a free slot: empty)
+        self._aliases: list[dict[int, int]] = []  # by slot: extra engine id -> first one
         self._num_nodes = 0
         self.stats = IndexerStats()
 
@@ -95,7 +97,9 @@ class RadixTree:
         children = self._root.children
         if not n or children is None:
             return scores
-        worker_at = self._worker_at
+        # A free slot (None) holds no bit in any run, and the first run narrows `active` to bits
+        # it holds, so every slot scored below names a live worker.
+        worker_at = cast(list[Worker], self._worker_at)
         active = (1 << len(worker_at)) - 1
         depth = 0
         while True:
@@ -115,12 +119,12 @@ class RadixTree:
                     while part:
                         low = part & -part
                         slot = low.bit_length() - 1
-                        scores[worker_at[slot]] = depth + min(matched, len(node.eids[slot]))  # type: ignore[index]
+                        scores[worker_at[slot]] = depth + min(matched, len(node.eids[slot]))
                         part ^= low
                 if depth:
                     while dropped:
                         low = dropped & -dropped
-                        scores[worker_at[low.bit_length() - 1]] = depth  # type: ignore[index]
+                        scores[worker_at[low.bit_length() - 1]] = depth
                         dropped ^= low
                 active = held
                 if not held:
@@ -137,7 +141,7 @@ class RadixTree:
             break
         while active:
             low = active & -active
-            scores[worker_at[low.bit_length() - 1]] = depth  # type: ignore[index]
+            scores[worker_at[low.bit_length() - 1]] = depth
             active ^= low
         return scores
 
@@ -167,7 +171,7 @@ class RadixTree:
                 for i, engine_hash in enumerate(node.eids[slot]):
                     yield worker, engine_hash, base + tuple(run[: i + 1])
             for alias, first in aliases.items():
-                node, off = self._locate(slot, first)  # type: ignore[misc]
+                node, off = self._locate_held(slot, first)
                 yield worker, alias, _path(node.parent) + tuple(node.hashes[: off + 1])
 
     # --- writing -----------------------------------------------------------------------------
@@ -356,7 +360,7 @@ class RadixTree:
         if before is None:
             node, end = self._root, 0
         else:
-            node, end = self._locate(slot, before)  # type: ignore[misc]
+            node, end = self._locate_held(slot, before)
             end += 1
         for j in range(i, len(hs)):
             node, end = self._store_one(slot, node, end, es[j], hs[j])
@@ -420,7 +424,7 @@ class RadixTree:
         assert found is not None
         return found[0], found[1] + 1
 
-    def _detach(self, slot: int, engine_hash: int) -> object | None:
+    def _detach(self, slot: int, engine_hash: int) -> int | None:
         """Unnames a block (no structural change); returns a stand-in key if the worker loses it."""
         m = self._maps[slot]
         aliases = self._aliases[slot]
@@ -431,7 +435,9 @@ class RadixTree:
             return None
         if aliases and self._promote(slot, engine_hash, node):
             return None
-        token = object()  # holds the place until released; splits re-point it like an engine id
+        # Holds the place until released; splits re-point it like an engine id. Typed as one: it
+        # lives only until `_store_one` releases it, so no reader of the maps ever sees it.
+        token = cast(int, object())
         ids = node.eids[slot]
         ids[_index(ids, engine_hash)] = token
         del m[engine_hash]
@@ -495,21 +501,21 @@ class RadixTree:
             if aliases and self._promote(slot, engine_hash, node):
                 removed += 1
                 continue
-            ids = by_node.get(node)
-            if ids is None:
+            named = by_node.get(node)
+            if named is None:
                 by_node[node] = {engine_hash: None}
-            elif engine_hash in ids:
+            elif engine_hash in named:
                 unknown += 1  # named twice in one event
                 continue
             else:
-                ids[engine_hash] = None
+                named[engine_hash] = None
             removed += 1
         self.stats.removed_blocks += removed
         self.stats.unknown_removal += unknown
         if by_node:
             self._release(slot, by_node)
 
-    def _release(self, slot: int, by_node: dict[_Node, dict]) -> None:
+    def _release(self, slot: int, by_node: dict[_Node, dict[int, None]]) -> None:
         """The worker stops holding the named blocks (no aliases left): cut, split, settle.
 
         Blocks at the end of what the worker holds in a run only shorten its list; a block
@@ -568,6 +574,12 @@ class RadixTree:
                 return None
             node, engine_hash = m[first], first
         return node, _index(node.eids[slot], engine_hash)
+
+    def _locate_held(self, slot: int, engine_hash: int) -> tuple[_Node, int]:
+        """`_locate` for an engine id the worker is known to hold (an alias's first id, a stored parent)."""
+        found = self._locate(slot, engine_hash)
+        assert found is not None, f"engine id {engine_hash} is not held in slot {slot}"
+        return found
 
     def _split(self, node: _Node, k: int) -> tuple[_Node, _Node]:
         """Cuts `node` after its first k blocks into (upper, lower), one of them `node` itself.
@@ -656,12 +668,11 @@ class RadixTree:
         """After `node`'s holders changed: cut blocks nobody holds off leaves (unlinking empty
         ones, upward), merge runs that need no cut."""
         root = self._root
-        while node.parent is not None:  # not the root, nor a run already unlinked
+        while (parent := node.parent) is not None:  # not the root, nor a run already unlinked
             if node.children is None and node.partial and not node.workers:
                 del node.hashes[max(map(len, node.eids.values())) :]
                 _recount(node)
             if not node.eids and node.children is None:
-                parent = node.parent
                 assert parent.children is not None
                 del parent.children[node.hashes[0]]
                 if not parent.children:
@@ -670,7 +681,6 @@ class RadixTree:
                 self._num_nodes -= 1
                 node = parent
                 continue
-            parent = node.parent
             assert parent.children is not None
             if (
                 parent is not root
@@ -709,7 +719,7 @@ class RadixTree:
                 blocks = tuple(map(StoredBlock, node.eids[slot], node.hashes))  # zip: a prefix
                 _emit(events, worker, chain, blocks, parent)
             for alias, first in aliases.items():
-                node, off = self._locate(slot, first)  # type: ignore[misc]
+                node, off = self._locate_held(slot, first)
                 chain, parent = self._dump_parent(slot, node, off, stand_ins)
                 _emit(events, worker, chain, (StoredBlock(alias, node.hashes[off]),), parent)
         return events
@@ -763,7 +773,9 @@ def _recount(node: _Node) -> None:
     node.workers, node.partial = full, part
 
 
-def _fresh(seg: list[int], node: _Node, m: dict, aliases: dict) -> dict | None:
+def _fresh(
+    seg: list[int], node: _Node, m: dict[int, _Node], aliases: dict[int, int]
+) -> dict[int, _Node] | None:
     """{engine id: node} for new ids, or None if one repeats or the worker already uses one."""
     fresh = dict.fromkeys(seg, node)
     if len(fresh) != len(seg) or not m.keys().isdisjoint(fresh):
@@ -787,7 +799,7 @@ def _common(run: list[int], a: int, q: list[int], b: int, limit: int) -> int:
     return lo
 
 
-def _index(ids: list, engine_hash: object) -> int:
+def _index(ids: list[int], engine_hash: int) -> int:
     """Offset of an engine id in a run (most lookups are for its last block)."""
     if ids[-1] == engine_hash:
         return len(ids) - 1
@@ -807,9 +819,12 @@ def _depth(node: _Node, memo: dict[int, int]) -> int:
     stack = []
     while id(node) not in memo:
         stack.append(node)
-        node = node.parent  # type: ignore[assignment]
+        parent = node.parent
+        assert parent is not None, "a held run's ancestors reach the root, which is in memo"
+        node = parent
     base = memo[id(node)]
-    for n in reversed(stack):
-        base += len(n.parent.hashes)
+    for n in reversed(stack):  # `node` is n's parent
+        base += len(node.hashes)
         memo[id(n)] = base
+        node = n
     return base

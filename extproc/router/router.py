@@ -15,6 +15,7 @@ import logging
 import random
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from extproc.router.approx import ApproxIndexer, is_predicted_id
 from extproc.router.config import RouterConfig, RouterConfigOverride, RouterMode
@@ -30,6 +31,7 @@ from extproc.router.types import (
     Decision,
     KvEvent,
     Worker,
+    WorkerCost,
     WorkerId,
     WorkerLoad,
     WorkerSpec,
@@ -257,7 +259,7 @@ class KvRouter:
                 ratio=cfg.cuda_to_cpu_ratio,
             )
 
-        costs = ()
+        costs: tuple[WorkerCost, ...] = ()
         if cfg.mode in KV_RULES or len(eligible) == 1:
             loads = self._loads(eligible, block_keys, isl, overlaps)
             worker_costs = compute_costs(loads, cfg.block_size, cfg.overlap_score_weight)
@@ -392,7 +394,8 @@ class KvRouter:
         for name in values:
             if name not in known:
                 raise InvalidConfig(name, values[name], "one of " + ", ".join(known))
-        self.config = replace(self.config, **values)
+        changes: dict[str, Any] = dict(values)  # names checked above, values by RouterConfig itself
+        self.config = replace(self.config, **changes)
         return self.thresholds()
 
     # --- lifecycle ---------------------------------------------------------------------------

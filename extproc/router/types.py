@@ -10,6 +10,7 @@ same content differently.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -141,5 +142,6 @@ class Decision:
     def dp_rank(self) -> int:
         return self.worker.dp_rank
 
-    def __iter__(self):  # (worker_id, dp_rank, overlap_blocks), as Dynamo's best_worker returns
+    def __iter__(self) -> Iterator[WorkerId]:
+        """(worker_id, dp_rank, overlap_blocks), as Dynamo's best_worker returns (the last two are ints)."""
         return iter((self.worker.worker_id, self.worker.dp_rank, self.overlap_blocks))
