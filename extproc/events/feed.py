@@ -62,12 +62,12 @@ class RouterFeed:
 
     def __init__(
         self,
-        routers: Mapping[WorkerId, KvRouter],
+        routers: Mapping[str, KvRouter] | Mapping[WorkerId, KvRouter],  # (Mapping's keys are invariant)
         counters: EventCounters | None = None,
         *,
         recover_after_stores: int = RECOVER_AFTER_STORES,
     ) -> None:
-        self.routers = dict(routers)
+        self.routers: dict[WorkerId, KvRouter] = dict(routers.items())
         self.counters = counters or EventCounters()
         self.recover_after_stores = recover_after_stores
         self._state: dict[Worker, str] = {}

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import threading
@@ -99,7 +100,7 @@ class NatsLink:
         link._nc = await nats.connect(
             servers,
             name=name,
-            connect_timeout=connect_timeout_s,  # type: ignore[arg-type]
+            connect_timeout=connect_timeout_s,
             allow_reconnect=True,
             max_reconnect_attempts=-1,
             ping_interval=PING_INTERVAL_S,
@@ -281,7 +282,7 @@ class NatsEventSubscriber:
             sub = await self.link.nc.subscribe(subject, cb=handler, pending_msgs_limit=self.queue_size)
             self._subs.append(sub)
             self._unwatch_overflow.append(
-                self.link.on_overflow(sub, lambda subject=subject: self._on_overflow(subject))
+                self.link.on_overflow(sub, functools.partial(self._on_overflow, subject))
             )
         await self.link.nc.flush()  # the subscriptions are registered when start returns
 
@@ -408,6 +409,7 @@ class OrderedSender:
         if self._task is not None:
             await asyncio.wait_for(self._queue.join(), timeout_s)
         if self._nc.is_connected:
+            # nats-py annotates the timeout as int; a float goes to asyncio.wait_for as is
             await self._nc.flush(timeout=timeout_s)  # type: ignore[arg-type]
 
     async def stop(self) -> None:

@@ -75,7 +75,7 @@ async def _first_attempt(url: str, events: EventsConfig, options: dict[str, Any]
     try:
         nc = await nats.connect(
             url,
-            connect_timeout=FIRST_ATTEMPT_TIMEOUT_S,  # type: ignore[arg-type]
+            connect_timeout=FIRST_ATTEMPT_TIMEOUT_S,
             allow_reconnect=False,
             max_reconnect_attempts=0,
             error_cb=quiet,
@@ -84,14 +84,17 @@ async def _first_attempt(url: str, events: EventsConfig, options: dict[str, Any]
     except Exception as exc:  # (nats-py may leave a refused TLS socket for the collector to close)
         if not _is_refusal(exc, events):
             log.warning(
-                "NATS at %s does not answer yet (%s); retrying until it does", url, exc or type(exc).__name__
+                "NATS at %s does not answer yet (%s); retrying until it does",
+                url,
+                str(exc) or type(exc).__name__,
             )
             return
         _refused(url, exc, events)
     # TLS 1.3: the server's verdict on our certificate may come after the handshake, so make one
     # round trip before calling the connection good (otherwise the link would retry forever).
     with contextlib.suppress(Exception):
-        await nc.flush(timeout=FIRST_ATTEMPT_TIMEOUT_S)
+        # nats-py annotates the timeout as int; a float goes to asyncio.wait_for as is
+        await nc.flush(timeout=FIRST_ATTEMPT_TIMEOUT_S)  # type: ignore[arg-type]
     error = nc.last_error
     await nc.close()
     if error is not None and _is_refusal(error, events):

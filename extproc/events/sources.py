@@ -25,7 +25,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import zmq.asyncio
@@ -63,7 +63,7 @@ class EventSources:
     nats_events: NatsEventSubscriber | None = None  # core NATS: JSON and event-plane subjects
     durable: DurableKvEvents | None = None
     replica_sync: ReplicaSync | None = None
-    closers: list = field(default_factory=list)  # async callables, stopped in reverse order
+    closers: list[Callable[[], Awaitable[object]]] = field(default_factory=list)  # stopped in reverse order
     instance_ids: dict[int, WorkerId] = field(default_factory=dict)  # NATS instance id -> worker id
 
     def states(self) -> dict[Worker, str]:
@@ -268,8 +268,8 @@ class WorkerSetFollower:
         pool = self.picker.pools[model]
         for wid in removed:
             feed.routers.pop(wid, None)
-            for iid in [i for i, w in ids.items() if w == wid]:
-                del ids[iid]
+            for gone in [i for i, w in ids.items() if w == wid]:
+                del ids[gone]
         for w in added:
             feed.routers[w.id] = pool.router_for(w)  # a prefill worker's events feed the prefill router
             if (iid := _instance_id(w)) is not None:
