@@ -81,9 +81,9 @@ class PickerCollector(Collector):
         )
         for model, pool in self.picker.pools.items():
             queue_depth.add_metric([model], len(pool.gate))
-            stats = pool.gate.stats
+            gate_stats = pool.gate.stats
             for outcome in ("queued", "released", "timed_out", "shed", "cancelled"):
-                queue_events.add_metric([model, outcome], getattr(stats, outcome))
+                queue_events.add_metric([model, outcome], getattr(gate_stats, outcome))
             pinned.add_metric([model], len(pool.sessions))
         yield from (prefill, decode, cached, source, indexer, queue_depth, queue_events, pinned)
         transport = CounterMetricFamily(
@@ -98,6 +98,6 @@ class PickerCollector(Collector):
             "resynchronised after each.",
             labels=["source", "worker", "reason"],
         )
-        for (source_name, worker, reason), value in sorted(self.sources.counters.drops.items()):
-            dropped.add_metric([source_name, worker, reason], value)
+        for (source_name, worker_id, reason), value in sorted(self.sources.counters.drops.items()):
+            dropped.add_metric([source_name, worker_id, reason], value)
         yield dropped
