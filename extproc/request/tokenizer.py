@@ -143,8 +143,8 @@ class HfTokenizer:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text the engine builds for this conversation. Raises `TokenizerUnavailable`."""
-        if (chat_template_kwargs or {}).get("tools") is not None:
-            tools = chat_template_kwargs["tools"]  # type: ignore[index]  # vLLM picks the template by these
+        if chat_template_kwargs and chat_template_kwargs.get("tools") is not None:
+            tools = chat_template_kwargs["tools"]  # vLLM picks the template by these
         if tools is not None and "tool_use" in self.chat_templates:
             template = self.chat_templates["tool_use"]
         elif "default" in self.chat_templates:

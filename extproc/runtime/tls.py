@@ -34,6 +34,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from extproc.config import ClientTlsConfig, TlsConfig
@@ -215,7 +216,7 @@ def _certificates(path: str, pem: bytes) -> list[x509.Certificate]:
         raise TlsError(f"{path}: no PEM certificate in it") from None
 
 
-def _public_der(public_key: object) -> bytes:
-    return public_key.public_bytes(  # type: ignore[attr-defined]
+def _public_der(public_key: PublicKeyTypes) -> bytes:
+    return public_key.public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
