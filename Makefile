@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test demo lint bench protos clean
+.PHONY: install test demo lint typecheck bench protos clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,11 @@ install: $(VENV)/.installed
 lint: install
 	$(PY) -m ruff check extproc tests benchmarks examples
 
-test: install lint
+# mypy's settings, and the packages it skips for now, are in pyproject.toml's [tool.mypy].
+typecheck: install
+	@$(PY) -m mypy || { echo "make typecheck: mypy found type errors (above); settings in pyproject.toml [tool.mypy]"; exit 1; }
+
+test: install lint typecheck
 	$(PY) -m pytest -q
 
 demo: install
@@ -31,4 +35,4 @@ protos: install
 		--python_out=. --pyi_out=. --grpc_python_out=. extproc/groups/router_group.proto
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
