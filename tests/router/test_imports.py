@@ -28,9 +28,60 @@ def test_router_core_imports_only_itself_and_pure_libraries():
                 assert name.startswith("extproc.router"), f"{path.name} imports {name}"
 
 
-def test_public_api_is_importable_as_documented():
-    from extproc.router import KvRouter, RouterConfig, compute_block_hashes  # noqa: F401
+# The router's public names, exactly: adding or removing one is a deliberate change made here too.
+ROUTER_API = [
+    "XXH3_SEED",
+    "ActiveSequences",
+    "AdmissionQueue",
+    "AllBlocksCleared",
+    "AllWorkersBusy",
+    "ApproxIndexer",
+    "BlocksRemoved",
+    "BlocksStored",
+    "Decision",
+    "DisaggDecision",
+    "DisaggPolicy",
+    "DisaggRouter",
+    "IndexerStats",
+    "InvalidConfig",
+    "KvEvent",
+    "KvRouter",
+    "NoWorkers",
+    "OverlapScores",
+    "PinnedWorkerUnavailable",
+    "PrefillLoadModel",
+    "QueuePolicy",
+    "QueueTimeout",
+    "QueuedRequest",
+    "RadixTree",
+    "RouterConfig",
+    "RouterConfigOverride",
+    "RouterError",
+    "RouterMode",
+    "SessionPins",
+    "StoredBlock",
+    "UnknownRequest",
+    "Worker",
+    "WorkerCost",
+    "WorkerId",
+    "WorkerLoad",
+    "WorkerSpec",
+    "block_seed",
+    "compute_block_hashes",
+    "compute_costs",
+    "compute_sequence_hashes",
+    "pick",
+    "prefill_router_config",
+    "softmax_probabilities",
+]
 
-    assert set(extproc.router.__all__) >= {"KvRouter", "RouterConfig", "compute_block_hashes"}
-    for name in extproc.router.__all__:
-        assert hasattr(extproc.router, name)
+
+def test_the_public_api_is_exactly_the_listed_names_and_each_exists():
+    from extproc.router import KvRouter, RouterConfig, compute_block_hashes  # noqa: F401 (README's import)
+
+    assert extproc.router.__all__ == ROUTER_API
+    star: dict[str, object] = {}
+    exec("from extproc.router import *", star)
+    assert sorted(n for n in star if n != "__builtins__") == sorted(ROUTER_API)
+    for name in ROUTER_API:
+        assert getattr(extproc.router, name) is not None, name
