@@ -1,8 +1,8 @@
 """Fuzz the picker's config loader with YAML documents (`--config`, `DYN_CONFIG`).
 
-Promise (extproc/config.py): `load_config` returns a `PickerConfig` or raises `ConfigError` naming
+Promise (extproc/config/): `load_config` returns a `PickerConfig` or raises `ConfigError` naming
 the problem, whatever the file holds. Documents use the real section and option names (taken from
-the loader's own option tables) with values valid or hostile; some are mutated or not YAML at all.
+the loader's own table, `FILE_SECTIONS`) with values valid or hostile; some are mutated or not YAML at all.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extproc import config as cfg
-from extproc.config import ConfigError, PickerConfig, add_serve_arguments, load_config
+from extproc.config import FILE_SECTIONS, ConfigError, PickerConfig, add_serve_arguments, load_config
 from tests.fuzz.gen import chance, floating, integer, json_value, mutate, pick, text
 from tests.fuzz.harness import (
     DECODED,
@@ -36,16 +35,10 @@ from tests.fuzz.harness import (
 
 def _options(options: Any) -> tuple[tuple[str, Any], ...]:
     """(file key, default) of each option: the default is a value the loader must accept."""
-    return tuple((f.lstrip("-"), opt.default) for opt in options for f in opt.flags if f.startswith("--"))
+    return tuple((f.lstrip("-"), opt.default) for opt in options for f in opt.flags)
 
 
-SECTIONS = {
-    "router": _options(cfg.ROUTER_OPTIONS),
-    "picker": _options((*cfg.PICKER_OPTIONS, *cfg.GROUP_OPTIONS, *getattr(cfg, "TLS_OPTIONS", ()))),
-    "events": _options((*cfg.EVENT_OPTIONS, *getattr(cfg, "NATS_OPTIONS", ()))),
-    "discovery": _options(cfg.DISCOVERY_OPTIONS),
-    "disagg": _options(cfg.DISAGG_OPTIONS),
-}
+SECTIONS = {section: _options(options) for section, options in FILE_SECTIONS.items()}
 WORKER_KEYS = ("id", "endpoint", "model", "dp_ranks", "dp_size", "total_blocks", "max_num_batched_tokens",
                "kv_events", "kv-replay", "instance_id", "role", "device")  # fmt: skip
 WORDS = ("true", "false", "on", "kv", "none", "timing", "fcfs", "cuda", "cpu", "prefill", "decode", "both",

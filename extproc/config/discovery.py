@@ -1,0 +1,109 @@
+"""Where workers come from besides the file's static list: a headless Service's DNS records, and the
+config file itself, re-read when it changes -> `DiscoveryConfig`. The file section is `discovery:`.
+
+extproc/runtime/discovery.py does the looking up and the watching; this module only says what to watch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from extproc.config.options import Option, Reader, check_positive
+
+SECTION = "discovery"
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """Where workers come from besides the static list: a headless Service's DNS, config reload."""
+
+    dns_name: str | None = None  # e.g. vllm.default.svc.cluster.local; None = off
+    dns_port: int = 8000  # the workers' HTTP port (A records carry no port)
+    dns_model: str | None = None  # model served by the discovered workers (default: the only model)
+    dns_server: str | None = None  # ip[:port] of the DNS server; default: the system resolver
+    refresh_s: float = 10.0
+    reload_config: bool = False  # re-read the config file's workers when it changes
+    role: str = "both"  # role of the workers behind dns_name
+    device: str = "cuda"  # device class of the workers behind dns_name
+    prefill_dns_name: str | None = None  # a second headless Service whose workers are prefill workers
+
+
+DISCOVERY_DNS: Option[str | None] = Option(
+    "--discovery-dns",
+    str,
+    None,
+    "Discover workers from the A/AAAA records of this name (a headless Service, e.g. "
+    "vllm.default.svc.cluster.local), refreshed periodically; pods come and go without a restart.",
+)
+DISCOVERY_PORT = Option("--discovery-port", int, 8000, "The discovered workers' HTTP port.")
+DISCOVERY_MODEL: Option[str | None] = Option(
+    "--discovery-model",
+    str,
+    None,
+    "Model served by the discovered workers (default: the only configured model).",
+)
+DISCOVERY_DNS_SERVER: Option[str | None] = Option(
+    "--discovery-dns-server",
+    str,
+    None,
+    "DNS server ip[:port] to ask instead of the system resolver.",
+)
+DISCOVERY_REFRESH_SECS = Option("--discovery-refresh-secs", float, 10.0, "Seconds between DNS lookups.")
+DISCOVERY_ROLE = Option(
+    "--discovery-role",
+    str,
+    "both",
+    "Role of the workers found by --discovery-dns: both (aggregated), prefill or decode.",
+    choices=("both", "prefill", "decode"),
+)
+DISCOVERY_PREFILL_DNS: Option[str | None] = Option(
+    "--discovery-prefill-dns",
+    str,
+    None,
+    "A second name whose A/AAAA records are prefill workers (disaggregated serving).",
+)
+DISCOVERY_DEVICE = Option(
+    "--discovery-device",
+    str,
+    "cuda",
+    "Device class of the discovered workers: cuda (any accelerator) or cpu.",
+    choices=("cuda", "cpu"),
+)
+RELOAD_CONFIG = Option(
+    "--reload-config",
+    bool,
+    False,
+    "Watch the config file and apply changes to its worker list without a restart.",
+)
+
+DISCOVERY_OPTIONS: tuple[Option[Any], ...] = (
+    DISCOVERY_DNS,
+    DISCOVERY_PORT,
+    DISCOVERY_MODEL,
+    DISCOVERY_DNS_SERVER,
+    DISCOVERY_REFRESH_SECS,
+    DISCOVERY_ROLE,
+    DISCOVERY_PREFILL_DNS,
+    DISCOVERY_DEVICE,
+    RELOAD_CONFIG,
+)
+
+
+def read_discovery(reader: Reader) -> DiscoveryConfig:
+    """The discovery settings. Raises ConfigError. (That --reload-config has a file to watch is
+    checked by `load_config`, which knows the file.)"""
+    read = reader.read
+    discovery = DiscoveryConfig(
+        dns_name=read(DISCOVERY_DNS),
+        dns_port=read(DISCOVERY_PORT),
+        dns_model=read(DISCOVERY_MODEL),
+        dns_server=read(DISCOVERY_DNS_SERVER),
+        refresh_s=read(DISCOVERY_REFRESH_SECS),
+        role=read(DISCOVERY_ROLE),
+        prefill_dns_name=read(DISCOVERY_PREFILL_DNS),
+        device=read(DISCOVERY_DEVICE),
+        reload_config=read(RELOAD_CONFIG),
+    )
+    check_positive("discovery-refresh-secs", discovery.refresh_s)
+    return discovery

@@ -1,0 +1,240 @@
+"""The router's settings: Dynamo's router flags (and every other spelling accepted) -> `RouterConfig`.
+
+Flag names are Dynamo's frontend's (`--router-mode`, `--router-temperature`, ...); each feeds the
+`RouterConfig` field (extproc/router/config.py) named beside it in `read_router`, which also does the
+range checks and names the field in its messages. The file section is `router:`. Other spellings:
+
+    --router-kv-overlap-score-weight  also --kv-overlap-score-weight (flag, DYN_ variable, file key)
+    --router-kv-events                also the flag --kv-events (and --no-kv-events), the variables
+                                      DYN_ROUTER_USE_KV_EVENTS and DYN_KV_EVENTS
+    --router-cuda-to-cpu-ratio        also DYN_ENCODER_CUDA_TO_CPU_RATIO
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from extproc.config.options import ConfigError, Option, Reader, _float_or_none, _int_or_none
+from extproc.router import PrefillLoadModel, QueuePolicy, RouterConfig, RouterMode
+from extproc.router.errors import InvalidConfig
+
+SECTION = "router"
+
+ROUTER_MODE = Option(
+    "--router-mode",
+    str,
+    "kv",
+    "How to choose a worker: kv (cache overlap and load), round-robin, random, or "
+    "device-aware-weighted (share requests between cuda and cpu workers by their throughput ratio, "
+    "then choose within a class by kv rules).",
+    choices=("kv", "round-robin", "random", "device-aware-weighted"),
+)
+ROUTER_CUDA_TO_CPU_RATIO = Option(
+    "--router-cuda-to-cpu-ratio",
+    float,
+    8.0,
+    "device-aware-weighted: throughput of one accelerator worker over one cpu worker, both "
+    "measured at the same latency target; under load each accelerator worker holds this many "
+    "requests in flight for each one a cpu worker holds (an idle pool uses the accelerators). "
+    "Also read from DYN_ENCODER_CUDA_TO_CPU_RATIO.",
+    env_aliases=("DYN_ENCODER_CUDA_TO_CPU_RATIO",),
+)
+KV_OVERLAP_SCORE_WEIGHT = Option(
+    "--router-kv-overlap-score-weight",
+    float,
+    1.0,
+    "Weight of prefill cost against decode load. Higher favours cache hits (TTFT), lower favours "
+    "balance (ITL); 0 = pure load balancing, no indexer lookups.",
+    aliases=("--kv-overlap-score-weight",),
+    dest="kv_overlap_score_weight",
+)
+ROUTER_TEMPERATURE = Option(
+    "--router-temperature",
+    float,
+    0.0,
+    "Softmax sampling temperature over normalised costs; 0 always takes the cheapest worker.",
+)
+KV_CACHE_BLOCK_SIZE = Option(
+    "--kv-cache-block-size",
+    int,
+    16,
+    "Engine KV block size in tokens; must equal the engine's (vLLM default 16) or no prefix ever matches.",
+)
+ROUTER_KV_EVENTS: Option[bool | None] = Option(
+    "--router-kv-events",
+    bool,
+    None,
+    "Use KV events from the engines for exact "
+    "cache state. --no-router-kv-events (alias --no-kv-events) predicts the cache from the router's "
+    "own decisions instead (TTL + pruning). Default: events when an event source is configured.",
+    cli_aliases=("--kv-events",),
+    env_aliases=("DYN_ROUTER_USE_KV_EVENTS", "DYN_KV_EVENTS"),
+)
+ROUTER_TTL_SECS = Option(
+    "--router-ttl-secs",
+    float,
+    120.0,
+    "Without KV events: seconds a routed prefix is assumed cached.",
+)
+ROUTER_MAX_TREE_SIZE = Option(
+    "--router-max-tree-size",
+    int,
+    2**20,
+    "Without KV events: (worker, block) entries before pruning least recently used ones.",
+)
+ROUTER_PRUNE_TARGET_RATIO = Option(
+    "--router-prune-target-ratio",
+    float,
+    0.8,
+    "Without KV events: prune down to this fraction of the maximum tree size.",
+)
+ROUTER_ASSUME_KV_REUSE = Option(
+    "--router-assume-kv-reuse",
+    bool,
+    True,
+    "Count blocks shared by in-flight requests on a worker once (engines with prefix caching).",
+)
+ROUTER_TRACK_ACTIVE_BLOCKS = Option(
+    "--router-track-active-blocks", bool, True, "Track decode blocks of in-flight requests."
+)
+ROUTER_TRACK_PREFILL_TOKENS = Option(
+    "--router-track-prefill-tokens",
+    bool,
+    True,
+    "Track prefill tokens of requests whose first token has not arrived.",
+)
+ROUTER_TRACK_OUTPUT_BLOCKS = Option(
+    "--router-track-output-blocks", bool, False, "Add placeholder blocks as output is generated."
+)
+ACTIVE_DECODE_BLOCKS_THRESHOLD = Option(
+    "--active-decode-blocks-threshold",
+    _float_or_none,
+    None,
+    "Busy when active decode blocks exceed this fraction of the worker's KV cache.",
+)
+ACTIVE_PREFILL_TOKENS_THRESHOLD = Option(
+    "--active-prefill-tokens-threshold",
+    _int_or_none,
+    None,
+    "Busy when active prefill tokens exceed this count.",
+)
+ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC = Option(
+    "--active-prefill-tokens-threshold-frac",
+    _float_or_none,
+    None,
+    "Busy when active prefill tokens exceed this fraction of max_num_batched_tokens.",
+)
+ROUTER_QUEUE_THRESHOLD = Option(
+    "--router-queue-threshold",
+    _float_or_none,
+    None,
+    "Admission queue: hold a request while every eligible worker has more active prefill tokens "
+    "than this fraction of its max_num_batched_tokens; release when one drops to it. Off when unset.",
+)
+ROUTER_QUEUE_POLICY = Option(
+    "--router-queue-policy",
+    str,
+    "fcfs",
+    "Order of the admission queue: fcfs (arrival, moved up by priority), lcfs (newest first) or "
+    "wspt (highest (1 + priority) / prompt length first).",
+    choices=("fcfs", "lcfs", "wspt"),
+)
+ROUTER_PREFILL_LOAD_MODEL = Option(
+    "--router-prefill-load-model",
+    str,
+    "none",
+    "How a routed prompt loads its worker until its first token: none counts its tokens until the "
+    "first token; timing predicts its prefill time and lets the load decay as that time passes.",
+    choices=("none", "timing"),
+)
+ROUTER_PREFILL_TIMING: Option[str | None] = Option(
+    "--router-prefill-timing",
+    str,
+    None,
+    "With --router-prefill-load-model timing: the workers' pass-time polynomials A,B,C[,D2,D1,D0] "
+    "(prefill ms = A T^2 + B T + C for T uncached tokens; decode ms = D2 u^2 + D1 u + D0 for KV "
+    "usage u). Default: the Dynamo mocker's (REFERENCE section 6); fit your engine's pass times.",
+)
+ROUTER_LOG_FORMULA = Option(
+    "--router-log-formula", bool, False, "Log the cost formula of every worker for every decision."
+)
+
+ROUTER_OPTIONS: tuple[Option[Any], ...] = (
+    ROUTER_MODE,
+    ROUTER_CUDA_TO_CPU_RATIO,
+    KV_OVERLAP_SCORE_WEIGHT,
+    ROUTER_TEMPERATURE,
+    KV_CACHE_BLOCK_SIZE,
+    ROUTER_KV_EVENTS,
+    ROUTER_TTL_SECS,
+    ROUTER_MAX_TREE_SIZE,
+    ROUTER_PRUNE_TARGET_RATIO,
+    ROUTER_ASSUME_KV_REUSE,
+    ROUTER_TRACK_ACTIVE_BLOCKS,
+    ROUTER_TRACK_PREFILL_TOKENS,
+    ROUTER_TRACK_OUTPUT_BLOCKS,
+    ACTIVE_DECODE_BLOCKS_THRESHOLD,
+    ACTIVE_PREFILL_TOKENS_THRESHOLD,
+    ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC,
+    ROUTER_QUEUE_THRESHOLD,
+    ROUTER_QUEUE_POLICY,
+    ROUTER_PREFILL_LOAD_MODEL,
+    ROUTER_PREFILL_TIMING,
+    ROUTER_LOG_FORMULA,
+)
+
+
+def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
+    """The router's config. KV events default to on when `kv_events_source` (some event source is
+    configured). Raises ConfigError naming the RouterConfig field, the value and what is accepted."""
+    read = reader.read
+    # read in ROUTER_OPTIONS order, so that of two bad values the first one listed is the one named
+    mode = read(ROUTER_MODE)
+    cuda_to_cpu_ratio = read(ROUTER_CUDA_TO_CPU_RATIO)
+    overlap_score_weight = read(KV_OVERLAP_SCORE_WEIGHT)
+    temperature = read(ROUTER_TEMPERATURE)
+    block_size = read(KV_CACHE_BLOCK_SIZE)
+    use_kv_events = read(ROUTER_KV_EVENTS)
+    ttl_secs = read(ROUTER_TTL_SECS)
+    max_tree_size = read(ROUTER_MAX_TREE_SIZE)
+    prune_target_ratio = read(ROUTER_PRUNE_TARGET_RATIO)
+    assume_kv_reuse = read(ROUTER_ASSUME_KV_REUSE)
+    track_active_blocks = read(ROUTER_TRACK_ACTIVE_BLOCKS)
+    track_prefill_tokens = read(ROUTER_TRACK_PREFILL_TOKENS)
+    track_output_blocks = read(ROUTER_TRACK_OUTPUT_BLOCKS)
+    decode_blocks_threshold = read(ACTIVE_DECODE_BLOCKS_THRESHOLD)
+    prefill_tokens_threshold = read(ACTIVE_PREFILL_TOKENS_THRESHOLD)
+    prefill_tokens_threshold_frac = read(ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC)
+    queue_threshold = read(ROUTER_QUEUE_THRESHOLD)
+    queue_policy = read(ROUTER_QUEUE_POLICY)
+    prefill_load_model = read(ROUTER_PREFILL_LOAD_MODEL)
+    prefill_timing = read(ROUTER_PREFILL_TIMING)
+    log_formula = read(ROUTER_LOG_FORMULA)
+    # RouterConfig turns the words into its enums and parses the timing text, naming the field when it cannot
+    timing: dict[str, Any] = {} if prefill_timing is None else {"prefill_timing": prefill_timing}
+    try:
+        return RouterConfig(
+            mode=cast(RouterMode, mode),
+            cuda_to_cpu_ratio=cuda_to_cpu_ratio,
+            overlap_score_weight=overlap_score_weight,
+            temperature=temperature,
+            block_size=block_size,
+            use_kv_events=kv_events_source if use_kv_events is None else use_kv_events,
+            router_ttl_secs=ttl_secs,
+            router_max_tree_size=max_tree_size,
+            router_prune_target_ratio=prune_target_ratio,
+            router_assume_kv_reuse=assume_kv_reuse,
+            router_track_active_blocks=track_active_blocks,
+            router_track_prefill_tokens=track_prefill_tokens,
+            router_track_output_blocks=track_output_blocks,
+            active_decode_blocks_threshold=decode_blocks_threshold,
+            active_prefill_tokens_threshold=prefill_tokens_threshold,
+            active_prefill_tokens_threshold_frac=prefill_tokens_threshold_frac,
+            router_queue_threshold=queue_threshold,
+            router_queue_policy=cast(QueuePolicy, queue_policy),
+            prefill_load_model=cast(PrefillLoadModel, prefill_load_model),
+            log_formula=log_formula,
+            **timing,
+        )
+    except InvalidConfig as exc:
+        raise ConfigError(str(exc)) from exc

@@ -1,0 +1,313 @@
+"""The picker's own settings: its listeners (ext_proc, health, admin), request limits, tokenizer,
+the TLS of its servers, and shutdown -> `ServerConfig`, which `PickerConfig` carries as flat fields.
+
+The file section is `picker:` (which also holds the router-group flags, groups.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from extproc.config.options import (
+    ConfigError,
+    Option,
+    Reader,
+    _int_or_none,
+    check_at_least_zero,
+    check_pair,
+    check_positive,
+    check_readable,
+)
+from extproc.config.tls import TlsConfig
+
+SECTION = "picker"
+
+HOST = Option(
+    "--host",
+    str,
+    "127.0.0.1",
+    "Address for the ext_proc and health servers; 0.0.0.0 to listen beyond loopback.",
+)
+PORT = Option("--port", int, 9002, "ext_proc gRPC port (Inference Extension convention: 9002).")
+HEALTH_PORT = Option(
+    "--health-port",
+    int,
+    9003,
+    "gRPC health port (liveness, readiness, ExternalProcessor, inference-extension).",
+)
+ADMIN_PORT = Option(
+    "--admin-port",
+    _int_or_none,
+    None,
+    "HTTP admin port: /metrics (Prometheus), /health, /debug/workers (per-worker cache source and "
+    "load). 0 picks a free port. Off when not set.",
+)
+ADMIN_HOST = Option(
+    "--admin-host",
+    str,
+    "127.0.0.1",
+    "Address of the admin HTTP server; 0.0.0.0 to expose it beyond loopback.",
+)
+ADMIN_TOKEN: Option[str | None] = Option(
+    "--admin-token",
+    str,
+    None,
+    "Bearer token required by mutating admin endpoints (POST /busy_threshold with values). "
+    "Also read from DYN_ADMIN_TOKEN. Off when not set.",
+)
+ROUTER_QUEUE_MAX_WAIT_MS = Option(
+    "--router-queue-max-wait-ms",
+    float,
+    30_000.0,
+    "A request queued longer than this is answered 503 (429 when marked sheddable).",
+)
+SESSION_TTL_SECS = Option(
+    "--session-ttl-secs",
+    float,
+    300.0,
+    "Sticky sessions (nvext.session_control.session_id or x-session-id): seconds of inactivity "
+    "after which a session's worker pin lapses.",
+)
+MAX_BODY_BYTES = Option("--max-body-bytes", int, 16 * 1024 * 1024, "Larger request bodies are answered 413.")
+OUTLIER_CONSECUTIVE_5XX = Option(
+    "--outlier-consecutive-5xx",
+    int,
+    5,
+    "Eject a worker from routing after this many 5xx answers in a row (Envoy's own 503 for a worker "
+    "it cannot reach counts), as Envoy's outlier detection would; 0 turns it off. At most half a "
+    "model's workers are ejected at once.",
+)
+OUTLIER_BASE_EJECTION_SECS = Option(
+    "--outlier-base-ejection-secs",
+    float,
+    10.0,
+    "How long a first ejection lasts; the n-th in a row lasts n times this (at most 300 s).",
+)
+MAX_PROMPT_TOKENS = Option(
+    "--max-prompt-tokens",
+    _int_or_none,
+    None,
+    "Requests whose prompt tokenizes to more tokens than this are answered 413 (set it to the "
+    "engines' max_model_len). Off when not set.",
+)
+MAX_CONCURRENT_STREAMS = Option(
+    "--max-concurrent-streams",
+    _int_or_none,
+    None,
+    "ext_proc streams (one per HTTP request in flight) beyond this are answered 429 "
+    "(rejected-too-many-streams) at once. Each may buffer up to --max-body-bytes. Off when not set.",
+)
+TOKENIZER: Option[str | None] = Option(
+    "--tokenizer",
+    str,
+    None,
+    "Hugging Face tokenizer directory (tokenizer.json + "
+    "tokenizer_config.json) for models without their own. Default: byte-level tokenizer.",
+)
+TOKENIZE_URL: Option[str | None] = Option(
+    "--tokenize-url",
+    str,
+    None,
+    "Tokenize through the engine's /tokenize endpoint: "
+    "a base URL, or 'worker' for each model's first worker. Falls back to load-only routing on failure.",
+)
+TOKENIZER_TIMEOUT_MS = Option(
+    "--tokenizer-timeout-ms",
+    float,
+    2000.0,
+    "Give up tokenizing after this long and route on load only.",
+)
+TOKENIZER_CACHE_SIZE = Option("--tokenizer-cache-size", int, 1024, "Remote tokenization results kept.")
+CONFORMANCE_HOOKS = Option(
+    "--conformance-hooks",
+    bool,
+    False,
+    "Honour the Inference Extension "
+    "conformance headers (test-epp-endpoint-selection). Lets clients choose endpoints: tests only.",
+)
+SEED = Option("--seed", _int_or_none, None, "Seed for tie-breaking and sampling (reproducible runs).")
+LOG_LEVEL = Option(
+    "--log-level",
+    str,
+    "info",
+    "debug, info, warning or error.",
+    choices=("debug", "info", "warning", "error"),
+)
+
+PICKER_OPTIONS: tuple[Option[Any], ...] = (
+    HOST,
+    PORT,
+    HEALTH_PORT,
+    ADMIN_PORT,
+    ADMIN_HOST,
+    ADMIN_TOKEN,
+    ROUTER_QUEUE_MAX_WAIT_MS,
+    SESSION_TTL_SECS,
+    MAX_BODY_BYTES,
+    OUTLIER_CONSECUTIVE_5XX,
+    OUTLIER_BASE_EJECTION_SECS,
+    MAX_PROMPT_TOKENS,
+    MAX_CONCURRENT_STREAMS,
+    TOKENIZER,
+    TOKENIZE_URL,
+    TOKENIZER_TIMEOUT_MS,
+    TOKENIZER_CACHE_SIZE,
+    CONFORMANCE_HOOKS,
+    SEED,
+    LOG_LEVEL,
+)
+
+TLS_CERT_FILE: Option[str | None] = Option(
+    "--tls-cert-file",
+    str,
+    None,
+    "Serve ext_proc and the router-group API over TLS with this PEM certificate (chain), with "
+    "--tls-key-file. The gRPC health server stays plaintext (kubelet probes). Off when not set.",
+)
+TLS_KEY_FILE: Option[str | None] = Option("--tls-key-file", str, None, "PEM private key of --tls-cert-file.")
+TLS_SELF_SIGNED = Option(
+    "--tls-self-signed",
+    bool,
+    False,
+    "Serve over TLS with a key and self-signed certificate generated at start (like the Inference "
+    "Extension's --secure-serving): encrypted, but clients cannot verify who they talk to.",
+)
+TLS_CLIENT_CA_FILE: Option[str | None] = Option(
+    "--tls-client-ca-file",
+    str,
+    None,
+    "Mutual TLS: require every ext_proc and group API client to present a certificate signed by "
+    "this CA bundle; others fail the handshake. Needs --tls-cert-file or --tls-self-signed.",
+)
+
+# --help lists these under "transport security", before the TLS flags for remote groups (groups.py)
+SERVER_TLS_OPTIONS: tuple[Option[Any], ...] = (
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
+    TLS_SELF_SIGNED,
+    TLS_CLIENT_CA_FILE,
+)
+
+SHUTDOWN_GRACE_SECS = Option(
+    "--shutdown-grace-secs",
+    float,
+    25.0,
+    "On SIGTERM: report not ready, refuse new ext_proc streams, give in-flight ones this long to "
+    "finish, then cancel the rest and exit. Keep it below the pod's terminationGracePeriodSeconds "
+    "(30 in gateway/base). 0 cancels at once.",
+)
+
+SHUTDOWN_OPTIONS: tuple[Option[Any], ...] = (SHUTDOWN_GRACE_SECS,)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The picker's own settings, in the units `PickerConfig` carries them (seconds, not ms)."""
+
+    host: str
+    port: int
+    health_port: int
+    admin_port: int | None
+    admin_host: str
+    admin_token: str | None
+    queue_max_wait_s: float
+    session_ttl_s: float
+    max_body_bytes: int
+    max_prompt_tokens: int | None
+    outlier_consecutive_5xx: int
+    outlier_base_ejection_s: float
+    max_concurrent_streams: int | None
+    tokenizer: str | None
+    tokenize_url: str | None
+    tokenizer_timeout_s: float
+    tokenizer_cache_size: int
+    conformance_hooks: bool
+    seed: int | None
+    log_level: str
+    tls: TlsConfig
+    shutdown_grace_s: float
+
+
+def read_server(reader: Reader) -> ServerConfig:
+    """The picker's own settings. Raises ConfigError."""
+    read = reader.read
+    host = read(HOST)
+    port = read(PORT)
+    health_port = read(HEALTH_PORT)
+    admin_port = read(ADMIN_PORT)
+    admin_host = read(ADMIN_HOST)
+    admin_token = read(ADMIN_TOKEN)
+    queue_max_wait_ms = read(ROUTER_QUEUE_MAX_WAIT_MS)
+    session_ttl_secs = read(SESSION_TTL_SECS)
+    max_body_bytes = read(MAX_BODY_BYTES)
+    outlier_consecutive_5xx = read(OUTLIER_CONSECUTIVE_5XX)
+    outlier_base_ejection_secs = read(OUTLIER_BASE_EJECTION_SECS)
+    max_prompt_tokens = read(MAX_PROMPT_TOKENS)
+    max_concurrent_streams = read(MAX_CONCURRENT_STREAMS)
+    tokenizer = read(TOKENIZER)
+    tokenize_url = read(TOKENIZE_URL)
+    tokenizer_timeout_ms = read(TOKENIZER_TIMEOUT_MS)
+    tokenizer_cache_size = read(TOKENIZER_CACHE_SIZE)
+    conformance_hooks = read(CONFORMANCE_HOOKS)
+    seed = read(SEED)
+    log_level = read(LOG_LEVEL)
+
+    check_positive("router-queue-max-wait-ms", queue_max_wait_ms)
+    check_positive("session-ttl-secs", session_ttl_secs)
+    check_at_least_zero("outlier-consecutive-5xx", outlier_consecutive_5xx)
+    check_positive("outlier-base-ejection-secs", outlier_base_ejection_secs)
+    if max_prompt_tokens is not None:
+        check_positive("max-prompt-tokens", max_prompt_tokens)
+    if max_concurrent_streams is not None:
+        check_positive("max-concurrent-streams", max_concurrent_streams)
+    tls = read_server_tls(reader)
+    shutdown_grace_secs = read(SHUTDOWN_GRACE_SECS)
+    check_at_least_zero("shutdown-grace-secs", shutdown_grace_secs)
+    return ServerConfig(
+        host=host,
+        port=port,
+        health_port=health_port,
+        admin_port=admin_port,
+        admin_host=admin_host,
+        admin_token=admin_token,
+        queue_max_wait_s=queue_max_wait_ms / 1000.0,
+        session_ttl_s=session_ttl_secs,
+        max_body_bytes=max_body_bytes,
+        max_prompt_tokens=max_prompt_tokens,
+        outlier_consecutive_5xx=outlier_consecutive_5xx,
+        outlier_base_ejection_s=outlier_base_ejection_secs,
+        max_concurrent_streams=max_concurrent_streams,
+        tokenizer=tokenizer,
+        tokenize_url=tokenize_url,
+        tokenizer_timeout_s=tokenizer_timeout_ms / 1000.0,
+        tokenizer_cache_size=tokenizer_cache_size,
+        conformance_hooks=conformance_hooks,
+        seed=seed,
+        log_level=log_level,
+        tls=tls,
+        shutdown_grace_s=shutdown_grace_secs,
+    )
+
+
+def read_server_tls(reader: Reader) -> TlsConfig:
+    """TLS of the ext_proc and group API servers: files that exist, one way to get a certificate."""
+    read = reader.read
+    tls = TlsConfig(
+        cert_file=read(TLS_CERT_FILE),
+        key_file=read(TLS_KEY_FILE),
+        self_signed=read(TLS_SELF_SIGNED),
+        client_ca_file=read(TLS_CLIENT_CA_FILE),
+    )
+    check_pair(TLS_CERT_FILE, tls.cert_file, TLS_KEY_FILE, tls.key_file)
+    check_readable(TLS_CERT_FILE, tls.cert_file)
+    check_readable(TLS_KEY_FILE, tls.key_file)
+    check_readable(TLS_CLIENT_CA_FILE, tls.client_ca_file)
+    if tls.self_signed and tls.cert_file is not None:
+        raise ConfigError("give either --tls-self-signed or --tls-cert-file/--tls-key-file, not both")
+    if tls.mutual and not tls.enabled:
+        raise ConfigError(
+            "--tls-client-ca-file (mutual TLS) needs TLS: "
+            "add --tls-cert-file/--tls-key-file or --tls-self-signed"
+        )
+    return tls
