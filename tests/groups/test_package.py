@@ -12,11 +12,46 @@ PACKAGE = Path(extproc.groups.__file__).parent
 GENERATED = ("router_group_pb2.py", "router_group_pb2.pyi", "router_group_pb2_grpc.py")
 
 
-def test_every_exported_name_exists_and_the_list_is_sorted():
+# The package's public names, exactly: adding or removing one is a deliberate change made here too.
+GROUPS_API = [
+    "AllGroupsBusy",
+    "GroupApiServer",
+    "GroupChoice",
+    "GroupCollector",
+    "GroupDecision",
+    "GroupError",
+    "GroupLoad",
+    "GroupLoads",
+    "GroupMetrics",
+    "GroupPolicy",
+    "GroupPool",
+    "GroupProbe",
+    "GroupRefused",
+    "GroupRequest",
+    "GroupRouters",
+    "GroupSelector",
+    "GroupTimeout",
+    "GroupUnreachable",
+    "GroupWorkerLoad",
+    "LocalGroup",
+    "NoGroupAvailable",
+    "RemoteGroup",
+    "RouterGroup",
+    "RouterGroupServicer",
+    "parse_policy",
+    "start_group_api",
+]
+
+
+def test_the_exported_names_are_exactly_the_listed_ones_sorted_and_each_exists():
     names = extproc.groups.__all__
+    assert names == GROUPS_API
     assert names == sorted(names, key=lambda n: (n[0].islower(), n))
+    star: dict[str, object] = {}
+    exec("from extproc.groups import *", star)
+    assert sorted(n for n in star if n != "__builtins__") == sorted(GROUPS_API)
     for name in names:
-        assert getattr(extproc.groups, name) is not None
+        assert getattr(extproc.groups, name) is not None, name
 
 
 def test_the_checked_in_stubs_match_the_proto(tmp_path):
