@@ -172,7 +172,7 @@ def _group_list(raw: Any) -> tuple[GroupConfig, ...]:
             raise ConfigError(f"invalid groups[{i}].address={address!r}: expected host:port")
         try:
             weight = float(g.get("weight", 1.0))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"invalid groups[{i}].weight={g.get('weight')!r}: expected a number") from None
         if not weight > 0:
             raise ConfigError(f"invalid groups[{i}].weight={weight}: expected > 0")

@@ -137,6 +137,8 @@ def _zmq_endpoint(w: Mapping[str, Any], key: str, index: int) -> str | None:
 
 def read_models(raw: Any, workers: Sequence[WorkerConfig]) -> tuple[ModelConfig, ...]:
     """The file's `models:` list, plus a tokenizer-less entry for each model only workers name."""
+    if raw and not isinstance(raw, list):
+        raise ConfigError("invalid models: expected a list of {name, tokenizer, tokenize-url}")
     models: dict[str, ModelConfig] = {}
     for i, item in enumerate(raw or []):
         if not isinstance(item, Mapping) or not item.get("name"):

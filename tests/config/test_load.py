@@ -1,5 +1,7 @@
 """Loading: flag > DYN_* env > file > default, the file's shape, and messages naming the setting and value."""
 
+import re
+
 import pytest
 
 from extproc.config import ConfigError, load_config
@@ -95,6 +97,22 @@ def test_any_bad_config_file_is_a_config_error(tmp_path, document, message):
     with pytest.raises(ConfigError) as info:
         load_config(["--config", str(path)], environ={})
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [  # each raised OverflowError or TypeError, not ConfigError
+        ("groups: [{name: a, local: true, weight: 1" + "0" * 400 + "}]", "invalid groups[0].weight="),
+        ("models: 5", "invalid models: expected a list"),
+        ("models: true", "invalid models: expected a list"),
+        ("models: {m: {tokenizer: /tok}}", "invalid models: expected a list"),
+    ],
+)
+def test_a_list_that_is_not_one_or_a_huge_number_is_a_config_error(tmp_path, document, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(document)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(["--config", str(path)], environ={})
 
 
 def test_null_in_the_config_file_means_unset(tmp_path):
