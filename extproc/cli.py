@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
         "flags win over the environment, which wins over the file.",
     )
     add_serve_arguments(serve)
+    serve.add_argument(
+        "--ports-file",
+        metavar="PATH",
+        help="once every server listens, write the bound ports as JSON here (port, health_port, "
+        "admin_port, group_api_port): start with port 0 and read the ports back, no port chosen in advance",
+    )
 
     from extproc.sim.mock_worker import add_mock_worker_arguments
 
@@ -146,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from extproc.runtime.tls import TlsError
 
         try:
-            asyncio.run(serve(config))
+            asyncio.run(serve(config, ports_file=args.ports_file))
         except TlsError as exc:  # unusable certificate files
             print(f"extproc serve: {exc}", file=sys.stderr)
             return 2

@@ -39,6 +39,7 @@ from extproc.events.sources import EventSources, start_event_sources
 from extproc.groups import GroupApiServer, GroupRouters, start_group_api
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.discovery import WorkerDiscovery, start_discovery
+from extproc.runtime.ports_file import write_ports_file
 from extproc.runtime.readiness import Readiness
 from extproc.runtime.tls import describe, server_credentials, server_pair
 
@@ -239,9 +240,23 @@ async def _follow_readiness(servicer: health.aio.HealthServicer, readiness: Read
         await asyncio.sleep(0.5)  # a timer: readiness changes with no event to wait on
 
 
-async def serve(config: PickerConfig) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully within `config.shutdown_grace_s`."""
+async def serve(config: PickerConfig, *, ports_file: str | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully within `config.shutdown_grace_s`.
+
+    With `ports_file` (`serve --ports-file`), the bound ports are written there once every server
+    listens (extproc.runtime.ports_file), for a parent that started this process with port 0.
+    """
     running = await start_picker(config)
+    if ports_file:
+        write_ports_file(
+            ports_file,
+            {
+                "port": running.port,
+                "health_port": running.health_port,
+                "admin_port": running.admin.port if running.admin is not None else None,
+                "group_api_port": running.group_api.port if running.group_api is not None else None,
+            },
+        )
     mode = "KV events" if config.router.use_kv_events else "predicted from routing decisions (no KV events)"
     group_api = (
         f", router-group API on {config.host}:{running.group_api.port} ({running.tls})"

@@ -34,6 +34,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from extproc.runtime.ports_file import write_ports_file
 from extproc.sim.disagg import (
     PREFILL_SOURCE_HEADER,
     Disaggregation,
@@ -43,7 +44,13 @@ from extproc.sim.disagg import (
     wants_remote_decode,
 )
 from extproc.sim.engine import Engine, EngineConfig, PassEntry
-from extproc.sim.kv_events import KV_EVENT_TRANSPORTS, KV_EVENTS_OFF, KvEventsConfig, make_kv_event_publisher
+from extproc.sim.kv_events import (
+    KV_EVENT_TRANSPORTS,
+    KV_EVENTS_OFF,
+    KvEventsConfig,
+    ZmqKvEvents,
+    make_kv_event_publisher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -692,6 +699,12 @@ def add_mock_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--namespace", default="dynamo", help="--kv-events nats: subject namespace")
     parser.add_argument("--component", default="backend", help="--kv-events nats: subject component")
+    parser.add_argument(
+        "--ports-file",
+        metavar="PATH",
+        help="once listening, write the bound ports as JSON here (port, kv_events_port, kv_replay_port): "
+        "start with port 0 and read the ports back, no port chosen in advance",
+    )
     add_disagg_arguments(parser)
 
 
@@ -750,6 +763,8 @@ async def run_mock_worker(args: argparse.Namespace) -> None:
     try:
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
+        if args.ports_file:
+            write_ports_file(args.ports_file, _bound_ports(runner, app[WORKER]))
         log.info(
             "mock worker %s (role %s) serving %s on %s (block_size=%d blocks=%d speedup=%g)",
             config.worker_id,
@@ -763,6 +778,15 @@ async def run_mock_worker(args: argparse.Namespace) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+def _bound_ports(runner: web.AppRunner, worker: MockWorker) -> dict[str, int | None]:
+    """The HTTP port and, with ZMQ KV events, the PUB and replay ports (for --ports-file)."""
+    ports: dict[str, int | None] = {"port": int(runner.addresses[0][1])}
+    if isinstance(worker.kv_events, ZmqKvEvents):
+        ports["kv_events_port"] = worker.kv_events.publisher.port
+        ports["kv_replay_port"] = worker.kv_events.publisher.replay_port
+    return ports
 
 
 def main(argv: Sequence[str] | None = None) -> int:
