@@ -26,7 +26,6 @@ from extproc.client import (
     _SseDecoder,
 )
 from extproc.config import WorkerConfig
-from extproc.devstack.procs import free_port
 from extproc.request.tokenizer import ByteTokenizer
 from extproc.sim.disagg import DisaggWorkerConfig
 from extproc.sim.engine import Engine, EngineConfig
@@ -83,7 +82,7 @@ async def serve_workers(
     try:
         for i in range(n):
             role = roles[i] if roles else "both"
-            events = KvEventsConfig("zmq", port=free_port(), replay_port=free_port()) if kv_events else None
+            events = KvEventsConfig("zmq", port=0, replay_port=0) if kv_events else None  # bound at setup
             config = MockWorkerConfig(
                 worker_id=f"w{i}",
                 model=model,
@@ -101,8 +100,9 @@ async def serve_workers(
             host, port = runner.addresses[0][:2]
             worker = RunningWorker(f"{host}:{port}", app, role=role)
             if events is not None:
-                worker.kv_events = f"tcp://127.0.0.1:{events.port}"
-                worker.kv_replay = f"tcp://127.0.0.1:{events.replay_port}"
+                publisher = app[WORKER].kv_events.publisher  # started by the runner: its ports are bound
+                worker.kv_events = publisher.endpoint
+                worker.kv_replay = publisher.replay_endpoint
             workers.append(worker)
         yield workers
     finally:
@@ -220,8 +220,8 @@ async def test_a_worker_error_raises_its_status_and_body_and_frees_the_request()
     assert "The model `demo-model` does not exist." in error.message
 
 
-async def test_an_unreachable_worker_raises_502_and_frees_the_request():
-    endpoint = f"127.0.0.1:{free_port()}"  # nothing listens there: connection refused
+async def test_an_unreachable_worker_raises_502_and_frees_the_request(refusing_port):
+    endpoint = f"127.0.0.1:{refusing_port()}"  # nothing listens there: connection refused
     async with RoutingClient.from_workers(MODEL, [endpoint]) as client:
         with pytest.raises(WorkerFailed) as caught:
             await client.complete(model=MODEL, prompt="hi")

@@ -8,7 +8,6 @@ from dataclasses import replace
 from aiohttp import web
 
 from extproc.config import DisaggConfig, WorkerConfig
-from extproc.devstack.procs import free_port
 from extproc.picker.pipeline import EndpointPicker
 
 from .picker_fixtures import MODEL, chat_body, picker_config
@@ -112,14 +111,14 @@ async def test_workers_move_between_roles_at_run_time():
     assert picker.is_idle()
 
 
-async def test_an_unhealthy_prefill_worker_is_not_named_until_it_answers_again():
+async def test_an_unhealthy_prefill_worker_is_not_named_until_it_answers_again(refusing_port):
     app = web.Application()
     app.router.add_get("/health", lambda _request: web.Response(text="ok"))
     runner = web.AppRunner(app)
     await runner.setup()
-    healthy_port, dead_port = free_port(), free_port()
-    site = web.TCPSite(runner, "127.0.0.1", healthy_port)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
+    healthy_port, dead_port = runner.addresses[0][1], refusing_port()
     config = disagg_config(
         prefill_endpoints=(f"127.0.0.1:{dead_port}", f"127.0.0.1:{healthy_port}"),
         prefill_health_interval_s=30.0,  # rounds are driven by hand below

@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from extproc.config import ModelConfig
-from extproc.devstack.procs import free_port
 from extproc.epp import answers as epp
 from extproc.errors import PromptTooLong
 from extproc.picker.pipeline import EndpointPicker
@@ -38,8 +37,8 @@ async def test_hashes_come_from_the_configured_hugging_face_tokenizer(tmp_path):
     assert picker.is_idle()
 
 
-async def test_a_failing_engine_tokenizer_falls_back_to_load_only_routing(caplog):
-    dead = f"http://127.0.0.1:{free_port()}"
+async def test_a_failing_engine_tokenizer_falls_back_to_load_only_routing(caplog, refusing_port):
+    dead = f"http://127.0.0.1:{refusing_port()}"
     picker = EndpointPicker(replace(picker_config(), models=(ModelConfig(MODEL, tokenize_url=dead),)))
     with caplog.at_level("WARNING", logger="extproc.picker"):
         chosen = await pick(picker, chat_body("hello " * 100))

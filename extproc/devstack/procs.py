@@ -31,10 +31,61 @@ class ProcessFailed(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on `host` a moment ago (bind to port 0, read it, close)."""
+    """A TCP port that was free on `host` a moment ago (bind to port 0, read it, close): another
+    process can take it before a child binds it. Prefer a child binding port 0 and reporting it, or
+    `reserve_port()`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+class PortReservation:
+    """A loopback TCP port held by this process for as long as the reservation lives.
+
+    The socket is bound with SO_REUSEADDR and never listens, so on Linux:
+      - connecting to the port is refused while no child listens there (a dead address);
+      - our children can bind it and listen (gRPC, aiohttp, ZMQ, nats-server and Envoy all set
+        SO_REUSEADDR on their listeners), and bind it again after a restart;
+      - the kernel never hands it to anyone else: bind(0) and outgoing connections skip a port
+        that has a bound socket, and an explicit bind without SO_REUSEADDR fails.
+    So a child restarted on a reserved port can always have it back: no window in which another
+    process takes it. Elsewhere than Linux SO_REUSEADDR does not let two sockets share an address,
+    so the socket is closed at once and the port is merely one that was free (best effort).
+    Release it (or leave the `with` block) once no child needs the port any more.
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self._sock: socket.socket | None = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if sys.platform == "linux":
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, 0))
+        self.port = int(self._sock.getsockname()[1])
+        if sys.platform != "linux":
+            self.release()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def release(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> PortReservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"PortReservation({self.address}, held={self._sock is not None})"
+
+
+def reserve_port(host: str = "127.0.0.1") -> PortReservation:
+    """A port held for this process (see PortReservation); use it as a context manager."""
+    return PortReservation(host)
 
 
 def port_is_open(host: str, port: int) -> bool:

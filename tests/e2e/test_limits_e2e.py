@@ -24,7 +24,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import Variant
-from extproc.devstack.procs import free_port
 from extproc.devstack.stack import MODEL
 from extproc.epp import answers as epp
 from extproc.epp.service import ExtProcService
@@ -62,8 +61,7 @@ async def serving(
     service = ExtProcService(picker, max_body_bytes=config.max_body_bytes, **service_options)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    port = server.add_insecure_port("127.0.0.1:0")  # the port it bound
     await server.start()
     try:
         envoy = start_envoy_variant(
@@ -137,9 +135,9 @@ async def test_a_request_beyond_the_stream_limit_gets_429_and_the_next_one_after
 
 
 async def test_a_dead_worker_gets_envoys_503_counted_as_failures_in_a_row_until_it_answers_again(
-    tmp_path: Path,
+    tmp_path: Path, refusing_port
 ) -> None:
-    dead = EchoWorker()  # its port is chosen; nothing listens there yet
+    dead = EchoWorker(port=refusing_port())  # held for the test: nothing listens there until it starts
     async with serving([dead.address], "buffered", tmp_path) as (picker, _service, envoy):
         sample = picker.metrics.registry.get_sample_value
         labels = {"model": MODEL, "worker": "w0"}

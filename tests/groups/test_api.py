@@ -9,7 +9,6 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from extproc.devstack.procs import free_port
 from extproc.groups import (
     GroupRefused,
     GroupRouters,
@@ -166,8 +165,8 @@ async def test_a_slow_group_times_out():
         await server.stop(0)
 
 
-async def test_an_unreachable_group_fails_at_once():
-    remote = RemoteGroup("gone", f"127.0.0.1:{free_port()}")
+async def test_an_unreachable_group_fails_at_once(refusing_port):
+    remote = RemoteGroup("gone", f"127.0.0.1:{refusing_port()}")
     try:
         loop = asyncio.get_running_loop()
         start = loop.time()

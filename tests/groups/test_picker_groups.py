@@ -13,7 +13,6 @@ from dataclasses import replace
 import pytest_asyncio
 
 from extproc.config import GroupConfig, GroupsConfig, ModelConfig, PickerConfig
-from extproc.devstack.procs import free_port
 from extproc.epp import answers as epp
 from extproc.epp.service import ExtProcService
 from extproc.groups import GroupRouters, start_group_api
@@ -121,8 +120,11 @@ async def test_untracked_requests_are_routed_through_a_group_and_freed(fleet):
     assert idle(top, groups)
 
 
-async def test_no_group_answering_is_a_503_through_the_servicer():
-    dead = [GroupConfig("a", f"127.0.0.1:{free_port()}"), GroupConfig("b", f"127.0.0.1:{free_port()}")]
+async def test_no_group_answering_is_a_503_through_the_servicer(refusing_port):
+    dead = [
+        GroupConfig("a", f"127.0.0.1:{refusing_port()}"),
+        GroupConfig("b", f"127.0.0.1:{refusing_port()}"),
+    ]
     top = EndpointPicker(top_config(dead))
     service = ExtProcService(top, max_body_bytes=1 << 20)
 
@@ -137,10 +139,11 @@ async def test_no_group_answering_is_a_503_through_the_servicer():
     await top.close()
 
 
-async def test_a_local_fallback_group_takes_over_when_no_remote_answers():
+async def test_a_local_fallback_group_takes_over_when_no_remote_answers(refusing_port):
     config = replace(
         top_config(
-            [GroupConfig("remote", f"127.0.0.1:{free_port()}"), GroupConfig("here", None)], fallback="here"
+            [GroupConfig("remote", f"127.0.0.1:{refusing_port()}"), GroupConfig("here", None)],
+            fallback="here",
         ),
         workers=group_config("h", 2, subnet=7).workers,
     )

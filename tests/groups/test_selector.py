@@ -9,7 +9,6 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from extproc.config import GroupConfig, GroupsConfig
-from extproc.devstack.procs import free_port
 from extproc.epp import answers as epp
 from extproc.errors import UnknownModel
 from extproc.groups import (
@@ -251,8 +250,8 @@ async def test_lifecycle_goes_to_the_owning_group_once():
     sel.finish("never-routed", "complete")
 
 
-async def test_lifecycle_failures_are_counted_not_raised():
-    port = free_port()
+async def test_lifecycle_failures_are_counted_not_raised(refusing_port):
+    port = refusing_port()
     sel = selector(RemoteGroup("gone", f"127.0.0.1:{port}"), local("b", 2), probe_timeout_s=0.5)
     decision = await sel.route(request(prompt(1)), "r1")
     assert decision.group == "b"
@@ -280,9 +279,9 @@ async def test_the_collector_exposes_per_group_metrics():
     assert 'extproc_group_in_flight{group="a"} 0.0' in generate_latest(registry).decode()
 
 
-async def test_groups_from_config():
+async def test_groups_from_config(refusing_port):
     config = GroupsConfig(
-        groups=(GroupConfig("here", None, 2.0), GroupConfig("there", f"127.0.0.1:{free_port()}")),
+        groups=(GroupConfig("here", None, 2.0), GroupConfig("there", f"127.0.0.1:{refusing_port()}")),
         probe_timeout_s=0.02,
         policy="weighted",
         fallback="here",

@@ -18,7 +18,6 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.devstack.procs import free_port
 from extproc.events.counters import EventCounters
 from extproc.events.zmq_subscriber import SubscriberTimings, ZmqEndpoint, ZmqEventSubscriber
 from extproc.router import KvRouter, RouterConfig
@@ -225,7 +224,7 @@ def glacial(worker_id: str, **kwargs: object) -> MockWorkerConfig:
 
 
 @pytest.mark.parametrize("failure", ["refused", "not-found", "timeout"])
-async def test_a_failed_prefill_falls_back_to_local_prefill(failure: str):
+async def test_a_failed_prefill_falls_back_to_local_prefill(failure: str, refusing_port):
     others = {
         "refused": [],
         "not-found": [worker_config("p", "prefill", model="other")],
@@ -233,7 +232,7 @@ async def test_a_failed_prefill_falls_back_to_local_prefill(failure: str):
     }
     decode_config = worker_config("d", "decode", timeout_s=0.3)
     async with serving(decode_config, *others[failure]) as (decode, *prefill):
-        target = endpoint(prefill[0]) if prefill else f"127.0.0.1:{free_port()}"
+        target = endpoint(prefill[0]) if prefill else f"127.0.0.1:{refusing_port()}"
         resp = await decode.post(
             "/v1/completions",
             json={"model": MODEL, "prompt": PROMPT, "max_tokens": 3},
