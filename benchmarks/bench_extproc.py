@@ -82,13 +82,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb  # noqa: E402
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig  # noqa: E402
 from extproc.devstack.envoy_config import render_envoy_config  # noqa: E402
-from extproc.devstack.procs import ManagedProcess, find_envoy, free_port, start_envoy  # noqa: E402
+from extproc.devstack.procs import ManagedProcess, find_envoy, start_envoy  # noqa: E402
 from extproc.devstack.stack import MODEL, WorkerProcess, start_picker, start_workers  # noqa: E402
 from extproc.epp.service import ExtProcService  # noqa: E402
 from extproc.picker.pipeline import EndpointPicker  # noqa: E402
 from extproc.request.tokenizer import ByteTokenizer  # noqa: E402
 from extproc.router import RouterConfig  # noqa: E402
-from tests.e2e.harness import NOOP_PICKER_PATH, start_echo_worker_process  # noqa: E402
+from tests.e2e.harness import NOOP_PICKER_PATH, start_echo_worker_process, start_reporting  # noqa: E402
 
 CHAT_PATH = "/v1/chat/completions"
 BODY_SIZES = {"1k": 1_000, "8k": 8_000}  # characters of message content (ASCII: bytes = chars)
@@ -358,7 +358,7 @@ class Setup:
 
 @dataclass
 class Running:
-    listen_port: int
+    listen_port: int = 0  # Envoy's, known once it runs (it binds port 0 and reports)
     processes: list[ManagedProcess] = field(default_factory=list)  # stopped in reverse order
     picker: ManagedProcess | None = None
 
@@ -367,12 +367,10 @@ class Running:
             process.stop(grace_s=3.0)
 
 
-def render_direct_config(listen_port: int, admin_port: int, workers: Sequence[str]) -> str:
-    """The buffered template without ext_proc: STATIC round robin over `workers`, all else identical."""
-    text = render_envoy_config(
-        "buffered", listen_port=listen_port, admin_port=admin_port, picker_address="127.0.0.1:9",
-        workers=workers,
-    )  # fmt: skip
+def render_direct_config(workers: Sequence[str]) -> str:
+    """The buffered template without ext_proc: STATIC round robin over `workers`, all else identical
+    (port 0 listeners: Envoy binds free ports and `start_envoy` reads them back)."""
+    text = render_envoy_config("buffered", picker_address="127.0.0.1:9", workers=workers)
     document = yaml.safe_load(text)
     resources = document["static_resources"]
     hcm = resources["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
@@ -401,53 +399,43 @@ def render_direct_config(listen_port: int, admin_port: int, workers: Sequence[st
 
 
 def start_setup(setup: Setup, workers: Sequence[WorkerProcess], log_dir: Path) -> Running:
-    """Start the picker (if any) and Envoy for `setup`; waits until Envoy is LIVE."""
+    """Start the picker (if any) and Envoy for `setup`; waits until Envoy is LIVE. Every process binds
+    port 0 and reports the port it got."""
     endpoints = [w.endpoint for w in workers]
-    listen_port, admin_port = free_port(), free_port()
     tag = setup.name.replace("/", "-")
     log_dir.mkdir(parents=True, exist_ok=True)
-    running = Running(listen_port)
+    running = Running()
     try:
         if setup.kind == "direct":
-            config = render_direct_config(listen_port, admin_port, endpoints)
+            config = render_direct_config(endpoints)
         else:
             assert setup.mode is not None
             if setup.kind == "noop":
-                port = free_port()
                 argv = [
                     sys.executable,
                     str(NOOP_PICKER_PATH),
                     "--port",
-                    str(port),
+                    "0",
                     "--workers",
                     ",".join(endpoints),
                 ]
-                picker = ManagedProcess(argv, log_path=log_dir / f"{tag}.log").start()
-                running.processes.append(picker)
-                _wait_port(port, picker)
+                picker = start_reporting(argv, log_dir / f"{tag}.log", 20.0)
             else:
-                picker, port, _health = start_picker(workers, log_dir, args=PICKER_ARGS, name=tag)
-                running.processes.append(picker)
+                picker = start_picker(workers, log_dir, args=PICKER_ARGS, name=tag)
+            running.processes.append(picker)
             running.picker = picker
             config = render_envoy_config(
                 setup.mode,  # type: ignore[arg-type]
-                listen_port=listen_port,
-                admin_port=admin_port,
-                picker_address=f"127.0.0.1:{port}",
+                picker_address=f"127.0.0.1:{picker.ports()['port']}",
                 workers=endpoints,
             )
-        envoy = start_envoy(config, log_path=log_dir / f"envoy-{tag}.log", admin_port=admin_port)
+        envoy = start_envoy(config, log_path=log_dir / f"envoy-{tag}.log")
         running.processes.append(envoy)
+        running.listen_port = envoy.listen_port
     except BaseException:
         running.stop()
         raise
     return running
-
-
-def _wait_port(port: int, process: ManagedProcess) -> None:
-    from extproc.devstack.procs import wait_for_port
-
-    wait_for_port("127.0.0.1", port, 20.0, process=process)
 
 
 # --- measurements ----------------------------------------------------------------------------------
@@ -1059,9 +1047,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile: dict[str, Any] | None = None
     try:
         for i in range(args.echo_workers):
-            port = free_port()
-            process = start_echo_worker_process(port, log_path=log_dir / f"echo-{i}.log")
-            echo.append(WorkerProcess(f"w{i}", f"127.0.0.1:{port}", process))
+            process = start_echo_worker_process(log_path=log_dir / f"echo-{i}.log")
+            echo.append(WorkerProcess(f"w{i}", f"127.0.0.1:{process.ports()['port']}", process))
         for round_index in range(args.rounds):
             shift = round_index % len(setups)
             for setup in setups[shift:] + setups[:shift]:

@@ -56,7 +56,7 @@ for _path in (str(REPO_ROOT), str(BENCH_DIR)):  # benchmark this checkout; reuse
 from bench_router import DEFAULT_TRACE, machine_environment, percentile  # noqa: E402
 
 from extproc.devstack.groups import launch_group_picker, wait_until_serving  # noqa: E402
-from extproc.devstack.procs import ManagedProcess, free_port  # noqa: E402
+from extproc.devstack.procs import ManagedProcess  # noqa: E402
 from extproc.devstack.stack import MODEL  # noqa: E402
 from extproc.groups import GroupProbe, GroupRequest, GroupSelector, RemoteGroup  # noqa: E402
 from extproc.groups.policy import GroupPolicy, rank  # noqa: E402
@@ -95,21 +95,17 @@ def prompts(size: int, count: int, seed: int) -> list[list[int]]:
 
 
 def start_groups(log_dir: Path, count: int) -> list[tuple[ManagedProcess, int]]:
-    started = []
+    """`count` group pickers, each on a group API port it binds itself and reports."""
+    processes: list[ManagedProcess] = []
     try:
         for g in range(count):
-            port = free_port()
             workers = [(f"g{g}w{i}", f"127.0.{g + 1}.{i + 1}:8000") for i in range(WORKERS_PER_GROUP)]
-            started.append(
-                (launch_group_picker(f"g{g}", workers, log_dir, api_port=port, block_size=BLOCK), port)
-            )
-        for process, port in started:
-            wait_until_serving(process, port)
+            processes.append(launch_group_picker(f"g{g}", workers, log_dir, block_size=BLOCK))
+        return [(process, wait_until_serving(process)) for process in processes]
     except BaseException:
-        for process, _ in started:
+        for process in processes:
             process.stop(grace_s=1.0)
         raise
-    return started
 
 
 async def time_routes(selector: GroupSelector, batch: Sequence[list[int]], tag: str) -> list[int]:

@@ -7,7 +7,9 @@ and the protocol in section 1 (Gateway API Inference Extension endpoint-picker p
 
     python benchmarks/noop_picker.py --port 9002 --workers 127.0.0.1:8001,127.0.0.1:8002
 
-Importable: `await serve_noop_picker(port, workers)` returns a started `grpc.aio.Server`.
+`--port 0 --ports-file PATH` binds a free port and writes it to PATH ({"port": N}, as `extproc
+serve --ports-file` does). Importable: `await serve_noop_picker(port, workers)` returns a started
+`grpc.aio.Server` and the port it listens on (port 0 picks a free one).
 Wire types come from xds-protos (`envoy.service.ext_proc.v3`).
 """
 
@@ -27,6 +29,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
+
+from extproc.runtime.ports_file import write_ports_file
 
 log = logging.getLogger("noop_picker")
 
@@ -238,8 +242,9 @@ def _header_dict(headers: pb.HttpHeaders) -> dict[str, str]:
 
 async def serve_noop_picker(
     port: int, workers: Iterable[str], *, host: str = "127.0.0.1", picker: NoopPicker | None = None
-) -> grpc.aio.Server:
-    """Start the no-op picker on host:port (in the running event loop) and return the server.
+) -> tuple[grpc.aio.Server, int]:
+    """Start the no-op picker on host:port (in the running event loop); return the server and the
+    port it bound (port 0 picks a free one).
 
     Pass `picker` to keep a handle on the servicer (e.g. `NoopPicker(workers, record=True)`);
     otherwise one is built from `workers`. Stop it with `await server.stop(grace_s)`.
@@ -256,11 +261,13 @@ async def serve_noop_picker(
     if bound == 0:
         raise RuntimeError(f"cannot bind the no-op picker to {address}")
     await server.start()
-    return server
+    return server, bound
 
 
-async def _main(port: int, workers: list[str], host: str) -> None:
-    server = await serve_noop_picker(port, workers, host=host)
+async def _main(port: int, workers: list[str], host: str, ports_file: str | None) -> None:
+    server, port = await serve_noop_picker(port, workers, host=host)
+    if ports_file:
+        write_ports_file(ports_file, {"port": port})
     log.info("no-op picker on %s:%d, round robin over %s", host, port, ", ".join(workers))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -277,12 +284,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--workers", required=True, help="comma-separated ip:port list to pick from round robin"
     )
+    parser.add_argument("--ports-file", help='once listening, write {"port": N} here (for --port 0)')
     args = parser.parse_args(argv)
     workers = [w.strip() for w in args.workers.split(",") if w.strip()]
     if not workers:
         parser.error("--workers needs at least one ip:port")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(_main(args.port, workers, args.host))
+    asyncio.run(_main(args.port, workers, args.host, args.ports_file))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,12 @@ Workers w0 and w1 publish KV events over ZMQ (with a replay socket), the others 
 The picker runs as `python -m extproc serve` with its admin port (/debug/workers, /metrics,
 /readyz) and the limits below; Envoy renders the `failopen` template. The blocking methods here are
 called from the soak's event loop through `asyncio.to_thread`.
+
+Ports: nats-server, the workers and the picker are killed and restarted on their ports (their
+clients, the picker's config and Envoy's clusters name them), so those ports are reserved for the
+whole run (`reserve_port`: held by this process, bindable by our children only, never handed to
+anyone else by the kernel) and nobody can take one while its process is down. Envoy, never
+restarted, binds port 0 and reports its ports through its admin API.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from extproc.devstack.envoy_config import render_envoy_config
 from extproc.devstack.procs import (
     ManagedProcess,
     NatsServer,
-    free_port,
+    PortReservation,
     http_status,
+    reserve_port,
     start_envoy,
     start_nats_server,
     wait_for_port,
@@ -94,16 +101,26 @@ class SoakStack:
     def __init__(self, log_dir: Path, workers: int, speedup: float, seed: int) -> None:
         self.log_dir = log_dir
         self.seed = seed
+        self.reserved: list[PortReservation] = []  # released by stop(), after every process
         self.nats: NatsServer | None = None
-        self.nats_port = free_port()
+        self.nats_port = self._reserve()
         self.nats_starts = 0
         self.workers = [self._worker_spec(i, speedup) for i in range(workers)]
         self.picker: ManagedProcess | None = None
-        self.picker_port, self.health_port, self.picker_admin = free_port(), free_port(), free_port()
+        self.picker_port, self.health_port, self.picker_admin = (
+            self._reserve(),
+            self._reserve(),
+            self._reserve(),
+        )
         self.picker_starts = 0
         self.pokes = 0  # requests sent straight to workers by recovery checks
         self.envoy: ManagedProcess | None = None
-        self.listen_port, self.envoy_admin = free_port(), free_port()
+        self.listen_port = self.envoy_admin = 0  # Envoy's own choice, known once it runs
+
+    def _reserve(self) -> int:
+        """A loopback port held until stop(): the processes restarted on it can always bind it again."""
+        self.reserved.append(reserve_port())
+        return self.reserved[-1].port
 
     @property
     def nats_url(self) -> str:
@@ -114,15 +131,15 @@ class SoakStack:
         return f"http://127.0.0.1:{self.picker_admin}"
 
     def _worker_spec(self, i: int, speedup: float) -> WorkerSpec:
-        wid, port = f"w{i}", free_port()
+        wid, port = f"w{i}", self._reserve()
         argv = [
             sys.executable, "-m", "extproc", "mock-worker", "--port", str(port), "--worker-id", wid,
             "--model", MODEL, "--block-size", str(BLOCK_SIZE), "--speedup", str(speedup),
             "--num-gpu-blocks", str(WORKER_GPU_BLOCKS), "--max-model-len", str(WORKER_MAX_MODEL_LEN),
         ]  # fmt: skip
         if i < ZMQ_WORKERS:
-            argv += ["--kv-events", "zmq", "--kv-events-port", str(free_port())]
-            argv += ["--kv-replay-port", str(free_port())]
+            argv += ["--kv-events", "zmq", "--kv-events-port", str(self._reserve())]
+            argv += ["--kv-replay-port", str(self._reserve())]
             return WorkerSpec(wid, port, argv, "zmq")
         argv += ["--kv-events", "nats", "--nats-url", self.nats_url, "--instance-id", str(i)]
         argv += ["--namespace", NAMESPACE]
@@ -138,18 +155,19 @@ class SoakStack:
         self.start_picker()
         config = render_envoy_config(
             "failopen",
-            listen_port=self.listen_port,
-            admin_port=self.envoy_admin,
             picker_address=f"127.0.0.1:{self.picker_port}",
             workers=[w.endpoint for w in self.workers],
             max_body_bytes=ENVOY_MAX_BODY_BYTES,
         )
-        self.envoy = start_envoy(config, log_path=self.log_dir / "envoy.log", admin_port=self.envoy_admin)
+        envoy = start_envoy(config, log_path=self.log_dir / "envoy.log")
+        self.envoy, self.listen_port, self.envoy_admin = envoy, envoy.listen_port, envoy.admin_port
 
     def stop(self) -> None:
         for process in [self.envoy, self.picker, *(w.process for w in self.workers), self.nats]:
             if process is not None:
                 process.stop(grace_s=SHUTDOWN_GRACE_S + 2.0)
+        for reservation in self.reserved:
+            reservation.release()
 
     def start_nats(self) -> None:
         self.nats_starts += 1

@@ -26,7 +26,7 @@ import pytest_asyncio
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from extproc.devstack.procs import ManagedProcess, free_port, port_is_open
+from extproc.devstack.procs import ManagedProcess, port_is_open, reserve_port
 from extproc.devstack.stack import MODEL
 
 from .e2e.harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
@@ -44,8 +44,11 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def picker_port() -> int:
-    return free_port()  # every picker of this module listens here: Envoy's endpoint_picker cluster
+def picker_port() -> Iterator[int]:
+    # Every picker of this module listens here (Envoy's endpoint_picker cluster), one after the
+    # other: the port is held for the module so no other process takes it between two pickers.
+    with reserve_port() as reserved:
+        yield reserved.port
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -71,24 +74,29 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 class PickerProcess:
-    """`python -m extproc serve` for the echo worker on `port`, with admin and health on free ports."""
+    """`python -m extproc serve` for the echo worker on `port`, with admin and health on ports it
+    binds itself (port 0) and reports (`--ports-file`)."""
 
     def __init__(self, worker: EchoWorker, port: int, log_dir: Path, grace_s: float) -> None:
         config = log_dir / "picker.yaml"
         config.write_text(
             yaml.safe_dump({"workers": [{"id": "w0", "endpoint": worker.address, "model": MODEL}]})
         )
-        self.port, self.health_port, self.admin_port = port, free_port(), free_port()
+        self.port, self.health_port, self.admin_port = port, 0, 0
+        name = f"picker-{uuid.uuid4().hex[:6]}"
+        ports_file = log_dir / f"{name}.ports.json"
         argv = [
             sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
-            "--port", str(port), "--health-port", str(self.health_port), "--admin-port", str(self.admin_port),
+            "--port", str(port), "--health-port", "0", "--admin-port", "0", "--ports-file", str(ports_file),
             "--shutdown-grace-secs", str(grace_s),
         ]  # fmt: skip
-        self.process = ManagedProcess(argv, log_path=log_dir / f"picker-{uuid.uuid4().hex[:6]}.log")
+        self.process = ManagedProcess(argv, log_path=log_dir / f"{name}.log", ports_file=ports_file)
 
     async def start(self) -> PickerProcess:
         self.process.start()
-        await until(lambda: port_is_open("127.0.0.1", self.port), 30, "the picker listens", self.process)
+        ports = await asyncio.to_thread(self.process.ports, 30.0)  # written once every server listens
+        self.health_port, self.admin_port = ports["health_port"], ports["admin_port"]
+        assert ports["port"] == self.port
         return self
 
     def terminate(self) -> None:

@@ -68,8 +68,8 @@ def template_path(variant: Variant) -> Path:
 def render_envoy_config(
     variant: Variant,
     *,
-    listen_port: int,
-    admin_port: int,
+    listen_port: int = 0,
+    admin_port: int = 0,
     picker_address: str,
     workers: Sequence[str] = (),
     message_timeout_ms: int = DEFAULT_MESSAGE_TIMEOUT_MS,
@@ -84,11 +84,14 @@ def render_envoy_config(
     required by "failopen" (its STATIC cluster lists them) and only checked by the other variants,
     whose ORIGINAL_DST cluster reaches whatever endpoint the picker names. `picker_tls` puts TLS on the
     connection to the picker: True encrypts without verifying, a `PickerTls` says what to verify
-    and which client certificate to present. Raises ValueError naming the bad argument.
+    and which client certificate to present. `listen_port` and `admin_port` 0 (the default) let
+    Envoy bind free ports; `extproc.devstack.procs.start_envoy` reads them back. Raises ValueError
+    naming the bad argument.
     """
     path = template_path(variant)
     for name, port in (("listen_port", listen_port), ("admin_port", admin_port)):
-        _check_port(name, port)
+        if port != 0:
+            _check_port(name, port)
     picker_host, picker_port = parse_endpoint(picker_address)
     endpoints = [parse_endpoint(w) for w in workers]
     if variant == "failopen" and not endpoints:

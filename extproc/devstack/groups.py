@@ -5,7 +5,8 @@ Used by `examples/hierarchical/`, the end-to-end tests and `benchmarks/bench_gro
 start the product the way a user does: each group is `python -m extproc serve --group-api-port N`
 over its own workers (`extproc.stack.start_workers` / `start_picker`), the top-level picker is
 `python -m extproc serve` with a `groups:` section, and Envoy runs the `buffered` template. Every
-process is stopped by its pid.
+process is stopped by its pid; every one binds port 0 and reports its ports (`--ports-file`,
+Envoy's admin API).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import ManagedProcess, free_port, start_envoy, wait_for_port
+from extproc.devstack.procs import ManagedProcess, start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess, start_picker, start_workers
 
 
@@ -88,26 +89,21 @@ def start_group(
     kv_events: bool = True,
     picker_args: Sequence[str] = (),
 ) -> GroupProcess:
-    """Mock workers (logs in log_dir/<name>/) and a picker serving their routers on a free group-API port."""
+    """Mock workers (logs in log_dir/<name>/) and a picker serving their routers on the group API
+    (port 0: the port it reports)."""
     group_dir = log_dir / name
     group_dir.mkdir(parents=True, exist_ok=True)
     started = start_workers(workers, group_dir, speedup=speedup, block_size=block_size, kv_events=kv_events)
-    api_port = free_port()
-    args = ["--kv-cache-block-size", str(block_size), "--group-api-port", str(api_port), *picker_args]
+    args = ["--kv-cache-block-size", str(block_size), "--group-api-port", "0", *picker_args]
     if not kv_events:
         args.append("--no-router-kv-events")
     try:
-        picker, _, _ = start_picker(started, group_dir, args=args, name="picker")
-        try:
-            wait_for_port("127.0.0.1", api_port, 30.0, process=picker)
-        except BaseException:
-            picker.stop(grace_s=1.0)
-            raise
+        picker = start_picker(started, group_dir, args=args, name="picker")
     except BaseException:
         for w in started:
             w.process.stop(grace_s=1.0)
         raise
-    return GroupProcess(name, started, picker, api_port)
+    return GroupProcess(name, started, picker, picker.ports()["group_api_port"])
 
 
 def launch_group_picker(
@@ -115,28 +111,31 @@ def launch_group_picker(
     workers: Sequence[tuple[str, str]],
     log_dir: Path,
     *,
-    api_port: int,
+    api_port: int = 0,
     block_size: int = 16,
     args: Sequence[str] = (),
 ) -> ManagedProcess:
     """`serve --group-api-port` over (id, endpoint) workers that need not exist (routing decisions only:
-    no KV events, nothing contacts them); returns at once, see `wait_until_serving`."""
+    no KV events, nothing contacts them); returns at once, see `wait_until_serving`. `api_port` 0
+    (the default) lets it bind a free port; give a `reserve_port()` one to restart it where it was."""
     config = log_dir / f"{name}.yaml"
     config.write_text(
         yaml.safe_dump({"workers": [{"id": i, "endpoint": e, "model": MODEL} for i, e in workers]})
     )
+    ports = log_dir / f"{name}.ports.json"
     argv = [
-        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", str(free_port()),
-        "--health-port", str(free_port()), "--group-api-port", str(api_port), "--no-router-kv-events",
-        "--kv-cache-block-size", str(block_size), "--log-level", "warning", *args,
+        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", "0",
+        "--health-port", "0", "--group-api-port", str(api_port), "--ports-file", str(ports),
+        "--no-router-kv-events", "--kv-cache-block-size", str(block_size), "--log-level", "warning", *args,
     ]  # fmt: skip
-    return ManagedProcess(argv, log_path=log_dir / f"{name}.log").start()
+    return ManagedProcess(argv, log_path=log_dir / f"{name}.log", ports_file=ports).start()
 
 
-def wait_until_serving(process: ManagedProcess, api_port: int, timeout_s: float = 30.0) -> None:
-    """Poll (bounded) until the group API listens; stops the process if it never does."""
+def wait_until_serving(process: ManagedProcess, timeout_s: float = 30.0) -> int:
+    """Wait (bounded) until a `launch_group_picker` process serves and return its group API port;
+    stops the process if it never does."""
     try:
-        wait_for_port("127.0.0.1", api_port, timeout_s, process=process)
+        return process.ports(timeout_s)["group_api_port"]
     except BaseException:
         process.stop(grace_s=1.0)
         raise
@@ -160,21 +159,22 @@ def start_top_picker(
     policy: str = "max-overlap",
     args: Sequence[str] = (),
 ) -> tuple[ManagedProcess, int, int]:
-    """`python -m extproc serve` over remote groups; returns (process, ext_proc port, admin port)."""
+    """`python -m extproc serve` over remote groups; returns (process, ext_proc port, admin port),
+    the ports it bound (port 0) and reported."""
     config = write_top_config(groups, log_dir / "top.yaml")
-    port, health_port, admin_port = free_port(), free_port(), free_port()
+    ports_file = log_dir / "top.ports.json"
     argv = [
-        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", str(port),
-        "--health-port", str(health_port), "--admin-port", str(admin_port),
+        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", "0",
+        "--health-port", "0", "--admin-port", "0", "--ports-file", str(ports_file),
         "--group-probe-timeout-ms", str(probe_timeout_ms), "--group-policy", policy, *args,
     ]  # fmt: skip
-    process = ManagedProcess(argv, log_path=log_dir / "top.log").start()
+    process = ManagedProcess(argv, log_path=log_dir / "top.log", ports_file=ports_file).start()
     try:
-        wait_for_port("127.0.0.1", port, 30.0, process=process)
+        ports = process.ports()
     except BaseException:
         process.stop(grace_s=1.0)
         raise
-    return process, port, admin_port
+    return process, ports["port"], ports["admin_port"]
 
 
 def start_hierarchy(
@@ -213,15 +213,13 @@ def start_hierarchy(
             policy=policy,
             args=["--kv-cache-block-size", str(block_size), *top_args],
         )
-        stack.listen_port, stack.admin_port = free_port(), free_port()
         config = render_envoy_config(
             "buffered",
-            listen_port=stack.listen_port,
-            admin_port=stack.admin_port,
             picker_address=f"127.0.0.1:{stack.top_port}",
             workers=[w.endpoint for g in stack.groups for w in g.workers],
         )
-        stack.envoy = start_envoy(config, log_path=log_dir / "envoy.log", admin_port=stack.admin_port)
+        envoy = start_envoy(config, log_path=log_dir / "envoy.log")
+        stack.envoy, stack.listen_port, stack.admin_port = envoy, envoy.listen_port, envoy.admin_port
     except BaseException:
         stack.stop()
         raise

@@ -2,7 +2,8 @@
 
 Used by the demo, the end-to-end tests and the benchmarks so they all start the product the
 same way a user does (`python -m extproc ...` and the configs in `extproc/devstack/envoy/`). Every process is
-stopped by its pid in `Stack.stop()`.
+stopped by its pid in `Stack.stop()`. Every process binds port 0 and reports the port it got
+(`--ports-file`, Envoy's admin API): no port is chosen before its process binds it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from extproc.devstack.envoy_config import Variant, render_envoy_config
-from extproc.devstack.procs import ManagedProcess, free_port, start_envoy, wait_for_port, wait_http_ok
+from extproc.devstack.procs import ManagedProcess, PortReservation, reserve_port, start_envoy, wait_http_ok
 
 MODEL = "demo-model"
 
@@ -27,10 +28,17 @@ class WorkerProcess:
     process: ManagedProcess
     kv_events: str | None = None  # ZMQ PUB endpoint of its KV events (tcp://127.0.0.1:port)
     kv_replay: str | None = None  # ZMQ replay endpoint
+    held: list[PortReservation] = field(default_factory=list)  # start_workers(hold_ports=True)
 
     @property
     def url(self) -> str:
         return f"http://{self.endpoint}"
+
+    def release_ports(self) -> None:
+        """Let go of the ports held for restarts (after its last stop)."""
+        for reservation in self.held:
+            reservation.release()
+        self.held.clear()
 
 
 @dataclass
@@ -45,6 +53,7 @@ class Stack:
     envoy: ManagedProcess | None = None
     listen_port: int = 0
     admin_port: int = 0
+    reserved: list[PortReservation] = field(default_factory=list)  # held until stop()
 
     @property
     def url(self) -> str:
@@ -54,6 +63,10 @@ class Stack:
         for process in [self.envoy, self.picker, *(w.process for w in self.workers)]:
             if process is not None:
                 process.stop(grace_s=3.0)
+        for reservation in self.reserved:
+            reservation.release()
+        for w in self.workers:
+            w.release_ports()
 
 
 def start_workers(
@@ -65,34 +78,58 @@ def start_workers(
     kv_events: bool = True,
     extra_args: Sequence[str] = (),
     id_prefix: str = "w",
+    hold_ports: bool = False,
 ) -> list[WorkerProcess]:
-    """Start `count` mock workers on free loopback ports and wait until /health answers.
+    """Start `count` mock workers on loopback and wait until /health answers.
 
-    With `kv_events` each publishes its KV events over ZMQ (vLLM's format) on free ports too.
+    Each binds port 0 and reports its port (`--ports-file`); with `kv_events` each publishes its
+    KV events over ZMQ (vLLM's format) on ports it reports the same way. With `hold_ports`, the
+    ports are reserved here first (`reserve_port`) and passed explicitly instead, so a worker
+    restarted with the same argv gets them back (nobody else can take them meanwhile); release
+    them with `WorkerProcess.release_ports()` after its last stop (`Stack.stop()` does).
     """
-    workers = []
+    processes: list[tuple[str, ManagedProcess, list[PortReservation]]] = []
     try:
         for i in range(count):
-            port, wid = free_port(), f"{id_prefix}{i}"
+            wid = f"{id_prefix}{i}"
+            held = [reserve_port() for _ in range(3)] if hold_ports else []  # HTTP, PUB, replay
+            port, events_port, replay_port = (str(r.port) for r in held) if held else ("0", "0", "0")
+            ports = log_dir / f"worker-{wid}.ports.json"
             argv = [
-                sys.executable, "-m", "extproc", "mock-worker", "--port", str(port), "--worker-id", wid,
+                sys.executable, "-m", "extproc", "mock-worker", "--port", port, "--worker-id", wid,
                 "--model", MODEL, "--block-size", str(block_size), "--speedup", str(speedup),
+                "--ports-file", str(ports),
             ]  # fmt: skip
-            events = replay = None
             if kv_events:
-                events_port, replay_port = free_port(), free_port()
-                argv += ["--kv-events", "zmq", "--kv-events-port", str(events_port)]
-                argv += ["--kv-replay-port", str(replay_port)]
-                events, replay = f"tcp://127.0.0.1:{events_port}", f"tcp://127.0.0.1:{replay_port}"
+                argv += [
+                    "--kv-events",
+                    "zmq",
+                    "--kv-events-port",
+                    events_port,
+                    "--kv-replay-port",
+                    replay_port,
+                ]
             else:
                 argv += ["--kv-events", "off"]
-            process = ManagedProcess([*argv, *extra_args], log_path=log_dir / f"worker-{wid}.log").start()
-            workers.append(WorkerProcess(wid, f"127.0.0.1:{port}", process, events, replay))
-        for w in workers:
-            wait_http_ok(f"{w.url}/health", 30.0, process=w.process)
+            process = ManagedProcess(
+                [*argv, *extra_args], log_path=log_dir / f"worker-{wid}.log", ports_file=ports
+            )
+            processes.append((wid, process.start(), held))
+        workers = []
+        for wid, process, held in processes:
+            bound = process.ports()
+            events = replay = None
+            if kv_events:
+                events = f"tcp://127.0.0.1:{bound['kv_events_port']}"
+                replay = f"tcp://127.0.0.1:{bound['kv_replay_port']}"
+            worker = WorkerProcess(wid, f"127.0.0.1:{bound['port']}", process, events, replay, held)
+            workers.append(worker)
+            wait_http_ok(f"{worker.url}/health", 30.0, process=process)
     except BaseException:
-        for w in workers:
-            w.process.stop(grace_s=1.0)
+        for _, process, held in processes:
+            process.stop(grace_s=1.0)
+            for reservation in held:
+                reservation.release()
         raise
     return workers
 
@@ -112,21 +149,25 @@ def write_picker_config(workers: Sequence[WorkerProcess], path: Path) -> Path:
 
 def start_picker(
     workers: Sequence[WorkerProcess], log_dir: Path, *, args: Sequence[str] = (), name: str = "picker"
-) -> tuple[ManagedProcess, int, int]:
-    """Start `python -m extproc serve` for `workers`; returns (process, ext_proc port, health port)."""
+) -> ManagedProcess:
+    """Start `python -m extproc serve` for `workers` and return once it listens.
+
+    It binds port 0 and reports its ports (`--ports-file`): `.ports()` has port (ext_proc) and
+    health_port, and admin_port / group_api_port when `args` turn those on (with port 0).
+    """
     config = write_picker_config(workers, log_dir / f"{name}.yaml")
-    port, health_port = free_port(), free_port()
+    ports = log_dir / f"{name}.ports.json"
     argv = [
-        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", str(port),
-        "--health-port", str(health_port), *args,
+        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", "0",
+        "--health-port", "0", "--ports-file", str(ports), *args,
     ]  # fmt: skip
-    process = ManagedProcess(argv, log_path=log_dir / f"{name}.log").start()
+    process = ManagedProcess(argv, log_path=log_dir / f"{name}.log", ports_file=ports).start()
     try:
-        wait_for_port("127.0.0.1", port, 30.0, process=process)
+        process.ports()
     except BaseException:
         process.stop(grace_s=1.0)
         raise
-    return process, port, health_port
+    return process
 
 
 def start_stack(
@@ -156,20 +197,19 @@ def start_stack(
         )
         if with_picker:
             args = ["--kv-cache-block-size", str(block_size), *picker_args]
-            stack.picker, stack.picker_port, stack.health_port = start_picker(
-                stack.workers, log_dir, args=args
-            )
-        else:
-            stack.picker_port = free_port()  # nothing listens there: the picker is "down"
-        stack.listen_port, stack.admin_port = free_port(), free_port()
+            stack.picker = start_picker(stack.workers, log_dir, args=args)
+            ports = stack.picker.ports()
+            stack.picker_port, stack.health_port = ports["port"], ports["health_port"]
+        else:  # held, nothing listens there: the picker is "down" (connections refused)
+            stack.reserved.append(reserve_port())
+            stack.picker_port = stack.reserved[-1].port
         config = render_envoy_config(
             variant,
-            listen_port=stack.listen_port,
-            admin_port=stack.admin_port,
             picker_address=f"127.0.0.1:{stack.picker_port}",
             workers=[w.endpoint for w in stack.workers],
         )
-        stack.envoy = start_envoy(config, log_path=log_dir / "envoy.log", admin_port=stack.admin_port)
+        envoy = start_envoy(config, log_path=log_dir / "envoy.log")
+        stack.envoy, stack.listen_port, stack.admin_port = envoy, envoy.listen_port, envoy.admin_port
     except BaseException:
         stack.stop()
         raise

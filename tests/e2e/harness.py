@@ -1,7 +1,8 @@
 """End-to-end helpers: echo workers, the no-op picker and Envoy, in-process or as child processes.
 
-Everything listens on 127.0.0.1 on free ports; child processes are stopped by pid. In-process
-servers run in the caller's event loop.
+Everything listens on 127.0.0.1 on ports its server binds itself (port 0) and reports: in-process
+servers read the port back from their socket, child processes write it to a --ports-file. Child
+processes are stopped by pid. In-process servers run in the caller's event loop.
 
 Run a worker on its own: `python tests/e2e/harness.py worker --port 8001`.
 """
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import hashlib
 import importlib.util
+import itertools
 import json
 import signal
 import sys
@@ -26,11 +28,13 @@ from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.devstack.envoy_config import Variant, render_envoy_config
-from extproc.devstack.procs import ManagedProcess, free_port, start_envoy, wait_for_port
+from extproc.devstack.procs import EnvoyProcess, ManagedProcess, start_envoy
+from extproc.runtime.ports_file import write_ports_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOOP_PICKER_PATH = REPO_ROOT / "benchmarks" / "noop_picker.py"
 GATE_TIMEOUT_S = 10.0  # bound on how long a lock-step SSE worker waits for the test
+_envoy_ids = itertools.count(1)
 
 
 class EchoWorker:
@@ -41,11 +45,13 @@ class EchoWorker:
     `/sse?n=N`: N events `data: {"worker": ..., "index": i}` then `data: [DONE]`. With `&key=K`
     it sends event i+1 only after `release(K)` (lock-step, so a test can prove that chunks pass
     one by one); with `&interval_ms=M` it paces events instead (for child-process workers).
+
+    Port 0 (the default) binds a free port at `start`; `port` and `address` are known from then on.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port
         self._gates: dict[str, asyncio.Queue[None]] = {}
         self._runner: web.AppRunner | None = None
 
@@ -67,6 +73,7 @@ class EchoWorker:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])
         return self
 
     async def stop(self) -> None:
@@ -123,17 +130,27 @@ async def start_echo_workers(count: int) -> list[EchoWorker]:
     return [await EchoWorker().start() for _ in range(count)]
 
 
-def start_echo_worker_process(port: int, *, log_path: Path, ready_timeout_s: float = 15.0) -> ManagedProcess:
-    """An echo worker as a child process (this file run as a script); returns once it listens."""
+def start_reporting(argv: Sequence[str], log_path: Path, ready_timeout_s: float) -> ManagedProcess:
+    """Start `argv` + `--ports-file <log_path>.ports.json` and return once the child reported the
+    port it bound (`.ports()["port"]`); stopped if it never does."""
+    ports_file = log_path.with_suffix(".ports.json")
     process = ManagedProcess(
-        [sys.executable, str(Path(__file__).resolve()), "worker", "--port", str(port)], log_path=log_path
-    ).start()
+        [*argv, "--ports-file", str(ports_file)], log_path=log_path, ports_file=ports_file
+    )
+    process.start()
     try:
-        wait_for_port("127.0.0.1", port, ready_timeout_s, process=process)
+        process.ports(ready_timeout_s)
     except BaseException:
         process.stop(grace_s=2.0)
         raise
     return process
+
+
+def start_echo_worker_process(*, log_path: Path, ready_timeout_s: float = 15.0) -> ManagedProcess:
+    """An echo worker as a child process (this file run as a script) on a port it picks; returns
+    once it listens, with that port in `.ports()["port"]`."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "worker", "--port", "0"]
+    return start_reporting(argv, log_path, ready_timeout_s)
 
 
 def load_noop_picker() -> ModuleType:
@@ -169,8 +186,7 @@ async def start_noop_picker(workers: Sequence[str], *, record: bool = True) -> I
     """The no-op picker in the running event loop on a free port."""
     noop = load_noop_picker()
     servicer = noop.NoopPicker(list(workers), record=record)
-    port = free_port()
-    server = await noop.serve_noop_picker(port, workers, picker=servicer)
+    server, port = await noop.serve_noop_picker(0, workers, picker=servicer)
     return InProcessPicker(server=server, servicer=servicer, port=port)
 
 
@@ -187,36 +203,36 @@ async def start_stalled_picker() -> InProcessPicker:
     servicer = _StalledServicer()
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return InProcessPicker(server=server, servicer=servicer, port=port)
 
 
 def start_noop_picker_process(
-    port: int, workers: Sequence[str], *, log_path: Path, ready_timeout_s: float = 15.0
+    workers: Sequence[str], *, log_path: Path, ready_timeout_s: float = 15.0
 ) -> ManagedProcess:
-    """The no-op picker as a child process (its command line); returns once it listens."""
-    argv = [sys.executable, str(NOOP_PICKER_PATH), "--port", str(port), "--workers", ",".join(workers)]
-    process = ManagedProcess(argv, log_path=log_path).start()
-    try:
-        wait_for_port("127.0.0.1", port, ready_timeout_s, process=process)
-    except BaseException:
-        process.stop(grace_s=2.0)
-        raise
-    return process
+    """The no-op picker as a child process (its command line) on a port it picks; returns once it
+    listens, with that port in `.ports()["port"]`."""
+    argv = [sys.executable, str(NOOP_PICKER_PATH), "--port", "0", "--workers", ",".join(workers)]
+    return start_reporting(argv, log_path, ready_timeout_s)
 
 
 @dataclass
 class EnvoyUnderTest:
     variant: Variant
-    process: ManagedProcess
-    listen_port: int
-    admin_port: int
+    process: EnvoyProcess
+
+    @property
+    def listen_port(self) -> int:
+        return self.process.listen_port
+
+    @property
+    def admin_port(self) -> int:
+        return self.process.admin_port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.listen_port}"
+        return self.process.url
 
     def stop(self) -> None:
         self.process.stop(grace_s=3.0)
@@ -225,24 +241,17 @@ class EnvoyUnderTest:
 def start_envoy_variant(
     variant: Variant, *, picker_address: str, workers: Sequence[str], log_dir: Path, **render_args: Any
 ) -> EnvoyUnderTest:
-    """Render `variant` for fresh ports and run Envoy with it until /ready says LIVE."""
-    listen_port, admin_port = free_port(), free_port()
-    config = render_envoy_config(
-        variant,
-        listen_port=listen_port,
-        admin_port=admin_port,
-        picker_address=picker_address,
-        workers=workers,
-        **render_args,
-    )
-    process = start_envoy(
-        config, log_path=log_dir / f"envoy-{variant}-{admin_port}.log", admin_port=admin_port
-    )
-    return EnvoyUnderTest(variant=variant, process=process, listen_port=listen_port, admin_port=admin_port)
+    """Render `variant` with port 0 listeners and run Envoy with it until /ready says LIVE (it
+    binds free ports; `start_envoy` reads them back)."""
+    config = render_envoy_config(variant, picker_address=picker_address, workers=workers, **render_args)
+    log_path = log_dir / f"envoy-{variant}-{next(_envoy_ids)}.log"
+    return EnvoyUnderTest(variant=variant, process=start_envoy(config, log_path=log_path))
 
 
-async def _serve_worker(port: int) -> None:
+async def _serve_worker(port: int, ports_file: str | None) -> None:
     worker = await EchoWorker(port=port).start()
+    if ports_file:
+        write_ports_file(ports_file, {"port": worker.port})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -255,10 +264,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="end-to-end test helpers")
     commands = parser.add_subparsers(dest="command", required=True)
     worker = commands.add_parser("worker", help="run an echo worker until SIGTERM")
-    worker.add_argument("--port", type=int, required=True)
+    worker.add_argument("--port", type=int, required=True, help="0 picks a free port")
+    worker.add_argument("--ports-file", help='once listening, write {"port": N} here')
     args = parser.parse_args(argv)
     if args.command == "worker":
-        asyncio.run(_serve_worker(args.port))
+        asyncio.run(_serve_worker(args.port, args.ports_file))
 
 
 if __name__ == "__main__":

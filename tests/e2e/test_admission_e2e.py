@@ -22,7 +22,7 @@ import pytest_asyncio
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import ManagedProcess, free_port, start_envoy
+from extproc.devstack.procs import ManagedProcess, start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.router import RouterConfig
 from extproc.runtime.server import RunningPicker, start_picker
@@ -48,17 +48,11 @@ def config(endpoints: list[str], **router) -> PickerConfig:
 
 
 def envoy_for(picker: RunningPicker, log_dir: Path, name: str) -> tuple[ManagedProcess, str]:
-    listen, admin = free_port(), free_port()
     yaml = render_envoy_config(
-        "buffered",
-        listen_port=listen,
-        admin_port=admin,
-        picker_address=f"127.0.0.1:{picker.port}",
-        message_timeout_ms=MESSAGE_TIMEOUT_MS,
+        "buffered", picker_address=f"127.0.0.1:{picker.port}", message_timeout_ms=MESSAGE_TIMEOUT_MS
     )
-    return start_envoy(
-        yaml, log_path=log_dir / f"envoy-{name}.log", admin_port=admin
-    ), f"http://127.0.0.1:{listen}"
+    envoy = start_envoy(yaml, log_path=log_dir / f"envoy-{name}.log")  # on ports it picks and reports
+    return envoy, envoy.url
 
 
 def chat(text: str, **extra) -> dict:

@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from extproc.config import DisaggConfig, EventsConfig, ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import free_port, start_envoy
+from extproc.devstack.procs import start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.picker.pipeline import Pick
 from extproc.request.parse import parse_openai_body
@@ -93,17 +93,12 @@ async def stack(workers, log_dir) -> AsyncIterator[tuple[RunningPicker, str, Rec
     picker = await start_picker(config)
     recorder = Recorder()
     picker.picker.listeners.append(recorder)
-    listen, admin = free_port(), free_port()
     envoy_yaml = render_envoy_config(
-        "buffered",
-        listen_port=listen,
-        admin_port=admin,
-        picker_address=f"127.0.0.1:{picker.port}",
-        workers=[w.endpoint for w in decode],
+        "buffered", picker_address=f"127.0.0.1:{picker.port}", workers=[w.endpoint for w in decode]
     )
-    envoy = start_envoy(envoy_yaml, log_path=log_dir / "envoy.log", admin_port=admin)
+    envoy = start_envoy(envoy_yaml, log_path=log_dir / "envoy.log")  # on ports it picks and reports
     try:
-        yield picker, f"http://127.0.0.1:{listen}", recorder
+        yield picker, envoy.url, recorder
     finally:
         envoy.stop()
         await picker.stop(0)

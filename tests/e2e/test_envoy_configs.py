@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 from extproc.devstack.envoy_config import Variant, render_envoy_config
-from extproc.devstack.procs import find_envoy, free_port
+from extproc.devstack.procs import find_envoy, reserve_port
 
 from .harness import (
     EchoWorker,
@@ -83,7 +83,8 @@ def envoys(
     and "<variant>-stalled" ones (buffered, failopen) whose picker never answers."""
     find_envoy()  # fails with the install hint before anything starts
     addresses = [w.address for w in workers]
-    dead_picker = f"127.0.0.1:{free_port()}"
+    dead = reserve_port()  # held while the Envoys run: nothing listens there, nobody else can
+    dead_picker = dead.address
     started: dict[str, EnvoyUnderTest] = {}
     try:
         for variant in LIVE_VARIANTS:
@@ -105,6 +106,7 @@ def envoys(
     finally:
         for envoy in started.values():
             envoy.stop()
+        dead.release()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -298,24 +300,23 @@ async def test_failopen_serves_round_robin_without_a_picker(
 
 
 async def test_picker_and_worker_as_child_processes(log_dir: Path, client: aiohttp.ClientSession) -> None:
-    """The no-op picker's and the echo worker's command lines, behind the default (buffered) config."""
-    worker_port, picker_port = free_port(), free_port()
-    worker_address = f"127.0.0.1:{worker_port}"
-    with (
-        start_echo_worker_process(worker_port, log_path=log_dir / "worker.log") as worker,
-        start_noop_picker_process(picker_port, [worker_address], log_path=log_dir / "picker.log") as picker,
-    ):
-        envoy = start_envoy_variant(
-            "buffered", picker_address=f"127.0.0.1:{picker_port}", workers=[], log_dir=log_dir
-        )
-        try:
-            for _ in range(2):
-                echoed = await post_echo(client, envoy.url + "/v1/completions", b"x" * 1000)
-                assert echoed["worker"] == echoed["headers"][DESTINATION] == worker_address
-        finally:
-            envoy.stop()
-        # SIGTERM is a clean shutdown for both.
-        assert picker.stop(grace_s=5.0) == 0, picker.log_tail()
+    """The no-op picker's and the echo worker's command lines, behind the default (buffered) config;
+    each binds port 0 and reports its port (--ports-file)."""
+    with start_echo_worker_process(log_path=log_dir / "worker.log") as worker:
+        worker_address = f"127.0.0.1:{worker.ports()['port']}"
+        with start_noop_picker_process([worker_address], log_path=log_dir / "picker.log") as picker:
+            picker_address = f"127.0.0.1:{picker.ports()['port']}"
+            envoy = start_envoy_variant(
+                "buffered", picker_address=picker_address, workers=[], log_dir=log_dir
+            )
+            try:
+                for _ in range(2):
+                    echoed = await post_echo(client, envoy.url + "/v1/completions", b"x" * 1000)
+                    assert echoed["worker"] == echoed["headers"][DESTINATION] == worker_address
+            finally:
+                envoy.stop()
+            # SIGTERM is a clean shutdown for both.
+            assert picker.stop(grace_s=5.0) == 0, picker.log_tail()
         assert worker.stop(grace_s=5.0) == 0, worker.log_tail()
 
 

@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import ManagedProcess, free_port, start_envoy, wait_http_ok
+from extproc.devstack.procs import ManagedProcess, start_envoy, wait_http_ok
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.epp.answers import CONFORMANCE_SELECTION_HEADER
 from extproc.events.feed import EVENT_FED, STALE
@@ -41,10 +41,12 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def workers(log_dir: Path) -> Iterator[list[WorkerProcess]]:
-    started = start_workers(2, log_dir, speedup=50.0, block_size=BLOCK, kv_events=True)
+    # ports held: w0 restarts on its own (the picker's config names them)
+    started = start_workers(2, log_dir, speedup=50.0, block_size=BLOCK, kv_events=True, hold_ports=True)
     yield started
     for w in started:
         w.process.stop()
+        w.release_ports()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -64,17 +66,12 @@ async def stack(workers, log_dir) -> AsyncIterator[tuple[RunningPicker, str]]:
         kv_events_source=True,
     )
     picker = await start_picker(config)
-    listen, admin = free_port(), free_port()
     envoy_yaml = render_envoy_config(
-        "buffered",
-        listen_port=listen,
-        admin_port=admin,
-        picker_address=f"127.0.0.1:{picker.port}",
-        workers=[w.endpoint for w in workers],
+        "buffered", picker_address=f"127.0.0.1:{picker.port}", workers=[w.endpoint for w in workers]
     )
-    envoy = start_envoy(envoy_yaml, log_path=log_dir / "envoy.log", admin_port=admin)
+    envoy = start_envoy(envoy_yaml, log_path=log_dir / "envoy.log")  # on ports it picks and reports
     try:
-        yield picker, f"http://127.0.0.1:{listen}"
+        yield picker, envoy.url
     finally:
         envoy.stop()
         await picker.stop(0)

@@ -23,7 +23,7 @@ import pytest_asyncio
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import Variant, render_envoy_config
-from extproc.devstack.procs import ManagedProcess, free_port, start_envoy
+from extproc.devstack.procs import ManagedProcess, start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.router import RouterConfig
 from extproc.runtime.server import RunningPicker, start_picker
@@ -67,15 +67,13 @@ def picker_config(workers: list[str], *, max_body_bytes: int = 6 * MiB) -> Picke
 def envoy_for(
     picker: RunningPicker, variant: Variant, log_dir: Path, workers: list[str]
 ) -> tuple[ManagedProcess, str]:
-    listen, admin = free_port(), free_port()
     config = render_envoy_config(
-        variant, listen_port=listen, admin_port=admin, picker_address=f"127.0.0.1:{picker.port}",
-        workers=workers, max_body_bytes=8 * MiB,
-    )  # fmt: skip
+        variant, picker_address=f"127.0.0.1:{picker.port}", workers=workers, max_body_bytes=8 * MiB
+    )
     config = config.replace("          - name: envoy.filters.http.ext_proc\n", SUBSET_FILTER
                             + "          - name: envoy.filters.http.ext_proc\n", 1)  # fmt: skip
-    process = start_envoy(config, log_path=log_dir / f"envoy-{variant}-{listen}.log", admin_port=admin)
-    return process, f"http://127.0.0.1:{listen}"
+    process = start_envoy(config, log_path=log_dir / f"envoy-{variant}-{picker.port}.log")  # ports: its own
+    return process, process.url
 
 
 @pytest.fixture(scope="module")

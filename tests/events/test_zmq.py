@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from extproc.devstack.procs import ManagedProcess, free_port, wait_http_ok
+from extproc.devstack.procs import ManagedProcess, wait_http_ok
 from extproc.events.counters import EventCounters
 from extproc.events.sink import EventSink
 from extproc.events.vllm import END_SEQ, WireBlockStored, encode_batch, encode_seq
@@ -257,11 +257,13 @@ async def test_a_seq_going_back_on_the_same_connection_is_a_restart(publisher):
         await sub.stop()
 
 
-async def test_a_replay_socket_that_does_not_answer_keeps_the_stream_down_while_live_batches_apply(publisher):
+async def test_a_replay_socket_that_does_not_answer_keeps_the_stream_down_while_live_batches_apply(
+    publisher, refusing_port
+):
     router, counters = make_router(), EventCounters()
     sink = RouterSink(router)
     # a replay endpoint nobody serves: the start rebuild goes unanswered, again and again
-    endpoint = ZmqEndpoint(W0, publisher.endpoint, f"tcp://127.0.0.1:{free_port()}")
+    endpoint = ZmqEndpoint(W0, publisher.endpoint, f"tcp://127.0.0.1:{refusing_port()}")
     sub = ZmqEventSubscriber(endpoint, sink, block_size=BS, counters=counters, timings=FAST)
     await sub.start()
     try:
@@ -383,15 +385,19 @@ async def test_default_ports_fall_back_to_free_ones_when_taken():
 
 
 async def test_mock_worker_process_events_rebuild_its_cache_in_the_router(tmp_path: Path):
-    port, events_port, replay_port = free_port(), free_port(), free_port()
+    ports_file = tmp_path / "worker.ports.json"
     argv = [
-        sys.executable, "-m", "extproc", "mock-worker", "--port", str(port), "--worker-id", "w0",
+        sys.executable, "-m", "extproc", "mock-worker", "--port", "0", "--worker-id", "w0",
         "--block-size", str(BS), "--num-gpu-blocks", "256", "--speedup", "100",
-        "--kv-events-port", str(events_port), "--kv-replay-port", str(replay_port),
+        "--kv-events-port", "0", "--kv-replay-port", "0", "--ports-file", str(ports_file),
     ]  # fmt: skip
     router, counters = make_router(), EventCounters()
-    endpoint = ZmqEndpoint(W0, f"tcp://127.0.0.1:{events_port}", f"tcp://127.0.0.1:{replay_port}")
-    with ManagedProcess(argv, log_path=tmp_path / "worker.log") as worker:
+    with ManagedProcess(argv, log_path=tmp_path / "worker.log", ports_file=ports_file) as worker:
+        ports = await asyncio.to_thread(worker.ports, 20.0)  # what the worker bound: HTTP, PUB, replay
+        port = ports["port"]
+        endpoint = ZmqEndpoint(
+            W0, f"tcp://127.0.0.1:{ports['kv_events_port']}", f"tcp://127.0.0.1:{ports['kv_replay_port']}"
+        )
         await asyncio.to_thread(wait_http_ok, f"http://127.0.0.1:{port}/health", 20.0, process=worker)
         sub = ZmqEventSubscriber(endpoint, RouterSink(router), block_size=BS, counters=counters, timings=FAST)
         await sub.start()

@@ -1,5 +1,6 @@
 """Router groups as child processes (`python -m extproc serve --group-api-port`), used from this
-process by a selector exactly as a top-level picker does; a group restarts on the same port."""
+process by a selector exactly as a top-level picker does; a group restarts on the same port (held by
+this module with `reserve_port`, so nobody takes it while the group is down)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from extproc.devstack.groups import launch_group_picker, wait_until_serving
-from extproc.devstack.procs import ManagedProcess, free_port
+from extproc.devstack.procs import ManagedProcess, reserve_port
 from extproc.groups import GroupSelector, RemoteGroup
 from extproc.groups.errors import UNREACHABLE
 
@@ -33,16 +34,18 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def groups(log_dir: Path) -> Iterator[dict[str, tuple[ManagedProcess, int]]]:
     """Groups a (127.0.1.x) and b (127.0.2.x), started together; the last test restarts a."""
     started: dict[str, tuple[ManagedProcess, int]] = {}
+    reserved = [reserve_port(), reserve_port()]
     try:
-        for subnet, name in enumerate(("a", "b"), start=1):
-            port = free_port()
-            started[name] = (launch_group(name, subnet, port, log_dir), port)
+        for (subnet, name), port in zip(enumerate(("a", "b"), start=1), reserved, strict=True):
+            started[name] = (launch_group(name, subnet, port.port, log_dir), port.port)
         for process, port in started.values():
-            wait_until_serving(process, port)
+            assert wait_until_serving(process) == port
         yield started
     finally:
         for process, _ in started.values():
             process.stop(grace_s=2.0)
+        for port in reserved:
+            port.release()
 
 
 def selector(groups: dict[str, tuple[ManagedProcess, int]], **kwargs) -> GroupSelector:
@@ -84,7 +87,7 @@ async def test_a_restarted_group_is_used_again(groups, log_dir):
             assert (await sel.route(request(prompt(i)), f"down-{i}")).group == "b"
         assert sel.metrics.groups["a"].probe_failures[UNREACHABLE] >= 1
         groups["a"] = (launch_group("a", 1, port, log_dir), port)
-        wait_until_serving(groups["a"][0], port)
+        wait_until_serving(groups["a"][0])
         deadline = time.monotonic() + 10  # the channel reconnects with a backoff of at most 2 s
         i = 0
         while True:

@@ -1,4 +1,4 @@
-"""A real nats-server (JetStream on) per test, on a free loopback port, stopped by pid.
+"""A real nats-server (JetStream on) per test, on a loopback port held for the test, stopped by pid.
 
 Helpers: `nats_server` (a `NatsServer`: `.port`, `.url`, `.pid`), `restart_nats` (a new
 server on the same port and store, to follow a kill), `dynamo` (Dynamo's own KV event publisher in
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from extproc.devstack.procs import NatsServer, start_nats_server
+from extproc.devstack.procs import NatsServer, reserve_port, start_nats_server
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import encode_event
 from extproc.events.feed import RouterFeed
@@ -38,11 +38,14 @@ def nats_store(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def nats_server(nats_store: Path) -> Iterator[NatsServer]:
-    server = start_nats_server(store_dir=nats_store)
-    try:
-        yield server
-    finally:
-        server.stop(grace_s=2.0)
+    # The port is held for the whole test: `restart_nats` starts a server there again after a kill,
+    # and nobody else can take it meanwhile (a server started with no port reports its own instead).
+    with reserve_port() as port:
+        server = start_nats_server(port.port, store_dir=nats_store)
+        try:
+            yield server
+        finally:
+            server.stop(grace_s=2.0)
 
 
 @pytest.fixture

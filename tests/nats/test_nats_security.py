@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from extproc.config import PickerConfig, load_config
-from extproc.devstack.procs import NatsServer, find_nats_server, free_port, wait_for_port
+from extproc.devstack.procs import NatsServer, start_nats_server
 from extproc.events.dynamo_json import encode_event, kv_events_subject
 from extproc.events.nats_security import NatsRefused, connect_nats
 from extproc.router.hashing import compute_block_hashes
@@ -40,18 +40,20 @@ def ca(tmp_path: Path) -> TestCa:
 def secure_nats(tmp_path: Path, ca: TestCa) -> Iterator[NatsServer]:
     """nats-server on loopback: TLS required, client certificates from `ca` verified, one user."""
     cert = ca.issue("nats-server")
-    port = free_port()
     config = tmp_path / "nats.conf"
     config.write_text(
-        f"listen: 127.0.0.1:{port}\n"
         f'tls {{ cert_file: "{cert.cert_file}", key_file: "{cert.key_file}", ca_file: "{ca.ca_file}", '
         "verify: true, timeout: 2 }\n"
         f'authorization {{ user: "{USER}", password: "{PASSWORD}" }}\n'
     )
-    server = NatsServer([find_nats_server(), "-c", str(config)], port=port, log_path=tmp_path / "nats.log")
-    server.start()
+    # no port: the server binds a free one on 127.0.0.1 and reports it in its ports file
+    server = start_nats_server(
+        jetstream=False,
+        store_dir=tmp_path / "nats",
+        log_path=tmp_path / "nats.log",
+        extra_args=["-c", str(config)],
+    )
     try:
-        wait_for_port("127.0.0.1", port, 10, process=server)
         yield server
     finally:
         server.stop(grace_s=2.0)

@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
-from extproc.devstack.procs import ManagedProcess, free_port, wait_http_ok
+from extproc.devstack.procs import ManagedProcess, wait_http_ok
 from extproc.request.parse import parse_openai_body
 from extproc.router import RouterConfig, Worker
 from extproc.runtime.server import RunningPicker, start_picker
@@ -28,14 +28,16 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 def mock_worker(nats_server, tmp_path):
-    port = free_port()
+    ports_file = tmp_path / "worker.ports.json"
     argv = [
-        sys.executable, "-m", "extproc", "mock-worker", "--port", str(port), "--worker-id", "w0",
+        sys.executable, "-m", "extproc", "mock-worker", "--port", "0", "--worker-id", "w0",
         "--model", MODEL, "--block-size", str(BLOCK), "--speedup", "50", "--kv-events", "nats",
         "--nats-url", nats_server.url, "--instance-id", "7", "--namespace", "test",
+        "--ports-file", str(ports_file),
     ]  # fmt: skip
-    process = ManagedProcess(argv, log_path=tmp_path / "worker.log").start()
+    process = ManagedProcess(argv, log_path=tmp_path / "worker.log", ports_file=ports_file).start()
     try:
+        port = process.ports()["port"]
         wait_http_ok(f"http://127.0.0.1:{port}/health", 30.0, process=process)
         yield f"127.0.0.1:{port}"
     finally:
