@@ -21,7 +21,7 @@ Sections of the JSON:
    replayed in virtual time through the simulated engines of `extproc.sim.replay` (the real
    `KvRouter`, KV events from the engines, no lag): one flat router over 8 workers against 2 groups
    of 4 (workers 0-3 and 4-7), each group a `KvRouter` of its own, the top-level decision made as
-   `GroupRouters` / `GroupSelector` make it: probe each group (a decision without a request id),
+   `LocalGroup` / `GroupSelector` make it: probe each group (a decision without a request id),
    order the probes with `extproc.groups.policy.rank`, commit to the first with its probed worker
    pinned (re-deciding if it became busy). Mean/p50/p90/p99 TTFT (ms), reuse (cached prompt tokens
    / prompt tokens), chosen/best overlap and request imbalance from `extproc.sim.replay_metrics`
@@ -60,8 +60,8 @@ from extproc.devstack.procs import ManagedProcess  # noqa: E402
 from extproc.devstack.stack import MODEL  # noqa: E402
 from extproc.groups import GroupProbe, GroupRequest, GroupSelector, RemoteGroup  # noqa: E402
 from extproc.groups.policy import GroupPolicy, rank  # noqa: E402
-from extproc.groups.routers import group_load  # noqa: E402
 from extproc.groups.types import GroupChoice  # noqa: E402
+from extproc.picker.local_group import group_load  # noqa: E402
 from extproc.router import (  # noqa: E402
     KvEvent,
     KvRouter,
@@ -222,8 +222,8 @@ class GroupedReplayRouter:
     """The replay's `ReplayRouter` seam over router groups: each group a KvRouter over its workers.
 
     The top-level decision is the selector's, made synchronously in virtual time: probe every group
-    (a decision without a request id, as `GroupRouters.probe`), rank with the real policy, commit to
-    the best with the probed worker pinned, re-deciding if it cannot take it (as `GroupRouters.commit`).
+    (a decision without a request id, as `LocalGroup.probe_now`), rank with the real policy, commit to
+    the best with the probed worker pinned, re-deciding if it cannot take it (as `LocalGroup.commit_now`).
     """
 
     def __init__(

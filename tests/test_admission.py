@@ -1,4 +1,8 @@
-"""The admission gate around a real KvRouter: queueing, release on capacity, bounded wait, cancel."""
+"""The admission gate around a real KvRouter: queueing, release on capacity, bounded wait, cancel.
+
+The gate is given, per request, an awaitable capacity check and decision (the picker gives it its
+router groups'); here both read one KvRouter, as a plain deployment's local group does.
+"""
 
 from __future__ import annotations
 
@@ -19,14 +23,39 @@ def prompt(request_id: str) -> list[int]:
     return list(range(base, base + 128))
 
 
-def make(policy: str = "fcfs", *, max_wait_s: float = 5.0) -> tuple[KvRouter, AdmissionGate]:
+def make(policy: str = "fcfs", *, max_wait_s: float = 5.0) -> tuple[KvRouter, Gate]:
     router = KvRouter(
         RouterConfig(block_size=16, router_queue_threshold=0.01, router_queue_policy=policy),
         clock=FakeClock(),
         rng=random.Random(1),
         workers=[WorkerSpec("a"), WorkerSpec("b")],
     )
-    return router, AdmissionGate(router, max_wait_s=max_wait_s, poll_s=0.01)
+    return router, Gate(router, max_wait_s=max_wait_s)
+
+
+class Gate(AdmissionGate):
+    """The gate over one router: its capacity test, and a decision's undo frees the request."""
+
+    def __init__(self, router: KvRouter, *, max_wait_s: float) -> None:
+        cfg = router.config
+        super().__init__(
+            enabled=cfg.router_queue_threshold is not None,
+            policy=cfg.router_queue_policy,
+            max_wait_s=max_wait_s,
+            poll_s=0.01,
+        )
+        self.router = router
+
+    async def admit(self, entry, decide, **kwargs):  # type: ignore[override]
+        async def has_capacity() -> bool:
+            return self.router.has_capacity()
+
+        async def decide_now():
+            return decide()
+
+        return await super().admit(
+            entry, decide_now, has_capacity=has_capacity, undo=lambda _: self.router.free(entry.request_id)
+        )
 
 
 def saturate(router: KvRouter) -> None:
@@ -158,8 +187,43 @@ async def test_a_failing_decision_reaches_the_waiting_request() -> None:
 
 async def test_without_a_queue_threshold_nothing_waits() -> None:
     router = KvRouter(RouterConfig(block_size=16), clock=FakeClock(), workers=[WorkerSpec("a")])
-    gate = AdmissionGate(router, max_wait_s=1.0)
+    gate = Gate(router, max_wait_s=1.0)
     assert not gate.enabled
     router.best_worker(prompt("bg"), request_id="bg", pinned_worker="a")
     decision, waited = await gate.admit(QueuedRequest("r", 0.0), decider(router, "r", []))
     assert waited == 0.0 and decision.worker == Worker("a")
+
+
+async def test_a_client_leaving_while_its_decision_is_made_gets_it_given_back() -> None:
+    """A remote group's decision takes a round trip: the client may leave meanwhile."""
+    router, gate = make()
+    saturate(router)
+    deciding = asyncio.Event()
+    release = asyncio.Event()
+    undone: list[str] = []
+
+    async def has_capacity() -> bool:
+        return router.has_capacity()
+
+    async def slow_decide():
+        deciding.set()
+        await release.wait()  # the round trip
+        return router.best_worker(prompt("r"), request_id="r")
+
+    task = asyncio.create_task(
+        AdmissionGate.admit(
+            gate, QueuedRequest("r", 0.0), slow_decide, has_capacity=has_capacity,
+            undo=lambda _: undone.append("r") or router.free("r"),
+        )
+    )  # fmt: skip
+    await until(lambda: len(gate) == 1)
+    router.free("bg-a")
+    gate.kick()
+    await until(deciding.is_set)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    await until(lambda: undone == ["r"])
+    router.free("bg-b")
+    assert router.is_idle() and len(gate) == 0

@@ -125,15 +125,15 @@ async def test_an_unhealthy_prefill_worker_is_not_named_until_it_answers_again(r
     )
     picker = EndpointPicker(config)
     try:
-        await picker.prefill_health.probe_all()
-        assert picker.prefill_health.unhealthy == {"p0"}
+        await picker.local.prefill_health.probe_all()
+        assert picker.local.prefill_health.unhealthy == {"p0"}
         for i in range(4):
             chosen = await pick(picker, f"{i} {LONG}", request_id=f"r{i}")
             assert chosen.headers[HEADER] == f"127.0.0.1:{healthy_port}"
             picker.finish(chosen, "complete")
         await site.stop()  # now every prefill worker is down: serve aggregated
-        await picker.prefill_health.probe_all()
-        assert picker.prefill_health.unhealthy == {"p0", "p1"}
+        await picker.local.prefill_health.probe_all()
+        assert picker.local.prefill_health.unhealthy == {"p0", "p1"}
         chosen = await pick(picker, f"x {LONG}", request_id="x")
         assert HEADER not in chosen.headers
         picker.finish(chosen, "complete")

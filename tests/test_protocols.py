@@ -99,7 +99,6 @@ PAIRS = [
         "extproc.picker.pipeline:EndpointPicker",
         # RoutingClient passes override to EndpointPicker itself; the stream handler never does
         narrowed("pick.override"),
-        drift="issue 18: epp.service.Picker.pick lacks on_queued, which ExtProcService passes",
     ),
     # groups/
     Pair("extproc.groups.servicer:ServedGroup", "extproc.picker.local_group:LocalGroup"),

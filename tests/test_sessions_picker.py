@@ -43,7 +43,7 @@ async def test_every_turn_of_a_session_goes_to_its_first_worker() -> None:
     # different prompts that would spread over the workers by load; the session keeps them together
     workers = {await turn(picker, f"topic {i} " * (5 + 7 * i), "s1", f"r{i}") for i in range(12)}
     assert len(workers) == 1
-    assert len(picker.pools[MODEL].sessions) == 1
+    assert len(picker.sessions(MODEL)) == 1
     assert picker.is_idle()
 
 
@@ -66,9 +66,9 @@ async def test_a_pin_lapses_after_the_ttl_without_use() -> None:
     clock.advance(9.0)
     assert await turn(picker, "other " * 30, "s", "r1") == first  # within the TTL, which slides
     clock.advance(9.0)
-    assert "s" in picker.pools[MODEL].sessions
+    assert "s" in picker.sessions(MODEL)
     clock.advance(10.0)
-    sessions = picker.pools[MODEL].sessions
+    sessions = picker.sessions(MODEL)
     assert sessions.get("s", clock()) is None  # lapsed: the next turn is routed afresh
 
 
@@ -76,7 +76,7 @@ async def test_close_drops_the_pin_after_routing_the_closing_turn() -> None:
     picker, _ = make()
     first = await turn(picker, "hello " * 30, "s", "r0")
     assert await turn(picker, "bye " * 30, "s", "r1", action="close") == first
-    assert "s" not in picker.pools[MODEL].sessions
+    assert "s" not in picker.sessions(MODEL)
 
 
 async def test_a_worker_that_leaves_is_replaced_and_the_session_re_pinned() -> None:

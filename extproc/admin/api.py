@@ -121,7 +121,7 @@ def make_admin_app(
     async def workers(_request: web.Request) -> web.Response:
         out = []
         for model, pool in picker.pools.items():
-            pins = pool.sessions.by_worker()
+            pins = picker.sessions(model).by_worker()
             roles = {wid: w.role for wid, w in pool.all_workers().items()}
             for router, worker in [(r, w) for r in pool.routers() for w in r.workers()]:
                 out.append(
@@ -139,7 +139,7 @@ def make_admin_app(
                         "sessions_pinned": pins.get(worker, 0),
                     }
                 )
-        queues = {model: len(pool.gate) for model, pool in picker.pools.items()}
+        queues = {model: len(picker.gate(model)) for model in picker.pools}
         return web.json_response(
             {"workers": out, "queued": queues, "kv_event_counters": sources.counters.snapshot()}
         )

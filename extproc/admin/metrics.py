@@ -79,12 +79,13 @@ class PickerCollector(Collector):
         pinned = GaugeMetricFamily(
             "extproc_sessions_pinned", "Sticky sessions currently pinned to a worker.", labels=["model"]
         )
-        for model, pool in self.picker.pools.items():
-            queue_depth.add_metric([model], len(pool.gate))
-            gate_stats = pool.gate.stats
+        for model in self.picker.pools:
+            gate = self.picker.gate(model)
+            queue_depth.add_metric([model], len(gate))
+            gate_stats = gate.stats
             for outcome in ("queued", "released", "timed_out", "shed", "cancelled"):
                 queue_events.add_metric([model, outcome], getattr(gate_stats, outcome))
-            pinned.add_metric([model], len(pool.sessions))
+            pinned.add_metric([model], len(self.picker.sessions(model)))
         yield from (prefill, decode, cached, source, indexer, queue_depth, queue_events, pinned)
         transport = CounterMetricFamily(
             "extproc_kv_event_transport", "KV event transport and decoder counters.", labels=["key"]

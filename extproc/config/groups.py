@@ -52,14 +52,15 @@ class GroupsConfig:
     policy: str = "max-overlap"  # max-overlap | min-cost | weighted
     fallback: str | None = None  # name of a local group used when no group answers
     tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)  # to every remote group's API
+    lease_s: float = 10.0  # a remote group frees this picker's requests this long after it stops renewing
 
 
 GROUP_API_PORT = Option(
     "--group-api-port",
     _int_or_none,
     None,
-    "Serve the router-group gRPC API (Probe, Commit, MarkPrefillComplete, Free, PotentialLoads) on "
-    "this port so a top-level picker can use this one as a group. 0 picks a free port. Off when not set.",
+    "Serve the router-group gRPC API (Probe, Commit, MarkPrefillComplete, Free, PotentialLoads, Renew) "
+    "on this port so a top-level picker can use this one as a group. 0 picks a free port. Off when not set.",
 )
 GROUP_PROBE_TIMEOUT_MS = Option(
     "--group-probe-timeout-ms",
@@ -82,11 +83,20 @@ GROUP_FALLBACK: Option[str | None] = Option(
     "Name of a local group to route with when no group answers; without it such requests get 503.",
 )
 
+GROUP_LEASE_SECS = Option(
+    "--group-lease-secs",
+    float,
+    10.0,
+    "How long a remote group keeps this picker's requests counted without hearing from it: the picker "
+    "renews them every third of it, and if it dies (or is cut off) its groups free them when it runs out.",
+)
+
 GROUP_OPTIONS: tuple[Option[Any], ...] = (
     GROUP_API_PORT,
     GROUP_PROBE_TIMEOUT_MS,
     GROUP_POLICY,
     GROUP_FALLBACK,
+    GROUP_LEASE_SECS,
 )
 
 GROUP_TLS_CA_FILE: Option[str | None] = Option(
@@ -129,6 +139,7 @@ def read_groups(reader: Reader, raw_groups: Any) -> GroupsConfig:
     probe_timeout_ms = read(GROUP_PROBE_TIMEOUT_MS)
     policy = read(GROUP_POLICY)
     fallback = read(GROUP_FALLBACK)
+    lease_s = read(GROUP_LEASE_SECS)
     tls_ca_file = read(GROUP_TLS_CA_FILE)
     tls_cert_file = read(GROUP_TLS_CERT_FILE)
     tls_key_file = read(GROUP_TLS_KEY_FILE)
@@ -140,6 +151,7 @@ def read_groups(reader: Reader, raw_groups: Any) -> GroupsConfig:
     check_readable(GROUP_TLS_KEY_FILE, tls_key_file)
     groups = _group_list(raw_groups)
     check_positive("group-probe-timeout-ms", probe_timeout_ms)
+    check_positive("group-lease-secs", lease_s)
     if fallback is not None and fallback not in {g.name for g in groups if g.is_local}:
         raise ConfigError(f"invalid group-fallback={fallback!r}: expected the name of a local group")
     return GroupsConfig(
@@ -148,6 +160,7 @@ def read_groups(reader: Reader, raw_groups: Any) -> GroupsConfig:
         probe_timeout_s=probe_timeout_ms / 1000.0,
         policy=policy,
         fallback=fallback,
+        lease_s=lease_s,
         tls=ClientTlsConfig(
             ca_file=tls_ca_file, cert_file=tls_cert_file, key_file=tls_key_file, server_name=tls_server_name
         ),

@@ -32,7 +32,7 @@ import contextlib
 import enum
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,6 +64,7 @@ class Picker(Protocol):
         headers: Mapping[str, str],
         subset: list[str] | None,
         client_request_id: str,
+        on_queued: Callable[[float], None] | None = None,
     ) -> Pick: ...
 
     def first_token(self, pick: Pick) -> None: ...

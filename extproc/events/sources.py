@@ -45,7 +45,8 @@ from extproc.events.zmq_subscriber import (
     ZmqEventSubscriber,
     ZmqEventSubscribers,
 )
-from extproc.picker.pipeline import EndpointPicker, Pick
+from extproc.picker.local_group import Routed
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import KvRouter
 from extproc.router.types import KvEvent, Worker, WorkerId
 
@@ -392,14 +393,14 @@ class _SyncListener:
             self.picker.listeners.remove(self)
 
     def on_routed(
-        self, pick: Pick, local_hashes: Sequence[int], isl: int, expected_output_tokens: int | None
+        self, routed: Routed, local_hashes: Sequence[int], isl: int, expected_output_tokens: int | None
     ) -> None:
         self.sync.publish_added(
-            pick.request_id, pick.worker, local_hashes, isl, pick.overlap_blocks, expected_output_tokens
+            routed.request_id, routed.worker, local_hashes, isl, routed.overlap_blocks, expected_output_tokens
         )
 
-    def on_prefill_complete(self, pick: Pick) -> None:
-        self.sync.publish_prefill_complete(pick.request_id)
+    def on_prefill_complete(self, routed: Routed) -> None:
+        self.sync.publish_prefill_complete(routed.request_id)
 
-    def on_freed(self, pick: Pick) -> None:
-        self.sync.publish_freed(pick.request_id)
+    def on_freed(self, routed: Routed) -> None:
+        self.sync.publish_freed(routed.request_id)

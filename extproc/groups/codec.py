@@ -93,7 +93,7 @@ def decode_worker(message: pb.Worker) -> Worker:
 
 
 def encode_choice(choice: GroupChoice) -> pb.Choice:
-    return pb.Choice(
+    message = pb.Choice(
         worker=encode_worker(choice.worker),
         endpoint=choice.endpoint,
         headers=dict(choice.headers),
@@ -101,7 +101,11 @@ def encode_choice(choice: GroupChoice) -> pb.Choice:
         request_blocks=choice.request_blocks,
         cost=choice.cost,
         best_overlap_blocks=choice.best_overlap_blocks,
+        prefill_endpoint=choice.prefill_endpoint or "",
     )
+    if choice.prefill_worker is not None:
+        message.prefill_worker.CopyFrom(encode_worker(choice.prefill_worker))
+    return message
 
 
 def decode_choice(message: pb.Choice) -> GroupChoice:
@@ -113,6 +117,8 @@ def decode_choice(message: pb.Choice) -> GroupChoice:
         request_blocks=message.request_blocks,
         cost=message.cost,
         best_overlap_blocks=message.best_overlap_blocks,
+        prefill_worker=decode_worker(message.prefill_worker) if message.HasField("prefill_worker") else None,
+        prefill_endpoint=message.prefill_endpoint or None,
     )
 
 
@@ -133,13 +139,21 @@ def decode_load(message: pb.GroupLoad) -> GroupLoad:
 
 def encode_probe(probe: GroupProbe) -> pb.ProbeResponse:
     return pb.ProbeResponse(
-        choice=encode_choice(probe.choice), load=encode_load(probe.load), block_size=probe.block_size
+        choice=encode_choice(probe.choice),
+        load=encode_load(probe.load),
+        block_size=probe.block_size,
+        saturated=not probe.has_capacity,
     )
 
 
 def decode_probe(group: str, message: pb.ProbeResponse, latency_s: float) -> GroupProbe:
     return GroupProbe(
-        group, decode_choice(message.choice), decode_load(message.load), message.block_size, latency_s
+        group,
+        decode_choice(message.choice),
+        decode_load(message.load),
+        message.block_size,
+        latency_s,
+        has_capacity=not message.saturated,
     )
 
 

@@ -1,9 +1,19 @@
 """RemoteGroup: another picker's router-group API (`--group-api-port`) as a `RouterGroup`.
 
-A thin gRPC client: encodes with `codec.py`, calls with a deadline, decodes, and translates gRPC
+A gRPC client: encodes with `codec.py`, calls with a deadline, decodes, and translates gRPC
 failures into `GroupError`s where they enter (status codes as listed in `router_group.proto`).
 Calls never wait for a connection: an unreachable group fails at once, and the channel retries in
 the background with a short backoff so a restarted group is used again within seconds.
+
+It also owns what keeps the group's load true when calls fail (`leases.py` is the group's side):
+- every commit carries this picker's `owner` id, a sequence number and the lease;
+- while it holds requests there, a renewal goes out every third of the lease, listing them; the
+  group frees the ones no longer listed (a Free that never arrived) and, if renewals stop (this
+  picker died), all of them when the lease runs out;
+- first-token and free calls run in the background, so the ext_proc stream never waits on another
+  picker, and are retried (`RETRIES`, with backoff) until the group acknowledges them; a free that
+  still fails is reconciled by the next renewal.
+- the worker's response status goes with the free, for the group's outlier ejection.
 
 With `tls` (from --group-tls-*: a CA to verify the group against, a client certificate for groups
 that require mutual TLS, a server name) the channel is TLS; a failed handshake (unknown CA, wrong
@@ -12,9 +22,13 @@ name, missing client certificate) makes the group unreachable, with gRPC's reaso
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -34,9 +48,16 @@ from extproc.groups.errors import (
 )
 from extproc.groups.servicer import GROUP_GRPC_OPTIONS
 from extproc.groups.types import GroupDecision, GroupLoads, GroupProbe, GroupRequest
+from extproc.router import Worker
 from extproc.runtime.tls import channel_credentials, channel_options
 
+log = logging.getLogger("extproc.groups")
+
 T = TypeVar("T")
+
+DEFAULT_LEASE_S = 10.0  # a dead top-level picker's requests are freed in its groups after this
+RETRIES = 6  # attempts of a lifecycle call before leaving it to the next renewal
+RETRY_BASE_S = 0.2  # first pause between attempts; doubles each time (0.2 ... 6.4 s)
 
 CHANNEL_OPTIONS = [
     *GROUP_GRPC_OPTIONS,
@@ -52,6 +73,8 @@ _REFUSALS = {
     grpc.StatusCode.INVALID_ARGUMENT: INVALID_REQUEST,
 }
 
+LifecycleFailure = Callable[[str, str], None]  # (group, call) of a failed attempt, for the metrics
+
 
 class RemoteGroup:
     """A router group reached over gRPC at `address` (host:port)."""
@@ -65,19 +88,39 @@ class RemoteGroup:
         commit_timeout_s: float = 1.0,
         lifecycle_timeout_s: float = 2.0,
         tls: ClientTlsConfig | None = None,
+        owner: str | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        on_lifecycle_failure: LifecycleFailure | None = None,
+        retries: int = RETRIES,
+        retry_base_s: float = RETRY_BASE_S,
     ) -> None:
-        """Raises TlsError (extproc.tls) when `tls` names unusable files."""
+        """Raises TlsError (extproc.runtime.tls) when `tls` names unusable files."""
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be positive, got {lease_s!r}")
         self._name = name
         self._weight = weight
         self.address = address
         self.commit_timeout_s = commit_timeout_s
         self.lifecycle_timeout_s = lifecycle_timeout_s
+        self.owner = owner or uuid.uuid4().hex
+        self.lease_s = lease_s
+        self.on_lifecycle_failure = on_lifecycle_failure
+        self.retries = retries
+        self.retry_base_s = retry_base_s
         self._channel: grpc.aio.Channel | None = None  # opened on first use, in the running event loop
         self._stub_: pb_grpc.RouterGroupStub | None = None
         self._encoded: tuple[GroupRequest, pb.RoutingRequest] | None = None
         tls = tls or ClientTlsConfig()
         self._credentials = channel_credentials(tls)  # read now: bad files fail at start, not per call
         self._options = [*CHANNEL_OPTIONS, *channel_options(tls)]
+        self._seq = 0  # commits sent to this group
+        self._committing: set[int] = set()  # commit numbers sent and not yet answered
+        self._live: dict[str, int] = {}  # group request id -> commit number, until freed here
+        self._status: dict[str, int] = {}  # the worker's answer of a live request, sent with its free
+        self._reconcile = False  # a free may not have arrived: the next renewal settles it
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_call: dict[str, asyncio.Task[Any]] = {}  # per request: its latest lifecycle call
+        self._renewer: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -87,38 +130,164 @@ class RemoteGroup:
     def weight(self) -> float:
         return self._weight
 
+    @property
+    def in_process(self) -> bool:
+        return False
+
+    def live(self) -> int:
+        """Requests committed here and not yet freed by this picker."""
+        return len(self._live)
+
+    # --- decisions ---------------------------------------------------------------------------
+
     async def probe(self, request: GroupRequest, *, timeout_s: float) -> GroupProbe:
         message = pb.ProbeRequest(request=self._encode(request))
         start = time.perf_counter()
         answer = await self._call(self._stub.Probe, message, timeout_s)
         return decode_probe(self._name, answer, time.perf_counter() - start)
 
-    async def commit(self, request: GroupRequest, request_id: str, probe: GroupProbe) -> GroupDecision:
+    async def commit(self, request: GroupRequest, request_id: str, worker: Worker | None) -> GroupDecision:
+        self._seq += 1
+        seq = self._seq
         message = pb.CommitRequest(
             request=self._encode(request),
             request_id=request_id,
-            probed_worker=encode_worker(probe.choice.worker),
+            owner=self.owner,
+            owner_seq=seq,
+            lease_s=self.lease_s,
         )
-        return decode_commit(self._name, await self._call(self._stub.Commit, message, self.commit_timeout_s))
+        if worker is not None:
+            message.probed_worker.CopyFrom(encode_worker(worker))
+        self._committing.add(seq)
+        try:
+            answer = await self._call(self._stub.Commit, message, self.commit_timeout_s)
+        except BaseException:
+            self._reconcile = True  # it may have tracked the request: the next renewal frees it
+            self._ensure_renewer()
+            raise
+        else:
+            decision = decode_commit(self._name, answer)
+            self._live[decision.request_id] = seq
+            self._ensure_renewer()
+            return decision
+        finally:
+            self._committing.discard(seq)
 
-    async def mark_prefill_complete(self, model: str, request_id: str) -> bool:
-        message = pb.LifecycleRequest(model=model, request_id=request_id)
-        answer = await self._call(self._stub.MarkPrefillComplete, message, self.lifecycle_timeout_s)
-        return answer.known
-
-    async def free(self, model: str, request_id: str) -> bool:
-        message = pb.LifecycleRequest(model=model, request_id=request_id)
-        return (await self._call(self._stub.Free, message, self.lifecycle_timeout_s)).known
+    async def has_capacity(self, request: GroupRequest) -> bool:
+        return (await self.probe(request, timeout_s=self.commit_timeout_s)).has_capacity
 
     async def potential_loads(self, request: GroupRequest) -> GroupLoads:
         message = pb.PotentialLoadsRequest(request=self._encode(request))
         answer = await self._call(self._stub.PotentialLoads, message, self.lifecycle_timeout_s)
         return decode_loads(self._name, answer)
 
+    # --- lifecycle (never waits, never raises) ---------------------------------------------
+
+    def mark_prefill_complete(self, model: str, request_id: str) -> None:
+        if request_id in self._live:
+            message = pb.LifecycleRequest(model=model, request_id=request_id)
+            call = self._retried("prefill_complete", self._stub.MarkPrefillComplete, message)
+            self._spawn(request_id, call)
+
+    def answered(self, model: str, request_id: str, worker: Worker, status: int) -> None:
+        if request_id in self._live:
+            self._status[request_id] = status
+
+    def free(self, model: str, request_id: str) -> None:
+        self._live.pop(request_id, None)
+        status = self._status.pop(request_id, 0)
+        message = pb.LifecycleRequest(model=model, request_id=request_id, status=status)
+        self._spawn(request_id, self._retried("free", self._stub.Free, message))
+
+    async def renew(self) -> int:
+        """Renew this picker's requests in the group now; returns how many the group freed."""
+        # commits still unanswered cannot be listed yet: reconcile only those before them
+        settled = min(self._committing) - 1 if self._committing else self._seq
+        message = pb.RenewRequest(
+            owner=self.owner, lease_s=self.lease_s, live=list(self._live), up_to_seq=settled
+        )
+        answer = await self._call(self._stub.Renew, message, self.lifecycle_timeout_s)
+        self._reconcile = False
+        if answer.freed:
+            log.info(
+                "router group %s freed %d requests this picker no longer holds", self._name, answer.freed
+            )
+        return int(answer.freed)
+
+    async def drain(self) -> None:
+        """Wait until every background lifecycle call has finished (acknowledged or given up)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def close(self) -> None:
+        await self.drain()
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+            self._renewer = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = self._stub_ = None
+
+    # --- internals ---------------------------------------------------------------------------
+
+    async def _retried(self, call: str, method: Callable[..., Awaitable[Any]], message: object) -> None:
+        delay = self.retry_base_s
+        for attempt in range(1, self.retries + 1):
+            try:
+                await self._call(method, message, self.lifecycle_timeout_s)
+                return
+            except GroupError as exc:
+                if self.on_lifecycle_failure is not None:
+                    self.on_lifecycle_failure(self._name, call)
+                if attempt == self.retries:
+                    log.warning("%s in group %s failed %d times (%s); the next renewal settles it",
+                                call, self._name, attempt, exc)  # fmt: skip
+                    self._reconcile = True
+                    self._ensure_renewer()
+                    return
+                await asyncio.sleep(delay)  # backoff between attempts, not synchronisation
+                delay *= 2
+
+    def _ensure_renewer(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._renew_loop(), name=f"renew-group-{self._name}"
+            )
+
+    async def _renew_loop(self) -> None:
+        """Renew every third of the lease while requests are held here or a free may be missing."""
+        while self._live or self._reconcile:
+            await asyncio.sleep(self.lease_s / 3)  # the renewal period, not synchronisation
+            try:
+                await self.renew()
+            except GroupError as exc:
+                if self.on_lifecycle_failure is not None:
+                    self.on_lifecycle_failure(self._name, "renew")
+                log.warning("renewing the lease of %d requests in group %s failed: %s",
+                            len(self._live), self._name, exc)  # fmt: skip
+
+    def _spawn(self, request_id: str, coro: Awaitable[None]) -> None:
+        """Run a lifecycle call in the background, after the request's previous one (a free never
+        overtakes its first token)."""
+        previous = self._last_call.get(request_id)
+        task = asyncio.ensure_future(self._after(previous, coro))
+        self._last_call[request_id] = task
+        self._tasks.add(task)
+
+        def done(finished: asyncio.Task[Any]) -> None:
+            self._tasks.discard(finished)
+            if self._last_call.get(request_id) is finished:
+                del self._last_call[request_id]
+
+        task.add_done_callback(done)
+
+    @staticmethod
+    async def _after(previous: asyncio.Task[Any] | None, coro: Awaitable[None]) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        await coro
 
     @property
     def _stub(self) -> pb_grpc.RouterGroupStub:

@@ -1,16 +1,24 @@
-"""GroupSelector: probe every router group, choose one by policy, commit there, own the lifecycle.
+"""GroupSelector: every routing decision goes through it. Choose a group, commit there, own the request.
 
-Per request (`route`):
-1. Probe every group concurrently; whatever has not answered within `probe_timeout_s` is
-   skipped. Failed, refused and slow groups are skipped and counted (`GroupMetrics`).
-2. Order the answers by the policy (`policy.py`) and commit to the best group. A commit the group
+A plain deployment has one group (the local one): a request is committed to it straight away, and
+whatever that group raises is the answer, exactly as if the picker decided alone. Otherwise, per
+request (`route`):
+1. A sticky session's request goes to its pinned group and worker when that group is live (the
+   group decides again inside itself if the worker cannot take it any more).
+2. Otherwise probe every group concurrently; whatever has not answered within `probe_timeout_s`
+   is skipped. Failed, refused and slow groups are skipped and counted (`GroupMetrics`).
+3. Order the answers by the policy (`policy.py`) and commit to the best group. A commit the group
    cannot take any more (its workers filled up meanwhile, or it went away) falls to the next one.
-3. Remember which group owns the request: prefill-complete and free (a cancel is a free) go to it,
-   exactly once. Remote lifecycle calls run as background tasks so the ext_proc stream never waits
-   on another picker; `drain()` awaits them.
+4. Remember which group owns the request: first token, response status and free (a cancel is a
+   free) go to it, exactly once. They never wait: a remote group sends them in the background,
+   retries them and keeps its requests alive with a lease (`remote.py`).
 If no group can take the request, the fallback group (a local group kept in reserve, never probed
 otherwise) decides; without one the selector raises `AllGroupsBusy` (every answer was "saturated")
 or `NoGroupAvailable`, both answered 503.
+
+The admission queue asks `has_capacity` (some group has a worker under the queue threshold) before
+it lets a request be routed; `choose` routes a request that is not tracked (not a generation
+request) on load, changing nothing.
 
 A group that times out or is unreachable `eject_after` times in a row is skipped for `eject_s`
 seconds (then probed again), so a hung group does not add the probe deadline to every request.
@@ -24,33 +32,47 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from extproc.config import GroupsConfig
-from extproc.errors import UnknownModel
+from extproc.errors import NoEligibleWorker, RequestInvalid, UnknownModel
 from extproc.groups.errors import (
     ALL_BUSY,
+    INVALID_REQUEST,
+    NO_WORKERS,
     TIMEOUT,
     UNKNOWN_MODEL,
     UNREACHABLE,
     AllGroupsBusy,
     GroupError,
+    GroupRefused,
     GroupTimeout,
     NoGroupAvailable,
 )
-from extproc.groups.local import LocalGroup
 from extproc.groups.metrics import GroupMetrics
-from extproc.groups.policy import GroupPolicy, parse_policy, rank
-from extproc.groups.remote import RemoteGroup
-from extproc.groups.routers import GroupPool
-from extproc.groups.types import GroupDecision, GroupLoads, GroupProbe, GroupRequest, RouterGroup
+from extproc.groups.policy import GroupPolicy, rank
+from extproc.groups.types import (
+    GroupChoice,
+    GroupDecision,
+    GroupLoads,
+    GroupProbe,
+    GroupRequest,
+    RouterGroup,
+)
+from extproc.router import AllWorkersBusy, NoWorkers, Worker
 
 log = logging.getLogger("extproc.groups")
 
 EJECTED = "ejected"
 ERROR = "error"
+_REFUSALS: tuple[tuple[type[BaseException], str], ...] = (  # a local group's own errors, read as refusals
+    (UnknownModel, UNKNOWN_MODEL),
+    (NoEligibleWorker, NO_WORKERS),
+    (NoWorkers, NO_WORKERS),
+    (AllWorkersBusy, ALL_BUSY),
+    (RequestInvalid, INVALID_REQUEST),
+)
 
 
 @dataclass(slots=True)
@@ -58,6 +80,7 @@ class _Owned:
     group: RouterGroup
     model: str
     group_request_id: str
+    worker: Worker
 
 
 @dataclass(slots=True)
@@ -82,6 +105,8 @@ class GroupSelector:
         eject_s: float = 1.0,
     ) -> None:
         names = [g.name for g in groups]
+        if not names:
+            raise ValueError("a selector needs at least one router group")
         if len(set(names)) != len(names):
             raise ValueError(f"router group names must be unique, got {names}")
         if fallback is not None and fallback not in names:
@@ -99,36 +124,44 @@ class GroupSelector:
         self._eject_s = eject_s
         self._health = {name: _Health() for name in names}
         self._weights = {g.name: g.weight for g in groups}
+        self._by_name = {g.name: g for g in groups}
+        self._candidates = [g for g in self.groups if g is not self.fallback]
         self._owned: dict[str, _Owned] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
 
-    @classmethod
-    def from_config(
-        cls, config: GroupsConfig, pools: Mapping[str, GroupPool], *, rng: random.Random | None = None
-    ) -> GroupSelector:
-        """Local groups over `pools` (this picker's routers) and remote groups at their addresses."""
-        groups: list[RouterGroup] = [
-            LocalGroup(g.name, pools, weight=g.weight)
-            if g.address is None
-            else RemoteGroup(g.name, g.address, weight=g.weight, tls=config.tls)
-            for g in config.groups
-        ]
-        return cls(
-            groups,
-            probe_timeout_s=config.probe_timeout_s,
-            policy=parse_policy(config.policy),
-            fallback=config.fallback,
-            rng=rng,
-        )
+    @property
+    def single(self) -> RouterGroup | None:
+        """The one group when there is only one and it runs here: no probe, no choice, it decides."""
+        return self.groups[0] if len(self.groups) == 1 and self.groups[0].in_process else None
 
     # --- routing -----------------------------------------------------------------------------
 
-    async def route(self, request: GroupRequest, request_id: str) -> GroupDecision:
-        """Probe, choose and commit; the request is owned by the returned decision's group until `free`.
+    async def route(
+        self, request: GroupRequest, request_id: str, *, pinned: tuple[str, Worker] | None = None
+    ) -> GroupDecision:
+        """Choose a group and commit there; the request is owned by the decision's group until `finish`.
 
-        Raises AllGroupsBusy, NoGroupAvailable (both 503) or UnknownModel (every group said so).
+        `pinned`: a sticky session's (group, worker). With one group, that group's own errors are
+        raised; with several, AllGroupsBusy, NoGroupAvailable (both 503) or UnknownModel (every
+        group said so).
         """
-        probes, failures = await self.probe_all(request)
+        single = self.single
+        if single is not None:
+            try:
+                decision = await single.commit(request, request_id, pinned[1] if pinned else None)
+            except asyncio.CancelledError:  # the stream went away mid-commit; the group may track it
+                single.free(request.model, request_id)
+                raise
+            self._owned_by(request_id, single, request.model, decision, won_on_overlap=False)
+            self.metrics.outcome("routed")
+            return decision
+        failures: dict[str, str] = {}
+        if pinned is not None:
+            decision = await self._commit_pinned(request, request_id, pinned, failures)
+            if decision is not None:
+                self.metrics.outcome("routed")
+                return decision
+        probes, probe_failures = await self.probe_all(request)
+        failures.update(probe_failures)
         decision = await self._commit_best(request, request_id, probes, failures)
         skipped = [g for g in self.groups if failures.get(g.name) == EJECTED]
         if decision is None and skipped:  # everything else failed: try the groups skipped for now
@@ -140,10 +173,34 @@ class GroupSelector:
         self.metrics.outcome("routed")
         return decision
 
+    async def choose(self, request: GroupRequest) -> tuple[str, GroupChoice]:
+        """The group and worker a request would go to, committing nothing (untracked requests)."""
+        single = self.single
+        if single is not None:
+            return single.name, (await single.probe(request, timeout_s=self.probe_timeout_s)).choice
+        probes, failures = await self.probe_all(request)
+        ranked = rank(probes, self.policy, weights=self._weights, rng=self._rng)
+        if ranked:
+            return ranked[0].group, ranked[0].choice
+        if self.fallback is not None:
+            probe = await self.fallback.probe(request, timeout_s=self.probe_timeout_s)
+            return self.fallback.name, probe.choice
+        raise _unavailable(request, failures)
+
+    async def has_capacity(self, request: GroupRequest) -> bool:
+        """Whether some group has a worker for the request under the queue threshold."""
+        single = self.single
+        if single is not None:
+            return await single.has_capacity(request)
+        answers = await asyncio.gather(
+            *(self._capacity(g, request) for g in self.groups), return_exceptions=True
+        )
+        return any(a is True for a in answers)
+
     async def probe_all(self, request: GroupRequest) -> tuple[list[GroupProbe], dict[str, str]]:
         """Every non-reserve, non-ejected group's probe within the deadline; (answers, {group: failure})."""
         now = self._clock()
-        candidates = [g for g in self.groups if g is not self.fallback]
+        candidates = self._candidates
         live = [g for g in candidates if self._health[g.name].ejected_until <= now] or candidates
         failures: dict[str, str] = {}
         for g in candidates:
@@ -172,23 +229,40 @@ class GroupSelector:
         return len(self._owned)
 
     def first_token(self, request_id: str) -> None:
-        """The request's first token arrived: tell its group (in the background)."""
+        """The request's first token arrived: tell its group (a remote one in the background)."""
         owned = self._owned.get(request_id)
         if owned is not None:
-            self._spawn(self._lifecycle(owned.group, "prefill_complete", owned.model, owned.group_request_id))
+            owned.group.mark_prefill_complete(owned.model, owned.group_request_id)
 
-    def finish(self, request_id: str, cause: str) -> None:
-        """The request ended (complete, error, cancel): free it in its group, once (in the background)."""
-        owned = self._owned.pop(request_id, None)
+    def answered(self, request_id: str, status: int) -> None:
+        """The worker's response status arrived: tell its group (outlier ejection)."""
+        owned = self._owned.get(request_id)
         if owned is not None:
-            self.metrics.owned(owned.group.name, -1)
-            log.debug("freeing %s in group %s (%s)", request_id, owned.group.name, cause)
-            self._spawn(self._lifecycle(owned.group, "free", owned.model, owned.group_request_id))
+            owned.group.answered(owned.model, owned.group_request_id, owned.worker, status)
+
+    def answered_untracked(self, group: str, model: str, worker: Worker, status: int) -> None:
+        """The status of a request routed without tracking (`choose`), for its group's worker."""
+        target = self._by_name.get(group)
+        if target is not None:
+            target.answered(model, "", worker, status)
+
+    def finish(self, request_id: str, cause: str) -> bool:
+        """The request ended (complete, error, cancel): free it in its group, once. False when this
+        selector does not own it (any more)."""
+        owned = self._owned.pop(request_id, None)
+        if owned is None:
+            return False
+        self.metrics.owned(owned.group.name, -1)
+        log.debug("freeing %s in group %s (%s)", request_id, owned.group.name, cause)
+        owned.group.free(owned.model, owned.group_request_id)
+        return True
 
     async def drain(self) -> None:
-        """Wait until every background lifecycle call has finished."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        """Wait until every remote group's background lifecycle call has finished."""
+        for group in self.groups:
+            drain = getattr(group, "drain", None)
+            if drain is not None:
+                await drain()
 
     async def close(self) -> None:
         await self.drain()
@@ -196,6 +270,23 @@ class GroupSelector:
             await group.close()
 
     # --- internals ---------------------------------------------------------------------------
+
+    async def _commit_pinned(
+        self, request: GroupRequest, request_id: str, pinned: tuple[str, Worker], failures: dict[str, str]
+    ) -> GroupDecision | None:
+        group = self._by_name.get(pinned[0])
+        if group is None or group is self.fallback or self._health[group.name].ejected_until > self._clock():
+            return None
+        try:
+            decision = await group.commit(request, request_id, pinned[1])
+        except Exception as exc:
+            error = self._as_group_error(group, exc)
+            failures[group.name] = error.reason
+            self.metrics.commit_failed(group.name)
+            log.info("session of %s: its group %s cannot take it (%s)", request_id, group.name, error)
+            return None
+        self._owned_by(request_id, group, request.model, decision, won_on_overlap=False)
+        return decision
 
     async def _probe_groups(
         self, groups: Sequence[RouterGroup], request: GroupRequest
@@ -227,18 +318,19 @@ class GroupSelector:
         """Commit to the best group by policy; a failed commit falls to the next. None: nobody took it."""
         ranked = rank(probes, self.policy, weights=self._weights, rng=self._rng)
         for position, probe in enumerate(ranked):
-            group = self._group(probe.group)
+            group = self._by_name[probe.group]
             try:
-                decision = await group.commit(request, request_id, probe)
+                decision = await group.commit(request, request_id, probe.choice.worker)
             except asyncio.CancelledError:  # the stream went away mid-commit; the group may track it
-                self._spawn(self._lifecycle(group, "free", request.model, request_id))
+                group.free(request.model, request_id)
                 raise
-            except GroupError as exc:
-                log.warning("commit of %s to %s failed: %s", request_id, group.name, exc)
+            except Exception as exc:
+                error = self._as_group_error(group, exc)
+                log.warning("commit of %s to %s failed: %s", request_id, group.name, error)
                 self.metrics.commit_failed(group.name)
-                failures[group.name] = exc.reason
-                if isinstance(exc, GroupTimeout):  # it may have tracked the request: undo
-                    self._spawn(self._lifecycle(group, "free", request.model, request_id))
+                failures[group.name] = error.reason
+                if isinstance(error, GroupTimeout):  # it may have tracked the request: undo
+                    group.free(request.model, request_id)
                 continue
             others = [p.overlap_tokens for p in ranked if p is not probe]
             won = bool(others) and probe.overlap_tokens > max(others)
@@ -260,16 +352,25 @@ class GroupSelector:
         start = time.perf_counter()
         try:
             probe = await group.probe(request, timeout_s=self.probe_timeout_s)
-        except GroupError as exc:
-            return exc
-        except Exception as exc:  # a bug or an undecodable answer: skip the group, keep routing
-            log.exception("probe of group %s failed", group.name)
-            return exc
+        except Exception as exc:
+            return self._as_group_error(group, exc)
         if not probe.latency_s:
-            probe = GroupProbe(
-                probe.group, probe.choice, probe.load, probe.block_size, time.perf_counter() - start
-            )
+            probe = replace(probe, latency_s=time.perf_counter() - start)
         return probe
+
+    async def _capacity(self, group: RouterGroup, request: GroupRequest) -> bool:
+        if group is not self.fallback and self._health[group.name].ejected_until > self._clock():
+            return False
+        return await asyncio.wait_for(group.has_capacity(request), self.probe_timeout_s)
+
+    def _as_group_error(self, group: RouterGroup, exc: BaseException) -> GroupError:
+        if isinstance(exc, GroupError):
+            return exc
+        for kind, reason in _REFUSALS:
+            if isinstance(exc, kind):
+                return GroupRefused(group.name, reason, str(exc))
+        log.error("router group %s failed: %r", group.name, exc, exc_info=exc)  # a bug: skip the group
+        return GroupError(group.name, ERROR, repr(exc))
 
     def _answered(self, name: str, latency_s: float) -> None:
         self.metrics.probe_answered(name, latency_s)
@@ -301,10 +402,9 @@ class GroupSelector:
     ) -> GroupDecision:
         if self.fallback is not None:
             try:
-                probe = await self.fallback.probe(request, timeout_s=self.probe_timeout_s)
-                decision = await self.fallback.commit(request, request_id, probe)
-            except GroupError as exc:
-                failures[self.fallback.name] = exc.reason
+                decision = await self.fallback.commit(request, request_id, None)
+            except Exception as exc:
+                failures[self.fallback.name] = self._as_group_error(self.fallback, exc).reason
             else:
                 log.info(
                     "no router group could take %s (%s): fallback %s",
@@ -316,12 +416,7 @@ class GroupSelector:
                 self.metrics.outcome("fallback")
                 return decision
         self.metrics.outcome("rejected")
-        reasons = set(failures.values())
-        if reasons == {UNKNOWN_MODEL}:
-            raise UnknownModel(request.model, [])
-        if reasons == {ALL_BUSY}:
-            raise AllGroupsBusy(len(failures))
-        raise NoGroupAvailable(failures)
+        raise _unavailable(request, failures)
 
     def _owned_by(
         self,
@@ -332,29 +427,20 @@ class GroupSelector:
         *,
         won_on_overlap: bool,
     ) -> None:
-        self._owned[request_id] = _Owned(group, model, decision.request_id)
+        self._owned[request_id] = _Owned(group, model, decision.request_id, decision.choice.worker)
         self.metrics.owned(group.name, 1)
         self.metrics.chosen(group.name, decision.choice.overlap_blocks, won_on_overlap=won_on_overlap)
         if decision.redecided:
             self.metrics.commit_redecided(group.name)
 
-    async def _lifecycle(self, group: RouterGroup, call: str, model: str, group_request_id: str) -> None:
-        try:
-            if call == "free":
-                await group.free(model, group_request_id)
-            else:
-                await group.mark_prefill_complete(model, group_request_id)
-        except Exception as exc:  # edge: the group went away; its state went with it
-            self.metrics.lifecycle_failed(group.name, call)
-            log.warning("%s of %s in group %s failed: %s", call, group_request_id, group.name, exc)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _group(self, name: str) -> RouterGroup:
-        return next(g for g in self.groups if g.name == name)
+def _unavailable(request: GroupRequest, failures: dict[str, str]) -> Exception:
+    reasons = set(failures.values())
+    if reasons == {UNKNOWN_MODEL}:
+        return UnknownModel(request.model, [])
+    if reasons == {ALL_BUSY}:
+        return AllGroupsBusy(len(failures))
+    return NoGroupAvailable(failures)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

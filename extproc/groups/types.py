@@ -1,8 +1,9 @@
-"""Router-group nouns: what a top-level picker asks a group and what the group answers.
+"""Router-group nouns: what a picker asks a group and what the group answers.
 
 Plain frozen dataclasses, no logic and no protobuf (`codec.py` converts them at the gRPC edge).
-`RouterGroup` is the narrow interface the selector needs; `LocalGroup` (this picker's own
-routers) and `RemoteGroup` (another picker's group API) both satisfy it.
+`RouterGroup` is the interface every decision goes through: `extproc.picker.local_group.LocalGroup`
+(this process's workers; a plain deployment is one of them) and `RemoteGroup` (another picker's
+group API) both satisfy it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class GroupChoice:
     request_blocks: int = 0
     cost: float = 0.0
     best_overlap_blocks: int = 0  # the largest overlap of any candidate in the group (regret = best - chosen)
+    prefill_worker: Worker | None = None  # disaggregated: the worker that prefills the prompt
+    prefill_endpoint: str | None = None  # its ip:port (also in `headers`, under the prefill header)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,7 @@ class GroupProbe:
     load: GroupLoad
     block_size: int
     latency_s: float = 0.0
+    has_capacity: bool = True  # some candidate is under the queue threshold (the admission queue's test)
 
     @property
     def overlap_tokens(self) -> int:
@@ -99,6 +103,7 @@ class GroupDecision:
     choice: GroupChoice
     redecided: bool = False
     best_overlap_blocks: int = 0
+    timings_ns: Mapping[str, int] = field(default_factory=dict)  # a local group's hash/match/select times
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +128,13 @@ class GroupLoads:
 
 
 class RouterGroup(Protocol):
-    """What the selector needs from a group, local or remote."""
+    """What the selector needs from a group, local or remote.
+
+    Decisions raise `GroupError` (a remote group) or the decision's own error (a local group:
+    UnknownModel, NoEligibleWorker, NoWorkers, AllWorkersBusy), which the selector reads alike.
+    Lifecycle calls never wait and never raise: a local group applies them at once, a remote one
+    sends them in the background, retried until acknowledged.
+    """
 
     @property
     def name(self) -> str: ...
@@ -131,18 +142,36 @@ class RouterGroup(Protocol):
     @property
     def weight(self) -> float: ...
 
+    @property
+    def in_process(self) -> bool:
+        """Whether its decisions run in this process (they then need no probe and no deadline)."""
+        ...
+
     async def probe(self, request: GroupRequest, *, timeout_s: float) -> GroupProbe:
-        """Which worker the group would choose; changes no state. Raises GroupError."""
+        """Which worker the group would choose, and whether it has room; changes no state."""
         ...
 
-    async def commit(self, request: GroupRequest, request_id: str, probe: GroupProbe) -> GroupDecision:
-        """Track the request on the probed worker (or a new choice). Raises GroupError."""
+    async def commit(self, request: GroupRequest, request_id: str, worker: Worker | None) -> GroupDecision:
+        """Track the request on `worker` (probed, or a session's), or on a new decision when it is
+        None or cannot take it any more."""
         ...
 
-    async def mark_prefill_complete(self, model: str, request_id: str) -> bool: ...
-
-    async def free(self, model: str, request_id: str) -> bool: ...
+    async def has_capacity(self, request: GroupRequest) -> bool:
+        """Whether a worker that may take the request is under the queue threshold."""
+        ...
 
     async def potential_loads(self, request: GroupRequest) -> GroupLoads: ...
+
+    def mark_prefill_complete(self, model: str, request_id: str) -> None:
+        """The request's first token arrived: its prompt no longer loads prefill."""
+        ...
+
+    def answered(self, model: str, request_id: str, worker: Worker, status: int) -> None:
+        """The worker's response status for the request (outlier ejection reads it)."""
+        ...
+
+    def free(self, model: str, request_id: str) -> None:
+        """The request ended (complete, error or cancel). Idempotent."""
+        ...
 
     async def close(self) -> None: ...

@@ -1,12 +1,16 @@
-"""AdmissionGate: the async edge of the admission queue (one per model's router).
+"""AdmissionGate: the async edge of the admission queue (one per model, in front of every group).
 
-With `--router-queue-threshold` set, a request that finds every eligible worker saturated waits
-here instead of being routed onto an overloaded worker. Whenever capacity may have freed (a
-first token, a finished request, a worker added, thresholds changed, and on a short poll for
-load that changes on its own), waiting requests are decided in policy order, one at a time,
-each against the load left by the previous decision. A request leaves with its decision, with
-`QueueTimeout` after the bounded wait, or silently when its client goes away (its task is
-cancelled; a decision that raced with the cancel is freed again, so nothing leaks).
+With `--router-queue-threshold` set, a request that finds every group's eligible workers saturated
+waits here instead of being routed onto an overloaded worker. Whenever capacity may have freed (a
+first token, a finished request, a worker added, thresholds changed, and on a short poll for load
+that changes on its own or in a remote group), waiting requests are decided in policy order, one
+at a time, each against the load left by the previous decision. A request leaves with its decision,
+with `QueueTimeout` after the bounded wait, or silently when its client goes away (its task is
+cancelled; a decision that raced with the cancel is undone, so nothing leaks).
+
+The gate knows nothing of groups: it is given, per request, an awaitable capacity check and an
+awaitable decision. For a local group neither awaits anything, so the queue is drained in one
+step of the event loop, as if it were synchronous.
 """
 
 from __future__ import annotations
@@ -15,22 +19,27 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from extproc.router import AdmissionQueue, KvRouter, QueuedRequest, QueuePolicy, QueueTimeout
+from extproc.router import AdmissionQueue, QueuedRequest, QueuePolicy, QueueTimeout
 
 log = logging.getLogger("extproc.admission")
 
 POLL_S = 0.05  # re-check capacity this often while requests wait (load can change with no event)
 
+T = TypeVar("T")
+
 
 @dataclass(slots=True)
-class _Waiter:
-    future: asyncio.Future
-    decide: Callable[[], Any]
-    allowed: Any
+class _Waiter(Generic[T]):
+    future: asyncio.Future[T]
+    decide: Callable[[], Awaitable[T]]
+    has_capacity: Callable[[], Awaitable[bool]]
+    key: Hashable
+    undo: Callable[[T], None] | None
+    gone: bool = False  # its client left (or it timed out) while it waited or was being decided
 
 
 @dataclass(slots=True)
@@ -48,23 +57,22 @@ class AdmissionGate:
 
     def __init__(
         self,
-        router: KvRouter,
         *,
+        enabled: bool,
+        policy: QueuePolicy | str = QueuePolicy.FCFS,
         max_wait_s: float,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = POLL_S,
     ) -> None:
-        self.router = router
+        self.enabled = enabled
         self.max_wait_s = max_wait_s
         self.clock = clock
         self.poll_s = poll_s
-        self.queue = AdmissionQueue(router.config.router_queue_policy)
+        self.queue = AdmissionQueue(policy)
         self.stats = AdmissionStats()
-        self._poll: asyncio.Task | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.router.config.router_queue_threshold is not None
+        self._poll: asyncio.Task[None] | None = None
+        self._drainer: asyncio.Task[None] | None = None
+        self._again = False
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -72,22 +80,26 @@ class AdmissionGate:
     async def admit(
         self,
         entry: QueuedRequest,
-        decide: Callable[[], Any],
+        decide: Callable[[], Awaitable[T]],
         *,
-        allowed: Any = None,
+        has_capacity: Callable[[], Awaitable[bool]],
+        key: Hashable = None,
         on_queued: Callable[[float], None] | None = None,
         new_tokens: Callable[[], int] | None = None,
-    ) -> tuple[Any, float]:
+        undo: Callable[[T], None] | None = None,
+    ) -> tuple[T, float]:
         """Run `decide` now if a worker has room (and nobody waits), else when one frees.
 
-        Returns (decide's result, seconds waited). `on_queued(max_wait_s)` is called when the
-        request starts waiting; `new_tokens()` estimates its uncached prompt tokens for wspt
-        (asked only then). Raises QueueTimeout, or whatever `decide` raises.
+        Returns (decide's result, seconds waited). `key` names the request's candidate set: requests
+        with the same key share one capacity answer per round. `on_queued(max_wait_s)` is called
+        when the request starts waiting; `new_tokens()` estimates its uncached prompt tokens for
+        wspt (asked only then); `undo(result)` gives back a decision its client no longer wants.
+        Raises QueueTimeout, or whatever `decide` raises.
         """
-        if not self.enabled or (not self.queue and self.router.has_capacity(allowed_workers=allowed)):
-            return decide(), 0.0
+        if not self.enabled or (not self.queue and await has_capacity()):
+            return await decide(), 0.0
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), decide, allowed)
+        waiter: _Waiter[T] = _Waiter(loop.create_future(), decide, has_capacity, key, undo)
         entry.handle = waiter
         if new_tokens is not None and self.queue.policy is QueuePolicy.WSPT:
             entry.new_tokens = new_tokens()
@@ -117,8 +129,8 @@ class AdmissionGate:
             log.warning("%s left the queue after %.1f s without capacity", entry.request_id, waited)
             raise QueueTimeout(waited, sheddable=entry.sheddable) from None
         except asyncio.CancelledError:
-            if not self._withdraw(entry.request_id, waiter) and waiter.future.exception() is None:
-                self.router.free(entry.request_id)  # decided as the client left: give the load back
+            if not self._withdraw(entry.request_id, waiter):
+                self._give_back(waiter)  # decided as the client left
             self.stats.cancelled += 1
             log.info("%s left the queue: its client went away", entry.request_id)
             raise
@@ -128,43 +140,75 @@ class AdmissionGate:
         del self.stats.wait_s[:-1000]
         return result, waited
 
-    def kick(self) -> int:
-        """Decide waiting requests, in policy order, while their workers have room; returns how many."""
+    def kick(self) -> None:
+        """Capacity may have freed: decide waiting requests (now, or right after the running round)."""
         if not self.queue:
-            return 0
+            return
+        if self._drainer is not None and not self._drainer.done():
+            self._again = True
+            return
+        self._drainer = asyncio.get_running_loop().create_task(self._drain_rounds(), name="admission-queue")
+
+    async def close(self) -> None:
+        for task in (self._poll, self._drainer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._poll = self._drainer = None
+
+    # --- internals ---------------------------------------------------------------------------
+
+    async def _drain_rounds(self) -> None:
+        while True:
+            self._again = False
+            await self._drain()
+            if not self._again:
+                return
+
+    async def _drain(self) -> int:
+        """Decide waiting requests, in policy order, while their workers have room; returns how many."""
         decided = 0
-        no_room: set[Hashable] = set()  # allowed sets found saturated since the last decision
+        no_room: set[Hashable] = set()  # candidate sets found saturated since the last decision
         for entry in self.queue.in_order():
-            waiter: _Waiter = entry.handle
-            key = _key(waiter.allowed)
-            if key in no_room:
+            waiter: _Waiter[Any] = entry.handle
+            if entry.request_id not in self.queue or waiter.key in no_room:
                 continue
-            if not self.router.has_capacity(allowed_workers=waiter.allowed):
-                no_room.add(key)
-                continue
-            self.queue.remove(entry.request_id)
             try:
-                result = waiter.decide()
+                room = await waiter.has_capacity()
+            except Exception:  # a group that cannot answer has no room for now
+                room = False
+            if not room:
+                no_room.add(waiter.key)
+                continue
+            if self.queue.remove(entry.request_id) is None:
+                continue  # its client left while capacity was asked
+            try:
+                result = await waiter.decide()
             except Exception as exc:  # answered like an immediate decision would be
-                waiter.future.set_exception(exc)
+                if not waiter.gone:
+                    waiter.future.set_exception(exc)
             else:
-                waiter.future.set_result(result)
+                if waiter.gone:  # its client left while it was being decided: give it back
+                    if waiter.undo is not None:
+                        waiter.undo(result)
+                else:
+                    waiter.future.set_result(result)
             decided += 1
             no_room.clear()
         return decided
 
-    async def close(self) -> None:
-        if self._poll is not None:
-            self._poll.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poll
-            self._poll = None
-
-    def _withdraw(self, request_id: str, waiter: _Waiter) -> bool:
+    def _withdraw(self, request_id: str, waiter: _Waiter[Any]) -> bool:
         """Take a request out of the queue; False if it had already been decided."""
-        if self.queue.remove(request_id) is not None:
+        if self.queue.remove(request_id) is not None or not waiter.future.done():
+            waiter.gone = True  # waiting, or being decided right now (undone when that ends)
             return True
-        return not waiter.future.done()
+        return False
+
+    def _give_back(self, waiter: _Waiter[Any]) -> None:
+        future = waiter.future
+        if waiter.undo is not None and not future.cancelled() and future.exception() is None:
+            waiter.undo(future.result())
 
     def _ensure_poll(self) -> None:
         if self._poll is None or self._poll.done():
@@ -174,7 +218,3 @@ class AdmissionGate:
         while self.queue:
             await asyncio.sleep(self.poll_s)  # a timer, not synchronisation: load may free silently
             self.kick()
-
-
-def _key(allowed: Any) -> Hashable:
-    return None if allowed is None else frozenset(allowed)

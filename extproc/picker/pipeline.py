@@ -1,17 +1,25 @@
 """EndpointPicker: one request's way from body bytes to a routed worker, and its lifecycle.
 
-Reads top to bottom in request order: parse, find the model's pool, restrict candidates
-(subset hint, conformance header), tokenize, hash, route, and name the endpoint. Speaks no
-protocol: `service.py` feeds it bytes and headers and turns its `Pick` or its exception into
-an ext_proc answer through `epp.py`.
+The one decision pipeline. Reads top to bottom in request order: parse, find the model, restrict
+candidates (subset hint, conformance header), tokenize, then hand the request to the router groups
+(`extproc.groups.GroupSelector`) through the admission queue, and name the endpoint. Speaks no
+protocol: `epp/service.py` feeds it bytes and headers and turns its `Pick` or its exception into an
+ext_proc answer through `epp/answers.py`.
 
-A request whose path is not an OpenAI generation endpoint (GET /v1/models, /health, ...) or
-whose tokenization fails is still routed, on load alone; only generation requests are tracked
-until `finish`.
+Where each feature lives (the same in every mode: no feature is off because groups are on):
 
-With router groups configured (`groups:`), a tokenized request goes to `extproc.groups`'
-selector instead of this picker's own router: it probes every group, commits to the best one and
-owns the request's lifecycle; the Pick names the group.
+- here, above the groups: parsing and tokenizing; the admission queue (a request waits while no
+  group has a worker under the queue threshold); sticky sessions, which pin a group and a worker;
+  request ids; metrics of the request path.
+- in each local group (`local_group.py`: this process's workers; a plain deployment is one of
+  them): candidates and endpoint restrictions, outlier ejection, disaggregated prefill/decode and
+  prefill health checks, replica-sync listeners, the request's load until it ends.
+- a remote group (another picker's `--group-api-port`) applies all of that in its own process; the
+  response status travels with the free so its outlier ejection sees its workers' failures.
+
+A request whose path is not an OpenAI generation endpoint (GET /v1/models, /health, ...) is routed
+on load alone and not tracked; a request whose tokenization fails is routed on load alone and
+tracked until `finish`.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Protocol
@@ -27,37 +36,29 @@ from typing import Protocol
 from extproc.config import PickerConfig, WorkerConfig
 from extproc.epp import answers as epp
 from extproc.errors import NoEligibleWorker, PromptTooLong, TokenizerUnavailable, UnknownModel
-from extproc.groups import GroupCollector, GroupRequest, GroupSelector
+from extproc.groups import GroupCollector, GroupRequest, GroupSelector, RemoteGroup, RouterGroup
+from extproc.groups.policy import parse_policy
+from extproc.groups.types import GroupDecision
 from extproc.picker.admission import AdmissionGate
+from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
-from extproc.picker.outlier import OutlierEjection
-from extproc.picker.prefill_health import WorkerHealth
+from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
 from extproc.request.parse import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
-from extproc.request.tokenizer import RequestTokenizer
-from extproc.router import (
-    Decision,
-    DisaggDecision,
-    DisaggRouter,
-    KvRouter,
-    QueuedRequest,
-    RouterConfigOverride,
-    SessionPins,
-    Worker,
-    WorkerSpec,
-    prefill_router_config,
-)
+from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, SessionPins, Worker
 
 log = logging.getLogger("extproc.picker")
 
-DP_RANK_HEADER = "x-data-parallel-rank"  # vLLM's header for pinning a data-parallel rank
 SESSION_HEADER = "x-session-id"  # sticky session, when the body has no nvext.session_control
+LOCAL_GROUP = "local"  # the name of a plain deployment's one group
+
+__all__ = ["DP_RANK_HEADER", "SESSION_HEADER", "EndpointPicker", "ModelPool", "Pick", "WorkerSetListener"]
 
 
 @dataclass(slots=True)
 class Pick:
     """A routed request: where it goes and what the router tracks for it."""
 
-    request_id: str  # the router's id (unique while in flight)
+    request_id: str  # the picker's id (unique while in flight)
     model: str
     worker: Worker
     endpoint: str
@@ -68,7 +69,7 @@ class Pick:
     timings_ns: dict[str, int] = field(default_factory=dict)
     session_id: str | None = None
     queued_s: float = 0.0  # time spent in the admission queue
-    group: str | None = None  # the router group that owns the request (hierarchical mode)
+    group: str | None = None  # the router group that owns the request
     prefill_worker: Worker | None = None  # disaggregated: the worker that prefills the prompt
     prefill_endpoint: str | None = None  # its ip:port (also in `headers` under the prefill header)
 
@@ -79,61 +80,6 @@ class WorkerSetListener(Protocol):
     def on_workers_changed(
         self, model: str, added: Sequence[WorkerConfig], removed: Sequence[str]
     ) -> None: ...
-
-
-class PickListener(Protocol):
-    """Told about every tracked request's lifecycle (replica sync publishes these to other replicas)."""
-
-    def on_routed(
-        self,
-        pick: Pick,
-        local_hashes: Sequence[int],
-        isl: int,
-        expected_output_tokens: int | None,
-    ) -> None: ...
-
-    def on_prefill_complete(self, pick: Pick) -> None: ...
-
-    def on_freed(self, pick: Pick) -> None: ...
-
-
-@dataclass(slots=True)
-class ModelPool:
-    """The workers serving one model, their routers and their tokenizer.
-
-    `router` chooses among the decode and aggregated workers (`workers`): the HTTP destination.
-    `prefill` holds the prefill workers (`prefill_workers`); while it has any, requests go
-    through `disagg`, which chooses the prefill worker too (or prefills on the decode worker).
-    """
-
-    model: str
-    router: KvRouter
-    tokenizer: RequestTokenizer
-    workers: dict[str, WorkerConfig]
-    gate: AdmissionGate
-    sessions: SessionPins
-    prefill: KvRouter
-    disagg: DisaggRouter
-    prefill_workers: dict[str, WorkerConfig] = field(default_factory=dict)
-
-    @property
-    def disaggregated(self) -> bool:
-        return bool(self.prefill_workers)
-
-    def endpoint_of(self, worker: Worker) -> str:
-        wid = str(worker.worker_id)
-        config = self.workers.get(wid) or self.prefill_workers[wid]
-        return config.endpoint
-
-    def router_for(self, worker: WorkerConfig) -> KvRouter:
-        """The router that tracks this worker: the prefill router for prefill workers."""
-        return self.prefill if worker.role == "prefill" else self.router
-
-    def routers(self) -> tuple[KvRouter, KvRouter]:
-        return self.router, self.prefill
-
-    def all_workers(self) -> dict[str, WorkerConfig]:
-        return {**self.workers, **self.prefill_workers}
 
 
 class EndpointPicker:
@@ -150,70 +96,82 @@ class EndpointPicker:
         self._clock = clock
         self._rng = rng or random.Random(config.seed)
         self._ids = count(1)
+        self.owner_id = uuid.uuid4().hex  # names this picker's requests in remote groups (leases)
         self.metrics = PickMetrics()
-        self.listeners: list[PickListener] = []
+        self.listeners: list[RouteListener] = []
         self.worker_listeners: list[WorkerSetListener] = []
-        self._pools: dict[str, ModelPool] = {}
-        for model in config.models:
-            served = [w for w in config.workers if w.model == model.name]
-            workers = {w.id: w for w in served if w.role != "prefill"}
-            prefill_workers = {w.id: w for w in served if w.role == "prefill"}
-            router = KvRouter(
-                config.router,
+        self._pools = build_pools(config, clock=clock, rng=self._rng)
+        groups = self._groups(config)
+        local = [g for g in groups if isinstance(g, LocalGroup)]
+        # this process's workers: routed to when configured as a group, served by --group-api-port
+        self.local = local[0] if local else self._local_group(LOCAL_GROUP)
+        self.selector = GroupSelector(
+            groups,
+            probe_timeout_s=config.groups.probe_timeout_s,
+            policy=parse_policy(config.groups.policy),
+            fallback=config.groups.fallback,
+            rng=self._rng,
+            clock=clock,
+        )
+        for group in groups:
+            if isinstance(group, RemoteGroup):
+                group.on_lifecycle_failure = self.selector.metrics.lifecycle_failed
+        if self.hierarchical:
+            self.metrics.registry.register(GroupCollector(self.selector.metrics))
+        self._sessions = {model: SessionPins(config.session_ttl_s) for model in self._pools}
+        self._gates = {
+            model: AdmissionGate(
+                enabled=config.router.router_queue_threshold is not None,
+                policy=config.router.router_queue_policy,
+                max_wait_s=config.queue_max_wait_s,
                 clock=clock,
-                rng=self._rng,
-                workers=_specs(workers.values()),
-                timer=time.perf_counter_ns,
             )
-            prefill = KvRouter(
-                prefill_router_config(config.router),
-                clock=clock,
-                rng=self._rng,
-                workers=_specs(prefill_workers.values()),
-                timer=time.perf_counter_ns,
-            )
-            disagg = DisaggRouter(router, prefill, config.disagg.policy)
-            remote = model.tokenize_url or config.tokenize_url
-            if remote == "worker":
-                any_worker = next(iter({**workers, **prefill_workers}.values()), None)
-                remote = f"http://{any_worker.endpoint}" if any_worker else None
-            tokenizer = RequestTokenizer.from_settings(
-                local_path=model.tokenizer or config.tokenizer,
-                remote_url=remote,
-                model=model.name,
-                timeout_s=config.tokenizer_timeout_s,
-                cache_size=config.tokenizer_cache_size,
-            )
-            gate = AdmissionGate(router, max_wait_s=config.queue_max_wait_s, clock=clock)
-            sessions = SessionPins(config.session_ttl_s)
-            self._pools[model.name] = ModelPool(
-                model.name, router, tokenizer, workers, gate, sessions, prefill, disagg, prefill_workers
-            )
-            if prefill_workers:
-                log.info(
-                    "%s: disaggregated serving with %d prefill and %d decode workers",
-                    model.name, len(prefill_workers), len(workers),
+            for model in self._pools
+        }
+
+    def _groups(self, config: PickerConfig) -> list[RouterGroup]:
+        if not config.groups.groups:
+            return [self._local_group(LOCAL_GROUP)]
+        groups: list[RouterGroup] = []
+        for g in config.groups.groups:
+            if g.address is None:
+                groups.append(self._local_group(g.name, g.weight))
+            else:
+                groups.append(
+                    RemoteGroup(
+                        g.name, g.address, weight=g.weight, tls=config.groups.tls, owner=self.owner_id,
+                        lease_s=config.groups.lease_s,
+                    )
                 )  # fmt: skip
-        self.prefill_health = WorkerHealth(
-            lambda: {wid: w.endpoint for p in self._pools.values() for wid, w in p.prefill_workers.items()},
-            interval_s=config.disagg.prefill_health_interval_s,
-        )
-        self.outliers = OutlierEjection(
-            consecutive=config.outlier_consecutive_5xx, base_s=config.outlier_base_ejection_s
-        )
-        self.groups: GroupSelector | None = None  # hierarchical mode: every tracked request goes through it
-        if config.groups.groups:
-            self.groups = GroupSelector.from_config(config.groups, self._pools, rng=self._rng)
-            self.metrics.registry.register(GroupCollector(self.groups.metrics))
+        return groups
+
+    def _local_group(self, name: str, weight: float = 1.0) -> LocalGroup:
+        return LocalGroup(
+            name, self._pools, config=self.config, clock=self._clock, metrics=self.metrics,
+            listeners=self.listeners, weight=weight,
+        )  # fmt: skip
+
+    @property
+    def hierarchical(self) -> bool:
+        """Whether router groups are configured (`groups:`), rather than the one local group."""
+        return bool(self.config.groups.groups)
 
     @property
     def may_queue(self) -> bool:
         """Whether a request can wait in an admission queue (`--router-queue-threshold` is set)."""
-        return any(pool.gate.enabled for pool in self._pools.values())
+        return any(gate.enabled for gate in self._gates.values())
 
     @property
     def pools(self) -> Mapping[str, ModelPool]:
         return self._pools
+
+    def gate(self, model: str) -> AdmissionGate:
+        """The model's admission queue."""
+        return self._gates[model]
+
+    def sessions(self, model: str) -> SessionPins:
+        """The model's sticky sessions: session id -> (group, worker)."""
+        return self._sessions[model]
 
     def routers_by_worker(self) -> dict[str, KvRouter]:
         """Each configured worker id's router (one router per model)."""
@@ -225,34 +183,18 @@ class EndpointPicker:
         """Make `workers` the model's worker set; returns the ids added and removed.
 
         A changed worker (new endpoint, dp ranks or capacity) is updated in place. A removed worker's
-        cached blocks and in-flight requests are forgotten (their streams still end normally).
+        cached blocks and in-flight requests are forgotten (their streams still end normally), and
+        sessions pinned to it are re-pinned on their next request.
         """
-        pool = self._pools.get(model)
-        if pool is None:
+        if model not in self._pools:
             raise UnknownModel(model, list(self._pools))
-        wanted = {w.id: w for w in workers}
-        current = pool.all_workers()
-        removed = [wid for wid in current if wid not in wanted]
-        added = [w for wid, w in wanted.items() if current.get(wid) != w]
-        moved = [w.id for w in added if w.id in current and current[w.id].role != w.role]
-        for wid in [*removed, *moved]:  # gone, or changed between prefill and decode
-            old = current[wid]
-            dropped = pool.router_for(old).remove_worker(wid)
-            pool.workers.pop(wid, None)
-            pool.prefill_workers.pop(wid, None)
-            pool.sessions.drop_worker(wid)
-            self.outliers.forget(wid)
-            if wid in removed:
-                log.info("worker %s of %s removed (%d in-flight requests forgotten)",
-                         wid, model, len(dropped))  # fmt: skip
-        for w in added:  # new, moved, or changed in place (endpoint, dp ranks, capacity)
-            pool.router_for(w).add_worker(_specs([w])[0])
-            (pool.prefill_workers if w.role == "prefill" else pool.workers)[w.id] = w
-            log.info("%s worker %s of %s at %s added", _ROLE_NAMES[w.role], w.id, model, w.endpoint)
+        added, removed = self.local.set_workers(model, workers)
+        for wid in [*removed, *(w.id for w in added)]:
+            self._sessions[model].drop_worker(wid, self.local.name)
         if added or removed:
             for listener in self.worker_listeners:
                 listener.on_workers_changed(model, added, removed)
-            pool.gate.kick()
+            self._gates[model].kick()
         return [w.id for w in added], removed
 
     def set_thresholds(self, model: str, **values: float | int | None) -> dict[str, float | int | None]:
@@ -262,21 +204,22 @@ class EndpointPicker:
             raise UnknownModel(model, list(self._pools))
         record = pool.router.set_thresholds(**values)
         log.info("busy thresholds of %s: %s", model, record)
-        pool.gate.kick()  # looser thresholds can release queued requests
+        self._gates[model].kick()  # looser thresholds can release queued requests
         return record
 
     async def close(self) -> None:
-        if self.groups is not None:
-            await self.groups.close()
-        await self.prefill_health.stop()
-        for pool in self._pools.values():
-            await pool.gate.close()
+        await self.selector.close()
+        if self.local not in self.selector.groups:
+            await self.local.close()
+        for model, pool in self._pools.items():
+            await self._gates[model].close()
             await pool.tokenizer.close()
 
     def is_idle(self) -> bool:
         """No request is tracked anywhere and every load counter is back at zero."""
-        groups_idle = self.groups is None or self.groups.in_flight() == 0
-        return groups_idle and all(pool.disagg.is_idle() for pool in self._pools.values())
+        return self.selector.in_flight() == 0 and all(pool.disagg.is_idle() for pool in self._pools.values())
+
+    # --- one request ---------------------------------------------------------------------------
 
     async def pick(
         self,
@@ -289,7 +232,7 @@ class EndpointPicker:
         on_queued: Callable[[float], None] | None = None,
         override: RouterConfigOverride | None = None,
     ) -> Pick:
-        """Route one request. Raises PickerError or RouterError subclasses (mapped by `epp`).
+        """Route one request. Raises PickerError, RouterError or GroupError subclasses (mapped by `epp`).
 
         `on_queued(max_wait_s)` is called if the request has to wait in the admission queue.
         `override` replaces the body's `nvext.agent_hints` overlap weight and temperature (callers
@@ -297,77 +240,44 @@ class EndpointPicker:
         """
         timings: dict[str, int] = {}
         t0 = time.perf_counter_ns()
+        restrictions = self._restrictions(subset, headers)
         if body is None or path.partition("?")[0] not in ROUTABLE_PATHS:
-            if self.groups is not None:
-                return await self._pick_in_groups(None, None, subset, headers, client_request_id, timings)
-            return self._pick_untracked(path, headers, subset)
+            return await self._pick_untracked(path, restrictions)
         request = parse_openai_body(body, path, max_bytes=self.config.max_body_bytes)
         t1 = time.perf_counter_ns()
         timings["parse"] = t1 - t0
         pool = self._pools.get(request.model)
         if pool is None:
             raise UnknownModel(request.model, list(self._pools))
-        allowed = self._routable(pool, self._allowed(pool, subset, headers)) if self.groups is None else None
-
         tokens: list[int] | None
         try:
             tokens = await pool.tokenizer.tokenize(request)
         except TokenizerUnavailable as exc:
             log.warning("tokenizer failed for %s (%s): routing on load only", client_request_id, exc.message)
             tokens = None
-        t2 = time.perf_counter_ns()
-        timings["tokenize"] = t2 - t1
+        timings["tokenize"] = time.perf_counter_ns() - t1
         limit = self.config.max_prompt_tokens
         if limit is not None and tokens is not None and len(tokens) > limit:
             raise PromptTooLong(len(tokens), limit)
-        if self.groups is not None:
-            return await self._pick_in_groups(request, tokens, subset, headers, client_request_id, timings)
-
-        router = pool.router
         if tokens is None:
             override = _override(request, load_only=True)
         elif override is None:
             override = _override(request, load_only=False)
-        hashes = (
-            router.block_hashes(tokens, lora_name=request.lora_name, cache_salt=request.cache_salt)
-            if tokens
-            else []
-        )
-        t3 = time.perf_counter_ns()
-        timings["hash"] = t3 - t2
-        request_id = self._request_id(router, client_request_id)
         isl = len(tokens) if tokens is not None else max(1, request.body_size // 4)
-        expected_output = _expected_output(request)
+        group_request = GroupRequest(
+            request.model,
+            tokens or [],
+            lora_name=request.lora_name,
+            cache_salt=request.cache_salt,
+            overrides=override,
+            expected_output_tokens=_expected_output(request),
+            restrictions=tuple(tuple(r) for r in restrictions) or None,
+            isl=None if tokens is not None else isl,
+        )
+        request_id = self._request_id(client_request_id)
         session_id = request.session_id or headers.get(SESSION_HEADER) or None
-        pinned = pool.sessions.get(session_id, self._clock()) if session_id else None
-
-        split: list[DisaggDecision] = []  # a disaggregated model's two-stage decision
-
-        def decide() -> Decision:  # a session's worker takes it when it can (no cost comparison)
-            if pool.disaggregated:
-                split.append(
-                    pool.disagg.route(
-                        hashes,
-                        isl,
-                        request_id=request_id,
-                        config_override=override,
-                        preferred_worker=pinned,
-                        allowed_workers=allowed,
-                        prefill_allowed=self._healthy_prefill(pool),
-                        expected_output_tokens=expected_output,
-                    )
-                )
-                return split[-1].decode
-            return router.best_worker_for_hashes(
-                hashes,
-                isl,
-                request_id=request_id,
-                config_override=override,
-                preferred_worker=pinned,
-                allowed_workers=allowed,
-                expected_output_tokens=expected_output,
-            )
-
+        pin = self._sessions[request.model].get_pin(session_id, self._clock()) if session_id else None
+        pinned = (pin.group, pin.worker) if pin is not None else None
         entry = QueuedRequest(
             request_id,
             self._clock(),
@@ -376,90 +286,50 @@ class EndpointPicker:
             latency_sensitivity=_latency_sensitivity(request),
             sheddable=_sheddable(request),
         )
-
-        def new_tokens() -> int:  # the prompt minus its best cached prefix
-            best = max(router.indexer.find_matches(hashes).values(), default=0) if hashes else 0
-            return max(1, isl - best * router.config.block_size)
-
-        decision, waited_s = await pool.gate.admit(
-            entry, decide, allowed=allowed, on_queued=on_queued, new_tokens=new_tokens
+        routed_at = time.perf_counter_ns()
+        decision, waited_s = await self._gates[request.model].admit(
+            entry,
+            lambda: self.selector.route(group_request, request_id, pinned=pinned),
+            has_capacity=lambda: self.selector.has_capacity(group_request),
+            key=group_request.restrictions,
+            on_queued=on_queued,
+            new_tokens=lambda: self._uncached_tokens(group_request),
+            undo=lambda _: self.selector.finish(request_id, "its client left the queue"),
         )
         timings["queue"] = int(waited_s * 1e9)
-        timings["match"] = decision.match_ns
-        timings["select"] = decision.select_ns
-        self._update_session(pool, request, session_id, pinned, decision.worker)
+        timings.update(decision.timings_ns or {"groups": time.perf_counter_ns() - routed_at})
+        self._update_session(request, session_id, pinned, decision)
+        choice = decision.choice
         pick = Pick(
-            request_id=request_id,
-            model=request.model,
-            worker=decision.worker,
-            endpoint=pool.endpoint_of(decision.worker),
-            headers=_extra_headers(pool, decision.worker),
-            overlap_blocks=decision.overlap_blocks,
-            request_blocks=decision.request_blocks,
-            tracked=True,
-            timings_ns=timings,
-            session_id=session_id,
-            queued_s=waited_s,
-        )
-        disagg_note = ""
-        if split:
-            disagg_note = self._name_prefill_worker(pool, pick, split[-1])
+            request_id, request.model, choice.worker, choice.endpoint, dict(choice.headers),
+            choice.overlap_blocks, choice.request_blocks, tracked=True, timings_ns=timings,
+            session_id=session_id, queued_s=waited_s, group=decision.group,
+            prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
+        )  # fmt: skip
         self.metrics.observe_stages(timings)
-        self.metrics.routed(request.model, decision.overlap_blocks, decision.best_overlap_blocks)
+        self.metrics.routed(request.model, choice.overlap_blocks, decision.best_overlap_blocks)
         log.info(
-            "routed %s model=%s to %s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s",
-            client_request_id,
-            request.model,
-            decision.worker,
-            pick.endpoint,
-            decision.overlap_blocks,
-            decision.request_blocks,
-            decision.best_overlap_blocks,
-            decision.cost,
-            f" session={session_id}" if session_id else "",
+            "routed %s model=%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
+            client_request_id, request.model, f"group {decision.group} worker " if self.hierarchical else "",
+            choice.worker, choice.endpoint, choice.overlap_blocks, choice.request_blocks,
+            decision.best_overlap_blocks, choice.cost, f" session={session_id}" if session_id else "",
             f" queued {waited_s * 1000:.0f} ms" if waited_s else "",
-        )
-        if disagg_note:
-            log.info("%s %s", client_request_id, disagg_note)
-        for listener in self.listeners:
-            listener.on_routed(pick, hashes, isl, expected_output)
-            if pick.prefill_worker is not None:  # its prompt is not the decode worker's work
-                listener.on_prefill_complete(pick)
+            " (re-decided at commit)" if decision.redecided and pinned is None else "",
+        )  # fmt: skip
         return pick
 
     def first_token(self, pick: Pick) -> None:
         """The first response chunk arrived: the prompt is prefilled."""
-        if pick.group is not None and self.groups is not None:
-            self.groups.first_token(pick.request_id)
-            return
-        pool = self._pools[pick.model]
-        if not pick.tracked:
-            return
-        if pick.prefill_worker is not None:  # the prefill worker's share ends too
-            changed = pool.disagg.first_token(pick.request_id)
-        else:
-            changed = pool.router.mark_prefill_complete(pick.request_id)
-        if changed:
-            for listener in self.listeners:
-                listener.on_prefill_complete(pick)
-            pool.gate.kick()
+        if pick.tracked:
+            self.selector.first_token(pick.request_id)
+            self._gates[pick.model].kick()
 
     def finish(self, pick: Pick, cause: str) -> None:
         """The stream ended (complete, error status, reset, cancel); frees the request once."""
-        if pick.group is not None and self.groups is not None:
-            if pick.tracked:
-                self.groups.finish(pick.request_id, cause)
-                self.metrics.finished(pick.model, cause)
-            return
-        pool = self._pools[pick.model]
-        if pick.tracked and pick.prefill_worker is not None:
-            pool.prefill.free(pick.request_id)
-        if pick.tracked and pool.router.free(pick.request_id):
+        if pick.tracked and self.selector.finish(pick.request_id, cause):
             log.debug("freed %s (%s)", pick.request_id, cause)
             self.metrics.finished(pick.model, cause)
-            for listener in self.listeners:
-                listener.on_freed(pick)
-            pool.gate.kick()
+            self._gates[pick.model].kick()
 
     def answered(self, pick: Pick, status: int) -> None:
         """The worker's response status arrived: count it, and feed outlier ejection with it."""
@@ -471,14 +341,10 @@ class EndpointPicker:
             )
         elif before and not after:
             log.info("worker %s (%s) answers again after %d failed answers", worker, pick.endpoint, before)
-        pool = self._pools.get(pick.model)
-        if pick.group is not None or pool is None or worker not in pool.workers:
-            return  # a group's worker (its own picker ejects it) or one that left
-        ejected_s = self.outliers.answered(worker, status, self._clock(), pool.workers)
-        if ejected_s is not None:
-            self.metrics.ejections.labels(pool.model, worker).inc()
-            log.warning("worker %s of %s ejected from routing for %.0f s after %d failed answers in a row",
-                        worker, pool.model, ejected_s, self.outliers.consecutive)  # fmt: skip
+        if pick.tracked:
+            self.selector.answered(pick.request_id, status)
+        elif pick.group is not None:
+            self.selector.answered_untracked(pick.group, pick.model, pick.worker, status)
 
     def rejected(self, status: int, reason: str) -> None:
         """An error answer was given (counted by status and reason)."""
@@ -486,101 +352,18 @@ class EndpointPicker:
 
     # --- internals ---------------------------------------------------------------------------
 
-    async def _pick_in_groups(
-        self,
-        request: ParsedRequest | None,
-        tokens: list[int] | None,
-        subset: list[str] | None,
-        headers: Mapping[str, str],
-        client_request_id: str,
-        timings: dict[str, int],
-    ) -> Pick:
-        """Hierarchical mode: the selector probes every router group and commits to the best one.
-
-        A request that is not a generation request (`request` None) is routed on load and freed
-        at once, as `_pick_untracked` does locally.
-        """
-        assert self.groups is not None
-        start = time.perf_counter_ns()
-        restrictions = tuple(tuple(r) for r in self._restrictions(subset, headers)) or None
-        if request is None:
-            model = next(iter(self._pools), "")
-            group_request = GroupRequest(model, [], restrictions=restrictions, isl=1)
-        else:
-            model = request.model
-            group_request = GroupRequest(
-                model,
-                tokens or [],
-                lora_name=request.lora_name,
-                cache_salt=request.cache_salt,
-                overrides=_override(request, load_only=tokens is None),
-                expected_output_tokens=_expected_output(request),
-                restrictions=restrictions,
-                isl=None if tokens is not None else max(1, request.body_size // 4),
-            )
-        request_id = client_request_id or "req"
-        if self.groups.owner_of(request_id) is not None:
-            request_id = f"{request_id}#{next(self._ids)}"
-        decision = await self.groups.route(group_request, request_id)
-        timings["groups"] = time.perf_counter_ns() - start
-        choice = decision.choice
-        tracked = request is not None
-        if not tracked:
-            self.groups.finish(request_id, "untracked")
-        pick = Pick(
-            request_id, model, choice.worker, choice.endpoint, dict(choice.headers), choice.overlap_blocks,
-            choice.request_blocks, tracked=tracked, timings_ns=timings, group=decision.group,
-        )  # fmt: skip
-        self.metrics.observe_stages(timings)
-        if tracked:
-            self.metrics.routed(model, choice.overlap_blocks, decision.best_overlap_blocks)
-        log.info(
-            "routed %s model=%s to group %s worker %s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s",
-            client_request_id, model, decision.group, choice.worker, choice.endpoint, choice.overlap_blocks,
-            choice.request_blocks, decision.best_overlap_blocks, choice.cost,
-            " (re-decided at commit)" if decision.redecided else "",
-        )  # fmt: skip
-        return pick
-
-    def _routable(self, pool: ModelPool, allowed: set[str] | None) -> set[str] | None:
-        """`allowed` without ejected workers (unless that leaves none)."""
-        ejected = self.outliers.ejected(self._clock(), pool.workers)
-        if not ejected:
-            return allowed
-        kept = {wid for wid in (allowed if allowed is not None else pool.workers) if wid not in ejected}
-        return kept or allowed
-
-    def _healthy_prefill(self, pool: ModelPool) -> set[str] | None:
-        """The prefill workers that may be named (None: all); starts probing on first use."""
-        self.prefill_health.start()
-        unhealthy = self.prefill_health.unhealthy
-        if not unhealthy:
-            return None
-        return {wid for wid in pool.prefill_workers if wid not in unhealthy}
-
-    def _name_prefill_worker(self, pool: ModelPool, pick: Pick, split: DisaggDecision) -> str:
-        """Put the prefill worker on the pick (and in its headers); returns a note for the log."""
-        self.metrics.disagg(pool.model, split.local_reason)
-        if split.prefill is None:
-            return f"prefills on its decode worker ({split.local_reason})"
-        endpoint = pool.prefill_workers[str(split.prefill.worker_id)].endpoint
-        pick.prefill_worker = split.prefill.worker
-        pick.prefill_endpoint = endpoint
-        pick.headers[self.config.disagg.prefill_header] = endpoint
-        return (
-            f"prefills on {split.prefill.worker} ({endpoint}) overlap="
-            f"{split.prefill.overlap_blocks}/{split.prefill.request_blocks} blocks"
-        )
-
-    def _pick_untracked(self, path: str, headers: Mapping[str, str], subset: list[str] | None) -> Pick:
+    async def _pick_untracked(self, path: str, restrictions: list[list[str]]) -> Pick:
         if not self._pools:
             raise NoEligibleWorker("no worker is configured")
-        pool = next(iter(self._pools.values()))
-        allowed = self._routable(pool, self._allowed(pool, subset, headers))
-        decision = pool.router.best_worker_for_hashes([], 0, allowed_workers=allowed)
-        endpoint = pool.endpoint_of(decision.worker)
-        log.info("routed %s (untracked) to %s (%s)", path[:100], decision.worker, endpoint)
-        return Pick("", pool.model, decision.worker, endpoint, _extra_headers(pool, decision.worker))
+        model = next(iter(self._pools))
+        request = GroupRequest(model, [], restrictions=tuple(tuple(r) for r in restrictions) or None, isl=0)
+        group, choice = await self.selector.choose(request)
+        log.info("routed %s (untracked) to %s (%s)", path[:100], choice.worker, choice.endpoint)
+        return Pick("", model, choice.worker, choice.endpoint, dict(choice.headers), group=group)
+
+    def _uncached_tokens(self, request: GroupRequest) -> int:
+        """The queue's wspt estimate: the prompt minus its best cached prefix here."""
+        return self.local.uncached_tokens(request)
 
     def _restrictions(self, subset: list[str] | None, headers: Mapping[str, str]) -> list[list[str]]:
         restrictions: list[list[str]] = []
@@ -591,63 +374,35 @@ class EndpointPicker:
             restrictions.append([s.strip() for s in selection.split(",") if s.strip()])
         return restrictions
 
-    def _allowed(
-        self, pool: ModelPool, subset: list[str] | None, headers: Mapping[str, str]
-    ) -> set[str] | None:
-        restrictions = self._restrictions(subset, headers)
-        if not restrictions:
-            return None
-        allowed = {
-            wid
-            for wid, w in pool.workers.items()
-            if all(epp.endpoint_matches(w.endpoint, r) for r in restrictions)
-        }
-        if not allowed:
-            raise NoEligibleWorker("no worker of this model is in the allowed endpoint subset")
-        return allowed
-
     def _update_session(
         self,
-        pool: ModelPool,
         request: ParsedRequest,
         session_id: str | None,
-        pinned: Worker | None,
-        worker: Worker,
+        pinned: tuple[str, Worker] | None,
+        decision: GroupDecision,
     ) -> None:
         if not session_id:
             return
-        sessions = pool.sessions
+        model = request.model
+        sessions = self._sessions[model]
         if request.session_action == "close":
             if sessions.close(session_id):
-                self.metrics.sessions.labels(pool.model, "closed").inc()
+                self.metrics.sessions.labels(model, "closed").inc()
                 log.info("session %s closed", session_id)
             return
+        target = (decision.group, decision.choice.worker)
         if pinned is None:
-            self.metrics.sessions.labels(pool.model, "pinned").inc()
-        elif pinned != worker:
-            self.metrics.sessions.labels(pool.model, "moved").inc()
-            log.info("session %s moved from %s to %s (gone, busy or not allowed)", session_id, pinned, worker)
-        sessions.pin(session_id, worker, self._clock())
+            self.metrics.sessions.labels(model, "pinned").inc()
+        elif pinned != target:
+            self.metrics.sessions.labels(model, "moved").inc()
+            log.info("session %s moved from %s to %s (gone, busy or not allowed)",
+                     session_id, pinned[1], target[1])  # fmt: skip
+        sessions.pin(session_id, target[1], self._clock(), target[0])
 
-    def _request_id(self, router: KvRouter, client_request_id: str) -> str:
-        if client_request_id and client_request_id not in router.sequences:
+    def _request_id(self, client_request_id: str) -> str:
+        if client_request_id and self.selector.owner_of(client_request_id) is None:
             return client_request_id
         return f"{client_request_id or 'req'}#{next(self._ids)}"
-
-
-def _specs(workers: Iterable[WorkerConfig]) -> list[WorkerSpec]:
-    return [
-        WorkerSpec(w.id, w.dp_ranks, w.total_blocks, w.max_num_batched_tokens, device=w.device)
-        for w in workers
-    ]
-
-
-def _extra_headers(pool: ModelPool, worker: Worker) -> dict[str, str]:
-    config = pool.workers[str(worker.worker_id)]
-    return {DP_RANK_HEADER: str(worker.dp_rank)} if len(config.dp_ranks) > 1 else {}
-
-
-_ROLE_NAMES = {"prefill": "prefill", "decode": "decode", "both": "aggregated"}
 
 
 def _expected_output(request: ParsedRequest) -> int | None:

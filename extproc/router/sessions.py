@@ -19,6 +19,7 @@ class Pin:
     worker: Worker
     last_used_s: float
     requests: int = 0
+    group: str = ""  # the router group that owns the worker (hierarchical routing)
 
 
 class SessionPins:
@@ -41,19 +42,24 @@ class SessionPins:
 
     def get(self, session_id: str, now: float) -> Worker | None:
         """The session's worker, or None when it has none or its pin lapsed."""
-        self.expire(now)
-        pin = self._pins.get(session_id)
+        pin = self.get_pin(session_id, now)
         return pin.worker if pin is not None else None
 
-    def pin(self, session_id: str, worker: Worker, now: float) -> None:
-        """Record a use of the session on `worker` (a new pin, a refresh or a move)."""
+    def get_pin(self, session_id: str, now: float) -> Pin | None:
+        """The session's pin (worker and group), or None when it has none or it lapsed."""
+        self.expire(now)
+        return self._pins.get(session_id)
+
+    def pin(self, session_id: str, worker: Worker, now: float, group: str = "") -> None:
+        """Record a use of the session on `worker` of `group` (a new pin, a refresh or a move)."""
         pin = self._pins.get(session_id)
         if pin is None:
-            self._pins[session_id] = Pin(worker, now, 1)
+            self._pins[session_id] = Pin(worker, now, 1, group)
             return
-        if pin.worker != worker:
+        if pin.worker != worker or pin.group != group:
             self.moved += 1
             pin.worker = worker
+            pin.group = group
         pin.last_used_s = now
         pin.requests += 1
         self._pins.move_to_end(session_id)
@@ -64,9 +70,14 @@ class SessionPins:
         self.closed += 1
         return True
 
-    def drop_worker(self, worker_id: object) -> int:
-        """Forget every pin to a worker that left; its sessions are re-pinned on their next request."""
-        gone = [s for s, p in self._pins.items() if p.worker.worker_id == worker_id]
+    def drop_worker(self, worker_id: object, group: str | None = None) -> int:
+        """Forget every pin to a worker that left (of `group`, or of any group when None); its
+        sessions are re-pinned on their next request."""
+        gone = [
+            s
+            for s, p in self._pins.items()
+            if p.worker.worker_id == worker_id and (group is None or p.group == group)
+        ]
         for session_id in gone:
             del self._pins[session_id]
         return len(gone)

@@ -58,7 +58,7 @@ class Readiness:
         workers = [w for pool in pools.values() for r in pool.routers() for w in r.workers()]
         if self.draining:
             return ReadinessReport(False, "shutting down", len(workers))
-        if self.picker.groups is not None:  # hierarchical: workers live behind the groups
+        if self.picker.hierarchical:  # workers live behind the groups
             groups = self.picker.config.groups.groups
             return ReadinessReport(True, f"routing through {len(groups)} router groups", len(workers))
         empty = [model for model, pool in pools.items() if not pool.router.workers()]

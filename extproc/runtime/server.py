@@ -36,7 +36,7 @@ from extproc.admin.api import AdminServer, start_admin
 from extproc.config import PickerConfig
 from extproc.epp.service import ExtProcService
 from extproc.events.sources import EventSources, start_event_sources
-from extproc.groups import GroupApiServer, GroupRouters, start_group_api
+from extproc.groups import GroupApiServer, start_group_api
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.discovery import WorkerDiscovery, start_discovery
 from extproc.runtime.ports_file import write_ports_file
@@ -187,9 +187,8 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
     try:
         running.discovery = await start_discovery(config, picker)
         if config.groups.api_port is not None:
-            routers = GroupRouters(f"{config.host}:{config.port}", picker.pools)
             running.group_api = await start_group_api(
-                routers, config.host, config.groups.api_port, credentials=credentials
+                picker.local, config.host, config.groups.api_port, credentials=credentials
             )
         await _report_readiness(health_servicer, readiness)
         running.readiness_task = asyncio.get_running_loop().create_task(

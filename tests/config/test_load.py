@@ -65,6 +65,7 @@ def test_env_beats_file_and_flags_beat_env(config_file):
         (["--router-temperature", "-1"], {}, "temperature=-1.0: expected a number >= 0"),
         ([], {"DYN_ROUTER_TRACK_ACTIVE_BLOCKS": "maybe"}, "expected true or false"),
         (["--active-prefill-tokens-threshold-frac", "2"], {}, "fraction in [0, 1]"),
+        (["--group-lease-secs", "0"], {}, "group-lease-secs=0.0: expected > 0"),
     ],
 )
 def test_bad_values_name_the_setting_value_and_what_is_accepted(argv, env, message):
@@ -145,3 +146,9 @@ def test_plain_yaml_numbers_work_for_optional_numeric_settings(tmp_path):
     path.write_text("picker: {admin-port: 90.5}\n")
     with pytest.raises(ConfigError, match=r"admin-port=90\.5"):
         load_config(["--config", str(path)], environ={})
+
+
+def test_the_group_lease_reaches_the_groups_config():
+    assert load_config([]).groups.lease_s == 10.0
+    assert load_config(["--group-lease-secs", "2.5"]).groups.lease_s == 2.5
+    assert load_config([], environ={"DYN_GROUP_LEASE_SECS": "4"}).groups.lease_s == 4.0

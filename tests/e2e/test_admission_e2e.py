@@ -97,7 +97,7 @@ async def test_a_queued_request_waits_past_envoys_message_timeout_and_is_routed_
     queue_stack,
 ) -> None:
     picker, url, workers = queue_stack
-    gate = picker.picker.pools[MODEL].gate
+    gate = picker.picker.gate(MODEL)
     async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
         held = [asyncio.create_task(post(http, url, chat(f"held {k} " * 30), f"?hold={k}")) for k in "ab"]
         router = picker.picker.pools[MODEL].router
@@ -119,7 +119,7 @@ async def test_a_queued_request_waits_past_envoys_message_timeout_and_is_routed_
 
 async def test_the_bounded_wait_ends_in_503_or_429_for_sheddable_requests(queue_stack) -> None:
     picker, url, workers = queue_stack
-    gate = picker.picker.pools[MODEL].gate
+    gate = picker.picker.gate(MODEL)
     async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
         held = [asyncio.create_task(post(http, url, chat(f"hold {k} " * 30), f"?hold={k}")) for k in "cd"]
         await until(lambda: len(picker.picker.pools[MODEL].router.sequences) == 2)
@@ -140,7 +140,7 @@ async def test_the_bounded_wait_ends_in_503_or_429_for_sheddable_requests(queue_
 
 async def test_a_client_that_disconnects_while_queued_leaves_the_queue(queue_stack) -> None:
     picker, url, workers = queue_stack
-    gate = picker.picker.pools[MODEL].gate
+    gate = picker.picker.gate(MODEL)
     cancelled_before = gate.stats.cancelled
     async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
         held = [asyncio.create_task(post(http, url, chat(f"keep {k} " * 30), f"?hold={k}")) for k in "ef"]
@@ -199,7 +199,7 @@ async def test_every_turn_of_a_session_stays_on_one_worker_until_the_pin_lapses(
                 await turn(http, url, session, f"{session} turn {i} " * (10 + 20 * i)) for i in range(5)
             }
             assert len(workers) == 1, (session, workers)
-        sessions = picker.picker.pools[MODEL].sessions
+        sessions = picker.picker.sessions(MODEL)
         assert {"alpha", "beta", "gamma"} <= set(sessions._pins)
         await asyncio.sleep(1.2)  # longer than the 1 s TTL: the pins lapse
         assert sessions.get("alpha", picker.picker._clock()) is None

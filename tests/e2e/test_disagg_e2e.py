@@ -23,7 +23,7 @@ from extproc.config import DisaggConfig, EventsConfig, ModelConfig, PickerConfig
 from extproc.devstack.envoy_config import render_envoy_config
 from extproc.devstack.procs import start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
-from extproc.picker.pipeline import Pick
+from extproc.picker.local_group import Routed
 from extproc.request.parse import parse_openai_body
 from extproc.router import RouterConfig, Worker
 from extproc.runtime.server import RunningPicker, start_picker
@@ -56,18 +56,18 @@ def workers(log_dir: Path) -> Iterator[tuple[list[WorkerProcess], list[WorkerPro
 
 
 class Recorder:
-    """Every routed pick (a real PickListener), to see which prefill worker was named."""
+    """Every routed request (a real RouteListener), to see which prefill worker was named."""
 
     def __init__(self) -> None:
-        self.picks: list[Pick] = []
+        self.picks: list[Routed] = []
 
-    def on_routed(self, pick: Pick, local_hashes: Sequence[int], isl: int, expected: int | None) -> None:
-        self.picks.append(pick)
+    def on_routed(self, routed: Routed, local_hashes: Sequence[int], isl: int, expected: int | None) -> None:
+        self.picks.append(routed)
 
-    def on_prefill_complete(self, pick: Pick) -> None:
+    def on_prefill_complete(self, routed: Routed) -> None:
         pass
 
-    def on_freed(self, pick: Pick) -> None:
+    def on_freed(self, routed: Routed) -> None:
         pass
 
 
@@ -160,7 +160,7 @@ async def test_the_prefill_worker_caching_the_prefix_prefills_and_the_decode_wor
     assert headers["x-prefill-source"] == "remote"
     assert payload.rstrip().endswith(b"data: [DONE]")
     pick = recorder.picks[-1]
-    assert pick.prefill_worker == p1 and pick.prefill_endpoint == prefill[1].endpoint
+    assert pick.prefill_worker == p1  # named in x-prefill-endpoint: the decode worker prefilled there
     assert headers["x-worker-id"] == str(pick.worker.worker_id)  # Envoy went to the decode worker
     # the decode worker received the prompt's KV: its events show the blocks there too
     decode_router = picker.picker.pools[MODEL].router
@@ -195,7 +195,7 @@ async def test_killing_every_prefill_worker_falls_back_to_aggregated_serving_wit
     assert statuses == [200] * 12, sources
     assert set(sources) <= {"local-fallback", "local"}
     await until(
-        lambda: picker.picker.prefill_health.unhealthy == {w.worker_id for w in prefill}, "probes fail"
+        lambda: picker.picker.local.prefill_health.unhealthy == {w.worker_id for w in prefill}, "probes fail"
     )
     status, headers, _ = await send(url, chat("after the probes noticed " * 20))
     assert status == 200 and headers["x-prefill-source"] == "local"

@@ -169,9 +169,11 @@ async def test_commit_redecides_when_the_probed_worker_left(stack):
         while any(w.endpoint == gone.endpoint for w in (await remote.potential_loads(prompt)).workers):
             assert time.monotonic() < deadline, "the group did not drop the worker"
             await asyncio.sleep(0.05)
-        decision = await remote.commit(prompt, "e2e-redecide", probe)
+        decision = await remote.commit(prompt, "e2e-redecide", probe.choice.worker)
         assert decision.redecided and decision.choice.endpoint != gone.endpoint
-        assert await remote.free(MODEL, decision.request_id)
+        remote.free(MODEL, decision.request_id)
+        await remote.drain()
+        assert remote.live() == 0
         # through Envoy, nobody routes to the worker that left any more
         status, *_ = await send(stack, body(300), {CONFORMANCE_SELECTION_HEADER: gone.endpoint})
         assert status == 503

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extproc.groups import GroupRouters, RouterGroupServicer
+from extproc.groups import RouterGroupServicer
 from extproc.groups._generated import router_group_pb2 as pb
 from extproc.picker.pipeline import EndpointPicker
 from tests.fuzz.gen import chance, floating, pick, text
@@ -179,7 +179,7 @@ def _pickers() -> list[EndpointPicker]:
 def session() -> Iterator[Check]:
     loop = LoopRunner()
     pickers = _pickers()
-    servicers = [RouterGroupServicer(GroupRouters("g", p.pools)) for p in pickers]
+    servicers = [RouterGroupServicer(p.local) for p in pickers]
 
     def check(case: Case) -> Outcome:
         index, calls = case
@@ -187,7 +187,7 @@ def session() -> Iterator[Check]:
             return tally(loop.run(_session(servicers[index], pickers[index], calls)))
         except BaseException:
             pickers[index] = _pickers()[index]  # a fresh picker: what leaked must not fail the next inputs
-            servicers[index] = RouterGroupServicer(GroupRouters("g", pickers[index].pools))
+            servicers[index] = RouterGroupServicer(pickers[index].local)
             raise
 
     try:

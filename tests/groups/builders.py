@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Sequence
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
-from extproc.groups import GroupRequest, GroupRouters
-from extproc.picker.pipeline import EndpointPicker, ModelPool
+from extproc.groups import GroupRequest
+from extproc.picker.local_group import LocalGroup
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
 
 MODEL = "demo-model"
@@ -26,9 +28,14 @@ def group_config(
     return PickerConfig(router=RouterConfig(**router), workers=workers, models=(ModelConfig(MODEL),), seed=7)
 
 
-def group_pools(prefix: str, n_workers: int = 2, **kwargs) -> Mapping[str, ModelPool]:
-    """A real EndpointPicker's pools (the object `--group-api-port` serves)."""
-    return EndpointPicker(group_config(prefix, n_workers, **kwargs)).pools
+def local_group(
+    prefix: str, n_workers: int = 2, *, name: str = "g", cls: type[LocalGroup] = LocalGroup, **kwargs
+) -> LocalGroup:
+    """A local group (what `--group-api-port` serves) named `name`, over a real EndpointPicker's
+    pools of workers `<prefix>0..`; `cls` may be a scripted subclass."""
+    config = group_config(prefix, n_workers, **kwargs)
+    picker = EndpointPicker(config)
+    return cls(name, picker.pools, config=config, clock=time.monotonic, metrics=picker.metrics, listeners=[])
 
 
 def prompt(seed: int, n_tokens: int = 160) -> list[int]:
@@ -40,9 +47,9 @@ def request(tokens: Sequence[int], **kwargs) -> GroupRequest:
     return GroupRequest(MODEL, list(tokens), **kwargs)
 
 
-def loads(routers: GroupRouters, tokens: Sequence[int]) -> list[tuple]:
+def loads(group: LocalGroup, tokens: Sequence[int]) -> list[tuple]:
     """A comparable snapshot of a group's potential loads for `tokens`."""
     return [
         (w.worker, w.prefill_tokens, w.decode_blocks, w.overlap_blocks)
-        for w in routers.potential_loads(request(tokens)).workers
+        for w in group.potential_loads_now(request(tokens)).workers
     ]

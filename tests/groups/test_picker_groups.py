@@ -15,7 +15,7 @@ import pytest_asyncio
 from extproc.config import GroupConfig, GroupsConfig, ModelConfig, PickerConfig
 from extproc.epp import answers as epp
 from extproc.epp.service import ExtProcService
-from extproc.groups import GroupRouters, start_group_api
+from extproc.groups import start_group_api
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
 
@@ -46,7 +46,7 @@ async def fleet() -> AsyncIterator[tuple[EndpointPicker, dict[str, EndpointPicke
         "east": EndpointPicker(group_config("e", 2, subnet=1)),
         "west": EndpointPicker(group_config("w", 2, subnet=2)),
     }
-    apis = [await start_group_api(GroupRouters(n, p.pools), "127.0.0.1", 0) for n, p in groups.items()]
+    apis = [await start_group_api(p.local, "127.0.0.1", 0) for n, p in groups.items()]
     top = EndpointPicker(
         top_config([GroupConfig(n, f"127.0.0.1:{api.port}") for n, api in zip(groups, apis, strict=True)])
     )
@@ -80,7 +80,7 @@ async def test_a_conversation_sticks_to_its_group_and_worker(fleet):
         top.first_token(first)
         top.finish(first, "complete")
         firsts[conv] = first
-    await top.groups.drain()
+    await top.selector.drain()
     assert idle(top, groups)
     for conv, first in firsts.items():
         second = await pick(
@@ -91,9 +91,9 @@ async def test_a_conversation_sticks_to_its_group_and_worker(fleet):
         owner = groups[second.group].pools[MODEL].router
         assert owner.sequences.worker_of(second.request_id) == second.worker
         top.finish(second, "cancelled")
-        await top.groups.drain()  # freed before the next turn: a busy holder may rightly lose a turn
+        await top.selector.drain()  # freed before the next turn: a busy holder may rightly lose a turn
     assert idle(top, groups)
-    assert sum(s.chosen for s in top.groups.metrics.groups.values()) == 12
+    assert sum(s.chosen for s in top.selector.metrics.groups.values()) == 12
 
 
 async def test_subset_hints_and_conformance_selection_reach_the_groups(fleet):
@@ -108,7 +108,7 @@ async def test_subset_hints_and_conformance_selection_reach_the_groups(fleet):
     )
     assert (chosen.group, chosen.endpoint) == ("east", "127.0.1.1:8000")
     top.finish(chosen, "complete")
-    await top.groups.drain()
+    await top.selector.drain()
     assert idle(top, groups)
 
 
@@ -116,7 +116,7 @@ async def test_untracked_requests_are_routed_through_a_group_and_freed(fleet):
     top, groups = fleet
     chosen = await pick(top, None, "models", path="/v1/models")
     assert chosen.group in groups and not chosen.tracked
-    await top.groups.drain()
+    await top.selector.drain()
     assert idle(top, groups)
 
 
@@ -150,9 +150,9 @@ async def test_a_local_fallback_group_takes_over_when_no_remote_answers(refusing
     top = EndpointPicker(config)
     chosen = await pick(top, chat("fall back " * 20), "f1")
     assert chosen.group == "here" and chosen.endpoint.startswith("127.0.7.")
-    assert top.groups.metrics.outcomes["fallback"] == 1
+    assert top.selector.metrics.outcomes["fallback"] == 1
     assert not top.pools[MODEL].router.is_idle()
     top.finish(chosen, "complete")
-    await top.groups.drain()
+    await top.selector.drain()
     assert top.is_idle()
     await top.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -19,18 +20,21 @@ from extproc.groups import (
     GroupRequest,
     GroupSelector,
     GroupUnreachable,
-    LocalGroup,
     NoGroupAvailable,
     RemoteGroup,
     RouterGroup,
 )
 from extproc.groups.errors import TIMEOUT, UNREACHABLE
+from extproc.picker.local_group import LocalGroup
+from extproc.picker.pipeline import EndpointPicker
 
-from .builders import MODEL, group_pools, prompt, request
+from .builders import MODEL, group_config, local_group, prompt, request
 
 
-def local(name: str, subnet: int, n_workers: int = 2, **router) -> LocalGroup:
-    return LocalGroup(name, group_pools(name, n_workers, subnet=subnet, **router))
+def local(
+    name: str, subnet: int, n_workers: int = 2, cls: type[LocalGroup] = LocalGroup, **router
+) -> LocalGroup:
+    return local_group(name, n_workers, name=name, subnet=subnet, cls=cls, **router)
 
 
 class Held(LocalGroup):
@@ -59,7 +63,7 @@ class Down(LocalGroup):
 
 
 class FailingCommit(LocalGroup):
-    async def commit(self, request, request_id, probe):
+    async def commit(self, request, request_id, worker):
         raise GroupUnreachable(self.name, "UNAVAILABLE: reset")
 
 
@@ -69,7 +73,7 @@ def selector(*groups: RouterGroup, **kwargs) -> GroupSelector:
 
 
 def router_of(group: LocalGroup):
-    return group.routers.pools[MODEL].router
+    return group.pools[MODEL].router
 
 
 async def test_each_conversation_sticks_to_the_group_and_worker_holding_its_prefix():
@@ -114,7 +118,7 @@ async def test_min_cost_goes_to_the_idle_group_where_max_overlap_follows_the_cac
 
 
 async def test_a_slow_group_is_skipped_after_the_deadline():
-    fast, slow = local("fast", 1), Held("slow", group_pools("slow", 2, subnet=2))
+    fast, slow = local("fast", 1), local("slow", 2, 2, cls=Held)
     sel = selector(fast, slow, probe_timeout_s=0.05)
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -131,7 +135,7 @@ async def test_a_slow_group_is_skipped_after_the_deadline():
 
 async def test_failed_groups_are_skipped_ejected_and_probed_again_later():
     now = [100.0]
-    up, down = local("up", 1), Down("down", group_pools("down", 2, subnet=2))
+    up, down = local("up", 1), local("down", 2, 2, cls=Down)
     sel = selector(up, down, clock=lambda: now[0], eject_after=3, eject_s=1.0)
     for i in range(3):
         assert (await sel.route(request(prompt(i)), f"r{i}")).group == "up"
@@ -148,8 +152,8 @@ async def test_failed_groups_are_skipped_ejected_and_probed_again_later():
 async def test_groups_skipped_after_failures_are_tried_before_giving_up():
     now = [100.0]
     first, second = (
-        Down("first", group_pools("first", 1, subnet=1)),
-        Down("second", group_pools("second", 1, subnet=2)),
+        local("first", 1, 1, cls=Down),
+        local("second", 2, 1, cls=Down),
     )
     second.down = False
     sel = selector(first, second, clock=lambda: now[0], eject_after=1, eject_s=60.0)
@@ -162,7 +166,7 @@ async def test_groups_skipped_after_failures_are_tried_before_giving_up():
 
 
 async def test_a_failed_commit_falls_to_the_next_group():
-    a = FailingCommit("a", group_pools("a", 1, subnet=1))
+    a = local("a", 1, 1, cls=FailingCommit)
     b = local("b", 2, n_workers=1)
     router_of(a).best_worker(prompt(1), request_id="warm")  # a would win on overlap
     sel = selector(a, b)
@@ -174,13 +178,13 @@ async def test_a_failed_commit_falls_to_the_next_group():
 class LostCommitAnswer(LocalGroup):
     """Commits, but its answer never comes back (the caller gives up first)."""
 
-    async def commit(self, request, request_id, probe):
-        await super().commit(request, request_id, probe)
+    async def commit(self, request, request_id, worker):
+        await super().commit(request, request_id, worker)
         await asyncio.Event().wait()
 
 
 async def test_a_request_cancelled_mid_commit_is_freed_in_the_group():
-    group = LostCommitAnswer("g", group_pools("g", 2, subnet=1))
+    group = local("g", 1, 2, cls=LostCommitAnswer)
     sel = selector(group)
     routing = asyncio.ensure_future(sel.route(request(prompt(1)), "r1"))
     for _ in range(100):  # a few loop turns: probe, then the commit that never answers
@@ -197,7 +201,7 @@ async def test_a_request_cancelled_mid_commit_is_freed_in_the_group():
 
 async def test_no_answer_uses_the_fallback_group():
     reserve = local("reserve", 3)
-    sel = selector(Down("r1", group_pools("r1", 1, subnet=1)), reserve, fallback="reserve")
+    sel = selector(local("r1", 1, 1, cls=Down), reserve, fallback="reserve")
     decision = await sel.route(request(prompt(1)), "x")
     assert decision.group == "reserve" and sel.owner_of("x") == "reserve"
     assert sel.metrics.outcomes["fallback"] == 1
@@ -208,7 +212,7 @@ async def test_no_answer_uses_the_fallback_group():
 
 
 async def test_no_group_at_all_answers_503():
-    sel = selector(Down("a", group_pools("a", 1, subnet=1)), Held("b", group_pools("b", 1, subnet=2)))
+    sel = selector(local("a", 1, 1, cls=Down), local("b", 2, 1, cls=Held))
     with pytest.raises(NoGroupAvailable) as caught:
         await sel.route(request(prompt(1)), "r")
     assert caught.value.failures == {"a": UNREACHABLE, "b": TIMEOUT}
@@ -252,18 +256,20 @@ async def test_lifecycle_goes_to_the_owning_group_once():
 
 async def test_lifecycle_failures_are_counted_not_raised(refusing_port):
     port = refusing_port()
-    sel = selector(RemoteGroup("gone", f"127.0.0.1:{port}"), local("b", 2), probe_timeout_s=0.5)
+    gone = RemoteGroup("gone", f"127.0.0.1:{port}", retries=2, retry_base_s=0.01)
+    sel = selector(gone, local("b", 2), probe_timeout_s=0.5)
+    gone.on_lifecycle_failure = sel.metrics.lifecycle_failed
     decision = await sel.route(request(prompt(1)), "r1")
     assert decision.group == "b"
     sel._owned["r1"].group = sel.groups[0]  # pretend the vanished group owned it
     sel.finish("r1", "complete")
     await sel.drain()
-    assert sel.metrics.groups["gone"].lifecycle_failures == {"free": 1}
+    assert sel.metrics.groups["gone"].lifecycle_failures == {"free": 2}  # each attempt
     await sel.close()
 
 
 async def test_the_collector_exposes_per_group_metrics():
-    sel = selector(local("a", 1), Down("b", group_pools("b", 1, subnet=2)))
+    sel = selector(local("a", 1), local("b", 2, 1, cls=Down))
     await sel.route(request(prompt(1)), "r1")
     registry = CollectorRegistry()
     registry.register(GroupCollector(sel.metrics))
@@ -280,19 +286,20 @@ async def test_the_collector_exposes_per_group_metrics():
 
 
 async def test_groups_from_config(refusing_port):
-    config = GroupsConfig(
+    groups = GroupsConfig(
         groups=(GroupConfig("here", None, 2.0), GroupConfig("there", f"127.0.0.1:{refusing_port()}")),
         probe_timeout_s=0.02,
         policy="weighted",
         fallback="here",
     )
-    sel = GroupSelector.from_config(config, group_pools("h", 1))
-    assert [type(g) for g in sel.groups] == [LocalGroup, RemoteGroup]
+    picker = EndpointPicker(replace(group_config("h", 1), groups=groups))
+    sel = picker.selector
+    assert [type(g) for g in sel.groups] == [LocalGroup, RemoteGroup] and picker.local is sel.groups[0]
     assert (
         sel.policy is GroupPolicy.WEIGHTED and sel.fallback is sel.groups[0] and sel.groups[0].weight == 2.0
     )
     assert (await sel.route(request(prompt(1)), "r")).group == "here"  # "there" is down
-    await sel.close()
+    await picker.close()
 
 
 def test_invalid_selectors_are_refused():

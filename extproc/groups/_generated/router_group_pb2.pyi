@@ -61,7 +61,7 @@ class GroupLoad(_message.Message):
     def __init__(self, workers: _Optional[int] = ..., active_requests: _Optional[int] = ..., active_prefill_tokens: _Optional[int] = ..., active_decode_blocks: _Optional[float] = ...) -> None: ...
 
 class Choice(_message.Message):
-    __slots__ = ("worker", "endpoint", "headers", "overlap_blocks", "request_blocks", "cost", "best_overlap_blocks")
+    __slots__ = ("worker", "endpoint", "headers", "overlap_blocks", "request_blocks", "cost", "best_overlap_blocks", "prefill_worker", "prefill_endpoint")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,8 @@ class Choice(_message.Message):
     REQUEST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     BEST_OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     worker: Worker
     endpoint: str
     headers: _containers.ScalarMap[str, str]
@@ -83,7 +85,9 @@ class Choice(_message.Message):
     request_blocks: int
     cost: float
     best_overlap_blocks: int
-    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., endpoint: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., overlap_blocks: _Optional[int] = ..., request_blocks: _Optional[int] = ..., cost: _Optional[float] = ..., best_overlap_blocks: _Optional[int] = ...) -> None: ...
+    prefill_worker: Worker
+    prefill_endpoint: str
+    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., endpoint: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., overlap_blocks: _Optional[int] = ..., request_blocks: _Optional[int] = ..., cost: _Optional[float] = ..., best_overlap_blocks: _Optional[int] = ..., prefill_worker: _Optional[_Union[Worker, _Mapping]] = ..., prefill_endpoint: _Optional[str] = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("request",)
@@ -92,24 +96,32 @@ class ProbeRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[RoutingRequest, _Mapping]] = ...) -> None: ...
 
 class ProbeResponse(_message.Message):
-    __slots__ = ("choice", "load", "block_size")
+    __slots__ = ("choice", "load", "block_size", "saturated")
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_FIELD_NUMBER: _ClassVar[int]
     choice: Choice
     load: GroupLoad
     block_size: int
-    def __init__(self, choice: _Optional[_Union[Choice, _Mapping]] = ..., load: _Optional[_Union[GroupLoad, _Mapping]] = ..., block_size: _Optional[int] = ...) -> None: ...
+    saturated: bool
+    def __init__(self, choice: _Optional[_Union[Choice, _Mapping]] = ..., load: _Optional[_Union[GroupLoad, _Mapping]] = ..., block_size: _Optional[int] = ..., saturated: _Optional[bool] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("request", "request_id", "probed_worker")
+    __slots__ = ("request", "request_id", "probed_worker", "owner", "owner_seq", "lease_s")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROBED_WORKER_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    OWNER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
     request: RoutingRequest
     request_id: str
     probed_worker: Worker
-    def __init__(self, request: _Optional[_Union[RoutingRequest, _Mapping]] = ..., request_id: _Optional[str] = ..., probed_worker: _Optional[_Union[Worker, _Mapping]] = ...) -> None: ...
+    owner: str
+    owner_seq: int
+    lease_s: float
+    def __init__(self, request: _Optional[_Union[RoutingRequest, _Mapping]] = ..., request_id: _Optional[str] = ..., probed_worker: _Optional[_Union[Worker, _Mapping]] = ..., owner: _Optional[str] = ..., owner_seq: _Optional[int] = ..., lease_s: _Optional[float] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("choice", "request_id", "redecided")
@@ -122,12 +134,14 @@ class CommitResponse(_message.Message):
     def __init__(self, choice: _Optional[_Union[Choice, _Mapping]] = ..., request_id: _Optional[str] = ..., redecided: _Optional[bool] = ...) -> None: ...
 
 class LifecycleRequest(_message.Message):
-    __slots__ = ("model", "request_id")
+    __slots__ = ("model", "request_id", "status")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     model: str
     request_id: str
-    def __init__(self, model: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    status: int
+    def __init__(self, model: _Optional[str] = ..., request_id: _Optional[str] = ..., status: _Optional[int] = ...) -> None: ...
 
 class LifecycleResponse(_message.Message):
     __slots__ = ("known",)
@@ -164,3 +178,21 @@ class PotentialLoadsResponse(_message.Message):
     load: GroupLoad
     block_size: int
     def __init__(self, loads: _Optional[_Iterable[_Union[WorkerLoad, _Mapping]]] = ..., load: _Optional[_Union[GroupLoad, _Mapping]] = ..., block_size: _Optional[int] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("owner", "lease_s", "live", "up_to_seq")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    UP_TO_SEQ_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    lease_s: float
+    live: _containers.RepeatedScalarFieldContainer[str]
+    up_to_seq: int
+    def __init__(self, owner: _Optional[str] = ..., lease_s: _Optional[float] = ..., live: _Optional[_Iterable[str]] = ..., up_to_seq: _Optional[int] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("freed",)
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    freed: int
+    def __init__(self, freed: _Optional[int] = ...) -> None: ...

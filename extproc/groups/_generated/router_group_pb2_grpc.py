@@ -59,6 +59,11 @@ class RouterGroupStub:
                 request_serializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.PotentialLoadsRequest.SerializeToString,
                 response_deserializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.PotentialLoadsResponse.FromString,
                 _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/extproc.groups.v1.RouterGroup/Renew',
+                request_serializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewRequest.SerializeToString,
+                response_deserializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewResponse.FromString,
+                _registered_method=True)
 
 
 class RouterGroupServicer:
@@ -99,6 +104,13 @@ class RouterGroupServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Renew(self, request, context):
+        """Keep the owner's requests alive for another lease; free those it no longer lists.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterGroupServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +138,11 @@ def add_RouterGroupServicer_to_server(servicer, server):
                     servicer.PotentialLoads,
                     request_deserializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.PotentialLoadsRequest.FromString,
                     response_serializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.PotentialLoadsResponse.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewRequest.FromString,
+                    response_serializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +280,33 @@ class RouterGroup:
             '/extproc.groups.v1.RouterGroup/PotentialLoads',
             extproc_dot_groups_dot___generated_dot_router__group__pb2.PotentialLoadsRequest.SerializeToString,
             extproc_dot_groups_dot___generated_dot_router__group__pb2.PotentialLoadsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/extproc.groups.v1.RouterGroup/Renew',
+            extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewRequest.SerializeToString,
+            extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewResponse.FromString,
             options,
             channel_credentials,
             insecure,

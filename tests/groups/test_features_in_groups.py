@@ -1,0 +1,253 @@
+"""Every feature works with router groups on, through a local group and through a remote one.
+
+One decision pipeline: a top-level picker decides through its groups; a group (a picker serving its
+local group over `--group-api-port`, here in this event loop) makes the same decision for a remote
+owner as for its own traffic. Each test runs twice: the group is this picker's local group
+(`groups:` naming it), or another picker's group reached over gRPC.
+- sticky sessions pin a group and a worker, and move when the worker leaves;
+- the admission queue holds a request while every group is saturated, releases it when capacity
+  frees, and answers 503 (or 429 for sheddable requests) after its bound;
+- disaggregated prefill/decode: the prefill worker is named, and first token and end reach the
+  group's prefill and decode routers;
+- outlier ejection: the worker's failed answers travel to its group, which ejects it;
+- replica sync: the group's listeners hear of every request it tracks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+
+import pytest
+import pytest_asyncio
+
+from extproc.config import DisaggConfig, GroupConfig, GroupsConfig, PickerConfig, WorkerConfig
+from extproc.errors import PickerError
+from extproc.groups import GroupApiServer, start_group_api
+from extproc.picker.local_group import Routed
+from extproc.picker.pipeline import EndpointPicker, Pick
+from extproc.router import QueueTimeout, RouterConfig
+
+from .builders import BLOCK, MODEL, group_config
+
+LONG = "the quick brown fox jumps over the lazy dog " * 40  # ~1,800 byte-level tokens
+
+
+def chat(text: str, **extra) -> bytes:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}], **extra}).encode()
+
+
+class Recorder:
+    """A route listener, as replica sync attaches one."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def on_routed(self, routed: Routed, local_hashes: Sequence[int], isl: int, expected: int | None) -> None:
+        self.events.append(("routed", routed.request_id))
+
+    def on_prefill_complete(self, routed: Routed) -> None:
+        self.events.append(("prefill_complete", routed.request_id))
+
+    def on_freed(self, routed: Routed) -> None:
+        self.events.append(("freed", routed.request_id))
+
+
+@dataclass
+class Setup:
+    top: EndpointPicker  # the picker requests come to
+    group: EndpointPicker  # the picker whose local group decides
+    api: GroupApiServer | None  # its group API, when it is remote
+
+    async def settle(self) -> None:
+        """Until every lifecycle call the top-level picker sent has been answered."""
+        await self.top.selector.drain()
+
+    async def close(self) -> None:
+        await self.top.close()
+        if self.api is not None:
+            await self.api.stop(0)
+            await self.group.close()
+
+
+async def build(mode: str, group_cfg: PickerConfig, **top_router) -> Setup:
+    """`local`: the top-level picker's own workers form its group `here`; `remote`: another picker
+    serves them and the top-level picker reaches it over gRPC."""
+    groups_kw = {"probe_timeout_s": 1.0}
+    if mode == "local":
+        config = replace(
+            group_cfg,
+            router=replace(group_cfg.router, **top_router),
+            groups=GroupsConfig(groups=(GroupConfig("here", None),), **groups_kw),
+        )
+        top = EndpointPicker(config)
+        return Setup(top, top, None)
+    group = EndpointPicker(group_cfg)
+    api = await start_group_api(group.local, "127.0.0.1", 0)
+    top = EndpointPicker(
+        PickerConfig(
+            router=RouterConfig(block_size=BLOCK, use_kv_events=False, **top_router),
+            workers=(),
+            models=group_cfg.models,
+            seed=3,
+            session_ttl_s=group_cfg.session_ttl_s,
+            queue_max_wait_s=group_cfg.queue_max_wait_s,
+            groups=GroupsConfig(groups=(GroupConfig("there", f"127.0.0.1:{api.port}"),), **groups_kw),
+        )
+    )
+    return Setup(top, group, api)
+
+
+@pytest.fixture(params=["local", "remote"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+async def pick(picker: EndpointPicker, body: bytes, request_id: str, **kwargs) -> Pick:
+    return await picker.pick(
+        body=body,
+        path="/v1/chat/completions",
+        headers={},
+        subset=None,
+        client_request_id=request_id,
+        **kwargs,
+    )
+
+
+async def end(setup: Setup, chosen: Pick, status: int = 200) -> None:
+    setup.top.answered(chosen, status)
+    setup.top.first_token(chosen)
+    setup.top.finish(chosen, "complete" if status < 400 else f"upstream_status_{status}")
+    await setup.settle()
+
+
+def group_idle(setup: Setup) -> bool:
+    return setup.group.local.in_flight() == 0 and all(p.disagg.is_idle() for p in setup.group.pools.values())
+
+
+@pytest_asyncio.fixture
+async def closing() -> AsyncIterator[list[Setup]]:
+    setups: list[Setup] = []
+    yield setups
+    for setup in setups:
+        await setup.close()
+
+
+async def test_sticky_sessions_pin_a_group_and_worker_and_move_when_it_leaves(mode, closing):
+    setup = await build(mode, group_config("w", 3))
+    closing.append(setup)
+    session = {"nvext": {"session_control": {"session_id": "chat-1"}}}
+    first = await pick(setup.top, chat("turn one " * 30, **session), "t1")
+    await end(setup, first)
+    for turn in range(2, 5):  # unrelated prompts: only the session keeps them on one worker
+        chosen = await pick(setup.top, chat(f"turn {turn} about something else " * 20, **session), f"t{turn}")
+        assert (chosen.group, chosen.worker) == (first.group, first.worker)
+        await end(setup, chosen)
+    gone = str(first.worker.worker_id)
+    setup.group.set_workers(MODEL, [w for w in setup.group.config.workers if w.id != gone])
+    moved = await pick(setup.top, chat("after the worker left " * 20, **session), "t5")
+    assert moved.group == first.group and moved.worker != first.worker
+    await end(setup, moved)
+    sessions = setup.top.metrics.sessions
+    # a local group's picker drops the pin when its worker leaves; a remote group's owner finds out
+    moves = sessions.labels(MODEL, "moved")._value.get() + sessions.labels(MODEL, "pinned")._value.get()
+    assert moves == 2
+    again = await pick(setup.top, chat("and the next turn " * 20, **session), "t6")
+    assert again.worker == moved.worker
+    await end(setup, again)
+    assert group_idle(setup) and setup.top.is_idle()
+
+
+async def test_the_queue_holds_requests_while_every_group_is_saturated(mode, closing):
+    threshold = {"router_queue_threshold": 0.01}  # one prompt in prefill saturates a worker
+    cfg = replace(group_config("w", 2, **threshold), queue_max_wait_s=0.3)
+    setup = await build(mode, cfg, **threshold)
+    closing.append(setup)
+    busy = [await pick(setup.top, chat(f"background {i} " * 30), f"bg{i}") for i in range(2)]
+    queued: list[float] = []
+    waiting = asyncio.ensure_future(pick(setup.top, chat("waits " * 30), "w1", on_queued=queued.append))
+    for _ in range(200):  # until it is held (a poll with a bound)
+        if queued:
+            break
+        await asyncio.sleep(0.005)
+    assert queued == [0.3] and not waiting.done()
+    setup.top.first_token(busy[0])  # its worker has room again
+    chosen = await asyncio.wait_for(waiting, 5)
+    assert chosen.worker == busy[0].worker and chosen.queued_s > 0
+    # still saturated: the bounded wait ends in 503, or 429 for a sheddable request
+    with pytest.raises(QueueTimeout) as normal:
+        await pick(setup.top, chat("too late " * 30), "late")
+    sheddable = {"nvext": {"agent_hints": {"priority": -1}}}
+    with pytest.raises(QueueTimeout) as shed:
+        await pick(setup.top, chat("too late, sheddable " * 30, **sheddable), "late-shed")
+    assert not normal.value.sheddable and shed.value.sheddable
+    for p in (*busy, chosen):
+        await end(setup, p)
+    assert group_idle(setup) and setup.top.is_idle()
+
+
+async def test_disaggregation_names_the_prefill_worker_and_the_lifecycle_reaches_both_routers(mode, closing):
+    base = group_config("d", 2)
+    prefill = WorkerConfig("p0", "127.0.9.9:8009", MODEL, role="prefill")
+    decode = tuple(replace(w, role="decode") for w in base.workers)
+    cfg = replace(base, workers=(*decode, prefill), disagg=DisaggConfig(prefill_health_interval_s=0.0))
+    setup = await build(mode, cfg)
+    closing.append(setup)
+    chosen = await pick(setup.top, chat(LONG), "r1")
+    assert chosen.headers["x-prefill-endpoint"] == "127.0.9.9:8009" == chosen.prefill_endpoint
+    assert str(chosen.prefill_worker.worker_id) == "p0"
+    pool = setup.group.pools[MODEL]
+    assert pool.prefill.sequences.prefill_tokens(chosen.prefill_worker) > 1000
+    setup.top.first_token(chosen)
+    await setup.settle()
+    assert pool.prefill.is_idle() and not pool.router.is_idle()
+    setup.top.finish(chosen, "complete")
+    await setup.settle()
+    assert group_idle(setup) and setup.top.is_idle()
+
+
+async def test_a_workers_failed_answers_eject_it_in_its_group(mode, closing):
+    setup = await build(mode, replace(group_config("w", 3), outlier_consecutive_5xx=3))
+    closing.append(setup)
+    victim = None
+    for i in range(40):  # Envoy's 503s for a dead worker, as each request to it ends
+        chosen = await pick(setup.top, chat(f"request {i} " * 20), f"r{i}")
+        victim = victim or chosen.worker
+        await end(setup, chosen, 503 if chosen.worker == victim else 200)
+        if str(victim.worker_id) in setup.group.local.outliers.ejected(
+            setup.group._clock(), setup.group.pools[MODEL].workers
+        ):
+            break
+    else:
+        pytest.fail("the failing worker was never ejected")
+    for i in range(6):
+        chosen = await pick(setup.top, chat(f"after the ejection {i} " * 20), f"after{i}")
+        assert chosen.worker != victim
+        await end(setup, chosen)
+    assert setup.group.metrics.ejections.labels(MODEL, str(victim.worker_id))._value.get() == 1
+
+
+async def test_replica_sync_listeners_hear_every_request_the_group_tracks(mode, closing):
+    setup = await build(mode, group_config("w", 2))
+    closing.append(setup)
+    recorder = Recorder()
+    setup.group.listeners.append(recorder)
+    chosen = await pick(setup.top, chat("heard by the other replicas " * 20), "r1")
+    await end(setup, chosen)
+    tracked = [rid for event, rid in recorder.events if event == "routed"]
+    assert len(tracked) == 1
+    assert recorder.events == [
+        ("routed", tracked[0]),
+        ("prefill_complete", tracked[0]),
+        ("freed", tracked[0]),
+    ]
+
+
+async def test_an_invalid_request_is_refused_before_any_group_is_asked(mode, closing):
+    setup = await build(mode, group_config("w", 2))
+    closing.append(setup)
+    with pytest.raises(PickerError):
+        await pick(setup.top, b"{not json", "bad")
+    assert setup.top.selector.metrics.outcomes["routed"] == 0
