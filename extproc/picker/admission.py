@@ -38,7 +38,7 @@ class _Waiter(Generic[T]):
     decide: Callable[[], Awaitable[T]]
     has_capacity: Callable[[], Awaitable[bool]]
     key: Hashable
-    undo: Callable[[T], None] | None
+    undo: Callable[[T], object] | None  # its result is ignored
     gone: bool = False  # its client left (or it timed out) while it waited or was being decided
 
 
@@ -86,7 +86,7 @@ class AdmissionGate:
         key: Hashable = None,
         on_queued: Callable[[float], None] | None = None,
         new_tokens: Callable[[], int] | None = None,
-        undo: Callable[[T], None] | None = None,
+        undo: Callable[[T], object] | None = None,
     ) -> tuple[T, float]:
         """Run `decide` now if a worker has room (and nobody waits), else when one frees.
 
