@@ -103,6 +103,12 @@ class _Stream:
     notices: list[pb.ProcessingResponse] = field(default_factory=list)  # sent while a message waits
     notice: asyncio.Event | None = None
 
+    @property
+    def done(self) -> bool:
+        """Whether the stream is over. For a check after an await that may end it: mypy keeps the
+        narrowing of `phase` from before the await, this reads it afresh."""
+        return self.phase is Phase.DONE
+
 
 def _may_route(stream: _Stream, message: pb.ProcessingRequest) -> bool:
     """Whether handling `message` can route the request (and so wait in the admission queue):
@@ -249,7 +255,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     async def _on_request_trailers(self, stream: _Stream) -> list[pb.ProcessingResponse]:
         if stream.phase is Phase.REQUEST_BODY:  # trailers end a duplex body that had no end_of_stream
             answers = await self._body_complete(stream, end_of_stream=False)
-            return [*answers, epp.CONTINUE_REQUEST_TRAILERS] if stream.phase is not Phase.DONE else answers
+            return [*answers, epp.CONTINUE_REQUEST_TRAILERS] if not stream.done else answers
         return [epp.CONTINUE_REQUEST_TRAILERS]
 
     async def _body_complete(self, stream: _Stream, *, end_of_stream: bool) -> list[pb.ProcessingResponse]:

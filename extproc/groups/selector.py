@@ -147,13 +147,13 @@ class GroupSelector:
         single = self.single
         if single is not None:
             try:
-                decision = await single.commit(request, request_id, pinned[1] if pinned else None)
+                committed = await single.commit(request, request_id, pinned[1] if pinned else None)
             except asyncio.CancelledError:  # the stream went away mid-commit; the group may track it
                 single.free(request.model, request_id)
                 raise
-            self._owned_by(request_id, single, request.model, decision, won_on_overlap=False)
+            self._owned_by(request_id, single, request.model, committed, won_on_overlap=False)
             self.metrics.outcome("routed")
-            return decision
+            return committed
         failures: dict[str, str] = {}
         if pinned is not None:
             decision = await self._commit_pinned(request, request_id, pinned, failures)

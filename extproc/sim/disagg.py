@@ -284,8 +284,9 @@ class Disaggregation:
         block_size = params.get("remote_block_size", self.block_size)
         if num_blocks is None and isinstance(params.get("remote_block_ids"), list):
             num_blocks = len(params["remote_block_ids"])
-        usable = isinstance(num_blocks, int) and isinstance(block_size, int) and block_size > 0
-        if not usable or num_blocks < 0:
+        if not (
+            isinstance(num_blocks, int) and num_blocks >= 0 and isinstance(block_size, int) and block_size > 0
+        ):
             raise PrefillFailed(f"unusable kv_transfer_params: {params!r:.200}")
         return num_blocks * block_size
 
