@@ -380,9 +380,6 @@ class _EngineCollector:
             yield counter
 
 
-WORKER = web.AppKey("mock_worker", "MockWorker")
-
-
 class MockWorker:
     """HTTP handlers of one worker; state lives in its `EngineDriver`."""
 
@@ -568,6 +565,9 @@ class MockWorker:
         if head:
             await response.write(head)
         return response
+
+
+WORKER = web.AppKey("mock_worker", MockWorker)
 
 
 @dataclass(slots=True)

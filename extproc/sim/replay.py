@@ -249,7 +249,8 @@ class Replayer:
                     done += self._finish_pass(payload)
                     touched.add(payload)
                 elif kind == _KV_EVENT:
-                    self.router.on_kv_event(payload)  # type: ignore[arg-type]
+                    assert isinstance(payload, KvEvent)  # only _emit pushes a _KV_EVENT
+                    self.router.on_kv_event(payload)
                 elif kind == _POLL:
                     self._poll_at = None
                 else:
