@@ -12,7 +12,7 @@ range checks and names the field in its messages. The file section is `router:`.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from extproc.config.options import ConfigError, Option, Reader, _float_or_none, _int_or_none
 from extproc.router import PrefillLoadModel, QueuePolicy, RouterConfig, RouterMode
@@ -210,11 +210,12 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
     prefill_load_model = read(ROUTER_PREFILL_LOAD_MODEL)
     prefill_timing = read(ROUTER_PREFILL_TIMING)
     log_formula = read(ROUTER_LOG_FORMULA)
-    # RouterConfig turns the words into its enums and parses the timing text, naming the field when it cannot
+    # the words are among the options' choices (argparse and `convert` check them), which are the enums'
+    # values; RouterConfig parses the timing text and checks the rest, naming the field it refuses
     timing: dict[str, Any] = {} if prefill_timing is None else {"prefill_timing": prefill_timing}
     try:
         return RouterConfig(
-            mode=cast(RouterMode, mode),
+            mode=RouterMode(mode),
             cuda_to_cpu_ratio=cuda_to_cpu_ratio,
             overlap_score_weight=overlap_score_weight,
             temperature=temperature,
@@ -231,8 +232,8 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
             active_prefill_tokens_threshold=prefill_tokens_threshold,
             active_prefill_tokens_threshold_frac=prefill_tokens_threshold_frac,
             router_queue_threshold=queue_threshold,
-            router_queue_policy=cast(QueuePolicy, queue_policy),
-            prefill_load_model=cast(PrefillLoadModel, prefill_load_model),
+            router_queue_policy=QueuePolicy(queue_policy),
+            prefill_load_model=PrefillLoadModel(prefill_load_model),
             log_formula=log_formula,
             **timing,
         )
