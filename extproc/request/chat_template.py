@@ -1,7 +1,7 @@
 """Chat templates: turn OpenAI messages into the prompt text a vLLM engine renders for them.
 
 Mirrors two upstream steps as vLLM 0.33 runs them (with transformers 5.20), because the router's tokens must
-equal the engine's; `tests/test_tokenizer_conformance.py` checks the result on real tokenizers:
+equal the engine's; `tests/request/test_tokenizer_conformance.py` checks the result on real tokenizers:
 - vLLM's message preparation (`vllm/renderers/chat_utils/chat_message.py`, `vllm/renderers/hf.py`): content
   parts become one "\\n"-joined string, or a list of `{"type": "text"|"image"|...}` items when the template
   loops over `message['content']` (the "openai" content format, detected from the template AST as vLLM does);

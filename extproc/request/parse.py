@@ -3,7 +3,7 @@
 Accepts `/v1/chat/completions` and `/v1/completions` bodies (the `:path` may carry a query string) and
 validates only what routing, tokenization and the scheduling hints need; every other field is ignored and
 reaches the engine untouched. Raises `BodyTooLarge` or `RequestInvalid` (with a message naming the field)
-and nothing else, whatever the bytes: `tests/test_request.py` fuzzes that promise.
+and nothing else, whatever the bytes: `tests/request/test_parse.py` fuzzes that promise.
 
 Decisions:
 - A completion `prompt` batch (several strings or token lists) is rejected: one HTTP request goes to one

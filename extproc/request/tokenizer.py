@@ -110,8 +110,8 @@ class HfTokenizer:
     of {name, template}), which wins over `chat_template.json`; "tool_use" is chosen when the request has
     tools, else "default". Not reproduced: transformers 5's model-specific classes (`tokenizer_class`) that
     rebuild the normalizer and pre-tokenizer from the vocabulary instead of reading them from tokenizer.json;
-    Qwen2Tokenizer's rebuild encodes as tokenizer.json does (tests/test_tokenizer_conformance.py), other
-    families may not. Beside a tokenizer.json, transformers 5 ignores the config's `add_bos_token` and
+    Qwen2Tokenizer's rebuild encodes as tokenizer.json does (tests/request/test_tokenizer_conformance.py),
+    other families may not. Beside a tokenizer.json, transformers 5 ignores the config's `add_bos_token` and
     `add_eos_token`, as this does.
     """
 

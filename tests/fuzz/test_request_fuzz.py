@@ -2,7 +2,7 @@
 
 Promise (extproc/request.py): it returns a `ParsedRequest` or raises `BodyTooLarge` / `RequestInvalid`,
 whatever the bytes; what it returns is routable (a model, messages or one prompt, u32 token ids) and
-the default tokenizer encodes it. `tests/test_request.py` fuzzes every field of two fixed bodies with
+the default tokenizer encodes it. `tests/request/test_parse.py` fuzzes every field of two fixed bodies with
 arbitrary JSON; this target generates the bodies themselves, biased to the schema and nvext hints.
 """
 

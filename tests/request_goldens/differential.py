@@ -8,7 +8,7 @@ class the goldens guard against, printed), and those only one side refuses: vLLM
 picker routes (harmless), or the picker refuses what vLLM serves. With seeds 1-6 x 3000 bodies per tokenizer
 no ids differed; the picker alone refused ~9% of these bodies: text parts whose text is null or missing, which
 vLLM skips, and non-string message names, which vLLM ignores; `extproc/request.py` rejects both by design
-(tests/test_request.py).
+(tests/request/test_parse.py).
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ Regenerate (from the repository root, in a venv of its own; no torch needed):
 
 It writes `tests/request_goldens/<tokenizer>.json.gz` for each tokenizer in `../shared/tokenizers` (qwen3,
 llama3_1): a seeded corpus of request bodies, each with the ids vLLM would prefill, the prompt text and the
-library versions; the output is byte-for-byte reproducible. `tests/test_tokenizer_conformance.py` feeds every
-body through the picker and compares ids. transformers 5.20.2 is the newest release vLLM 0.33.0 installs
-(`transformers>=5.16.1,<5.21`); `--expect-same` re-runs the corpus under whatever transformers the venv has
-and lists the cases whose ids differ from the committed ones (5.24.0: none), writing nothing.
+library versions; the output is byte-for-byte reproducible. `tests/request/test_tokenizer_conformance.py`
+feeds every body through the picker and compares ids. transformers 5.20.2 is the newest release vLLM 0.33.0
+installs (`transformers>=5.16.1,<5.21`); `--expect-same` re-runs the corpus under whatever transformers the
+venv has and lists the cases whose ids differ from the committed ones (5.24.0: none), writing nothing.
 
 `--check-vllm` also runs every body through vLLM's own request handling (pydantic request models, message
 parsing, template kwargs, `safe_apply_chat_template`, tokenize parameters) and fails on any difference from

@@ -32,9 +32,9 @@ from extproc.router import RouterConfig
 from extproc.runtime.server import RunningPicker, start_picker
 from extproc.runtime.tls import TlsError, load_pair, self_signed_pair
 
-from .certs import Issued, TestCa
-from .groups.builders import MODEL, request
-from .picker_fixtures import request_headers
+from ..certs import Issued, TestCa
+from ..groups.builders import MODEL, request
+from ..picker_fixtures import request_headers
 
 WORKERS = [{"id": f"w{i}", "endpoint": f"127.0.0.{i + 1}:8000", "model": MODEL} for i in range(2)]
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from extproc.picker.pipeline import EndpointPicker
 
-from .picker_fixtures import MODEL, chat_body, picker_config
-from .router.clock import FakeClock
+from ..picker_fixtures import MODEL, chat_body, picker_config
+from ..router.clock import FakeClock
 
 
 async def pick(picker, body, *, headers=None, request_id="r"):

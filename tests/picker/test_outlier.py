@@ -7,7 +7,7 @@ from dataclasses import replace
 from extproc.picker.outlier import OutlierEjection
 from extproc.picker.pipeline import EndpointPicker
 
-from .picker_fixtures import chat_body, picker_config
+from ..picker_fixtures import chat_body, picker_config
 
 POOL = ("w0", "w1", "w2", "w3")
 

@@ -29,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from extproc.devstack.procs import ManagedProcess, port_is_open, reserve_port
 from extproc.devstack.stack import MODEL
 
-from .e2e.harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
+from ..e2e.harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

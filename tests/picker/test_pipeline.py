@@ -15,8 +15,8 @@ from extproc.request.tokenizer import HfTokenizer
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import BlocksStored, StoredBlock, Worker
 
-from .picker_fixtures import MODEL, chat_body, picker_config
-from .tokenizer_files import write_tokenizer_dir
+from ..picker_fixtures import MODEL, chat_body, picker_config
+from ..tokenizer_files import write_tokenizer_dir
 
 
 async def pick(picker, body, request_id="r"):

@@ -10,7 +10,7 @@ import pytest
 from extproc.router import AllWorkersBusy
 from extproc.runtime.server import start_picker
 
-from .picker_fixtures import MODEL, chat_body, picker_config
+from ..picker_fixtures import MODEL, chat_body, picker_config
 
 TOKEN = "s3cret"
 

@@ -10,7 +10,7 @@ from extproc.epp import answers as epp
 from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
 
-from .picker_fixtures import (
+from ..picker_fixtures import (
     DUPLEX,
     chat_body,
     mutation_headers,

@@ -14,7 +14,7 @@ import pytest
 from extproc.picker.admission import AdmissionGate
 from extproc.router import KvRouter, QueuedRequest, QueueTimeout, RouterConfig, Worker, WorkerSpec
 
-from .router.clock import FakeClock
+from ..router.clock import FakeClock
 
 
 def prompt(request_id: str) -> list[int]:

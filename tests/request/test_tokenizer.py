@@ -344,7 +344,7 @@ def test_load_tokenizer_and_protocol_conformance(tok_dir: Path):
     assert isinstance(load_tokenizer(""), ByteTokenizer)
 
 
-# --- what the request goldens found (tests/test_tokenizer_conformance.py): vLLM 0.33's own behaviour --------
+# --- what the request goldens found (tests/request/test_tokenizer_conformance.py): vLLM 0.33's own behaviour
 
 TAGGED = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
 

@@ -10,7 +10,7 @@ from aiohttp import web
 from extproc.config import DisaggConfig, WorkerConfig
 from extproc.picker.pipeline import EndpointPicker
 
-from .picker_fixtures import MODEL, chat_body, picker_config
+from ..picker_fixtures import MODEL, chat_body, picker_config
 
 LONG = "the quick brown fox jumps over the lazy dog " * 40  # ~1,800 byte-level tokens
 HEADER = "x-prefill-endpoint"

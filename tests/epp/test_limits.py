@@ -27,7 +27,7 @@ from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.server import start_picker
 
-from .picker_fixtures import chat_body, mutation_headers, picker_config, request_body, request_headers
+from ..picker_fixtures import chat_body, mutation_headers, picker_config, request_body, request_headers
 
 BOUND_SLACK_S = 1.0  # scheduling slack on a shared 2-core machine; the deadlines tested are 0.2-0.3 s
 

@@ -9,8 +9,8 @@ from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
 from extproc.runtime.readiness import Readiness
 
-from .picker_fixtures import MODEL, picker_config
-from .router.clock import FakeClock
+from ..picker_fixtures import MODEL, picker_config
+from ..router.clock import FakeClock
 
 
 def make(**router) -> tuple[EndpointPicker, RouterFeed, Readiness, FakeClock]:

@@ -26,7 +26,7 @@ from extproc.picker.pipeline import EndpointPicker, ModelPool
 from extproc.request.parse import parse_openai_body
 from extproc.request.tokenizer import HfTokenizer, template_kwargs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GOLDENS = REPO / "tests" / "request_goldens"
 TOKENIZERS = REPO.parent / "shared" / "tokenizers"
 FAMILIES = ("qwen3", "llama3_1")
