@@ -1,6 +1,10 @@
 """RouterFeed: the EventSink that applies every transport's events to the picker's routers.
 
-The picker has one router per model; each worker's events go to its model's router.
+The picker has one router per model; each worker's events go to its model's router. Only a
+configured (worker, dp rank) is fed: an event of a worker id not in the worker list, or of a dp rank
+its worker does not have, is counted (`feed.unknown_worker`; `feed.unknown_dp_rank` and
+`drops[("feed", worker, "unknown-dp-rank")]`) and ignored, and so are resets and stream states
+naming them, so nothing is indexed that no reset of a configured worker would clear.
 
 It also keeps, per worker, where its cache state comes from, for logs, metrics and /debug/workers:
 
@@ -81,17 +85,12 @@ class RouterFeed:
     # --- EventSink -----------------------------------------------------------------------------
 
     def apply_events(self, events: Iterable[KvEvent]) -> None:
-        routers = self.routers
         applied = 0
         for event in events:
             worker = event.worker
-            router = routers.get(worker.worker_id)
+            router = self._router(worker)
             if router is None:
-                self.counters.loud(
-                    "feed.unknown_worker",
-                    "KV event for worker %s, which is not in the worker list: ignored",
-                    worker,
-                )
+                self._unknown(worker)
                 continue
             whole = worker in self._up and worker not in self._lost
             first = worker not in self._heard
@@ -113,7 +112,7 @@ class RouterFeed:
 
     def reset_worker(self, worker: Worker, reason: str) -> None:
         self.counters.add("feed.reset")
-        router = self.routers.get(worker.worker_id)
+        router = self._router(worker)
         if router is None:
             return
         log.info("worker %s: forgetting its cached blocks (%s)", worker, reason)
@@ -122,13 +121,38 @@ class RouterFeed:
         self._found(worker, f"reset ({reason})", promote=False)  # nothing left that could be wrong
 
     def stream_state(self, worker: Worker, up: bool, reason: str) -> None:
-        if worker.worker_id not in self.routers:
+        if self._router(worker) is None:
             return
         if up:
             self._up.add(worker)
         else:
             self._up.discard(worker)
         self._refresh(worker, reason)
+
+    def _router(self, worker: Worker) -> KvRouter | None:
+        """The router of `worker` when its worker id and dp rank are configured, else None."""
+        router = self.routers.get(worker.worker_id)
+        if router is None:
+            return None
+        spec = router.spec(worker.worker_id)
+        return router if spec is not None and worker.dp_rank in spec.dp_ranks else None
+
+    def _unknown(self, worker: Worker) -> None:
+        if worker.worker_id not in self.routers:
+            self.counters.loud(
+                "feed.unknown_worker",
+                "KV event for worker %s, which is not in the worker list: ignored",
+                worker,
+            )
+            return
+        self.counters.dropped("feed", str(worker), "unknown-dp-rank")
+        self.counters.loud(
+            "feed.unknown_dp_rank",
+            "KV event for %s: worker %s has no dp rank %d: ignored",
+            worker,
+            worker.worker_id,
+            worker.dp_rank,
+        )
 
     # --- recovery ------------------------------------------------------------------------------
 
@@ -177,7 +201,7 @@ class RouterFeed:
     # --- cache source --------------------------------------------------------------------------
 
     def _refresh(self, worker: Worker, reason: str) -> None:
-        router = self.routers.get(worker.worker_id)
+        router = self._router(worker)
         if router is None:
             return
         whole = worker in self._up and worker not in self._lost

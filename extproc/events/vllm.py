@@ -156,7 +156,11 @@ def parse_frames(frames: Sequence[bytes], counters: EventCounters) -> Frame | No
         )
         return None
     topic, seq, payload = frames
-    return Frame(bytes(topic), int.from_bytes(seq, "big"), bytes(payload))
+    value = int.from_bytes(seq, "big")
+    if value == MASK64:  # END_SEQ's bytes: the replay's end marker, never a batch's seq
+        counters.loud("vllm.malformed_frames", "KV event message with the end-of-replay marker as its seq")
+        return None
+    return Frame(bytes(topic), value, bytes(payload))
 
 
 def parse_replay_reply(frames: Sequence[bytes]) -> Frame | None:
@@ -258,8 +262,11 @@ class VllmEventDecoder:
 
     `block_size` is the router's: stores of a larger block size, or of a smaller one that is not a
     single partial block, are dropped loudly, since their tokens would hash into blocks the router
-    never looks up. `default_dp_rank` names the rank when a batch carries none. The decoder keeps,
-    per engine, the salts of salted blocks and the ids it did not index (module docstring), at most
+    never looks up. `default_dp_rank` names the rank when a batch carries none. With
+    `strict_dp_rank`, a batch naming another rank decodes to no events and changes nothing
+    (counted `vllm.other_dp_rank`): the decoder of one endpoint (one rank's socket) then only ever
+    produces that rank's events, which its owner's reset clears. The decoder keeps, per engine, the
+    salts of salted blocks and the ids it did not index (module docstring), at most
     `max_tracked_blocks` of each; `reset()` forgets them (a worker reset).
     """
 
@@ -270,6 +277,7 @@ class VllmEventDecoder:
         *,
         counters: EventCounters,
         default_dp_rank: int = 0,
+        strict_dp_rank: bool = False,
         max_tracked_blocks: int = DEFAULT_MAX_TRACKED_BLOCKS,
     ) -> None:
         if block_size <= 0:
@@ -280,6 +288,7 @@ class VllmEventDecoder:
         self.block_size = block_size
         self.counters = counters
         self.default_dp_rank = default_dp_rank
+        self.strict_dp_rank = strict_dp_rank
         self._salts = _Tracked(max_tracked_blocks, counters, "vllm.salt_map_full", "salted blocks")
         self._unindexed = _Tracked(
             max_tracked_blocks, counters, "vllm.unindexed_map_full", "unindexed blocks"
@@ -307,6 +316,9 @@ class VllmEventDecoder:
         if parts is None:
             return empty
         ts, raw_events, dp_rank = parts
+        if self.strict_dp_rank and dp_rank != self.default_dp_rank:
+            self.counters.add("vllm.other_dp_rank")
+            return DecodedBatch(ts, dp_rank, [])
         worker = Worker(self.worker_id, dp_rank)
         self.counters.add("vllm.batch")
         events: list[KvEvent] = []

@@ -44,7 +44,14 @@ batches (ZMQ_RCVHWM) while the picker is busy; beyond it ZMQ stops reading, TCP 
 publisher drops at its own high-water mark, as vLLM's does. A dropped batch is a seq gap: counted
 as dropped (`drops[("zmq", worker, "seq-gap")]`) and filled from the replay socket (the
 resynchronisation), or the worker is reset when the replay cannot fill it. A replay is read in
-parts of at most `queue_size` batches, each applied before the next is asked for.
+parts of at most `queue_size` batches, each applied before the next is asked for. A gap is counted
+as at most `MAX_DROPPED_AT_ONCE` batches (extproc/events/counters.py): seqs come from the wire.
+
+One socket, one dp rank: the engine binds rank r's at the event port + r and stamps r on its
+batches. A batch naming another rank is dropped before it is decoded (`drops[("zmq", worker,
+"other-dp-rank")]`, `zmq.dp_rank_mismatch`, logged): everything a subscriber applies belongs to its
+own (worker, rank), so that rank's reset takes all of it; such a batch means the config's ports or
+dp ranks do not match the engine's.
 
 Counters (`EventCounters`): zmq.batch, zmq.undecodable, zmq.event, zmq.gap, zmq.dropped, zmq.replay,
 zmq.replay_failed, zmq.replay_malformed, zmq.replay_truncated, zmq.reset, zmq.restart,
@@ -193,7 +200,11 @@ class ZmqEventSubscriber:
         self.counters = counters
         self.timings = timings or SubscriberTimings()
         self.decoder = VllmEventDecoder(
-            endpoint.worker.worker_id, block_size, counters=counters, default_dp_rank=endpoint.worker.dp_rank
+            endpoint.worker.worker_id,
+            block_size,
+            counters=counters,
+            default_dp_rank=endpoint.worker.dp_rank,
+            strict_dp_rank=True,
         )
         self.status = StreamStatus()
         self._cause = "not started"
@@ -606,9 +617,16 @@ class ZmqEventSubscriber:
         stream state (replayed ones leave it to whoever asked for the replay)."""
         s = self._s
         batch = self.decoder.decode(payload)
-        if batch.dp_rank != self.worker.dp_rank:
+        if batch.dp_rank != self.worker.dp_rank:  # decoded to nothing (strict_dp_rank)
+            self.counters.dropped("zmq", str(self.worker), "other-dp-rank")
             self.counters.loud(
-                "zmq.dp_rank_mismatch", "batch from %s says dp rank %d", self.endpoint.pub, batch.dp_rank
+                "zmq.dp_rank_mismatch",
+                "KV event batch %d from %s names dp rank %d, but that socket is %s's: dropped (the engine "
+                "binds rank r's socket at the event port + r; check the worker's ports and dp ranks)",
+                seq,
+                self.endpoint.pub,
+                batch.dp_rank,
+                self.worker,
             )
         self.counters.add("zmq.batch")
         self.counters.add("zmq.event", len(batch.events))

@@ -18,8 +18,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from extproc.admin.metrics import PickerCollector
-from extproc.events.counters import EventCounters
+from extproc.events.counters import MAX_DROPPED_AT_ONCE, EventCounters
 from extproc.events.feed import RouterFeed
+from extproc.events.nats_events import follow_gap
 from extproc.events.sources import EventSources
 from extproc.events.vllm import WireBlockStored
 from extproc.events.zmq_publisher import ZmqEventPublisher
@@ -218,3 +219,14 @@ def test_drops_are_exported_per_source_worker_and_reason():
     assert sample(name, {"source": "zmq", "worker": "w0/dp1", "reason": "seq-gap"}) == 3
     assert sample(name, {"source": "nats", "worker": "*", "reason": "queue-full"}) == 1
     assert sample("extproc_kv_event_transport_total", {"key": "zmq.dropped"}) == 3
+
+
+def test_a_nats_event_id_far_ahead_counts_at_most_the_bound():
+    """Dynamo's event ids are u64 on the wire: one id far ahead of the last is a gap counted as at
+    most MAX_DROPPED_AT_ONCE events (before: 2**64 - 2 from one message)."""
+    router = KvRouter(RouterConfig(block_size=BS), clock=lambda: 0.0)
+    counters = EventCounters()
+    follow_gap(RecordingSink(router), counters, W0, 1, 2**64 - 1, "kv_events")
+    follow_gap(RecordingSink(router), counters, W0, 2**64, 2**64 + 5, "kv_events")  # an honest gap after it
+    assert counters.drops[("nats", str(W0), "event-id-gap")] == MAX_DROPPED_AT_ONCE + 5
+    assert counters["nats.dropped"] == MAX_DROPPED_AT_ONCE + 5 and counters["nats.gap_clamped"] == 1

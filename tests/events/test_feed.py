@@ -158,3 +158,28 @@ def test_what_was_predicted_before_a_workers_first_event_stays_if_that_event_is_
         assert feed.lost(A) == predictions_stay and router.is_event_fed(A) != predictions_stay
         overlap = router.indexer.find_matches(compute_block_hashes(fresh, 16))
         assert overlap == ({A: 6} if predictions_stay else {A: 2})  # else only the real PROMPT blocks
+
+
+def test_events_of_a_dp_rank_the_worker_does_not_have_are_dropped_so_its_reset_leaves_nothing():
+    """A worker with dp ranks 0 and 1: an event naming rank 5 (a crafted or misrouted batch, or a
+    NATS event with another dp_rank) is counted and ignored, as are stream states and resets naming
+    it; before, it was indexed under a (worker, rank) that no reset of the worker ever cleared."""
+    router = KvRouter(
+        RouterConfig(block_size=16, use_kv_events=True),
+        clock=FakeClock(),
+        workers=[WorkerSpec("a", dp_ranks=(0, 1))],
+    )
+    feed = RouterFeed({"a": router}, EventCounters())
+    ghost, rank0, rank1 = Worker("a", 5), Worker("a", 0), Worker("a", 1)
+    feed.stream_state(ghost, True, "first event on the subject")
+    feed.apply_events([stored(ghost, PROMPT), stored(rank1, PROMPT[:32])])
+    hashes = compute_block_hashes(PROMPT, 16)
+    assert router.indexer.find_matches(hashes) == {rank1: 2}
+    assert feed.counters["feed.unknown_dp_rank"] == 1 and feed.counters["feed.events"] == 1
+    assert feed.counters.drops[("feed", str(ghost), "unknown-dp-rank")] == 1
+    assert feed.counters["feed.unknown_worker"] == 0
+    feed.reset_worker(ghost, "publisher restarted")
+    assert ghost not in feed.states() and feed.state(ghost) == PREDICTED and not router.is_event_fed(ghost)
+    for worker in (rank0, rank1):
+        feed.reset_worker(worker, "publisher restarted")
+    assert router.indexer.find_matches(hashes) == {} and router.indexer.num_blocks() == 0

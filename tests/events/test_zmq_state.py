@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from extproc.events.counters import EventCounters
+from extproc.events.counters import MAX_DROPPED_AT_ONCE, EventCounters
 from extproc.events.vllm import END_SEQ, WireBlockStored, encode_batch, encode_seq
 from extproc.events.zmq_subscriber import SubscriberTimings, ZmqEndpoint, ZmqEventSubscriber
 from extproc.router import KvRouter, RouterConfig
@@ -227,5 +227,85 @@ async def test_orphans_in_the_replayed_batches_do_not_start_a_replay_loop(engine
         assert h.counters["zmq.rebuild"] == 1
         assert h.sub.status.reason.startswith("rebuilt from replay (2 batches); incomplete")
         assert not h.sub.status.complete and len(sink.reset_at) == 1
+    finally:
+        await h.sub.stop()
+
+
+async def test_a_batch_naming_another_dp_rank_is_dropped_so_the_workers_reset_leaves_nothing(engine, harness):
+    """The socket is dp rank 0's (the engine binds rank r's at the event port + r); a batch stamped
+    with rank 3 is dropped undecoded, counted and logged. Before, its blocks were indexed under
+    (w0, rank 3), which no reset of w0's stream ever cleared."""
+    engine.script = lambda start: [END_CURRENT]  # an engine whose buffer is empty
+    await harness.sub.start()
+    await wait_until(lambda: harness.sub.status.up, what="rebuilt")
+    await engine.wait_subscribed()
+    other = WireBlockStored([7], None, list(range(50, 50 + BS)), BS, extra_keys=[("salt-B",)])
+    await engine.publish([b"", encode_seq(0), encode_batch([other], ts=1.0, dp_rank=3)])
+    await engine.publish([b"", encode_seq(1), store(10, 1)])
+    await wait_until(lambda: harness.sub.status.last_seq == 1, what="both batches")
+    tokens = list(range(50, 50 + BS))
+    assert harness.router.indexer.find_matches(compute_block_hashes(tokens, BS, namespace="salt-B")) == {}
+    assert held(harness.router, 10) == 1 and harness.router.indexer.workers() == [W0]
+    assert harness.counters["zmq.dp_rank_mismatch"] == 1 and harness.counters["vllm.other_dp_rank"] == 1
+    assert harness.counters.drops[("zmq", str(W0), "other-dp-rank")] == 1
+    assert harness.sub.decoder.tracked == (0, 0)  # the foreign batch taught the decoder nothing
+    await engine.publish([b"", encode_seq(0), store(20, 2)])  # seq 0 again: the engine restarted
+    await wait_until(lambda: harness.counters["zmq.restart"] == 1, what="restart")
+    await wait_until(lambda: harness.router.indexer.num_blocks() == 0, what="the reset")
+
+
+async def test_a_crafted_seq_adds_at_most_the_bound_to_the_dropped_counter(engine, harness):
+    """A live seq far ahead is a gap the replay cannot fill: the view is reset and carries on, and
+    the gap is counted as at most MAX_DROPPED_AT_ONCE batches (before: 2**64 - 3 from one message).
+    The replay's end marker as a live seq is a malformed frame, not a seq to continue from."""
+    buffer: list[bytes] = []  # the engine's own batches, seq = index
+    engine.script = lambda start: current(buffer, start)
+
+    async def publish(payload: bytes) -> None:
+        buffer.append(payload)
+        await engine.publish([b"", encode_seq(len(buffer) - 1), payload])
+
+    await harness.sub.start()
+    await wait_until(lambda: harness.sub.status.up, what="rebuilt")
+    await engine.wait_subscribed()
+    await publish(store(10, 1))
+    crafted = 2**64 - 2
+    await engine.publish([b"", encode_seq(crafted), store(20, 2)])
+    await wait_until(lambda: harness.sub.status.last_seq == crafted, what="the crafted batch")
+    assert harness.counters["zmq.gap"] == 1 and harness.counters["zmq.gap_clamped"] == 1
+    assert harness.counters["zmq.dropped"] == MAX_DROPPED_AT_ONCE
+    assert harness.counters.drops[("zmq", str(W0), "seq-gap")] == MAX_DROPPED_AT_ONCE
+    await engine.publish([b"", (2**64 - 1).to_bytes(8, "big"), store(30, 3)])
+    await publish(store(40, 4))  # the engine's own next batch, seq 1
+    await wait_until(lambda: harness.counters["zmq.restart"] == 1, what="seq back: a restart")
+    await wait_until(lambda: harness.sub.status.up and held(harness.router, 40) == 1, what="rebuilt again")
+    assert harness.counters["vllm.malformed_frames"] == 1
+    assert held(harness.router, 10) == 1 and held(harness.router, 20) == held(harness.router, 30) == 0
+    assert harness.counters["zmq.reconnect"] == 0  # no exception restarted the session
+    assert harness.counters["zmq.dropped"] == MAX_DROPPED_AT_ONCE
+
+
+async def test_a_replay_that_goes_back_cannot_lower_the_dropped_counter(engine):
+    """The silence probe asks for everything after the last seq; an answer below it (a crafted or
+    confused replay socket) counts nothing: before, it subtracted from the dropped counter."""
+    probed: list[int] = []
+
+    def script(start: int) -> list[Reply]:
+        probed.append(start)
+        return [[b"", b"", encode_seq(0), store(10, 1)], END_CURRENT] if start > 0 else [END_CURRENT]
+
+    engine.script = script
+    h = Harness(engine)
+    h.sub.timings = SubscriberTimings(
+        silence_s=0.2, replay_timeout_s=0.3, backoff_min_s=0.02, backoff_max_s=0.1
+    )
+    await h.sub.start()
+    try:
+        await wait_until(lambda: h.sub.status.up, what="rebuilt")
+        await engine.wait_subscribed()
+        for seq in range(5):
+            await engine.publish([b"", encode_seq(seq), store(20 + seq, 2 + seq)])
+        await wait_until(lambda: h.counters["zmq.probe"] >= 1 and 5 in probed, what="a probe after seq 4")
+        assert h.counters["zmq.dropped"] == 0 and h.counters["zmq.gap_clamped"] >= 1
     finally:
         await h.sub.stop()

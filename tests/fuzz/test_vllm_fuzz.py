@@ -3,8 +3,8 @@
 Promise (extproc/events/vllm.py): `parse_frames` returns a frame or None, `VllmEventDecoder.decode`
 never raises; what cannot be used is counted (every decode counts something), and what is decoded
 is well-formed for the router. Each input is a short stream of messages from one engine (two dp
-ranks), applied through a `RouterFeed` to a `KvRouter`, whose tree must stay sound and rebuild
-from `dump_events`.
+ranks configured, batches naming a third), applied through a `RouterFeed` to a `KvRouter`, whose
+tree must stay sound, rebuild from `dump_events` and hold no block of the unconfigured rank.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from extproc.events.vllm import (
     encode_seq,
     parse_frames,
 )
-from extproc.router import AllBlocksCleared, BlocksRemoved, BlocksStored, WorkerSpec
+from extproc.router import AllBlocksCleared, BlocksRemoved, BlocksStored, Worker, WorkerSpec
 from tests.fuzz.gen import (
     chance,
     deep_msgpack,
@@ -126,7 +126,7 @@ class _Batch:
         r = self.r
         events = [self.event() for _ in range(r.randint(0, 4))]
         ts = self.value(r.uniform(0, 2e9))
-        dp = self.value(pick(r, (None, 0, 0, 1)))
+        dp = self.value(pick(r, (None, 0, 0, 1, 5)))  # the worker has ranks 0 and 1
         if chance(r, 0.5):
             batch: dict[str, Any] = {"ts": ts, "events": self.value(events)}
             if dp is not None:
@@ -209,6 +209,7 @@ def check(messages: list[Frames]) -> Outcome:
         else:
             outcomes.append("empty")  # well-formed, nothing to route (partial block, other medium, ...)
     check_tree(router)
+    assert set(router.indexer.workers()) <= {Worker(WORKER, 0), Worker(WORKER, 1)}  # never rank 5
     return tally(outcomes)
 
 

@@ -4,7 +4,7 @@ from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import kv_events_subject
 from extproc.events.feed import EVENT_FED
 from extproc.events.nats_events import EventIdTracker, NatsEventPublisher, NatsEventSubscriber
-from extproc.router import Worker, compute_block_hashes
+from extproc.router import Worker, WorkerSpec, compute_block_hashes
 from extproc.router.hashing import compute_sequence_hashes
 from extproc.sim.prefix_cache import BlockTable, PrefixCache
 
@@ -82,6 +82,7 @@ async def test_the_router_sees_what_the_workers_cache_store_and_evict(nats_serve
 
 async def test_an_event_id_gap_is_counted_and_calls_the_hook(nats_server):
     router = make_router()
+    router.add_worker(WorkerSpec("8", dp_ranks=(0, 1)))  # its events name dp rank 1
     gaps = []
     sub_link = await connect(nats_server, "router")
     pub_link = await connect(nats_server, "worker-8")
