@@ -5,6 +5,15 @@ validates only what routing, tokenization and the scheduling hints need; every o
 reaches the engine untouched. Raises `BodyTooLarge` or `RequestInvalid` (with a message naming the field)
 and nothing else, whatever the bytes: `tests/request/test_parse.py` fuzzes that promise.
 
+Paths are decided normalised (`normalize_path`), as Envoy's http_connection_manager forwards them with
+`normalize_path`, `merge_slashes` and `path_with_escaped_slashes_action: REJECT_REQUEST` (our Envoy
+configs set all three): percent-encoded unreserved characters decoded, backslashes made slashes, `.`
+and `..` segments resolved, runs of slashes merged. A worker that decodes paths (vLLM's server stack
+does) then serves as chat or completions only paths the picker calls routable: `/v1/chat/%63ompletions`
+is parsed, limited and tracked like `/v1/chat/completions`. An encoded slash, backslash or NUL (`%2F`,
+`%5C`, `%00`) and a fragment are rejected (`RequestInvalid`, 400), as Envoy rejects them: decoded, a
+slash would name another path than the one a gateway routes on.
+
 Decisions:
 - A completion `prompt` batch (several strings or token lists) is rejected: one HTTP request goes to one
   endpoint, and the engine would prefill every prompt there, so routing on the first alone would be wrong.
@@ -33,6 +42,11 @@ CHAT_PATH: Final = "/v1/chat/completions"
 COMPLETIONS_PATH: Final = "/v1/completions"
 ROUTABLE_PATHS: Final = frozenset({CHAT_PATH, COMPLETIONS_PATH})
 MAX_TOKEN_ID: Final = 2**32 - 1  # token ids are u32 everywhere downstream (block hashing, events)
+
+_UNRESERVED: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_REJECTED_ESCAPE = re.compile(r"%(?:2[fF]|5[cC]|00)")
+_SLASHES = re.compile(r"/{2,}")
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -81,15 +95,76 @@ class ParsedRequest:
     body_size: int = 0  # bytes
 
 
+def normalize_path(path: str) -> str:
+    """`path` (a `:path`, query string included) as Envoy 1.40 forwards it with `normalize_path: true`,
+    `merge_slashes: true` and escaped slashes rejected: percent-encoded unreserved characters
+    (RFC 3986: letters, digits, `-._~`) decoded and other escapes left as they are, backslashes made
+    slashes, `.` and `..` segments resolved (RFC 3986 5.2.4, never above the root), runs of slashes
+    merged; the query string is left as it is. `tests/e2e/test_envoy_configs.py` checks the two agree.
+
+    Raises `RequestInvalid` where Envoy answers 400: an encoded slash or backslash (`%2F`, `%5C`, any
+    case) or an encoded NUL (`%00`) in the path, or a fragment (`#`) anywhere.
+    """
+    if "#" in path:
+        raise RequestInvalid(f"path {path[:200]!r} contains a fragment (#), which is not accepted")
+    route, sep, query = path.partition("?")
+    bad = _REJECTED_ESCAPE.search(route)
+    if bad:
+        raise RequestInvalid(
+            f"path {route[:200]!r} contains {bad.group(0)!r} (an encoded slash, backslash or NUL), "
+            "which is not accepted"
+        )
+    route = _ESCAPE.sub(_unescape_unreserved, route).replace("\\", "/")
+    if route.startswith("/"):
+        route = _remove_dot_segments(route)
+    return _SLASHES.sub("/", route) + sep + query
+
+
+def route_of(path: str) -> str:
+    """The normalised path of a `:path` without its query string (see `normalize_path`)."""
+    return normalize_path(path).partition("?")[0]
+
+
+def is_routable(path: str) -> bool:
+    """Whether `path`, normalised, is one of `ROUTABLE_PATHS`; raises `RequestInvalid` as
+    `normalize_path` does."""
+    return route_of(path) in ROUTABLE_PATHS
+
+
+def _unescape_unreserved(match: re.Match[str]) -> str:
+    char = chr(int(match.group(1), 16))
+    return char if char in _UNRESERVED else match.group(0)
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 5.2.4 on an absolute path: `.` segments dropped, `..` removes the segment before it
+    (never above the root); a path ending in `.` or `..` keeps its trailing slash."""
+    output: list[str] = []
+    segments = path[1:].split("/")
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        if segment == ".":
+            if last:
+                output.append("")
+        elif segment == "..":
+            if output:
+                output.pop()
+            if last:
+                output.append("")
+        else:
+            output.append(segment)
+    return "/" + "/".join(output)
+
+
 def parse_openai_body(body: bytes, path: str, *, max_bytes: int) -> ParsedRequest:
-    """Parse and validate one OpenAI request body sent to `path`.
+    """Parse and validate one OpenAI request body sent to `path` (decided normalised: `normalize_path`).
 
     Raises `BodyTooLarge` when `len(body) > max_bytes`, `RequestInvalid` for anything else unroutable.
     """
     size = len(body)
     if size > max_bytes:
         raise BodyTooLarge(size, max_bytes)
-    route = path.partition("?")[0]
+    route = route_of(path)
     if route not in ROUTABLE_PATHS:
         supported = ", ".join(sorted(ROUTABLE_PATHS))
         raise RequestInvalid(f"path {route[:200]!r} is not routable; supported paths: {supported}")
@@ -106,6 +181,8 @@ def parse_openai_body(body: bytes, path: str, *, max_bytes: int) -> ParsedReques
 
 
 def _load_json(body: bytes) -> Any:
+    if not body:
+        raise RequestInvalid("request body is empty; send the request as a JSON object")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -10,7 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extproc.errors import BodyTooLarge, RequestInvalid, TokenizerUnavailable
-from extproc.request.parse import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
+from extproc.request.parse import (
+    ROUTABLE_PATHS,
+    ParsedRequest,
+    is_routable,
+    normalize_path,
+    parse_openai_body,
+)
 from extproc.request.tokenizer import ByteTokenizer, HfTokenizer
 from tests.tokenizer_files import write_tokenizer_dir
 
@@ -465,3 +471,64 @@ def test_fuzz_strings_with_any_code_points(text: str, hf: HfTokenizer):
 def test_fuzz_bases_parse():
     assert parse(BASE_CHAT).kind == "chat"
     assert parse(BASE_COMPLETION, COMPLETIONS).kind == "completion"
+
+
+# --- paths are decided normalised (issue 19) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "normalised"),
+    [
+        ("/v1/chat/%63ompletions", CHAT),
+        ("/v1/chat/%63%6F%6d%70letions?x=%63", CHAT + "?x=%63"),  # the query is left alone
+        ("/v1//chat///completions", CHAT),
+        ("//v1/completions", COMPLETIONS),
+        ("/v1/x/../chat/completions", CHAT),
+        ("/v1/./chat/./completions", CHAT),
+        ("/../v1/completions", COMPLETIONS),  # never above the root
+        ("/v1/chat/%2e%2E/completions", COMPLETIONS),  # encoded dots are dot segments too
+        ("/v1\\chat\\completions", CHAT),
+        ("/v1/chat/completions/", CHAT + "/"),  # not routable: a worker 404s or redirects it
+        ("/v1/%7e%20x%3f", "/v1/~%20x%3f"),  # reserved and other escapes stay as they are
+        ("/a%252Fb", "/a%252Fb"),
+        ("*", "*"),
+    ],
+)
+def test_paths_are_normalised_as_envoy_forwards_them(path: str, normalised: str):
+    assert normalize_path(path) == normalised
+    assert normalize_path(normalised) == normalised
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/%63ompletions", "/v1//chat/completions", "/v1/a/../chat/completions"]
+)
+def test_an_encoded_routable_path_is_parsed(path: str):
+    assert is_routable(path)
+    assert parse(chat(), path).kind == "chat"
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1%2Fchat%2Fcompletions", "/v1%2fcompletions", "/v1/chat%5Ccompletions", "/v1/%00", "/v1/x#y"]
+)
+def test_encoded_slashes_nuls_and_fragments_are_rejected(path: str):
+    with pytest.raises(RequestInvalid, match="not accepted"):
+        normalize_path(path)
+    with pytest.raises(RequestInvalid, match="not accepted"):
+        parse(chat(), path)
+
+
+def test_an_empty_body_is_rejected_naming_it():
+    with pytest.raises(RequestInvalid, match="request body is empty"):
+        parse(b"", CHAT)
+
+
+@settings(max_examples=300, deadline=None)
+@given(path=st.text(st.sampled_from("/.%2fF5cC0aAvx\\?#~"), max_size=24))
+def test_fuzz_normalisation_is_idempotent_and_raises_only_request_invalid(path: str):
+    try:
+        once = normalize_path("/" + path)
+    except RequestInvalid:
+        return
+    assert normalize_path(once) == once
+    route = once.partition("?")[0]
+    assert "//" not in route and "/./" not in route and "/../" not in route
