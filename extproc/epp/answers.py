@@ -4,13 +4,26 @@ Follows the Gateway API Inference Extension endpoint-picker protocol v1.0 (REFER
 the destination goes both into the request header `x-gateway-destination-endpoint` (overwriting
 any client value) and into dynamic metadata `envoy.lb` / `x-gateway-destination-endpoint`, with
 `clear_route_cache`. This is the only module that builds an `ImmediateResponse`, and the one
-place where errors become HTTP statuses (`ANSWERS`).
+place where errors become HTTP statuses (`ANSWERS`, with `RETRY_AFTER_S` for the answers worth
+retrying soon).
+
+Owned headers (`OWNED_HEADERS`, `owned_headers`): request headers that only the picker may set,
+because the worker's side acts on them (`x-prefill-endpoint` makes the decode side send the prompt to
+that address; `x-data-parallel-rank` picks the engine's rank). Every routing answer removes a
+client's copies of those it does not set itself (`HeaderMutation.remove_headers`), routed and
+untracked requests alike, in both body modes; our Envoy templates strip the same list before the
+picker runs (`extproc/devstack/envoy_config.py` renders it from here), which also covers requests
+that `failopen` sends without the picker.
+
+Error answers are OpenAI-style JSON, `{"error": {"message", "type", "param", "code"}}` (vLLM's
+ErrorResponse: `code` is the HTTP status), with the reason in `x-gateway-request-dropped-reason`;
+our Envoy templates give Envoy's own local replies the same shape (`local_reply_config`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -29,6 +42,11 @@ CONFORMANCE_SELECTION_HEADER = "test-epp-endpoint-selection"
 CONFORMANCE_SERVED_HEADER = "x-conformance-test-served-endpoint"
 DROPPED_REASON_HEADER = "x-gateway-request-dropped-reason"
 WORKER_HEADER = "x-extproc-worker"
+DP_RANK_HEADER = "x-data-parallel-rank"  # vLLM's header for pinning a data-parallel rank
+DEFAULT_PREFILL_HEADER = "x-prefill-endpoint"  # --prefill-endpoint-header's default
+RETRY_AFTER_HEADER = "retry-after"
+# Request headers the picker owns, besides the configurable prefill endpoint header: see the docstring.
+OWNED_HEADERS: frozenset[str] = frozenset({DESTINATION_HEADER, SERVED_KEY, DP_RANK_HEADER, WORKER_HEADER})
 MAX_STREAMED_CHUNK = 62 * 1024  # Envoy accepts streamed body answers up to ~64 KiB per message
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -46,7 +64,35 @@ ANSWERS: tuple[tuple[type[BaseException], int, str], ...] = (
     (router_errors.PinnedWorkerUnavailable, 503, "rejected-pinned-unavailable"),
     (router_errors.QueueTimeout, 503, "rejected-queue-timeout"),  # 429 when sheddable: see status_of
 )
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError", 429: "RateLimitError"}
+# Seconds a client should wait before retrying, by reason (`retry-after`): only where a retry soon
+# may be served. A stream slot or a busy worker frees as soon as requests end, so 1 s; a queue
+# timeout means the request already waited the whole queue bound without capacity freeing, so the
+# overload is not momentary: 5 s. The other reasons are the request's own fault or the deployment's.
+RETRY_AFTER_S: dict[str, int] = {
+    "rejected-too-many-streams": 1,
+    "rejected-saturated": 1,
+    "rejected-queue-timeout": 5,
+    "shed-queue-timeout": 5,
+}
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    413: "BadRequestError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+def owned_headers(prefill_header: str = DEFAULT_PREFILL_HEADER) -> frozenset[str]:
+    """Every request header the picker owns: `OWNED_HEADERS` and the prefill endpoint header
+    (`--prefill-endpoint-header`), lower-cased."""
+    return OWNED_HEADERS | {prefill_header.strip().lower()}
+
+
+def error_type(status: int) -> str:
+    """The OpenAI-style `error.type` of an HTTP status (vLLM's names)."""
+    return _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
 
 
 def status_of(exc: BaseException) -> tuple[int, str]:
@@ -67,21 +113,14 @@ def error_answer(exc: BaseException) -> pb.ProcessingResponse:
 
 
 def immediate_response(status: int, message: str, reason: str) -> pb.ProcessingResponse:
+    """An ImmediateResponse: OpenAI-style JSON error, the reason header, `retry-after` if it helps."""
     body = json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": _ERROR_TYPES.get(status, "ServiceUnavailableError"),
-                "code": status,
-            }
-        }
+        {"error": {"message": message, "type": error_type(status), "param": None, "code": status}}
     ).encode()
-    headers = pb.HeaderMutation(
-        set_headers=[
-            _header("content-type", "application/json"),
-            _header(DROPPED_REASON_HEADER, reason),
-        ]
-    )
+    set_headers = [_header("content-type", "application/json"), _header(DROPPED_REASON_HEADER, reason)]
+    if reason in RETRY_AFTER_S:
+        set_headers.append(_header(RETRY_AFTER_HEADER, str(RETRY_AFTER_S[reason])))
+    headers = pb.HeaderMutation(set_headers=set_headers)
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status), headers=headers, body=body, details=reason
@@ -103,11 +142,19 @@ def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
     )
 
 
-def _routing_common(endpoint: str, extra_headers: Mapping[str, str]) -> pb.CommonResponse:
+def _routing_common(
+    endpoint: str, extra_headers: Mapping[str, str], owned: Collection[str] | None
+) -> pb.CommonResponse:
+    """Set the destination and the pick's headers; remove every other owned header a client sent
+    (`owned`: `owned_headers()` when None)."""
+    owned = owned_headers() if owned is None else owned
     set_headers = [_header(DESTINATION_HEADER, endpoint)]
     set_headers += [_header(k, v) for k, v in extra_headers.items()]
+    kept = {DESTINATION_HEADER, *(k.lower() for k in extra_headers)}
+    remove = sorted(h for h in owned if h not in kept)
     return pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(set_headers=set_headers), clear_route_cache=True
+        header_mutation=pb.HeaderMutation(set_headers=set_headers, remove_headers=remove),
+        clear_route_cache=True,
     )
 
 
@@ -117,18 +164,23 @@ def _lb_metadata(key: str, endpoint: str) -> struct_pb2.Struct:
     return metadata
 
 
-def route_in_headers(endpoint: str, extra_headers: Mapping[str, str]) -> pb.ProcessingResponse:
-    """The routing answer to the request-headers message (no body, or duplex mode)."""
+def route_in_headers(
+    endpoint: str, extra_headers: Mapping[str, str], owned: Collection[str] | None = None
+) -> pb.ProcessingResponse:
+    """The routing answer to the request-headers message (no body, or duplex mode); removes a
+    client's copies of the `owned` headers the pick does not set."""
     return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=_routing_common(endpoint, extra_headers)),
+        request_headers=pb.HeadersResponse(response=_routing_common(endpoint, extra_headers, owned)),
         dynamic_metadata=_lb_metadata(DESTINATION_HEADER, endpoint),
     )
 
 
-def route_in_body(endpoint: str, extra_headers: Mapping[str, str]) -> pb.ProcessingResponse:
+def route_in_body(
+    endpoint: str, extra_headers: Mapping[str, str], owned: Collection[str] | None = None
+) -> pb.ProcessingResponse:
     """The routing answer to a BUFFERED body: the header mutation rides on the body response."""
     return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=_routing_common(endpoint, extra_headers)),
+        request_body=pb.BodyResponse(response=_routing_common(endpoint, extra_headers, owned)),
         dynamic_metadata=_lb_metadata(DESTINATION_HEADER, endpoint),
     )
 

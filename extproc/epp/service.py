@@ -2,13 +2,20 @@
 
 Speaks only Envoy's `envoy.service.ext_proc.v3` protocol (REFERENCE sections 1-2):
 - BUFFERED request bodies: answer request headers with CONTINUE at once (holding them
-  deadlocks Envoy until `message_timeout`), route when the whole body arrives, and put the
-  header mutation on the body answer.
-- FULL_DUPLEX_STREAMED: hold the headers answer until the body ends, then send the routing
-  headers answer and echo the body back in chunks of at most ~62 KB, the last one ending the
-  stream.
-- No body (GET, or body mode NONE): route on the headers.
-Decisions come from a `Picker` (declared here, narrow); answers are built by `epp.py`.
+  deadlocks Envoy until `message_timeout`), route on the body message, and put the header
+  mutation on the body answer. In BUFFERED mode Envoy sends the whole body in one message; its
+  `end_of_stream` is false when request trailers follow (HTTP/2), and Envoy sends the trailers only
+  after that message is answered, so the body is decided on that one message either way.
+- FULL_DUPLEX_STREAMED: hold the headers answer until the body ends (its `end_of_stream`, or the
+  request trailers), then send the routing headers answer and echo the body back in chunks of at
+  most ~62 KB, the last one ending the stream.
+- No body (GET, or body mode NONE): route on the headers. A POST to a routable path without a
+  body is decided on an empty body (400 `invalid-request`), never routed untracked.
+Paths are decided normalised (`extproc.request.parse.normalize_path`, as our Envoy configs forward
+them): `/v1/chat/%63ompletions` is a chat request; an encoded slash is a 400.
+Every routing answer removes a client's copies of the headers the picker owns and does not set
+(`owned_headers`, see `epp.answers`). Decisions come from a `Picker` (declared here, narrow);
+answers are built by `epp.answers`.
 
 Lifecycle: the first response body chunk marks prefill complete; the end of the response, a
 non-2xx status, a reset or a cancelled stream frees the request. The `finally` frees whatever
@@ -32,7 +39,7 @@ import contextlib
 import enum
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,8 +49,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.epp import answers as epp
-from extproc.errors import BodyTooLarge, PickerError, TooManyStreams
+from extproc.errors import BodyTooLarge, PickerError, RequestInvalid, TooManyStreams
 from extproc.picker.pipeline import Pick
+from extproc.request.parse import ROUTABLE_PATHS, normalize_path
 from extproc.router.errors import RouterError
 
 log = logging.getLogger("extproc.service")
@@ -92,7 +100,9 @@ class _Stream:
     phase: Phase = Phase.REQUEST_HEADERS
     request_body_mode: int = BUFFERED
     response_body_mode: int = 0
+    mode_known: bool = False  # Envoy said its body modes (protocol_config)
     headers: dict[str, str] = field(default_factory=dict)
+    path: str = ""  # :path, normalised
     request_id: str = ""
     subset: list[str] | None = None
     body: bytearray = field(default_factory=bytearray)
@@ -102,6 +112,12 @@ class _Stream:
     end_cause: str = "stream_closed"
     notices: list[pb.ProcessingResponse] = field(default_factory=list)  # sent while a message waits
     notice: asyncio.Event | None = None
+
+    @property
+    def body_in_one_message(self) -> bool:
+        """BUFFERED as Envoy said: the first body message holds the whole body, whatever its
+        `end_of_stream` (false when trailers follow)."""
+        return self.mode_known and self.request_body_mode == BUFFERED
 
     @property
     def done(self) -> bool:
@@ -115,7 +131,9 @@ def _may_route(stream: _Stream, message: pb.ProcessingRequest) -> bool:
     a request-phase message other than a body chunk that does not end the body."""
     if stream.phase not in (Phase.REQUEST_HEADERS, Phase.REQUEST_BODY):
         return False
-    return message.WhichOneof("request") != "request_body" or message.request_body.end_of_stream
+    if message.WhichOneof("request") != "request_body":
+        return True
+    return message.request_body.end_of_stream or stream.body_in_one_message
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):
@@ -128,10 +146,18 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         max_body_bytes: int,
         max_concurrent_streams: int | None = None,
         conformance_hooks: bool = False,
+        owned_headers: Iterable[str] | None = None,
     ) -> None:
+        """`owned_headers`: the request headers only the picker may set (default: `epp.owned_headers`
+        with the prefill endpoint header of the picker's config, `--prefill-endpoint-header`)."""
         if max_concurrent_streams is not None and max_concurrent_streams < 1:
             raise ValueError(f"max_concurrent_streams must be at least 1, got {max_concurrent_streams}")
         self.picker = picker
+        self.owned_headers = (
+            frozenset(h.strip().lower() for h in owned_headers)
+            if owned_headers is not None
+            else epp.owned_headers(configured_prefill_header(picker))
+        )
         self.max_body_bytes = max_body_bytes
         self.max_concurrent_streams = max_concurrent_streams
         self.conformance_hooks = conformance_hooks
@@ -229,11 +255,23 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if message.HasField("protocol_config"):
             stream.request_body_mode = message.protocol_config.request_body_mode
             stream.response_body_mode = message.protocol_config.response_body_mode
+            stream.mode_known = True
         stream.headers = epp.header_map(message.request_headers)
         stream.request_id = stream.headers.get("x-request-id") or uuid.uuid4().hex
         stream.subset = epp.subset_hint(message)
-        if message.request_headers.end_of_stream or stream.request_body_mode not in (BUFFERED, DUPLEX):
-            # No body is coming (or Envoy will not show it to us): route on the headers alone.
+        try:
+            stream.path = normalize_path(stream.headers.get(":path", ""))
+        except RequestInvalid as exc:  # an encoded slash, a NUL, a fragment: Envoy's 400 too
+            stream.phase = Phase.DONE
+            return [self._reject(stream, exc)]
+        if message.request_headers.end_of_stream:
+            # No body is coming. A POST to a routable path is decided on its empty body (a 400),
+            # never sent on untracked; anything else is routed on the headers alone.
+            routable = stream.path.partition("?")[0] in ROUTABLE_PATHS
+            empty = b"" if routable and stream.headers.get(":method", "").upper() == "POST" else None
+            return [await self._route(stream, empty, in_body=False)]
+        if stream.request_body_mode not in (BUFFERED, DUPLEX):
+            # Envoy will not show us the body: route on the headers alone.
             return [await self._route(stream, None, in_body=False)]
         stream.phase = Phase.REQUEST_BODY
         if stream.request_body_mode == DUPLEX:
@@ -248,12 +286,13 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             error = BodyTooLarge(len(stream.body) + len(body.body), self.max_body_bytes)
             return [self._reject(stream, error)]
         stream.body += body.body
-        if not body.end_of_stream:
-            return []
-        return await self._body_complete(stream, end_of_stream=True)
+        if body.end_of_stream or stream.body_in_one_message:
+            return await self._body_complete(stream, end_of_stream=body.end_of_stream)
+        return []
 
     async def _on_request_trailers(self, stream: _Stream) -> list[pb.ProcessingResponse]:
-        if stream.phase is Phase.REQUEST_BODY:  # trailers end a duplex body that had no end_of_stream
+        # Trailers end a body that had no end_of_stream (duplex; or headers, then trailers, no data)
+        if stream.phase is Phase.REQUEST_BODY:
             answers = await self._body_complete(stream, end_of_stream=False)
             return [*answers, epp.CONTINUE_REQUEST_TRAILERS] if not stream.done else answers
         return [epp.CONTINUE_REQUEST_TRAILERS]
@@ -271,7 +310,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         try:
             pick = await self.picker.pick(
                 body=body,
-                path=stream.headers.get(":path", ""),
+                path=stream.path,
                 headers=stream.headers,
                 subset=stream.subset,
                 client_request_id=stream.request_id,
@@ -287,8 +326,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.pick = pick
         stream.phase = Phase.UPSTREAM
         if in_body:
-            return epp.route_in_body(pick.endpoint, pick.headers)
-        return epp.route_in_headers(pick.endpoint, pick.headers)
+            return epp.route_in_body(pick.endpoint, pick.headers, self.owned_headers)
+        return epp.route_in_headers(pick.endpoint, pick.headers, self.owned_headers)
 
     def _queued(self, stream: _Stream, wait_s: float) -> None:
         """The request waits in the admission queue: ask Envoy to wait longer for this answer."""
@@ -333,3 +372,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if stream.pick is not None and not stream.freed:
             stream.freed = True
             self.picker.finish(stream.pick, cause)
+
+
+def configured_prefill_header(picker: object) -> str:
+    """The prefill endpoint header the picker's config names (`--prefill-endpoint-header`), else the
+    default: a decode side given this header sends the prompt to the address it names."""
+    header = getattr(getattr(getattr(picker, "config", None), "disagg", None), "prefill_header", None)
+    return header if isinstance(header, str) and header.strip() else epp.DEFAULT_PREFILL_HEADER

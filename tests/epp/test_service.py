@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.epp import answers as epp
 from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
 
 from ..picker_fixtures import (
+    BUFFERED,
     DUPLEX,
     chat_body,
     mutation_headers,
@@ -235,3 +237,174 @@ async def test_dp_rank_is_passed_to_the_engine_in_a_header():
         answers = await run(service, [request_headers(), request_body(chat_body(f"p{i}" * 50))])
         ranks.add(mutation_headers(answers[-1].request_body.response)["x-data-parallel-rank"])
     assert ranks == {"0", "1"}
+
+
+# --- issue 19: what a client may not send past the picker ------------------------------------
+
+CLIENT_COPIES = {
+    "x-prefill-endpoint": "10.9.9.9:80",
+    "x-data-parallel-rank": "7",
+    "x-extproc-worker": "forged",
+    "x-gateway-destination-endpoint-served": "10.9.9.9:80",
+}
+
+
+def common_of(answer):
+    return (
+        answer.request_body.response if answer.HasField("request_body") else answer.request_headers.response
+    )
+
+
+def removed_headers(answer) -> set[str]:
+    return set(common_of(answer).header_mutation.remove_headers)
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models"])
+async def test_every_routing_answer_removes_the_client_copies_of_owned_headers(mode, path):
+    picker, service = make_service()
+    headers = request_headers(path, mode=mode, extra=CLIENT_COPIES)
+    answers = await run(service, [headers, request_body(chat_body())])
+    routed = next(a for a in answers if epp.DESTINATION_HEADER in mutation_headers(common_of(a)))
+    assert removed_headers(routed) == set(CLIENT_COPIES)
+    assert service.owned_headers == epp.owned_headers() == {*CLIENT_COPIES, epp.DESTINATION_HEADER}
+    assert picker.is_idle()
+
+
+async def test_owned_headers_the_pick_sets_are_set_not_removed():
+    picker = EndpointPicker(picker_config(1, dp_ranks=(0, 1)))
+    service = ExtProcService(picker, max_body_bytes=1 << 20)
+    answers = await run(service, [request_headers(extra=CLIENT_COPIES), request_body(chat_body())])
+    routed = answers[-1]
+    assert mutation_headers(routed.request_body.response)[epp.DP_RANK_HEADER] in {"0", "1"}
+    assert removed_headers(routed) == set(CLIENT_COPIES) - {epp.DP_RANK_HEADER}
+
+
+async def test_the_configured_prefill_header_is_owned():
+    from dataclasses import replace
+
+    from extproc.config.disagg import DisaggConfig
+
+    config = replace(picker_config(), disagg=DisaggConfig(prefill_header="x-my-prefill"))
+    service = ExtProcService(EndpointPicker(config), max_body_bytes=1 << 20)
+    answers = await run(
+        service, [request_headers(extra={"x-my-prefill": "10.9.9.9:80"}), request_body(chat_body())]
+    )
+    assert "x-my-prefill" in removed_headers(answers[-1])
+    assert "x-prefill-endpoint" not in service.owned_headers
+    explicit = ExtProcService(EndpointPicker(config), max_body_bytes=1 << 20, owned_headers=["X-Other"])
+    assert explicit.owned_headers == {"x-other"}
+
+
+def test_the_owned_header_names_are_the_ones_the_picker_sets():
+    from extproc.config.disagg import DisaggConfig
+    from extproc.picker.pools import DP_RANK_HEADER
+
+    assert DP_RANK_HEADER == epp.DP_RANK_HEADER
+    assert DisaggConfig().prefill_header == epp.DEFAULT_PREFILL_HEADER
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/chat/%63ompletions",
+        "/v1//chat/completions",
+        "/v1/x/../chat/completions?a=1",
+        "/v1\\chat/completions",
+    ],
+)
+async def test_an_encoded_chat_path_is_parsed_and_tracked(path):
+    picker, service = make_service()
+    stream = OpenStream(service)
+    stream.send(request_headers(path), request_body(chat_body()))
+    await until(lambda: len(stream.answers) == 2)
+    assert epp.DESTINATION_HEADER in mutation_headers(stream.answers[-1].request_body.response)
+    assert routed_load(picker) == 1  # tracked, not routed on the headers alone
+    await stream.close()
+    assert picker.is_idle()
+    answers = await run(service, [request_headers(path), request_body(chat_body(model="other-model"))])
+    assert answers[-1].immediate_response.details == "unknown-model"  # the model is checked
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1%2Fchat%2Fcompletions", "/v1/chat%5ccompletions", "/v1/%00", "/v1/models#x"]
+)
+async def test_an_encoded_slash_nul_or_fragment_is_a_400(path):
+    picker, service = make_service()
+    answers = await run(service, [request_headers(path, method="GET", end_of_stream=True)])
+    assert answers[-1].immediate_response.status.code == 400
+    assert answers[-1].immediate_response.details == "invalid-request"
+    assert picker.is_idle()
+
+
+async def test_a_buffered_body_followed_by_trailers_is_decided_on_its_one_message():
+    """Envoy sends a BUFFERED body with end_of_stream false when HTTP/2 trailers follow, and the
+    trailers only after that message is answered."""
+    picker, service = make_service()
+    stream = OpenStream(service)
+    stream.send(request_headers(), request_body(chat_body(), end_of_stream=False))
+    await until(lambda: len(stream.answers) == 2)
+    assert epp.DESTINATION_HEADER in mutation_headers(stream.answers[-1].request_body.response)
+    assert routed_load(picker) == 1
+    stream.send(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
+    await until(lambda: len(stream.answers) == 3)
+    assert stream.answers[-1].HasField("request_trailers")
+    await stream.close()
+    assert picker.is_idle()
+    over = await run(service, [request_headers(), request_body(b"{", end_of_stream=False)])
+    assert over[-1].immediate_response.details == "invalid-request"
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+async def test_headers_then_trailers_without_data_are_decided_on_an_empty_body(mode):
+    picker, service = make_service()
+    answers = await run(
+        service, [request_headers(mode=mode), pb.ProcessingRequest(request_trailers=pb.HttpTrailers())]
+    )
+    assert answers[-1].immediate_response.details == "invalid-request"
+    assert picker.is_idle()
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+async def test_a_post_without_body_to_a_routable_path_is_a_400(mode):
+    picker, service = make_service()
+    answers = await run(service, [request_headers("/v1/completions", mode=mode, end_of_stream=True)])
+    immediate = answers[-1].immediate_response
+    assert (immediate.status.code, immediate.details) == (400, "invalid-request")
+    assert b"request body is empty" in immediate.body
+    for method in ("GET", "OPTIONS"):  # not a generation request: the worker answers (405, CORS)
+        answers = await run(service, [request_headers("/v1/completions", method=method, end_of_stream=True)])
+        assert epp.DESTINATION_HEADER in mutation_headers(answers[-1].request_headers.response)
+    assert picker.is_idle()
+
+
+class OpenStream:
+    """One ext_proc stream kept open (Envoy waiting for the upstream); answers are collected."""
+
+    def __init__(self, service: ExtProcService) -> None:
+        self.messages: asyncio.Queue = asyncio.Queue()
+        self.answers: list = []
+        self.task = asyncio.create_task(self._run(service))
+
+    async def _feed(self):
+        while (message := await self.messages.get()) is not None:
+            yield message
+
+    async def _run(self, service: ExtProcService) -> None:
+        async for answer in service.Process(self._feed(), None):
+            self.answers.append(answer)
+
+    def send(self, *messages) -> None:
+        for message in messages:
+            self.messages.put_nowait(message)
+
+    async def close(self) -> None:
+        self.messages.put_nowait(None)
+        await asyncio.wait_for(self.task, 5)
+
+
+async def until(condition, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
