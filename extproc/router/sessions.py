@@ -2,16 +2,22 @@
 
 Pure: time comes in as `now` (seconds). A pin lives `ttl_s` after its last use (a sliding TTL),
 is dropped by a close action, and is moved when its worker disappears or is busy (the caller
-re-pins to the replacement). Expired pins are swept as time passes, oldest first, so memory is
-bounded by the sessions active within one TTL.
+re-pins to the replacement). Bounded, because the ids come from clients:
+- at most `max_pins` pins: a new session beyond it evicts the least recently used one (`evicted`);
+- lapsed pins are dropped when looked up and by `expire(now)`, which the caller runs on a timer
+  (oldest first, so a sweep costs the pins it drops), so memory never waits for a request;
+- the ids' length is the caller's to bound (the picker refuses ids over --session-id-max-length).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Literal
 
 from extproc.router.types import Worker
+
+PinEvent = Literal["pinned", "moved", "refreshed"]
 
 
 @dataclass(slots=True)
@@ -23,14 +29,18 @@ class Pin:
 
 
 class SessionPins:
-    """session id -> pinned worker, with a sliding TTL."""
+    """session id -> pinned worker, with a sliding TTL and at most `max_pins` pins (LRU)."""
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, max_pins: int | None = None) -> None:
         if not ttl_s > 0:
             raise ValueError(f"session ttl must be > 0 seconds, not {ttl_s!r}")
+        if max_pins is not None and max_pins < 1:
+            raise ValueError(f"max_pins must be at least 1, not {max_pins!r}")
         self.ttl_s = ttl_s
+        self.max_pins = max_pins
         self._pins: OrderedDict[str, Pin] = OrderedDict()  # least recently used first
         self.expired = 0
+        self.evicted = 0
         self.closed = 0
         self.moved = 0
 
@@ -50,19 +60,26 @@ class SessionPins:
         self.expire(now)
         return self._pins.get(session_id)
 
-    def pin(self, session_id: str, worker: Worker, now: float, group: str = "") -> None:
-        """Record a use of the session on `worker` of `group` (a new pin, a refresh or a move)."""
+    def pin(self, session_id: str, worker: Worker, now: float, group: str = "") -> PinEvent:
+        """Record a use of the session on `worker` of `group`: a new pin (which may evict the least
+        recently used one), a move, or a refresh of its TTL."""
         pin = self._pins.get(session_id)
         if pin is None:
+            if self.max_pins is not None and len(self._pins) >= self.max_pins:
+                self._pins.popitem(last=False)
+                self.evicted += 1
             self._pins[session_id] = Pin(worker, now, 1, group)
-            return
+            return "pinned"
+        event: PinEvent = "refreshed"
         if pin.worker != worker or pin.group != group:
             self.moved += 1
             pin.worker = worker
             pin.group = group
+            event = "moved"
         pin.last_used_s = now
         pin.requests += 1
         self._pins.move_to_end(session_id)
+        return event
 
     def close(self, session_id: str) -> bool:
         if self._pins.pop(session_id, None) is None:
@@ -83,6 +100,7 @@ class SessionPins:
         return len(gone)
 
     def expire(self, now: float) -> int:
+        """Drop the pins unused for `ttl_s` (oldest first); returns how many."""
         pins = self._pins
         dropped = 0
         while pins:

@@ -1,4 +1,4 @@
-"""Sticky-session pins: sliding TTL, close, moves and workers leaving."""
+"""Sticky-session pins: sliding TTL, close, moves, workers leaving, and the bound on their number (LRU)."""
 
 from __future__ import annotations
 
@@ -53,3 +53,37 @@ def test_expiry_sweeps_old_sessions_and_keeps_recent_ones() -> None:
 def test_ttl_must_be_positive() -> None:
     with pytest.raises(ValueError):
         SessionPins(ttl_s=0)
+
+
+def test_pin_says_what_it_did() -> None:
+    pins = SessionPins(ttl_s=10.0)
+    assert pins.pin("s", W0, now=0.0) == "pinned"
+    assert pins.pin("s", W0, now=1.0) == "refreshed"
+    assert pins.pin("s", W1, now=2.0) == "moved"
+    assert pins.pin("s", W1, now=3.0, group="g") == "moved"  # same worker, another group
+
+
+def test_beyond_max_pins_the_least_recently_used_pin_is_evicted() -> None:
+    pins = SessionPins(ttl_s=100.0, max_pins=3)
+    for i, name in enumerate("abc"):
+        pins.pin(name, W0, now=float(i))
+    pins.pin("a", W0, now=3.0)  # used again: b is now the least recently used
+    pins.pin("d", W1, now=4.0)
+    assert len(pins) == 3 and pins.evicted == 1
+    assert "b" not in pins and all(s in pins for s in "acd")
+    for i in range(100):  # a flood of new ids never holds more than the bound
+        pins.pin(f"flood{i}", W1, now=5.0 + i)
+    assert len(pins) == 3 and pins.evicted == 101
+
+
+def test_expire_sweeps_without_a_lookup() -> None:
+    pins = SessionPins(ttl_s=10.0)
+    pins.pin("old", W0, now=0.0)
+    pins.pin("new", W1, now=5.0)
+    assert pins.expire(now=12.0) == 1
+    assert "old" not in pins and "new" in pins and pins.expired == 1
+
+
+def test_max_pins_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        SessionPins(ttl_s=1.0, max_pins=0)
