@@ -6,7 +6,10 @@ cached blocks known to the router, and where its cache state comes from (`source
 event-fed or stale, one-hot). Per model: indexer event counters. Per picker: every KV event
 transport counter (`key` label, e.g. `zmq.gap`, `nats.reconnect`, `vllm.unknown_event`), and KV
 event messages dropped by a full buffer (`source`, `worker`: `*` when unknown, `reason`). Per model:
-admission queue depth and how queued requests left it, sticky sessions pinned.
+admission queue depth and how queued requests left it, sticky sessions pinned and pins dropped
+(`reason` = expired, evicted: beyond --session-max-pins). Per picker: request bodies parsed on the
+event loop or in a parse worker, bodies waiting for a parse worker, and bodies whose prompt was too
+large to bring back from one (routed on load alone), and parse workers lost.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from extproc.events.feed import EVENT_FED, PREDICTED, STALE
 from extproc.events.sources import EventSources
+from extproc.picker.body_parser import ParseStats
 from extproc.picker.pipeline import EndpointPicker
 
 SOURCES = (PREDICTED, EVENT_FED, STALE)
@@ -79,14 +83,24 @@ class PickerCollector(Collector):
         pinned = GaugeMetricFamily(
             "extproc_sessions_pinned", "Sticky sessions currently pinned to a worker.", labels=["model"]
         )
+        pins_dropped = CounterMetricFamily(
+            "extproc_session_pins_dropped",
+            "Sticky-session pins dropped: expired (unused for --session-ttl-secs) or evicted (the least "
+            "recently used, for a new session beyond --session-max-pins).",
+            labels=["model", "reason"],
+        )
         for model in self.picker.pools:
             gate = self.picker.gate(model)
             queue_depth.add_metric([model], len(gate))
             gate_stats = gate.stats
             for outcome in ("queued", "released", "timed_out", "shed", "cancelled"):
                 queue_events.add_metric([model, outcome], getattr(gate_stats, outcome))
-            pinned.add_metric([model], len(self.picker.sessions(model)))
-        yield from (prefill, decode, cached, source, indexer, queue_depth, queue_events, pinned)
+            sessions = self.picker.sessions(model)
+            pinned.add_metric([model], len(sessions))
+            pins_dropped.add_metric([model, "expired"], sessions.expired)
+            pins_dropped.add_metric([model, "evicted"], sessions.evicted)
+        yield from (prefill, decode, cached, source, indexer, queue_depth, queue_events, pinned, pins_dropped)
+        yield from _body_parse_metrics(self.picker.bodies.stats)
         transport = CounterMetricFamily(
             "extproc_kv_event_transport", "KV event transport and decoder counters.", labels=["key"]
         )
@@ -102,3 +116,31 @@ class PickerCollector(Collector):
         for (source_name, worker_id, reason), value in sorted(self.sources.counters.drops.items()):
             dropped.add_metric([source_name, worker_id, reason], value)
         yield dropped
+
+
+def _body_parse_metrics(stats: ParseStats) -> Iterator[Metric]:
+    parses = CounterMetricFamily(
+        "extproc_body_parses",
+        "Request bodies parsed on the event loop (where=loop, up to --body-parse-inline-bytes) or in a "
+        "parse worker process (where=worker).",
+        labels=["where"],
+    )
+    parses.add_metric(["loop"], stats.on_loop)
+    parses.add_metric(["worker"], stats.in_worker)
+    yield parses
+    yield GaugeMetricFamily(
+        "extproc_body_parse_waiting",
+        "Request bodies waiting for a parse worker (--body-parse-workers are busy).",
+        value=stats.waiting,
+    )
+    yield CounterMetricFamily(
+        "extproc_body_prompts_dropped",
+        "Request bodies whose prompt fields held too many JSON values to bring back from a parse "
+        "worker: routed on load alone.",
+        value=stats.prompt_dropped,
+    )
+    yield CounterMetricFamily(
+        "extproc_body_parse_workers_lost",
+        "Parse worker processes that died (the pool is replaced; the body they parsed got a 400).",
+        value=stats.workers_lost,
+    )

@@ -103,9 +103,14 @@ class PickerConfig:
     admin_port: int | None = None  # HTTP /metrics, /healthz, /readyz, /busy_threshold, /debug/...; None = off
     admin_host: str = "127.0.0.1"
     admin_token: str | None = None  # bearer token required by mutating admin endpoints
+    admin_allow_unauthenticated_writes: bool = False  # without a token, admin writes are refused unless set
     queue_max_wait_s: float = 30.0  # a request queued longer is answered 503 (429 when sheddable)
     session_ttl_s: float = 300.0  # sliding TTL of a sticky session's pin
+    session_max_pins: int = 100_000  # per model; beyond it the least recently used pin is evicted
+    session_id_max_length: int = 256  # longer session ids are answered 400
     max_body_bytes: int = 16 * 1024 * 1024
+    body_parse_workers: int = 1  # processes parsing bodies over body_parse_inline_bytes; 0 = on the loop
+    body_parse_inline_bytes: int = 16 * 1024  # bodies up to this size are parsed on the event loop
     max_prompt_tokens: int | None = None  # longer tokenized prompts are answered 413; None = no limit
     outlier_consecutive_5xx: int = 5  # 5xx answers in a row that eject a worker; 0 = off
     outlier_base_ejection_s: float = 10.0  # first ejection's length (then x2, x3, ... up to 300 s)
@@ -218,9 +223,14 @@ def load_config(
         admin_port=own.admin_port,
         admin_host=own.admin_host,
         admin_token=own.admin_token,
+        admin_allow_unauthenticated_writes=own.admin_allow_unauthenticated_writes,
         queue_max_wait_s=own.queue_max_wait_s,
         session_ttl_s=own.session_ttl_s,
+        session_max_pins=own.session_max_pins,
+        session_id_max_length=own.session_id_max_length,
         max_body_bytes=own.max_body_bytes,
+        body_parse_workers=own.body_parse_workers,
+        body_parse_inline_bytes=own.body_parse_inline_bytes,
         max_prompt_tokens=own.max_prompt_tokens,
         outlier_consecutive_5xx=own.outlier_consecutive_5xx,
         outlier_base_ejection_s=own.outlier_base_ejection_s,

@@ -53,8 +53,16 @@ ADMIN_TOKEN: Option[str | None] = Option(
     "--admin-token",
     str,
     None,
-    "Bearer token required by mutating admin endpoints (POST /busy_threshold with values). "
-    "Also read from DYN_ADMIN_TOKEN. Off when not set.",
+    "Bearer token required by mutating admin endpoints (POST /busy_threshold with values) and by "
+    "POST /debug/potential_loads. Also read from DYN_ADMIN_TOKEN. Without it, admin writes are "
+    "refused (403) unless --admin-allow-unauthenticated-writes.",
+)
+ADMIN_ALLOW_UNAUTHENTICATED_WRITES = Option(
+    "--admin-allow-unauthenticated-writes",
+    bool,
+    False,
+    "Without --admin-token, let anyone who reaches the admin port change busy thresholds (the "
+    "picker says so at start). Off: admin writes need --admin-token.",
 )
 ROUTER_QUEUE_MAX_WAIT_MS = Option(
     "--router-queue-max-wait-ms",
@@ -69,7 +77,35 @@ SESSION_TTL_SECS = Option(
     "Sticky sessions (nvext.session_control.session_id or x-session-id): seconds of inactivity "
     "after which a session's worker pin lapses.",
 )
+SESSION_MAX_PINS = Option(
+    "--session-max-pins",
+    int,
+    100_000,
+    "Sticky sessions pinned per model at most; a new session beyond it evicts the least recently "
+    'used pin (extproc_session_pins_dropped_total{reason="evicted"}).',
+)
+SESSION_ID_MAX_LENGTH = Option(
+    "--session-id-max-length",
+    int,
+    256,
+    "Longest sticky-session id accepted, in characters; a longer one is answered 400.",
+)
 MAX_BODY_BYTES = Option("--max-body-bytes", int, 16 * 1024 * 1024, "Larger request bodies are answered 413.")
+BODY_PARSE_WORKERS = Option(
+    "--body-parse-workers",
+    int,
+    1,
+    "Processes that parse request bodies larger than --body-parse-inline-bytes, so that a big body "
+    "never holds the event loop (JSON parsing holds Python's GIL: a thread would not help). At most "
+    "this many are parsed at once; each may use about 50x the body's size for deeply nested JSON. "
+    "0 parses every body on the event loop.",
+)
+BODY_PARSE_INLINE_BYTES = Option(
+    "--body-parse-inline-bytes",
+    int,
+    16 * 1024,
+    "Bodies up to this size are parsed on the event loop (at most ~2 ms even when deeply nested).",
+)
 OUTLIER_CONSECUTIVE_5XX = Option(
     "--outlier-consecutive-5xx",
     int,
@@ -142,9 +178,14 @@ PICKER_OPTIONS: tuple[Option[Any], ...] = (
     ADMIN_PORT,
     ADMIN_HOST,
     ADMIN_TOKEN,
+    ADMIN_ALLOW_UNAUTHENTICATED_WRITES,
     ROUTER_QUEUE_MAX_WAIT_MS,
     SESSION_TTL_SECS,
+    SESSION_MAX_PINS,
+    SESSION_ID_MAX_LENGTH,
     MAX_BODY_BYTES,
+    BODY_PARSE_WORKERS,
+    BODY_PARSE_INLINE_BYTES,
     OUTLIER_CONSECUTIVE_5XX,
     OUTLIER_BASE_EJECTION_SECS,
     MAX_PROMPT_TOKENS,
@@ -211,9 +252,14 @@ class ServerConfig:
     admin_port: int | None
     admin_host: str
     admin_token: str | None
+    admin_allow_unauthenticated_writes: bool
     queue_max_wait_s: float
     session_ttl_s: float
+    session_max_pins: int
+    session_id_max_length: int
     max_body_bytes: int
+    body_parse_workers: int
+    body_parse_inline_bytes: int
     max_prompt_tokens: int | None
     outlier_consecutive_5xx: int
     outlier_base_ejection_s: float
@@ -238,9 +284,14 @@ def read_server(reader: Reader) -> ServerConfig:
     admin_port = read(ADMIN_PORT)
     admin_host = read(ADMIN_HOST)
     admin_token = read(ADMIN_TOKEN)
+    admin_allow_unauthenticated_writes = read(ADMIN_ALLOW_UNAUTHENTICATED_WRITES)
     queue_max_wait_ms = read(ROUTER_QUEUE_MAX_WAIT_MS)
     session_ttl_secs = read(SESSION_TTL_SECS)
+    session_max_pins = read(SESSION_MAX_PINS)
+    session_id_max_length = read(SESSION_ID_MAX_LENGTH)
     max_body_bytes = read(MAX_BODY_BYTES)
+    body_parse_workers = read(BODY_PARSE_WORKERS)
+    body_parse_inline_bytes = read(BODY_PARSE_INLINE_BYTES)
     outlier_consecutive_5xx = read(OUTLIER_CONSECUTIVE_5XX)
     outlier_base_ejection_secs = read(OUTLIER_BASE_EJECTION_SECS)
     max_prompt_tokens = read(MAX_PROMPT_TOKENS)
@@ -255,6 +306,10 @@ def read_server(reader: Reader) -> ServerConfig:
 
     check_positive("router-queue-max-wait-ms", queue_max_wait_ms)
     check_positive("session-ttl-secs", session_ttl_secs)
+    check_positive("session-max-pins", session_max_pins)
+    check_positive("session-id-max-length", session_id_max_length)
+    check_at_least_zero("body-parse-workers", body_parse_workers)
+    check_at_least_zero("body-parse-inline-bytes", body_parse_inline_bytes)
     check_at_least_zero("outlier-consecutive-5xx", outlier_consecutive_5xx)
     check_positive("outlier-base-ejection-secs", outlier_base_ejection_secs)
     if max_prompt_tokens is not None:
@@ -271,9 +326,14 @@ def read_server(reader: Reader) -> ServerConfig:
         admin_port=admin_port,
         admin_host=admin_host,
         admin_token=admin_token,
+        admin_allow_unauthenticated_writes=admin_allow_unauthenticated_writes,
         queue_max_wait_s=queue_max_wait_ms / 1000.0,
         session_ttl_s=session_ttl_secs,
+        session_max_pins=session_max_pins,
+        session_id_max_length=session_id_max_length,
         max_body_bytes=max_body_bytes,
+        body_parse_workers=body_parse_workers,
+        body_parse_inline_bytes=body_parse_inline_bytes,
         max_prompt_tokens=max_prompt_tokens,
         outlier_consecutive_5xx=outlier_consecutive_5xx,
         outlier_base_ejection_s=outlier_base_ejection_secs,

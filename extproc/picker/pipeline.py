@@ -8,22 +8,28 @@ ext_proc answer through `epp/answers.py`.
 
 Where each feature lives (the same in every mode: no feature is off because groups are on):
 
-- here, above the groups: parsing and tokenizing; the admission queue (a request waits while no
-  group has a worker under the queue threshold); sticky sessions, which pin a group and a worker;
-  request ids; metrics of the request path.
+- here, above the groups: parsing (`body_parser.py`: large bodies in worker processes, never on the
+  event loop) and tokenizing; the admission queue (a request waits while no group has a worker under
+  the queue threshold); sticky sessions, which pin a group and a worker once that worker answered
+  2xx, bounded in length and number and swept on a timer; request ids (`client_ids.py`: the ids
+  the picker makes cannot collide with a client's); metrics of the request path.
 - in each local group (`local_group.py`: this process's workers; a plain deployment is one of
   them): candidates and endpoint restrictions, outlier ejection, disaggregated prefill/decode and
   prefill health checks, replica-sync listeners, the request's load until it ends.
 - a remote group (another picker's `--group-api-port`) applies all of that in its own process; the
   response status travels with the free so its outlier ejection sees its workers' failures.
 
-A request whose path is not an OpenAI generation endpoint (GET /v1/models, /health, ...) is routed
-on load alone and not tracked; a request whose tokenization fails is routed on load alone and
-tracked until `finish`.
+A request whose path is not an OpenAI generation endpoint is routed on load alone and not tracked:
+to the workers of the `model` its JSON body names (`/v1/embeddings`, `/v1/rerank`, ...; an unknown
+model is a 404), or, without one (GET /v1/models, /health, ...), to any worker, the models taken in
+turn. A request whose tokenization fails, or whose prompt is too large to bring back from a parse
+worker, is routed on load alone and tracked until `finish`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -35,21 +41,24 @@ from typing import Protocol
 
 from extproc.config import PickerConfig, WorkerConfig
 from extproc.epp import answers as epp
-from extproc.errors import NoEligibleWorker, PromptTooLong, TokenizerUnavailable, UnknownModel
-from extproc.groups import GroupCollector, GroupRequest, GroupSelector, RemoteGroup, RouterGroup
+from extproc.errors import NoEligibleWorker, PickerError, PromptTooLong, TokenizerUnavailable, UnknownModel
+from extproc.groups import GroupCollector, GroupError, GroupRequest, GroupSelector, RemoteGroup, RouterGroup
 from extproc.groups.policy import parse_policy
 from extproc.groups.types import GroupDecision
+from extproc.picker import client_ids
 from extproc.picker.admission import AdmissionGate
+from extproc.picker.body_parser import BodyParser
+from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
-from extproc.request.parse import ROUTABLE_PATHS, ParsedRequest, parse_openai_body
-from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, SessionPins, Worker
+from extproc.request.parse import ROUTABLE_PATHS, ParsedRequest
+from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, RouterError, SessionPins, Worker
 
 log = logging.getLogger("extproc.picker")
 
-SESSION_HEADER = "x-session-id"  # sticky session, when the body has no nvext.session_control
 LOCAL_GROUP = "local"  # the name of a plain deployment's one group
+MAX_SESSION_SWEEP_S = 30.0  # lapsed session pins are swept every ttl/4, at most this far apart
 
 __all__ = ["DP_RANK_HEADER", "SESSION_HEADER", "EndpointPicker", "ModelPool", "Pick", "WorkerSetListener"]
 
@@ -72,6 +81,7 @@ class Pick:
     group: str | None = None  # the router group that owns the request
     prefill_worker: Worker | None = None  # disaggregated: the worker that prefills the prompt
     prefill_endpoint: str | None = None  # its ip:port (also in `headers` under the prefill header)
+    session_pin: str | None = None  # the session pinned to `worker` once it answers 2xx (not on close)
 
 
 class WorkerSetListener(Protocol):
@@ -95,7 +105,13 @@ class EndpointPicker:
         self.config = config
         self._clock = clock
         self._rng = rng or random.Random(config.seed)
-        self._ids = count(1)
+        self._ids = RequestIds()
+        self._turns = count()  # untracked requests without a model: the models in turn
+        self.bodies = BodyParser(
+            max_bytes=config.max_body_bytes,
+            workers=config.body_parse_workers,
+            inline_max_bytes=config.body_parse_inline_bytes,
+        )
         self.owner_id = uuid.uuid4().hex  # names this picker's requests in remote groups (leases)
         self.metrics = PickMetrics()
         self.listeners: list[RouteListener] = []
@@ -118,7 +134,10 @@ class EndpointPicker:
                 group.on_lifecycle_failure = self.selector.metrics.lifecycle_failed
         if self.hierarchical:
             self.metrics.registry.register(GroupCollector(self.selector.metrics))
-        self._sessions = {model: SessionPins(config.session_ttl_s) for model in self._pools}
+        self._sessions = {
+            model: SessionPins(config.session_ttl_s, config.session_max_pins) for model in self._pools
+        }
+        self._sweeper: asyncio.Task[None] | None = None
         self._gates = {
             model: AdmissionGate(
                 enabled=config.router.router_queue_threshold is not None,
@@ -208,6 +227,12 @@ class EndpointPicker:
         return record
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        await self.bodies.close()
         await self.selector.close()
         if self.local not in self.selector.groups:
             await self.local.close()
@@ -242,19 +267,31 @@ class EndpointPicker:
         t0 = time.perf_counter_ns()
         restrictions = self._restrictions(subset, headers)
         if body is None or path.partition("?")[0] not in ROUTABLE_PATHS:
-            return await self._pick_untracked(path, restrictions)
-        request = parse_openai_body(body, path, max_bytes=self.config.max_body_bytes)
+            model = await self.bodies.model_of(body) if body else None
+            return await self._pick_untracked(path, restrictions, model)
+        parsed = await self.bodies.request(body, path)
+        request = parsed.request
         t1 = time.perf_counter_ns()
         timings["parse"] = t1 - t0
         pool = self._pools.get(request.model)
         if pool is None:
             raise UnknownModel(request.model, list(self._pools))
-        tokens: list[int] | None
-        try:
-            tokens = await pool.tokenizer.tokenize(request)
-        except TokenizerUnavailable as exc:
-            log.warning("tokenizer failed for %s (%s): routing on load only", client_request_id, exc.message)
-            tokens = None
+        session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
+        tokens: list[int] | None = None
+        if not parsed.has_prompt:
+            log.warning(
+                "%s: its prompt holds more than %d JSON values: routing on load only",
+                loggable(client_request_id), self.bodies.max_prompt_values,
+            )  # fmt: skip
+        else:
+            try:
+                tokens = await pool.tokenizer.tokenize(request)
+            except TokenizerUnavailable as exc:
+                log.warning(
+                    "tokenizer failed for %s (%s): routing on load only",
+                    loggable(client_request_id),
+                    exc.message,
+                )
         timings["tokenize"] = time.perf_counter_ns() - t1
         limit = self.config.max_prompt_tokens
         if limit is not None and tokens is not None and len(tokens) > limit:
@@ -275,7 +312,6 @@ class EndpointPicker:
             isl=None if tokens is not None else isl,
         )
         request_id = self._request_id(client_request_id)
-        session_id = request.session_id or headers.get(SESSION_HEADER) or None
         pin = self._sessions[request.model].get_pin(session_id, self._clock()) if session_id else None
         pinned = (pin.group, pin.worker) if pin is not None else None
         entry = QueuedRequest(
@@ -298,21 +334,24 @@ class EndpointPicker:
         )
         timings["queue"] = int(waited_s * 1e9)
         timings.update(decision.timings_ns or {"groups": time.perf_counter_ns() - routed_at})
-        self._update_session(request, session_id, pinned, decision)
+        session_pin = self._session_route(request, session_id, pinned, decision)
         choice = decision.choice
         pick = Pick(
             request_id, request.model, choice.worker, choice.endpoint, dict(choice.headers),
             choice.overlap_blocks, choice.request_blocks, tracked=True, timings_ns=timings,
             session_id=session_id, queued_s=waited_s, group=decision.group,
             prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
+            session_pin=session_pin,
         )  # fmt: skip
         self.metrics.observe_stages(timings)
         self.metrics.routed(request.model, choice.overlap_blocks, decision.best_overlap_blocks)
         log.info(
             "routed %s model=%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
-            client_request_id, request.model, f"group {decision.group} worker " if self.hierarchical else "",
+            loggable(client_request_id), request.model,
+            f"group {decision.group} worker " if self.hierarchical else "",
             choice.worker, choice.endpoint, choice.overlap_blocks, choice.request_blocks,
-            decision.best_overlap_blocks, choice.cost, f" session={session_id}" if session_id else "",
+            decision.best_overlap_blocks, choice.cost,
+            f" session={loggable(session_id)}" if session_id else "",
             f" queued {waited_s * 1000:.0f} ms" if waited_s else "",
             " (re-decided at commit)" if decision.redecided and pinned is None else "",
         )  # fmt: skip
@@ -332,7 +371,10 @@ class EndpointPicker:
             self._gates[pick.model].kick()
 
     def answered(self, pick: Pick, status: int) -> None:
-        """The worker's response status arrived: count it, and feed outlier ejection with it."""
+        """The worker's response status arrived: count it, feed outlier ejection with it, and pin the
+        request's session to the worker when it answered 2xx."""
+        if pick.session_pin is not None and 200 <= status < 300:
+            self._pin_session(pick, pick.session_pin)
         worker = str(pick.worker.worker_id)
         before, after = self.metrics.upstream_answered(pick.model, worker, status)
         if after and (after == 1 or after % 10 == 0):
@@ -352,14 +394,32 @@ class EndpointPicker:
 
     # --- internals ---------------------------------------------------------------------------
 
-    async def _pick_untracked(self, path: str, restrictions: list[list[str]]) -> Pick:
+    async def _pick_untracked(self, path: str, restrictions: list[list[str]], model: str | None) -> Pick:
+        """Route on load alone, tracking nothing: to `model`'s workers, or without one to any worker
+        (every model's workers serve /v1/models, /health, ...), the models taken in turn."""
         if not self._pools:
             raise NoEligibleWorker("no worker is configured")
-        model = next(iter(self._pools))
-        request = GroupRequest(model, [], restrictions=tuple(tuple(r) for r in restrictions) or None, isl=0)
-        group, choice = await self.selector.choose(request)
-        log.info("routed %s (untracked) to %s (%s)", path[:100], choice.worker, choice.endpoint)
-        return Pick("", model, choice.worker, choice.endpoint, dict(choice.headers), group=group)
+        if model is not None and model not in self._pools:
+            raise UnknownModel(model, list(self._pools))
+        models = list(self._pools)
+        if model is not None:
+            models = [model]
+        else:
+            start = next(self._turns) % len(models)
+            models = models[start:] + models[:start]
+        restricted = tuple(tuple(r) for r in restrictions) or None
+        for position, name in enumerate(models):
+            request = GroupRequest(name, [], restrictions=restricted, isl=0)
+            try:
+                group, choice = await self.selector.choose(request)
+            except (PickerError, RouterError, GroupError):
+                if position == len(models) - 1:
+                    raise
+                continue  # none of this model's workers may take it (subset hint, all busy): the next
+            log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 100), name, choice.worker,
+                     choice.endpoint)  # fmt: skip
+            return Pick("", name, choice.worker, choice.endpoint, dict(choice.headers), group=group)
+        raise AssertionError("unreachable: the last model's failure is raised")
 
     def _uncached_tokens(self, request: GroupRequest) -> int:
         """The queue's wspt estimate: the prompt minus its best cached prefix here."""
@@ -374,35 +434,53 @@ class EndpointPicker:
             restrictions.append([s.strip() for s in selection.split(",") if s.strip()])
         return restrictions
 
-    def _update_session(
+    def _session_route(
         self,
         request: ParsedRequest,
         session_id: str | None,
         pinned: tuple[str, Worker] | None,
         decision: GroupDecision,
-    ) -> None:
+    ) -> str | None:
+        """The session to pin when the worker answers 2xx (None: none, or closed now)."""
         if not session_id:
-            return
-        model = request.model
-        sessions = self._sessions[model]
+            return None
         if request.session_action == "close":
-            if sessions.close(session_id):
-                self.metrics.sessions.labels(model, "closed").inc()
-                log.info("session %s closed", session_id)
+            if self._sessions[request.model].close(session_id):
+                self.metrics.sessions.labels(request.model, "closed").inc()
+                log.info("session %s closed", loggable(session_id))
+            return None
+        if pinned is not None and pinned != (decision.group, decision.choice.worker):
+            log.info("session %s leaves %s for %s (gone, busy or not allowed); pinned there once it answers",
+                     loggable(session_id), pinned[1], decision.choice.worker)  # fmt: skip
+        return session_id
+
+    def _pin_session(self, pick: Pick, session_id: str) -> None:
+        sessions = self._sessions[pick.model]
+        event = sessions.pin(session_id, pick.worker, self._clock(), pick.group or "")
+        if event != "refreshed":
+            self.metrics.sessions.labels(pick.model, event).inc()
+        self._sweep_sessions_later()
+
+    def _sweep_sessions_later(self) -> None:
+        """Make sure lapsed pins are swept on a timer while any pin exists (no request needed)."""
+        if self._sweeper is not None and not self._sweeper.done():
             return
-        target = (decision.group, decision.choice.worker)
-        if pinned is None:
-            self.metrics.sessions.labels(model, "pinned").inc()
-        elif pinned != target:
-            self.metrics.sessions.labels(model, "moved").inc()
-            log.info("session %s moved from %s to %s (gone, busy or not allowed)",
-                     session_id, pinned[1], target[1])  # fmt: skip
-        sessions.pin(session_id, target[1], self._clock(), target[0])
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): lookups still drop lapsed pins
+            return
+        self._sweeper = loop.create_task(self._sweep_sessions(), name="session-sweeper")
+
+    async def _sweep_sessions(self) -> None:
+        interval_s = min(max(self.config.session_ttl_s / 4, 0.05), MAX_SESSION_SWEEP_S)
+        while any(len(sessions) for sessions in self._sessions.values()):
+            await asyncio.sleep(interval_s)  # a timer, not synchronisation: pins lapse with no event
+            now = self._clock()
+            for sessions in self._sessions.values():
+                sessions.expire(now)
 
     def _request_id(self, client_request_id: str) -> str:
-        if client_request_id and self.selector.owner_of(client_request_id) is None:
-            return client_request_id
-        return f"{client_request_id or 'req'}#{next(self._ids)}"
+        return self._ids.make(client_request_id, lambda rid: self.selector.owner_of(rid) is not None)
 
 
 def _expected_output(request: ParsedRequest) -> int | None:

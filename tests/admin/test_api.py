@@ -182,6 +182,7 @@ async def test_metrics_are_present_and_move_with_traffic(running, http) -> None:
             subset=None,
             client_request_id=f"m{i}",
         )
+        picker.answered(p, 200)  # a session is pinned once its worker answered 2xx
         picker.first_token(p)
         picker.finish(p, "complete")
     after = await scrape()

@@ -108,3 +108,32 @@ async def test_a_salted_prompt_only_reuses_blocks_stored_under_its_salt():
     _, overlap = await route(cache_salt="tenant-b")
     assert overlap == 0
     assert picker.is_idle()
+
+
+async def test_a_client_id_equal_to_an_id_the_picker_makes_never_shares_its_request():
+    """Issue 19: a second `dup` got the made id `dup#1`, which a client had sent as its own: one
+    request was untracked and the end of the other freed its load mid-stream. Made ids live in the
+    picker's namespace now (`#`), which a client id used as is never enters."""
+    picker = EndpointPicker(picker_config())
+    router = picker.pools[MODEL].router
+    client = await pick(picker, chat_body("a " * 50), request_id="dup#1")
+    first = await pick(picker, chat_body("b " * 50), request_id="dup")
+    second = await pick(picker, chat_body("c " * 50), request_id="dup")
+    ids = {client.request_id, first.request_id, second.request_id}
+    assert len(ids) == 3 and "dup#1" not in {first.request_id, second.request_id}
+    assert len(router.sequences) == 3
+    picker.finish(client, "complete")  # frees the client's own request, nobody else's
+    assert picker.selector.owner_of(second.request_id) is not None and len(router.sequences) == 2
+    for chosen in (first, second):
+        picker.finish(chosen, "complete")
+    assert picker.is_idle() and len(router.sequences) == 0
+
+
+@pytest.mark.parametrize("client_id", ["", "x" * 500, "a#b"])
+async def test_empty_overlong_and_marked_client_ids_get_a_made_id(client_id):
+    picker = EndpointPicker(picker_config())
+    chosen = await pick(picker, chat_body("a " * 50), request_id=client_id)
+    assert "#" in chosen.request_id and len(chosen.request_id) <= 80
+    assert chosen.request_id.startswith(client_id[:64] or "req")
+    picker.finish(chosen, "complete")
+    assert picker.is_idle()
