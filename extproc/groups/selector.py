@@ -297,7 +297,7 @@ class GroupSelector:
         if not tasks:
             return [], failures
         done, pending = await asyncio.wait(tasks, timeout=self.probe_timeout_s)
-        probes = []
+        probes: list[GroupProbe] = []
         for task in pending:
             task.cancel()
             task.add_done_callback(_retrieve)
@@ -310,6 +310,9 @@ class GroupSelector:
                 self._answered(group.name, outcome.latency_s)
             else:
                 self._failed(group.name, outcome, failures)
+        # in configuration order, not arrival order: a seeded rng then breaks ties reproducibly
+        order = {g.name: i for i, g in enumerate(self.groups)}
+        probes.sort(key=lambda p: order[p.group])
         return probes, failures
 
     async def _commit_best(
