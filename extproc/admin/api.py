@@ -5,21 +5,31 @@
     GET  /readyz                  200 when ready to route (see readiness.py), else 503 with the reason
     GET  /busy_threshold          {"thresholds": [record per configured model]}
     POST /busy_threshold          {"model": M} reads M's record; with threshold fields, sets them
+                                  (a value of null clears that threshold)
     GET  /debug/workers           per worker: endpoint, cache source, cached blocks, active load
     GET  /debug/dump_events       ?model=M: the KV events that rebuild M's indexer (engine-reported)
-    POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens", "cache_salt"?}: loads if sent
+    POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens", "cache_salt"?}: loads if
+                                  sent; at most MAX_POTENTIAL_LOADS_TOKENS tokens (400 beyond)
 
 A busy-threshold record is {"model", "active_decode_blocks_threshold", "active_prefill_tokens_threshold",
 "active_prefill_tokens_threshold_frac"}, null when unset. Setting validates every value (fractions in
-[0, 1], counts >= 0) and answers 400 with a message otherwise, 404 for a model not served here.
-With `--admin-token`, mutating calls need `Authorization: Bearer <token>` (401 otherwise). The
-server binds to `--admin-host`, loopback by default.
+[0, 1], counts >= 0, or null to clear) and answers 400 with a message otherwise, 404 for a model not
+served here.
+
+Who may call what:
+- Setting thresholds needs `Authorization: Bearer <token>` with `--admin-token` (the scheme in any
+  case, RFC 7235; 401 otherwise). Without a token it is refused (403) unless
+  `--admin-allow-unauthenticated-writes`; the picker says which at start.
+- Reads (`GET`, a `POST /busy_threshold` without values) and `/debug/potential_loads` need nothing:
+  the latter changes nothing and is bounded (MAX_POTENTIAL_LOADS_TOKENS tokens, its body parsed off
+  the event loop when large, the tokenizer's own thread), so a call costs the loop a few ms at most.
+Bodies are at most MAX_ADMIN_BODY bytes (413) and parsed like request bodies (`picker.bodies`): off
+the event loop when large. The server binds to `--admin-host`, loopback by default.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +41,6 @@ from extproc.admin.metrics import PickerCollector
 from extproc.errors import PickerError, UnknownModel
 from extproc.events.sources import EventSources
 from extproc.picker.pipeline import EndpointPicker
-from extproc.request.parse import parse_openai_body
 from extproc.router import AllBlocksCleared, BlocksRemoved, BlocksStored, InvalidConfig, KvEvent
 from extproc.runtime.readiness import Readiness
 
@@ -42,7 +51,8 @@ THRESHOLD_FIELDS = (
     "active_prefill_tokens_threshold",
     "active_prefill_tokens_threshold_frac",
 )
-MAX_ADMIN_BODY = 8 * 1024 * 1024
+MAX_POTENTIAL_LOADS_TOKENS = 131_072  # a long context; matching it costs the loop ~3 ms
+MAX_ADMIN_BODY = 2 * 1024 * 1024  # MAX_POTENTIAL_LOADS_TOKENS token ids written out, with room to spare
 
 
 @dataclass
@@ -67,17 +77,29 @@ def make_admin_app(
     *,
     readiness: Readiness | None = None,
     token: str | None = None,
+    allow_unauthenticated_writes: bool | None = None,
 ) -> web.Application:
+    """The admin app. `allow_unauthenticated_writes` None: the picker's config decides
+    (`--admin-allow-unauthenticated-writes`)."""
     registry = picker.metrics.registry
     registry.register(PickerCollector(picker, sources))
     readiness = readiness or Readiness(picker, sources)
+    if allow_unauthenticated_writes is None:
+        allow_unauthenticated_writes = picker.config.admin_allow_unauthenticated_writes
 
-    def authorize(request: web.Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    def check_token(request: web.Request) -> None:
+        """With a token configured, the call must carry it (401 otherwise)."""
+        if token is not None and not _bearer_matches(request.headers.get("Authorization", ""), token):
             raise _BadRequest(401, "this admin call needs 'Authorization: Bearer <admin token>'")
+
+    def authorize_write(request: web.Request) -> None:
+        if token is None and not allow_unauthenticated_writes:
+            raise _BadRequest(
+                403,
+                "admin writes are refused: start the picker with --admin-token (or, to let anyone who "
+                "reaches this port change routing, --admin-allow-unauthenticated-writes)",
+            )
+        check_token(request)
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -94,7 +116,7 @@ def make_admin_app(
         return web.json_response({"thresholds": records})
 
     async def busy_threshold(request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        body = await _json_object(request, picker)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise _BadRequest(400, "'model' must be a non-empty string")
@@ -105,12 +127,13 @@ def make_admin_app(
         if unknown:
             accepted = ", ".join(("model", *THRESHOLD_FIELDS))
             raise _BadRequest(400, f"unknown fields {unknown}; accepted: {accepted}")
-        changes = {name: body[name] for name in THRESHOLD_FIELDS if body.get(name) is not None}
+        changes = {name: body[name] for name in THRESHOLD_FIELDS if name in body}  # null: clear it
         if not changes:
             return web.json_response(_record(model, pool.router.thresholds()))
-        authorize(request)
+        authorize_write(request)
         for name, value in changes.items():
-            _validate_threshold(name, value)
+            if value is not None:
+                _validate_threshold(name, value)
         try:
             record = picker.set_thresholds(model, **changes)
         except InvalidConfig as exc:
@@ -155,7 +178,13 @@ def make_admin_app(
         return web.json_response({"model": model, "events": events})
 
     async def potential_loads(request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        raw = await _read_body(request)
+        try:
+            body = await picker.bodies.json_object(
+                raw, token_field="tokens", max_tokens=MAX_POTENTIAL_LOADS_TOKENS
+            )
+        except PickerError as exc:
+            raise _BadRequest(400, exc.message) from None
         model = body.get("model")
         pool = picker.pools.get(model) if isinstance(model, str) else None
         if pool is None:
@@ -164,19 +193,20 @@ def make_admin_app(
         cache_salt = body.get("cache_salt")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise _BadRequest(400, "'cache_salt' must be a non-empty string")
-        if tokens is not None:
-            if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in tokens
-            ):
-                raise _BadRequest(400, "'tokens' must be a list of token ids (integers in [0, 2**32))")
-        elif "messages" in body or "prompt" in body:
+        if tokens is None and ("messages" in body or "prompt" in body):
             path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
             try:
-                parsed = parse_openai_body(json.dumps(body).encode(), path, max_bytes=MAX_ADMIN_BODY)
-                tokens = await pool.tokenizer.tokenize(parsed)
+                parsed = await picker.bodies.request(raw, path)
+                if not parsed.has_prompt:
+                    raise _BadRequest(400, "the prompt holds too many JSON values to tokenize here")
+                tokens = await pool.tokenizer.tokenize(parsed.request)
             except PickerError as exc:
                 raise _BadRequest(400, exc.message) from None
-        else:
+            if len(tokens) > MAX_POTENTIAL_LOADS_TOKENS:
+                raise _BadRequest(
+                    400, f"the prompt has {len(tokens)} tokens; the limit is {MAX_POTENTIAL_LOADS_TOKENS}"
+                )
+        elif tokens is None:
             raise _BadRequest(400, "give 'tokens', 'messages' or 'prompt'")
         loads = pool.router.get_potential_loads(tokens, cache_salt=cache_salt)
         return web.json_response(
@@ -239,25 +269,41 @@ async def start_admin(
         await runner.cleanup()
         raise
     bound = runner.addresses[0][1] if runner.addresses else port
-    log.info(
-        "admin on http://%s:%d (/metrics, /healthz, /readyz, /busy_threshold, /debug/...)%s",
-        host,
-        bound,
-        "; mutations need the admin token" if token else "",
-    )
+    log.info("admin on http://%s:%d (/metrics, /healthz, /readyz, /busy_threshold, /debug/...)", host, bound)
+    if token is not None:
+        log.info("admin: changing busy thresholds needs the admin token")
+    elif picker.config.admin_allow_unauthenticated_writes:
+        log.warning(
+            "admin: anyone who reaches http://%s:%d may change busy thresholds "
+            "(--admin-allow-unauthenticated-writes, no --admin-token)",
+            host,
+            bound,
+        )
+    else:
+        log.info("admin: changing busy thresholds is refused (403): no --admin-token")
     return AdminServer(runner, bound)
 
 
-async def _json_object(request: web.Request) -> dict[str, Any]:
+def _bearer_matches(authorization: str, token: str) -> bool:
+    """Whether an Authorization header carries `token` in the Bearer scheme (any case, RFC 7235)."""
+    scheme, _, credentials = authorization.strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), token.encode())
+
+
+async def _read_body(request: web.Request) -> bytes:
     try:
-        body = await request.json()
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply, too many digits
-        raise _BadRequest(400, "the body must be a JSON object") from None
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _BadRequest(413, f"the body is larger than {MAX_ADMIN_BODY} bytes") from None
-    if not isinstance(body, dict):
-        raise _BadRequest(400, "the body must be a JSON object")
-    return body
+
+
+async def _json_object(request: web.Request, picker: EndpointPicker) -> dict[str, Any]:
+    """The request's JSON object body, parsed off the event loop when large."""
+    raw = await _read_body(request)
+    try:
+        return await picker.bodies.json_object(raw)
+    except PickerError as exc:
+        raise _BadRequest(400, exc.message) from None
 
 
 def _validate_threshold(name: str, value: Any) -> None:

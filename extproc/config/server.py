@@ -53,9 +53,9 @@ ADMIN_TOKEN: Option[str | None] = Option(
     "--admin-token",
     str,
     None,
-    "Bearer token required by mutating admin endpoints (POST /busy_threshold with values) and by "
-    "POST /debug/potential_loads. Also read from DYN_ADMIN_TOKEN. Without it, admin writes are "
-    "refused (403) unless --admin-allow-unauthenticated-writes.",
+    "Bearer token required by mutating admin endpoints (POST /busy_threshold with values). Also "
+    "read from DYN_ADMIN_TOKEN. Without it, admin writes are refused (403) unless "
+    "--admin-allow-unauthenticated-writes.",
 )
 ADMIN_ALLOW_UNAUTHENTICATED_WRITES = Option(
     "--admin-allow-unauthenticated-writes",

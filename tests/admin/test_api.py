@@ -1,12 +1,17 @@
-"""The admin HTTP server of a running picker: busy thresholds, token, readiness, debug, metrics."""
+"""The admin HTTP server of a running picker: busy thresholds (set, cleared), who may change them
+(token, its scheme in any case, the opt-out), readiness, debug views and their bounds, metrics."""
 
 from __future__ import annotations
 
+import asyncio
+import io
+import time
 from dataclasses import replace
 
 import aiohttp
 import pytest
 
+from extproc.admin.api import MAX_ADMIN_BODY, MAX_POTENTIAL_LOADS_TOKENS
 from extproc.router import AllWorkersBusy
 from extproc.runtime.server import start_picker
 
@@ -196,3 +201,133 @@ async def test_metrics_are_present_and_move_with_traffic(running, http) -> None:
     assert value(after, 'extproc_sessions_pinned{model="demo-model"}') == 3
     assert 'extproc_queue_depth{model="demo-model"} 0.0' in after
     assert "extproc_worker_active_prefill_tokens" in after and "extproc_indexer_events" in after
+
+
+@pytest.fixture
+async def open_admin(request):
+    """A picker whose admin has no token; `request.param` is --admin-allow-unauthenticated-writes."""
+    config = replace(
+        picker_config(2),
+        port=0,
+        health_port=0,
+        admin_port=0,
+        admin_allow_unauthenticated_writes=getattr(request, "param", False),
+    )
+    picker = await start_picker(config)
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{picker.admin.port}") as session:
+            yield session
+    finally:
+        await picker.stop(0)
+
+
+async def test_without_a_token_setting_thresholds_is_refused_and_reading_is_not(open_admin, caplog) -> None:
+    """Issue 19: without --admin-token anyone could change thresholds, though the README said a token
+    was needed. Now admin writes need the token, or an explicit opt-out."""
+    body = {"model": MODEL, "active_prefill_tokens_threshold": 10}
+    status, answer = await call(open_admin, "POST", "/busy_threshold", json=body)
+    assert status == 403 and "--admin-token" in answer["error"]
+    assert await call(open_admin, "POST", "/busy_threshold", json={"model": MODEL}) == (
+        200,
+        {"model": MODEL, **UNSET},
+    )
+    assert (await call(open_admin, "GET", "/busy_threshold"))[0] == 200
+
+
+@pytest.mark.parametrize("open_admin", [True], indirect=True)
+async def test_the_opt_out_flag_lets_anyone_set_thresholds(open_admin) -> None:
+    body = {"model": MODEL, "active_prefill_tokens_threshold": 10}
+    assert await call(open_admin, "POST", "/busy_threshold", json=body) == (200, {**UNSET, **body})
+
+
+@pytest.mark.parametrize(
+    ("allow", "token", "said"),
+    [
+        (False, None, "changing busy thresholds is refused (403): no --admin-token"),
+        (True, None, "anyone who reaches"),
+        (False, TOKEN, "changing busy thresholds needs the admin token"),
+    ],
+)
+async def test_the_picker_says_at_start_who_may_change_thresholds(caplog, allow, token, said) -> None:
+    config = replace(
+        picker_config(2), port=0, health_port=0, admin_port=0, admin_token=token,
+        admin_allow_unauthenticated_writes=allow,
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger="extproc.admin"):
+        picker = await start_picker(config)
+        await picker.stop(0)
+    assert any(said in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    if allow:
+        assert any(r.levelname == "WARNING" and said in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [
+        (f"bearer {TOKEN}", 200),  # issue 19: the lowercase scheme was refused
+        (f"BEARER {TOKEN}", 200),
+        (f"Bearer   {TOKEN} ", 200),
+        (f"Basic {TOKEN}", 401),
+        (f"Bearer {TOKEN}x", 401),
+        (TOKEN, 401),
+        ("", 401),
+    ],
+)
+async def test_the_bearer_scheme_is_matched_in_any_case(http, authorization, status) -> None:
+    body = {"model": MODEL, "active_prefill_tokens_threshold": 10}
+    headers = {"Authorization": authorization} if authorization else None
+    assert (await call(http, "POST", "/busy_threshold", json=body, headers=headers))[0] == status
+
+
+async def test_a_threshold_set_at_run_time_can_be_cleared_with_null(running, http) -> None:
+    """Issue 19: null was read as "not given", so a threshold once set could never be cleared."""
+    router = running.picker.pools[MODEL].router
+    body = {"model": MODEL, "active_prefill_tokens_threshold": 10, "active_decode_blocks_threshold": 0.5}
+    assert (await call(http, "POST", "/busy_threshold", json=body, headers=AUTH))[0] == 200
+    clear = {"model": MODEL, "active_prefill_tokens_threshold": None}
+    assert (await call(http, "POST", "/busy_threshold", json=clear))[0] == 401  # clearing is a write
+    assert await call(http, "POST", "/busy_threshold", json=clear, headers=AUTH) == (
+        200,
+        {**UNSET, "model": MODEL, "active_decode_blocks_threshold": 0.5},
+    )
+    assert router.config.active_prefill_tokens_threshold is None
+    assert router.config.active_decode_blocks_threshold == 0.5
+
+
+async def test_potential_loads_refuses_more_tokens_than_its_bound(http) -> None:
+    too_many = {"model": MODEL, "tokens": [1] * (MAX_POTENTIAL_LOADS_TOKENS + 1)}
+    status, answer = await call(http, "POST", "/debug/potential_loads", json=too_many)
+    assert status == 400 and f"the limit is {MAX_POTENTIAL_LOADS_TOKENS}" in answer["error"]
+    long_prompt = {"model": MODEL, "prompt": "x" * (MAX_POTENTIAL_LOADS_TOKENS + 10)}  # bytes are tokens here
+    status, answer = await call(http, "POST", "/debug/potential_loads", json=long_prompt)
+    assert status == 400 and "tokens; the limit is" in answer["error"]
+    at_the_bound = {"model": MODEL, "tokens": [1] * MAX_POTENTIAL_LOADS_TOKENS}
+    status, answer = await call(http, "POST", "/debug/potential_loads", json=at_the_bound)
+    assert status == 200 and answer["tokens"] == MAX_POTENTIAL_LOADS_TOKENS
+    async with http.post("/debug/potential_loads", data=io.BytesIO(b" " * (MAX_ADMIN_BODY + 1))) as r:
+        assert r.status == 413
+
+
+async def test_a_million_token_potential_loads_call_does_not_hold_the_event_loop(http) -> None:
+    """Issue 19: a 1M-token body stalled routing ~180 ms per call (parsed, checked and matched on the
+    loop). Its body is parsed and checked in a parse worker now, and refused there."""
+    body = b'{"model": "%s", "tokens": [%s]}' % (MODEL.encode(), b",".join([b"1"] * 1_000_000))
+    assert len(body) <= MAX_ADMIN_BODY
+    async with http.post("/debug/potential_loads", data=b'{"model": "x", "tokens": [1]}' + b" " * 20000) as r:
+        assert r.status == 404  # the parse worker is started
+    worst = 0.0
+    posting = asyncio.ensure_future(_post(http, body))
+    last = time.perf_counter()
+    while not posting.done():
+        await asyncio.sleep(0.002)
+        now = time.perf_counter()
+        worst = max(worst, now - last)
+        last = now
+    status, answer = posting.result()
+    assert status == 400 and "the limit is" in answer["error"]
+    assert worst < 0.08, f"the event loop was held {worst * 1000:.0f} ms"
+
+
+async def _post(http, body: bytes):
+    async with http.post("/debug/potential_loads", data=io.BytesIO(body)) as r:
+        return r.status, await r.json()
