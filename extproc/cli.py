@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument(
         "--message-timeout-ms", type=int, default=5000, help="ext_proc message timeout (default: %(default)s)"
     )
+    envoy.add_argument(
+        "--prefill-endpoint-header",
+        default="x-prefill-endpoint",
+        help="the picker's --prefill-endpoint-header: removed from clients' requests like every header the "
+        "picker owns (default: %(default)s)",
+    )
     tls = envoy.add_argument_group("TLS to the picker (for a picker started with --tls-*)")
     tls.add_argument(
         "--picker-tls",
@@ -172,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 workers=[w for w in args.workers.split(",") if w],
                 message_timeout_ms=args.message_timeout_ms,
                 picker_tls=_picker_tls(args),
+                prefill_endpoint_header=args.prefill_endpoint_header,
             )
             print(text)
         except ValueError as exc:

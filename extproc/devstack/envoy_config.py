@@ -1,10 +1,12 @@
 """Envoy configurations that work with this picker: render the templates in `envoy/` (next to this
 module, shipped as package data) for one deployment.
 
-Owns the mapping from a few deployment facts (ports, picker address, workers, limits) to the
-placeholders of `envoy/{buffered,duplex,failopen}.yaml`; the YAML files own everything else and are
-documented in `envoy/README.md`. No I/O besides reading the template; the caller writes or runs the
-result (see `extproc.devstack.procs.start_envoy`).
+Owns the mapping from a few deployment facts (ports, picker address, workers, limits, the prefill
+endpoint header) to the placeholders of `envoy/{buffered,duplex,failopen}.yaml`; the YAML files own
+everything else and are documented in `envoy/README.md`. Every variant includes
+`envoy/local_replies.yaml` (Envoy's own answers as OpenAI-style JSON) and removes the request headers
+the picker owns (`extproc.epp.answers.owned_headers`) before the picker runs. No I/O besides reading
+the templates; the caller writes or runs the result (see `extproc.devstack.procs.start_envoy`).
 
 Variants:
     buffered   request body BUFFERED, ORIGINAL_DST keyed on envoy.lb metadata, fails closed (default)
@@ -22,11 +24,15 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import string
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from extproc.epp.answers import DEFAULT_PREFILL_HEADER, owned_headers
 
 Variant = Literal["buffered", "duplex", "failopen"]
 VARIANTS: tuple[Variant, ...] = ("buffered", "duplex", "failopen")
@@ -39,6 +45,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # Envoy's default buffer limit of 1 Mi
 DEFAULT_STREAM_IDLE_TIMEOUT_S = 600
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "envoy"  # package data: ships in the wheel
+LOCAL_REPLIES = TEMPLATE_DIR / "local_replies.yaml"  # included by every variant
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +84,7 @@ def render_envoy_config(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     stream_idle_timeout_s: int = DEFAULT_STREAM_IDLE_TIMEOUT_S,
     picker_tls: bool | PickerTls = False,
+    prefill_endpoint_header: str = DEFAULT_PREFILL_HEADER,
 ) -> str:
     """Render the Envoy v3 YAML of `variant`.
 
@@ -85,8 +93,10 @@ def render_envoy_config(
     whose ORIGINAL_DST cluster reaches whatever endpoint the picker names. `picker_tls` puts TLS on the
     connection to the picker: True encrypts without verifying, a `PickerTls` says what to verify
     and which client certificate to present. `listen_port` and `admin_port` 0 (the default) let
-    Envoy bind free ports; `extproc.devstack.procs.start_envoy` reads them back. Raises ValueError
-    naming the bad argument.
+    Envoy bind free ports; `extproc.devstack.procs.start_envoy` reads them back.
+    `prefill_endpoint_header` is the picker's `--prefill-endpoint-header`: like the other headers the
+    picker owns, a client's copy is removed before the picker runs. Raises ValueError naming the bad
+    argument.
     """
     path = template_path(variant)
     for name, port in (("listen_port", listen_port), ("admin_port", admin_port)):
@@ -105,6 +115,8 @@ def render_envoy_config(
         raise ValueError(f"max_body_bytes={max_body_bytes} is too small; pass at least 1024")
     if stream_idle_timeout_s < 0:
         raise ValueError(f"stream_idle_timeout_s={stream_idle_timeout_s} must be >= 0 (0 disables it)")
+    if not _HEADER_NAME.fullmatch(prefill_endpoint_header.strip()):
+        raise ValueError(f"prefill_endpoint_header={prefill_endpoint_header!r} is not a header name")
     values = {
         "listen_port": str(listen_port),
         "admin_port": str(admin_port),
@@ -116,8 +128,26 @@ def render_envoy_config(
         "max_body_bytes": str(max_body_bytes),
         "stream_idle_timeout": f"{stream_idle_timeout_s}s",
         "worker_endpoints": _lb_endpoints(endpoints),
+        "owned_header_removals": _removals(owned_headers(prefill_endpoint_header)),
     }
+    values["local_reply_config"] = _included(LOCAL_REPLIES, values, indent=10)
     return string.Template(path.read_text()).substitute(values)
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an RFC 9110 token
+
+
+def _removals(headers: frozenset[str]) -> str:
+    """The header_mutation filter's request_mutations removing `headers`, as a YAML flow list."""
+    return "[" + ", ".join(f"{{remove: {name}}}" for name in sorted(headers)) + "]"
+
+
+def _included(fragment: Path, values: dict[str, str], *, indent: int) -> str:
+    """`fragment` rendered with `values`, without its comment lines, indented to sit at a placeholder
+    that is itself indented by `indent` spaces (its first line takes the placeholder's place)."""
+    lines = [line for line in fragment.read_text().splitlines() if not line.startswith("#")]
+    text = string.Template("\n".join(lines).strip("\n")).substitute(values)
+    return textwrap.indent(text, " " * indent).lstrip(" ")
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:

@@ -5,7 +5,8 @@ Speaks only Envoy's `envoy.service.ext_proc.v3` protocol (REFERENCE sections 1-2
   deadlocks Envoy until `message_timeout`), route on the body message, and put the header
   mutation on the body answer. In BUFFERED mode Envoy sends the whole body in one message; its
   `end_of_stream` is false when request trailers follow (HTTP/2), and Envoy sends the trailers only
-  after that message is answered, so the body is decided on that one message either way.
+  after that message is answered, so the body is decided on that one message either way. Headers
+  then trailers without data (our configs send trailers) is a 400: nothing can route it any more.
 - FULL_DUPLEX_STREAMED: hold the headers answer until the body ends (its `end_of_stream`, or the
   request trailers), then send the routing headers answer and echo the body back in chunks of at
   most ~62 KB, the last one ending the stream.
@@ -59,6 +60,9 @@ log = logging.getLogger("extproc.service")
 _BodyMode = processing_mode_pb2.ProcessingMode.BodySendMode
 BUFFERED = _BodyMode.BUFFERED
 DUPLEX = _BodyMode.FULL_DUPLEX_STREAMED
+
+
+_TRAILERS_WITHOUT_BODY = "a request with trailers but no body cannot be routed (BUFFERED mode); send a body"
 
 
 class Picker(Protocol):
@@ -291,7 +295,15 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         return []
 
     async def _on_request_trailers(self, stream: _Stream) -> list[pb.ProcessingResponse]:
-        # Trailers end a body that had no end_of_stream (duplex; or headers, then trailers, no data)
+        if stream.phase is Phase.REQUEST_BODY and stream.body_in_one_message:
+            # BUFFERED, headers then trailers and no data: the headers were answered already and a
+            # trailers answer cannot change them (no destination header, no owned headers removed),
+            # so such a request is not routed: a 400, as for any body-less POST to a routable path.
+            stream.phase = Phase.DONE
+            routable = stream.path.partition("?")[0] in ROUTABLE_PATHS
+            message = "request body is empty; send the request as a JSON object"
+            return [self._reject(stream, RequestInvalid(message if routable else _TRAILERS_WITHOUT_BODY))]
+        # Trailers end a duplex body that had no end_of_stream (or no data at all)
         if stream.phase is Phase.REQUEST_BODY:
             answers = await self._body_complete(stream, end_of_stream=False)
             return [*answers, epp.CONTINUE_REQUEST_TRAILERS] if not stream.done else answers

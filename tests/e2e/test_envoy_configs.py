@@ -26,6 +26,9 @@ import pytest_asyncio
 
 from extproc.devstack.envoy_config import Variant, render_envoy_config
 from extproc.devstack.procs import find_envoy, reserve_port
+from extproc.epp.answers import owned_headers
+from extproc.errors import RequestInvalid
+from extproc.request.parse import normalize_path
 
 from .harness import (
     EchoWorker,
@@ -42,6 +45,7 @@ from .harness import (
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 DESTINATION = "x-gateway-destination-endpoint"
+DROPPED_REASON = "x-gateway-request-dropped-reason"
 MiB = 1024 * 1024
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=20)
 LIVE_VARIANTS: list[Variant] = ["buffered", "duplex", "failopen"]
@@ -174,13 +178,29 @@ async def test_large_body_arrives_byte_identical(
         assert echoed["headers"].get("content-length") == str(size)
 
 
+def assert_envoy_answer(status: int, headers: Any, text: str, expected: int, reason: str) -> dict[str, Any]:
+    """Envoy's own answer in the picker's shape (envoy/local_replies.yaml): OpenAI-style JSON and the
+    dropped reason."""
+    assert status == expected, text
+    assert headers["content-type"] == "application/json"
+    assert headers[DROPPED_REASON] == reason
+    error: dict[str, Any] = json.loads(text)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == expected and error["param"] is None and error["message"]
+    return error
+
+
+@pytest.mark.parametrize("variant", ["buffered", "failopen"])
 async def test_buffered_body_over_the_limit_gets_413(
-    envoys: dict[str, EnvoyUnderTest], client: aiohttp.ClientSession
+    variant: Variant, envoys: dict[str, EnvoyUnderTest], client: aiohttp.ClientSession
 ) -> None:
     async with client.post(
-        envoys["buffered"].url + "/v1/completions", data=io.BytesIO(os.urandom(5 * MiB))
+        envoys[variant].url + "/v1/completions", data=io.BytesIO(os.urandom(5 * MiB))
     ) as response:
-        assert response.status == 413
+        error = assert_envoy_answer(
+            response.status, response.headers, await response.text(), 413, "body-too-large"
+        )
+    assert error["type"] == "BadRequestError" and f"limit of {4 * MiB} bytes" in error["message"]
 
 
 @pytest.mark.parametrize("variant", LIVE_VARIANTS)
@@ -261,15 +281,91 @@ async def test_client_destination_header_neither_routes_nor_reaches_the_picker(
     assert all(DESTINATION not in headers for headers in seen)
 
 
+@pytest.mark.parametrize("variant", LIVE_VARIANTS)
+async def test_headers_the_picker_owns_are_stripped_before_the_picker_runs(
+    variant: Variant,
+    envoys: dict[str, EnvoyUnderTest],
+    fresh_picker: InProcessPicker,
+    client: aiohttp.ClientSession,
+) -> None:
+    """The no-op picker removes nothing: what it and the worker see is Envoy's doing alone."""
+    forged = {name: "10.9.9.9:80" for name in owned_headers()}
+    for path in ("/v1/chat/completions", "/v1/models"):
+        echoed = await post_echo(client, envoys[variant].url + path, b"{}", headers=forged)
+        assert set(echoed["headers"]) & set(forged) == {DESTINATION}
+        assert echoed["headers"][DESTINATION] == echoed["worker"]
+    seen = list(fresh_picker.servicer.seen_request_headers)
+    assert len(seen) == 2 and not any(set(headers) & set(forged) for headers in seen)
+
+
+# raw :path as a client sends it -> what the picker decides on (None: Envoy and the picker answer 400)
+PATHS = {
+    "/v1/chat/%63ompletions": "/v1/chat/completions",
+    "/v1/chat/%63%6F%6d%70letions?q=%63": "/v1/chat/completions?q=%63",
+    "//v1///completions?a//b": "/v1/completions?a//b",
+    "/v1/x/../chat/completions": "/v1/chat/completions",
+    "/v1/chat/%2e%2E/completions": "/v1/completions",
+    "/../v1/completions": "/v1/completions",
+    "/v1\\chat\\completions": "/v1/chat/completions",
+    "/a;b/../v1/models": "/v1/models",
+    "/v1/chat/completions/.": "/v1/chat/completions/",
+    "/v1/%7e%41%5a%20%3f%25": "/v1/~AZ%20%3f%25",
+    "/a%252Fb": "/a%252Fb",
+    "/v1%2Fchat%2Fcompletions": None,
+    "/v1/chat%2fcompletions": None,
+    "/v1%5Ccompletions": None,
+    "/v1/%00": None,
+    "/v1/models#x": None,
+}
+
+
+@pytest.mark.parametrize("variant", LIVE_VARIANTS)
+async def test_envoy_and_the_picker_normalise_paths_alike(
+    variant: Variant, envoys: dict[str, EnvoyUnderTest], fresh_picker: InProcessPicker
+) -> None:
+    """Envoy's normalize_path + merge_slashes + REJECT_REQUEST for escaped slashes, and the picker's
+    normalize_path: the :path the picker is given is the one it would decide on by itself."""
+    for raw, expected in PATHS.items():
+        status = await raw_get(envoys[variant].listen_port, raw)
+        if expected is None:
+            assert status == 400, raw
+            with pytest.raises(RequestInvalid):
+                normalize_path(raw)
+            continue
+        assert status == 200, raw
+        forwarded = fresh_picker.servicer.seen_request_headers[-1][":path"]
+        assert forwarded == expected == normalize_path(raw), raw
+    assert len(fresh_picker.servicer.seen_request_headers) == sum(v is not None for v in PATHS.values())
+
+
+async def raw_get(port: int, path: str) -> int:
+    """GET `path` byte for byte (HTTP clients normalise paths themselves); the status code."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".encode("latin-1"))
+        status_line = await asyncio.wait_for(reader.readline(), 10)
+        await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    return int(status_line.split()[1])
+
+
 @pytest.mark.parametrize("variant", ["buffered", "duplex"])
 async def test_picker_down_fails_closed_with_503(
     variant: Variant, envoys: dict[str, EnvoyUnderTest], client: aiohttp.ClientSession
 ) -> None:
     url = envoys[f"{variant}-down"].url
     async with client.post(url + "/v1/completions", data=b'{"model": "m"}') as response:
-        assert response.status == 503  # status_on_error; Envoy's default would be 500
+        # status_on_error; Envoy's default would be 500
+        assert_envoy_answer(
+            response.status, response.headers, await response.text(), 503, "picker-unavailable"
+        )
+        assert response.headers["retry-after"] == "1"
     async with client.get(url + "/v1/models") as response:
-        assert response.status == 503
+        assert_envoy_answer(
+            response.status, response.headers, await response.text(), 503, "picker-unavailable"
+        )
 
 
 @pytest.mark.parametrize(("variant", "expected_status"), [("buffered", 504), ("failopen", 200)])
@@ -282,6 +378,10 @@ async def test_hung_picker_times_out_after_message_timeout(
     started = loop.time()
     async with client.post(envoys[f"{variant}-stalled"].url + "/v1/completions", data=b"{}") as response:
         assert response.status == expected_status
+        if expected_status == 504:
+            assert_envoy_answer(
+                response.status, response.headers, await response.text(), 504, "picker-timeout"
+            )
     assert STALL_TIMEOUT_MS / 1000 * 0.9 <= loop.time() - started < 5.0
 
 

@@ -97,7 +97,7 @@ async def post(http: aiohttp.ClientSession, url: str, text: str, query: str = ""
     async with http.post(f"{url}/v1/chat/completions{query}", json=body) as r:
         data = await r.read()
         answer = json.loads(data) if r.content_type == "application/json" else {"text": data.decode()}
-        return r.status, dict(r.headers), answer
+        return r.status, {k.lower(): v for k, v in r.headers.items()}, answer
 
 
 async def until(condition, timeout_s: float = 10.0) -> None:
@@ -121,6 +121,7 @@ async def test_a_request_beyond_the_stream_limit_gets_429_and_the_next_one_after
         assert status == 429
         assert headers[epp.DROPPED_REASON_HEADER] == "rejected-too-many-streams"
         assert answer["error"]["type"] == "RateLimitError" and "limit of 2" in answer["error"]["message"]
+        assert headers["retry-after"] == "1"
         assert "worker" not in answer  # no worker saw it
         assert rejected("extproc_rejections_total", labels) == before + 1
 
@@ -143,8 +144,12 @@ async def test_a_dead_worker_gets_envoys_503_counted_as_failures_in_a_row_until_
         labels = {"model": MODEL, "worker": "w0"}
         async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
             for attempt in range(1, 4):
-                status, _, answer = await post(http, envoy.url, f"nobody there {attempt}")
-                assert status == 503 and "upstream connect error" in answer["text"]  # Envoy's own answer
+                status, headers, answer = await post(http, envoy.url, f"nobody there {attempt}")
+                # Envoy's own answer, in the picker's shape (envoy/local_replies.yaml)
+                assert status == 503 and "upstream connect error" in answer["error"]["message"]
+                assert answer["error"]["type"] == "ServiceUnavailableError" and answer["error"]["code"] == 503
+                assert headers[epp.DROPPED_REASON_HEADER] == "upstream-unavailable"
+                assert headers["retry-after"] == "1"
                 await until(picker.is_idle)  # freed like any other failed request
                 assert sample("extproc_worker_consecutive_failures", labels) == attempt
             assert sample("extproc_upstream_responses_total", {**labels, "status": "503"}) == 3

@@ -54,7 +54,7 @@ def test_error_types_follow_vllm_names():
         "RateLimitError",
         "InternalServerError",
         "ServiceUnavailableError",
-        "InternalServerError",
+        "GatewayTimeoutError",
         "BadRequestError",
     ]
     assert (

@@ -358,10 +358,19 @@ async def test_a_buffered_body_followed_by_trailers_is_decided_on_its_one_messag
 @pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
 async def test_headers_then_trailers_without_data_are_decided_on_an_empty_body(mode):
     picker, service = make_service()
-    answers = await run(
-        service, [request_headers(mode=mode), pb.ProcessingRequest(request_trailers=pb.HttpTrailers())]
-    )
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    answers = await run(service, [request_headers(mode=mode), trailers])
     assert answers[-1].immediate_response.details == "invalid-request"
+    assert b"request body is empty" in answers[-1].immediate_response.body
+    # not a generation request: duplex still routes it (the headers answer was held); in BUFFERED
+    # the headers were answered already and nothing can route it any more, so it is refused too
+    answers = await run(service, [request_headers("/v1/models", mode=mode), trailers])
+    if mode == DUPLEX:
+        assert epp.DESTINATION_HEADER in mutation_headers(answers[0].request_headers.response)
+        assert answers[-1].HasField("request_trailers")
+    else:
+        assert answers[-1].immediate_response.details == "invalid-request"
+        assert b"trailers but no body" in answers[-1].immediate_response.body
     assert picker.is_idle()
 
 
