@@ -12,11 +12,25 @@ Listening (every address defaults to 127.0.0.1; `--host` / `--admin-host` widen 
     admin HTTP        --admin-host:--admin-port        plaintext; off by default; mutating endpoints
                                                        need --admin-token
 
-Graceful shutdown (`RunningPicker.stop`, on SIGTERM or SIGINT): readiness goes NOT_SERVING and
-/readyz 503 at once (liveness stays SERVING), the ext_proc and group servers refuse new streams,
-in-flight streams get `--shutdown-grace-secs` to finish and are then cancelled (the service frees
-their requests; Envoy with failure_mode_allow carries on without the picker), then discovery, the
-event sources and the picker stop and the process exits 0. A second signal cancels at once.
+Graceful shutdown (`RunningPicker.stop`, on SIGTERM or SIGINT): every listening port closes at
+once, so that a replacement can start on the same ports while this process drains; in-flight
+ext_proc and group API calls get `--shutdown-grace-secs` to finish and are then cancelled (the
+service frees their requests; Envoy with failure_mode_allow carries on without the picker), then
+discovery, the event sources and the picker stop and the process exits 0. A second signal cancels
+at once. In detail: health turns NOT_SERVING (readiness, "", the ext_proc and inference-extension
+services; a Watch hears it) and /readyz 503, then the health server stops and the admin server
+stops listening; admin connections already open (a Prometheus scrape's keep-alive) are still
+served, /readyz 503, until the end.
+
+Why the ports close rather than say "not ready" for the whole drain: a replacement on the same host
+(a supervisor restarting the picker, the soak) could otherwise not bind the health and admin ports
+until the old process exits, up to the grace later. A probe now gets "connection refused", which
+kubelet and load balancers take as not ready just as NOT_SERVING (kubelet does not run liveness
+probes on a terminating pod, and each pod has its own ports); what is lost is only scraping
+/metrics on a new connection during the drain, whose end is logged instead. SO_REUSEPORT was the
+other way: old and new would listen side by side, and a probe or an admin call (a threshold set
+through POST /busy_threshold) would land on either process at the kernel's choice, and any process
+of the same user could take a share of the port; gRPC's default SO_REUSEPORT stays off.
 """
 
 from __future__ import annotations
@@ -86,13 +100,13 @@ class RunningPicker:
     tls: str = "plaintext"  # how ext_proc and the group API listen (tls.describe)
 
     async def stop(self, grace_s: float = 5.0, *, cut_short: asyncio.Event | None = None) -> DrainReport:
-        """Stop gracefully: not ready at once, new streams refused, in-flight ext_proc streams given
-        `grace_s` seconds (or until `cut_short` is set) to finish, the rest cancelled; then the other
-        servers, discovery, the event sources and the picker stop."""
+        """Stop gracefully: not ready and every listener closed at once, in-flight ext_proc streams
+        given `grace_s` seconds (or until `cut_short` is set) to finish, the rest cancelled; then the
+        admin server, discovery, the event sources and the picker stop."""
         started = time.monotonic()
         await self._report_draining()
+        await self._release_side_ports()
         draining, cancelled = await self._drain(grace_s, cut_short)
-        await self.health_server.stop(0)
         if self.admin is not None:
             await self.admin.stop()
         if self.discovery is not None:
@@ -133,8 +147,17 @@ class RunningPicker:
 
     @staticmethod
     async def _stop_servers(servers: list[grpc.aio.Server], grace_s: float | None) -> None:
-        for server in servers:
-            await server.stop(grace_s)
+        """Stop each (its listener closes at once), all at the same time: each server's grace is
+        its in-flight calls', and no port waits for another server's drain."""
+        await asyncio.gather(*(server.stop(grace_s) for server in servers))
+
+    async def _release_side_ports(self) -> None:
+        """Close the health and admin listeners (a replacement can bind them now); admin
+        connections already open are still served until the admin server stops."""
+        await self.health_server.stop(0)
+        if self.admin is not None:
+            for site in list(self.admin.runner.sites):
+                await site.stop()
 
     async def _report_draining(self) -> None:
         """Readiness NOT_SERVING (gRPC health and /readyz); liveness stays SERVING until the end."""

@@ -10,6 +10,7 @@ releases them, so "a long response in flight" is a fact, not a timing guess.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import signal
@@ -75,29 +76,50 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
 
 class PickerProcess:
     """`python -m extproc serve` for the echo worker on `port`, with admin and health on ports it
-    binds itself (port 0) and reports (`--ports-file`)."""
+    binds itself (port 0) and reports (`--ports-file`), or on the `side_ports` given (health, admin
+    and router-group API, in that order)."""
 
-    def __init__(self, worker: EchoWorker, port: int, log_dir: Path, grace_s: float) -> None:
+    def __init__(
+        self,
+        worker: EchoWorker,
+        port: int,
+        log_dir: Path,
+        grace_s: float,
+        side_ports: tuple[int, int, int] | None = None,
+    ) -> None:
         config = log_dir / "picker.yaml"
         config.write_text(
             yaml.safe_dump({"workers": [{"id": "w0", "endpoint": worker.address, "model": MODEL}]})
         )
-        self.port, self.health_port, self.admin_port = port, 0, 0
+        health, admin, group_api = side_ports or (0, 0, None)
+        self.port, self.health_port, self.admin_port, self.group_api_port = port, health, admin, group_api
         name = f"picker-{uuid.uuid4().hex[:6]}"
         ports_file = log_dir / f"{name}.ports.json"
         argv = [
             sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
-            "--port", str(port), "--health-port", "0", "--admin-port", "0", "--ports-file", str(ports_file),
-            "--shutdown-grace-secs", str(grace_s),
+            "--port", str(port), "--health-port", str(health), "--admin-port", str(admin),
+            "--ports-file", str(ports_file), "--shutdown-grace-secs", str(grace_s),
         ]  # fmt: skip
+        if group_api is not None:
+            argv += ["--group-api-port", str(group_api)]
         self.process = ManagedProcess(argv, log_path=log_dir / f"{name}.log", ports_file=ports_file)
 
     async def start(self) -> PickerProcess:
         self.process.start()
         ports = await asyncio.to_thread(self.process.ports, 30.0)  # written once every server listens
+        for name, asked in (("health_port", self.health_port), ("admin_port", self.admin_port)):
+            assert asked in (0, ports[name]), ports
         self.health_port, self.admin_port = ports["health_port"], ports["admin_port"]
-        assert ports["port"] == self.port
+        assert ports["port"] == self.port and ports.get("group_api_port") == self.group_api_port
         return self
+
+    @property
+    def listening(self) -> dict[str, bool]:
+        """Which of its ports accept connections right now."""
+        ports = {"ext_proc": self.port, "health": self.health_port, "admin": self.admin_port}
+        if self.group_api_port is not None:
+            ports["group_api"] = self.group_api_port
+        return {name: port_is_open("127.0.0.1", port) for name, port in ports.items()}
 
     def terminate(self) -> None:
         os.kill(self.process.pid, signal.SIGTERM)
@@ -109,16 +131,31 @@ class PickerProcess:
             )
         return answer.status
 
-    async def readyz(self, client: aiohttp.ClientSession) -> int:
-        async with client.get(f"http://127.0.0.1:{self.admin_port}/readyz") as response:
-            return response.status
-
     async def exit_code(self, within_s: float) -> int:
         await until(lambda: not self.process.is_running(), within_s, "the picker exits")
         return self.process.returncode  # type: ignore[return-value]
 
     def log(self) -> str:
         return self.process.log_tail(20_000)
+
+
+class AdminConnection:
+    """One keep-alive HTTP/1.1 connection to an admin port: http.client sends every request on the
+    same socket, and fails rather than open another once the server has closed it."""
+
+    def __init__(self, port: int) -> None:
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+
+    def __enter__(self) -> AdminConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.connection.close()
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        self.connection.request("GET", path)
+        response = self.connection.getresponse()
+        return response.status, response.read()
 
 
 async def until(
@@ -181,17 +218,16 @@ async def test_sigterm_drains_the_stream_in_flight_and_a_new_picker_routes_again
         async with client.post(envoy.url + f"/sse?n={SSE_EVENTS}&key={key}", data=BODY) as stream:
             assert stream.status == 200
             assert json.loads(await read_event(stream))["index"] == 0  # in flight, held by the worker
-            picker.terminate()
-            # Not ready at once (kubelet and Envoy health checks stop sending), still alive.
-            serving, not_serving = (
-                health_pb2.HealthCheckResponse.SERVING,
-                health_pb2.HealthCheckResponse.NOT_SERVING,
-            )
-            await until(lambda: _is(picker.health("readiness"), not_serving), 10, "readiness NOT_SERVING")
-            assert await picker.health("liveness") == serving
-            assert await picker.readyz(client) == 503
+            assert await picker.health("readiness") == health_pb2.HealthCheckResponse.SERVING
+            with AdminConnection(picker.admin_port) as admin:  # open before the signal, kept alive
+                assert admin.get("/readyz")[0] == 200
+                picker.terminate()
+                # Every port closes at once (a probe is refused: not ready), the process lives on;
+                # an admin connection already open is still answered: not ready.
+                await until(lambda: not any(picker.listening.values()), 10, "every port closes")
+                assert admin.get("/readyz")[0] == 503
+                assert admin.get("/metrics")[0] == 200
             # New ext_proc streams are refused: Envoy fails open and the worker still answers.
-            await until(lambda: not port_is_open("127.0.0.1", picker_port), 10, "the ext_proc port closes")
             echoed = await post(client, envoy)
             assert DESTINATION not in echoed["headers"]
             assert picker.process.is_running()  # still draining the stream in flight
@@ -211,6 +247,42 @@ async def test_sigterm_drains_the_stream_in_flight_and_a_new_picker_routes_again
         assert await restarted.exit_code(within_s=10) == 0
     finally:
         restarted.process.stop()
+
+
+async def test_a_replacement_started_during_the_drain_binds_every_port_and_routes(
+    worker, envoy, client, picker_port, log_dir
+):
+    """A picker restarted on the same host (a supervisor, the soak) starts while the old one still
+    drains a stream: the old one freed its ext_proc, router-group API, health and admin ports at
+    once. Before, the new one failed to bind the health port and exited."""
+    with reserve_port() as health, reserve_port() as admin, reserve_port() as group_api:
+        side_ports = (health.port, admin.port, group_api.port)
+        old = await PickerProcess(worker, picker_port, log_dir, grace_s=20, side_ports=side_ports).start()
+        new: PickerProcess | None = None
+        try:
+            await until(lambda: _routed(client, envoy), 10, "requests are routed by the old picker")
+            key = uuid.uuid4().hex
+            async with client.post(envoy.url + f"/sse?n={SSE_EVENTS}&key={key}", data=BODY) as stream:
+                assert json.loads(await read_event(stream))["index"] == 0  # in flight on the old one
+                old.terminate()
+                await until(lambda: not any(old.listening.values()), 10, "the old picker's ports close")
+                new = PickerProcess(worker, picker_port, log_dir, grace_s=20, side_ports=side_ports)
+                await new.start()
+                assert old.process.is_running()  # still draining
+                assert all(new.listening.values()), new.listening
+                assert await new.health("readiness") == health_pb2.HealthCheckResponse.SERVING
+                await until(lambda: _routed(client, envoy), 10, "requests are routed by the new picker")
+                with AdminConnection(new.admin_port) as admin:
+                    assert admin.get("/readyz")[0] == 200
+                events = await finish_stream(stream, worker, key)
+            assert events[-1] == "[DONE]"
+            assert await old.exit_code(within_s=20) == 0
+            assert "all 1 in-flight ext_proc streams finished" in old.log()
+            assert new.process.is_running() and all(new.listening.values())  # the old exit took nothing
+        finally:
+            old.process.stop()
+            if new is not None:
+                new.process.stop()
 
 
 async def test_streams_still_open_after_the_grace_are_cancelled_and_envoy_carries_on(
@@ -235,10 +307,6 @@ async def test_streams_still_open_after_the_grace_are_cancelled_and_envoy_carrie
         assert "stopped in" in log and "1 cancelled" in log
     finally:
         picker.process.stop()
-
-
-async def _is(status: object, expected: int) -> bool:
-    return await status == expected  # type: ignore[misc]
 
 
 async def _routed(client: aiohttp.ClientSession, envoy: EnvoyUnderTest) -> bool:
