@@ -40,8 +40,22 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("disagg-e2e")
 
 
+Workers = tuple[list[WorkerProcess], list[WorkerProcess]]  # (prefill, decode)
+Stack = tuple[RunningPicker, str, "Recorder"]  # the picker, Envoy's URL, what the picker routed
+
+
 @pytest.fixture(scope="module")
-def workers(log_dir: Path) -> Iterator[tuple[list[WorkerProcess], list[WorkerProcess]]]:
+def workers(log_dir: Path) -> Iterator[Workers]:
+    yield from running_workers(log_dir)
+
+
+@pytest.fixture
+def own_workers(tmp_path: Path) -> Iterator[Workers]:
+    """Workers for one test that kills some of them."""
+    yield from running_workers(tmp_path)
+
+
+def running_workers(log_dir: Path) -> Iterator[Workers]:
     common = dict(speedup=50.0, block_size=BLOCK, kv_events=True)
     prefill = start_workers(2, log_dir, id_prefix="p", extra_args=["--role", "prefill"], **common)
     try:
@@ -72,7 +86,18 @@ class Recorder:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stack(workers, log_dir) -> AsyncIterator[tuple[RunningPicker, str, Recorder]]:
+async def stack(workers: Workers, log_dir: Path) -> AsyncIterator[Stack]:
+    async for started in running_stack(workers, log_dir):
+        yield started
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def own_stack(own_workers: Workers, tmp_path: Path) -> AsyncIterator[Stack]:
+    async for started in running_stack(own_workers, tmp_path):
+        yield started
+
+
+async def running_stack(workers: Workers, log_dir: Path) -> AsyncIterator[Stack]:
     prefill, decode = workers
     config = PickerConfig(
         router=RouterConfig(block_size=BLOCK, use_kv_events=True),
@@ -181,9 +206,11 @@ async def test_short_prompts_are_prefilled_on_the_decode_worker(stack):
     await until(picker.picker.is_idle, "every load is released")
 
 
-async def test_killing_every_prefill_worker_falls_back_to_aggregated_serving_without_failures(stack, workers):
-    picker, url, recorder = stack
-    prefill, _ = workers
+async def test_killing_every_prefill_worker_falls_back_to_aggregated_serving_without_failures(
+    own_stack, own_workers
+):
+    picker, url, recorder = own_stack
+    prefill, _ = own_workers
     for w in prefill:
         w.process.stop()
     statuses, sources = [], []

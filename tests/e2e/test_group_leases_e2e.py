@@ -31,7 +31,7 @@ LEASE_S = 2.0
 STREAMS = 6
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # each test its own: one of them kills the top-level picker
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hierarchy]:
     started = start_hierarchy(
         tmp_path_factory.mktemp("group-leases"),

@@ -32,7 +32,8 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def groups(log_dir: Path) -> Iterator[dict[str, tuple[ManagedProcess, int]]]:
-    """Groups a (127.0.1.x) and b (127.0.2.x), started together; the last test restarts a."""
+    """Groups a (127.0.1.x) and b (127.0.2.x), started together; a test that restarts a leaves it
+    running, and every test leaves both idle."""
     started: dict[str, tuple[ManagedProcess, int]] = {}
     reserved = [reserve_port(), reserve_port()]
     try:
@@ -79,12 +80,15 @@ async def test_routing_and_lifecycle_against_group_processes(groups):
 
 
 async def test_a_restarted_group_is_used_again(groups, log_dir):
+    # prompts of its own: what it routes stays cached in the groups the other tests share
     sel = selector(groups, eject_after=1, eject_s=0.2)
     process, port = groups["a"]
+    routed: list[str] = []
     try:
         process.stop(grace_s=2.0)
         for i in range(3):
-            assert (await sel.route(request(prompt(i)), f"down-{i}")).group == "b"
+            routed.append(f"down-{i}")
+            assert (await sel.route(request(prompt(500 + i)), routed[-1])).group == "b"
         assert sel.metrics.groups["a"].probe_failures[UNREACHABLE] >= 1
         groups["a"] = (launch_group("a", 1, port, log_dir), port)
         wait_until_serving(groups["a"][0])
@@ -92,11 +96,20 @@ async def test_a_restarted_group_is_used_again(groups, log_dir):
         i = 0
         while True:
             i += 1
-            decision = await sel.route(request(prompt(100 + i)), f"up-{i}")
+            routed.append(f"up-{i}")
+            decision = await sel.route(request(prompt(600 + i)), routed[-1])
             if decision.group == "a":
                 break
             assert time.monotonic() < deadline, "the restarted group was never chosen again"
             await asyncio.sleep(0.05)
         assert not sel.metrics.groups["a"].ejected
     finally:
+        for request_id in routed:  # the groups are shared with the other tests: leave them idle
+            sel.finish(request_id, "complete")
         await sel.close()
+    for name in groups:
+        remote = RemoteGroup(name, f"127.0.0.1:{groups[name][1]}")
+        try:
+            assert (await remote.potential_loads(request(prompt(1)))).load.active_requests == 0
+        finally:
+            await remote.close()

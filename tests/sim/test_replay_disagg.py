@@ -4,7 +4,9 @@ import gc
 import importlib.util
 import json
 import random
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -12,6 +14,7 @@ from extproc.cli import main as cli_main
 from extproc.router.disagg import LOCAL_CACHED, LOCAL_SHORT, DisaggPolicy
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.router.types import BlocksRemoved, Worker
+from extproc.sim import replay as replay_module
 from extproc.sim.engine import Engine, EngineConfig
 from extproc.sim.prefix_cache import PrefixCache
 from extproc.sim.replay import Replayer
@@ -159,20 +162,43 @@ def test_a_transfer_the_decode_pool_cannot_take_is_counted_and_the_prompt_recomp
     assert run.router.is_idle()
 
 
+def held_by(root: object) -> list[object]:
+    """Every object `root` holds, directly or through others: its attributes, their contents, the
+    closures and defaults of its functions. Not classes, modules or module namespaces: a function
+    reaches its module's globals, and from there anything any module holds (a logger's handlers and
+    their records, a cache), which depends on what ran before, not on what `root` holds."""
+    namespaces = {id(vars(m)) for m in list(sys.modules.values()) if isinstance(m, ModuleType)}
+    seen: set[int] = set()
+    found: list[object] = []
+    stack: list[object] = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or id(obj) in namespaces or isinstance(obj, type | ModuleType):
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        stack.extend(gc.get_referents(obj))
+    return found
+
+
 def test_the_disagg_router_holds_no_reference_to_any_engine(tmp_path):
     run = disagg(tmp_path, [(i * 50, 10 * BS, 3, long_prompt(i % 3)) for i in range(6)])
     run.run()
-    seen: set[int] = set()
-    stack: list[object] = [run.router]
-    forbidden = (Engine, PrefixCache, Replayer)
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, type | type(gc)):
-            continue
-        seen.add(id(obj))
-        assert not isinstance(obj, forbidden), f"the router reaches a {type(obj).__name__}"
-        stack.extend(gc.get_referents(obj))
-    assert len(seen) > 100
+    held = held_by(run.router)
+    forbidden = [type(o).__name__ for o in held if isinstance(o, Engine | PrefixCache | Replayer)]
+    assert not forbidden, f"the router reaches {forbidden}"
+    assert len(held) > 100
+
+
+def test_what_an_object_holds_is_its_own_graph_not_what_its_modules_hold(tmp_path, monkeypatch):
+    """The check above must not depend on test order: an engine left in a module's namespace by
+    earlier code (here put there on purpose) is not held by the router, one in its attributes is."""
+    run = disagg(tmp_path, [(0, 10 * BS, 3, long_prompt(0))])
+    engine = Engine(ENGINE)
+    monkeypatch.setattr(replay_module, "left_over_by_an_earlier_test", engine, raising=False)
+    assert all(o is not engine for o in held_by(run.router))
+    monkeypatch.setattr(run.router, "leaked", [engine], raising=False)
+    assert any(o is engine for o in held_by(run.router))
 
 
 def test_the_cli_replays_a_disaggregated_fleet_with_serves_policy_flags(tmp_path, capsys):
