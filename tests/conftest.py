@@ -6,6 +6,11 @@ exec ("Other threads are currently calling into gRPC, skipping fork() handlers",
 This must happen before grpc is first imported, hence here.
 
 `refusing_port`: addresses where nothing listens (a dead worker, picker or group), held for the test.
+
+Order: pytest-randomly (the `test` extra) shuffles the modules and the tests within each on every
+run, so no test may depend on another having run before it. The seed is printed first, even with
+`-q`, and again after a failure: `-p randomly --randomly-seed=N` reruns that order,
+`-p no:randomly` runs in file order.
 """
 
 import os
@@ -32,3 +37,25 @@ def refusing_port() -> Iterator[Callable[[], int]]:
     yield reserve
     for reservation in held:
         reservation.release()
+
+
+def _random_order_seed(config: pytest.Config) -> int | None:
+    if not config.pluginmanager.hasplugin("randomly") or not config.getoption("randomly_reorganize", True):
+        return None
+    seed = config.getoption("randomly_seed", None)
+    return seed if isinstance(seed, int) else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The order's seed on the first line, in every verbosity (the header, which names it too, is
+    not shown with -q), so that even a run cut short says how to repeat it."""
+    seed = _random_order_seed(session.config)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if seed is not None and reporter is not None and session.config.get_verbosity() < 0:
+        reporter.write_line(f"random order: -p randomly --randomly-seed={seed}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int) -> None:
+    seed = _random_order_seed(terminalreporter.config)
+    if seed is not None and exitstatus != 0:
+        terminalreporter.write_line(f"this order again: -p randomly --randomly-seed={seed}")
