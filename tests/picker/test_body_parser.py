@@ -1,0 +1,191 @@
+"""BodyParser: small bodies on the event loop, large ones in worker processes, the same answers
+either way; the loop keeps running while a large body is parsed; the prompt brought back is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from extproc.errors import BodyTooLarge, RequestInvalid
+from extproc.picker.body_parser import BodyParser
+from extproc.picker.pipeline import EndpointPicker
+
+from ..picker_fixtures import MODEL, chat_body, picker_config
+
+CHAT = "/v1/chat/completions"
+MiB = 1024 * 1024
+
+
+def nested_junk(size: int, depth: int = 20) -> str:
+    """`size` bytes of legal JSON that is slow to parse: many small, deeply nested arrays."""
+    unit = "[" * depth + "]" * depth
+    return "[" + ",".join([unit] * (size // len(unit))) + "]"
+
+
+def big_chat_body(size: int, text: str = "hi") -> bytes:
+    """A chat body of about `size` bytes whose bulk is an ignored field (legal, slow to parse)."""
+    return chat_body(text)[:-1] + b', "x": ' + nested_junk(size).encode() + b"}"
+
+
+@pytest.fixture
+async def parser():
+    parser = BodyParser(max_bytes=64 * MiB, workers=1, inline_max_bytes=1024)
+    try:
+        yield parser
+    finally:
+        await parser.close()
+
+
+BODIES = [
+    chat_body("hello " * 400),
+    chat_body(
+        "x", nvext={"session_control": {"session_id": "s"}, "agent_hints": {"priority": 3}}, pad="x" * 2000
+    ),
+    json.dumps({"model": MODEL, "prompt": list(range(500)), "cache_salt": "t", "max_tokens": 3}).encode(),
+    json.dumps({"model": MODEL, "prompt": "text " * 500, "stream": True}).encode(),
+    chat_body("x", tools=[{"type": "function", "function": {"name": "f", "parameters": {"a": [1, 2]}}}] * 40),
+]
+
+
+@pytest.mark.parametrize("body", BODIES, ids=range(len(BODIES)))
+async def test_a_body_parsed_in_a_worker_equals_one_parsed_on_the_loop(parser, body) -> None:
+    assert not parser.on_loop(body)
+    in_worker = await parser.request(body, CHAT if b"messages" in body else "/v1/completions")
+    on_loop = BodyParser(max_bytes=64 * MiB, workers=0)
+    inline = await on_loop.request(body, CHAT if b"messages" in body else "/v1/completions")
+    assert in_worker == inline and in_worker.prompt_dropped == 0 and in_worker.has_prompt
+    assert parser.stats.in_worker == 1 and on_loop.stats.on_loop == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json" + b" " * 2000, "not valid JSON"),
+        (json.dumps({"model": MODEL, "messages": "no", "pad": "x" * 2000}).encode(), "messages must be"),
+        (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+    ],
+)
+async def test_a_worker_refuses_what_the_loop_refuses_with_the_same_message(parser, body, message) -> None:
+    with pytest.raises(RequestInvalid) as in_worker:
+        await parser.request(body, CHAT)
+    with pytest.raises(RequestInvalid) as inline:
+        await BodyParser(max_bytes=64 * MiB, workers=0).request(body, CHAT)
+    assert in_worker.value.message == inline.value.message and message in inline.value.message
+
+
+async def test_a_body_over_the_limit_is_refused_before_any_parse(parser) -> None:
+    small = BodyParser(max_bytes=2048, workers=1, inline_max_bytes=1024)
+    with pytest.raises(BodyTooLarge):
+        await small.request(b"x" * 4096, CHAT)
+    assert small.stats.in_worker == small.stats.on_loop == 0
+
+
+async def test_the_event_loop_keeps_running_while_a_large_body_is_parsed(parser) -> None:
+    """Issue 19: a 3.9 MiB body nested in an ignored field held the loop ~850 ms when parsed on it
+    (a thread holds the GIL just as long). Parsed in a worker, the loop's longest pause stays small."""
+    body = big_chat_body(int(3.9 * MiB))
+    await parser.request(chat_body("warm up " * 200), CHAT)  # the worker process is started
+    worst = 0.0
+    parse = asyncio.ensure_future(parser.request(body, CHAT))
+    last = time.perf_counter()
+    while not parse.done():
+        await asyncio.sleep(0.002)
+        now = time.perf_counter()
+        worst = max(worst, now - last)
+        last = now
+    parsed = parse.result()
+    assert parsed.request.model == MODEL and parsed.has_prompt
+    assert worst < 0.25, f"the event loop was held {worst * 1000:.0f} ms"
+
+
+async def test_at_most_workers_bodies_are_parsed_at_once_the_others_wait_in_order(parser) -> None:
+    body = big_chat_body(2 * MiB)
+    tasks = [asyncio.ensure_future(parser.request(body, CHAT)) for _ in range(3)]
+    deadline = time.monotonic() + 10
+    while parser.stats.waiting < 2:  # one in the worker's hands, two waiting for it
+        assert time.monotonic() < deadline, "the bodies never queued for the worker"
+        await asyncio.sleep(0.001)
+    parsed = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert [p.request.model for p in parsed] == [MODEL] * 3
+    assert parser.stats.waiting == 0 and parser.stats.in_worker == 3
+
+
+async def test_a_client_that_leaves_keeps_its_worker_busy_until_the_parse_is_done(parser) -> None:
+    first = asyncio.ensure_future(parser.request(big_chat_body(2 * MiB), CHAT))
+    deadline = time.monotonic() + 10
+    while not parser.worker_pids() or parser._idle:  # the worker has the first body
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.001)
+    first.cancel()
+    second = await asyncio.wait_for(parser.request(big_chat_body(64 * 1024), CHAT), 30)
+    assert second.request.model == MODEL and len(parser.worker_pids()) == 1
+
+
+async def until(condition, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.005)
+
+
+async def test_a_worker_killed_while_idle_is_replaced_and_the_next_body_parsed(parser) -> None:
+    await parser.request(chat_body("warm up " * 200), CHAT)
+    [pid] = parser.worker_pids()
+    os.kill(pid, signal.SIGKILL)
+    await until(lambda: not parser._idle[-1].running, "the killed worker was never reaped")
+    parsed = await parser.request(chat_body("after " * 300), CHAT)
+    assert parsed.request.model == MODEL and parser.stats.workers_lost == 1
+    assert parser.worker_pids() != [pid]
+
+
+async def test_a_worker_that_dies_mid_parse_costs_that_body_a_400_and_is_replaced(parser) -> None:
+    parse = asyncio.ensure_future(parser.request(big_chat_body(4 * MiB), CHAT))
+    await until(lambda: parser.worker_pids() and not parser._idle, "the worker never took the body")
+    os.kill(parser.worker_pids()[0], signal.SIGKILL)
+    with pytest.raises(RequestInvalid, match="parser process died"):
+        await asyncio.wait_for(parse, 30)
+    assert parser.stats.workers_lost == 1 and parser.worker_pids() == []
+    assert (await parser.request(chat_body("after " * 300), CHAT)).request.model == MODEL
+
+
+async def test_a_prompt_too_large_to_bring_back_is_dropped_and_the_request_routed_on_load() -> None:
+    """The prompt fields come back to the loop; beyond max_prompt_values JSON values they are left in
+    the body (the worker gets them) and the picker routes on load alone, keeping session and hints."""
+    parser = BodyParser(max_bytes=64 * MiB, workers=1, inline_max_bytes=1024, max_prompt_values=1000)
+    try:
+        junk_message = {"role": "user", "content": "hi", "junk": [[i] for i in range(2000)]}
+        body = json.dumps(
+            {
+                "model": MODEL,
+                "messages": [junk_message],
+                "nvext": {"session_control": {"session_id": "s"}, "agent_hints": {"priority": 2, "x": [1]}},
+            }
+        ).encode()
+        parsed = await parser.request(body, CHAT)
+        assert not parsed.has_prompt and parsed.prompt_dropped > 1000
+        assert parsed.request.session_id == "s" and dict(parsed.request.agent_hints) == {"priority": 2}
+        assert parser.stats.prompt_dropped == 1
+    finally:
+        await parser.close()
+    picker = EndpointPicker(picker_config())
+    picker.bodies = BodyParser(max_bytes=64 * MiB, workers=1, inline_max_bytes=1024, max_prompt_values=1000)
+    try:
+        chosen = await picker.pick(body=body, path=CHAT, headers={}, subset=None, client_request_id="junk")
+        assert chosen.tracked and chosen.request_blocks == 0  # routed on load alone
+        picker.finish(chosen, "complete")
+        assert picker.is_idle()
+    finally:
+        await picker.close()
+
+
+async def test_the_model_of_a_large_body_is_read_in_a_worker(parser) -> None:
+    body = json.dumps({"model": "embedder", "input": ["x" * 100] * 100}).encode()
+    assert await parser.model_of(body) == "embedder" and parser.stats.in_worker == 1
+    assert await parser.model_of(b'{"input": "no model"}') is None
+    assert await parser.model_of(b"not json at all") is None
+    assert await parser.model_of(b'{"model": 3}') is None
