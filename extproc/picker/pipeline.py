@@ -52,7 +52,7 @@ from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
-from extproc.request.parse import ROUTABLE_PATHS, ParsedRequest
+from extproc.request.parse import ParsedRequest, is_routable
 from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, RouterError, SessionPins, Worker
 
 log = logging.getLogger("extproc.picker")
@@ -266,7 +266,7 @@ class EndpointPicker:
         timings: dict[str, int] = {}
         t0 = time.perf_counter_ns()
         restrictions = self._restrictions(subset, headers)
-        if body is None or path.partition("?")[0] not in ROUTABLE_PATHS:
+        if body is None or not is_routable(path):  # decided normalised, as parse_openai_body does
             model = await self.bodies.model_of(body) if body else None
             return await self._pick_untracked(path, restrictions, model)
         parsed = await self.bodies.request(body, path)

@@ -137,3 +137,19 @@ async def test_empty_overlong_and_marked_client_ids_get_a_made_id(client_id):
     assert chosen.request_id.startswith(client_id[:64] or "req")
     picker.finish(chosen, "complete")
     assert picker.is_idle()
+
+
+async def test_a_path_is_decided_normalised_for_in_process_callers_too():
+    """The servicer hands the picker normalised paths; a Python caller may not. An encoded chat path is
+    still a chat request (parsed, tracked), as parse_openai_body reads it, not an untracked one."""
+    picker = EndpointPicker(picker_config())
+    chosen = await picker.pick(
+        body=chat_body("a " * 50),
+        path="/v1/chat/%63ompletions",
+        headers={},
+        subset=None,
+        client_request_id="p",
+    )
+    assert chosen.tracked and chosen.request_blocks > 0
+    picker.finish(chosen, "complete")
+    assert picker.is_idle()
