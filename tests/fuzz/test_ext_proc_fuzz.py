@@ -58,7 +58,7 @@ class StreamCase:
 Case = tuple[int, tuple[StreamCase, ...]]  # picker index, concurrent streams
 
 
-def _headers(pairs: Mapping[str, bytes], end_of_stream: bool) -> pb.HttpHeaders:
+def header_message(pairs: Mapping[str, bytes], end_of_stream: bool) -> pb.HttpHeaders:
     return pb.HttpHeaders(
         headers=base_pb2.HeaderMap(
             headers=[base_pb2.HeaderValue(key=k, raw_value=v) for k, v in pairs.items()]
@@ -76,7 +76,7 @@ def _request_headers(r: random.Random, body_coming: bool) -> pb.ProcessingReques
     }
     if chance(r, 0.1):
         pairs[SESSION_HEADER] = pick(r, (b"s1", b"", b"\x80"))
-    message = pb.ProcessingRequest(request_headers=_headers(pairs, not body_coming or chance(r, 0.05)))
+    message = pb.ProcessingRequest(request_headers=header_message(pairs, not body_coming or chance(r, 0.05)))
     if chance(r, 0.9):
         mode = pick(r, (BUFFERED, BUFFERED, DUPLEX, DUPLEX, NONE_MODE, STREAMED))
         message.protocol_config.request_body_mode = mode
@@ -132,7 +132,7 @@ def _stray(r: random.Random) -> pb.ProcessingRequest:
         return pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
     if kind == 3:
         return pb.ProcessingRequest(
-            response_headers=_headers({":status": pick(r, (b"200", b"503", b"x"))}, chance(r, 0.3))
+            response_headers=header_message({":status": pick(r, (b"200", b"503", b"x"))}, chance(r, 0.3))
         )
     if kind == 4:
         return pb.ProcessingRequest(
@@ -151,7 +151,8 @@ def _stream(r: random.Random) -> StreamCase:
         if chance(r, 0.1):
             messages.append(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
     status = pick(r, (b"200", b"200", b"200", b"500", b"429", b"", b"2xx"))
-    messages.append(pb.ProcessingRequest(response_headers=_headers({":status": status}, chance(r, 0.05))))
+    response = header_message({":status": status}, chance(r, 0.05))
+    messages.append(pb.ProcessingRequest(response_headers=response))
     messages += _body_messages(r, b"data: {}\n\n" * r.randint(0, 3), response=True)
     if chance(r, 0.1):
         messages.append(pb.ProcessingRequest(response_trailers=pb.HttpTrailers()))
@@ -224,7 +225,7 @@ class RecordingPicker:
         self.picker.rejected(status, reason)
 
 
-def _outcome(answers: list[pb.ProcessingResponse]) -> str:
+def outcome_of(answers: list[pb.ProcessingResponse]) -> str:
     if any(a.HasField("immediate_response") for a in answers):
         return "rejected"
     if any(
@@ -237,6 +238,12 @@ def _outcome(answers: list[pb.ProcessingResponse]) -> str:
 
 
 async def _run_stream(service: ExtProcService, case: StreamCase) -> str:
+    answers = await run_stream(service, case)
+    return "cancelled" if answers is None else outcome_of(answers)
+
+
+async def run_stream(service: ExtProcService, case: StreamCase) -> list[pb.ProcessingResponse] | None:
+    """The answers to one stream's messages; None when the client reset it (`cancel_at`)."""
     reached = asyncio.Event()
 
     async def feed() -> AsyncIterator[pb.ProcessingRequest]:
@@ -260,10 +267,10 @@ async def _run_stream(service: ExtProcService, case: StreamCase) -> str:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        return "cancelled"
+        return None
     answers = task.result()
     assert all(isinstance(a, pb.ProcessingResponse) for a in answers)
-    return _outcome(answers)
+    return answers
 
 
 def _services() -> list[tuple[ExtProcService, RecordingPicker, EndpointPicker]]:
