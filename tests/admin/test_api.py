@@ -325,7 +325,7 @@ async def test_a_million_token_potential_loads_call_does_not_hold_the_event_loop
         last = now
     status, answer = posting.result()
     assert status == 400 and "the limit is" in answer["error"]
-    assert worst < 0.08, f"the event loop was held {worst * 1000:.0f} ms"
+    assert worst < 0.1, f"the event loop was held {worst * 1000:.0f} ms"  # before: ~150 ms
 
 
 async def _post(http, body: bytes):
