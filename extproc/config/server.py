@@ -104,7 +104,8 @@ BODY_PARSE_INLINE_BYTES = Option(
     "--body-parse-inline-bytes",
     int,
     16 * 1024,
-    "Bodies up to this size are parsed on the event loop (at most ~2 ms even when deeply nested).",
+    "Bodies up to this size are parsed on the event loop (about 0.5 ms at 16 KiB even when deeply "
+    "nested; 2.3 ms at 64 KiB, 29 ms at 256 KiB).",
 )
 OUTLIER_CONSECUTIVE_5XX = Option(
     "--outlier-consecutive-5xx",

@@ -5,8 +5,9 @@ loop exactly as much as on it (measured: a 3.9 MiB body nested in an ignored fie
 about 1 s either way). So bodies are parsed where their size says:
 
 - up to `inline_max_bytes` (`--body-parse-inline-bytes`, 16 KiB): on the event loop. The worst
-  shape of that size (many small nested arrays) parses in about 2 ms, a chat body of that size in
-  0.06 ms: less than a round trip to a process (0.25 ms);
+  shape of that size (many small nested arrays) parses in about 0.5 ms (64 KiB: 2.3 ms, 256 KiB:
+  29 ms, the collector's passes growing with it), a chat body of that size in 0.03 ms: less than
+  a round trip to a worker (0.2 ms);
 - larger: in one of `workers` worker processes (`--body-parse-workers`, 1; `parse_worker.py`,
   started on the first large body), one body each at a time; the others wait in order (`waiting`).
   The loop only writes the bytes to a pipe and reads back what routing needs. A worker's memory
