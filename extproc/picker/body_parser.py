@@ -31,10 +31,13 @@ import contextlib
 import gc
 import logging
 import marshal
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import extproc
 from extproc.errors import BodyTooLarge, RequestInvalid
 from extproc.picker.parse_worker import (
     MAX_FRAME_BYTES,
@@ -51,6 +54,7 @@ log = logging.getLogger("extproc.picker")
 INLINE_MAX_BYTES = 16 * 1024
 MAX_PROMPT_VALUES = 100_000
 STOP_GRACE_S = 5.0  # a worker that has not exited this long after its stdin closed is killed
+_PACKAGE_ROOT = str(Path(extproc.__file__).resolve().parent.parent)
 
 __all__ = ["INLINE_MAX_BYTES", "MAX_PROMPT_VALUES", "BodyParser", "ParseStats", "ParsedBody"]
 
@@ -248,12 +252,15 @@ class _Worker:
         return self.process is not None and self.process.returncode is None
 
     async def start(self) -> None:
+        # the worker imports the same extproc as this process, wherever that came from
+        path = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
         self.process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "extproc.picker.parse_worker",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path},
         )
 
     async def call(self, request: bytes, body: bytes) -> bytes:

@@ -7,7 +7,8 @@ thread of its own). One body at a time. On stdin, per request: a frame holding t
 marshalled answer. A frame is a 4-byte big-endian length and that many bytes. The worker exits
 at the end of stdin (the parent stopped it, or died). It parses with the garbage collector off:
 JSON trees have no cycles, and on deeply nested bodies the collections cost several times the
-parse itself.
+parse itself. Out of memory, the kernel kills a worker first (`oom_score_adj` 1000): the picker
+replaces it and answers that one body 400.
 
 The functions answer with marshal-able values only (JSON values, tuples): marshal builds them back
 in the parent several times faster than pickle, with no code of ours involved.
@@ -15,6 +16,7 @@ in the parent several times faster than pickle, with no code of ours involved.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import marshal
@@ -22,6 +24,7 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, BinaryIO
 
@@ -186,6 +189,8 @@ def _answer(name: str, args: tuple[Any, ...], body: bytes) -> bytes:
 def main() -> None:
     gc.disable()  # JSON trees have no cycles; collections would only slow the parse down
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a worker stops
+    with contextlib.suppress(OSError):  # out of memory, the kernel kills a worker before the picker
+        Path("/proc/self/oom_score_adj").write_text("1000")
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         request = _read_frame(stdin)

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +190,10 @@ async def test_the_model_of_a_large_body_is_read_in_a_worker(parser) -> None:
     assert await parser.model_of(b'{"input": "no model"}') is None
     assert await parser.model_of(b"not json at all") is None
     assert await parser.model_of(b'{"model": 3}') is None
+
+
+async def test_out_of_memory_the_kernel_kills_a_parse_worker_before_the_picker(parser) -> None:
+    await parser.request(chat_body("warm up " * 200), CHAT)
+    [pid] = parser.worker_pids()
+    assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
+    assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"
