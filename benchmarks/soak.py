@@ -6,12 +6,15 @@
 
 Everything runs on 127.0.0.1 as child processes stopped by pid: a nats-server, mock workers
 (`python -m extproc mock-worker`; w0 and w1 publish KV events over ZMQ, the others over NATS core),
-the picker (`python -m extproc serve` with --admin-port, --max-body-bytes, --max-prompt-tokens) and
-Envoy's `failopen` variant, so that while the picker restarts Envoy serves round robin instead of
-failing. --concurrency clients, paced to --rate req/s in all (0: as fast as they go), send a mix:
-chat and completion requests, streamed and not; streams the client closes after the first chunk;
-requests whose connection the client closes before any answer; invalid bodies; an unknown model;
-bodies over the picker's limit, prompts over its token limit, and bodies over Envoy's buffer limit.
+the picker (`python -m extproc serve` with --admin-port, --max-body-bytes, --max-prompt-tokens,
+--session-max-pins) and Envoy's `failopen` variant, so that while the picker restarts Envoy serves
+round robin instead of failing. --concurrency clients, paced to --rate req/s in all (0: as fast as
+they go), send a mix: chat and completion requests, streamed and not; streams the client closes
+after the first chunk; requests whose connection the client closes before any answer; invalid
+bodies; an unknown model; bodies over the picker's limit, prompts over its token limit, and bodies
+over Envoy's buffer limit; and hostile ones (`soak_requests.py`): headers the picker owns sent by
+the client, percent-encoded and dotted paths, an encoded slash, HTTP/2 request trailers, 3 MiB
+bodies nested in an ignored field, many and over-long session ids, colliding request ids.
 
 Faults (--faults, spread over 20-65 % of the requests, one at a time, traffic going on):
     kill:<worker>  SIGKILL the worker by pid, restart it on the same ports --worker-down-s later;
@@ -20,20 +23,25 @@ Faults (--faults, spread over 20-65 % of the requests, one at a time, traffic go
     nats           SIGKILL nats-server, restart it on the same port --nats-down-s later; recovered
                    once the picker has reconnected (nats.reconnect) and the NATS workers' events
                    feed it again
-    picker         SIGTERM the picker (graceful drain), wait for its exit (code 0), start it again
-                   on the same ports; recovered once its /readyz says ready
+    picker         SIGTERM the picker (graceful drain); as soon as it has released its ports start
+                   the new one on them (the old one may still be draining), then wait for the old
+                   one's exit (code 0); recovered once the new one's /readyz says ready
     picker:crash   the same with SIGKILL: no drain, the in-flight ext_proc streams break
 A recovery check sends the workers it waits for a request of its own (straight to the worker), as
 the router may send them nothing meanwhile. The last 20 % of the requests start only once every
 fault has been recovered from.
 
-Every request must get an answer that is documented for it (`EXPECTED`), or one documented for a
-fault it overlapped: 502/503 or a cut stream while a worker is down (`WORKER_FAULT_STATUSES`), the worker's
-own answer to a request the bypassed picker would have refused (`PICKER_BYPASSED`). A client cancel
-is counted as such. Afterwards, with no traffic: every worker's active load in the picker, the
-picker's queue and the workers' running/waiting gauges must reach zero (polled, bounded); the
-picker must have finished every request it routed; each picker process's RSS and open file
-descriptors at its end must be within --rss-bound-mib / --fd-bound of their values after warm-up.
+Every request must get an answer that is documented for it (`EXPECTED`: the status and who gives
+it, the reason header naming the picker's or Envoy's refusal, or a worker's own answer), or one
+documented for a fault it overlapped: Envoy's 503 or a cut stream while a worker is down
+(`WORKER_FAULT_STATUSES`), the worker's own answer to a request the bypassed picker would have
+refused (`PICKER_BYPASSED`). A client cancel is counted as such. No answer of a small request may
+take longer than Envoy's message timeout (`STALL_S`: a picker held by a big body would show here).
+Afterwards, with no traffic: every worker's active load in the picker, the picker's queue and the
+workers' running/waiting gauges must reach zero (polled, bounded); the picker must have finished
+every request it routed and hold at most --session-max-pins sessions; each picker process's RSS
+and open file descriptors at its end must be within --rss-bound-mib / --fd-bound of their values
+after warm-up (its body parse workers are reported beside it).
 
 Prints progress on stderr and one JSON summary on stdout; exits 1 when a check fails.
 """
@@ -57,11 +65,12 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak_requests import MIX, SLACK_S, Fault, Result, judge, send
+from soak_requests import MIX, SLACK_S, SMALL_KINDS, STALL_S, Fault, Result, judge, send
 from soak_stack import (
     ENVOY_MAX_BODY_BYTES,
     MAX_BODY_BYTES,
     MAX_PROMPT_TOKENS,
+    SESSION_MAX_PINS,
     SHUTDOWN_GRACE_S,
     ZMQ_WORKERS,
     PickerLife,
@@ -149,8 +158,9 @@ class Soak:
                         slot = max(self.next_slot, now)
                         self.next_slot = slot + 1.0 / self.config.rate
                         await asyncio.sleep(slot - now)
-                    port = self.stack.listen_port
-                    self.results.append(await send(session, base, index, self.config.seed, "127.0.0.1", port))
+                    port, dead = self.stack.listen_port, f"127.0.0.1:{self.stack.dead_port}"
+                    result = await send(session, base, index, self.config.seed, "127.0.0.1", port, dead)
+                    self.results.append(result)
 
             self.t_traffic = time.monotonic()
             tasks = [asyncio.create_task(self.inject_faults()), asyncio.create_task(self.report_progress())]
@@ -200,16 +210,24 @@ class Soak:
                 life.end = await asyncio.to_thread(sample_process, life.pid, self.t0)
                 fault.injected_s = time.monotonic()
                 life.crashed = fault.target == "crash"
-                stop = stack.crash_picker if life.crashed else stack.stop_picker
-                life.exit_code, life.drain_log = await asyncio.to_thread(stop)
-                stopped = time.monotonic()
-                fault.recovery = {
+                if life.crashed:
+                    life.exit_code, life.drain_log = await asyncio.to_thread(stack.crash_picker)
+                    stopped = time.monotonic()
+                    await asyncio.to_thread(stack.start_picker)
+                    started = time.monotonic()
+                else:  # the new one starts on the ports the old one released; the old one drains on
+                    old = await asyncio.to_thread(stack.terminate_picker)
+                    stopped = time.monotonic()
+                    await asyncio.to_thread(stack.start_picker)
+                    started = time.monotonic()
+                    fault.recovery["old_still_draining_when_new_started"] = old.is_running()
+                    life.exit_code, life.drain_log = await asyncio.to_thread(stack.reap_picker, old)
+                fault.recovery |= {
                     "exit_code": life.exit_code,
                     "drain": life.drain_log,
-                    "stop_s": round(stopped - fault.injected_s, 2),
+                    "ports_free_s": round(stopped - fault.injected_s, 2),
+                    "start_s": round(started - stopped, 2),
                 }
-                await asyncio.to_thread(stack.start_picker)
-                fault.recovery["start_s"] = round(time.monotonic() - stopped, 2)
                 assert stack.picker is not None
                 self.lives.append(PickerLife(stack.picker.pid, self.done))
                 check = self.until_ready()
@@ -244,24 +262,43 @@ class Soak:
         return None
 
     async def until_resynced(self, worker_ids: list[str], counter: str, before: int) -> dict[str, Any]:
-        """Seconds until the picker's KV event `counter` has moved past `before` (a killed worker's
-        cache view reset: `feed.reset`; NATS reconnected: `nats.reconnect`) and it takes every one of
-        `worker_ids`' cache state from their events again. The router may send them nothing
-        meanwhile, so each poll sends them a request straight from us (not through Envoy): its new
-        blocks make them publish (a restarted NATS publisher's first event shows the id gap)."""
+        """Seconds until the picker's KV event `counter` has moved past `before` and it takes every
+        one of `worker_ids`' events again. A killed worker (`feed.reset`, ZMQ): its cache view reset
+        and rebuilt from its replay, so it is `event-fed`. NATS reconnected (`nats.reconnect`): NATS
+        events apply again (`nats.event` grows after the reconnect) and no NATS worker's stream is
+        down any more; whether its view is whole is another matter (a picker restarted before has a
+        view that lost the blocks stored before it started, `stale` until it has seen enough stores:
+        reported as `event_fed`, not waited for). The router may send them nothing meanwhile, so
+        each poll sends them a request straight from us (not through Envoy): its new blocks make
+        them publish (a restarted NATS publisher's first event shows the id gap)."""
+        applied_at_reconnect: list[int] = []  # nats.event when the counter was first seen moved
 
         def resynced() -> bool:
             state = self.stack.debug_workers()
             if state is None:
                 return False
-            sources = {w["worker"]: w["cache_source"] for w in state["workers"]}
-            moved = state["kv_event_counters"].get(counter, 0) > before
-            waiting = [wid for wid in worker_ids if not moved or sources.get(wid) != "event-fed"]
+            workers = {w["worker"]: w for w in state["workers"]}
+            counters = state["kv_event_counters"]
+            moved = counters.get(counter, 0) > before
+            if moved and not applied_at_reconnect:
+                applied_at_reconnect.append(counters.get("nats.event", 0))
+
+            def done(wid: str) -> bool:
+                if not moved or wid not in workers:
+                    return False
+                if counter == "nats.reconnect":
+                    down = "NATS connection" in workers[wid]["cache_source_reason"]
+                    return not down and counters.get("nats.event", 0) > applied_at_reconnect[0]
+                return workers[wid]["cache_source"] == "event-fed"
+
+            waiting = [wid for wid in worker_ids if not done(wid)]
             self.stack.poke(waiting)
             return not waiting
 
         seconds = await self.until(resynced, RECOVERY_TIMEOUT_S)
-        return {"resynced_after_s": seconds, "workers": worker_ids, "counter": counter}
+        state = self.stack.debug_workers() or {"workers": []}
+        fed = {w["worker"]: w["cache_source"] for w in state["workers"] if w["worker"] in worker_ids}
+        return {"resynced_after_s": seconds, "workers": worker_ids, "counter": counter, "event_fed": fed}
 
     async def sample_pickers(self) -> None:
         """Take each picker process's baseline once it is warm: the first after WARMUP_FRACTION of
@@ -323,6 +360,12 @@ class Soak:
         by_outcome = {re.sub(r'.*outcome="([^"]*)".*', r"\1", k): v for k, v in requests.items()}
         routed = by_outcome.pop("routed", 0.0)
         self.checks["last_picker_requests"] = {"routed": routed, "finished": by_outcome}
+        pinned = await asyncio.to_thread(stack.picker_metric, "extproc_sessions_pinned")
+        dropped = await asyncio.to_thread(stack.picker_metric, "extproc_session_pins_dropped_total")
+        self.checks["last_picker_sessions"] = {
+            "pinned": sum(pinned.values()) if pinned else None,
+            "dropped": {re.sub(r'.*reason="([^"]*)".*', r"\1", k): v for k, v in dropped.items()},
+        }
         life = self.lives[-1]
         with contextlib.suppress(OSError):
             life.end = await asyncio.to_thread(sample_process, life.pid, self.t0)
@@ -353,6 +396,12 @@ class Soak:
                 entry["fd_growth"] = life.end.fds - life.warm.fds
             lives.append(entry)
         last = self.checks.get("last_picker_requests", {})
+        sessions = self.checks.get("last_picker_sessions", {})
+        latency = _latency_by_kind(self.results)
+        stalled = [
+            r for r in self.results
+            if r.kind in SMALL_KINDS and r.outcome in ("ok", "status") and r.end_s - r.start_s > STALL_S
+        ]  # fmt: skip
         checks = {
             "every_request_answered": len(self.results) == cfg.requests
             and not any(r.outcome == "unanswered" for r in self.results),
@@ -369,6 +418,8 @@ class Soak:
             "pickers_exited_cleanly": all(
                 life.exit_code == 0 for life in self.lives[:-1] if not life.crashed
             ),
+            "no_small_request_stalled": not stalled,
+            "sessions_bounded": sessions.get("pinned") is not None and sessions["pinned"] <= SESSION_MAX_PINS,
             "rss_within_bound": all(
                 "rss_growth_mib" in life and life["rss_growth_mib"] <= cfg.rss_bound_mib for life in lives
             ),
@@ -395,6 +446,7 @@ class Soak:
                     "shutdown_grace_secs": SHUTDOWN_GRACE_S,
                 },
                 "envoy_max_body_bytes": ENVOY_MAX_BODY_BYTES,
+                "session_max_pins": SESSION_MAX_PINS,
                 "mix": MIX,
             },
             "bounds": {"rss_growth_mib": cfg.rss_bound_mib, "fd_growth": cfg.fd_bound},
@@ -413,6 +465,8 @@ class Soak:
                     asdict(r) | {"start_s": _rel(r.start_s, self.t0), "end_s": _rel(r.end_s, self.t0)}
                     for r in unexpected[:20]
                 ],
+                "latency_ms_by_kind": latency,
+                "stalled": [asdict(r) for r in stalled[:10]],
             },
             "faults": [
                 {
@@ -434,6 +488,7 @@ class Soak:
                 "workers_idle_after_s": self.checks.get("workers_idle_after_s"),
                 "worker_running_waiting": self.checks.get("worker_running_waiting"),
                 "last_picker_requests": last,
+                "last_picker_sessions": sessions,
             },
             "direct_worker_requests_by_recovery_checks": self.stack.pokes,
             "picker_processes": lives,
@@ -448,6 +503,23 @@ def _recovered(fault: Fault) -> bool:
         stopped_as_told = fault.recovery.get("exit_code") == (-9 if fault.target == "crash" else 0)
         return stopped_as_told and fault.recovery.get("ready_after_s") is not None
     return fault.recovery.get("resynced_after_s") is not None
+
+
+def _latency_by_kind(results: Sequence[Result]) -> dict[str, dict[str, float]]:
+    """Per kind, the answered requests' latency: p50, p99 and max in ms."""
+    by_kind: dict[str, list[float]] = {}
+    for r in results:
+        if r.outcome in ("ok", "status"):
+            by_kind.setdefault(r.kind, []).append((r.end_s - r.start_s) * 1000)
+    out = {}
+    for kind, values in sorted(by_kind.items()):
+        values.sort()
+        out[kind] = {
+            "p50": round(values[len(values) // 2], 1),
+            "p99": round(values[min(len(values) - 1, int(len(values) * 0.99))], 1),
+            "max": round(values[-1], 1),
+        }
+    return out
 
 
 def _rel(t: float | None, t0: float) -> float | None:

@@ -10,7 +10,13 @@ Ports: nats-server, the workers and the picker are killed and restarted on their
 clients, the picker's config and Envoy's clusters name them), so those ports are reserved for the
 whole run (`reserve_port`: held by this process, bindable by our children only, never handed to
 anyone else by the kernel) and nobody can take one while its process is down. Envoy, never
-restarted, binds port 0 and reports its ports through its admin API.
+restarted, binds port 0 and reports its ports through its admin API. One more reserved port never
+listens: the destination the hostile requests name in the headers the picker owns (a request sent
+there would fail, so a 200 shows the header did not route it).
+
+A SIGTERMed picker releases its ports at once and drains meanwhile (extproc/runtime/server.py): its
+replacement is started as soon as those ports are free, while the old process may still drain, and
+the old one is reaped afterwards.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from extproc.devstack.procs import (
     NatsServer,
     PortReservation,
     http_status,
+    port_is_open,
     reserve_port,
     start_envoy,
     start_nats_server,
@@ -46,9 +53,11 @@ from extproc.devstack.stack import MODEL
 
 BLOCK_SIZE = 16
 NAMESPACE = "soak"
-MAX_BODY_BYTES = 32 * 1024  # the picker's --max-body-bytes
+MAX_BODY_BYTES = 4 * 1024 * 1024  # the picker's --max-body-bytes: several-MiB bodies are parsed
 MAX_PROMPT_TOKENS = 2048  # the picker's --max-prompt-tokens
-ENVOY_MAX_BODY_BYTES = 1024 * 1024  # Envoy's request_body_buffer_limit (the smallest it renders)
+ENVOY_MAX_BODY_BYTES = 6 * 1024 * 1024  # Envoy's request_body_buffer_limit
+SESSION_MAX_PINS = 100  # the picker's --session-max-pins: the full soak's sessions overflow it
+WORKER_MAX_BODY_BYTES = 1024 * 1024  # the mock workers' own limit (aiohttp's client_max_size): 413 above
 WORKER_MAX_MODEL_LEN = 2304  # the workers' own limit: prompt + output tokens
 WORKER_GPU_BLOCKS = 4096
 SHUTDOWN_GRACE_S = 5.0  # the picker's --shutdown-grace-secs
@@ -74,6 +83,8 @@ class ProcessSample:
     rss_kib: int
     fds: int
     at_s: float
+    children: int = 0  # the picker's child processes (body parse workers)
+    children_rss_kib: int = 0
 
 
 @dataclass
@@ -88,11 +99,26 @@ class PickerLife:
 
 
 def sample_process(pid: int, t0: float) -> ProcessSample:
-    """RSS (VmRSS, KiB) and open file descriptors of `pid`, from /proc."""
+    """RSS (VmRSS, KiB) and open file descriptors of `pid`, from /proc, and its children's RSS."""
+    children = [int(c) for t in os.listdir(f"/proc/{pid}/task")
+                for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]  # fmt: skip
+    child_rss = 0
+    for child in children:
+        with contextlib.suppress(OSError):
+            child_rss += _rss_kib(child)
+    return ProcessSample(
+        _rss_kib(pid),
+        len(os.listdir(f"/proc/{pid}/fd")),
+        round(time.monotonic() - t0, 2),
+        len(children),
+        child_rss,
+    )
+
+
+def _rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
-    rss = int(match.group(1)) if match else 0
-    return ProcessSample(rss, len(os.listdir(f"/proc/{pid}/fd")), round(time.monotonic() - t0, 2))
+    return int(match.group(1)) if match else 0
 
 
 class SoakStack:
@@ -113,6 +139,7 @@ class SoakStack:
             self._reserve(),
         )
         self.picker_starts = 0
+        self.dead_port = self._reserve()  # never listens: where hostile owned headers point
         self.pokes = 0  # requests sent straight to workers by recovery checks
         self.envoy: ManagedProcess | None = None
         self.listen_port = self.envoy_admin = 0  # Envoy's own choice, known once it runs
@@ -216,6 +243,7 @@ class SoakStack:
             "--admin-port", str(self.picker_admin), "--kv-cache-block-size", str(BLOCK_SIZE),
             "--nats-url", self.nats_url, "--namespace", NAMESPACE,
             "--max-body-bytes", str(MAX_BODY_BYTES), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
+            "--session-max-pins", str(SESSION_MAX_PINS),
             "--shutdown-grace-secs", str(SHUTDOWN_GRACE_S), "--seed", str(self.seed),
         ]  # fmt: skip
         log_path = self.log_dir / f"picker-{self.picker_starts}.log"
@@ -242,11 +270,28 @@ class SoakStack:
         os.kill(self.nats.pid, signal.SIGKILL)
         self.nats.stop(grace_s=5.0)
 
-    def stop_picker(self) -> tuple[int | None, str | None]:
-        """SIGTERM the picker and wait for it to exit; (exit code, its drain log line)."""
-        assert self.picker is not None
-        code = self.picker.stop(grace_s=SHUTDOWN_GRACE_S + 10.0)
-        drained = [line for line in self.picker.log_tail(20_000).splitlines() if "stopped in" in line]
+    def terminate_picker(self) -> ManagedProcess:
+        """SIGTERM the picker and wait (bounded) until its ports are free; it may still be draining.
+        Returns the old process, for `reap_picker` once its replacement runs."""
+        old = self.picker
+        assert old is not None
+        os.kill(old.pid, signal.SIGTERM)
+        ports = (self.picker_port, self.health_port, self.picker_admin)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S + 10.0
+        while any(port_is_open("127.0.0.1", port) for port in ports):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the stopping picker still listens on one of {ports}")
+            time.sleep(0.02)  # polling the ports, bounded by the deadline
+        return old
+
+    def reap_picker(self, old: ManagedProcess) -> tuple[int | None, str | None]:
+        """Wait for a terminated picker to exit; (exit code, its drain log line). Polled: another
+        signal would cut its drain short."""
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S + 10.0
+        while old.is_running() and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the process, bounded by the deadline
+        code = old.stop(grace_s=5.0)  # reaps it (kills it only if it outlived the deadline)
+        drained = [line for line in old.log_tail(20_000).splitlines() if "stopped in" in line]
         return code, (drained[-1].partition("extproc.server: ")[2] if drained else None)
 
     def crash_picker(self) -> tuple[int | None, None]:
