@@ -3,7 +3,7 @@
 The soak runs as a child process exactly as a person runs it: 600 requests at 40 req/s through a
 real Envoy (fail-open), the picker, four mock workers and a nats-server, while one worker is killed
 and restarted, the picker is restarted (SIGTERM, a new one on the ports it released while it
-drains) and nats-server is killed and restarted; a fifth of the requests are hostile (headers the
+drains) and nats-server is killed and restarted; a third of the requests are hostile (headers the
 picker owns, encoded paths, HTTP/2 trailers, 3 MiB bodies, session ids long and many, colliding
 request ids). Its JSON summary must say that every request got a documented answer from the
 documented party, none stalled, that every fault had traffic during it and was recovered from, and
