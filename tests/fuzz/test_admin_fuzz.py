@@ -101,14 +101,14 @@ def generate(r: random.Random) -> Call:
 
 
 def _sent_changes(body: bytes) -> dict[str, Any] | None:
-    """The threshold fields a /busy_threshold body asks to set (None: not a JSON object)."""
+    """The threshold fields a /busy_threshold body asks to set, null to clear (None: not a JSON object)."""
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):
         return None
     if not isinstance(value, dict):
         return None
-    return {name: value[name] for name in THRESHOLD_FIELDS if value.get(name) is not None}
+    return {name: value[name] for name in THRESHOLD_FIELDS if name in value}
 
 
 async def _client(app: web.Application) -> TestClient:
