@@ -5,8 +5,8 @@ Two checks of the same table:
 
 - Statically (mypy): the `TYPE_CHECKING` block assigns each implementation to its Protocol
   (`sink: EventSink = feed`); mypy reports a member that is missing or has an incompatible type.
-- At run time, structurally (`inspect.signature`), because mypy does not run on the tests yet and
-  because a Protocol that leaves a parameter out still type-checks: every member of the Protocol
+- At run time, structurally (`inspect.signature`), because a Protocol that leaves a parameter out
+  still type-checks (mypy checks this file in `make typecheck`, but not every caller's use): every member of the Protocol
   exists on the implementation as the same kind of thing (method, coroutine method, property or
   attribute), with the same parameters (names, kinds, positions; a default where the Protocol has
   one). A parameter of the implementation that the Protocol does not declare must have a default,
