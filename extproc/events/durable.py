@@ -22,8 +22,10 @@ current snapshot. A replica whose next message was purged meanwhile sees a hole 
 sequence and reloads the snapshot; a hole no snapshot covers (the stream aged out, or was reset)
 is counted as lost, and the per-worker event-id check follows the gap (`nats_events.follow_gap`).
 
-`reset_states()` (Dynamo's `--router-reset-states`) purges the stream, deletes the snapshot and
-every consumer: replicas started afterwards begin empty. Counter keys: `durable.*`.
+`reset_states()` (Dynamo's `--router-reset-states`) purges the stream, empties the snapshot and
+deletes every consumer: replicas started afterwards begin empty. A replica that starts without a
+snapshot although the stream's history was purged says so (`durable.snapshot_missing`): the blocks
+of the purged events are unknown to it. Counter keys: `durable.*`.
 """
 
 from __future__ import annotations
@@ -176,6 +178,8 @@ class DurableKvEvents:
         snapshot = await self.load_snapshot()
         if snapshot is not None:
             self._apply_snapshot(snapshot, "starting from the snapshot")
+        else:
+            await self._warn_if_history_is_gone()
         await self._subscribe(self.applied_seq + 1 if self._seq_known else None)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -201,18 +205,24 @@ class DurableKvEvents:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def reset_states(self) -> None:
-        """Purge the event stream, delete the snapshot and every replica's consumer."""
+        """Purge the event stream, empty the snapshot and delete every replica's consumer.
+
+        The snapshot is replaced by an empty one at the last purged sequence rather than deleted, so
+        that "every purged message is covered by the snapshot" still holds: a replica that later
+        finds purged history and no snapshot knows the snapshot was lost, not reset, and says so.
+        """
         await self._prepare()
         cfg = self.config
+        last_seq = (await self.js.stream_info(cfg.stream)).state.last_seq
         await self.js.purge_stream(cfg.stream)
         assert self._objects is not None
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await self._objects.delete(SNAPSHOT_OBJECT)
+        empty = Snapshot((), last_seq, cfg.replica_id, time.time())
+        await self._objects.put(SNAPSHOT_OBJECT, encode_snapshot(empty))
         for info in await self.js.consumers_info(cfg.stream):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await self.js.delete_consumer(cfg.stream, info.name)
         self.counters.add("durable.reset_states")
-        log.info("durable KV events reset: stream %s purged, snapshot and consumers deleted", cfg.stream)
+        log.info("durable KV events reset: stream %s purged, snapshot emptied, consumers deleted", cfg.stream)
 
     # --- snapshots -----------------------------------------------------------------------------
 
@@ -291,6 +301,19 @@ class DurableKvEvents:
             release.add_done_callback(_ignore_result)
             with contextlib.suppress(Exception):
                 await asyncio.shield(release)
+
+    async def _warn_if_history_is_gone(self) -> None:
+        """No snapshot: if the stream no longer starts at 1, the snapshot that covered its purged (or
+        aged-out) messages was deleted or never written, and the blocks they stored are unknown."""
+        state = (await self.js.stream_info(self.config.stream)).state
+        if state.first_seq > 1:
+            self.counters.loud(
+                "durable.snapshot_missing",
+                "no KV snapshot in bucket %s, but stream %s starts at seq %d: the blocks stored by "
+                "events 1..%d are unknown to this replica (snapshot deleted, or the stream aged out "
+                "before one was written); it learns them again as engines store blocks",
+                self.config.snapshot_bucket, self.config.stream, state.first_seq, state.first_seq - 1,
+            )  # fmt: skip
 
     # --- internals -----------------------------------------------------------------------------
 

@@ -229,7 +229,9 @@ async def test_reset_states_purges_everything_and_a_new_replica_starts_empty(nat
         try:
             assert not any(fresh.answers(workers.queries))
             assert (await stream_state(worker_link, fresh.config)).messages == 0
-            assert await fresh.durable.load_snapshot() is None
+            emptied = await fresh.durable.load_snapshot()
+            assert emptied is not None and emptied.events == () and emptied.stream_seq == last
+            assert fresh.durable.counters["durable.snapshot_missing"] == 0  # a reset is not a loss
             js = worker_link.nc.jetstream()
             assert [c.name for c in await js.consumers_info(fresh.config.stream)] == ["router-r9"]
             # and it goes on with what comes next
@@ -239,4 +241,27 @@ async def test_reset_states_purges_everything_and_a_new_replica_starts_empty(nat
         finally:
             await fresh.stop()
     finally:
+        await workers.stop()
+
+
+async def test_a_replica_that_finds_purged_history_and_no_snapshot_says_so(nats_server, worker_link, caplog):
+    r1 = await Replica(nats_server, "r1", snapshot_threshold=5).start()
+    workers = Workers(worker_link)
+    try:
+        await workers.prime(CONFIG)
+        workers.publish_round(prompts=9)
+        last = await published_and_stored(workers, worker_link, r1.config)
+        await eventually(lambda: r1.durable.applied_seq == last, what="applied")
+        await eventually(lambda: _first_seq_above(worker_link, r1.config, 1), what="a snapshot and a purge")
+    finally:
+        await r1.stop()
+    objects = await worker_link.nc.jetstream().object_store(CONFIG.snapshot_bucket)
+    await objects.delete("radix-tree")  # an operator's mistake, or a bucket lost with its volume
+
+    r2 = await Replica(nats_server, "r2", snapshot_threshold=5).start()
+    try:
+        assert r2.durable.counters["durable.snapshot_missing"] == 1
+        assert "no KV snapshot" in caplog.text and "are unknown to this replica" in caplog.text
+    finally:
+        await r2.stop()
         await workers.stop()
