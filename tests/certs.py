@@ -69,9 +69,16 @@ class TestCa:
         Path(self.ca_file).write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
 
     def issue(
-        self, common_name: str, names: tuple[str, ...] = LOOPBACK_NAMES, *, client: bool = False
+        self,
+        common_name: str,
+        names: tuple[str, ...] = LOOPBACK_NAMES,
+        *,
+        client: bool = False,
+        valid_from: datetime.timedelta = datetime.timedelta(minutes=-5),
+        valid_until: datetime.timedelta = datetime.timedelta(days=1),
     ) -> Issued:
-        """A certificate for `names` (IPs or DNS names): for servers, or for clients with `client`."""
+        """A certificate for `names` (IPs or DNS names): for servers, or for clients with `client`;
+        valid from now + `valid_from` until now + `valid_until`."""
         key = ec.generate_private_key(ec.SECP256R1())
         sans: list[x509.GeneralName] = []
         for name in names:
@@ -87,8 +94,8 @@ class TestCa:
             .issuer_name(self._subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(now + valid_from)
+            .not_valid_after(now + valid_until)
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .sign(self._key, hashes.SHA256())

@@ -121,12 +121,26 @@ def load_pair(cert_file: str, key_file: str) -> KeyPair:
         raise TlsError(f"{key_file}: not a PEM private key ({exc})") from None
     if _public_der(key.public_key()) != _public_der(certificates[0].public_key()):
         raise TlsError(f"{key_file} is not the private key of the certificate in {cert_file}")
-    expires = certificates[0].not_valid_after_utc
-    if expires < datetime.datetime.now(datetime.UTC):
+    _warn_unless_valid_now(cert_file, certificates[0])
+    return KeyPair(chain_pem, key_pem)
+
+
+def _warn_unless_valid_now(cert_file: str, certificate: x509.Certificate) -> None:
+    """Say why clients that verify the certificate will refuse it: expired, or not valid yet."""
+    now = datetime.datetime.now(datetime.UTC)
+    starts, expires = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+    if expires < now:
         log.warning(
             "the certificate in %s expired on %s: clients that verify it will refuse", cert_file, expires
         )
-    return KeyPair(chain_pem, key_pem)
+    elif starts > now:
+        log.warning(
+            "the certificate in %s is not valid before %s (now %s; a clock behind, or a certificate "
+            "issued for later): clients that verify it will refuse until then",
+            cert_file,
+            starts,
+            now.replace(microsecond=0),
+        )
 
 
 def load_ca(ca_file: str) -> bytes:

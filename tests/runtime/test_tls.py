@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import logging
 import ssl
 import subprocess
 import sys
@@ -230,6 +231,30 @@ def test_unusable_certificate_files_are_named(ca, other_ca, tmp_path):
         load_pair(str(garbage), a.key_file)
     with pytest.raises(TlsError, match="not a PEM private key"):
         load_pair(a.cert_file, str(garbage))
+
+
+@pytest.mark.parametrize(
+    ("valid_from", "valid_until", "said", "not_said"),
+    [
+        (datetime.timedelta(days=1), datetime.timedelta(days=2), "is not valid before", "expired"),
+        (datetime.timedelta(days=-2), datetime.timedelta(days=-1), "expired on", "not valid before"),
+    ],
+)
+def test_a_certificate_outside_its_validity_is_named_for_what_it_is(
+    ca, caplog, valid_from, valid_until, said, not_said
+):
+    issued = ca.issue("dated", valid_from=valid_from, valid_until=valid_until)
+    with caplog.at_level(logging.WARNING, logger="extproc"):
+        load_pair(issued.cert_file, issued.key_file)
+    assert said in caplog.text and issued.cert_file in caplog.text
+    assert not_said not in caplog.text
+
+
+def test_a_certificate_valid_now_is_loaded_without_a_warning(ca, caplog):
+    issued = ca.issue("now")
+    with caplog.at_level(logging.WARNING, logger="extproc"):
+        load_pair(issued.cert_file, issued.key_file)
+    assert caplog.text == ""
 
 
 def test_serve_with_a_mismatched_key_exits_2_naming_the_file(ca, other_ca, tmp_path):
