@@ -115,7 +115,7 @@ class _Stream:
     freed: bool = False
     end_cause: str = "stream_closed"
     notices: list[pb.ProcessingResponse] = field(default_factory=list)  # sent while a message waits
-    notice: asyncio.Event | None = None
+    notice: asyncio.Future[None] | None = None  # resolved when a notice waits to be sent
 
     @property
     def body_in_one_message(self) -> bool:
@@ -209,24 +209,27 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     async def _handle_with_notices(
         self, stream: _Stream, message: pb.ProcessingRequest
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        """`_handle`, sending notices (a queued request's longer deadline) while it waits."""
-        stream.notice = asyncio.Event()
+        """`_handle`, sending notices (a queued request's longer deadline) while it waits.
+
+        The handling runs in a task of its own; a notice resolves `stream.notice`, a plain future
+        (not a task: nothing is left pending when the stream goes away mid-wait). If the stream
+        goes away, the handling task is cancelled and awaited (a queued request leaves the queue)."""
+        loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(self._handle(stream, message))
+        stream.notice = loop.create_future()
         try:
             while not task.done():
-                waiter = asyncio.ensure_future(stream.notice.wait())
-                await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                stream.notice.clear()
+                await asyncio.wait((task, stream.notice), return_when=asyncio.FIRST_COMPLETED)
+                stream.notice = loop.create_future()  # before yielding: a notice meanwhile wakes it
                 while stream.notices:
                     yield stream.notices.pop(0)
             answers = task.result()
         finally:
+            stream.notice = None
             if not task.done():  # the stream went away: cancel the decision (leaves the queue)
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-            stream.notice = None
         for answer in answers:
             yield answer
 
@@ -345,7 +348,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         """The request waits in the admission queue: ask Envoy to wait longer for this answer."""
         if stream.notice is not None:
             stream.notices.append(epp.extend_message_timeout(wait_s + 1.0))
-            stream.notice.set()
+            if not stream.notice.done():
+                stream.notice.set_result(None)
 
     def _reject(self, stream: _Stream, exc: BaseException) -> pb.ProcessingResponse:
         status, reason = epp.status_of(exc)

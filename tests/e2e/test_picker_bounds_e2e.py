@@ -8,16 +8,14 @@
   while others send `dup` twice keeps its own request, and no request's end frees another's load.
 - Several models: an embeddings body goes to its model's workers; GET /v1/models to any worker.
 - A client that leaves while queued leaves no task behind (issue 19's "Task was destroyed but it
-  is pending!"): strict xfail until the servicer's fix lands (see the test).
+  is pending!"); the other places a client can leave mid-decision are in test_cancel_tasks_e2e.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import io
 import json
-import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -35,6 +33,7 @@ from extproc.router import RouterConfig
 from extproc.runtime.server import RunningPicker, start_picker
 
 from .harness import EchoWorker, start_echo_worker_process, start_echo_workers
+from .tasks import destroyed_pending, new_tasks_left, running_tasks
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -248,39 +247,30 @@ async def queueing(log_dir) -> AsyncIterator[tuple[RunningPicker, str, list[Echo
         await workers[0].stop()
 
 
-def _pending_event_waits() -> list[asyncio.Task]:
-    return [t for t in asyncio.all_tasks() if "Event.wait" in repr(t.get_coro())]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 19: extproc/epp/service.py (_handle_with_notices) leaves its notice waiter task "
-    "pending when the stream is cancelled; the fix belongs to the servicer's owner",
-)
 async def test_a_client_that_leaves_the_queue_leaves_no_task_behind(queueing, caplog) -> None:
-    """Issue 19: "Task was destroyed but it is pending!" logged at ERROR when queued clients left."""
+    """Issue 19: "Task was destroyed but it is pending!" logged at ERROR when queued clients left:
+    the servicer waited for the queue's notices with a task of its own (`Event.wait`) that nothing
+    cancelled when the stream went away. Now the notice is a plain future and every task the
+    request started ends with it."""
     running, url, workers = queueing
     gate = running.picker.gate(MODEL)
-    before = set(_pending_event_waits())
-    async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+    before = running_tasks()
+    with destroyed_pending(caplog) as destroyed:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
 
-        async def post(query: str = "") -> int:
-            async with http.post(f"{url}/v1/chat/completions{query}", json=chat("q " * 30)) as r:
-                await r.read()
-                return r.status
+            async def post(query: str = "") -> int:
+                async with http.post(f"{url}/v1/chat/completions{query}", json=chat("q " * 30)) as r:
+                    await r.read()
+                    return r.status
 
-        holder = asyncio.ensure_future(post("?hold=q"))
-        await until(lambda: len(running.picker.pools[MODEL].router.sequences) == 1, "not routed")
-        leaving = asyncio.ensure_future(post())
-        await until(lambda: len(gate) == 1, "the second request did not queue")
-        leaving.cancel()
-        await until(lambda: len(gate) == 0, "the client that left stayed in the queue")
-        workers[0].release("q")
-        assert await holder == 200
-    await until(running.picker.is_idle, "load was left behind")
-    with caplog.at_level(logging.ERROR, logger="asyncio"):
-        gc.collect()
-        await asyncio.sleep(0)
-    left = [t for t in _pending_event_waits() if t not in before]
-    destroyed = [r for r in caplog.records if "Task was destroyed" in r.getMessage()]
-    assert not left and not destroyed, (left, [r.getMessage() for r in destroyed])
+            holder = asyncio.ensure_future(post("?hold=q"))
+            await until(lambda: len(running.picker.pools[MODEL].router.sequences) == 1, "not routed")
+            leaving = asyncio.ensure_future(post())
+            await until(lambda: len(gate) == 1, "the second request did not queue")
+            leaving.cancel()
+            await until(lambda: len(gate) == 0, "the client that left stayed in the queue")
+            workers[0].release("q")
+            assert await holder == 200
+        await until(running.picker.is_idle, "load was left behind")
+        left = await new_tasks_left(before)
+    assert not left and not destroyed, (left, destroyed)
