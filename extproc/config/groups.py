@@ -49,6 +49,7 @@ class GroupsConfig:
     groups: tuple[GroupConfig, ...] = ()
     api_port: int | None = None  # serve the router-group gRPC API here; None = off
     probe_timeout_s: float = 0.05
+    probe_grace_s: float = 0.2  # no group answered by the deadline: wait this much longer for the first
     policy: str = "max-overlap"  # max-overlap | min-cost | weighted
     fallback: str | None = None  # name of a local group used when no group answers
     tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)  # to every remote group's API
@@ -67,6 +68,13 @@ GROUP_PROBE_TIMEOUT_MS = Option(
     float,
     50.0,
     "Hierarchical mode: groups that have not answered a probe within this deadline are skipped.",
+)
+GROUP_PROBE_GRACE_MS = Option(
+    "--group-probe-grace-ms",
+    float,
+    200.0,
+    "Hierarchical mode: when no group answered within the probe deadline (a loaded machine rather than "
+    "dead groups), take the first answer within this much longer instead of answering 503. 0: no grace.",
 )
 GROUP_POLICY = Option(
     "--group-policy",
@@ -94,6 +102,7 @@ GROUP_LEASE_SECS = Option(
 GROUP_OPTIONS: tuple[Option[Any], ...] = (
     GROUP_API_PORT,
     GROUP_PROBE_TIMEOUT_MS,
+    GROUP_PROBE_GRACE_MS,
     GROUP_POLICY,
     GROUP_FALLBACK,
     GROUP_LEASE_SECS,
@@ -137,6 +146,7 @@ def read_groups(reader: Reader, raw_groups: Any) -> GroupsConfig:
     read = reader.read
     api_port = read(GROUP_API_PORT)
     probe_timeout_ms = read(GROUP_PROBE_TIMEOUT_MS)
+    probe_grace_ms = read(GROUP_PROBE_GRACE_MS)
     policy = read(GROUP_POLICY)
     fallback = read(GROUP_FALLBACK)
     lease_s = read(GROUP_LEASE_SECS)
@@ -151,6 +161,8 @@ def read_groups(reader: Reader, raw_groups: Any) -> GroupsConfig:
     check_readable(GROUP_TLS_KEY_FILE, tls_key_file)
     groups = _group_list(raw_groups)
     check_positive("group-probe-timeout-ms", probe_timeout_ms)
+    if not probe_grace_ms >= 0:
+        raise ConfigError(f"invalid group-probe-grace-ms={probe_grace_ms!r}: expected 0 or more")
     check_positive("group-lease-secs", lease_s)
     if fallback is not None and fallback not in {g.name for g in groups if g.is_local}:
         raise ConfigError(f"invalid group-fallback={fallback!r}: expected the name of a local group")
@@ -158,6 +170,7 @@ def read_groups(reader: Reader, raw_groups: Any) -> GroupsConfig:
         groups=groups,
         api_port=api_port,
         probe_timeout_s=probe_timeout_ms / 1000.0,
+        probe_grace_s=probe_grace_ms / 1000.0,
         policy=policy,
         fallback=fallback,
         lease_s=lease_s,

@@ -6,6 +6,8 @@ time (register it on the admin server's registry). Per group (label `group`):
     extproc_group_probe_latency_seconds           histogram of answered probes
     extproc_group_probe_failures_total{reason}    timeout, unreachable, ejected, unknown-model, no-workers,
                                                   all-busy, invalid-request, error
+    extproc_group_probes_late_total               probes answered after the deadline, within the grace,
+                                                  when no group had answered in time (a loaded machine)
     extproc_group_chosen_total                    requests committed to the group
     extproc_group_overlap_won_blocks_total        cached prompt blocks on the workers it committed to
     extproc_group_overlap_wins_total              requests it won with strictly more overlap than every
@@ -38,6 +40,7 @@ class GroupStats:
     probe_buckets: list[int] = field(default_factory=lambda: [0] * (len(PROBE_LATENCY_BUCKETS_S) + 1))
     probe_latency_sum_s: float = 0.0
     probes_answered: int = 0
+    probes_late: int = 0
     probe_failures: Counter[str] = field(default_factory=Counter)
     chosen: int = 0
     overlap_won_blocks: int = 0
@@ -61,6 +64,9 @@ class GroupMetrics:
         stats.probes_answered += 1
         stats.probe_latency_sum_s += latency_s
         stats.probe_buckets[bisect.bisect_left(PROBE_LATENCY_BUCKETS_S, latency_s)] += 1
+
+    def probe_late(self, group: str) -> None:
+        self.groups[group].probes_late += 1
 
     def probe_failed(self, group: str, reason: str) -> None:
         self.groups[group].probe_failures[reason] += 1
@@ -107,6 +113,11 @@ class GroupCollector(Collector):
             "Router-group probes skipped, by reason.",
             labels=["group", "reason"],
         )
+        late = CounterMetricFamily(
+            "extproc_group_probes_late",
+            "Probes answered after the deadline, within the grace, when no group had answered in time.",
+            labels=["group"],
+        )
         chosen = CounterMetricFamily(
             "extproc_group_chosen", "Requests committed to the group.", labels=["group"]
         )
@@ -149,6 +160,7 @@ class GroupCollector(Collector):
             latency.add_metric([name], buckets, s.probe_latency_sum_s)
             for reason, n in sorted(s.probe_failures.items()):
                 failures.add_metric([name, reason], n)
+            late.add_metric([name], s.probes_late)
             chosen.add_metric([name], s.chosen)
             won_blocks.add_metric([name], s.overlap_won_blocks)
             wins.add_metric([name], s.overlap_wins)
@@ -163,5 +175,5 @@ class GroupCollector(Collector):
         )
         for what in ("routed", "fallback", "rejected"):
             outcomes.add_metric([what], self.metrics.outcomes[what])
-        yield from (latency, failures, chosen, won_blocks, wins, redecided, commit_failures, lifecycle)
+        yield from (latency, failures, late, chosen, won_blocks, wins, redecided, commit_failures, lifecycle)
         yield from (ejected, in_flight, outcomes)

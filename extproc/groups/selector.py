@@ -6,7 +6,10 @@ request (`route`):
 1. A sticky session's request goes to its pinned group and worker when that group is live (the
    group decides again inside itself if the worker cannot take it any more).
 2. Otherwise probe every group concurrently; whatever has not answered within `probe_timeout_s`
-   is skipped. Failed, refused and slow groups are skipped and counted (`GroupMetrics`).
+   is skipped. Failed, refused and slow groups are skipped and counted (`GroupMetrics`). When no
+   group answered by the deadline and some are still working on it, the machine is loaded rather
+   than the groups gone: the first answer within `probe_grace_s` more is taken (counted as late)
+   instead of answering 503.
 3. Order the answers by the policy (`policy.py`) and commit to the best group. A commit the group
    cannot take any more (its workers filled up meanwhile, or it went away) falls to the next one.
 4. Remember which group owns the request: first token, response status and free (a cancel is a
@@ -103,6 +106,7 @@ class GroupSelector:
         clock: Callable[[], float] = time.monotonic,
         eject_after: int = 3,
         eject_s: float = 1.0,
+        probe_grace_s: float = 0.2,
     ) -> None:
         names = [g.name for g in groups]
         if not names:
@@ -113,8 +117,11 @@ class GroupSelector:
             raise ValueError(f"fallback group {fallback!r} is not one of {names}")
         if not probe_timeout_s > 0:
             raise ValueError(f"probe_timeout_s must be positive, got {probe_timeout_s!r}")
+        if probe_grace_s < 0:
+            raise ValueError(f"probe_grace_s must not be negative, got {probe_grace_s!r}")
         self.groups = list(groups)
         self.probe_timeout_s = probe_timeout_s
+        self.probe_grace_s = probe_grace_s
         self.policy = policy
         self.fallback = next((g for g in groups if g.name == fallback), None)
         self.metrics = GroupMetrics(names)
@@ -291,23 +298,37 @@ class GroupSelector:
     async def _probe_groups(
         self, groups: Sequence[RouterGroup], request: GroupRequest
     ) -> tuple[list[GroupProbe], dict[str, str]]:
-        """Probe `groups` concurrently; whatever has not answered within the deadline is a timeout."""
+        """Probe `groups` concurrently; whatever has not answered within the deadline is a timeout,
+        unless nobody answered in time: then the first answer within the grace is taken."""
         failures: dict[str, str] = {}
         tasks = {asyncio.ensure_future(self._probe(g, request)): g for g in groups}
         if not tasks:
             return [], failures
         done, pending = await asyncio.wait(tasks, timeout=self.probe_timeout_s)
+        late: set[_ProbeTask] = set()
+        waited_s = self.probe_timeout_s
+        if pending and not _answered_any(done) and self.probe_grace_s > 0:
+            late, pending = await _first_answer(pending, self.probe_grace_s)
+            done |= late
+            waited_s += self.probe_grace_s
         probes: list[GroupProbe] = []
         for task in pending:
             task.cancel()
             task.add_done_callback(_retrieve)
-            self._failed(tasks[task].name, GroupTimeout(tasks[task].name, self.probe_timeout_s), failures)
+            self._failed(tasks[task].name, GroupTimeout(tasks[task].name, waited_s), failures)
         for task in done:
             group = tasks[task]
             outcome = task.result()
             if isinstance(outcome, GroupProbe):
                 probes.append(outcome)
                 self._answered(group.name, outcome.latency_s)
+                if task in late:
+                    self.metrics.probe_late(group.name)
+                    log.info(
+                        "no router group answered within the %.0f ms probe deadline; %s answered after "
+                        "%.0f ms and is used (a loaded machine?)",
+                        self.probe_timeout_s * 1000, group.name, outcome.latency_s * 1000,
+                    )  # fmt: skip
             else:
                 self._failed(group.name, outcome, failures)
         # in configuration order, not arrival order: a seeded rng then breaks ties reproducibly
@@ -354,7 +375,7 @@ class GroupSelector:
     async def _probe(self, group: RouterGroup, request: GroupRequest) -> GroupProbe | Exception:
         start = time.perf_counter()
         try:
-            probe = await group.probe(request, timeout_s=self.probe_timeout_s)
+            probe = await group.probe(request, timeout_s=self.probe_timeout_s + self.probe_grace_s)
         except Exception as exc:
             return self._as_group_error(group, exc)
         if not probe.latency_s:
@@ -454,3 +475,28 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 def _summary(probes: Sequence[GroupProbe], failures: dict[str, str]) -> str:
     answered = [f"{p.group}: overlap={p.choice.overlap_blocks} cost={p.choice.cost:.1f}" for p in probes]
     return "; ".join([*answered, *(f"{g}: {r}" for g, r in failures.items())])
+
+
+_ProbeTask = asyncio.Task[GroupProbe | Exception]
+
+
+def _answered_any(done: set[_ProbeTask]) -> bool:
+    return any(isinstance(task.result(), GroupProbe) for task in done)
+
+
+async def _first_answer(
+    pending: set[_ProbeTask], grace_s: float
+) -> tuple[set[_ProbeTask], set[_ProbeTask]]:
+    """Wait up to `grace_s` for the first of `pending` to answer; (finished meanwhile, still pending)."""
+    finished: set[_ProbeTask] = set()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while pending and not _answered_any(finished):
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        more, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        if not more:
+            break
+        finished |= more
+    return finished, pending

@@ -124,6 +124,7 @@ class EndpointPicker:
         self.selector = GroupSelector(
             groups,
             probe_timeout_s=config.groups.probe_timeout_s,
+            probe_grace_s=config.groups.probe_grace_s,
             policy=parse_policy(config.groups.policy),
             fallback=config.groups.fallback,
             rng=self._rng,

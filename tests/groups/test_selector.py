@@ -117,6 +117,39 @@ async def test_min_cost_goes_to_the_idle_group_where_max_overlap_follows_the_cac
         router_of(a).free("long")
 
 
+async def test_when_no_group_answers_by_the_deadline_the_first_late_answer_is_taken():
+    # a loaded machine: both groups answer, just after the 50 ms deadline
+    a, b = local("a", 1, cls=Held), local("b", 2, cls=Held)
+    sel = selector(a, b, probe_timeout_s=0.05, probe_grace_s=5.0)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.1, b.release.set)
+    decision = await sel.route(request(prompt(1)), "r1")
+    assert decision.group == "b"
+    assert sel.metrics.groups["b"].probes_late == 1 and sel.metrics.groups["b"].probes_answered == 1
+    assert sel.metrics.groups["a"].probe_failures == {TIMEOUT: 1}
+    assert sel.metrics.outcomes["routed"] == 1
+    a.release.set()
+    sel.finish("r1", "complete")
+
+
+async def test_without_a_grace_a_late_answer_is_a_503():
+    a = local("a", 1, cls=Held)
+    sel = selector(a, local("b", 2, cls=Held), probe_timeout_s=0.05, probe_grace_s=0.0)
+    asyncio.get_running_loop().call_later(0.1, a.release.set)
+    with pytest.raises(NoGroupAvailable):
+        await sel.route(request(prompt(1)), "r1")
+
+
+async def test_groups_that_never_answer_are_given_up_after_the_deadline_and_the_grace():
+    sel = selector(local("a", 1, cls=Held), local("b", 2, cls=Held), probe_timeout_s=0.05, probe_grace_s=0.1)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(NoGroupAvailable):
+        await sel.route(request(prompt(1)), "r1")
+    assert 0.15 <= loop.time() - start < 2.0
+    assert all(sel.metrics.groups[g].probe_failures == {TIMEOUT: 1} for g in ("a", "b"))
+
+
 async def test_a_slow_group_is_skipped_after_the_deadline():
     fast, slow = local("fast", 1), local("slow", 2, 2, cls=Held)
     sel = selector(fast, slow, probe_timeout_s=0.05)
