@@ -24,9 +24,16 @@ import tokenizers
 from extproc.errors import TokenizerUnavailable
 from extproc.request.chat_template import ChatTemplate
 from extproc.request.parse import ParsedRequest
+from extproc.request.piecewise import PiecewiseEncoder, probe_mismatch
 from extproc.request.remote_tokenizer import RemoteTokenizer
+from extproc.request.token_cache import TokenCache, TokenCacheStats
 
 log = logging.getLogger(__name__)
+
+# Per model. About 4.3 bytes a cached token (ids, keys, entries): ~30M tokens, more than the KV caches of
+# 16 engines of ~1M tokens each; a conversation no engine still caches costs a prefill far dearer than
+# its tokenization. benchmarks/bench_tokenize.py measures the bytes.
+DEFAULT_PIECE_CACHE_BYTES = 128 * 1024 * 1024
 
 _SPECIAL_TOKEN_KEYS = (
     "bos_token",
@@ -113,10 +120,21 @@ class HfTokenizer:
     Qwen2Tokenizer's rebuild encodes as tokenizer.json does (tests/request/test_tokenizer_conformance.py),
     other families may not. Beside a tokenizer.json, transformers 5 ignores the config's `add_bos_token` and
     `add_eos_token`, as this does.
+
+    Chat prompts are encoded piecewise (`piecewise.py`): the text between added tokens is encoded once and
+    its ids kept in a cache of `piece_cache_bytes` (0: none), so a conversation's earlier turns cost a
+    lookup. The ids are those of encoding the whole prompt; where the tokenizer's configuration or a chat
+    template would make them differ, or pieces useless, whole prompts are encoded as before and the load
+    logs why (`piecewise_off_reason`). Completion prompts and truncated prompts are always encoded whole.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        """Load the directory at `path`; raises `TokenizerUnavailable` naming the file at fault."""
+    def __init__(
+        self, path: str | os.PathLike[str], *, piece_cache_bytes: int = DEFAULT_PIECE_CACHE_BYTES
+    ) -> None:
+        """Load the directory at `path`; raises `TokenizerUnavailable` naming the file at fault, `ValueError`
+        for a negative `piece_cache_bytes`."""
+        if piece_cache_bytes < 0:
+            raise ValueError(f"piece_cache_bytes must be >= 0, got {piece_cache_bytes!r}")
         root = Path(path)
         self.name = f"hf:{root}"
         try:
@@ -130,6 +148,55 @@ class HfTokenizer:
         self.chat_templates: dict[str, ChatTemplate] = {
             name: ChatTemplate(source) for name, source in _template_sources(root, config).items()
         }
+        self.pieces: PiecewiseEncoder | None = None
+        self._piecewise_templates: frozenset[str] = frozenset()
+        self.piecewise_off_reason = self._set_up_pieces(piece_cache_bytes)
+        if self.piecewise_off_reason is None:
+            log.info(
+                "tokenizer %s: chat prompts encoded piecewise, piece cache %d bytes",
+                self.name,
+                piece_cache_bytes,
+            )
+        else:
+            log.warning("tokenizer %s: chat prompts encoded whole: %s", self.name, self.piecewise_off_reason)
+
+    def piece_cache_stats(self) -> TokenCacheStats | None:
+        """The piece cache's counters, or None without one."""
+        return self.pieces.cache.stats() if self.pieces is not None else None
+
+    def _set_up_pieces(self, cache_bytes: int) -> str | None:
+        """Build `self.pieces` when piecewise encoding is exact and useful; else the reason it is off."""
+        if cache_bytes == 0:
+            return "the piece cache is off (0 bytes)"
+        try:
+            pieces = PiecewiseEncoder(self._backend, TokenCache(cache_bytes))
+        except ValueError as e:
+            return f"piecewise encoding would not be exact: {e}"
+        probes = []
+        usable = set()
+        for name, template in self.chat_templates.items():
+            rendered = [text for messages in _PROBE_CHATS if (text := self._probe_render(template, messages))]
+            probes += rendered
+            if rendered and _separates_messages(pieces, rendered[0]):
+                usable.add(name)
+            else:
+                log.info(
+                    "tokenizer %s: chat template %r encoded whole: no added token between messages",
+                    self.name,
+                    name,
+                )
+        if (mismatch := probe_mismatch(pieces, self._backend, probes)) is not None:
+            return mismatch
+        if not usable:
+            return "no chat template puts an added token between messages"
+        self.pieces, self._piecewise_templates = pieces, frozenset(usable)
+        return None
+
+    def _probe_render(self, template: ChatTemplate, messages: list[dict[str, str]]) -> str | None:
+        try:
+            return template.render(messages, special_tokens=self.special_tokens)
+        except TokenizerUnavailable:
+            return None  # a template may refuse a shape (roles out of order, ...): try the next
 
     def encode_text(self, text: str, *, add_special_tokens: bool | None = None) -> list[int]:
         return self._encode(text, add_special_tokens=add_special_tokens is not False)
@@ -143,14 +210,7 @@ class HfTokenizer:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text the engine builds for this conversation. Raises `TokenizerUnavailable`."""
-        if chat_template_kwargs and chat_template_kwargs.get("tools") is not None:
-            tools = chat_template_kwargs["tools"]  # vLLM picks the template by these
-        if tools is not None and "tool_use" in self.chat_templates:
-            template = self.chat_templates["tool_use"]
-        elif "default" in self.chat_templates:
-            template = self.chat_templates["default"]
-        else:
-            raise TokenizerUnavailable(f"tokenizer {self.name} has no default chat template")
+        template = self.chat_templates[self._template_name(tools, chat_template_kwargs)]
         return template.render(
             messages,
             tools=tools,
@@ -158,6 +218,17 @@ class HfTokenizer:
             chat_template_kwargs=chat_template_kwargs,
             special_tokens=self.special_tokens,
         )
+
+    def _template_name(
+        self, tools: Sequence[Mapping[str, Any]] | None, chat_template_kwargs: Mapping[str, Any] | None
+    ) -> str:
+        if chat_template_kwargs and chat_template_kwargs.get("tools") is not None:
+            tools = chat_template_kwargs["tools"]  # vLLM picks the template by these
+        if tools is not None and "tool_use" in self.chat_templates:
+            return "tool_use"
+        if "default" in self.chat_templates:
+            return "default"
+        raise TokenizerUnavailable(f"tokenizer {self.name} has no default chat template")
 
     def encode_chat(
         self,
@@ -174,7 +245,18 @@ class HfTokenizer:
             add_generation_prompt=add_generation_prompt,
             chat_template_kwargs=chat_template_kwargs,
         )
-        return self._encode(text, add_special_tokens=add_special_tokens is True)
+        add = add_special_tokens is True
+        pieces = self.pieces
+        if (
+            pieces is not None
+            and self._template_name(tools, chat_template_kwargs) in self._piecewise_templates
+            and (pieces.can_add_special_tokens or not add)
+        ):
+            try:
+                return pieces.encode(text, add_special_tokens=add)
+            except Exception as e:  # as `_encode`: the Rust side raises bare exceptions
+                raise TokenizerUnavailable(f"tokenizer {self.name} failed: {e}") from e
+        return self._encode(text, add_special_tokens=add)
 
     def truncated(self, text: str, *, add_special_tokens: bool, max_tokens: int) -> list[int]:
         """vLLM's `truncate_prompt_tokens` without a `truncation_side`: the tokenizer itself truncates, from
@@ -194,6 +276,24 @@ class HfTokenizer:
             return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         except Exception as e:
             raise TokenizerUnavailable(f"tokenizer {self.name} failed: {e}") from e
+
+
+# Rendered by each chat template at load: piecewise encoding pays only when messages land in distinct pieces.
+_PROBE_CHATS: tuple[list[dict[str, str]], ...] = (
+    [
+        {"role": "system", "content": "probe-system"},
+        {"role": "user", "content": "probe-user"},
+        {"role": "assistant", "content": "probe-assistant"},
+        {"role": "user", "content": "probe-again"},
+    ],
+    [{"role": "user", "content": "probe-user"}, {"role": "assistant", "content": "probe-assistant"}],
+)
+
+
+def _separates_messages(pieces: PiecewiseEncoder, rendered: str) -> bool:
+    """Whether each probe message's text lies in a piece of its own in `rendered`."""
+    found = [part for part in pieces.splitter.split(rendered) if isinstance(part, str) and "probe-" in part]
+    return all(part.count("probe-") == 1 for part in found) and len(found) >= 2
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
@@ -269,12 +369,12 @@ def _read_text(path: Path) -> str:
         raise TokenizerUnavailable(f"cannot read {path}: {e}") from e
 
 
-def load_tokenizer(path: str | None) -> Tokenizer:
+def load_tokenizer(path: str | None, *, piece_cache_bytes: int = DEFAULT_PIECE_CACHE_BYTES) -> Tokenizer:
     """The local tokenizer at `path` (a Hugging Face directory), or `ByteTokenizer` when `path` is None/empty.
 
     Raises `TokenizerUnavailable` when the directory cannot be loaded.
     """
-    return HfTokenizer(path) if path else ByteTokenizer()
+    return HfTokenizer(path, piece_cache_bytes=piece_cache_bytes) if path else ByteTokenizer()
 
 
 class RequestTokenizer:
@@ -313,11 +413,13 @@ class RequestTokenizer:
         cache_size: int,
         *,
         inline_max_bytes: int = 8_192,
+        piece_cache_bytes: int = DEFAULT_PIECE_CACHE_BYTES,
     ) -> RequestTokenizer:
         """Build from configuration: a local directory, an engine URL, or neither (`ByteTokenizer`).
 
-        Raises `ValueError` when both are set or a value is out of range, `TokenizerUnavailable` when the
-        local directory cannot be loaded.
+        `cache_size` bounds the remote backend's results, `piece_cache_bytes` a local directory's piece
+        cache. Raises `ValueError` when both are set or a value is out of range, `TokenizerUnavailable` when
+        the local directory cannot be loaded.
         """
         if local_path and remote_url:
             raise ValueError("set either a local tokenizer path or a remote /tokenize URL, not both")
@@ -325,12 +427,16 @@ class RequestTokenizer:
         if remote_url:
             backend = RemoteTokenizer(remote_url, timeout_s=timeout_s, cache_size=cache_size)
         else:
-            backend = load_tokenizer(local_path)
+            backend = load_tokenizer(local_path, piece_cache_bytes=piece_cache_bytes)
         return cls(backend, timeout_s=timeout_s, model=model, inline_max_bytes=inline_max_bytes)
 
     @property
     def name(self) -> str:
         return self.backend.name
+
+    def piece_cache_stats(self) -> TokenCacheStats | None:
+        """The local backend's piece cache counters (`HfTokenizer`), or None without one."""
+        return self.backend.piece_cache_stats() if isinstance(self.backend, HfTokenizer) else None
 
     async def tokenize(self, request: ParsedRequest) -> list[int]:
         """The token ids the engine will prefill for `request`. Raises `TokenizerUnavailable`."""
