@@ -41,6 +41,7 @@ from extproc.admin.metrics import PickerCollector
 from extproc.errors import PickerError, UnknownModel
 from extproc.events.sources import EventSources
 from extproc.picker.pipeline import EndpointPicker
+from extproc.request.cache_metrics import TokenCacheCollector
 from extproc.router import AllBlocksCleared, BlocksRemoved, BlocksStored, InvalidConfig, KvEvent
 from extproc.runtime.readiness import Readiness
 
@@ -83,6 +84,9 @@ def make_admin_app(
     (`--admin-allow-unauthenticated-writes`)."""
     registry = picker.metrics.registry
     registry.register(PickerCollector(picker, sources))
+    registry.register(
+        TokenCacheCollector(lambda: {m: p.tokenizer.piece_cache_stats() for m, p in picker.pools.items()})
+    )
     readiness = readiness or Readiness(picker, sources)
     if allow_unauthenticated_writes is None:
         allow_unauthenticated_writes = picker.config.admin_allow_unauthenticated_writes

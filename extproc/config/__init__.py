@@ -59,6 +59,7 @@ from extproc.config.workers import (
     worker_device,
     worker_role,
 )
+from extproc.request.token_cache import DEFAULT_PIECE_CACHE_BYTES
 from extproc.router import RouterConfig
 
 __all__ = [
@@ -118,7 +119,8 @@ class PickerConfig:
     tokenizer: str | None = None
     tokenize_url: str | None = None
     tokenizer_timeout_s: float = 2.0
-    tokenizer_cache_size: int = 1024
+    tokenizer_cache_size: int = 1024  # remote /tokenize results kept
+    tokenizer_cache_bytes: int = DEFAULT_PIECE_CACHE_BYTES  # per model, local chat piece ids; 0 = off
     conformance_hooks: bool = False
     seed: int | None = None
     log_level: str = "info"
@@ -239,6 +241,7 @@ def load_config(
         tokenize_url=own.tokenize_url,
         tokenizer_timeout_s=own.tokenizer_timeout_s,
         tokenizer_cache_size=own.tokenizer_cache_size,
+        tokenizer_cache_bytes=own.tokenizer_cache_bytes,
         conformance_hooks=own.conformance_hooks,
         seed=own.seed,
         log_level=own.log_level,

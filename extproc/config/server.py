@@ -20,6 +20,7 @@ from extproc.config.options import (
     check_readable,
 )
 from extproc.config.tls import TlsConfig
+from extproc.request.token_cache import DEFAULT_PIECE_CACHE_BYTES
 
 SECTION = "picker"
 
@@ -156,6 +157,14 @@ TOKENIZER_TIMEOUT_MS = Option(
     "Give up tokenizing after this long and route on load only.",
 )
 TOKENIZER_CACHE_SIZE = Option("--tokenizer-cache-size", int, 1024, "Remote tokenization results kept.")
+TOKENIZER_CACHE_BYTES = Option(
+    "--tokenizer-cache-bytes",
+    int,
+    DEFAULT_PIECE_CACHE_BYTES,
+    "Bytes of token ids a local tokenizer keeps per model for the text between a chat prompt's special "
+    "tokens, so that a conversation's earlier turns are not tokenized again (about 4.3 bytes a token; "
+    "least recently used first out). 0: every chat prompt is tokenized whole.",
+)
 CONFORMANCE_HOOKS = Option(
     "--conformance-hooks",
     bool,
@@ -195,6 +204,7 @@ PICKER_OPTIONS: tuple[Option[Any], ...] = (
     TOKENIZE_URL,
     TOKENIZER_TIMEOUT_MS,
     TOKENIZER_CACHE_SIZE,
+    TOKENIZER_CACHE_BYTES,
     CONFORMANCE_HOOKS,
     SEED,
     LOG_LEVEL,
@@ -269,6 +279,7 @@ class ServerConfig:
     tokenize_url: str | None
     tokenizer_timeout_s: float
     tokenizer_cache_size: int
+    tokenizer_cache_bytes: int
     conformance_hooks: bool
     seed: int | None
     log_level: str
@@ -301,6 +312,7 @@ def read_server(reader: Reader) -> ServerConfig:
     tokenize_url = read(TOKENIZE_URL)
     tokenizer_timeout_ms = read(TOKENIZER_TIMEOUT_MS)
     tokenizer_cache_size = read(TOKENIZER_CACHE_SIZE)
+    tokenizer_cache_bytes = read(TOKENIZER_CACHE_BYTES)
     conformance_hooks = read(CONFORMANCE_HOOKS)
     seed = read(SEED)
     log_level = read(LOG_LEVEL)
@@ -312,6 +324,7 @@ def read_server(reader: Reader) -> ServerConfig:
     check_at_least_zero("body-parse-workers", body_parse_workers)
     check_at_least_zero("body-parse-inline-bytes", body_parse_inline_bytes)
     check_at_least_zero("outlier-consecutive-5xx", outlier_consecutive_5xx)
+    check_at_least_zero("tokenizer-cache-bytes", tokenizer_cache_bytes)
     check_positive("outlier-base-ejection-secs", outlier_base_ejection_secs)
     if max_prompt_tokens is not None:
         check_positive("max-prompt-tokens", max_prompt_tokens)
@@ -343,6 +356,7 @@ def read_server(reader: Reader) -> ServerConfig:
         tokenize_url=tokenize_url,
         tokenizer_timeout_s=tokenizer_timeout_ms / 1000.0,
         tokenizer_cache_size=tokenizer_cache_size,
+        tokenizer_cache_bytes=tokenizer_cache_bytes,
         conformance_hooks=conformance_hooks,
         seed=seed,
         log_level=log_level,

@@ -90,6 +90,7 @@ def build_pools(
             model=model.name,
             timeout_s=config.tokenizer_timeout_s,
             cache_size=config.tokenizer_cache_size,
+            piece_cache_bytes=config.tokenizer_cache_bytes,
         )
         pools[model.name] = ModelPool(
             model.name, router, tokenizer, workers, prefill, disagg, prefill_workers

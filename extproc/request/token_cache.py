@@ -23,6 +23,10 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+# Per tokenizer (one per model). About 4.3 bytes a cached token (ids, keys, entries): ~30M tokens, more
+# than the KV caches of 16 engines of ~1M tokens each; a conversation no engine still caches costs a
+# prefill far dearer than its tokenization. benchmarks/bench_tokenize.py measures the bytes.
+DEFAULT_PIECE_CACHE_BYTES = 128 * 1024 * 1024
 SMALL_PIECE_CHARS = 64
 ENTRY_OVERHEAD_BYTES = 96  # OrderedDict: hash-table slot (amortised) + linked node, on CPython 3.11
 _ID_TYPE = "I" if array("I").itemsize == 4 else "L"

@@ -26,14 +26,9 @@ from extproc.request.chat_template import ChatTemplate
 from extproc.request.parse import ParsedRequest
 from extproc.request.piecewise import PiecewiseEncoder, probe_mismatch
 from extproc.request.remote_tokenizer import RemoteTokenizer
-from extproc.request.token_cache import TokenCache, TokenCacheStats
+from extproc.request.token_cache import DEFAULT_PIECE_CACHE_BYTES, TokenCache, TokenCacheStats
 
 log = logging.getLogger(__name__)
-
-# Per model. About 4.3 bytes a cached token (ids, keys, entries): ~30M tokens, more than the KV caches of
-# 16 engines of ~1M tokens each; a conversation no engine still caches costs a prefill far dearer than
-# its tokenization. benchmarks/bench_tokenize.py measures the bytes.
-DEFAULT_PIECE_CACHE_BYTES = 128 * 1024 * 1024
 
 _SPECIAL_TOKEN_KEYS = (
     "bos_token",
