@@ -42,6 +42,8 @@ class EventsConfig:
     reset_states: bool = False
     replica_sync: bool = False
     router_id: str | None = None
+    replica_sync_heartbeat_s: float = 1.0  # a replica's lease renewal (heartbeat) interval
+    replica_sync_lease_s: float = 5.0  # silence after which the others forget its requests
     queue_size: int = 10_000  # per subscription: ZMQ SUB high-water mark, NATS pending messages
     nats_tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)
     nats_creds_file: str | None = None  # a NATS .creds file (JWT + nkey seed)
@@ -123,6 +125,21 @@ ROUTER_ID: Option[str | None] = Option(
     None,
     "This replica's name in replica sync and its durable consumer (default: host-pid).",
 )
+REPLICA_SYNC_HEARTBEAT_SECS = Option(
+    "--replica-sync-heartbeat-secs",
+    float,
+    1.0,
+    "Replica sync: seconds between two heartbeats of this replica. A heartbeat renews its lease and "
+    "carries a digest of its in-flight requests, from which the others notice what they missed and "
+    "ask for its whole set.",
+)
+REPLICA_SYNC_LEASE_SECS = Option(
+    "--replica-sync-lease-secs",
+    float,
+    5.0,
+    "Replica sync: a replica silent for this long (no heartbeat, no message) is taken for dead and "
+    "the others forget its requests. At least twice the heartbeat interval.",
+)
 EVENT_QUEUE_SIZE = Option(
     "--event-queue-size",
     int,
@@ -143,6 +160,8 @@ EVENT_OPTIONS: tuple[Option[Any], ...] = (
     ROUTER_RESET_STATES,
     ROUTER_REPLICA_SYNC,
     ROUTER_ID,
+    REPLICA_SYNC_HEARTBEAT_SECS,
+    REPLICA_SYNC_LEASE_SECS,
     EVENT_QUEUE_SIZE,
 )
 
@@ -224,6 +243,8 @@ def read_events(reader: Reader) -> EventsConfig:
     reset_states = read(ROUTER_RESET_STATES)
     replica_sync = read(ROUTER_REPLICA_SYNC)
     router_id = read(ROUTER_ID)
+    heartbeat_s = read(REPLICA_SYNC_HEARTBEAT_SECS)
+    lease_s = read(REPLICA_SYNC_LEASE_SECS)
     queue_size = read(EVENT_QUEUE_SIZE)
     creds_file = read(NATS_CREDS_FILE)
     user = read(NATS_USER)
@@ -251,6 +272,13 @@ def read_events(reader: Reader) -> EventsConfig:
         raise ConfigError(
             "--router-durable-kv-events and --router-replica-sync need NATS: set --nats-url or NATS_SERVER"
         )
+    if not 0 < heartbeat_s <= 60:
+        raise ConfigError(f"invalid replica-sync-heartbeat-secs={heartbeat_s}: expected > 0 and <= 60")
+    if not 2 * heartbeat_s <= lease_s <= 3600:
+        raise ConfigError(
+            f"invalid replica-sync-lease-secs={lease_s}: expected at least twice "
+            f"--replica-sync-heartbeat-secs ({heartbeat_s}) and at most 3600"
+        )
     if snapshot_threshold < 1:
         raise ConfigError(f"invalid router-snapshot-threshold={snapshot_threshold}: expected >= 1")
     return EventsConfig(
@@ -265,6 +293,8 @@ def read_events(reader: Reader) -> EventsConfig:
         reset_states=reset_states,
         replica_sync=replica_sync,
         router_id=router_id,
+        replica_sync_heartbeat_s=heartbeat_s,
+        replica_sync_lease_s=lease_s,
         queue_size=queue_size,
         nats_tls=ClientTlsConfig(ca_file=tls_ca_file, cert_file=tls_cert_file, key_file=tls_key_file),
         nats_creds_file=creds_file,

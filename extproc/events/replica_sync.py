@@ -3,35 +3,78 @@
 Each replica publishes what it routes (add, prefill complete, free) on a NATS core subject,
 `namespace.<ns>.component.<component>.active_sequences`, and applies the other replicas'
 messages to its own `KvRouter`, so that every replica's active load (prefill tokens, decode
-blocks per worker) counts the requests the others sent there. A replica that joins late misses
-the requests already in flight and converges as they end (frees of unknown ids are harmless).
+blocks per worker) counts the requests the others sent there. NATS core is at most once, so the
+shared view heals itself instead of trusting every message to arrive:
 
-Messages are msgpack maps, version 1:
+- Sequence: every message carries its sender's incarnation (`boot`, random at start) and number
+  (`seq`, 1, 2, ... in publishing order; NATS keeps one connection's order). A receiver that sees
+  a number skipped (messages lost in a NATS outage, a full queue, a replica that joined late) asks
+  that replica for its whole in-flight set (`want`) and replaces what it tracks for it with the
+  answer (`state`); until then it goes on applying what arrives. A new `boot` under a known router
+  id is a restarted replica: its previous requests are forgotten.
+- Leases: every `--replica-sync-heartbeat-secs` (1 s) a replica sends a heartbeat (`hb`) with a
+  digest of its own in-flight set. A replica silent for its lease (`--replica-sync-lease-secs`, 5 s,
+  carried in the heartbeat) has its requests forgotten by the others, logged and counted
+  (`sync.lease_expired`): a SIGKILLed replica leaves nothing behind, also when it comes back under a
+  new id. Leases do not run out while this replica's own connection is down (it cannot hear
+  anyone); when it is back every lease starts again.
+- Digest: a heartbeat says how many requests its sender has in flight and an order-independent
+  hash of them. A receiver that is caught up (no number skipped since its last `state`) compares
+  it with what it tracks for that sender; a difference (`sync.digest_mismatch`) asks for a `state`.
+- Reconnect: when its NATS connection comes back a replica publishes its whole in-flight set and
+  asks every other replica for theirs (`want` from `*`), as it does at start.
 
-    {"v": 1, "router": str, "op": "add", "id": str, "worker": int | str, "dp": int,
-     "hashes": [local block hash, ...], "isl": int, "overlap": int, "eot": int | nil}
-    {"v": 1, "router": str, "op": "prefill" | "free", "id": str}
-    {"v": 1, "router": str, "op": "bye"}            # the replica stops: free all its requests
+Every applied `state` that changed something or was asked for is counted (`sync.resync`) and logged
+with what it added and forgot. Remote requests are tracked under `<router>:<id>`, so that two
+replicas reusing a request id never touch each other's entries. The records of the other replicas'
+requests are kept here as well as in the router: a worker this replica does not (or no longer)
+know is skipped by the router, and its requests are applied again when the worker comes back
+(`workers_added`), so a worker flapping in one replica's discovery leaves no hole in its view.
 
-A replica ignores its own messages. Remote requests are tracked under `<router>:<id>`, so that two
-replicas reusing a request id never touch each other's entries. Publishing never blocks a pick:
-messages are queued and sent in order by a background task (buffered by the client while the
-connection is down); failures are counted. A replica that dies without `stop()` leaves its
-requests in the others' view until they are freed by hand (`forget_replica`).
+Messages are msgpack maps; `v` is the format. Lifecycle messages keep format 1, which a version-1
+replica still reads (it ignores `boot` and `seq`); control messages are format 2, which a
+version-1 replica drops as malformed (counted there):
 
-Bounded buffers (`queue_size`, `--event-queue-size`): the subscription holds at most that many
-unhandled messages and the publishing queue at most that many unsent ones. A message nats.py drops
-from a full subscription (reported through `overflowed()`) may have been a `free`: the other
-replicas' requests are no longer trustworthy, so once every message received before the drop has
-been applied, all of them are forgotten (`sync.resync`). Their load is under-counted until they
-end, never leaked.
+    {"v": 1, "router": str, "boot": int, "seq": int, "op": "add", "id": str, "worker": int | str,
+     "dp": int, "hashes": [local block hash, ...], "isl": int, "overlap": int, "eot": int | nil}
+    {"v": 1, "router": str, "boot": int, "seq": int, "op": "prefill" | "free", "id": str}
+    {"v": 1, "router": str, "boot": int, "seq": int, "op": "bye"}   # stopping: forget my requests
+    {"v": 2, "router": str, "boot": int, "seq": int, "op": "hb", "n": int, "digest": int,
+     "lease_s": float}
+    {"v": 2, "router": str, "boot": int, "seq": int, "op": "want", "from": str}  # router id or "*"
+    {"v": 2, "router": str, "boot": int, "seq": int, "op": "state", "part": int, "parts": int,
+     "reqs": [[id, worker, dp, [hashes], isl, overlap, eot | nil, prefilled], ...]}
+
+`digest` is the sum, modulo 2**64, over the sender's in-flight requests of the first 8 bytes
+(little endian) of BLAKE2b(id UTF-8, NUL, "1" if its prefill completed else "0"). A `state` is one
+snapshot cut into parts of at most `STATE_PART_BYTES`, published back to back (consecutive `seq`),
+so no lifecycle message of its sender falls between its parts; `parts` is at least 1 (an empty set
+is a state too). A receiver applies it once every part arrived in order.
+
+Messages of a version-1 replica (format 1 without `seq`) are applied as before: it sends no
+heartbeat, so it has no lease and no digest (its requests end with its frees or its `bye`), and
+a lost message of its can only be healed by forgetting its requests (below).
+
+Bounded: at most `MAX_ORIGINS` other replicas and `MAX_REQUESTS_PER_ORIGIN` requests of each are
+tracked (more is dropped and counted: `sync.origins_full`, `sync.requests_full`), an `add` holds at
+most `MAX_HASHES` block hashes, a `state` at most `MAX_STATE_PARTS` parts. The subscription holds
+at most `queue_size` (`--event-queue-size`) unhandled messages and the publishing queue as many
+unsent ones. A message nats.py drops from a full subscription (`overflowed()`) may have been a
+`free`: once every message received before the drop is applied, every replica is asked for its
+state and version-1 replicas' requests are forgotten (their load is under-counted until they
+end, never leaked).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
 import logging
-from collections.abc import Sequence
+import secrets
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgpack
@@ -39,12 +82,24 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from extproc.events.counters import EventCounters
-from extproc.events.nats_events import DEFAULT_QUEUE_SIZE, OrderedSender
+from extproc.events.nats_events import DEFAULT_QUEUE_SIZE, OrderedSender, cancel_and_wait
 from extproc.router.types import Worker
 
 log = logging.getLogger("extproc.events.replica_sync")
 
-VERSION = 1
+VERSION = 2  # the newest format; lifecycle messages are still written as V1
+V1 = 1
+
+DEFAULT_HEARTBEAT_S = 1.0  # --replica-sync-heartbeat-secs
+DEFAULT_LEASE_S = 5.0  # --replica-sync-lease-secs
+MIN_LEASE_S, MAX_LEASE_S = 0.1, 3600.0  # a lease_s from the wire is clamped into this range
+MAX_ORIGINS = 256  # other replicas tracked at once
+MAX_REQUESTS_PER_ORIGIN = 100_000
+MAX_HASHES = 1 << 17  # block hashes in one add: a 2M-token prompt at block size 16
+MAX_STATE_PARTS = 4096
+STATE_PART_BYTES = 256 * 1024  # below NATS's default max_payload of 1 MiB
+_MASK = (1 << 64) - 1
+_TICK_MAX_S = 0.25  # the background task looks at heartbeats, leases and wants at least this often
 
 
 def active_sequences_subject(namespace: str, component: str) -> str:
@@ -71,11 +126,96 @@ class SyncedRouter(Protocol):
     def free(self, request_id: str) -> bool: ...
 
 
+@dataclass(slots=True)
+class Record:
+    """One in-flight request as replicas share it."""
+
+    worker: Worker
+    hashes: tuple[int, ...]
+    isl: int
+    overlap: int
+    eot: int | None
+    prefilled: bool = False
+
+    def wire(self, request_id: str) -> list[Any]:
+        w = self.worker
+        return [request_id, w.worker_id, w.dp_rank, list(self.hashes), self.isl, self.overlap, self.eot,
+                self.prefilled]  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, item: Any) -> tuple[str, Record]:
+        """(id, record) from a `state` entry; raises ValueError or TypeError."""
+        if not isinstance(item, list) or len(item) != 8:
+            raise ValueError(f"state entry {item!r:.60} is not an 8-item list")
+        request_id, worker_id, dp, hashes, isl, overlap, eot, prefilled = item
+        return _text(request_id, "request id"), cls(
+            _worker(worker_id, dp), _hashes(hashes), _int(isl), _int(overlap), _opt_int(eot), bool(prefilled)
+        )
+
+
+def id_hash(request_id: str, prefilled: bool) -> int:
+    """A request's share of the digest (see the module docstring)."""
+    data = request_id.encode("utf-8", "surrogatepass") + (b"\x001" if prefilled else b"\x000")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+class InFlight:
+    """Request id -> Record, with the count and digest heartbeats carry, kept up to date."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, Record] = {}
+        self.digest = 0
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def summary(self) -> tuple[int, int]:
+        return len(self.requests), self.digest
+
+    def put(self, request_id: str, record: Record) -> Record | None:
+        old = self.pop(request_id)
+        self.requests[request_id] = record
+        self.digest = (self.digest + id_hash(request_id, record.prefilled)) & _MASK
+        return old
+
+    def mark_prefilled(self, request_id: str) -> bool:
+        record = self.requests.get(request_id)
+        if record is None or record.prefilled:
+            return False
+        self.digest = (self.digest - id_hash(request_id, False) + id_hash(request_id, True)) & _MASK
+        record.prefilled = True
+        return True
+
+    def pop(self, request_id: str) -> Record | None:
+        record = self.requests.pop(request_id, None)
+        if record is not None:
+            self.digest = (self.digest - id_hash(request_id, record.prefilled)) & _MASK
+        return record
+
+
+@dataclass(slots=True)
+class _Origin:
+    """What this replica knows of another one."""
+
+    boot: int | None  # None: a version-1 replica (no sequence, no lease)
+    heard_at: float
+    lease_s: float
+    in_flight: InFlight = field(default_factory=InFlight)
+    next_seq: int = 0
+    synced: bool = True  # False: messages were missed and its state was asked for
+    wanted_at: float = 0.0
+    parts: list[tuple[str, Record]] | None = None  # a state being received
+    parts_next: int = 0
+    parts_total: int = 0
+
+
 class ReplicaSync:
     """Publishes this replica's request lifecycle and applies the other replicas' to `router`.
 
     Counter keys: `sync.published`, `sync.publish_failed`, `sync.publish_dropped`, `sync.applied`,
-    `sync.malformed`, `sync.apply_failed`, `sync.dropped`, `sync.resync`.
+    `sync.malformed`, `sync.apply_failed`, `sync.dropped`, `sync.gap`, `sync.missed`, `sync.want`,
+    `sync.wanted`, `sync.state_sent`, `sync.resync`, `sync.digest_mismatch`, `sync.lease_expired`,
+    `sync.restarted`, `sync.origins_full`, `sync.requests_full`, `sync.id_clash`.
     """
 
     def __init__(
@@ -87,22 +227,40 @@ class ReplicaSync:
         *,
         counters: EventCounters | None = None,
         queue_size: int = DEFAULT_QUEUE_SIZE,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        lease_s: float = DEFAULT_LEASE_S,
+        clock: Callable[[], float] = time.monotonic,
+        boot: int | None = None,
     ) -> None:
         if not router_id:
             raise ValueError("router_id must not be empty (replicas tell their messages apart by it)")
         if queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {queue_size}")
+        if not 0 < heartbeat_s < lease_s:
+            raise ValueError(f"need 0 < heartbeat_s < lease_s, got {heartbeat_s} and {lease_s}")
         self.nc = nc
         self.router = router
         self.router_id = router_id
         self.subject = subject
         self.queue_size = queue_size
+        self.heartbeat_s = heartbeat_s
+        self.lease_s = lease_s
+        self.boot = boot if boot is not None else secrets.randbits(62)
         self.counters = counters if counters is not None else EventCounters()
+        self._clock = clock
         self._sender = OrderedSender(nc, self.counters, "sync", drop_while_down=False, max_queued=queue_size)
-        self._remote: dict[str, set[str]] = {}  # origin replica -> its request ids we track
+        self._seq = 0
+        self._own = InFlight()
+        self._origins: dict[str, _Origin] = {}
         self._sub: Any = None
         self._handled = 0  # messages taken from the subscription so far
-        self._resync_at: int | None = None  # forget every remote request once _handled reaches this
+        self._resync_at: int | None = None  # after an overflow: act once _handled reaches this
+        self._link_up = True
+        self._next_heartbeat = 0.0
+        self._dump_wanted = False
+        self._last_dump = float("-inf")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     @property
     def subscription(self) -> Any:
@@ -110,14 +268,21 @@ class ReplicaSync:
         return self._sub
 
     async def start(self) -> None:
+        """Subscribe, ask the others for their state, and start heartbeats and leases."""
         self._sub = await self.nc.subscribe(
             self.subject, cb=self._on_message, pending_msgs_limit=self.queue_size
         )
         await self.nc.flush()  # subscribed when start returns
+        self._want_all("this replica started")
+        name = f"replica-sync-{self.router_id}"
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=name)
 
     async def stop(self) -> None:
         """Tell the others to forget our requests, deliver what is queued, unsubscribe."""
-        self._publish({"op": "bye"})
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+            self._task = None
+        self._publish(V1, {"op": "bye"})
         with contextlib.suppress(Exception):
             await self._sender.flush(timeout_s=2.0)
         await self._sender.stop()
@@ -137,124 +302,394 @@ class ReplicaSync:
         overlap: int,
         expected_output_tokens: int | None = None,
     ) -> None:
+        record = Record(worker, tuple(local_hashes), isl, overlap, expected_output_tokens)
+        self._own.put(request_id, record)
         self._publish(
+            V1,
             {
                 "op": "add",
                 "id": request_id,
                 "worker": worker.worker_id,
                 "dp": worker.dp_rank,
-                "hashes": list(local_hashes),
+                "hashes": list(record.hashes),
                 "isl": isl,
                 "overlap": overlap,
                 "eot": expected_output_tokens,
-            }
+            },
         )
 
     def publish_prefill_complete(self, request_id: str) -> None:
-        self._publish({"op": "prefill", "id": request_id})
+        self._own.mark_prefilled(request_id)
+        self._publish(V1, {"op": "prefill", "id": request_id})
 
     def publish_freed(self, request_id: str) -> None:
-        self._publish({"op": "free", "id": request_id})
+        self._own.pop(request_id)
+        self._publish(V1, {"op": "free", "id": request_id})
+
+    def own_summary(self) -> tuple[int, int]:
+        """(requests in flight, digest) of this replica, as its heartbeats say."""
+        return self._own.summary()
 
     async def flush(self, timeout_s: float = 5.0) -> None:
         """Wait until everything published so far reached the server."""
         await self._sender.flush(timeout_s)
 
-    def _publish(self, message: dict[str, Any]) -> None:
+    def _publish(self, version: int, message: dict[str, Any]) -> None:
+        self._seq += 1
+        head = {"v": version, "router": self.router_id, "boot": self.boot, "seq": self._seq}
         try:
-            payload = msgpack.packb({"v": VERSION, "router": self.router_id, **message}, use_bin_type=True)
-        except Exception as exc:
+            payload = msgpack.packb({**head, **message}, use_bin_type=True)
+        except Exception as exc:  # the receivers see a sequence gap and ask for our state
             self.counters.loud("sync.publish_failed", "cannot encode replica sync message: %r", exc)
             return
         self._sender.submit(self.subject, payload)
 
-    # --- applying others' messages ---------------------------------------------------------------
+    def _publish_heartbeat(self) -> None:
+        n, digest = self._own.summary()
+        self._publish(VERSION, {"op": "hb", "n": n, "digest": digest, "lease_s": self.lease_s})
+
+    def _publish_state(self) -> None:
+        """Our whole in-flight set, in parts of at most STATE_PART_BYTES, back to back."""
+        parts: list[list[list[Any]]] = [[]]
+        size = 0
+        for request_id, record in self._own.requests.items():
+            item = record.wire(request_id)
+            item_size = 32 + len(request_id) + 9 * len(record.hashes)  # msgpack, generously
+            if parts[-1] and size + item_size > STATE_PART_BYTES:
+                parts.append([])
+                size = 0
+            parts[-1].append(item)
+            size += item_size
+        for i, items in enumerate(parts):
+            self._publish(VERSION, {"op": "state", "part": i, "parts": len(parts), "reqs": items})
+        self.counters.add("sync.state_sent")
+        self._last_dump = self._clock()
+        self._dump_wanted = False
+
+    def _want(self, origin: str, entry: _Origin | None, now: float, reason: str) -> None:
+        if entry is not None:
+            entry.synced = False
+            entry.wanted_at = now
+        self.counters.add("sync.want")
+        log.info("replica sync: asking %s for its in-flight requests (%s)", origin, reason)
+        self._publish(VERSION, {"op": "want", "from": origin})
+
+    def _want_all(self, reason: str) -> None:
+        """Publish our state and ask every replica for theirs."""
+        now = self._clock()
+        for entry in self._origins.values():
+            if entry.boot is not None:
+                entry.synced, entry.wanted_at = False, now
+        self._publish_state()
+        self._want("*", None, now, reason)
+
+    # --- time: heartbeats, leases, wants asked again ---------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Heartbeat when due, answer wants, expire silent replicas, ask again for missing states."""
+        if now >= self._next_heartbeat and self._link_up:  # no stale heartbeats buffered while down
+            self._next_heartbeat = now + self.heartbeat_s
+            self._publish_heartbeat()
+        if self._dump_wanted and now - self._last_dump >= min(self.heartbeat_s / 2, _TICK_MAX_S):
+            self._publish_state()
+        if not self._link_up:
+            return  # we hear nobody: a silence says nothing about them
+        for origin, entry in list(self._origins.items()):
+            if entry.boot is None:
+                continue
+            if now - entry.heard_at > entry.lease_s:
+                n = self._forget(origin)
+                self.counters.add("sync.lease_expired")
+                log.warning("replica sync: %s silent for %.1f s (lease %.1f s): forgot its %d requests",
+                            origin, now - entry.heard_at, entry.lease_s, n)  # fmt: skip
+            elif not entry.synced and now - entry.wanted_at >= 2 * self.heartbeat_s:
+                self._want(origin, entry, now, "no state came yet")
+
+    def connection_changed(self, up: bool, reason: str) -> None:
+        """The NATS connection went down or came back (a `NatsLink` watcher)."""
+        self._link_up = up
+        if not up:
+            return
+        now = self._clock()
+        for entry in self._origins.values():
+            entry.heard_at = now  # every lease starts again
+        self._want_all(reason)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.tick(self._clock())
+            except Exception:  # keep the heartbeats going
+                log.exception("replica sync tick failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), min(self.heartbeat_s / 4, _TICK_MAX_S))
+            self._wake.clear()
+
+    # --- the others' requests --------------------------------------------------------------------
 
     def forget_replica(self, router_id: str) -> int:
         """Free every request of replica `router_id` (it stopped or died); returns how many."""
-        ids = self._remote.pop(router_id, set())
-        for key in ids:
-            self.router.free(key)
-        return len(ids)
+        return self._forget(router_id)
 
     def tracked_remote(self) -> dict[str, int]:
         """In-flight requests per other replica, as this replica tracks them."""
-        return {origin: len(ids) for origin, ids in self._remote.items() if ids}
+        return {origin: len(e.in_flight) for origin, e in self._origins.items() if len(e.in_flight)}
+
+    def remote_requests(self) -> Iterator[tuple[str, str, Record]]:
+        """(origin, request id, record) of every other replica's request tracked here."""
+        for origin, entry in self._origins.items():
+            for request_id, record in entry.in_flight.requests.items():
+                yield origin, request_id, record
+
+    def workers_added(self, worker_ids: Collection[str]) -> int:
+        """Workers joined (or came back to) this replica's set: apply the other replicas' requests
+        on them, which the router skipped while it did not know them. Returns how many."""
+        applied = 0
+        for origin, request_id, record in self.remote_requests():
+            if str(record.worker.worker_id) in worker_ids:
+                self._track(f"{origin}:{request_id}", record)
+                applied += 1
+        return applied
 
     def overflowed(self) -> None:
-        """nats.py dropped a message: the subscription's queue was full. Counted; every remote
-        request is forgotten once the messages received before the drop are applied."""
+        """nats.py dropped a message: the subscription's queue was full. Counted; once the
+        messages received before the drop are applied, every replica is asked for its state."""
         self.counters.dropped("sync", "*", "queue-full")
         self.counters.loud(
             "sync.queue_full",
             "replica sync messages arrive faster than they are applied (more than %d pending): "
-            "dropping, then forgetting the other replicas' requests",
+            "dropping, then asking the other replicas for their state",
             self.queue_size,
         )
         self._resync_at = self._handled + (self._sub.pending_msgs if self._sub is not None else 0)
         self._maybe_resync()
 
     def _maybe_resync(self) -> None:
-        if self._resync_at is not None and self._handled >= self._resync_at:
-            self._resync_at = None
-            forgotten = sum(self.forget_replica(origin) for origin in list(self._remote))
-            self.counters.add("sync.resync")
-            log.warning("replica sync lost messages: forgot %d requests of other replicas", forgotten)
+        if self._resync_at is None or self._handled < self._resync_at:
+            return
+        self._resync_at = None
+        legacy = [origin for origin, entry in self._origins.items() if entry.boot is None]
+        forgotten = sum(self._forget(origin) for origin in legacy)
+        self.counters.add("sync.resync")
+        log.warning("replica sync lost messages: asking every replica for its state%s",
+                    f" (forgot {forgotten} requests of version-1 replicas)" if legacy else "")  # fmt: skip
+        self._want_all("messages were dropped")
 
     async def _on_message(self, msg: Msg) -> None:
         self.handle(msg.data)
         self._handled += 1
         self._maybe_resync()
 
-    def handle(self, data: bytes) -> None:
+    def handle(self, data: bytes, now: float | None = None) -> None:
         """Apply one sync message (what the subscription does); never raises."""
         try:
             message = msgpack.unpackb(data, raw=False)
-            origin = message["router"]
-            op = message["op"]
-            if message.get("v") != VERSION or not isinstance(origin, str) or not isinstance(op, str):
-                raise ValueError(f"version {message.get('v')!r}, router {origin!r:.40}, op {op!r:.20}")
+            origin, op, version = message["router"], message["op"], message.get("v")
+            if version not in (V1, VERSION) or not isinstance(origin, str) or not isinstance(op, str):
+                raise ValueError(f"version {version!r:.20}, router {origin!r:.40}, op {op!r:.20}")
+            boot, seq = message.get("boot"), message.get("seq")
+            if (version == VERSION or seq is not None or boot is not None) and not (
+                _is_int(boot) and _is_int(seq) and seq > 0
+            ):
+                raise ValueError(f"boot {boot!r:.30} and seq {seq!r:.30} must be integers")
         except Exception as exc:
             self.counters.loud("sync.malformed", "malformed replica sync message (%r); dropped", exc)
             return
         if origin == self.router_id:
+            if boot is not None and boot != self.boot:
+                self.counters.loud("sync.id_clash", "another replica publishes as %r: give each "
+                                   "replica its own --router-id", origin)  # fmt: skip
             return
         try:
-            self._apply(origin, op, message)
+            self._receive(origin, op, message, boot, seq, self._clock() if now is None else now)
         except Exception as exc:
             self.counters.loud(
-                "sync.apply_failed", "replica sync %s from %s not applied: %r", op, origin, exc
+                "sync.apply_failed", "replica sync %.20s from %.60s not applied: %r", op, origin, exc
             )
             return
         self.counters.add("sync.applied")
 
-    def _apply(self, origin: str, op: str, message: dict[str, Any]) -> None:
+    def _receive(self, origin: str, op: str, message: dict[str, Any], boot: int | None, seq: int | None,
+                 now: float) -> None:  # fmt: skip
+        entry = self._origins.get(origin)
+        if entry is not None and entry.boot != boot:
+            n = self._forget(origin)
+            entry = None
+            self.counters.add("sync.restarted")
+            log.warning("replica sync: %s restarted: forgot the %d requests of its previous run", origin, n)
         if op == "bye":
-            self.forget_replica(origin)
+            self._forget(origin)
             return
-        request_id = message["id"]
-        if not isinstance(request_id, str):
-            raise TypeError(f"request id {request_id!r:.40} is not a string")
-        key = f"{origin}:{request_id}"
-        if op == "add":
-            worker = Worker(message["worker"], int(message["dp"]))
-            hashes = [int(h) for h in message["hashes"]]
-            eot = message.get("eot")
-            self.router.add_request(
-                key,
-                worker,
-                hashes,
-                int(message["isl"]),
-                int(message["overlap"]),
-                expected_output_tokens=None if eot is None else int(eot),
-            )
-            self._remote.setdefault(origin, set()).add(key)
-        elif op == "prefill":
-            self.router.mark_prefill_complete(key)
-        elif op == "free":
-            self.router.free(key)
-            ids = self._remote.get(origin)
-            if ids is not None:
-                ids.discard(key)
+        new = entry is None
+        if entry is None:
+            if len(self._origins) >= MAX_ORIGINS:
+                self.counters.loud("sync.origins_full", "replica sync: more than %d other replicas; "
+                                   "messages of %.60s dropped", MAX_ORIGINS, origin)  # fmt: skip
+                return
+            entry = self._origins[origin] = _Origin(boot, now, self.lease_s)
+        entry.heard_at = now
+        starts_state = op == "state" and message.get("part") == 0
+        if seq is not None:
+            expected = entry.next_seq
+            entry.next_seq = seq + 1
+            if new and seq != 1 and not starts_state:
+                self._want(origin, entry, now, f"first heard at its message {seq}")
+            elif not new and seq != expected:
+                entry.parts = None
+                self.counters.add("sync.missed", min(max(seq - expected, 0), 1 << 20))
+                self.counters.loud("sync.gap", "replica sync: missed messages %d..%d of %s",
+                                   expected, seq - 1, origin)  # fmt: skip
+                if not starts_state:
+                    self._want(origin, entry, now, f"missed its messages {expected}..{seq - 1}")
+        if op in ("add", "prefill", "free"):
+            self._lifecycle(origin, entry, op, message)
+        elif seq is None:
+            raise ValueError(f"op {op!r:.20} needs format {VERSION}")
+        elif op == "hb":
+            self._heartbeat(origin, entry, message, now)
+        elif op == "want":
+            wanted = message["from"]
+            if wanted in (self.router_id, "*"):
+                self.counters.add("sync.wanted")
+                self._dump_wanted = True
+                self._wake.set()
+        elif op == "state":
+            self._state_part(origin, entry, message)
         else:
             raise ValueError(f"unknown op {op!r:.20}")
+
+    def _lifecycle(self, origin: str, entry: _Origin, op: str, message: dict[str, Any]) -> None:
+        request_id = _text(message["id"], "request id")
+        key = f"{origin}:{request_id}"
+        if op == "add":
+            record = Record(
+                _worker(message["worker"], message["dp"]),
+                _hashes(message["hashes"]),
+                _int(message["isl"]),
+                _int(message["overlap"]),
+                _opt_int(message.get("eot")),
+            )
+            if request_id not in entry.in_flight.requests and len(entry.in_flight) >= MAX_REQUESTS_PER_ORIGIN:
+                self.counters.loud("sync.requests_full", "replica sync: %.60s has more than %d requests in "
+                                   "flight; dropped", origin, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip
+                return
+            if entry.in_flight.put(request_id, record) is not None:
+                self.router.free(key)  # the same id added again: the new one counts
+            self._track(key, record)
+        elif op == "prefill":
+            if entry.in_flight.mark_prefilled(request_id):
+                self.router.mark_prefill_complete(key)
+        else:
+            entry.in_flight.pop(request_id)
+            self.router.free(key)
+
+    def _heartbeat(self, origin: str, entry: _Origin, message: dict[str, Any], now: float) -> None:
+        lease = message.get("lease_s")
+        if isinstance(lease, int | float) and not isinstance(lease, bool) and lease == lease:
+            entry.lease_s = min(max(float(lease), MIN_LEASE_S), MAX_LEASE_S)
+        theirs = (_int(message["n"]), _int(message["digest"]))
+        if entry.synced and entry.parts is None and theirs != entry.in_flight.summary():
+            self.counters.add("sync.digest_mismatch")
+            self._want(origin, entry, now, f"its heartbeat says {theirs[0]} requests, we track "
+                       f"{len(entry.in_flight)} (or different ones)")  # fmt: skip
+
+    def _state_part(self, origin: str, entry: _Origin, message: dict[str, Any]) -> None:
+        part, total, items = _int(message["part"]), _int(message["parts"]), message["reqs"]
+        if not 1 <= total <= MAX_STATE_PARTS or not isinstance(items, list):
+            raise ValueError(f"state part {part} of {total}: bad shape")
+        if part == 0:
+            entry.parts, entry.parts_next, entry.parts_total = [], 0, total
+        if entry.parts is None or part != entry.parts_next or total != entry.parts_total:
+            entry.parts = None  # a part is missing: the want is asked again in time
+            return
+        if len(entry.parts) + len(items) > MAX_REQUESTS_PER_ORIGIN:
+            entry.parts = None
+            self.counters.loud("sync.requests_full", "replica sync: the state of %.60s has more than %d "
+                               "requests; dropped", origin, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip
+            return
+        entry.parts += [Record.from_wire(item) for item in items]
+        entry.parts_next += 1
+        if entry.parts_next == total:
+            records, entry.parts = entry.parts, None
+            self._replace(origin, entry, records)
+
+    def _replace(self, origin: str, entry: _Origin, records: list[tuple[str, Record]]) -> None:
+        """Make `records` what this replica tracks of `origin` (its state), changing only differences."""
+        asked = not entry.synced
+        entry.synced = True
+        new = InFlight()
+        for request_id, record in records:
+            new.put(request_id, record)
+        old = entry.in_flight
+        if new.summary() == old.summary() and not asked:
+            return
+        added = forgotten = 0
+        for request_id, record in old.requests.items():
+            now_record = new.requests.get(request_id)
+            if now_record is None or now_record.worker != record.worker or now_record.hashes != record.hashes:
+                self.router.free(f"{origin}:{request_id}")
+                forgotten += 1
+        entry.in_flight = new
+        for request_id, record in new.requests.items():
+            before = old.requests.get(request_id)
+            key = f"{origin}:{request_id}"
+            if before is None or before.worker != record.worker or before.hashes != record.hashes:
+                self._track(key, record)
+                added += 1
+            elif record.prefilled and not before.prefilled:
+                self.router.mark_prefill_complete(key)
+        self.counters.add("sync.resync")
+        level = logging.WARNING if added or forgotten else logging.INFO
+        log.log(level, "replica sync: resynchronised %s: %d requests in flight (%d added, %d forgotten)",
+                origin, len(new), added, forgotten)  # fmt: skip
+
+    def _track(self, key: str, record: Record) -> None:
+        self.router.add_request(
+            key, record.worker, record.hashes, record.isl, record.overlap, expected_output_tokens=record.eot
+        )
+        if record.prefilled:
+            self.router.mark_prefill_complete(key)
+
+    def _forget(self, origin: str) -> int:
+        entry = self._origins.pop(origin, None)
+        if entry is None:
+            return 0
+        for request_id in entry.in_flight.requests:
+            self.router.free(f"{origin}:{request_id}")
+        return len(entry.in_flight)
+
+
+# --- checks of values from the wire ---------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 64)
+
+
+def _int(value: Any) -> int:
+    if not _is_int(value):
+        raise TypeError(f"{value!r:.40} is not an integer")
+    return int(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} {value!r:.40} is not a string")
+    return value
+
+
+def _worker(worker_id: Any, dp: Any) -> Worker:
+    if not isinstance(worker_id, str) and not _is_int(worker_id):
+        raise TypeError(f"worker {worker_id!r:.40} is neither a string nor an integer")
+    return Worker(worker_id, _int(dp))
+
+
+def _hashes(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > MAX_HASHES:
+        raise ValueError(f"hashes: expected a list of at most {MAX_HASHES} integers")
+    return tuple(_int(h) for h in value)

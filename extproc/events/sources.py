@@ -5,7 +5,9 @@
 - NATS (Dynamo): one core subscriber for the JSON subject `namespace.<ns>.component.<c>.kv_events`
   and Dynamo's event plane `namespace.<ns>.component.<c>.endpoint.<--dynamo-endpoint>.kv-events`
   (what Dynamo's own `KvEventPublisher` sends), or a JetStream durable consumer of the JSON stream
-  with snapshots when `--router-durable-kv-events`; and replica sync of active requests.
+  with snapshots when `--router-durable-kv-events`; and replica sync of active requests
+  (`extproc.events.replica_sync`: heartbeats and leases, resynchronised after a reconnect, the
+  other replicas' requests on a worker applied again when discovery brings it back).
 
 With KV events off (`--no-kv-events`) nothing is started and the routers predict cache state
 from their own decisions.
@@ -15,7 +17,7 @@ what overflows is dropped, counted and the worker concerned resynchronised (see 
 
 The worker set may change while the picker runs (DNS discovery, config reload): a
 `WorkerSetFollower` keeps the feed's worker -> router map, the NATS instance-id map and the
-per-worker ZMQ subscribers in step with it.
+per-worker ZMQ subscribers in step with it, and tells replica sync of workers added.
 """
 
 from __future__ import annotations
@@ -204,17 +206,26 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         subject = active_sequences_subject(events.namespace, events.component)
         routers = _AllRouters(picker, sources.feed)
         sync = ReplicaSync(
-            link.nc, routers, router_id, subject, counters=sources.counters, queue_size=events.queue_size
+            link.nc,
+            routers,
+            router_id,
+            subject,
+            counters=sources.counters,
+            queue_size=events.queue_size,
+            heartbeat_s=events.replica_sync_heartbeat_s,
+            lease_s=events.replica_sync_lease_s,
         )
         await sync.start()
         sources.replica_sync = sync
         sources.closers.append(sync.stop)
         unwatch = link.on_overflow(sync.subscription, sync.overflowed)
+        unwatch_link = link.watch(sync.connection_changed)  # back from an outage: resynchronise
 
-        async def stop_watching_overflow() -> None:
+        async def stop_watching() -> None:
             unwatch()
+            unwatch_link()
 
-        sources.closers.append(stop_watching_overflow)
+        sources.closers.append(stop_watching)
         listener = _SyncListener(sync, picker)
         picker.listeners.append(listener)
         sources.closers.append(listener.detach)
@@ -275,6 +286,8 @@ class WorkerSetFollower:
             feed.routers[w.id] = pool.router_for(w)  # a prefill worker's events feed the prefill router
             if (iid := _instance_id(w)) is not None:
                 ids[iid] = w.id
+        if self.sources.replica_sync is not None and added:  # the others' requests on them count again
+            self.sources.replica_sync.workers_added({w.id for w in added})
         if self.sources.zmq is not None:
             task = asyncio.get_running_loop().create_task(self._resubscribe(list(added), list(removed)))
             self._pending.add(task)

@@ -1,4 +1,7 @@
-"""Fuzz replica sync: other replicas' msgpack messages (add, prefill, free, bye) with hostile fields.
+"""Fuzz replica sync: other replicas' msgpack messages with hostile fields: format 1 lifecycle
+(add, prefill, free, bye) without a sequence, as a version-1 replica sends it, and sequenced
+messages (format 1 and 2: also heartbeats, wants and state parts, numbers skipped and repeated,
+incarnations changing).
 
 Promise (extproc/events/replica_sync.py): `handle` never raises; each message is applied (counted
 `sync.applied`), dropped as `sync.malformed` or `sync.apply_failed`, or ignored as this replica's
@@ -15,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extproc.events.counters import EventCounters
-from extproc.events.replica_sync import VERSION, ReplicaSync
+from extproc.events.replica_sync import V1, VERSION, ReplicaSync
 from extproc.router import KvRouter, WorkerSpec
 from tests.fuzz.gen import chance, integer, msgpack_value, mutate, pack, pick
 from tests.fuzz.harness import (
@@ -32,8 +35,11 @@ from tests.fuzz.router_checks import check_loads, make_router
 
 ME = "me"
 ORIGINS = ("r1", "r1", "r2", ME, "r1:a", "")  # "r1:a" + id "b" and "r1" + id "a:b" name one key
-OPS = ("add", "add", "add", "prefill", "free", "free", "bye", "other")
-WORDS = ("v", "router", "op", "id", "worker", "dp", "hashes", "isl", "overlap", "eot", *OPS, *ORIGINS)
+OPS = ("add", "add", "add", "prefill", "free", "free", "bye", "other", "hb", "want", "state")
+LEGACY_OPS = ("add", "prefill", "free", "bye")
+WORDS = ("v", "router", "op", "id", "worker", "dp", "hashes", "isl", "overlap", "eot", "boot", "seq", "n",
+         "digest", "lease_s", "from", "part", "parts", "reqs", *OPS, *ORIGINS)  # fmt: skip
+OUTCOME_KEYS = ("sync.applied", "sync.malformed", "sync.apply_failed")
 CONFIGS = ({}, {"prefill_load_model": "timing"}, {"router_track_output_blocks": True, "block_size": 1})
 
 OUTCOMES = {
@@ -50,6 +56,7 @@ class _Messages:
     def __init__(self, r: random.Random, hostility: float) -> None:
         self.r = r
         self.hostility = hostility
+        self.seqs: dict[str, dict[int, int]] = {}  # origin -> boot -> last seq
 
     def value(self, good: Any) -> Any:
         r = self.r
@@ -59,13 +66,21 @@ class _Messages:
 
     def message(self) -> dict[str, Any]:
         r = self.r
-        op = pick(r, OPS)
+        origin = pick(r, ORIGINS)
+        sequenced = chance(r, 0.6)
+        op = pick(r, OPS if sequenced else LEGACY_OPS)
         message: dict[str, Any] = {
-            "v": self.value(VERSION),
-            "router": self.value(pick(r, ORIGINS)),
+            "v": self.value(VERSION if op in ("hb", "want", "state") or chance(r, 0.2) else V1),
+            "router": self.value(origin),
             "op": self.value(op),
         }
-        if op != "bye":
+        if sequenced:
+            boots = self.seqs.setdefault(origin, {})
+            boot = pick(r, (1, 1, 1, 2))
+            seq = boots.get(boot, 0) + pick(r, (1, 1, 1, 1, 2, 0, -3))
+            boots[boot] = max(seq, 0)
+            message.update(boot=self.value(boot), seq=self.value(seq))
+        if op in ("add", "prefill", "free", "other"):
             message["id"] = self.value(pick(r, ("a", "b", "a:b", "")))
         if op == "add":
             message.update(
@@ -75,6 +90,22 @@ class _Messages:
                 isl=self.value(r.randint(0, 300)),
                 overlap=self.value(r.randint(0, 4)),
                 eot=self.value(None if chance(r, 0.5) else r.randint(0, 100)),
+            )
+        elif op == "hb":
+            message.update(n=self.value(r.randint(0, 3)), digest=self.value(integer(r)),
+                           lease_s=self.value(pick(r, (5.0, 0.0, 1e308, -1))))  # fmt: skip
+        elif op == "want":
+            message["from"] = self.value(pick(r, (ME, "*", "r1")))
+        elif op == "state":
+            parts = pick(r, (1, 1, 2))
+            reqs = [
+                [pick(r, ("a", "b", "c")), pick(r, ("w0", "w1", "w9")), pick(r, (0, 1)),
+                 [r.randint(0, 9) for _ in range(r.randint(0, 3))], r.randint(0, 300), r.randint(0, 2),
+                 None, chance(r, 0.5)]
+                for _ in range(r.randint(0, 3))
+            ]  # fmt: skip
+            message.update(
+                part=self.value(pick(r, (0, 0, 1))), parts=self.value(parts), reqs=self.value(reqs)
             )
         for key in list(message):
             if chance(r, self.hostility / 4):
@@ -112,14 +143,14 @@ def check(case: Case) -> Outcome:
     outcomes = []
     for data in messages:
         before = counters.snapshot()
-        sync.handle(data)
+        sync.handle(data, now=0.0)
         after = counters.snapshot()
-        rose = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        rose = {k: after[k] - before.get(k, 0) for k in OUTCOME_KEYS if after.get(k, 0) != before.get(k, 0)}
         assert rose in ({}, {"sync.applied": 1}, {"sync.malformed": 1}, {"sync.apply_failed": 1}), rose
         outcomes.append(OUTCOMES[next(iter(rose), "")])
         check_loads(router)
     for origin in {*ORIGINS, *sync.tracked_remote()}:
-        sync.handle(pack({"v": VERSION, "router": origin, "op": "bye"}))
+        sync.handle(pack({"v": V1, "router": origin, "op": "bye"}))
     assert not sync.tracked_remote(), sync.tracked_remote()
     assert router.is_idle(), "a remote request outlived every replica's bye"
     return tally(outcomes)

@@ -22,7 +22,7 @@ import nats
 from extproc.devstack.procs import NatsServer
 from extproc.events.dynamo_json import encode_event, kv_events_subject
 from extproc.events.nats_events import NatsEventSubscriber
-from extproc.events.replica_sync import VERSION, ReplicaSync, active_sequences_subject
+from extproc.events.replica_sync import V1, ReplicaSync, active_sequences_subject
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.router.types import BlocksRemoved, BlocksStored, StoredBlock, Worker
 from tests.events.test_backpressure import RecordingSink, chain_tokens, held_for
@@ -135,7 +135,7 @@ async def test_dropped_replica_sync_messages_forget_the_other_replicas_requests(
     w7, w8 = Worker("7"), Worker("8")
 
     def message(op: str, request_id: str, **fields) -> bytes:
-        return msgpack.packb({"v": VERSION, "router": "a", "op": op, "id": request_id, **fields})
+        return msgpack.packb({"v": V1, "router": "a", "op": op, "id": request_id, **fields})
 
     def add(request_id: str, worker: Worker) -> bytes:
         return message("add", request_id, worker=worker.worker_id, dp=0, hashes=[1, 2], isl=8, overlap=0)
