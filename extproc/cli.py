@@ -96,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--picker", default="127.0.0.1:9002", help="the picker's ip:port (default: %(default)s)"
     )
     envoy.add_argument(
-        "--workers", default="", help="comma-separated worker ip:port list (needed by failopen)"
+        "--workers",
+        action="append",
+        default=[],
+        metavar="[MODEL=]IP:PORT,...",
+        help="comma-separated worker ip:port list (needed by failopen); with several models, once per "
+        "model as MODEL=ip:port,...: failopen then keeps a request the picker skipped on its model's workers",
     )
     envoy.add_argument(
         "--message-timeout-ms", type=int, default=5000, help="ext_proc message timeout (default: %(default)s)"
@@ -121,6 +126,21 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--picker-tls-cert-file", help="Envoy's client certificate, for a picker requiring mTLS")
     tls.add_argument("--picker-tls-key-file", help="private key of --picker-tls-cert-file")
     return parser
+
+
+def _workers(values: list[str]) -> list[str] | dict[str, list[str]]:
+    """envoy-config's --workers values ("ip:port,..." or "model=ip:port,...", repeated) as
+    render_envoy_config's `workers`. Raises ValueError when some name a model and others do not."""
+    lists = [value.partition("=") if "=" in value else ("", "", value) for value in values]
+    named = {model.strip() for model, _, _ in lists if model.strip()}
+    if not named:
+        return [w.strip() for _, _, value in lists for w in value.split(",") if w.strip()]
+    if any(not model.strip() for model, _, _ in lists):
+        raise ValueError("--workers: name the model of every list (MODEL=ip:port,...) or of none")
+    workers: dict[str, list[str]] = {}
+    for model, _, value in lists:
+        workers.setdefault(model.strip(), []).extend(w.strip() for w in value.split(",") if w.strip())
+    return workers
 
 
 def _picker_tls(args: argparse.Namespace) -> bool | PickerTls:
@@ -175,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 listen_port=args.listen_port,
                 admin_port=args.admin_port,
                 picker_address=args.picker,
-                workers=[w for w in args.workers.split(",") if w],
+                workers=_workers(args.workers),
                 message_timeout_ms=args.message_timeout_ms,
                 picker_tls=_picker_tls(args),
                 prefill_endpoint_header=args.prefill_endpoint_header,

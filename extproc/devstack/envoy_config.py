@@ -12,7 +12,9 @@ Variants:
     buffered   request body BUFFERED, ORIGINAL_DST keyed on envoy.lb metadata, fails closed (default)
     duplex     request body FULL_DUPLEX_STREAMED (Gateway API Inference Extension style), fails closed
     failopen   BUFFERED + failure_mode_allow, STATIC cluster of all workers with override_host,
-               round robin when the picker gives no destination
+               round robin when the picker gives no destination; with several models (`workers`
+               as {model: endpoints}) over the request's model's workers only (json_to_metadata
+               lifts the body's model, a subset load balancer keeps to its workers)
 
 Any variant can reach the picker over TLS (`picker_tls`, a `PickerTls`): the endpoint_picker cluster
 gets an UpstreamTlsContext (envoy.transport_sockets.tls) with ALPN h2; with a CA file Envoy verifies
@@ -27,7 +29,7 @@ import json
 import re
 import string
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -46,6 +48,12 @@ DEFAULT_STREAM_IDLE_TIMEOUT_S = 600
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "envoy"  # package data: ships in the wheel
 LOCAL_REPLIES = TEMPLATE_DIR / "local_replies.yaml"  # included by every variant
+# failopen's fallback: round robin over every worker (one model), or per model (several)
+ROUND_ROBIN = TEMPLATE_DIR / "failopen_round_robin.yaml"
+MODEL_FILTER = TEMPLATE_DIR / "failopen_model_filter.yaml"
+MODEL_SUBSETS = TEMPLATE_DIR / "failopen_model_subsets.yaml"
+
+Workers = Sequence[str] | Mapping[str, Sequence[str]]  # endpoints, or each model's endpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +86,7 @@ def render_envoy_config(
     listen_port: int = 0,
     admin_port: int = 0,
     picker_address: str,
-    workers: Sequence[str] = (),
+    workers: Workers = (),
     message_timeout_ms: int = DEFAULT_MESSAGE_TIMEOUT_MS,
     max_message_timeout_ms: int = DEFAULT_MAX_MESSAGE_TIMEOUT_MS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -90,7 +98,11 @@ def render_envoy_config(
 
     `picker_address` and each of `workers` are "ip:port" ("[v6]:port" for IPv6); workers are
     required by "failopen" (its STATIC cluster lists them) and only checked by the other variants,
-    whose ORIGINAL_DST cluster reaches whatever endpoint the picker names. `picker_tls` puts TLS on the
+    whose ORIGINAL_DST cluster reaches whatever endpoint the picker names. `workers` is a list of
+    endpoints, or a mapping of each model to its workers' endpoints (a worker may serve several):
+    with several models, failopen keeps a request the picker skipped on its model's workers (a
+    request with no model, or a model no worker serves, goes to any worker); with one model the
+    result is the same as for the plain list. `picker_tls` puts TLS on the
     connection to the picker: True encrypts without verifying, a `PickerTls` says what to verify
     and which client certificate to present. `listen_port` and `admin_port` 0 (the default) let
     Envoy bind free ports; `extproc.devstack.procs.start_envoy` reads them back.
@@ -103,7 +115,8 @@ def render_envoy_config(
         if port != 0:
             _check_port(name, port)
     picker_host, picker_port = parse_endpoint(picker_address)
-    endpoints = [parse_endpoint(w) for w in workers]
+    served = _models_of(workers)
+    endpoints = list(served)
     if variant == "failopen" and not endpoints:
         raise ValueError("the failopen variant needs at least one worker (its STATIC cluster lists them)")
     if message_timeout_ms <= 0 or max_message_timeout_ms < message_timeout_ms:
@@ -127,10 +140,13 @@ def render_envoy_config(
         "max_message_timeout": _duration(max_message_timeout_ms),
         "max_body_bytes": str(max_body_bytes),
         "stream_idle_timeout": f"{stream_idle_timeout_s}s",
-        "worker_endpoints": _lb_endpoints(endpoints),
+        "worker_endpoints": _lb_endpoints(served),
         "owned_header_removals": _removals(owned_headers(prefill_endpoint_header)),
     }
     values["local_reply_config"] = _included(LOCAL_REPLIES, values, indent=10)
+    per_model = len({m for models in served.values() for m in models}) > 1
+    values["model_metadata_filter"] = _included(MODEL_FILTER, values, indent=10) if per_model else ""
+    values["fallback_policy"] = _included(MODEL_SUBSETS if per_model else ROUND_ROBIN, values, indent=14)
     return string.Template(path.read_text()).substitute(values)
 
 
@@ -175,12 +191,43 @@ def _duration(ms: int) -> str:
     return f"{ms / 1000:.3f}s"
 
 
-def _lb_endpoints(endpoints: list[tuple[str, int]]) -> str:
-    """A YAML flow list of lb_endpoints (flow style keeps the template's indentation irrelevant)."""
-    items = [
-        f"{{endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}}}"
-        for host, port in endpoints
-    ]
+def _models_of(workers: Workers) -> dict[tuple[str, int], list[str]]:
+    """Each worker endpoint (in the order given, once) and the models it serves ([] when `workers` is
+    a plain list). Raises ValueError for a bad endpoint or model name."""
+    served: dict[tuple[str, int], list[str]] = {}
+    if isinstance(workers, str):
+        raise ValueError(
+            f"workers={workers!r}: pass a list of 'ip:port' (or a mapping of model to such lists)"
+        )
+    if not isinstance(workers, Mapping):
+        for worker in workers:
+            served.setdefault(parse_endpoint(worker), [])
+        return served
+    for model, endpoints in workers.items():
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(f"workers: model name {model!r} is not a non-empty string")
+        if isinstance(endpoints, str):
+            raise ValueError(f"workers of model {model!r}: pass a list of 'ip:port', not {endpoints!r}")
+        if not endpoints:
+            raise ValueError(f"workers: model {model!r} has no worker")
+        for worker in endpoints:
+            models = served.setdefault(parse_endpoint(worker), [])
+            if model not in models:
+                models.append(model)
+    return served
+
+
+def _lb_endpoints(served: dict[tuple[str, int], list[str]]) -> str:
+    """A YAML flow list of lb_endpoints (flow style keeps the template's indentation irrelevant), each
+    with its models as envoy.lb metadata when more than one model is served (JSON strings are YAML)."""
+    per_model = len({m for models in served.values() for m in models}) > 1
+    items = []
+    for (host, port), models in served.items():
+        item = f"endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}}}"
+        if per_model:
+            model = json.dumps(models[0] if len(models) == 1 else models)
+            item += f", metadata: {{filter_metadata: {{envoy.lb: {{model: {model}}}}}}}"
+        items.append("{" + item + "}")
     return "[" + ", ".join(items) + "]"
 
 

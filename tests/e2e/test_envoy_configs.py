@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+import yaml
 
 from extproc.devstack.envoy_config import Variant, render_envoy_config
 from extproc.devstack.procs import find_envoy, reserve_port
@@ -442,3 +443,83 @@ async def test_rendered_configs_pass_envoy_validation(tmp_path: Path) -> None:
                 timeout=30,
             )
             assert result.returncode == 0, f"{variant} tls={picker_tls}: {result.stdout}{result.stderr}"
+
+
+async def test_failopen_with_several_models_passes_envoy_validation(tmp_path: Path) -> None:
+    """failopen with workers per model (IPv6, a worker serving two models, a model name needing
+    quotes) passes `envoy --mode validate`; test_failopen_models_e2e.py runs it."""
+    config = render_envoy_config(
+        "failopen",
+        picker_address="127.0.0.1:9002",
+        workers={
+            "org/chat: 8B": ["127.0.0.1:8001", "[::1]:8002"],
+            'embed"er': ["[::1]:8002", "127.0.0.1:8003"],
+        },
+    )
+    parsed = yaml.safe_load(config)
+    hosts = parsed["static_resources"]["clusters"][1]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [h["metadata"]["filter_metadata"]["envoy.lb"]["model"] for h in hosts] == [
+        "org/chat: 8B",
+        ["org/chat: 8B", 'embed"er'],
+        'embed"er',
+    ]
+    path = tmp_path / "failopen-models.yaml"
+    path.write_text(config)
+    result = subprocess.run(
+        [find_envoy(), "--mode", "validate", "--disable-hot-restart", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("variant", LIVE_VARIANTS)
+async def test_one_model_renders_as_before(variant: Variant) -> None:
+    """With one model nothing changes: workers named per model give the config of the plain list
+    (failopen: round robin over every worker, no json_to_metadata filter, no host metadata)."""
+    workers = ["127.0.0.1:8001", "127.0.0.1:8002"]
+    plain = render_envoy_config(variant, picker_address="127.0.0.1:9002", workers=workers)
+    named = render_envoy_config(variant, picker_address="127.0.0.1:9002", workers={"m": workers})
+    assert yaml.safe_load(plain) == yaml.safe_load(named)
+    assert (
+        "json_to_metadata.v3" not in plain and "subset.v3" not in plain and "metadata: {filter" not in plain
+    )
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [{"m": []}, {"": ["127.0.0.1:8001"]}, {"m": "127.0.0.1:8001"}, "127.0.0.1:8001", {"m": ["nohost"]}],
+)
+async def test_bad_workers_are_refused(workers: Any) -> None:
+    with pytest.raises(ValueError):
+        render_envoy_config("failopen", picker_address="127.0.0.1:9002", workers=workers)
+
+
+async def test_the_cli_takes_workers_per_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from extproc.cli import main
+
+    assert main(["envoy-config", "--variant", "failopen", "--workers", "a=127.0.0.1:1,127.0.0.1:2",
+                 "--workers", "b=127.0.0.1:3"]) == 0  # fmt: skip
+    hosts = yaml.safe_load(capsys.readouterr().out)["static_resources"]["clusters"][1]["load_assignment"]
+    models = [
+        h["metadata"]["filter_metadata"]["envoy.lb"]["model"] for h in hosts["endpoints"][0]["lb_endpoints"]
+    ]
+    assert models == ["a", "a", "b"]
+    assert main(["envoy-config", "--variant", "failopen", "--workers", "127.0.0.1:1,127.0.0.1:2"]) == 0
+    assert "json_to_metadata.v3" not in capsys.readouterr().out
+    assert (
+        main(
+            [
+                "envoy-config",
+                "--variant",
+                "failopen",
+                "--workers",
+                "127.0.0.1:1",
+                "--workers",
+                "b=127.0.0.1:3",
+            ]
+        )
+        == 2
+    )
+    assert "name the model of every list" in capsys.readouterr().err
