@@ -121,8 +121,11 @@ def inexact_reason(backend: tokenizers.Tokenizer) -> str | None:
         ("pre-tokenizer", backend.pre_tokenizer, _PRE_TOKENIZERS),
         ("post-processor", backend.post_processor, _POST_PROCESSORS),
     ):
-        # each component pickles as its own tokenizer.json entry (not the whole vocabulary: fast)
-        for part in _components(json.loads(component.__getstate__()) if component is not None else None):
+        try:  # each component pickles as its own tokenizer.json entry (not the whole vocabulary: fast)
+            state = json.loads(component.__getstate__()) if component is not None else None
+        except Exception as e:  # a custom (Python) component cannot be serialised, so not inspected
+            return f"its {kind} cannot be inspected ({e})"
+        for part in _components(state):
             part_type = part.get("type")
             if part_type not in known:
                 return f"its {kind} {part_type!r} is not known to act on each piece alone"
