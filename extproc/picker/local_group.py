@@ -275,9 +275,8 @@ class LocalGroup:
         if routed.prefill_worker is not None:
             pool.prefill.free(request_id)
         freed = pool.router.free(request_id)
-        if freed:
-            for listener in self.listeners:
-                listener.on_freed(routed)
+        for listener in self.listeners:  # also when the router had forgotten it: the others still count it
+            listener.on_freed(routed)
         return freed
 
     def answered(self, model: str, request_id: str, worker: Worker, status: int) -> None:
@@ -302,7 +301,9 @@ class LocalGroup:
     ) -> tuple[list[WorkerConfig], list[str]]:
         """Make `workers` the model's worker set; returns the configs added or changed and the ids
         removed. A removed worker's cached blocks and in-flight requests are forgotten (their
-        streams still end normally; their lifecycle calls then find nothing)."""
+        streams still end normally; their lifecycle calls then find nothing), and listeners hear
+        each forgotten request as freed, so that other replicas forget it too. A removed prefill
+        worker's requests stay tracked on their decode worker; only their prefill share goes."""
         pool = self._pool(model)
         wanted = {w.id: w for w in workers}
         current = pool.all_workers()
@@ -312,8 +313,12 @@ class LocalGroup:
         for wid in [*removed, *moved]:  # gone, or changed between prefill and decode
             old = current[wid]
             dropped = pool.router_for(old).remove_worker(wid)
-            for request_id in dropped:
-                self._tracked.pop(request_id, None)
+            if old.role != "prefill":
+                for request_id in dropped:
+                    if (routed := self._tracked.pop(request_id, None)) is not None:
+                        pool.prefill.free(request_id)
+                        for listener in self.listeners:
+                            listener.on_freed(routed)
             pool.workers.pop(wid, None)
             pool.prefill_workers.pop(wid, None)
             self.outliers.forget(wid)
