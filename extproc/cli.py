@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="run the ext_proc endpoint picker",
+        allow_abbrev=False,  # --router-ttl is a flag of its own, not a prefix of --router-ttl-secs
         description="Run the ext_proc endpoint picker. Every router flag can also be set with an environment "
         "variable DYN_<FLAG> (e.g. DYN_ROUTER_MODE=round-robin) or in the config file's 'router:' section; "
         "flags win over the environment, which wins over the file.",
@@ -173,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"extproc serve: {exc}", file=sys.stderr)
             return 2
         _logging(config.log_level)
+        for notice in config.notices:  # Dynamo's knobs accepted but not applied: one line each
+            logging.getLogger("extproc.config").warning("%s", notice)
         from extproc.events.nats_security import NatsRefused
         from extproc.runtime.server import serve
         from extproc.runtime.tls import TlsError

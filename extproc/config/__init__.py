@@ -9,6 +9,7 @@ One module per section, each owning its dataclass, its flags (with their --help 
 environment and file keys, and its checks:
 
     router.py     RouterConfig          file section router:
+    dynamo.py     (none)                router:    (Dynamo frontend and engine knobs a picker cannot apply)
     events.py     EventsConfig          events:    (KV events, NATS, durable mode, replica sync)
     server.py     PickerConfig's own    picker:    (listeners, admin, limits, tokenizer, TLS, shutdown)
     groups.py     GroupsConfig          picker: and the top-level groups: list
@@ -39,13 +40,14 @@ from typing import Any
 
 import yaml
 
-from extproc.config import disagg, discovery, events, groups, router, server
+from extproc.config import disagg, discovery, dynamo, events, groups, router, server
 from extproc.config.disagg import DISAGG_OPTIONS, DisaggConfig, read_disagg
 from extproc.config.discovery import DISCOVERY_OPTIONS, DiscoveryConfig, read_discovery
+from extproc.config.dynamo import DYNAMO_OPTIONS
 from extproc.config.events import EVENT_OPTIONS, NATS_OPTIONS, EventsConfig, read_events
 from extproc.config.groups import GROUP_OPTIONS, GROUP_TLS_OPTIONS, GroupConfig, GroupsConfig, read_groups
 from extproc.config.options import ConfigError, Option, Reader, add_options
-from extproc.config.router import ROUTER_OPTIONS, read_router
+from extproc.config.router import ROUTER_OPTIONS, read_router, router_notices
 from extproc.config.server import PICKER_OPTIONS, SERVER_TLS_OPTIONS, SHUTDOWN_OPTIONS, read_server
 from extproc.config.tls import ClientTlsConfig, TlsConfig
 from extproc.config.workers import (
@@ -133,12 +135,13 @@ class PickerConfig:
     shutdown_grace_s: float = 25.0  # SIGTERM: in-flight ext_proc streams get this long to finish
     config_path: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    notices: tuple[str, ...] = ()  # one line each for knobs accepted but not applied (logged at startup)
 
 
 # The file's mapping sections and the options each holds (the top-level lists workers:, models: and
 # groups: are read by workers.py and groups.py).
 FILE_SECTIONS: dict[str, tuple[Option[Any], ...]] = {
-    router.SECTION: ROUTER_OPTIONS,
+    router.SECTION: (*ROUTER_OPTIONS, *DYNAMO_OPTIONS),
     server.SECTION: (
         *PICKER_OPTIONS,
         *GROUP_OPTIONS,
@@ -162,6 +165,7 @@ HELP_GROUPS: tuple[tuple[str, tuple[Option[Any], ...]], ...] = (
     ("shutdown", SHUTDOWN_OPTIONS),
     ("disaggregated prefill/decode", DISAGG_OPTIONS),
     ("worker discovery", DISCOVERY_OPTIONS),
+    ("accepted from Dynamo's command lines, not applied (startup names each one given)", DYNAMO_OPTIONS),
 )
 
 
@@ -186,7 +190,7 @@ def load_config(
     """
     environ = os.environ if environ is None else environ
     if args is None:
-        parser = argparse.ArgumentParser()
+        parser = argparse.ArgumentParser(allow_abbrev=False)  # a prefix of a flag is not that flag
         add_serve_arguments(parser)
         args = parser.parse_args(argv)
     config_path = getattr(args, "config", None) or environ.get("DYN_CONFIG")
@@ -201,7 +205,9 @@ def load_config(
         return Reader(args, environ, sections[section])
 
     workers = read_workers(document.get("workers"))
-    events_config = read_events(reader(events.SECTION))
+    events_reader = reader(events.SECTION)
+    notices = dynamo.dynamo_notices(reader(router.SECTION), events_reader)
+    events_config = read_events(dynamo.with_event_plane(reader(router.SECTION), events_reader))
     # ZMQ from the workers, or Dynamo-style events on NATS core (JetStream when durable)
     kv_events_source = (
         events_config.kv_events_port is not None
@@ -209,6 +215,7 @@ def load_config(
         or any(w.kv_events for w in workers)
     )
     router_config = read_router(reader(router.SECTION), kv_events_source=kv_events_source)
+    notices = router_notices(reader(router.SECTION)) + notices
     own = read_server(reader(server.SECTION))
     groups_config = read_groups(reader(groups.SECTION), document.get("groups"))
     discovery_config = read_discovery(reader(discovery.SECTION))
@@ -253,6 +260,7 @@ def load_config(
         tls=own.tls,
         shutdown_grace_s=own.shutdown_grace_s,
         config_path=str(config_path) if config_path else None,
+        notices=notices,
     )
 
 

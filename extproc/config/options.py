@@ -153,6 +153,19 @@ class Reader:
     environ: Mapping[str, str]
     section: Mapping[str, Any]
 
+    def source(self, opt: Option[Any]) -> str | None:
+        """Where `opt` is set, by the reading rule: its flag, the environment variable or the file key
+        (`--router-ttl-secs`, `DYN_ROUTER_TTL`, `router-ttl`); None when it is left at its default."""
+        if getattr(self.args, opt.dest, None) is not None:
+            return opt.flag
+        for env in opt.env_names:
+            if env in self.environ:
+                return env
+        for key in opt.file_keys:
+            if key in self.section:
+                return key
+        return None
+
     def read(self, opt: Option[T]) -> T:
         """`opt`'s value: flag > environment > file > default. Raises ConfigError for a bad value."""
         flag_value = getattr(self.args, opt.dest, None)

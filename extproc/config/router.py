@@ -2,29 +2,48 @@
 
 Flag names are Dynamo's frontend's (`--router-mode`, `--router-temperature`, ...); each feeds the
 `RouterConfig` field (extproc/router/config.py) named beside it in `read_router`, which also does the
-range checks and names the field in its messages. The file section is `router:`. Other spellings:
+range checks and names the field in its messages. The file section is `router:`. Every spelling of
+Dynamo's router guides is accepted (tests/config/test_dynamo_flags.py reads the guides):
 
     --router-kv-overlap-score-weight  also --kv-overlap-score-weight (flag, DYN_ variable, file key)
     --router-kv-events                also the flag --kv-events (and --no-kv-events), the variables
                                       DYN_ROUTER_USE_KV_EVENTS and DYN_KV_EVENTS
     --router-cuda-to-cpu-ratio        also DYN_ENCODER_CUDA_TO_CPU_RATIO
+    --kv-cache-block-size             also --router-block-size (the standalone router's)
+    --router-ttl-secs                 also --router-ttl (the older guides')
+    --[no-]router-track-active-blocks also --[no-]track-active-blocks (the older guides')
+    --[no-]router-assume-kv-reuse     also --[no-]assume-kv-reuse (the older guides')
+    --active-decode-blocks-threshold  also --busy-threshold (the older guides' single threshold)
+    --router-mode round-robin         also the value round_robin
+
+Knobs accepted and reported rather than applied, each in one line at startup (`router_notices`):
+--router-track-output-blocks (nothing follows generated tokens yet), --router-event-threads above 1
+(the indexer is single-threaded) and the --aic-* flags without the aic model. Refused, with a
+message naming what is accepted: --router-prefill-load-model aic (not implemented) and a queue
+threshold of 0 or below (Dynamo: must be > 0).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from extproc.config.options import ConfigError, Option, Reader, _float_or_none, _int_or_none
+from extproc.config.options import ConfigError, Option, Reader, _float_or_none, _int_or_none, check_positive
 from extproc.router import PrefillLoadModel, QueuePolicy, RouterConfig, RouterMode
 from extproc.router.errors import InvalidConfig
 
 SECTION = "router"
 
+
+def _router_mode(text: str) -> str:
+    """A --router-mode word; Dynamo's older spelling round_robin is round-robin."""
+    return "round-robin" if text == "round_robin" else text
+
+
 ROUTER_MODE = Option(
     "--router-mode",
-    str,
+    _router_mode,
     "kv",
-    "How to choose a worker: kv (cache overlap and load), round-robin, random, or "
+    "How to choose a worker: kv (cache overlap and load), round-robin (also round_robin), random, or "
     "device-aware-weighted (share requests between cuda and cpu workers by their throughput ratio, "
     "then choose within a class by kv rules).",
     choices=("kv", "round-robin", "random", "device-aware-weighted"),
@@ -58,7 +77,9 @@ KV_CACHE_BLOCK_SIZE = Option(
     "--kv-cache-block-size",
     int,
     16,
-    "Engine KV block size in tokens; must equal the engine's (vLLM default 16) or no prefix ever matches.",
+    "Engine KV block size in tokens; must equal the engine's (vLLM default 16) or no prefix ever matches. "
+    "Also --router-block-size (Dynamo's standalone router).",
+    aliases=("--router-block-size",),
 )
 ROUTER_KV_EVENTS: Option[bool | None] = Option(
     "--router-kv-events",
@@ -74,7 +95,8 @@ ROUTER_TTL_SECS = Option(
     "--router-ttl-secs",
     float,
     120.0,
-    "Without KV events: seconds a routed prefix is assumed cached.",
+    "Without KV events: seconds a routed prefix is assumed cached. Also --router-ttl.",
+    aliases=("--router-ttl",),
 )
 ROUTER_MAX_TREE_SIZE = Option(
     "--router-max-tree-size",
@@ -92,10 +114,16 @@ ROUTER_ASSUME_KV_REUSE = Option(
     "--router-assume-kv-reuse",
     bool,
     True,
-    "Count blocks shared by in-flight requests on a worker once (engines with prefix caching).",
+    "Count blocks shared by in-flight requests on a worker once (engines with prefix caching). "
+    "Also --[no-]assume-kv-reuse.",
+    aliases=("--assume-kv-reuse",),
 )
 ROUTER_TRACK_ACTIVE_BLOCKS = Option(
-    "--router-track-active-blocks", bool, True, "Track decode blocks of in-flight requests."
+    "--router-track-active-blocks",
+    bool,
+    True,
+    "Track decode blocks of in-flight requests. Also --[no-]track-active-blocks.",
+    aliases=("--track-active-blocks",),
 )
 ROUTER_TRACK_PREFILL_TOKENS = Option(
     "--router-track-prefill-tokens",
@@ -104,13 +132,19 @@ ROUTER_TRACK_PREFILL_TOKENS = Option(
     "Track prefill tokens of requests whose first token has not arrived.",
 )
 ROUTER_TRACK_OUTPUT_BLOCKS = Option(
-    "--router-track-output-blocks", bool, False, "Add placeholder blocks as output is generated."
+    "--router-track-output-blocks",
+    bool,
+    False,
+    "Add placeholder blocks as output is generated. Accepted, no effect yet in serve: nothing feeds "
+    "generated tokens to the router (startup says so).",
 )
 ACTIVE_DECODE_BLOCKS_THRESHOLD = Option(
     "--active-decode-blocks-threshold",
     _float_or_none,
     None,
-    "Busy when active decode blocks exceed this fraction of the worker's KV cache.",
+    "Busy when active decode blocks exceed this fraction of the worker's KV cache. Also --busy-threshold "
+    "(the older guides' single threshold, the same fraction).",
+    aliases=("--busy-threshold",),
 )
 ACTIVE_PREFILL_TOKENS_THRESHOLD = Option(
     "--active-prefill-tokens-threshold",
@@ -129,7 +163,8 @@ ROUTER_QUEUE_THRESHOLD = Option(
     _float_or_none,
     None,
     "Admission queue: hold a request while every eligible worker has more active prefill tokens "
-    "than this fraction of its max_num_batched_tokens; release when one drops to it. Off when unset.",
+    "than this fraction of its max_num_batched_tokens; release when one drops to it. Must be > 0; off "
+    "when unset or none.",
 )
 ROUTER_QUEUE_POLICY = Option(
     "--router-queue-policy",
@@ -144,8 +179,9 @@ ROUTER_PREFILL_LOAD_MODEL = Option(
     str,
     "none",
     "How a routed prompt loads its worker until its first token: none counts its tokens until the "
-    "first token; timing predicts its prefill time and lets the load decay as that time passes.",
-    choices=("none", "timing"),
+    "first token; timing predicts its prefill time and lets the load decay as that time passes. "
+    "Dynamo's aic is not implemented yet: startup refuses it.",
+    choices=("none", "timing", "aic"),
 )
 ROUTER_PREFILL_TIMING: Option[str | None] = Option(
     "--router-prefill-timing",
@@ -157,6 +193,35 @@ ROUTER_PREFILL_TIMING: Option[str | None] = Option(
 )
 ROUTER_LOG_FORMULA = Option(
     "--router-log-formula", bool, False, "Log the cost formula of every worker for every decision."
+)
+ROUTER_EVENT_THREADS = Option(
+    "--router-event-threads",
+    int,
+    1,
+    "Dynamo's KV indexer threads. Accepted; the picker's indexer is single-threaded (events are applied "
+    "on the event loop), Dynamo's 1: TTL and pruning keep applying whatever the value (in Dynamo, more "
+    "than 1 turns them off). Startup says so for more than 1.",
+)
+
+
+def _aic(flag: str, kind: Any, what: str) -> Option[Any]:
+    return Option(
+        flag,
+        kind,
+        None,
+        f"Dynamo's aic prefill load model: {what}. Accepted; aic is not implemented here (startup says so).",
+    )
+
+
+AIC_OPTIONS: tuple[Option[Any], ...] = (
+    _aic("--aic-backend", str, "the modeled engine (vllm, sglang, trtllm)"),
+    _aic("--aic-system", str, "the GPU system (h200_sxm, ...)"),
+    _aic("--aic-model-path", str, "the model"),
+    _aic("--aic-backend-version", str, "the AIC database version"),
+    _aic("--aic-tp-size", _int_or_none, "tensor-parallel size"),
+    _aic("--aic-moe-tp-size", _int_or_none, "MoE tensor-parallel size"),
+    _aic("--aic-moe-ep-size", _int_or_none, "MoE expert-parallel size"),
+    _aic("--aic-attention-dp-size", _int_or_none, "attention data-parallel size"),
 )
 
 ROUTER_OPTIONS: tuple[Option[Any], ...] = (
@@ -181,6 +246,8 @@ ROUTER_OPTIONS: tuple[Option[Any], ...] = (
     ROUTER_PREFILL_LOAD_MODEL,
     ROUTER_PREFILL_TIMING,
     ROUTER_LOG_FORMULA,
+    ROUTER_EVENT_THREADS,
+    *AIC_OPTIONS,
 )
 
 
@@ -210,6 +277,20 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
     prefill_load_model = read(ROUTER_PREFILL_LOAD_MODEL)
     prefill_timing = read(ROUTER_PREFILL_TIMING)
     log_formula = read(ROUTER_LOG_FORMULA)
+    check_positive("router-event-threads", read(ROUTER_EVENT_THREADS))
+    for opt in AIC_OPTIONS:  # checked for their type only: router_notices says they are ignored
+        read(opt)
+    if queue_threshold is not None and not queue_threshold > 0:
+        raise ConfigError(
+            f"invalid router-queue-threshold={queue_threshold}: expected > 0 (as Dynamo requires), "
+            "or none to turn the queue off"
+        )
+    if prefill_load_model == "aic":
+        raise ConfigError(
+            "invalid router-prefill-load-model='aic': Dynamo's AIC prefill load model is not implemented "
+            "here yet; supported: none (a prompt's tokens load its worker until the first token) and "
+            "timing (its load decays over the prefill time predicted by --router-prefill-timing)"
+        )
     # the words are among the options' choices (argparse and `convert` check them), which are the enums'
     # values; RouterConfig parses the timing text and checks the rest, naming the field it refuses
     timing: dict[str, Any] = {} if prefill_timing is None else {"prefill_timing": prefill_timing}
@@ -239,3 +320,29 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
         )
     except InvalidConfig as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def router_notices(reader: Reader) -> tuple[str, ...]:
+    """One line per router knob that is accepted but does nothing here (or less than in Dynamo), for
+    the log at startup; read after `read_router` accepted the values."""
+    notices: list[str] = []
+    if reader.read(ROUTER_TRACK_OUTPUT_BLOCKS):
+        notices.append(
+            f"{reader.source(ROUTER_TRACK_OUTPUT_BLOCKS)}: accepted, no effect yet: the picker does not "
+            "follow generated tokens, so no output blocks are added (decode load is the prompt's blocks)"
+        )
+    threads = reader.read(ROUTER_EVENT_THREADS)
+    if threads > 1:
+        notices.append(
+            f"{reader.source(ROUTER_EVENT_THREADS)}={threads}: the picker's KV indexer is single-threaded "
+            "(Dynamo's 1); unlike Dynamo with more than 1, TTL and pruning (--router-ttl-secs, "
+            "--router-max-tree-size, --router-prune-target-ratio) still apply"
+        )
+    aic = [str(reader.source(opt)) for opt in AIC_OPTIONS if reader.source(opt) is not None]
+    if aic:
+        notices.append(
+            f"{', '.join(aic)}: accepted from Dynamo, no effect here: the aic prefill load model they "
+            "configure is not implemented (--router-prefill-load-model is "
+            f"{reader.read(ROUTER_PREFILL_LOAD_MODEL)})"
+        )
+    return tuple(notices)

@@ -42,7 +42,9 @@ ADMIN_PORT = Option(
     _int_or_none,
     None,
     "HTTP admin port: /metrics (Prometheus), /health, /debug/workers (per-worker cache source and "
-    "load). 0 picks a free port. Off when not set.",
+    "load). 0 picks a free port. Off when not set. Also read from DYN_SYSTEM_PORT (Dynamo's standalone "
+    "router serves its /metrics there).",
+    env_aliases=("DYN_SYSTEM_PORT",),
 )
 ADMIN_HOST = Option(
     "--admin-host",

@@ -1,0 +1,166 @@
+"""Knobs of Dynamo's frontend and engines that a picker cannot apply: accepted, each named at startup.
+
+Dynamo's router guides (../shared/dynamo-docs/) give whole command lines: the frontend's HTTP port,
+its discovery and request planes, the engines' own event flags. So that such a command line starts
+the picker unchanged, every one of them is an option here, and `dynamo_notices` turns each one given
+(flag, DYN_<FLAG> variable or `router:` file key) into one startup line saying what it means here and
+what to use instead; never a silent no-op, never a refusal. The one that can apply does:
+`--event-plane nats` without a NATS server means Dynamo's default, nats://localhost:4222
+(`with_event_plane`). The router's own such knobs (--router-track-output-blocks, --router-event-threads,
+--aic-*) are in router.py, beside the settings they qualify.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from extproc.config.events import NATS_URL
+from extproc.config.options import Option, Reader, _int_or_none
+
+DEFAULT_NATS_URL = "nats://localhost:4222"  # Dynamo's runtime without NATS_SERVER
+
+
+def _engine(flag: str, whose: str, what: str, kind: Any = bool) -> Option[Any]:
+    default = False if kind is bool else None
+    return Option(flag, kind, default, f"{whose}'s flag ({what}). Accepted; no effect here.")
+
+
+ENABLE_LOCAL_INDEXER = _engine(
+    "--enable-local-indexer", "Dynamo workers", "a local indexer the router queries on start"
+)
+KV_EVENTS_CONFIG = _engine("--kv-events-config", "vLLM's and SGLang's", "their ZMQ KV event publisher", str)
+PUBLISH_EVENTS_AND_METRICS = _engine(
+    "--publish-events-and-metrics", "TensorRT-LLM workers", "their KV events and metrics"
+)
+ENABLE_STREAMING_SESSION = _engine(
+    "--enable-streaming-session", "SGLang", "the session RPCs Dynamo's AgentController calls"
+)
+MODEL = _engine("--model", "The engines", "the model they load", str)
+EVENT_PLANE = Option(
+    "--event-plane",
+    str,
+    "nats",
+    "Dynamo's KV event transport. nats, given: the picker hears Dynamo's NATS event plane at --nats-url, "
+    f"NATS_SERVER or else {DEFAULT_NATS_URL}, as Dynamo does (not given: only with --nats-url or "
+    "NATS_SERVER); zmq: Dynamo's ZMQ event plane is not spoken here (startup says so; the engines' own "
+    "ZMQ publishers are: --kv-events-port).",
+    choices=("nats", "zmq"),
+)
+DISCOVERY_BACKEND: Option[str | None] = Option(
+    "--discovery-backend",
+    str,
+    None,
+    "Dynamo's worker discovery (etcd, kubernetes, file, mem). Accepted; the picker's workers come from "
+    "the config file's workers: or --discovery-dns (startup says so).",
+)
+REQUEST_PLANE: Option[str | None] = Option(
+    "--request-plane",
+    str,
+    None,
+    "Dynamo's transport of requests to workers (tcp, http, nats). Accepted; here Envoy sends them over "
+    "HTTP (startup says so).",
+)
+STATIC_ENDPOINT: Option[str | None] = Option(
+    "--static-endpoint",
+    str,
+    None,
+    "Dynamo's static worker endpoint (namespace.component.endpoint). Accepted; the picker's workers are "
+    "listed in the config file or found by DNS, and KV routing works with both (startup says so).",
+)
+HTTP_PORT = Option(
+    "--http-port",
+    _int_or_none,
+    None,
+    "Dynamo frontend's OpenAI HTTP port. Accepted; Envoy serves HTTP here, and /metrics and "
+    "/busy_threshold are on --admin-port (startup says so).",
+)
+
+DYNAMO_OPTIONS: tuple[Option[Any], ...] = (
+    EVENT_PLANE,
+    DISCOVERY_BACKEND,
+    REQUEST_PLANE,
+    STATIC_ENDPOINT,
+    HTTP_PORT,
+    ENABLE_LOCAL_INDEXER,
+    KV_EVENTS_CONFIG,
+    PUBLISH_EVENTS_AND_METRICS,
+    ENABLE_STREAMING_SESSION,
+    MODEL,
+)
+
+
+def with_event_plane(reader: Reader, events: Reader) -> Reader:
+    """`events`' reader, with Dynamo's default NATS server when --event-plane nats names none."""
+    if _nats_by_default(reader, events):
+        return dataclasses.replace(events, environ={**events.environ, "NATS_SERVER": DEFAULT_NATS_URL})
+    return events
+
+
+def dynamo_notices(reader: Reader, events: Reader) -> tuple[str, ...]:
+    """One line for each of these knobs given, saying what it means here and what to use instead."""
+    plane = reader.read(EVENT_PLANE)
+    if _nats_by_default(reader, events):
+        plane_line = f"no --nats-url or NATS_SERVER, so NATS at {DEFAULT_NATS_URL} as in Dynamo"
+    elif plane == "zmq":
+        plane_line = (
+            "accepted from Dynamo, no effect here: its ZMQ event plane is not spoken; the picker subscribes "
+            "to the engines' own ZMQ publishers (--kv-events-port and --kv-replay-port, or each worker's "
+            "kv-events:)"
+        )
+    else:
+        plane_line = ""  # nats with a server named: the picker does what Dynamo does, nothing to say
+    lines: dict[Option[Any], str] = {
+        EVENT_PLANE: plane_line,
+        DISCOVERY_BACKEND: "the picker does not use Dynamo's discovery: workers come from the config "
+        "file's workers: or --discovery-dns",
+        REQUEST_PLANE: "requests reach the workers through Envoy over HTTP, not over Dynamo's request plane",
+        STATIC_ENDPOINT: "the picker's workers are listed in the config file (or found with "
+        "--discovery-dns), and KV routing works with them",
+        HTTP_PORT: "the picker serves no OpenAI HTTP (Envoy's listener does: envoy-config --listen-port); "
+        "/metrics and /busy_threshold are on --admin-port",
+        ENABLE_LOCAL_INDEXER: "a worker flag: the picker does not query workers' local indexers yet; it "
+        "rebuilds from the engines' ZMQ replay (--kv-replay-port) or JetStream (--router-durable-kv-events)",
+        KV_EVENTS_CONFIG: _kv_events_config(reader.read(KV_EVENTS_CONFIG)),
+        PUBLISH_EVENTS_AND_METRICS: "a TensorRT-LLM worker flag: the picker hears those events over NATS "
+        "(--nats-url)",
+        ENABLE_STREAMING_SESSION: "an SGLang flag: the picker pins sessions itself (--session-ttl-secs) and "
+        "does not call the workers' open_session/close_session",
+        MODEL: "an engine flag: the picker's models come from the config file's models: "
+        "(or --discovery-model)",
+    }
+    notices = []
+    for opt, line in lines.items():
+        source = reader.source(opt)
+        if source is None or not line:
+            continue
+        if opt is not EVENT_PLANE:
+            line = f"accepted from Dynamo, no effect here: {line}"
+        notices.append(f"{source}={reader.read(opt)}: {line}" if opt is EVENT_PLANE else f"{source}: {line}")
+    return tuple(notices)
+
+
+def _nats_by_default(reader: Reader, events: Reader) -> bool:
+    """--event-plane nats given, and no NATS server named: Dynamo's default server applies."""
+    given = reader.source(EVENT_PLANE) is not None
+    return given and reader.read(EVENT_PLANE) == "nats" and events.source(NATS_URL) is None
+
+
+def _kv_events_config(text: str | None) -> str:
+    """What --kv-events-config's JSON means for the picker: the ports to subscribe to."""
+    base = "an engine flag: the picker subscribes with --kv-events-port and --kv-replay-port"
+    try:
+        config = json.loads(text or "")
+    except ValueError:
+        return base
+    if not isinstance(config, dict):
+        return base
+    if config.get("enable_kv_cache_events") is False:
+        return "an engine flag; with the engine's events off, give the picker --no-router-kv-events"
+    ports = [
+        f"{flag} {str(config[key]).rsplit(':', 1)[-1]}"
+        for key, flag in (("endpoint", "--kv-events-port"), ("replay_endpoint", "--kv-replay-port"))
+        if isinstance(config.get(key), str) and ":" in config[key]
+    ]
+    return f"{base} ({' '.join(ports)} for this JSON)" if ports else base
