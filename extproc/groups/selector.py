@@ -304,13 +304,19 @@ class GroupSelector:
         tasks = {asyncio.ensure_future(self._probe(g, request)): g for g in groups}
         if not tasks:
             return [], failures
-        done, pending = await asyncio.wait(tasks, timeout=self.probe_timeout_s)
-        late: set[_ProbeTask] = set()
-        waited_s = self.probe_timeout_s
-        if pending and not _answered_any(done) and self.probe_grace_s > 0:
-            late, pending = await _first_answer(pending, self.probe_grace_s)
-            done |= late
-            waited_s += self.probe_grace_s
+        try:
+            done, pending = await asyncio.wait(tasks, timeout=self.probe_timeout_s)
+            late: set[_ProbeTask] = set()
+            waited_s = self.probe_timeout_s
+            if pending and not _answered_any(done) and self.probe_grace_s > 0:
+                late, pending = await _first_answer(pending, self.probe_grace_s)
+                done |= late
+                waited_s += self.probe_grace_s
+        except BaseException:  # the stream went away (cancelled): its probes go with it
+            for task in tasks:
+                task.cancel()
+                task.add_done_callback(_retrieve)
+            raise
         probes: list[GroupProbe] = []
         for task in pending:
             task.cancel()
@@ -484,9 +490,7 @@ def _answered_any(done: set[_ProbeTask]) -> bool:
     return any(isinstance(task.result(), GroupProbe) for task in done)
 
 
-async def _first_answer(
-    pending: set[_ProbeTask], grace_s: float
-) -> tuple[set[_ProbeTask], set[_ProbeTask]]:
+async def _first_answer(pending: set[_ProbeTask], grace_s: float) -> tuple[set[_ProbeTask], set[_ProbeTask]]:
     """Wait up to `grace_s` for the first of `pending` to answer; (finished meanwhile, still pending)."""
     finished: set[_ProbeTask] = set()
     loop = asyncio.get_running_loop()

@@ -246,11 +246,6 @@ async def stop_hierarchy(stack: Hierarchy) -> None:
         await worker.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="extproc/groups/selector.py (_probe_groups) leaves its probe tasks running until the probe "
-    "deadline when the stream that waits for them is cancelled; the selector is not this change's",
-)
 async def test_a_client_that_leaves_while_groups_are_probed_leaves_no_probe_behind(log_dir, caplog) -> None:
     """The probe of a group that does not answer is cancelled with the stream that waited for it,
     not left running (holding its gRPC call) until the 30 s probe deadline."""
