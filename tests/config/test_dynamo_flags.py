@@ -344,3 +344,12 @@ def test_a_dynamo_command_line_starts_the_picker_with_one_line_per_knob_not_appl
     assert config.router.mode == "round-robin" and config.router.active_decode_blocks_threshold == 0.9
     lines = [r.getMessage() for r in caplog.records if r.name == "extproc.config"]
     assert lines == list(config.notices) and len(lines) == 3
+
+
+def test_the_readme_table_has_every_knob():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Coming from Dynamo") :].split("\n## ", 1)[0]
+    for name in KNOBS:
+        base = name.removeprefix("--no-").removeprefix("--")
+        spellings = (name, f"--{base}", f"--[no-]{base}") if name.startswith("--") else (name,)
+        assert any(f"`{s}" in section for s in spellings), f"{name}: no row in README's Coming from Dynamo"
