@@ -163,6 +163,7 @@ def make_admin_app(
                         "cached_blocks": router.indexer.num_blocks(worker),
                         "active_prefill_tokens": router.sequences.prefill_tokens(worker),
                         "active_decode_blocks": router.sequences.decode_blocks(worker),
+                        "active_requests": router.sequences.num_requests(worker),
                         "sessions_pinned": pins.get(worker, 0),
                     }
                 )

@@ -1,0 +1,276 @@
+"""Three picker replicas (`python -m extproc serve --router-replica-sync`, child processes) and a real
+nats-server under faults, with traffic: NATS stopped by pid for 1, 3 and 5 s and restarted on its
+port, a replica SIGKILLed and started again (under a new id: `host-pid`), a worker flapping in one
+replica's DNS discovery (a real DNS server, tests/k8s/dns_server.py) while the others keep it.
+
+Traffic is ext_proc streams the test opens to the replicas (as Envoy would; no Envoy: the picker
+cluster's health checks are another part of issue 20): each stream is routed and held open, a
+request in flight until the test cancels it (Envoy's reset, which frees it). After each fault and
+at the end, every replica's load per worker (`/debug/workers`: `active_requests`) must equal the
+streams really open, and be zero once traffic ends, polled with a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+import pytest_asyncio
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+
+from extproc.devstack.procs import ManagedProcess, NatsServer
+
+from ..picker_fixtures import chat_body, request_body, request_headers
+from .conftest import eventually
+
+MODEL = "demo-model"
+PORT = 8000
+ADDRESSES = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+WORKER_IDS = tuple(f"{a}:{PORT}" for a in ADDRESSES)  # what DNS discovery names them
+FLAPPING = WORKER_IDS[2]
+STABLE, FLAPPY = "workers.test.", "flap.test."  # the flapping replica's own name of the same pods
+HEARTBEAT_S, LEASE_S = 0.25, 1.5
+DNS_SERVER = Path(__file__).parents[1] / "k8s" / "dns_server.py"
+pytestmark = pytest.mark.asyncio
+
+
+class Zone:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.set(flapping_present=True)
+
+    def set(self, *, flapping_present: bool) -> None:
+        flap = list(ADDRESSES) if flapping_present else list(ADDRESSES[:2])
+        zone = {"mode": "ok", "records": {STABLE: {"A": list(ADDRESSES)}, FLAPPY: {"A": flap}}}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(zone))
+        tmp.replace(self.path)
+
+
+@pytest.fixture
+def dns(tmp_path: Path) -> Iterator[tuple[Zone, int]]:
+    zone = Zone(tmp_path / "zone.json")
+    server = ManagedProcess([sys.executable, str(DNS_SERVER), str(zone.path)], log_path=tmp_path / "dns.log")
+    server.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "PORT " not in server.log_tail():
+            assert server.is_running() and time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.02)  # the server prints its port once bound
+        yield zone, int(server.log_tail().split("PORT ")[1].split()[0])
+    finally:
+        server.stop()
+
+
+class Replica:
+    """One `serve` child process, its ext_proc channel and its admin API."""
+
+    def __init__(self, name: str, tmp: Path, nats_url: str, dns_port: int, *, flapping: bool) -> None:
+        config = tmp / f"{name}.yaml"
+        config.write_text(f"models: [{{name: {MODEL}}}]\nrouter: {{kv-cache-block-size: 16}}\n")
+        self.name = name
+        self.ports_file = tmp / f"{name}.ports.json"
+        self.argv = [
+            sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
+            "--port", "0", "--health-port", "0", "--admin-port", "0", "--ports-file", str(self.ports_file),
+            "--nats-url", nats_url, "--namespace", "chaos", "--router-replica-sync",
+            "--replica-sync-heartbeat-secs", str(HEARTBEAT_S), "--replica-sync-lease-secs", str(LEASE_S),
+            "--discovery-dns", FLAPPY if flapping else STABLE,
+            "--discovery-dns-server", f"127.0.0.1:{dns_port}",
+            "--discovery-port", str(PORT), "--discovery-model", MODEL, "--discovery-refresh-secs", "0.2",
+            "--shutdown-grace-secs", "0",
+        ]  # fmt: skip
+        self.log = tmp / f"{name}.log"
+        self.process: ManagedProcess | None = None
+        self.channel: grpc.aio.Channel | None = None
+        self.open: dict[int, tuple[grpc.aio.StreamStreamCall, str]] = {}  # stream -> (call, worker)
+        self.lives = 0
+        self.paused = False  # no new traffic through it
+
+    async def start(self) -> None:
+        self.lives += 1
+        self.process = ManagedProcess(self.argv, log_path=self.log.with_suffix(f".{self.lives}.log"),
+                                      ports_file=self.ports_file).start()  # fmt: skip
+        ports = await asyncio.to_thread(self.process.ports, 30.0)
+        self.admin = f"http://127.0.0.1:{ports['admin_port']}"
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{ports['port']}")
+
+    async def kill(self) -> None:
+        """SIGKILL: its streams break, their requests are no longer in flight anywhere."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.stop()  # reaps it
+        self.open.clear()
+        if self.channel is not None:
+            await self.channel.close()
+            self.channel = None
+
+    async def stop(self) -> None:
+        for call, _ in self.open.values():
+            call.cancel()
+        self.open.clear()
+        if self.channel is not None:
+            await self.channel.close()
+        if self.process is not None:
+            self.process.stop()
+
+    async def route(self, n: int) -> None:
+        """Open an ext_proc stream, send a chat request, keep the stream once it is routed."""
+        assert self.channel is not None
+        call = ext_grpc.ExternalProcessorStub(self.channel).Process()
+        await call.write(request_headers())
+        await call.write(request_body(chat_body(f"{self.name} request {n} " + "words " * 40)))
+        answer = await asyncio.wait_for(call.read(), 5.0)  # request headers: go on
+        assert answer.WhichOneof("response") == "request_headers", answer
+        answer = await asyncio.wait_for(call.read(), 5.0)  # the body: routed
+        headers = {h.header.key: h.header.raw_value.decode() for h in
+                   answer.request_body.response.header_mutation.set_headers}  # fmt: skip
+        worker = headers.get("x-gateway-destination-endpoint")
+        assert worker in WORKER_IDS, answer
+        self.open[n] = (call, worker)
+
+    def finish(self, n: int) -> None:
+        call, _ = self.open.pop(n)
+        call.cancel()  # Envoy resets the stream: the picker frees the request
+
+    async def view(self, http: aiohttp.ClientSession) -> dict[str, int]:
+        async with http.get(f"{self.admin}/debug/workers") as r:
+            body = await r.json()
+        return {w["worker"]: w["active_requests"] for w in body["workers"]}
+
+    async def counters(self, http: aiohttp.ClientSession) -> dict[str, int]:
+        async with http.get(f"{self.admin}/debug/workers") as r:
+            return (await r.json())["kv_event_counters"]
+
+
+@pytest_asyncio.fixture
+async def group(tmp_path, nats_server: NatsServer, dns) -> AsyncIterator[list[Replica]]:
+    _, dns_port = dns
+    replicas = [Replica(n, tmp_path, nats_server.url, dns_port, flapping=n == "c") for n in ("a", "b", "c")]
+    try:
+        await asyncio.gather(*(r.start() for r in replicas))
+        yield replicas
+    finally:
+        for r in replicas:
+            await r.stop()
+
+
+def truth(replicas: list[Replica]) -> dict[str, int]:
+    counts = dict.fromkeys(WORKER_IDS, 0)
+    for r in replicas:
+        for _, worker in r.open.values():
+            counts[worker] += 1
+    return counts
+
+
+async def all_views_match(replicas: list[Replica], http: aiohttp.ClientSession, timeout_s: float,
+                          what: str) -> float:  # fmt: skip
+    """Poll until every live replica's view equals the streams open; returns how long it took."""
+    t0 = time.monotonic()
+    views: dict[str, dict[str, int]] = {}
+
+    async def check() -> bool:
+        real = truth(replicas)
+        for r in replicas:
+            views[r.name] = await r.view(http)
+        return all(v == real for v in views.values())
+
+    await eventually(check, timeout_s, lambda: f"{what}: truth {truth(replicas)}, views {views}")
+    return time.monotonic() - t0
+
+
+async def test_every_replicas_load_equals_the_requests_in_flight_through_nats_restarts_a_kill_and_a_flap(
+    group, nats_server, restart_nats, dns
+):
+    zone, _ = dns
+    rng = random.Random(20)
+    a, b, c = group
+    figures: dict[str, float] = {}
+    counter = iter(range(1_000_000))
+    stop = asyncio.Event()
+
+    async def traffic(replica: Replica) -> None:
+        while not stop.is_set():
+            if replica.channel is None or replica.paused:
+                await asyncio.sleep(0.05)  # dead or paused: nothing to send
+                continue
+            try:
+                if len(replica.open) < 8:
+                    await replica.route(next(counter))
+                if replica.open and rng.random() < 0.4:
+                    replica.finish(rng.choice(list(replica.open)))
+            except (TimeoutError, grpc.aio.AioRpcError):
+                pass  # a replica being killed
+            await asyncio.sleep(0.02)  # pacing, not synchronisation
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        await eventually(lambda: all_seen(group, http), 20.0, "every replica discovered the workers")
+        tasks = [asyncio.create_task(traffic(r)) for r in group]
+        server = nats_server
+        try:
+            for outage_s in (1.0, 3.0, 5.0):
+                server.stop()  # by pid
+                await asyncio.sleep(outage_s)  # the outage, traffic going on (frees included)
+                server = restart_nats(nats_server.port)
+                await asyncio.sleep(0.5)  # traffic after the restart
+                stop.set()
+                await asyncio.gather(*tasks)
+                what = f"after a {outage_s} s NATS restart"
+                figures[f"nats {outage_s:.0f} s"] = await all_views_match(group, http, 15.0, what)
+                stop.clear()
+                tasks = [asyncio.create_task(traffic(r)) for r in group]
+
+            await b.kill()  # SIGKILL, under traffic
+            await asyncio.sleep(0.5)
+            stop.set()
+            await asyncio.gather(*tasks)
+            figures["kill"] = await all_views_match([a, c], http, 3 * LEASE_S + 2, "after b was SIGKILLed")
+            await b.start()  # a new process: a new default id
+            stop.clear()
+            tasks = [asyncio.create_task(traffic(r)) for r in group]
+
+            c.paused = True  # c sends nothing meanwhile, so what it forgets is known exactly
+            zone.set(flapping_present=False)  # c's discovery loses a worker the others keep
+            await eventually(lambda: worker_count(c, http, 2), 10.0, "c dropped the flapping worker")
+            for n in [n for n, (_, w) in c.open.items() if w == FLAPPING]:
+                c.finish(n)  # c forgot these (and told the others): they are in flight nowhere now
+            await asyncio.sleep(0.5)  # a and b keep routing to the flapping worker
+            zone.set(flapping_present=True)
+            await eventually(lambda: worker_count(c, http, 3), 10.0, "c has the flapping worker back")
+            c.paused = False
+            await asyncio.sleep(0.5)
+            stop.set()
+            await asyncio.gather(*tasks)
+            figures["flap"] = await all_views_match(group, http, 10.0, "after the flap")
+
+            for r in group:
+                for n in list(r.open):
+                    r.finish(n)
+            figures["end"] = await all_views_match(group, http, 10.0, "after traffic ended")
+            assert truth(group) == dict.fromkeys(WORKER_IDS, 0)
+            counters = [await r.counters(http) for r in group]
+            assert sum(c.get("sync.lease_expired", 0) for c in counters) >= 2  # a and c forgot b
+            print("replica views converged (s):", {k: round(v, 2) for k, v in figures.items()})
+        finally:
+            stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def all_seen(group: list[Replica], http: aiohttp.ClientSession) -> bool:
+    return all([len(await r.view(http)) == len(WORKER_IDS) for r in group])
+
+
+async def worker_count(replica: Replica, http: aiohttp.ClientSession, n: int) -> bool:
+    return len(await replica.view(http)) == n
