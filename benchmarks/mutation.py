@@ -1,0 +1,264 @@
+"""Mutation score of the routing core, the request parser and the Envoy answers (issue 19).
+
+Runs mutmut 3 (`pip install mutmut==3.8.1` into the venv; it is in no extra: it is slow and CI does
+not run it) on one module at a time, against that module's own fast tests, and prints one JSON
+object on stdout (progress on stderr):
+
+    .venv/bin/python benchmarks/mutation.py                       # every module
+    .venv/bin/python benchmarks/mutation.py router/selection.py epp/answers.py
+    .venv/bin/python benchmarks/mutation.py --list                # the modules and their tests
+
+Each module gets its own work directory, `mutants/<module>/` (git-ignored): a copy of `extproc/`,
+`tests/` and `pyproject.toml` whose `[tool.mutmut]` is the repository's plus this module's
+`only_mutate` and test selection (`MODULES` below). mutmut copies that again into its own
+`mutants/` there, mutates every function of the module (mutmut 3 does not mutate module-level
+constants), records which of the selected tests call which function, and runs for each mutant the
+tests that reach its function, fastest first, stopping at the first failure. Its output goes to
+`mutmut.log` there; `mutmut show NAME` and `mutmut browse` work in that directory afterwards. A
+second run keeps the killed mutants of functions that did not change and tests the survivors again
+(against the tests as they are now); `--fresh` starts over.
+
+Per module the JSON gives `mutants` (all generated), `killed` (a test failed), `timeouts` (the
+tests ran past 15x their clean time: the mutant loops, which a test notices too), `survived`
+(tests passed, or no selected test reaches the function), `equivalent` (survivors listed in
+`EQUIVALENT` with the reason they cannot change behaviour) and
+`score = (killed + timeouts) / (mutants - equivalent)`, with the names of the survivors left.
+An `EQUIVALENT` entry names the mutant and the line it writes (the `+` line of `mutmut show`): if
+the module changed so that the name now means another mutation, the entry is reported under
+`stale_equivalents` and not counted. The classes of equivalent mutants: `EQUIVALENT_CLASSES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "mutants"
+
+# module (under extproc/) -> the tests it is measured against. Router modules: the router's own
+# fast tests, tests/router (mutmut runs for a mutant only those that reach the mutated function),
+# without test_radix's two brute-force property tests (300 examples, ~7 s a run) except for the
+# radix tree itself, whose oracle they are. The parser and the answers: their unit tests (the gRPC
+# service tests in tests/epp reach the answers too, at seconds a run).
+_ROUTER_TESTS = [
+    "tests/router",
+    "--deselect",
+    "tests/router/test_radix.py::test_long_runs_split_and_merge_like_the_brute_force_model",
+    "--deselect",
+    "tests/router/test_radix.py::test_radix_tree_agrees_with_brute_force_and_rebuilds_from_its_dump",
+]
+_ROUTER_MODULES = [
+    "__init__", "approx", "config", "device_share", "disagg", "errors", "hashing", "prefill_model",
+    "queue", "router", "selection", "sequences", "sessions", "types",
+]  # fmt: skip
+MODULES: dict[str, list[str]] = {
+    **{f"router/{name}.py": _ROUTER_TESTS for name in _ROUTER_MODULES},
+    "router/radix.py": ["tests/router"],
+    "request/parse.py": ["tests/request/test_parse.py", "tests/request/test_parse_mutants.py"],
+    "epp/answers.py": ["tests/epp/test_answers.py", "tests/epp/test_answers_mutants.py"],
+}
+
+EQUIVALENT_CLASSES = {
+    "message": "only the text of an exception message or log line changes (no test reads prose)",
+    "same-value": "the mutated expression computes the same value for every input it can receive",
+}
+# module -> mutant (its name without the module's dotted path) -> (the line it writes, class, why it
+# cannot change behaviour)
+EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "router/selection.py": {
+        "x_pick__mutmut_2": ("raise ValueError(None)", "message", "pick's error text"),
+        "x_pick__mutmut_3": ('raise ValueError("XXno candidatesXX")', "message", "pick's error text"),
+        "x_pick__mutmut_4": ('raise ValueError("NO CANDIDATES")', "message", "pick's error text"),
+        "x_pick__mutmut_27": (
+            "for candidate, p in zip(costs, probabilities, strict=None):",
+            "same-value",
+            "softmax_probabilities returns one probability per cost: the lengths always agree",
+        ),
+        "x_pick__mutmut_30": (
+            "for candidate, p in zip(costs, probabilities, ):",
+            "same-value",
+            "softmax_probabilities returns one probability per cost: the lengths always agree",
+        ),
+        "x_pick__mutmut_31": (
+            "for candidate, p in zip(costs, probabilities, strict=False):",
+            "same-value",
+            "softmax_probabilities returns one probability per cost: the lengths always agree",
+        ),
+        "x_softmax_probabilities__mutmut_11": (
+            "if temperature <= 1:",
+            "same-value",
+            "reached for 0 < T <= 1 only when all costs are equal: the argmin of equal costs is uniform",
+        ),
+        "x_softmax_probabilities__mutmut_15": (
+            "best = [2.0 if c == lo else 0.0 for c in costs]",
+            "same-value",
+            "the weights are normalised: 2/(2k) is exactly 1/k in floating point",
+        ),
+    },
+}
+
+# mutmut's exit codes (mutmut/stats.py): 1 and 3 a test failed, 0 all passed, 33 and 5 no test
+# reached the function, 36 and the SIGXCPU family a timeout
+_KILLED, _SURVIVED, _TIMEOUT = {1, 3}, {0, 5, 33}, {24, -24, 152, 255, 36}
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _pyproject_for(module: str, tests: list[str]) -> str:
+    """The repository's pyproject.toml, its [tool.mutmut] extended for this module."""
+    text = (ROOT / "pyproject.toml").read_text()
+    config = dict(tomllib.loads(text).get("tool", {}).get("mutmut", {}))
+    text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[|\Z)", "", text)
+    config["source_paths"] = ["extproc"]
+    config["only_mutate"] = [f"extproc/{module}"]
+    config["pytest_add_cli_args_test_selection"] = tests
+    body = "".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items())
+    return text.rstrip() + "\n\n[tool.mutmut]\n" + body
+
+
+def _prepare(module: str, tests: list[str], fresh: bool) -> Path:
+    workdir = WORK / module.replace("/", ".").removesuffix(".py")
+    if fresh and workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
+    for tree in ("extproc", "tests"):
+        if (workdir / tree).exists():
+            shutil.rmtree(workdir / tree)
+        shutil.copytree(ROOT / tree, workdir / tree, ignore=ignore)
+    (workdir / "pyproject.toml").write_text(_pyproject_for(module, tests))
+    # mutmut keeps every verdict of a function that did not change, but tests may have been added
+    # since: the survivors of the last run are tested again (the killed stay killed)
+    meta = workdir / "mutants" / "extproc" / f"{module}.meta"
+    if meta.exists():
+        data = json.loads(meta.read_text())
+        codes = data["exit_code_by_key"]
+        for name, code in codes.items():
+            if code is not None and _status(code) == "survived":
+                codes[name] = None
+        meta.write_text(json.dumps(data, indent=4))
+    return workdir
+
+
+def _mutmut(workdir: Path, *args: str, log: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run mutmut in `workdir`, its output captured or written to `log` (its spinner is long)."""
+    exe = Path(sys.executable).parent / "mutmut"
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    with open(log or os.devnull, "w") as sink:
+        return subprocess.run(
+            [str(exe), *args],
+            cwd=workdir,
+            env=env,
+            text=True,
+            stdout=sink if log else subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+
+
+def _written_line(workdir: Path, name: str) -> str:
+    """What the mutant writes: the `+` lines of `mutmut show`, stripped, joined by ' / '."""
+    diff = _mutmut(workdir, "show", name).stdout.splitlines()
+    return " / ".join(line[1:].strip() for line in diff if line.startswith("+") and not line.startswith("++"))
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return "not_checked"
+    if code in _TIMEOUT:
+        return "timeouts"
+    if code in _KILLED or code < 0:  # a negative code: the test process died of a signal
+        return "killed"
+    return "survived"
+
+
+def _measure(module: str, tests: list[str], jobs: int, fresh: bool) -> dict[str, object]:
+    workdir = _prepare(module, tests, fresh)
+    started = time.monotonic()
+    log = workdir / "mutmut.log"
+    print(f"{module}: mutmut run in {workdir.relative_to(ROOT)} (output in mutmut.log)", file=sys.stderr)
+    run = _mutmut(workdir, "run", "--max-children", str(jobs), log=log)
+    meta = workdir / "mutants" / "extproc" / f"{module}.meta"
+    codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+    # a module without functions (only re-exports) has no mutant, and then mutmut exits 1
+    if not meta.exists() or (run.returncode != 0 and codes):
+        return {"error": f"mutmut run exited {run.returncode}: see {log}"}
+    equivalent = EQUIVALENT.get(module, {})
+    counts = {"killed": 0, "timeouts": 0, "survived": 0, "not_checked": 0, "equivalent": 0}
+    survivors: list[str] = []
+    stale: list[dict[str, str]] = []
+    killed_equivalents: list[str] = []
+    for name, code in sorted(codes.items()):
+        status = _status(code)
+        marked = equivalent.get(name.rpartition(".")[2])
+        if status == "survived" and marked is not None:
+            written = _written_line(workdir, name)
+            if written == marked[0]:
+                counts["equivalent"] += 1
+                continue
+            stale.append({"mutant": name, "expected": marked[0], "now": written})
+        elif marked is not None:
+            killed_equivalents.append(name)
+        counts[status] += 1
+        if status in ("survived", "not_checked"):
+            survivors.append(name)
+    behaviour = len(codes) - counts["equivalent"]
+    score = (counts["killed"] + counts["timeouts"]) / behaviour if behaviour else 1.0
+    out: dict[str, object] = {"mutants": len(codes), **counts, "score": round(score, 4)}
+    out["seconds"] = round(time.monotonic() - started, 1)
+    out["survivors"] = survivors
+    if stale:
+        out["stale_equivalents"] = stale
+    if killed_equivalents:
+        out["killed_but_marked_equivalent"] = killed_equivalents
+    out["tests"] = tests
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("modules", nargs="*", help="paths under extproc/, e.g. router/queue.py (default all)")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants tested at once (default 1)")
+    parser.add_argument("--fresh", action="store_true", help="discard earlier results of these modules")
+    parser.add_argument("--list", action="store_true", help="print the modules and their tests")
+    args = parser.parse_args()
+    if args.list:
+        print(json.dumps(MODULES, indent=2))
+        return 0
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"unknown modules {unknown}; known: {sorted(MODULES)}")
+    results = {m: _measure(m, MODULES[m], args.jobs, args.fresh) for m in args.modules or MODULES}
+    detected = behaviour = 0
+    for r in results.values():
+        if "score" in r:
+            detected += int(str(r["killed"])) + int(str(r["timeouts"]))
+            behaviour += int(str(r["mutants"])) - int(str(r["equivalent"]))
+    total = {"score": round(detected / behaviour, 4) if behaviour else None, "behaviour_changing": behaviour}
+    print(json.dumps({"modules": results, "total": total}, indent=2))
+    return 0 if all("score" in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
