@@ -3,7 +3,7 @@
 import random
 
 from extproc.router import KvRouter, RadixTree, RouterConfig, Worker, WorkerSpec, compute_block_hashes
-from extproc.router.approx import ApproxIndexer
+from extproc.router.approx import ApproxIndexer, is_predicted_id, predicted_engine_id
 from extproc.router.hashing import compute_sequence_hashes
 from extproc.router.types import BlocksStored, StoredBlock
 
@@ -179,3 +179,84 @@ def test_dumped_state_holds_the_engines_blocks_not_the_routers_predictions():
         rebuilt.apply_event(event)
     assert rebuilt.find_matches(local) == {A: 3}
     assert len(router.dump_events(include_predicted=True)) > len(router.dump_events())
+
+
+def test_predicted_ids_are_recognised_and_real_ones_are_not():
+    for seq_hash in (0, 1, 2**63, 2**64 - 1):
+        assert is_predicted_id(predicted_engine_id(seq_hash))
+    for engine_hash in (None, 0, 7, 2**64 - 1, -1, -5):  # engines' ids, dump_events' stand-ins
+        assert not is_predicted_id(engine_hash)
+
+
+def test_the_defaults_are_dynamos():
+    approx = ApproxIndexer(RadixTree())
+    assert approx.ttl_s == 120.0 and approx.max_tree_size == 2**20
+    assert approx.prune_target_size == int(2**20 * 0.8)
+
+
+def test_expired_and_pruned_blocks_are_counted_exactly():
+    approx = ApproxIndexer(RadixTree(), ttl_s=10.0, max_tree_size=4, prune_target_ratio=0.5)
+    assert (approx.expired_blocks, approx.pruned_blocks) == (0, 0)
+    approx.record_routing(A, [1, 2, 3], now=0.0)
+    approx.record_routing(A, [4, 5], now=1.0)  # 5 > 4: prune to 2
+    assert approx.pruned_blocks == 3 and len(approx) == 2
+    approx.record_routing(B, [6, 7, 8], now=2.0)  # 5 again: 3 more
+    assert approx.pruned_blocks == 6 and len(approx) == 2
+    approx.expire(11.9)
+    assert approx.expired_blocks == 0
+    approx.expire(12.0)  # B's two left (routed at 2 s) passed their TTL
+    assert approx.expired_blocks == 2 and len(approx) == 0
+    approx.record_routing(A, [9], now=13.0)
+    approx.record_routing(A, [10], now=30.0)  # [9] expires on the way
+    assert approx.expired_blocks == 3 and len(approx) == 1
+
+
+def test_blocks_per_worker_and_a_worker_forgotten_or_dropped():
+    tree = RadixTree()
+    approx = ApproxIndexer(tree, ttl_s=100.0)
+    assert approx.num_blocks(A) == 0
+    approx.record_routing(A, [1, 2, 3], now=0.0)
+    approx.record_routing(B, [1, 2], now=0.0)
+    assert (approx.num_blocks(A), approx.num_blocks(B), len(approx)) == (3, 2, 5)
+    approx.remove_worker(A)  # the caller clears the tree
+    assert (approx.num_blocks(A), len(approx)) == (0, 2)
+    assert tree.find_matches([1, 2, 3]) == {A: 3, B: 2}
+    approx.remove_worker(A)
+    assert len(approx) == 2
+    approx.drop_worker(B)
+    assert (approx.num_blocks(B), len(approx)) == (0, 0)
+    assert tree.find_matches([1, 2, 3]) == {A: 3}
+    approx.drop_worker(B)
+    assert len(approx) == 0
+
+
+def test_a_refreshed_prefix_moves_behind_older_predictions_so_these_still_expire():
+    tree = RadixTree()
+    approx = ApproxIndexer(tree, ttl_s=120.0)
+    approx.record_routing(A, [1, 2], now=0.0)
+    approx.record_routing(A, [7], now=10.0)
+    approx.record_routing(A, [1, 2, 3, 4], now=50.0)  # [1, 2] refreshed, [3, 4] new
+    approx.expire(135.0)  # [7] (routed at 10 s) is due, the rest (50 s) are not
+    assert tree.find_matches([7]) == {}
+    assert tree.find_matches([1, 2, 3, 4]) == {A: 4}
+    assert approx.num_blocks(A) == 4
+
+
+def test_routing_a_fully_predicted_path_again_sends_the_tree_nothing():
+    tree = RadixTree()
+    approx = ApproxIndexer(tree, ttl_s=120.0)
+    approx.record_routing(A, [1, 2, 3], now=0.0)
+    events = tree.stats.stored_events
+    approx.record_routing(A, [1, 2, 3], now=1.0)
+    approx.record_routing(A, [1, 2], now=2.0)
+    assert tree.stats.stored_events == events
+
+
+def test_pruning_may_empty_one_workers_predictions_and_go_on_with_the_next():
+    tree = RadixTree()
+    approx = ApproxIndexer(tree, ttl_s=1e9, max_tree_size=4, prune_target_ratio=0.5)
+    approx.record_routing(A, [1], now=0.0)
+    approx.record_routing(B, [2, 3, 4], now=1.0)
+    approx.record_routing(B, [5], now=2.0)  # 5 > 4: A's only block, then B's oldest two
+    assert (approx.num_blocks(A), approx.num_blocks(B), len(approx)) == (0, 2, 2)
+    assert tree.find_matches([1]) == {} and tree.find_matches([5]) == {B: 1}

@@ -112,6 +112,18 @@ def test_one_class_alone_keeps_every_worker():
 def test_class_shares_under_sustained_load():
     assert class_shares(2, 2, 8) == pytest.approx({"cuda": 16 / 18, "cpu": 2 / 18})
     assert class_shares(1, 4, 2) == pytest.approx({"cuda": 2 / 6, "cpu": 4 / 6})
+    assert class_shares(0, 1, 8) == {"cuda": 0.0, "cpu": 1.0}
+    assert class_shares(1, 0, 8) == {"cuda": 1.0, "cpu": 0.0}
+    assert class_shares(0, 0, 8) == {"cuda": 0.0, "cpu": 0.0}
+
+
+@pytest.mark.parametrize(("ratio", "cpu_load"), [(0.1, 99_998), (0.2, 12_345), (0.2, 99_998)])
+def test_a_fractional_ratio_keeps_ties_at_large_counts(ratio, cpu_load):
+    # the rounding error grows with the counts: (99,998 + 1) * 0.1 * 10 is 99999.00000000001, still
+    # a tie with 99,999 accelerator requests; one cpu request more is not
+    accel_load = round((cpu_load + 1) * ratio * 10)
+    assert cpu_takes_next(cpu_load, 1, accel_load, 10, ratio)
+    assert not cpu_takes_next(cpu_load + 1, 1, accel_load, 10, ratio)
 
 
 # --- the router in this mode -----------------------------------------------------------------------

@@ -9,6 +9,7 @@ from extproc.router import (
     BlocksStored,
     KvRouter,
     RouterConfig,
+    RouterConfigOverride,
     StoredBlock,
     Worker,
     WorkerSpec,
@@ -173,3 +174,126 @@ def test_decode_only_flags_shape_the_decode_side_of_local_and_remote_prefills():
     # no reuse assumed: every block of every request counts on its decode worker
     blocks = sum(router.decode.sequences.decode_blocks(w) for w in (D0, D1))
     assert blocks == 64 + 8
+
+
+# --- the policy's edges and what each stage is given ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "isl", "cached", "reason"),
+    [
+        (DisaggPolicy(), 1000, 745, LOCAL_SHORT),  # 255 uncached < 256
+        (DisaggPolicy(), 1000, 744, None),  # 256 uncached, 74.4 % cached
+        (DisaggPolicy(), 300, 100, LOCAL_SHORT),
+        (DisaggPolicy(), 1000, 5000, LOCAL_SHORT),  # cached beyond the prompt counts as the prompt
+        (DisaggPolicy(min_remote_prefill_tokens=0), 1000, 800, LOCAL_CACHED),  # exactly 80 %
+        (DisaggPolicy(min_remote_prefill_tokens=0), 1000, 799, None),
+        (DisaggPolicy(min_remote_prefill_tokens=0), 1000, 1, None),
+        (DisaggPolicy(min_remote_prefill_tokens=0), 1, 1, LOCAL_CACHED),
+        (DisaggPolicy(min_remote_prefill_tokens=0), 0, 0, None),  # an empty prompt: no division
+    ],
+)
+def test_the_policy_at_its_edges(policy, isl, cached, reason):
+    assert policy.local_reason(isl, cached) == reason
+
+
+def test_the_prefill_router_config_turns_decode_tracking_off_not_unset():
+    cfg = prefill_router_config(RouterConfig(router_track_output_blocks=True))
+    assert cfg.router_track_active_blocks is False and cfg.router_track_output_blocks is False
+
+
+def loaded_d1_caching_the_prompt(policy: DisaggPolicy) -> DisaggRouter:
+    """d1 caches the whole prompt and decodes another request; d0 is idle and caches nothing."""
+    router = make(policy)
+    cache(router.decode, D1, PROMPT)
+    other = [t + 50_000 for t in PROMPT[: 16 * BS]]
+    busy = router.route(compute_block_hashes(other, BS), len(other), request_id="r0", allowed_workers={"d1"})
+    assert busy.decode.worker == D1
+    return router
+
+
+def test_decode_overlap_weight_zero_balances_decode_load_and_a_requests_own_weight_wins():
+    hashes, isl = compute_block_hashes(PROMPT, BS), len(PROMPT)
+    own_weight = loaded_d1_caching_the_prompt(DisaggPolicy())
+    assert own_weight.route(hashes, isl, request_id="r1").decode.worker == D1  # the cache decides
+    zero = loaded_d1_caching_the_prompt(DisaggPolicy(decode_overlap_weight=0))
+    assert zero.route(hashes, isl, request_id="r1").decode.worker == D0  # the lighter load decides
+    overridden = loaded_d1_caching_the_prompt(DisaggPolicy(decode_overlap_weight=0))
+    decision = overridden.route(
+        hashes, isl, request_id="r1", config_override=RouterConfigOverride(overlap_score_weight=1.0)
+    )
+    assert decision.decode.worker == D1
+
+
+def test_with_decode_overlap_weight_zero_an_uncached_decode_worker_counts_nothing_cached():
+    policy = DisaggPolicy(min_remote_prefill_tokens=0, max_decode_prefix_frac=0.01, decode_overlap_weight=0)
+    router = make(policy)
+    decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert decision.local_reason is None and decision.prefill is not None
+
+
+def test_round_robin_decode_still_skips_the_prefill_of_a_prompt_its_worker_caches():
+    policy = DisaggPolicy(min_remote_prefill_tokens=0, max_decode_prefix_frac=0.75)
+    router = make(policy, mode="round-robin")
+    for w in (D0, D1):
+        cache(router.decode, w, PROMPT[: 60 * BS])
+    decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert decision.local_reason == LOCAL_CACHED
+
+
+def test_the_decode_stage_gets_the_preferred_and_allowed_workers():
+    router = make()
+    hashes = compute_block_hashes(PROMPT, BS)
+    cache(router.decode, D0, PROMPT)
+    assert router.route(hashes, len(PROMPT), request_id="r1", preferred_worker="d1").decode.worker == D1
+    assert router.route(hashes, len(PROMPT), request_id="r2", allowed_workers={"d1"}).decode.worker == D1
+
+
+def test_the_decode_stage_gets_the_expected_output_length():
+    def output_blocks(expected):
+        router = make(DisaggPolicy(min_remote_prefill_tokens=2000), router_track_output_blocks=True)
+        decision = router.route(
+            compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1", expected_output_tokens=expected
+        )
+        worker = decision.decode.worker
+        before = router.decode.sequences.decode_blocks(worker)
+        router.decode.add_output_tokens("r1", 16)
+        return router.decode.sequences.decode_blocks(worker) - before
+
+    assert output_blocks(None) == 1.0
+    assert output_blocks(32) == 0.5  # half of the expected output is out: the block weighs half
+
+
+def test_a_requests_override_reaches_the_prefill_stage():
+    # p1 caches the prompt: by overlap it always prefills; with weight 0 both prefill workers tie
+    def prefill_workers(override):
+        router = make(DisaggPolicy(min_remote_prefill_tokens=0, max_decode_prefix_frac=1.5))  # never local
+        cache(router.prefill, P1, PROMPT)
+        chosen = set()
+        for i in range(20):
+            decision = router.route(
+                compute_block_hashes(PROMPT, BS), len(PROMPT), request_id=f"r{i}", config_override=override
+            )
+            chosen.add(decision.prefill_worker)
+            router.free(f"r{i}")
+        return chosen
+
+    assert prefill_workers(None) == {P1}
+    assert prefill_workers(RouterConfigOverride(overlap_score_weight=0.0)) == {P0, P1}
+
+
+def test_the_first_token_of_a_locally_prefilled_request_ends_its_prefill_on_the_decode_worker():
+    router = make(DisaggPolicy(min_remote_prefill_tokens=2000))
+    decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert router.decode.sequences.prefill_tokens(decision.decode.worker) == len(PROMPT)
+    assert router.first_token("r1")
+    assert router.decode.sequences.prefill_tokens(decision.decode.worker) == 0
+    assert not router.is_idle()  # the decode worker still decodes it
+    assert not router.first_token("unknown")
+
+
+def test_idle_means_both_stages_idle():
+    router = make()
+    router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
+    assert router.first_token("r1")
+    assert router.prefill.is_idle() and not router.is_idle()

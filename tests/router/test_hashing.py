@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from extproc.router import compute_block_hashes, compute_sequence_hashes
+from extproc.router.hashing import tokens_as_u32le
 
 
 @pytest.mark.parametrize(
@@ -65,3 +66,35 @@ def test_token_ids_outside_uint32_are_rejected(bad):
 def test_block_size_must_be_positive():
     with pytest.raises(ValueError, match="block_size"):
         compute_block_hashes([1, 2, 3], 0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.array([-1] * 16, dtype=np.int64),
+        np.array([2**32] * 16, dtype=np.int64),
+        np.array([1.5] * 16),
+        np.array([1.0] * 16),  # a float, even integral, is not a token id
+    ],
+)
+def test_numpy_token_ids_outside_uint32_are_rejected_too(bad):
+    with pytest.raises(ValueError, match="token ids"):
+        compute_block_hashes(bad, 16)
+
+
+def test_the_largest_uint32_token_id_hashes_alike_from_a_list_and_an_array():
+    tokens = [0xFFFFFFFF] * 16
+    expected = compute_block_hashes(tokens, 16)
+    assert len(expected) == 1
+    assert compute_block_hashes(np.array(tokens, dtype=np.int64), 16) == expected
+    assert compute_block_hashes(np.array(tokens, dtype=np.uint32), 16) == expected
+
+
+def test_token_bytes_are_unsigned_little_endian():
+    for tokens in ([0xFFFFFFFF, 1], np.array([0xFFFFFFFF, 1], dtype=np.int64)):
+        assert list(tokens_as_u32le(tokens)) == [255, 255, 255, 255, 1, 0, 0, 0]
+
+
+def test_a_block_of_one_token_hashes_every_token():
+    hashes = compute_block_hashes([5, 6, 5], 1)
+    assert len(hashes) == 3 and hashes[0] == hashes[2] != hashes[1]

@@ -163,3 +163,118 @@ def test_the_cached_worker_wins_until_its_predicted_queue_outweighs_the_hit_and_
     assert router.best_worker([*prompt, 1]).worker == A
     router.mark_prefill_complete("big")
     assert router.sequences.prefill_tokens(A) == 0
+
+
+# --- edges of the model, on round numbers ----------------------------------------------------------
+
+# a pass of t prompt tokens takes t + 10 ms; 100 tokens a pass; decoding adds 5 ms (at any usage)
+S = PrefillTiming(0.0, 1.0, 10.0, 0.0, 0.0, 5.0, 1.0, max_num_batched_tokens=100, kv_capacity_tokens=1000)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("prefill_constant_ms", float("nan")),
+        ("prefill_quadratic_ms", float("inf")),
+        ("decode_min_ms", True),
+        ("decode_linear_ms", "1"),
+        ("prefill_linear_ms", 0.0),
+        ("prefill_linear_ms", -1.0),
+        ("max_num_batched_tokens", 0),
+        ("max_num_batched_tokens", 1.5),
+        ("kv_capacity_tokens", True),
+    ],
+)
+def test_a_bad_coefficient_or_size_is_refused_naming_it(field, value):
+    with pytest.raises(InvalidConfig) as caught:
+        PrefillTiming(**{field: value})
+    assert (caught.value.name, caught.value.value) == (f"prefill_timing.{field}", value)
+
+
+def test_the_smallest_sizes_are_accepted():
+    timing = PrefillTiming(max_num_batched_tokens=1, kv_capacity_tokens=1)
+    assert timing.prompt_ms(3) == pytest.approx(3 * timing.prefill_ms(1))
+
+
+def test_parse_names_the_bad_text():
+    for bad in ("1,2", "a,b,c"):
+        with pytest.raises(InvalidConfig) as caught:
+            PrefillTiming.parse(bad)
+        assert (caught.value.name, caught.value.value) == ("prefill_timing", bad)
+
+
+def test_six_coefficients_set_the_prefill_polynomial_too():
+    assert PrefillTiming.parse("1e-7,0.02,10,-1,20,3") == PrefillTiming(1e-7, 0.02, 10.0, -1.0, 20.0, 3.0)
+
+
+def test_kv_usage_beyond_the_cache_counts_as_full():
+    assert T.decode_ms(1.5) == T.decode_ms(1.0) and T.decode_ms(-0.5) == T.decode_ms(0.0)
+
+
+def test_an_empty_or_one_token_prompt_is_one_pass_of_one_token():
+    assert S.prompt_ms(0) == S.prompt_ms(1) == 11.0
+    assert S.prompt_ms(2) == 12.0
+
+
+def stream(tokens: int) -> PrefillTimeline:
+    """A worker decoding (4 ms a pass) given `tokens` at 0 ms: it starts at 2 ms (half a decode pass),
+    passes of 100 tokens take 114 ms (2-116, 116-230, ...)."""
+    timeline = PrefillTimeline(S)
+    timeline.add("a", tokens, now_ms=0.0, decode_ms=4.0)
+    assert "a" in timeline and "b" not in timeline
+    return timeline
+
+
+def idle_ttft(uncached: int) -> float:
+    return 2.0 + S.prompt_ms(uncached, 4.0)
+
+
+def test_the_stream_is_computed_pass_by_pass_pro_rata():
+    timeline = stream(250)  # passes end at 116, 230 and 230 + 50 + 10 + 4 = 294 ms
+    assert timeline.remaining_tokens(1.0) == 250  # before its first pass
+    assert timeline.remaining_tokens(59.0) == 200  # half of the first pass
+    assert timeline.remaining_tokens(173.0) == 100  # half of the second
+    assert timeline.remaining_tokens(262.0) == 25  # half of the last, of 50 tokens
+    assert timeline.remaining_tokens(294.0) == 0
+    # a new request waits for the pass in progress, then shares the stream's passes
+    assert timeline.ttft_ms(64, 59.0, 0.0) == (116 - 59) + S.prompt_ms(150 + 64, 4.0)
+    # once the last pass ended (exactly, or a little before) the worker is idle again
+    assert timeline.ttft_ms(64, 294.0, 4.0) == idle_ttft(64)
+    assert timeline.ttft_ms(64, 300.0, 4.0) == idle_ttft(64)
+
+
+def test_a_pass_of_one_token_is_one_token():
+    timeline = stream(101)  # the second pass holds 1 token: 116 to 116 + 1 + 10 + 4 = 131 ms
+    assert timeline.remaining_tokens(59.0) == 51
+    assert timeline.remaining_tokens(123.0) == 1  # half of that one token, rounded
+    assert timeline.remaining_tokens(124.0) == 0
+    one = PrefillTimeline(S)
+    one.add("a", 1, now_ms=0.0, decode_ms=0.0)
+    assert one.remaining_tokens(0.0) == 1
+
+
+def test_a_stream_of_whole_passes_ends_with_its_last_pass():
+    timeline = stream(200)  # passes end at 116 and 230 ms: nothing after
+    assert timeline.remaining_tokens(229.0) > 0
+    assert timeline.ttft_ms(64, 240.0, 4.0) == idle_ttft(64)
+
+
+def test_each_uncached_token_of_a_queued_request_counts_at_least_one():
+    timeline = stream(250)
+    ttft = [timeline.ttft_ms(u, 59.0, 4.0) for u in (0, 1, 2)]
+    assert ttft[0] == ttft[1] < ttft[2]
+
+
+def test_an_idle_timeline_predicts_as_no_timeline():
+    for decoding in (False, True):
+        alone = estimate(S, None, 64, decoding=decoding, kv_usage=0.5, now_ms=10.0)
+        idle = estimate(S, PrefillTimeline(S), 64, decoding=decoding, kv_usage=0.5, now_ms=10.0)
+        assert idle == alone
+    assert alone.ttft_ms == 2.5 + S.prompt_ms(64, 5.0)
+
+
+def test_an_estimate_says_its_own_prefill_and_the_decode_part():
+    guess = estimate(S, stream(250), 64, decoding=True, kv_usage=0.5, now_ms=59.0)
+    assert (guess.prefill_ms, guess.decode_ms, guess.uncached_tokens) == (S.prompt_ms(64, 5.0), 5.0, 64)
+    assert guess.wait_ms == pytest.approx(guess.ttft_ms - S.prompt_ms(64, 5.0))
+    assert guess.wait_ms > 0

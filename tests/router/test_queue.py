@@ -87,3 +87,42 @@ def test_a_request_cannot_be_queued_twice() -> None:
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError):
         AdmissionQueue("sjf")
+
+
+def test_wspt_latency_sensitivity_weighs_a_longer_prompt_ahead() -> None:
+    # (1 + 2) / 25 = 0.12 beats (1 + 0) / 10 = 0.1: the weight is 1 + sensitivity, not more
+    queue = _fill(
+        "wspt",
+        QueuedRequest("short", 0.0, new_tokens=10),
+        QueuedRequest("sensitive", 1.0, new_tokens=25, latency_sensitivity=2.0),
+    )
+    assert _ids(queue) == ["sensitive", "short"]
+
+
+def test_wspt_one_new_token_goes_before_two() -> None:
+    queue = _fill("wspt", QueuedRequest("two", 0.0, new_tokens=2), QueuedRequest("one", 1.0, new_tokens=1))
+    assert _ids(queue) == ["one", "two"]
+
+
+def test_an_emptied_queue_has_nothing_to_peek_and_no_oldest_arrival() -> None:
+    queue = _fill("fcfs", QueuedRequest("a", 0.0))
+    assert queue.oldest_arrival() == 0.0
+    assert queue.remove("a") is not None
+    assert len(queue) == 0 and queue.peek() is None and queue.oldest_arrival() is None
+    assert list(queue.in_order()) == []
+
+
+def test_removed_requests_do_not_pile_up_and_the_rest_keep_their_order() -> None:
+    # clients giving up one by one: the held slots stay within 2 n + 16 (n the requests still held)
+    queue = _fill("fcfs", *(QueuedRequest(f"r{i}", float(i)) for i in range(200)))
+    for i in range(200):
+        if i % 10:
+            assert queue.remove(f"r{i}") is not None
+            assert len(queue._heap) <= 2 * len(queue) + 16
+    assert len(queue) == 20
+    assert _ids(queue) == [f"r{i}" for i in range(0, 200, 10)]
+    assert queue.peek().request_id == "r0"
+    for i in range(0, 200, 10):
+        assert queue.remove(f"r{i}") is not None
+        assert len(queue._heap) <= 2 * len(queue) + 16
+    assert queue.peek() is None and len(queue) == 0

@@ -94,3 +94,105 @@ def test_busy_filters(decode, prefill, thresholds, busy):
         )
         is busy
     )
+
+
+class FixedDraw(random.Random):
+    """A Random whose `random()` always returns `draw`: the pick at one point of [0, 1)."""
+
+    def __init__(self, draw):
+        super().__init__(0)
+        self.draw = draw
+
+    def random(self):
+        return self.draw
+
+
+@pytest.mark.parametrize(
+    ("decode", "prefill", "total_blocks", "thresholds", "busy"),
+    [
+        # the fraction is of max_num_batched_tokens (8192): exactly at it is not over it
+        (0, 4096, 1000, {"prefill_tokens_threshold_frac": 0.5}, False),
+        (0, 4097, 1000, {"prefill_tokens_threshold_frac": 0.5}, True),
+        # a worker whose KV size is unknown (0 blocks) is never busy by decode blocks, and no error
+        (50, 0, 0, {"decode_blocks_threshold": 0.8}, False),
+        # a worker with one block: one active block fills it
+        (1, 0, 1, {"decode_blocks_threshold": 0.5}, True),
+        (0.4, 0, 1, {"decode_blocks_threshold": 0.5}, False),
+    ],
+)
+def test_busy_filter_boundaries(decode, prefill, total_blocks, thresholds, busy):
+    args = {
+        "decode_blocks_threshold": None,
+        "prefill_tokens_threshold": None,
+        "prefill_tokens_threshold_frac": None,
+    }
+    args.update(thresholds)
+    result = is_busy(
+        decode_blocks=decode,
+        prefill_tokens=prefill,
+        total_blocks=total_blocks,
+        max_num_batched_tokens=8192,
+        **args,
+    )
+    assert result is busy
+
+
+def test_sampling_is_not_uniform_when_costs_differ_by_less_than_one():
+    # costs are in blocks and can differ by a fraction of one: the normalisation still applies
+    probs = softmax_probabilities([0.0, 0.5], temperature=1.0)
+    assert probs == pytest.approx([1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1))])
+
+
+def test_sampling_depends_only_on_cost_differences():
+    # far from zero (exp(-cost) alone would underflow) the probabilities are those of the differences
+    near = softmax_probabilities([0.0, 1.0, 3.0], temperature=1.0)
+    assert softmax_probabilities([5000.0, 5001.0, 5003.0], temperature=1.0) == pytest.approx(near)
+
+
+@pytest.mark.parametrize(
+    ("costs", "expected"),
+    [
+        ([18, 10, 11], [0.0, 1.0, 0.0]),
+        ([5, 5, 9], [0.5, 0.5, 0.0]),
+        ([2, 2, 2], [1 / 3] * 3),
+    ],
+)
+def test_softmax_probabilities_at_temperature_zero_are_the_argmin(costs, expected):
+    assert softmax_probabilities(costs, temperature=0.0) == pytest.approx(expected)
+
+
+def test_a_candidate_of_probability_zero_is_never_drawn():
+    # at a tiny temperature the expensive candidate's weight underflows to 0.0: even the lowest
+    # possible draw (0.0) must not land on it
+    candidates = costs_of(100, 0)
+    assert softmax_probabilities([100, 0], temperature=0.001)[0] == 0.0
+    assert pick(candidates, 0.001, FixedDraw(0.0)).worker == Worker("w1")
+
+
+def test_the_highest_draw_takes_the_last_candidate():
+    # these probabilities add up (in floating point) to 1 - 2**-53, the largest value random() returns:
+    # the draw falls past every partial sum and must land on the last candidate, the likeliest here
+    costs = [19, 10, 15, 3]
+    top = 1.0 - 2**-53
+    partial = 0.0
+    for p in softmax_probabilities(costs, 0.1):
+        partial += p  # added one by one, as the draw is compared (sum() may compensate)
+    assert partial <= top
+    assert pick(costs_of(*costs), 0.1, FixedDraw(top)).worker == Worker("w3")
+    assert pick(costs_of(*costs), 0.1, FixedDraw(0.5)).worker == Worker("w3")
+
+
+class NoDraws(random.Random):
+    """A Random that fails the test when drawn from."""
+
+    def random(self):
+        raise AssertionError("drew a random number")
+
+    def randrange(self, *args, **kwargs):
+        raise AssertionError("drew a random number")
+
+
+def test_a_single_lowest_cost_at_temperature_zero_draws_nothing():
+    # a decision without a tie uses no randomness, so a seeded router's later draws do not shift
+    assert pick(costs_of(18, 10, 11), 0.0, NoDraws()).worker == Worker("w1")
+    assert pick(costs_of(7), 0.0, NoDraws()).worker == Worker("w0")

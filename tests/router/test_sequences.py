@@ -3,6 +3,9 @@
 import pytest
 
 from extproc.router import ActiveSequences, Worker
+from extproc.router.prefill_model import PrefillTiming, estimate
+
+from .clock import FakeClock
 
 W = Worker("w")
 B = 16
@@ -78,3 +81,202 @@ def test_new_blocks_finds_the_active_prefix_of_a_request_across_several_requests
     assert seqs.new_blocks(W, [7, 8], isl=40) == 3  # 2 full blocks + the partial tail
     seqs.free("b")
     assert seqs.new_blocks(W, [1, 2, 9, 10], isl=64) == 2
+
+
+# --- what the counters must say after each kind of event (issue 19's surviving mutants) ----------
+
+
+def test_a_tracked_request_is_known_with_its_worker_until_freed():
+    seqs = ActiveSequences(B)
+    assert "r" not in seqs and seqs.worker_of("r") is None
+    assert seqs.add_request("r", W, [1], isl=20, overlap_blocks=0) is True
+    assert "r" in seqs and seqs.worker_of("r") == W and len(seqs) == 1
+    seqs.free("r")
+    assert "r" not in seqs and seqs.worker_of("r") is None
+
+
+def test_prefill_tokens_of_several_requests_add_up_and_leave_with_each():
+    seqs = ActiveSequences(B)
+    seqs.add_request("a", W, [1, 2], isl=40, overlap_blocks=0)  # 40 uncached
+    seqs.add_request("b", W, [3], isl=20, overlap_blocks=0)  # 20
+    seqs.add_request("c", W, [4, 5, 6], isl=50, overlap_blocks=1)  # 34
+    assert seqs.prefill_tokens(W) == 94
+    seqs.free("b")
+    assert seqs.prefill_tokens(W) == 74
+    assert seqs.mark_prefill_complete("a")
+    assert seqs.prefill_tokens(W) == 34
+    seqs.free("a")  # prefilled already: nothing more leaves
+    assert seqs.prefill_tokens(W) == 34
+
+
+def test_a_fully_cached_prompt_adds_no_prefill_tokens():
+    seqs = ActiveSequences(B)
+    seqs.add_request("a", W, [1, 2], isl=32, overlap_blocks=2)
+    assert seqs.prefill_tokens(W) == 0 and seqs.num_requests(W) == 1
+
+
+def test_an_idle_worker_takes_every_block_of_a_request_and_its_partial_tail():
+    seqs = ActiveSequences(B)
+    assert seqs.new_blocks(W, [1, 2, 3, 4], isl=69) == 5
+    assert seqs.potential(W, [1, 2, 3, 4], isl=69) == (0, 5.0)
+    assert seqs.new_blocks(W, [1, 2, 3, 4], isl=64) == 4
+
+
+def test_shared_blocks_stay_until_their_last_request_leaves():
+    seqs = ActiveSequences(B)
+    seqs.add_request("a", W, [1, 2, 3], isl=48, overlap_blocks=0)
+    seqs.add_request("b", W, [1, 2, 3], isl=48, overlap_blocks=0)
+    seqs.add_request("c", W, [1, 2, 3], isl=48, overlap_blocks=0)
+    seqs.add_request("d", W, [7], isl=16, overlap_blocks=0)
+    assert seqs.decode_blocks(W) == 4
+    seqs.free("a")
+    seqs.free("b")
+    assert seqs.decode_blocks(W) == 4  # c still holds 1, 2, 3
+    seqs.free("c")
+    assert seqs.decode_blocks(W) == 1
+    assert seqs.new_blocks(W, [1, 2, 3], isl=48) == 3
+
+
+def test_output_blocks_count_whole_blocks_only_even_token_by_token():
+    seqs = ActiveSequences(B, track_output_blocks=True)
+    seqs.add_request("a", W, [], isl=10, overlap_blocks=0)  # one partial block
+    seqs.add_request("b", W, [5], isl=16, overlap_blocks=0)
+    assert seqs.decode_blocks(W) == 2
+    for _ in range(5):  # 15 tokens: the first block is not full yet
+        seqs.add_output_tokens("a", 1)
+    assert seqs.decode_blocks(W) == 2
+    seqs.add_output_tokens("a", 1)  # 16: a placeholder block
+    assert seqs.decode_blocks(W) == 3
+    seqs.add_output_tokens("a", 0)
+    seqs.add_output_tokens("a", -7)  # nothing negative ever counts
+    assert seqs.decode_blocks(W) == 3
+    seqs.free("a")  # its tail and its output block leave, b's block stays
+    assert seqs.decode_blocks(W) == 1
+
+
+def test_prefill_tokens_stay_exact_when_a_prefilled_request_leaves_after_others_came():
+    seqs = ActiveSequences(B)
+    seqs.add_request("a", W, [1], isl=20, overlap_blocks=0)
+    seqs.add_request("b", W, [2], isl=30, overlap_blocks=0)
+    seqs.mark_prefill_complete("a")
+    seqs.free("a")
+    assert seqs.prefill_tokens(W) == 30
+    seqs.free("b")
+    assert seqs.prefill_tokens(W) == 0 and seqs.is_idle()
+
+
+# --- the timing prefill load model: what it is given -------------------------------------------
+
+T = PrefillTiming(kv_capacity_tokens=16_000)  # small, so that decode blocks move the KV usage
+
+
+def timed(**kwargs):
+    clock = FakeClock()
+    return ActiveSequences(B, prefill_load_model="timing", prefill_timing=T, clock=clock, **kwargs), clock
+
+
+def tokens_of(ms: float) -> int:
+    """A predicted time to first token as `potential_load` reports it."""
+    return round(ms / T.ms_per_token)
+
+
+def idle_ttft(seqs: ActiveSequences, uncached: int, *, decoding: bool) -> int:
+    """What a worker without prompt work predicts, decoding or not, at its current KV usage."""
+    usage = seqs.decode_blocks(W) * B / T.kv_capacity_tokens
+    return tokens_of(estimate(T, None, uncached, decoding=decoding, kv_usage=usage, now_ms=0.0).ttft_ms)
+
+
+FRESH = [900, 901, 902, 903]  # blocks no request holds: 64 uncached tokens
+
+
+def test_timing_a_fully_cached_prompt_still_computes_its_last_block_or_token():
+    seqs, _ = timed()
+    one_block = seqs.potential_load(W, [1], isl=16, overlap_blocks=1)
+    assert one_block.prefill_tokens == tokens_of(T.prompt_ms(16))
+    assert one_block.overlap_blocks == 1
+    six_blocks = seqs.potential_load(W, [1, 2, 3, 4, 5, 6], isl=96, overlap_blocks=6)
+    assert six_blocks.prefill_tokens == tokens_of(T.prompt_ms(16))
+    and_a_token = seqs.potential_load(W, [1, 2, 3, 4, 5, 6], isl=97, overlap_blocks=6)
+    assert and_a_token.prefill_tokens == tokens_of(T.prompt_ms(1))
+
+
+def test_timing_without_block_tracking_nothing_counts_as_cached_in_flight():
+    seqs, _ = timed(track_active_blocks=False)
+    load = seqs.potential_load(W, [1, 2, 3, 4, 5], isl=80, overlap_blocks=0)
+    assert load.prefill_tokens == tokens_of(T.prompt_ms(80))
+
+
+def test_timing_blocks_in_flight_count_as_cached_as_far_as_they_reach():
+    seqs, _ = timed()
+    seqs.add_request("a", W, [1, 2], isl=32, overlap_blocks=0)
+    # 2 of the 4 full blocks are in flight, the tail is new: 69 - 32 = 37 tokens after a's pass
+    load = seqs.potential_load(W, [1, 2, 3, 4], isl=69, overlap_blocks=0)
+    assert load.prefill_tokens == tokens_of(T.prefill_ms(32) + T.prefill_ms(37))
+
+
+def test_timing_requests_on_one_worker_queue_in_one_stream():
+    seqs, _ = timed()
+    seqs.add_request("a", W, [1, 2, 3, 4], isl=64, overlap_blocks=0)
+    seqs.add_request("b", W, [1, 2, 3, 4, 5], isl=80, overlap_blocks=0)  # a's 4 blocks in flight
+    assert seqs.prefill_tokens(W) == 64 + 16
+    seqs.add_request("c", W, [50], isl=16, overlap_blocks=0)
+    assert seqs.prefill_tokens(W) == 96
+
+
+def test_timing_a_first_token_ends_the_requests_before_it_and_keeps_those_after():
+    seqs, clock = timed()
+    for rid, key in (("a", 1), ("b", 2), ("c", 3)):
+        seqs.add_request(rid, W, [key], isl=1000, overlap_blocks=0)
+    clock.advance(0.001)
+    assert seqs.mark_prefill_complete("b")  # FIFO: a's prompt was done before b's
+    assert seqs.prefill_tokens(W) == 1000  # c's, re-anchored now
+    assert seqs.free("c")  # cancelled before its first token: its tokens leave
+    assert seqs.prefill_tokens(W) == 0
+    assert seqs.potential_load(W, FRESH, isl=64, overlap_blocks=0).prefill_tokens == idle_ttft(
+        seqs, 64, decoding=True
+    )
+
+
+def test_timing_cancelling_a_request_leaves_the_ones_before_it_queued():
+    seqs, _ = timed()
+    seqs.add_request("a", W, [1], isl=1000, overlap_blocks=0)
+    seqs.add_request("b", W, [2], isl=500, overlap_blocks=0)
+    assert seqs.free("b")
+    assert seqs.prefill_tokens(W) == 1000
+    assert seqs.potential_load(W, FRESH, isl=64, overlap_blocks=0).prefill_tokens == tokens_of(
+        T.prefill_ms(1000) + T.prefill_ms(64)
+    )
+
+
+def test_timing_a_worker_pays_the_decode_part_exactly_while_it_decodes():
+    seqs, clock = timed()
+    keys = list(range(100, 164))  # 64 blocks
+    seqs.add_request("a", W, keys, isl=1024, overlap_blocks=0)
+    clock.advance(1.0)  # a's prompt is done as predicted, its first token not back: not decoding
+    assert seqs.prefill_tokens(W) == 0
+    load = seqs.potential_load(W, FRESH, isl=64, overlap_blocks=0)
+    assert load.prefill_tokens == idle_ttft(seqs, 64, decoding=False)
+    seqs.mark_prefill_complete("a")  # decoding now, at a's KV usage (64 x 16 of 16,000 tokens)
+    assert seqs.potential_load(W, FRESH, isl=64, overlap_blocks=0).prefill_tokens == idle_ttft(
+        seqs, 64, decoding=True
+    )
+    # b routed now pays the decode part in each pass of its stream, after half a pass on average
+    seqs.add_request("b", W, [200], isl=64, overlap_blocks=0)
+    d = T.decode_ms(64 * B / T.kv_capacity_tokens)
+    assert seqs.potential_load(W, FRESH, isl=64, overlap_blocks=0).prefill_tokens == tokens_of(
+        d / 2 + T.prompt_ms(128, d)
+    )
+    clock.advance(1.0)
+    seqs.free("a")  # b has not decoded yet: the worker does not decode any more
+    assert seqs.potential_load(W, FRESH, isl=64, overlap_blocks=0).prefill_tokens == idle_ttft(
+        seqs, 64, decoding=False
+    )
+    seqs.mark_prefill_complete("b")
+    seqs.add_request("c", W, [300], isl=64, overlap_blocks=0)
+    seqs.mark_prefill_complete("c")
+    seqs.free("b")  # c still decodes
+    assert seqs.potential_load(W, FRESH, isl=64, overlap_blocks=0).prefill_tokens == idle_ttft(
+        seqs, 64, decoding=True
+    )
+    seqs.free("c")
+    assert seqs.is_idle()

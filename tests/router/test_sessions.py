@@ -87,3 +87,49 @@ def test_expire_sweeps_without_a_lookup() -> None:
 def test_max_pins_must_be_positive() -> None:
     with pytest.raises(ValueError):
         SessionPins(ttl_s=1.0, max_pins=0)
+
+
+def test_the_smallest_ttl_and_bound_are_accepted() -> None:
+    assert SessionPins(ttl_s=0.5).ttl_s == 0.5
+    pins = SessionPins(ttl_s=10.0, max_pins=1)
+    pins.pin("a", W0, now=0.0)
+    pins.pin("b", W0, now=1.0)
+    assert "b" in pins and "a" not in pins and pins.evicted == 1
+
+
+def test_the_counters_count_every_close_move_and_expiry() -> None:
+    pins = SessionPins(ttl_s=10.0)
+    assert (pins.closed, pins.moved, pins.expired, pins.evicted) == (0, 0, 0, 0)
+    for s in ("a", "b", "c"):
+        pins.pin(s, W0, now=0.0)
+    assert pins.close("a") and pins.close("b") and not pins.close("a")
+    assert pins.closed == 2
+    pins.pin("c", W1, now=1.0)
+    pins.pin("c", W0, now=2.0)
+    assert pins.moved == 2
+    pins.pin("d", W0, now=3.0)
+    assert pins.expire(12.0) == 1  # c, last used at 2 s
+    assert pins.expire(13.0) == 1  # d
+    assert pins.expired == 2
+
+
+def test_a_pin_counts_its_requests_and_keeps_its_group() -> None:
+    pins = SessionPins(ttl_s=10.0)
+    assert pins.pin("s", W0, now=0.0, group="g1") == "pinned"
+    pin = pins.get_pin("s", now=0.0)
+    assert (pin.worker, pin.requests, pin.group) == (W0, 1, "g1")
+    assert pins.pin("s", W0, now=1.0, group="g1") == "refreshed"
+    assert pins.pin("s", W0, now=2.0, group="g2") == "moved"  # same worker id, another group
+    pin = pins.get_pin("s", now=2.0)
+    assert (pin.requests, pin.group) == (3, "g2")
+    pins.pin("t", W1, now=3.0)
+    assert pins.get_pin("t", now=3.0).group == ""
+
+
+def test_a_worker_leaving_one_group_keeps_the_pins_of_its_namesake_in_another() -> None:
+    pins = SessionPins(ttl_s=10.0)
+    pins.pin("a", W0, now=0.0, group="g1")
+    pins.pin("b", W0, now=0.0, group="g2")
+    pins.pin("c", W1, now=0.0, group="g1")
+    assert pins.drop_worker("w0", group="g1") == 1
+    assert "a" not in pins and "b" in pins and "c" in pins
