@@ -6,13 +6,13 @@ Two checks of the same table:
 - Statically (mypy): the `TYPE_CHECKING` block assigns each implementation to its Protocol
   (`sink: EventSink = feed`); mypy reports a member that is missing or has an incompatible type.
 - At run time, structurally (`inspect.signature`), because a Protocol that leaves a parameter out
-  still type-checks (mypy checks this file in `make typecheck`, but not every caller's use): every member of the Protocol
-  exists on the implementation as the same kind of thing (method, coroutine method, property or
-  attribute), with the same parameters (names, kinds, positions; a default where the Protocol has
-  one). A parameter of the implementation that the Protocol does not declare must have a default,
-  be named in the pair's `narrowed` set (the Protocol is deliberately narrower), and never be
-  passed by a caller that holds the Protocol (the modules that import it): otherwise the Protocol
-  lacks what its callers use, the drift of `epp.service.Picker.pick` (no `on_queued`, which
+  still type-checks (mypy checks this file in `make typecheck`, not every caller's use): every
+  member of the Protocol exists on the implementation as the same kind of thing (method, coroutine
+  method, property or attribute), with the same parameters (names, kinds, positions; a default where
+  the Protocol has one). A parameter of the implementation that the Protocol does not declare must
+  have a default, be named in the pair's `narrowed` set (the Protocol is deliberately narrower), and
+  never be passed by a caller that holds the Protocol (the modules that import it): otherwise the
+  Protocol lacks what its callers use, the drift of `epp.service.Picker.pick` (no `on_queued`, which
   `ExtProcService` passes and `EndpointPicker.pick` takes; issue 18).
 
 Implementations are imported by name inside each case, so a moved class fails its own pairs only.
