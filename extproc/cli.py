@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from extproc.config import ConfigError, add_serve_arguments, load_config
-from extproc.devstack.envoy_config import PickerTls
+from extproc.devstack.envoy_config import PickerHealth, PickerTls
 
 DESCRIPTION = """\
 extproc: a KV-cache-aware endpoint picker for LLM serving behind Envoy.
@@ -94,7 +94,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--admin-port", type=int, default=9901, help="Envoy's admin port (default: %(default)s)"
     )
     envoy.add_argument(
-        "--picker", default="127.0.0.1:9002", help="the picker's ip:port (default: %(default)s)"
+        "--picker",
+        action="append",
+        default=[],
+        metavar="IP:PORT,...",
+        help="the picker's ip:port, or its replicas' (comma-separated or repeated; default: 127.0.0.1:9002)",
+    )
+    envoy.add_argument(
+        "--picker-health-port",
+        default="9003",
+        metavar="PORT[,PORT...]",
+        help="the pickers' gRPC health port (their --health-port), one for all or one per --picker "
+        "replica in order; Envoy health-checks each replica there (default: %(default)s)",
+    )
+    envoy.add_argument(
+        "--picker-health-interval-ms",
+        type=int,
+        default=1000,
+        help="how often Envoy checks each picker's health (default: %(default)s)",
+    )
+    envoy.add_argument(
+        "--picker-unhealthy-threshold",
+        type=int,
+        default=2,
+        help="failed checks in a row that take a picker out (default: %(default)s)",
+    )
+    envoy.add_argument(
+        "--picker-healthy-threshold",
+        type=int,
+        default=1,
+        help="passed checks that bring it back (default: %(default)s)",
     )
     envoy.add_argument(
         "--workers",
@@ -142,6 +171,15 @@ def _workers(values: list[str]) -> list[str] | dict[str, list[str]]:
     for model, _, value in lists:
         workers.setdefault(model.strip(), []).extend(w.strip() for w in value.split(",") if w.strip())
     return workers
+
+
+def _ports(value: str) -> int | list[int]:
+    """envoy-config's --picker-health-port ("9003" or "9003,9013"); ValueError names the value."""
+    try:
+        ports = [int(p) for p in value.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(f"--picker-health-port {value!r}: give a port or a comma list of ports") from None
+    return ports[0] if len(ports) == 1 else ports
 
 
 def _picker_tls(args: argparse.Namespace) -> bool | PickerTls:
@@ -197,7 +235,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.variant,
                 listen_port=args.listen_port,
                 admin_port=args.admin_port,
-                picker_address=args.picker,
+                picker_address=[p.strip() for v in args.picker or ["127.0.0.1:9002"] for p in v.split(",")],
+                picker_health_port=_ports(args.picker_health_port),
+                picker_health=PickerHealth(
+                    interval_ms=args.picker_health_interval_ms,
+                    unhealthy_threshold=args.picker_unhealthy_threshold,
+                    healthy_threshold=args.picker_healthy_threshold,
+                ),
                 workers=_workers(args.workers),
                 message_timeout_ms=args.message_timeout_ms,
                 picker_tls=_picker_tls(args),

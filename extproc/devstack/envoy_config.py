@@ -16,6 +16,12 @@ Variants:
                as {model: endpoints}) over the request's model's workers only (json_to_metadata
                lifts the body's model, a subset load balancer keeps to its workers)
 
+Every variant lists one or several picker replicas (`picker_address`) in its endpoint_picker cluster
+(`envoy/picker_cluster.yaml`) with active gRPC health checks on each replica's health port, outlier
+detection, and a retry of an ext_proc stream the picker has not answered yet on another replica
+(`envoy/picker_retry.yaml`); `PickerHealth` holds their knobs. A dead or draining replica stops getting
+new streams within about `PickerHealth.interval_ms` (tests/e2e/test_picker_replicas_e2e.py).
+
 Any variant can reach the picker over TLS (`picker_tls`, a `PickerTls`): the endpoint_picker cluster
 gets an UpstreamTlsContext (envoy.transport_sockets.tls) with ALPN h2; with a CA file Envoy verifies
 the picker's chain and name (Envoy checks no name unless told to: match_typed_subject_alt_names), and
@@ -45,15 +51,47 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # Envoy's default buffer limit of 1 Mi
 # Gaps between SSE chunks (queueing, slow decode) stay far below this; it is also the only bound on a
 # hung picker in FULL_DUPLEX_STREAMED, where Envoy 1.40 arms no message_timeout (measured).
 DEFAULT_STREAM_IDLE_TIMEOUT_S = 600
+DEFAULT_PICKER_HEALTH_PORT = 9003  # the picker's --health-port default
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "envoy"  # package data: ships in the wheel
 LOCAL_REPLIES = TEMPLATE_DIR / "local_replies.yaml"  # included by every variant
+PICKER_CLUSTER = TEMPLATE_DIR / "picker_cluster.yaml"  # the replicas: health checks, outlier detection
+PICKER_RETRY = TEMPLATE_DIR / "picker_retry.yaml"  # the ext_proc stream's retry policy
 # failopen's fallback: round robin over every worker (one model), or per model (several)
 ROUND_ROBIN = TEMPLATE_DIR / "failopen_round_robin.yaml"
 MODEL_FILTER = TEMPLATE_DIR / "failopen_model_filter.yaml"
 MODEL_SUBSETS = TEMPLATE_DIR / "failopen_model_subsets.yaml"
 
 Workers = Sequence[str] | Mapping[str, Sequence[str]]  # endpoints, or each model's endpoints
+
+
+@dataclass(frozen=True, slots=True)
+class PickerHealth:
+    """How Envoy keeps ext_proc streams off a picker replica that died or is draining.
+
+    Active gRPC health checks (grpc.health.v1, service envoy.service.ext_proc.v3.ExternalProcessor) on
+    each replica's health port every `interval_ms`, each answered within `timeout_ms`: out after
+    `unhealthy_threshold` failures in a row, back after `healthy_threshold` passes. Outlier
+    detection ejects a replica for `ejection_time_ms` (longer each time) after `ejection_failures`
+    gateway failures in a row (connection refused or reset, gRPC UNAVAILABLE). A stream that failed
+    before the picker answered is retried up to `retries` times on other replicas.
+    """
+
+    interval_ms: int = 1_000
+    timeout_ms: int = 1_000
+    unhealthy_threshold: int = 2
+    healthy_threshold: int = 1
+    ejection_failures: int = 2
+    ejection_time_ms: int = 5_000
+    retries: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("interval_ms", "timeout_ms", "unhealthy_threshold", "healthy_threshold",
+                     "ejection_failures", "ejection_time_ms"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"picker_health.{name}={getattr(self, name)} must be at least 1")
+        if self.retries < 0:
+            raise ValueError(f"picker_health.retries={self.retries} must be >= 0 (0: no retry)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +123,9 @@ def render_envoy_config(
     *,
     listen_port: int = 0,
     admin_port: int = 0,
-    picker_address: str,
+    picker_address: str | Sequence[str],
+    picker_health_port: int | Sequence[int] = DEFAULT_PICKER_HEALTH_PORT,
+    picker_health: PickerHealth = PickerHealth(),
     workers: Workers = (),
     message_timeout_ms: int = DEFAULT_MESSAGE_TIMEOUT_MS,
     max_message_timeout_ms: int = DEFAULT_MAX_MESSAGE_TIMEOUT_MS,
@@ -96,7 +136,10 @@ def render_envoy_config(
 ) -> str:
     """Render the Envoy v3 YAML of `variant`.
 
-    `picker_address` and each of `workers` are "ip:port" ("[v6]:port" for IPv6); workers are
+    `picker_address` is one picker replica or several, and each of `workers`, "ip:port" ("[v6]:port"
+    for IPv6). `picker_health_port` is the replicas' gRPC health port (their `--health-port`), one for
+    all or one per replica in the same order; `picker_health` tunes the health checks, outlier
+    detection and retry that keep streams off a dead or draining replica. Workers are
     required by "failopen" (its STATIC cluster lists them) and only checked by the other variants,
     whose ORIGINAL_DST cluster reaches whatever endpoint the picker names. `workers` is a list of
     endpoints, or a mapping of each model to its workers' endpoints (a worker may serve several):
@@ -114,7 +157,7 @@ def render_envoy_config(
     for name, port in (("listen_port", listen_port), ("admin_port", admin_port)):
         if port != 0:
             _check_port(name, port)
-    picker_host, picker_port = parse_endpoint(picker_address)
+    pickers = _pickers(picker_address, picker_health_port)
     served = _models_of(workers)
     endpoints = list(served)
     if variant == "failopen" and not endpoints:
@@ -133,9 +176,15 @@ def render_envoy_config(
     values = {
         "listen_port": str(listen_port),
         "admin_port": str(admin_port),
-        "picker_host": picker_host,
-        "picker_port": str(picker_port),
-        "picker_transport_socket": _picker_transport_socket(picker_tls, picker_host),
+        "picker_endpoints": _picker_endpoints(pickers),
+        "picker_transport_socket": _picker_transport_socket(picker_tls, pickers),
+        "picker_health_interval": _duration(picker_health.interval_ms),
+        "picker_health_timeout": _duration(picker_health.timeout_ms),
+        "picker_unhealthy_threshold": str(picker_health.unhealthy_threshold),
+        "picker_healthy_threshold": str(picker_health.healthy_threshold),
+        "picker_ejection_failures": str(picker_health.ejection_failures),
+        "picker_ejection_time": _duration(picker_health.ejection_time_ms),
+        "picker_retries": str(picker_health.retries),
         "message_timeout": _duration(message_timeout_ms),
         "max_message_timeout": _duration(max_message_timeout_ms),
         "max_body_bytes": str(max_body_bytes),
@@ -144,6 +193,8 @@ def render_envoy_config(
         "owned_header_removals": _removals(owned_headers(prefill_endpoint_header)),
     }
     values["local_reply_config"] = _included(LOCAL_REPLIES, values, indent=10)
+    values["picker_cluster"] = _included(PICKER_CLUSTER, values, indent=2)
+    values["picker_retry_policy"] = _included(PICKER_RETRY, values, indent=16)
     per_model = len({m for models in served.values() for m in models}) > 1
     values["model_metadata_filter"] = _included(MODEL_FILTER, values, indent=10) if per_model else ""
     values["fallback_policy"] = _included(MODEL_SUBSETS if per_model else ROUND_ROBIN, values, indent=14)
@@ -180,6 +231,36 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
         raise ValueError(f"endpoint {endpoint!r} has no port; expected 'ip:port'")
     _check_port(f"port of {endpoint!r}", port)
     return host, port
+
+
+def _pickers(addresses: str | Sequence[str], health_ports: int | Sequence[int]) -> list[tuple[str, int, int]]:
+    """(ip, ext_proc port, health port) of each picker replica, in the order given, once each.
+    Raises ValueError for a bad endpoint, port, or a health-port list of another length."""
+    listed = [addresses] if isinstance(addresses, str) else list(addresses)
+    endpoints = list(dict.fromkeys(parse_endpoint(a) for a in listed))
+    if not endpoints:
+        raise ValueError("picker_address: name at least one picker ('ip:port')")
+    if len(endpoints) != len(listed):
+        raise ValueError(f"picker_address lists a replica twice: {listed}")
+    ports = [health_ports] * len(endpoints) if isinstance(health_ports, int) else list(health_ports)
+    if len(ports) != len(endpoints):
+        raise ValueError(
+            f"picker_health_port: {len(ports)} ports for {len(endpoints)} pickers; give one for all or "
+            "one per picker, in the same order"
+        )
+    for port in ports:
+        _check_port("picker_health_port", port)
+    return [(host, port, health) for (host, port), health in zip(endpoints, ports, strict=True)]
+
+
+def _picker_endpoints(pickers: list[tuple[str, int, int]]) -> str:
+    """The endpoint_picker cluster's lb_endpoints as a YAML flow list, each with its health port."""
+    items = [
+        f"{{endpoint: {{address: {{socket_address: {{address: '{host}', port_value: {port}}}}}, "
+        f"health_check_config: {{port_value: {health}}}}}}}"
+        for host, port, health in pickers
+    ]
+    return "[" + ", ".join(items) + "]"
 
 
 def _check_port(name: str, port: int) -> None:
@@ -231,9 +312,11 @@ def _lb_endpoints(served: dict[tuple[str, int], list[str]]) -> str:
     return "[" + ", ".join(items) + "]"
 
 
-def _picker_transport_socket(tls: bool | PickerTls, picker_host: str) -> str:
+def _picker_transport_socket(tls: bool | PickerTls, pickers: list[tuple[str, int, int]]) -> str:
     """The endpoint_picker cluster's transport_socket line ("" for plaintext), as one JSON (= YAML
-    flow) mapping so the template's indentation does not matter and paths need no escaping."""
+    flow) mapping so the template's indentation does not matter and paths need no escaping. Without
+    a server name, the name checked is the picker's IP, which several replicas would need to share
+    (ValueError otherwise)."""
     if tls is False:
         return ""
     tls = PickerTls() if tls is True else tls
@@ -245,10 +328,16 @@ def _picker_transport_socket(tls: bool | PickerTls, picker_host: str) -> str:
             {"certificate_chain": {"filename": tls.cert_file}, "private_key": {"filename": tls.key_file}}
         ]
     if tls.ca_file is not None:
+        hosts = sorted({host for host, _, _ in pickers})
+        if not tls.server_name and len(hosts) > 1:
+            raise ValueError(
+                f"picker_tls: pickers on several IPs ({', '.join(hosts)}) need a server_name (the "
+                "name in every replica's certificate): Envoy checks one name for the whole cluster"
+            )
         san = (
             {"san_type": "DNS", "matcher": {"exact": tls.server_name}}
             if tls.server_name
-            else {"san_type": "IP_ADDRESS", "matcher": {"exact": picker_host}}
+            else {"san_type": "IP_ADDRESS", "matcher": {"exact": hosts[0]}}
         )
         common["validation_context"] = {
             "trusted_ca": {"filename": tls.ca_file},

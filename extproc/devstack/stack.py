@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from extproc.devstack.envoy_config import Variant, render_envoy_config
+from extproc.devstack.envoy_config import DEFAULT_PICKER_HEALTH_PORT, Variant, render_envoy_config
 from extproc.devstack.procs import ManagedProcess, PortReservation, reserve_port, start_envoy, wait_http_ok
 
 MODEL = "demo-model"
@@ -206,6 +206,7 @@ def start_stack(
         config = render_envoy_config(
             variant,
             picker_address=f"127.0.0.1:{stack.picker_port}",
+            picker_health_port=stack.health_port or DEFAULT_PICKER_HEALTH_PORT,
             workers=[w.endpoint for w in stack.workers],
         )
         envoy = start_envoy(config, log_path=log_dir / "envoy.log")

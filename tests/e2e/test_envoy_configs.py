@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from extproc.devstack.envoy_config import Variant, render_envoy_config
+from extproc.devstack.envoy_config import PickerHealth, PickerTls, Variant, render_envoy_config
 from extproc.devstack.procs import find_envoy, reserve_port
 from extproc.epp.answers import owned_headers
 from extproc.errors import RequestInvalid
@@ -523,3 +523,124 @@ async def test_the_cli_takes_workers_per_model(capsys: pytest.CaptureFixture[str
         == 2
     )
     assert "name the model of every list" in capsys.readouterr().err
+
+
+def _validate(config: str, path: Path) -> None:
+    path.write_text(config)
+    result = subprocess.run(
+        [find_envoy(), "--mode", "validate", "--disable-hot-restart", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("variant", LIVE_VARIANTS)
+async def test_several_picker_replicas_are_health_checked_ejected_and_retried(
+    variant: Variant, tmp_path: Path
+) -> None:
+    """Every variant lists the replicas with their health ports, health-checks them over plaintext
+    (also when ext_proc is TLS), ejects one after consecutive gateway failures and retries an
+    unanswered ext_proc stream on another; test_picker_replicas_e2e.py runs it under faults."""
+    from ..certs import TestCa
+
+    ca = TestCa(tmp_path / "ca")
+    pickers = ["127.0.0.1:9002", "127.0.0.2:9002", "[::1]:9012"]
+    for tls in (False, PickerTls(ca_file=ca.ca_file, server_name="picker.internal")):
+        config = render_envoy_config(
+            variant,
+            picker_address=pickers,
+            picker_health_port=[9003, 9003, 9013],
+            picker_health=PickerHealth(interval_ms=500, unhealthy_threshold=3, retries=1),
+            workers=["127.0.0.1:8001"],
+            picker_tls=tls,
+        )
+        _validate(config, tmp_path / f"{variant}-{bool(tls)}.yaml")
+        parsed = yaml.safe_load(config)
+        cluster = parsed["static_resources"]["clusters"][0]
+        assert cluster["name"] == "endpoint_picker"
+        hosts = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        assert [
+            (
+                h["endpoint"]["address"]["socket_address"]["address"],
+                h["endpoint"]["health_check_config"]["port_value"],
+            )
+            for h in hosts
+        ] == [("127.0.0.1", 9003), ("127.0.0.2", 9003), ("::1", 9013)]
+        (check,) = cluster["health_checks"]
+        assert check["grpc_health_check"]["service_name"] == "envoy.service.ext_proc.v3.ExternalProcessor"
+        assert (check["interval"], check["unhealthy_threshold"], check["healthy_threshold"]) == (
+            "0.500s",
+            3,
+            1,
+        )
+        (plaintext,) = cluster["transport_socket_matches"]
+        assert plaintext["match"] == check["transport_socket_match_criteria"]
+        assert plaintext["transport_socket"]["name"] == "envoy.transport_sockets.raw_buffer"
+        assert ("transport_socket" in cluster) == bool(tls)
+        assert cluster["outlier_detection"]["consecutive_gateway_failure"] == 2
+        assert cluster["common_lb_config"]["healthy_panic_threshold"]["value"] == 1
+        http_filters = parsed["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        (ext_proc,) = [
+            f
+            for f in http_filters["typed_config"]["http_filters"]
+            if f["name"] == "envoy.filters.http.ext_proc"
+        ]
+        retry = ext_proc["typed_config"]["grpc_service"]["retry_policy"]
+        assert retry["num_retries"] == 1 and "connect-failure" in retry["retry_on"]
+
+
+@pytest.mark.parametrize(
+    ("render", "message"),
+    [
+        ({"picker_address": []}, "at least one picker"),
+        ({"picker_address": ["127.0.0.1:9002", "127.0.0.1:9002"]}, "twice"),
+        (
+            {"picker_address": ["127.0.0.1:9002", "127.0.0.1:9012"], "picker_health_port": [9003]},
+            "one per picker",
+        ),
+        ({"picker_address": "127.0.0.1:9002", "picker_health_port": 0}, "not a TCP port"),
+        (
+            {"picker_address": ["10.0.0.1:9002", "10.0.0.2:9002"], "picker_tls": PickerTls(ca_file="ca.pem")},
+            "need a server_name",
+        ),
+    ],
+)
+async def test_bad_picker_lists_are_refused(render: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        render_envoy_config("buffered", **render)
+
+
+async def test_bad_picker_health_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="interval_ms=0 must be at least 1"):
+        PickerHealth(interval_ms=0)
+    with pytest.raises(ValueError, match="retries=-1"):
+        PickerHealth(retries=-1)
+
+
+async def test_the_cli_takes_picker_replicas(capsys: pytest.CaptureFixture[str]) -> None:
+    from extproc.cli import main
+
+    argv = ["envoy-config", "--picker", "127.0.0.1:1,127.0.0.1:2", "--picker", "127.0.0.1:3",
+            "--picker-health-port", "4,5,6", "--picker-health-interval-ms", "250",
+            "--picker-unhealthy-threshold", "3", "--picker-healthy-threshold", "2"]  # fmt: skip
+    assert main(argv) == 0
+    cluster = yaml.safe_load(capsys.readouterr().out)["static_resources"]["clusters"][0]
+    hosts = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    endpoints = [h["endpoint"] for h in hosts]
+    assert [(e["address"]["socket_address"]["port_value"], e["health_check_config"]["port_value"])
+            for e in endpoints] == [(1, 4), (2, 5), (3, 6)]  # fmt: skip
+    (check,) = cluster["health_checks"]
+    assert (check["interval"], check["unhealthy_threshold"], check["healthy_threshold"]) == ("0.250s", 3, 2)
+    assert main(["envoy-config"]) == 0  # one picker on 127.0.0.1:9002, health on 9003
+    hosts = yaml.safe_load(capsys.readouterr().out)["static_resources"]["clusters"][0]["load_assignment"]
+    (host,) = hosts["endpoints"][0]["lb_endpoints"]
+    assert host["endpoint"]["address"]["socket_address"]["port_value"] == 9002
+    assert host["endpoint"]["health_check_config"]["port_value"] == 9003
+    assert main(["envoy-config", "--picker", "127.0.0.1:1,127.0.0.1:2", "--picker-health-port", "4,5"]) == 0
+    capsys.readouterr()
+    assert main(["envoy-config", "--picker", "127.0.0.1:1,127.0.0.1:2", "--picker-health-port", "4,5,6"]) == 2
+    assert "one per picker" in capsys.readouterr().err
+    assert main(["envoy-config", "--picker-health-interval-ms", "0"]) == 2
+    assert "interval_ms=0" in capsys.readouterr().err
