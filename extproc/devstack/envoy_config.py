@@ -4,7 +4,9 @@ module, shipped as package data) for one deployment.
 Owns the mapping from a few deployment facts (ports, picker address, workers, limits, the prefill
 endpoint header) to the placeholders of `envoy/{buffered,duplex,failopen}.yaml`; the YAML files own
 everything else and are documented in `envoy/README.md`. Every variant includes
-`envoy/local_replies.yaml` (Envoy's own answers as OpenAI-style JSON) and removes the request headers
+`envoy/local_replies.yaml` (Envoy's own answers as OpenAI-style JSON; a failed TLS handshake with the
+picker named as such) and `envoy/access_log.yaml` (every 5xx answer as a JSON line on Envoy's stderr,
+with Envoy's details: the TLS verification error, for one), and removes the request headers
 the picker owns (`extproc.epp.answers.owned_headers`) before the picker runs. No I/O besides reading
 the templates; the caller writes or runs the result (see `extproc.devstack.procs.start_envoy`).
 
@@ -55,6 +57,7 @@ DEFAULT_PICKER_HEALTH_PORT = 9003  # the picker's --health-port default
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "envoy"  # package data: ships in the wheel
 LOCAL_REPLIES = TEMPLATE_DIR / "local_replies.yaml"  # included by every variant
+ACCESS_LOG = TEMPLATE_DIR / "access_log.yaml"  # 5xx answers with Envoy's details, on stderr
 PICKER_CLUSTER = TEMPLATE_DIR / "picker_cluster.yaml"  # the replicas: health checks, outlier detection
 PICKER_RETRY = TEMPLATE_DIR / "picker_retry.yaml"  # the ext_proc stream's retry policy
 # failopen's fallback: round robin over every worker (one model), or per model (several)
@@ -193,6 +196,7 @@ def render_envoy_config(
         "owned_header_removals": _removals(owned_headers(prefill_endpoint_header)),
     }
     values["local_reply_config"] = _included(LOCAL_REPLIES, values, indent=10)
+    values["access_log"] = _included(ACCESS_LOG, values, indent=10)
     values["picker_cluster"] = _included(PICKER_CLUSTER, values, indent=2)
     values["picker_retry_policy"] = _included(PICKER_RETRY, values, indent=16)
     per_model = len({m for models in served.values() for m in models}) > 1
