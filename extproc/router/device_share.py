@@ -33,6 +33,8 @@ W = TypeVar("W")
 CPU = "cpu"
 ACCELERATOR = "cuda"
 _EPSILON = 1e-9  # relative slack: a ratio like 0.1 is not exact in binary; a tie must stay a tie
+# (relative only: with nothing in flight on the accelerators the CPUs never take a request, whatever
+# the ratio)
 
 
 def device_class(device: str) -> str:
@@ -46,7 +48,7 @@ def cpu_takes_next(
     """Whether the CPU class takes the next request (both classes have eligible workers)."""
     wanted = (cpu_in_flight + 1) * ratio * accel_workers
     allowed = accel_in_flight * cpu_workers
-    return wanted <= allowed + _EPSILON * max(1.0, allowed)
+    return wanted <= allowed * (1.0 + _EPSILON)
 
 
 def device_class_candidates(

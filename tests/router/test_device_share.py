@@ -98,6 +98,12 @@ def test_a_fractional_ratio_keeps_exact_ties():
     assert not cpu_takes_next(3, 1, 3, 10, 0.1)
 
 
+@pytest.mark.parametrize("ratio", [1e-12, 1e-9, 0.5, 8.0])
+def test_with_idle_accelerators_the_cpus_never_take_a_request_whatever_the_ratio(ratio):
+    for cpu_workers in (1, 4):
+        assert not cpu_takes_next(0, cpu_workers, 0, 1, ratio)
+
+
 def test_every_device_but_cpu_is_an_accelerator():
     assert [device_class(d) for d in ("cpu", "cuda", "xpu", "")] == ["cpu", "cuda", "cuda", "cuda"]
 
