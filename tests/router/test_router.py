@@ -6,10 +6,13 @@ import pytest
 
 from extproc.router import (
     AllWorkersBusy,
+    BlocksRemoved,
     BlocksStored,
+    InvalidConfig,
     KvRouter,
     NoWorkers,
     PinnedWorkerUnavailable,
+    RadixTree,
     RouterConfig,
     RouterConfigOverride,
     StoredBlock,
@@ -302,3 +305,304 @@ def test_a_preferred_worker_takes_the_request_when_eligible_and_is_replaced_othe
     assert router.best_worker(PROMPT, preferred_worker=A, allowed_workers={"b", "c"}).worker == B
     router.best_worker(PROMPT, request_id="x", pinned_worker=A)  # a is now busy
     assert router.best_worker(PROMPT, preferred_worker=A).worker == B
+
+
+# --- what each argument and config field reaches (issue 19's surviving mutants) --------------------
+
+
+def load_of(loads, worker):
+    return next(load for load in loads if load.worker == worker)
+
+
+def test_a_router_without_workers_lists_none_and_answers_no_workers():
+    router = KvRouter(RouterConfig(block_size=BS), clock=FakeClock())
+    assert router.workers() == [] and router.remove_worker("a") == []
+    assert router.has_capacity()
+    with pytest.raises(NoWorkers):
+        router.best_worker(PROMPT)
+
+
+def test_workers_are_listed_ints_first_then_strings_by_text_then_rank():
+    for specs in (
+        [WorkerSpec("1"), WorkerSpec(5, dp_ranks=(1, 0)), WorkerSpec("0")],
+        [WorkerSpec("0"), WorkerSpec("1"), WorkerSpec(5, dp_ranks=(0, 1))],
+    ):
+        router = KvRouter(RouterConfig(block_size=BS), clock=FakeClock(), workers=specs)
+        assert router.workers() == [Worker(5, 0), Worker(5, 1), Worker("0"), Worker("1")]
+
+
+def test_a_spec_update_forgets_the_ranks_it_drops_and_keeps_the_others():
+    router = KvRouter(
+        RouterConfig(block_size=BS), clock=FakeClock(), workers=[WorkerSpec("a", dp_ranks=(0, 1))]
+    )
+    r0, r1 = Worker("a", 0), Worker("a", 1)
+    cache(router, r0, PROMPT)
+    cache(router, r1, PROMPT)
+    router.best_worker(PROMPT, request_id="x0", pinned_worker=r0)
+    router.best_worker(PROMPT, request_id="x1", pinned_worker=r1)
+    router.add_worker(WorkerSpec("a", dp_ranks=(0,)))
+    assert router.workers() == [r0]
+    assert router.sequences.num_requests(r0) == 1 and router.sequences.num_requests(r1) == 0
+    assert router.indexer.find_matches(compute_block_hashes(PROMPT, BS)) == {r0: 8}
+
+
+def test_removing_a_worker_returns_the_requests_of_every_rank():
+    router = KvRouter(
+        RouterConfig(block_size=BS), clock=FakeClock(), workers=[WorkerSpec("a", dp_ranks=(0, 1))]
+    )
+    router.best_worker(PROMPT, request_id="x0", pinned_worker=Worker("a", 0))
+    router.best_worker(PROMPT, request_id="x1", pinned_worker=Worker("a", 1))
+    assert sorted(router.remove_worker("a")) == ["x0", "x1"]
+
+
+@pytest.mark.parametrize("how", ["remove", "reset"])
+def test_a_worker_removed_or_reset_is_predicted_afresh_when_routed_again(how):
+    router = make_router(use_kv_events=False)
+    hashes = compute_block_hashes(PROMPT, BS)
+    router.best_worker(PROMPT, request_id="r1", pinned_worker=A)
+    if how == "remove":
+        router.remove_worker("a")
+        router.add_worker(WorkerSpec("a"))
+    else:
+        router.reset_worker_cache(A)
+    assert router.indexer.find_matches(hashes) == {}
+    router.best_worker(PROMPT, request_id="r2", pinned_worker=A)
+    assert router.indexer.find_matches(hashes) == {A: 8}
+
+
+def test_a_removed_event_fed_worker_comes_back_predicted():
+    router = make_router()
+    cache(router, A, PROMPT)
+    assert router.is_event_fed(A)
+    router.remove_worker("a")
+    router.add_worker(WorkerSpec("a"))
+    assert not router.is_event_fed(A)
+
+
+def test_events_of_an_incomplete_stream_do_not_make_a_worker_event_fed():
+    router = make_router()
+    hashes = compute_block_hashes(PROMPT, BS)
+    router.apply_event(BlocksStored(A, tuple(StoredBlock(h, h) for h in hashes)), feeds=False)
+    assert not router.is_event_fed(A)
+    assert router.indexer.find_matches(hashes) == {A: 8}
+
+
+def test_switching_a_predicted_worker_to_predicted_changes_nothing():
+    router = make_router()
+    router.best_worker(PROMPT, request_id="r", pinned_worker=A)
+    router.set_event_fed(A, False)
+    assert not router.is_event_fed(A)
+    assert router.indexer.find_matches(compute_block_hashes(PROMPT, BS)) == {A: 8}
+
+
+def test_dumped_events_keep_real_blocks_behind_stand_ins_and_after_predicted_workers():
+    router = make_router()
+    hashes = compute_block_hashes(PROMPT, BS)
+    router.best_worker(PROMPT, request_id="r", pinned_worker=B)  # b predicted, dumped first
+    events = [StoredBlock(100 + i, h) for i, h in enumerate(hashes)]
+    router.apply_event(BlocksStored(A, tuple(events)))
+    router.apply_event(BlocksRemoved(A, (100,)))  # a keeps blocks 2.. whose parent it lost
+    cache(router, C, PROMPT[: 3 * BS])
+    rebuilt = RadixTree()
+    for event in router.dump_events():
+        rebuilt.apply_event(event)
+    assert rebuilt.find_matches(hashes) == {C: 3}
+    assert rebuilt.num_blocks(A) == 7 and rebuilt.num_blocks(B) == 0
+
+
+@pytest.mark.parametrize("kwargs", [{"lora_name": "adapter"}, {"cache_salt": "tenant-1"}])
+def test_lora_and_cache_salt_reach_the_block_hashes(kwargs):
+    router = make_router()
+    namespaced = compute_block_hashes(
+        PROMPT, BS, lora_name=kwargs.get("lora_name"), namespace=kwargs.get("cache_salt")
+    )
+    assert router.block_hashes(PROMPT, **kwargs) == namespaced != compute_block_hashes(PROMPT, BS)
+    router.apply_event(BlocksStored(B, tuple(StoredBlock(h, h) for h in namespaced)))
+    assert router.best_worker(PROMPT, **kwargs).worker == B
+    assert router.best_worker(PROMPT, **kwargs).overlap_blocks == 8
+    assert load_of(router.get_potential_loads(PROMPT, **kwargs), B).overlap_blocks == 8
+    assert router.best_worker(PROMPT).overlap_blocks == 0
+
+
+def output_blocks_added(track: bool, expected, *, via: str) -> float:
+    router = make_router(router_track_output_blocks=track)
+    if via == "best_worker":
+        router.best_worker(PROMPT, request_id="r", pinned_worker=A, expected_output_tokens=expected)
+    else:
+        router.add_request(
+            "r", A, compute_block_hashes(PROMPT, BS), len(PROMPT), 0, expected_output_tokens=expected
+        )
+    before = router.sequences.decode_blocks(A)
+    router.add_output_tokens("r", 16)
+    return router.sequences.decode_blocks(A) - before
+
+
+@pytest.mark.parametrize("via", ["best_worker", "add_request"])
+def test_output_blocks_follow_the_config_and_the_expected_output_length(via):
+    assert output_blocks_added(False, None, via=via) == 0
+    assert output_blocks_added(True, None, via=via) == 1.0
+    assert output_blocks_added(True, 32, via=via) == 0.5
+
+
+def test_a_request_tracked_for_another_replica_is_predicted_cached_there():
+    router = make_router(use_kv_events=False)
+    hashes = compute_block_hashes(PROMPT, BS)
+    router.add_request("r", B, hashes, len(PROMPT), 0)
+    assert router.indexer.find_matches(hashes) == {B: 8}
+    router.add_request("r2", Worker("elsewhere"), hashes, len(PROMPT), 0)  # not ours: ignored
+    assert "r2" not in router.sequences
+
+
+def test_without_block_tracking_predictions_still_chain_blocks_by_position():
+    # block y's tokens at the start of a prompt and after block x are different blocks
+    router = make_router(use_kv_events=False, router_track_active_blocks=False)
+    x, y = list(range(BS)), list(range(500, 500 + BS))
+    router.best_worker(x + y, request_id="r1", pinned_worker=A)
+    router.best_worker(y, request_id="r2", pinned_worker=A)
+    assert router.indexer.find_matches(compute_block_hashes(y, BS)) == {A: 1}
+
+
+def test_active_blocks_are_told_apart_by_position():
+    router = make_router()
+    x, y = list(range(BS)), list(range(500, 500 + BS))
+    router.best_worker(x + y, request_id="r1", pinned_worker=A)
+    router.best_worker(y, request_id="r2", pinned_worker=A)
+    assert router.sequences.decode_blocks(A) == 3
+
+
+def test_the_ttl_and_tree_bounds_reach_the_predictions():
+    clock = FakeClock()
+    router = KvRouter(
+        RouterConfig(
+            block_size=BS,
+            use_kv_events=False,
+            router_ttl_secs=10.0,
+            router_max_tree_size=10,
+            router_prune_target_ratio=0.5,
+        ),
+        clock=clock,
+        workers=[WorkerSpec("a")],
+    )
+    router.best_worker(PROMPT, request_id="r1")
+    router.best_worker([t + 10_000 for t in PROMPT], request_id="r2")  # 16 > 10: pruned to 5
+    assert len(router.approx) == 5
+    clock.advance(10.0)
+    assert router.best_worker(PROMPT).overlap_blocks == 0 and len(router.approx) == 0
+
+
+def test_no_kv_reuse_counts_every_requests_blocks():
+    router = make_router(router_assume_kv_reuse=False)
+    router.best_worker(PROMPT, request_id="r1", pinned_worker=A)
+    router.best_worker(PROMPT, request_id="r2", pinned_worker=A)
+    assert router.sequences.decode_blocks(A) == 16
+
+
+def test_the_prefill_timing_reaches_the_timing_load_model():
+    def prefill(timing):
+        router = make_router(prefill_load_model="timing", prefill_timing=timing)
+        return load_of(router.get_potential_loads(PROMPT), A).prefill_tokens
+
+    assert prefill("0,0.01,10") != prefill("0,0.01,50")
+
+
+def test_a_timer_measures_the_lookup_and_the_selection():
+    ticks = iter([1_000, 1_150, 1_500])
+    router = KvRouter(
+        RouterConfig(block_size=BS), clock=FakeClock(), workers=[WorkerSpec("a")], timer=lambda: next(ticks)
+    )
+    decision = router.best_worker(PROMPT)
+    assert (decision.match_ns, decision.select_ns) == (150, 350)
+    untimed = make_router().best_worker(PROMPT)
+    assert (untimed.match_ns, untimed.select_ns) == (0, 0)
+
+
+def test_the_best_overlap_is_over_the_allowed_candidates():
+    router = make_router()
+    cache(router, B, PROMPT)
+    assert router.best_worker(PROMPT).best_overlap_blocks == 8
+    assert router.best_worker(PROMPT, allowed_workers={"a", "c"}).best_overlap_blocks == 0
+    assert router.best_worker(list(range(5000, 5128))).best_overlap_blocks == 0
+
+
+def test_round_robin_over_two_workers_alternates_and_reports_no_cost():
+    router = KvRouter(
+        RouterConfig(block_size=BS, mode="round-robin"),
+        clock=FakeClock(),
+        workers=[WorkerSpec("a"), WorkerSpec("b")],
+    )
+    decisions = [router.best_worker(PROMPT, request_id=f"r{i}") for i in range(3)]
+    assert [d.worker for d in decisions] == [A, B, A]
+    assert all(d.cost == 0.0 and d.costs == () for d in decisions)
+    pinned = router.best_worker(PROMPT, pinned_worker="b")  # one candidate: its cost is reported
+    assert [c.worker for c in pinned.costs] == [B] and pinned.cost == pinned.costs[0].cost > 0
+
+
+def test_random_mode_reports_no_cost():
+    decision = make_router(mode="random").best_worker(PROMPT)
+    assert decision.cost == 0.0 and decision.costs == ()
+
+
+def test_kv_mode_ignores_device_classes():
+    router = KvRouter(
+        RouterConfig(block_size=BS),
+        clock=FakeClock(),
+        workers=[WorkerSpec("gpu"), WorkerSpec("cpu", device="cpu")],
+    )
+    cache(router, Worker("cpu"), PROMPT)
+    assert router.best_worker(PROMPT).worker == Worker("cpu")
+
+
+def test_potential_loads_take_the_override_and_the_allowed_workers():
+    router = make_router()
+    cache(router, B, PROMPT)
+    loads = router.get_potential_loads(PROMPT, config_override=RouterConfigOverride(overlap_score_weight=0))
+    assert load_of(loads, B).overlap_blocks == 0 and load_of(loads, B).prefill_tokens == len(PROMPT)
+    assert [load.worker for load in router.get_potential_loads(PROMPT, allowed_workers={"b"})] == [B]
+
+
+def test_the_queue_threshold_admits_up_to_its_limit():
+    router = KvRouter(
+        RouterConfig(block_size=BS, router_queue_threshold=0.5),
+        clock=FakeClock(),
+        workers=[WorkerSpec("a", max_num_batched_tokens=256)],
+    )
+    router.best_worker(list(range(128)), request_id="r1")  # 128 = 0.5 x 256: still admitted
+    assert router.has_capacity()
+    router.best_worker([7], request_id="r2")
+    assert not router.has_capacity()
+
+
+def test_a_fractional_prefill_threshold_alone_excludes_a_busy_worker():
+    router = KvRouter(
+        RouterConfig(block_size=BS, active_prefill_tokens_threshold_frac=0.5),
+        clock=FakeClock(),
+        workers=[WorkerSpec("a", max_num_batched_tokens=100), WorkerSpec("b", max_num_batched_tokens=1000)],
+    )
+    router.best_worker(list(range(60)), request_id="r1", pinned_worker="a")  # 60 > 0.5 x 100
+    router.best_worker(list(range(60)), request_id="r2", pinned_worker="b")
+    assert router.best_worker(list(range(1000, 1060))).worker == B
+    assert router.has_capacity() and not router.has_capacity(pinned_worker="a")
+
+
+def test_unavailable_workers_are_named_in_the_errors():
+    router = make_router(active_prefill_tokens_threshold=10)
+    router.best_worker(PROMPT, request_id="r1", pinned_worker=A)
+    with pytest.raises(PinnedWorkerUnavailable) as busy:
+        router.best_worker(PROMPT, pinned_worker=A)
+    assert (busy.value.worker, busy.value.reason) == (A, "busy")
+    with pytest.raises(PinnedWorkerUnavailable) as unknown:
+        router.best_worker(PROMPT, pinned_worker="zz")
+    assert (unknown.value.worker, unknown.value.reason) == ("zz", "unknown or not allowed")
+    router.best_worker(PROMPT, request_id="r2", pinned_worker=B)
+    router.best_worker(PROMPT, request_id="r3", pinned_worker=C)
+    with pytest.raises(AllWorkersBusy) as all_busy:
+        router.best_worker(PROMPT, allowed_workers={"a", "b"})
+    assert all_busy.value.candidates == 2
+
+
+def test_an_unknown_threshold_is_refused_with_its_value():
+    router = make_router()
+    with pytest.raises(InvalidConfig) as caught:
+        router.set_thresholds(active_decode_blocks=0.5)
+    assert (caught.value.name, caught.value.value) == ("active_decode_blocks", 0.5)
+    assert "active_decode_blocks_threshold" in caught.value.accepted
