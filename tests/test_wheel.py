@@ -31,7 +31,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from extproc.devstack.envoy_config import LOCAL_REPLIES, VARIANTS, render_envoy_config
+from extproc.devstack.envoy_config import FRAGMENTS, VARIANTS, render_envoy_config
 
 REPO = Path(__file__).resolve().parents[1]
 # what setuptools reads to build the wheel (a pathspec that matches nothing is fine)
@@ -119,7 +119,8 @@ def test_the_wheel_holds_every_file_of_the_package_and_the_extproc_command(insta
     # a folder of modules without __init__.py imports in the tree (namespace package) but is not shipped
     assert not sorted(set(tree) - set(package)), "files of the package the wheel leaves out"
     assert package == tree
-    shipped = sorted([*(f"{v}.yaml" for v in VARIANTS), LOCAL_REPLIES.name])  # the variants include it
+    # the variants and the fragments they include
+    shipped = sorted([*(f"{v}.yaml" for v in VARIANTS), *(f.name for f in FRAGMENTS)])
     assert [f"extproc/devstack/envoy/{name}" for name in shipped] == [
         n for n in package if n.startswith("extproc/devstack/envoy/") and n.endswith(".yaml")
     ]

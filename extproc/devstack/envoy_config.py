@@ -64,6 +64,16 @@ PICKER_RETRY = TEMPLATE_DIR / "picker_retry.yaml"  # the ext_proc stream's retry
 ROUND_ROBIN = TEMPLATE_DIR / "failopen_round_robin.yaml"
 MODEL_FILTER = TEMPLATE_DIR / "failopen_model_filter.yaml"
 MODEL_SUBSETS = TEMPLATE_DIR / "failopen_model_subsets.yaml"
+# every fragment a variant may include (all ship in the wheel beside the variants)
+FRAGMENTS: tuple[Path, ...] = (
+    LOCAL_REPLIES,
+    ACCESS_LOG,
+    PICKER_CLUSTER,
+    PICKER_RETRY,
+    ROUND_ROBIN,
+    MODEL_FILTER,
+    MODEL_SUBSETS,
+)
 
 Workers = Sequence[str] | Mapping[str, Sequence[str]]  # endpoints, or each model's endpoints
 
