@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -63,6 +64,10 @@ DUPLEX = _BodyMode.FULL_DUPLEX_STREAMED
 
 
 _TRAILERS_WITHOUT_BODY = "a request with trailers but no body cannot be routed (BUFFERED mode); send a body"
+MAX_CACHED_ANSWERS = 4096  # routing answers kept per (endpoint, headers, phase); emptied when full
+
+# A deployment serves a handful of paths: each is normalised once (a failure is not kept).
+_normalized_path = functools.lru_cache(maxsize=256)(normalize_path)
 
 
 class Picker(Protocol):
@@ -166,6 +171,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         self.max_concurrent_streams = max_concurrent_streams
         self.conformance_hooks = conformance_hooks
         self.open_streams = 0
+        # Answers are built once per (endpoint, headers) and sent again as they are: a protobuf
+        # message is only serialised on the way out, never changed after it is built here.
+        self._routing_answers: dict[tuple[str, tuple[tuple[str, str], ...], bool], pb.ProcessingResponse] = {}
+        self._served_answers: dict[str, pb.ProcessingResponse] = {}
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -179,9 +188,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 yield answer
             return
         self.open_streams += 1
+        may_queue = self.picker.may_queue
         try:
             async for message in request_iterator:
-                if self.picker.may_queue and _may_route(stream, message):
+                if may_queue and _may_route(stream, message):
                     async for answer in self._handle_with_notices(stream, message):
                         yield answer
                 else:
@@ -267,7 +277,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.request_id = stream.headers.get("x-request-id") or uuid.uuid4().hex
         stream.subset = epp.subset_hint(message)
         try:
-            stream.path = normalize_path(stream.headers.get(":path", ""))
+            stream.path = _normalized_path(stream.headers.get(":path", ""))
         except RequestInvalid as exc:  # an encoded slash, a NUL, a fragment: Envoy's 400 too
             stream.phase = Phase.DONE
             return [self._reject(stream, exc)]
@@ -340,9 +350,19 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return self._reject(stream, exc)
         stream.pick = pick
         stream.phase = Phase.UPSTREAM
-        if in_body:
-            return epp.route_in_body(pick.endpoint, pick.headers, self.owned_headers)
-        return epp.route_in_headers(pick.endpoint, pick.headers, self.owned_headers)
+        return self._routing_answer(pick.endpoint, pick.headers, in_body)
+
+    def _routing_answer(
+        self, endpoint: str, headers: Mapping[str, str], in_body: bool
+    ) -> pb.ProcessingResponse:
+        key = (endpoint, tuple(headers.items()), in_body)
+        answer = self._routing_answers.get(key)
+        if answer is None:
+            if len(self._routing_answers) >= MAX_CACHED_ANSWERS:
+                self._routing_answers.clear()
+            build = epp.route_in_body if in_body else epp.route_in_headers
+            answer = self._routing_answers[key] = build(endpoint, headers, self.owned_headers)
+        return answer
 
     def _queued(self, stream: _Stream, wait_s: float) -> None:
         """The request waits in the admission queue: ask Envoy to wait longer for this answer."""
@@ -361,7 +381,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
 
     def _on_response_headers(self, stream: _Stream, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         pick = stream.pick
-        status = epp.header_map(headers).get(":status", "200")
+        status = _status(headers)
         if pick is not None and status.isdigit():
             self.picker.answered(pick, int(status))
         if pick is not None and not status.startswith("2"):
@@ -371,7 +391,13 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.phase = Phase.RESPONSE_BODY
         if pick is None:
             return [epp.CONTINUE_RESPONSE_HEADERS]
-        return [epp.served_answer(pick.endpoint, conformance=self.conformance_hooks)]
+        answer = self._served_answers.get(pick.endpoint)
+        if answer is None:
+            if len(self._served_answers) >= MAX_CACHED_ANSWERS:
+                self._served_answers.clear()
+            answer = epp.served_answer(pick.endpoint, conformance=self.conformance_hooks)
+            self._served_answers[pick.endpoint] = answer
+        return [answer]
 
     def _on_response_body(self, stream: _Stream, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         pick = stream.pick
@@ -388,6 +414,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if stream.pick is not None and not stream.freed:
             stream.freed = True
             self.picker.finish(stream.pick, cause)
+
+
+def _status(headers: pb.HttpHeaders) -> str:
+    """The `:status` of response headers, as `epp.header_map(headers).get(":status", "200")` reads it
+    (the last one wins, `raw_value` preferred) without building the whole map."""
+    status = "200"
+    for h in headers.headers.headers:
+        if h.key == ":status" or h.key.lower() == ":status":
+            status = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return status
 
 
 def configured_prefill_header(picker: object) -> str:

@@ -11,11 +11,23 @@ Updated as requests pass (the scrape-time view of routers and event sources is `
   (Envoy's own 503 when it could not connect included), and
   `extproc_worker_consecutive_failures{model, worker}`: 5xx answers in a row (a 2xx resets it).
   Observed only: routing does not use them.
+
+The metrics every request touches (requests, stages, overlap, regret, upstream responses) are plain
+counts on the request path, rendered at scrape time by `_RequestPathCollector` (as
+`extproc.groups.metrics` does): a prometheus_client child costs a label lookup and a lock per call,
+several times per request. The rest are prometheus_client metrics.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import bisect
+from collections import Counter as Counts
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 STAGES = ("parse", "tokenize", "hash", "match", "select", "queue")
 _STAGE_BUCKETS = (
@@ -26,45 +38,106 @@ _REGRET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 OUTCOMES = {"complete": "completed", "cancelled": "cancelled", "stream_closed": "cancelled"}
 
 
+class LabelledCounts:
+    """A counter family kept as plain numbers per label tuple; `collect()` renders it."""
+
+    def __init__(self, name: str, documentation: str, labels: Sequence[str]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = list(labels)
+        self.values: Counts[tuple[str, ...]] = Counts()
+
+    def collect(self) -> list[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for key, value in list(self.values.items()):
+            family.add_metric(key, value)
+        return [family]
+
+
+class LabelledHistogram:
+    """A histogram family kept as plain bucket counts per label tuple (`le` buckets, +Inf last)."""
+
+    def __init__(
+        self, name: str, documentation: str, labels: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = list(labels)
+        self.bounds = tuple(float(b) for b in buckets)
+        self._bucket_names = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        self.series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
+
+    def child(self, key: tuple[str, ...]) -> tuple[list[int], list[float]]:
+        """(bucket counts, [sum]) of one label tuple, created empty on first use."""
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = ([0] * (len(self.bounds) + 1), [0.0])
+        return series
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        counts, total = self.child(key)
+        counts[bisect.bisect_left(self.bounds, value)] += 1
+        total[0] += value
+
+    def collect(self) -> list[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
+        for key, (counts, total) in list(self.series.items()):
+            cumulative, buckets = 0, []
+            for bucket, count in zip(self._bucket_names, counts, strict=True):
+                cumulative += count
+                buckets.append((bucket, cumulative))
+            family.add_metric(list(key), buckets, total[0])
+        return [family]
+
+
+class _RequestPathCollector(Collector):
+    def __init__(self, families: Sequence[LabelledCounts | LabelledHistogram]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.families:
+            yield from family.collect()
+
+
 class PickMetrics:
     """The picker's request-path metrics, in their own registry (the admin server adds the rest)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("extproc_requests", "Requests by outcome.", ["model", "outcome"], registry=r)
+        self.requests = LabelledCounts("extproc_requests", "Requests by outcome.", ["model", "outcome"])
         self.rejections = Counter(
             "extproc_rejections", "Error answers by HTTP status and reason.", ["status", "reason"], registry=r
         )
-        self.stage = Histogram(
+        self.stage = LabelledHistogram(
             "extproc_decision_stage_seconds",
             "Time spent in each stage of a routing decision.",
             ["stage"],
-            buckets=_STAGE_BUCKETS,
-            registry=r,
+            _STAGE_BUCKETS,
         )
-        self._stages = {name: self.stage.labels(name) for name in STAGES}
-        self.overlap = Counter(
+        self._stages = {name: self.stage.child((name,)) for name in STAGES}
+        self._stage_bounds = self.stage.bounds
+        self.overlap = LabelledCounts(
             "extproc_overlap_blocks",
             "Prompt blocks cached on the chosen worker (which=chosen) and the best candidate (which=best).",
             ["model", "which"],
-            registry=r,
         )
-        self.regret = Histogram(
+        self.regret = LabelledHistogram(
             "extproc_overlap_regret_blocks",
             "Per request: best available overlap minus the chosen worker's overlap, in blocks.",
             ["model"],
-            buckets=_REGRET_BUCKETS,
-            registry=r,
+            _REGRET_BUCKETS,
         )
         self.sessions = Counter(
             "extproc_session_pins", "Sticky-session pin events.", ["model", "event"], registry=r
         )
-        self.upstream = Counter(
+        self.upstream = LabelledCounts(
             "extproc_upstream_responses",
             "Response status of routed requests, per worker (Envoy's 503 for a failed connection included).",
             ["model", "worker", "status"],
-            registry=r,
+        )
+        r.register(
+            _RequestPathCollector([self.requests, self.stage, self.overlap, self.regret, self.upstream])
         )
         self.consecutive_failures = Gauge(
             "extproc_worker_consecutive_failures",
@@ -88,21 +161,25 @@ class PickMetrics:
         )
 
     def observe_stages(self, timings_ns: dict[str, int]) -> None:
+        stages, bounds = self._stages, self._stage_bounds
         for name, ns in timings_ns.items():
-            hist = self._stages.get(name)
-            if hist is not None:
-                hist.observe(ns / 1e9)
+            series = stages.get(name)
+            if series is not None:
+                seconds = ns / 1e9
+                series[0][bisect.bisect_left(bounds, seconds)] += 1
+                series[1][0] += seconds
 
     def routed(self, model: str, overlap: int, best: int) -> None:
-        self.requests.labels(model, "routed").inc()
+        self.requests.values[model, "routed"] += 1
         if best:
-            self.overlap.labels(model, "chosen").inc(overlap)
-            self.overlap.labels(model, "best").inc(best)
-        self.regret.labels(model).observe(max(0, best - overlap))
+            overlap_blocks = self.overlap.values
+            overlap_blocks[model, "chosen"] += overlap
+            overlap_blocks[model, "best"] += best
+        self.regret.observe((model,), max(0, best - overlap))
 
     def finished(self, model: str, cause: str) -> None:
         outcome = OUTCOMES.get(cause, "upstream_error" if cause.startswith("upstream_status") else cause)
-        self.requests.labels(model, outcome).inc()
+        self.requests.values[model, outcome] += 1
 
     def disagg(self, model: str, local_reason: str | None) -> None:
         """A disaggregated model's request: `local_reason` None when a prefill worker was named."""
@@ -115,7 +192,7 @@ class PickMetrics:
     def upstream_answered(self, model: str, worker: str, status: int) -> tuple[int, int]:
         """Count a worker's response status; returns its consecutive 5xx answers before and after
         this one (4xx and other statuses leave the run as it is)."""
-        self.upstream.labels(model, worker, str(status)).inc()
+        self.upstream.values[model, worker, str(status)] += 1
         key = (model, worker)
         before = self._failures.get(key, 0)
         after = before + 1 if status >= 500 else 0 if 200 <= status < 300 else before

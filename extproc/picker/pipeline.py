@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -58,6 +59,7 @@ from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, Router
 log = logging.getLogger("extproc.picker")
 
 LOCAL_GROUP = "local"  # the name of a plain deployment's one group
+_is_routable = functools.lru_cache(maxsize=256)(is_routable)  # a handful of paths; failures not kept
 MAX_SESSION_SWEEP_S = 30.0  # lapsed session pins are swept every ttl/4, at most this far apart
 
 __all__ = ["DP_RANK_HEADER", "SESSION_HEADER", "EndpointPicker", "ModelPool", "Pick", "WorkerSetListener"]
@@ -267,7 +269,7 @@ class EndpointPicker:
         timings: dict[str, int] = {}
         t0 = time.perf_counter_ns()
         restrictions = self._restrictions(subset, headers)
-        if body is None or not is_routable(path):  # decided normalised, as parse_openai_body does
+        if body is None or not _is_routable(path):  # decided normalised, as parse_openai_body does
             model = await self.bodies.model_of(body) if body else None
             return await self._pick_untracked(path, restrictions, model)
         parsed = await self.bodies.request(body, path)
@@ -315,24 +317,28 @@ class EndpointPicker:
         request_id = self._request_id(client_request_id)
         pin = self._sessions[request.model].get_pin(session_id, self._clock()) if session_id else None
         pinned = (pin.group, pin.worker) if pin is not None else None
-        entry = QueuedRequest(
-            request_id,
-            self._clock(),
-            new_tokens=isl,
-            priority=_priority(request),
-            latency_sensitivity=_latency_sensitivity(request),
-            sheddable=_sheddable(request),
-        )
         routed_at = time.perf_counter_ns()
-        decision, waited_s = await self._gates[request.model].admit(
-            entry,
-            lambda: self.selector.route(group_request, request_id, pinned=pinned),
-            has_capacity=lambda: self.selector.has_capacity(group_request),
-            key=group_request.restrictions,
-            on_queued=on_queued,
-            new_tokens=lambda: self._uncached_tokens(group_request),
-            undo=lambda _: self.selector.finish(request_id, "its client left the queue"),
-        )
+        gate = self._gates[request.model]
+        if not gate.enabled:  # what admit does without a queue, minus its entry and callbacks
+            decision, waited_s = await self.selector.route(group_request, request_id, pinned=pinned), 0.0
+        else:
+            entry = QueuedRequest(
+                request_id,
+                self._clock(),
+                new_tokens=isl,
+                priority=_priority(request),
+                latency_sensitivity=_latency_sensitivity(request),
+                sheddable=_sheddable(request),
+            )
+            decision, waited_s = await gate.admit(
+                entry,
+                lambda: self.selector.route(group_request, request_id, pinned=pinned),
+                has_capacity=lambda: self.selector.has_capacity(group_request),
+                key=group_request.restrictions,
+                on_queued=on_queued,
+                new_tokens=lambda: self._uncached_tokens(group_request),
+                undo=lambda _: self.selector.finish(request_id, "its client left the queue"),
+            )
         timings["queue"] = int(waited_s * 1e9)
         timings.update(decision.timings_ns or {"groups": time.perf_counter_ns() - routed_at})
         session_pin = self._session_route(request, session_id, pinned, decision)
@@ -346,16 +352,17 @@ class EndpointPicker:
         )  # fmt: skip
         self.metrics.observe_stages(timings)
         self.metrics.routed(request.model, choice.overlap_blocks, decision.best_overlap_blocks)
-        log.info(
-            "routed %s model=%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
-            loggable(client_request_id), request.model,
-            f"group {decision.group} worker " if self.hierarchical else "",
-            choice.worker, choice.endpoint, choice.overlap_blocks, choice.request_blocks,
-            decision.best_overlap_blocks, choice.cost,
-            f" session={loggable(session_id)}" if session_id else "",
-            f" queued {waited_s * 1000:.0f} ms" if waited_s else "",
-            " (re-decided at commit)" if decision.redecided and pinned is None else "",
-        )  # fmt: skip
+        if log.isEnabledFor(logging.INFO):  # its arguments cost more than a request's metrics
+            log.info(
+                "routed %s model=%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
+                loggable(client_request_id), request.model,
+                f"group {decision.group} worker " if self.hierarchical else "",
+                choice.worker, choice.endpoint, choice.overlap_blocks, choice.request_blocks,
+                decision.best_overlap_blocks, choice.cost,
+                f" session={loggable(session_id)}" if session_id else "",
+                f" queued {waited_s * 1000:.0f} ms" if waited_s else "",
+                " (re-decided at commit)" if decision.redecided and pinned is None else "",
+            )  # fmt: skip
         return pick
 
     def first_token(self, pick: Pick) -> None:
