@@ -188,7 +188,11 @@ def stalled_group() -> Iterator[str]:
 @pytest.mark.parametrize("with_local_group", [True, False], ids=["local-group-takes-it", "only-group"])
 async def test_a_stalled_group_is_skipped_at_the_probe_deadline(stalled_group: str, with_local_group: bool):
     groups = (GroupConfig("stalled", stalled_group),) + ((GroupConfig("here"),) if with_local_group else ())
-    config = replace(picker_config(), groups=GroupsConfig(groups=groups, probe_timeout_s=0.2))
+    # with another group answering, the stalled one is skipped at the deadline; alone, it is given
+    # the grace too (nobody answered: a loaded machine?) unless gRPC gives up its silent connection
+    # first (its 200 ms handshake bound: unreachable), then the answer is 503
+    groups_config = GroupsConfig(groups=groups, probe_timeout_s=0.2, probe_grace_s=0.3)
+    config = replace(picker_config(), groups=groups_config)
     picker = EndpointPicker(config)
     service = ExtProcService(picker, max_body_bytes=1 << 20)
     try:
@@ -197,11 +201,13 @@ async def test_a_stalled_group_is_skipped_at_the_probe_deadline(stalled_group: s
         elapsed_s = time.monotonic() - start
         if with_local_group:
             assert routed_to(answers[-1]) in {w.endpoint for w in config.workers}
+            assert 0.19 <= elapsed_s < 0.2 + BOUND_SLACK_S
         else:
             immediate = answers[-1].immediate_response
             assert immediate.status.code == 503 and immediate.details == "rejected-no-endpoints"
-            assert b"stalled: timeout" in immediate.body
-        assert 0.19 <= elapsed_s < 0.2 + BOUND_SLACK_S
+            reason = immediate.body.split(b"stalled: ")[1].split(b")")[0]
+            assert reason in (b"timeout", b"unreachable"), immediate.body
+            assert 0.19 <= elapsed_s < 0.5 + BOUND_SLACK_S
         assert picker.selector is not None
         await picker.selector.drain()  # the group frees its request in the background
         assert picker.is_idle()
