@@ -67,6 +67,7 @@ class RouterConfig:
     router_queue_policy: QueuePolicy = QueuePolicy.FCFS
     prefill_load_model: PrefillLoadModel = PrefillLoadModel.NONE
     prefill_timing: PrefillTiming = _DEFAULT_TIMING  # the workers' pass-time model (timing only)
+    learn_prefill_timing: bool = True  # timing: learn each worker's pass-time scale from its first tokens
     cuda_to_cpu_ratio: float = 8.0  # device-aware-weighted: one accelerator worker's share per cpu worker's
     log_formula: bool = False
 

@@ -23,7 +23,7 @@ work already there plus its own chunked prefill, ranks workers by what the user 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from extproc.router.errors import InvalidConfig
 
@@ -87,6 +87,20 @@ class PrefillTiming:
             decode_quadratic_ms=d2,
             decode_linear_ms=d1,
             decode_constant_ms=d0,
+        )
+
+    def scaled(self, factor: float) -> PrefillTiming:
+        """The same model on a worker whose passes take `factor` times as long (every ms coefficient
+        scaled; token budget and KV capacity kept). `extproc.router.pass_time` learns the factor."""
+        return replace(
+            self,
+            prefill_quadratic_ms=self.prefill_quadratic_ms * factor,
+            prefill_linear_ms=self.prefill_linear_ms * factor,
+            prefill_constant_ms=self.prefill_constant_ms * factor,
+            decode_quadratic_ms=self.decode_quadratic_ms * factor,
+            decode_linear_ms=self.decode_linear_ms * factor,
+            decode_constant_ms=self.decode_constant_ms * factor,
+            decode_min_ms=self.decode_min_ms * factor,
         )
 
     def prefill_ms(self, tokens: float) -> float:
@@ -172,6 +186,12 @@ class PrefillTimeline:
         _, committed, end = pos
         rest = self._total - committed + max(1, uncached_tokens)
         return end - now_ms + self._timing.prompt_ms(rest, self._decode_ms)
+
+    def retime(self, timing: PrefillTiming) -> None:
+        """Predict with another pass-time model from now on (the worker's learned one: a scaled copy
+        of the current, so the stream's decode part scales with it)."""
+        self._decode_ms *= timing.prefill_linear_ms / self._timing.prefill_linear_ms
+        self._timing = timing
 
     def remaining_tokens(self, now_ms: float) -> int:
         """Prompt tokens still to compute if the work goes as predicted (the pass in progress pro rata)."""

@@ -78,6 +78,7 @@ class KvRouter:
             track_output_blocks=cfg.router_track_output_blocks,
             prefill_load_model=cfg.prefill_load_model,
             prefill_timing=cfg.prefill_timing,
+            learn_prefill_timing=cfg.learn_prefill_timing,
             clock=clock,
         )
         self._specs: dict[WorkerId, WorkerSpec] = {}
@@ -303,6 +304,7 @@ class KvRouter:
             isl,
             overlap_blocks,
             expected_output_tokens,
+            learn=False,  # its decision time reaches this replica late: no speed to learn from it
         )
 
     def _track(
@@ -314,10 +316,18 @@ class KvRouter:
         isl: int,
         overlap: int,
         expected_output_tokens: int | None,
+        *,
+        learn: bool = True,
     ) -> None:
         seq_hashes = block_keys if block_keys is not local_hashes else None
         self.sequences.add_request(
-            request_id, worker, block_keys, isl, overlap, expected_output_tokens=expected_output_tokens
+            request_id,
+            worker,
+            block_keys,
+            isl,
+            overlap,
+            expected_output_tokens=expected_output_tokens,
+            learn=learn,
         )
         if worker not in self._event_fed:
             self.approx.record_routing(worker, local_hashes, self._clock(), seq_hashes=seq_hashes)

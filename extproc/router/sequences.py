@@ -15,7 +15,9 @@ tokens count in full until its first token. `timing` (`extproc.router.prefill_mo
 worker keeps a timeline of predicted prefill durations that decays as the clock moves and is
 re-anchored by every first token; `potential_load` then predicts a request's time to first token
 on each worker (the work ahead of it plus its own chunked prefill) and reports it as prefill-token
-equivalents of time, so the unchanged cost function compares time.
+equivalents of time, so the unchanged cost function compares time. Each worker's pass-time model
+starts as the configured one and is scaled by what its first tokens show against the predictions
+(`extproc.router.pass_time`): a slower GPU, or a model fitted elsewhere, is learned online.
 
 Every call is idempotent: adding a known request id, completing prefill twice or freeing an
 unknown id changes nothing, so edges may call `free` from every path that ends a stream.
@@ -27,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from extproc.router.config import PrefillLoadModel
+from extproc.router.pass_time import LearnedPassTime, PassTimeLearner
 from extproc.router.prefill_model import PrefillEstimate, PrefillTimeline, PrefillTiming, estimate
 from extproc.router.types import Worker, WorkerLoad
 
@@ -42,6 +45,8 @@ class _Request:
     output_tokens: int = 0
     output_weight: float = 0.0  # placeholder output blocks, decayed
     prefilled: bool = False  # the first token came back
+    routed_ms: float = 0.0  # timing model: when it was added, and the time to first token predicted
+    predicted_ttft_ms: float = 0.0  # then on its worker (0: nothing to learn from, e.g. another replica's)
 
 
 @dataclass(slots=True)
@@ -70,9 +75,12 @@ class ActiveSequences:
         track_output_blocks: bool = False,
         prefill_load_model: PrefillLoadModel | str = PrefillLoadModel.NONE,
         prefill_timing: PrefillTiming | None = None,
+        learn_prefill_timing: bool = True,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        """`clock` (seconds) is read only by the timing model, which needs one (ValueError)."""
+        """`clock` (seconds) is read only by the timing model, which needs one (ValueError).
+        `learn_prefill_timing`: the timing model learns each worker's pass-time scale from its first
+        tokens (`extproc.router.pass_time`)."""
         self.block_size = block_size
         self.assume_kv_reuse = assume_kv_reuse
         self.track_active_blocks = track_active_blocks
@@ -87,6 +95,9 @@ class ActiveSequences:
         self._requests: dict[str, _Request] = {}
         self._loads: dict[Worker, _WorkerLoad] = {}
         self._timelines: dict[Worker, PrefillTimeline] = {}
+        self._learner: PassTimeLearner[Worker] | None = (
+            PassTimeLearner(self.prefill_timing) if self._timed and learn_prefill_timing else None
+        )
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -144,6 +155,14 @@ class ActiveSequences:
             worker, round(guess.ttft_ms / self.prefill_timing.ms_per_token), 0.0, overlap_blocks
         )
 
+    def timing(self, worker: Worker) -> PrefillTiming:
+        """The pass-time model the timing model predicts `worker` with (learned, or the configured)."""
+        return self._learner.timing(worker) if self._learner is not None else self.prefill_timing
+
+    def learned_pass_time(self, worker: Worker) -> LearnedPassTime | None:
+        """What the timing model learned of `worker`'s speed; None before its first observation."""
+        return self._learner.learned(worker) if self._learner is not None else None
+
     def num_requests(self, worker: Worker) -> int:
         load = self._loads.get(worker)
         return load.requests if load else 0
@@ -193,9 +212,10 @@ class ActiveSequences:
             cached = max(cached, in_flight)
         cached = min(cached, max(0, (isl - 1) // bs))  # the engine computes at least one token
         decoding = load is not None and load.decoding > 0
-        usage = (load.decode_blocks if load else 0.0) * bs / self.prefill_timing.kv_capacity_tokens
+        timing = self.timing(worker)
+        usage = (load.decode_blocks if load else 0.0) * bs / timing.kv_capacity_tokens
         return estimate(
-            self.prefill_timing,
+            timing,
             self._timelines.get(worker),
             max(1, isl - cached * bs),
             decoding=decoding,
@@ -221,8 +241,12 @@ class ActiveSequences:
         overlap_blocks: int,
         *,
         expected_output_tokens: int | None = None,
+        learn: bool = True,
     ) -> bool:
-        """Track a routed request; False (and no change) if the id is already tracked."""
+        """Track a routed request; False (and no change) if the id is already tracked.
+
+        `learn`: its first token teaches the timing model its worker's speed (False for a request
+        another replica routed, whose decision time is known here only after the sync lag)."""
         if request_id in self._requests:
             return False
         prefill = max(0, isl - overlap_blocks * self.block_size) if self.track_prefill_tokens else 0
@@ -238,8 +262,10 @@ class ActiveSequences:
             guess = self._estimate(worker, block_keys, isl, overlap_blocks, new, current, now)
             timeline = self._timelines.get(worker)
             if timeline is None:
-                timeline = self._timelines[worker] = PrefillTimeline(self.prefill_timing)
+                timeline = self._timelines[worker] = PrefillTimeline(self.timing(worker))
             timeline.add(request_id, guess.uncached_tokens, now, guess.decode_ms)
+            if learn and self._learner is not None:
+                request.routed_ms, request.predicted_ttft_ms = now, guess.ttft_ms
         self._requests[request_id] = request
         load = self._loads.setdefault(worker, _WorkerLoad())
         load.requests += 1
@@ -261,6 +287,12 @@ class ActiveSequences:
         load.decoding += 1
         request.prefill_tokens = 0
         if self._timed:
+            if self._learner is not None and request.predicted_ttft_ms > 0:
+                observed = self._now_ms() - request.routed_ms
+                timing = self._learner.observe(request.worker, request.predicted_ttft_ms, observed)
+                timeline = self._timelines.get(request.worker)
+                if timing is not None and timeline is not None:
+                    timeline.retime(timing)
             self._timeline_done(request.worker, request_id, complete=True)
         return True
 
@@ -320,4 +352,6 @@ class ActiveSequences:
         ids = [rid for rid, r in self._requests.items() if r.worker == worker]
         for rid in ids:
             self.free(rid)
+        if self._learner is not None:
+            self._learner.forget(worker)
         return ids

@@ -171,6 +171,8 @@ T = PrefillTiming(kv_capacity_tokens=16_000)  # small, so that decode blocks mov
 
 
 def timed(**kwargs):
+    """The timing model with the configured pass time (learning it is tests/router/test_pass_time.py's)."""
+    kwargs.setdefault("learn_prefill_timing", False)
     clock = FakeClock()
     return ActiveSequences(B, prefill_load_model="timing", prefill_timing=T, clock=clock, **kwargs), clock
 

@@ -1,0 +1,148 @@
+"""extproc/router/pass_time.py: each worker's pass-time scale, learned from first tokens."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from extproc.router.config import RouterConfig
+from extproc.router.pass_time import MAX_RATIO, MAX_SCALE, WINDOW_SAMPLES, PassTimeLearner
+from extproc.router.prefill_model import PrefillTiming
+from extproc.router.router import KvRouter
+from extproc.router.sequences import ActiveSequences
+from extproc.router.types import Worker, WorkerSpec
+from tests.router.clock import FakeClock
+
+BASE = PrefillTiming()
+W = Worker("w")
+
+
+def feed(learner: PassTimeLearner[Worker], true_scale: float, n: int, unit_ms: float = 100.0) -> None:
+    """`n` first tokens of a worker whose passes take `true_scale` x the configured model's time."""
+    for _ in range(n):
+        predicted = unit_ms * learner.timing(W).prefill_linear_ms / BASE.prefill_linear_ms
+        learner.observe(W, predicted, unit_ms * true_scale)
+
+
+def scale(learner: PassTimeLearner[Worker]) -> float:
+    learned = learner.learned(W)
+    assert learned is not None
+    return learned.scale
+
+
+@pytest.mark.parametrize("true_scale", [0.5, 1.0, 2.0, 10.0])
+def test_the_scale_converges_to_the_workers_speed(true_scale):
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    feed(learner, true_scale, 12 * WINDOW_SAMPLES)
+    assert scale(learner) == pytest.approx(true_scale, rel=0.02)
+    timing = learner.timing(W)
+    assert timing.prefill_ms(1000) == pytest.approx(BASE.prefill_ms(1000) * scale(learner))
+    assert timing.decode_ms(0.5) == pytest.approx(BASE.decode_ms(0.5) * scale(learner))
+    assert timing.max_num_batched_tokens == BASE.max_num_batched_tokens
+
+
+def test_before_any_observation_a_worker_has_the_configured_model():
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    assert learner.timing(W) is BASE and learner.learned(W) is None and learner.snapshot() == {}
+
+
+def test_the_configured_model_weighs_as_a_few_observations():
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    learner.observe(W, 100.0, 300.0)  # one slow first token does not triple the scale
+    assert 1.0 < scale(learner) < 1.3
+
+
+def test_a_stalled_first_token_moves_a_settled_scale_by_a_bounded_step():
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    feed(learner, 1.0, 4 * WINDOW_SAMPLES)
+    settled = scale(learner)
+    learner.observe(W, 100.0, 60_000.0)  # a minute: a hung connection, a preemption storm
+    bound = MAX_RATIO ** (1.0 / WINDOW_SAMPLES)
+    assert settled < scale(learner) <= settled * bound * 1.000001
+    assert learner.learned(W).last_ratio == pytest.approx(600.0)  # reported as seen
+    feed(learner, 1.0, 3 * WINDOW_SAMPLES)  # and the next observations undo it
+    assert scale(learner) == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_burst_of_stalls_does_not_poison_it():
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    feed(learner, 1.0, 4 * WINDOW_SAMPLES)
+    for _ in range(5):
+        learner.observe(W, 100.0, 1e9)
+    assert scale(learner) < 1.3
+
+
+def test_the_scale_stays_bounded():
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    for _ in range(50 * WINDOW_SAMPLES):
+        learner.observe(W, 1.0, 1e12)
+    assert scale(learner) == pytest.approx(MAX_SCALE)
+    for _ in range(100 * WINDOW_SAMPLES):
+        learner.observe(W, 1e12, 1.0)
+    assert scale(learner) == pytest.approx(1.0 / MAX_SCALE)
+
+
+@pytest.mark.parametrize(
+    "predicted, observed",
+    [(0.0, 10.0), (-1.0, 10.0), (10.0, 0.0), (10.0, -5.0), (math.nan, 1.0), (1.0, math.inf)],
+)
+def test_unusable_observations_change_nothing(predicted, observed):
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    assert learner.observe(W, predicted, observed) is None
+    assert learner.learned(W) is None
+
+
+def test_forget_goes_back_to_the_configured_model():
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    feed(learner, 3.0, WINDOW_SAMPLES)
+    learner.forget(W)
+    assert learner.timing(W) is BASE and learner.learned(W) is None
+
+
+def test_active_sequences_learn_from_the_time_to_first_token_against_the_prediction():
+    clock = FakeClock()
+    seqs = ActiveSequences(16, prefill_load_model="timing", clock=clock)
+    for i in range(6 * WINDOW_SAMPLES):  # one prompt at a time on an idle worker, twice as slow
+        rid = f"r{i}"
+        seqs.add_request(rid, W, [], 4000, 0)
+        clock.advance(2 * BASE.prompt_ms(4000) / 1000.0)
+        seqs.mark_prefill_complete(rid)
+        seqs.free(rid)
+        clock.advance(1.0)
+    learned = seqs.learned_pass_time(W)
+    assert learned is not None and learned.scale == pytest.approx(2.0, rel=0.02)
+    assert seqs.timing(W).prefill_linear_ms == pytest.approx(2.0 * BASE.prefill_linear_ms, rel=0.02)
+    seqs.remove_worker(W)
+    assert seqs.learned_pass_time(W) is None
+
+
+def test_learning_can_be_turned_off_and_is_off_without_the_timing_model():
+    clock = FakeClock()
+    for seqs in (
+        ActiveSequences(16, prefill_load_model="timing", learn_prefill_timing=False, clock=clock),
+        ActiveSequences(16, prefill_load_model="none", clock=clock),
+    ):
+        seqs.add_request("a", W, [], 4000, 0)
+        clock.advance(5.0)
+        seqs.mark_prefill_complete("a")
+        assert seqs.learned_pass_time(W) is None
+
+
+def test_another_replicas_requests_teach_nothing():
+    """Replica sync delivers another replica's decision late: its first token is no measurement."""
+    clock = FakeClock()
+    router = KvRouter(
+        RouterConfig(block_size=16, prefill_load_model="timing"),
+        clock=clock,
+        workers=[WorkerSpec("w")],
+    )
+    worker = router.workers()[0]
+    router.add_request("theirs", worker, [1, 2], 4000, 0)
+    clock.advance(5.0)
+    router.mark_prefill_complete("theirs")
+    assert router.sequences.learned_pass_time(worker) is None
+    router.best_worker([1] * 4000, request_id="mine")
+    clock.advance(5.0)
+    router.mark_prefill_complete("mine")
+    assert router.sequences.learned_pass_time(worker) is not None
