@@ -5,8 +5,15 @@ real `KvRouter` (`extproc.sim.replay`). Routers:
 
   round-robin   the calibration baseline (deterministic: one seed)
   random        uniform choice
-  kv            Dynamo's cost: prefill blocks + decode blocks, prompt load static until first token
-  kv-timing     --router-prefill-load-model timing: predicted time to first token per worker
+  kv            Dynamo's cost (--router-prefill-load-model none): prefill blocks + decode blocks,
+                prompt load static until first token
+  kv-timing     kv mode's default (--router-prefill-load-model timing): predicted time to first
+                token per worker, each worker's pass time learned online from its first tokens
+  kv-timing-static  the same with the configured pass-time model only (learning off)
+
+`--worker-speed 1,1,0.5,...` replays a mixed fleet (one speed per worker, for one worker count);
+`--replicas N --replica-sync-lag-ms L` spreads arrivals over N routers sharing in-flight load
+through the replica-sync model (`extproc.sim.replay_replicas`), each receiving every KV event.
 
 Prints one JSON object on stdout (progress on stderr) and writes, under --out-dir, a markdown
 table (`quality.md`), the JSON (`quality.json`) and a plot (`quality.png`). With --calibrate it
@@ -28,6 +35,7 @@ import sys
 import time
 from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +52,22 @@ from bench_router import DEFAULT_TRACE, machine_environment
 from extproc.router.config import PrefillLoadModel, RouterConfig, RouterMode
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.sim.engine import EngineConfig
-from extproc.sim.replay import ReplayConfig, Replayer
+from extproc.sim.replay import ReplayConfig, Replayer, kv_router_factory
 from extproc.sim.replay_metrics import summarize
+from extproc.sim.replay_replicas import ReplicaAssignment, replicated_router_factory
 from extproc.sim.timing import prefill_ms
 from extproc.sim.trace import load_mooncake
 
 ROUTERS: dict[str, dict[str, Any]] = {
     "round-robin": {"mode": RouterMode.ROUND_ROBIN},
     "random": {"mode": RouterMode.RANDOM},
-    "kv": {"mode": RouterMode.KV},
+    "kv": {"mode": RouterMode.KV, "prefill_load_model": PrefillLoadModel.NONE},
     "kv-timing": {"mode": RouterMode.KV, "prefill_load_model": PrefillLoadModel.TIMING},
+    "kv-timing-static": {
+        "mode": RouterMode.KV,
+        "prefill_load_model": PrefillLoadModel.TIMING,
+        "learn_prefill_timing": False,
+    },
 }
 DETERMINISTIC = {"round-robin"}
 
@@ -73,20 +87,44 @@ DYNAMO_KV = {  # Dynamo's KV router: REFERENCE section 6 (1x) and issue 10 (2x)
 TARGETS = {(8, 1.0): 163.0, (4, 1.0): 231.0, (8, 2.0): 172.6, (4, 2.0): 291.0}  # issue 10, TTFT mean ms
 
 
-def replay_one(job: tuple[str, str, int, float, int]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Job:
+    trace: str
+    router: str
+    workers: int
+    speedup: float
+    seed: int
+    worker_speeds: tuple[float, ...] = ()
+    replicas: int = 1
+    replica_sync_lag_ms: float = 0.0
+    replica_assignment: str = "round-robin"
+
+
+def replay_one(job: Job) -> dict[str, Any]:
     """One replay in a worker process; returns its summary (without per-request records)."""
-    trace, router, workers, speedup, seed = job
-    requests = load_mooncake([trace], trace_block_size=512, speedup=speedup)
+    requests = load_mooncake([job.trace], trace_block_size=512, speedup=job.speedup)
     engine = EngineConfig()
     config = ReplayConfig(
-        workers,
-        router=RouterConfig(block_size=engine.block_size, **ROUTERS[router]),
+        job.workers,
+        router=RouterConfig(block_size=engine.block_size, **ROUTERS[job.router]),
         engine=engine,
-        seed=seed,
+        seed=job.seed,
+        worker_speeds=job.worker_speeds,
     )
-    result = Replayer(requests, config).run()
+    factory = kv_router_factory
+    if job.replicas > 1:
+        factory = replicated_router_factory(
+            job.replicas, job.replica_sync_lag_ms, ReplicaAssignment(job.replica_assignment)
+        )
+    result = Replayer(requests, config, router_factory=factory).run()
     summary = summarize(result)
-    return {"router": router, "workers": workers, "speedup": speedup, "seed": seed, "summary": summary}
+    return {
+        "router": job.router,
+        "workers": job.workers,
+        "speedup": job.speedup,
+        "seed": job.seed,
+        "summary": summary,
+    }
 
 
 def pooled_bound(trace: str, workers: int) -> dict[str, float]:
@@ -288,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per randomised router (default 3)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="replays in parallel")
     parser.add_argument("--calibrate", action="store_true", help="also round robin at 4x, against REFERENCE")
+    parser.add_argument("--worker-speed", default="", help="one speed per worker: a mixed fleet")
+    parser.add_argument("--replicas", type=int, default=1, help="router replicas (replica-sync model)")
+    parser.add_argument("--replica-sync-lag-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--replica-assignment", default="round-robin", choices=[a.value for a in ReplicaAssignment]
+    )
     args = parser.parse_args(argv)
 
     routers = [r for r in args.routers.split(",") if r]
@@ -297,14 +341,23 @@ def main(argv: list[str] | None = None) -> int:
     workers = [int(w) for w in args.workers.split(",")]
     speedups = [float(s) for s in args.speedups.split(",")]
     seeds = list(range(args.seeds))
+    speeds = tuple(float(x) for x in args.worker_speed.split(",")) if args.worker_speed else ()
+    if speeds and workers != [len(speeds)]:
+        parser.error(f"--worker-speed names {len(speeds)} workers: pass --workers {len(speeds)}")
+    fleet = {
+        "worker_speeds": speeds,
+        "replicas": args.replicas,
+        "replica_sync_lag_ms": args.replica_sync_lag_ms,
+        "replica_assignment": args.replica_assignment,
+    }
     jobs = []
     for w in workers:
         for sp in speedups:
             for r in routers:
                 for seed in [0] if r in DETERMINISTIC else seeds:
-                    jobs.append((args.trace, r, w, sp, seed))
+                    jobs.append(Job(args.trace, r, w, sp, seed, **fleet))
     if args.calibrate and "round-robin" in routers:
-        jobs += [(args.trace, "round-robin", w, 4.0, 0) for w in (4, 8) if 4.0 not in speedups]
+        jobs += [Job(args.trace, "round-robin", w, 4.0, 0) for w in (4, 8) if 4.0 not in speedups]
     env = machine_environment()
     started = time.perf_counter()
     print(f"{len(jobs)} replays on {args.jobs} processes", file=sys.stderr)
@@ -336,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "bench_quality",
         "env": env,
         "trace": args.trace,
+        "fleet": {**fleet, "worker_speeds": list(speeds)},
         "routers": routers,
         "seeds": seeds,
         "wall_s": round(time.perf_counter() - started, 1),

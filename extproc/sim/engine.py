@@ -51,12 +51,15 @@ class EngineConfig:
     max_num_batched_tokens: int = 8_192
     max_num_seqs: int = 256
     output_token_id: int = 0  # the id every generated token gets (its blocks are hashed per request)
+    speed: float = 1.0  # a pass takes 1 / speed of the pass-time model's time (a mixed fleet's GPUs)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if not (isinstance(self.speed, int | float) and 0 < self.speed < float("inf")):
+            raise ValueError(f"EngineConfig.speed must be a number > 0, got {self.speed!r}")
 
     @property
     def capacity_tokens(self) -> int:
@@ -349,6 +352,8 @@ class Engine:
         if decoding:
             usage = min(1.0, decoding_tokens / self.config.capacity_tokens)
             duration += decode_ms(usage)
+        if self.config.speed != 1.0:
+            duration /= self.config.speed
         return Pass(now_ms, duration, t, usage, tuple(entries), preempted)
 
 

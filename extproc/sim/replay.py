@@ -22,7 +22,7 @@ import heapq
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from extproc.router.config import RouterConfig
 from extproc.router.hashing import compute_block_hashes
@@ -45,10 +45,17 @@ class ReplayConfig:
     seed: int = 0
     load_window_ms: float = 10_000.0  # width of the windows of the per-worker load series
     queue_poll_ms: float = 50.0  # while requests wait in the router's queue, re-check this often
+    worker_speeds: tuple[float, ...] = ()  # per worker index, its engine's speed (empty: all 1)
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if self.worker_speeds and len(self.worker_speeds) != self.num_workers:
+            raise ValueError(
+                f"worker_speeds names {len(self.worker_speeds)} workers, the fleet has {self.num_workers}"
+            )
+        if any(not speed > 0 for speed in self.worker_speeds):
+            raise ValueError(f"worker_speeds must all be > 0, got {self.worker_speeds}")
         if self.kv_event_lag_ms < 0:
             raise ValueError(f"kv_event_lag_ms must be >= 0, got {self.kv_event_lag_ms}")
         if self.router.block_size != self.engine.block_size:
@@ -212,9 +219,15 @@ class Replayer:
     def now_ms(self) -> float:
         return self.clock.now_ms
 
+    def engine_config(self, index: int) -> EngineConfig:
+        """Worker `index`'s engine: the fleet's shape at its own speed."""
+        speeds = self.config.worker_speeds
+        engine = self.config.engine
+        return replace(engine, speed=speeds[index]) if index < len(speeds) else engine
+
     def _make_worker(self, index: int) -> _Worker:
         tap = KvEventTap(Worker(index), self.config.engine.block_size, self._emit)
-        return _Worker(index, Engine(self.config.engine, tap), tap)
+        return _Worker(index, Engine(self.engine_config(index), tap), tap)
 
     def _push(self, at_ms: float, kind: int, payload: object) -> None:
         self._seq += 1

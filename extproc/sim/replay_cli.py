@@ -5,7 +5,9 @@ Owns the command line only: flags, building the configs, printing, files. The ro
 same `load_config`), except `--router-mode`, which `--router` replaces so that one run can compare
 several routers on the same trace. The router's block size defaults to the engines' here.
 `--disagg P:D` replays P prefill and D decode workers (`extproc.sim.replay_disagg`) with serve's
-`--disagg-*` policy flags and a simulated KV transfer time.
+`--disagg-*` policy flags and a simulated KV transfer time. `--worker-speed` makes a mixed fleet;
+`--router-replicas N` spreads arrivals over N routers synced with `--replica-sync-lag-ms` of lag
+(`extproc.sim.replay_replicas`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from extproc.sim.engine import EngineConfig
 from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult
 from extproc.sim.replay_disagg import DisaggReplayer, DisaggSetup
 from extproc.sim.replay_metrics import format_summary, summarize
+from extproc.sim.replay_replicas import ReplicaAssignment, replicated_router_factory
 from extproc.sim.trace import TraceError, load_mooncake
 from extproc.sim.transfer import add_kv_transfer_arguments, kv_transfer_from_args
 
@@ -60,6 +63,27 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="delay between an engine's KV event and the router applying it (default: %(default)s)",
     )
+    parser.add_argument(
+        "--router-replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N router replicas sharing in-flight load through the replica-sync model, each receiving "
+        "every KV event (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--replica-sync-lag-ms",
+        type=float,
+        default=10.0,
+        help="with --router-replicas: delay of one replica's add/prefill/free reaching the others "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--router-replica-assignment",
+        choices=[a.value for a in ReplicaAssignment],
+        default=ReplicaAssignment.ROUND_ROBIN.value,
+        help="with --router-replicas: how arrivals are spread (session: by the prompt's first block)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON on stdout")
     parser.add_argument("--requests-out", metavar="FILE.jsonl", help="write one JSON line per request")
     parser.add_argument(
@@ -82,6 +106,13 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--max-num-seqs", type=int, default=defaults.max_num_seqs, help="running requests per worker"
     )
+    engine.add_argument(
+        "--worker-speed",
+        type=_speeds,
+        metavar="S1,S2,...",
+        help="a mixed fleet: one speed per worker (0.5 = its passes take twice the model's time); "
+        "default: all 1",
+    )
 
     router = parser.add_argument_group("router (the flags of serve; env DYN_<FLAG>; --config FILE 'router:')")
     router.add_argument(
@@ -98,6 +129,16 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_kv_transfer_arguments(disagg, "the prompt's full blocks up to the cached-prefix cap")
     add_options(disagg, DISAGG_OPTIONS, skip=("prefill_endpoint_header", "prefill_health_interval_secs"))
+
+
+def _speeds(text: str) -> tuple[float, ...]:
+    try:
+        speeds = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated speeds, got {text!r}") from None
+    if not all(0 < s < float("inf") for s in speeds):
+        raise argparse.ArgumentTypeError(f"every speed must be a number > 0, got {text!r}")
+    return speeds
 
 
 def _prefill_decode(text: str) -> tuple[int, int]:
@@ -179,6 +220,10 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
         base = router_config(args, engine, environ)
         setup = disagg_setup(args, environ)
         routers = _routers(args)
+        if args.router_replicas < 1 or args.replica_sync_lag_ms < 0:
+            raise ValueError("--router-replicas must be >= 1 and --replica-sync-lag-ms >= 0")
+        if args.router_replicas > 1 and setup is not None:
+            raise ValueError("--router-replicas is not modelled with --disagg")
         requests = load_mooncake(args.traces, trace_block_size=args.trace_block_size, speedup=args.speedup)
     except (ConfigError, ValueError, TraceError, OSError) as exc:
         print(f"extproc replay: {exc}", file=sys.stderr)
@@ -202,6 +247,7 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
                 engine=engine,
                 kv_event_lag_ms=args.kv_event_lag_ms,
                 seed=args.seed,
+                worker_speeds=args.worker_speed or (),
             )
         except ValueError as exc:
             print(f"extproc replay: {exc}", file=sys.stderr)
@@ -209,7 +255,14 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
         progress = None if args.quiet else _Progress(name, sys.stderr)
         if progress is not None:
             print(f"replaying {len(requests)} requests on {fleet} with {name}", file=sys.stderr)
-        if setup is None:
+        if setup is None and args.router_replicas > 1:
+            factory = replicated_router_factory(
+                args.router_replicas,
+                args.replica_sync_lag_ms,
+                ReplicaAssignment(args.router_replica_assignment),
+            )
+            results[name] = Replayer(requests, config, router_factory=factory, progress=progress).run()
+        elif setup is None:
             results[name] = Replayer(requests, config, progress=progress).run()
         else:
             results[name] = DisaggReplayer(requests, config, setup, progress=progress).run()
@@ -234,6 +287,9 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
             "speedup": args.speedup,
             "seed": args.seed,
             "kv_event_lag_ms": args.kv_event_lag_ms,
+            "worker_speeds": list(args.worker_speed or ()),
+            "router_replicas": args.router_replicas,
+            "replica_sync_lag_ms": args.replica_sync_lag_ms if args.router_replicas > 1 else None,
             "prefill_load_model": str(base.prefill_load_model),
             "routers": summaries,
         }
