@@ -14,8 +14,11 @@ Mirrors ai-dynamo `lib/kv-router/src/protocols.rs` (`compute_block_hash_for_seq`
 from __future__ import annotations
 
 import array
+import struct
 import sys
 from collections.abc import Sequence
+from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 import xxhash
@@ -24,6 +27,8 @@ XXH3_SEED = 1337  # Dynamo protocols.rs
 _MASK64 = (1 << 64) - 1
 _xxh3 = xxhash.xxh3_64_intdigest
 _BIG_ENDIAN = sys.byteorder == "big"
+_pack_pair = struct.Struct("<QQ").pack  # two little-endian u64: what a sequence hash hashes
+_first = itemgetter(0)
 assert array.array("I").itemsize == 4, "uint32 token layout needs a 4-byte C unsigned int"
 
 TokenIds = Sequence[int] | np.ndarray
@@ -68,29 +73,35 @@ def compute_block_hashes(
 ) -> list[int]:
     """Local block hashes of every full `block_size`-token block of `tokens`.
 
-    The token array is laid out once as little-endian uint32 bytes and each block is hashed
-    straight from that buffer; the loop runs per block, never per token.
+    The token array is laid out once as little-endian uint32 bytes, `struct.iter_unpack` cuts it
+    into blocks and `map` hashes them: no Python-level loop, per block or per token.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     buf = tokens_as_u32le(tokens)
     step = block_size * 4
     end = len(buf) - len(buf) % step
+    if not end:
+        return []
     seed = block_seed(lora_name, namespace)
-    return [_xxh3(buf[i : i + step], seed) for i in range(0, end, step)]
+    blocks = map(_first, struct.iter_unpack(f"{step}s", buf[:end]))
+    return list(map(_xxh3, blocks, repeat(seed)))
 
 
 def compute_sequence_hashes(local_hashes: Sequence[int]) -> list[int]:
-    """Chained sequence hashes: seq[0] = local[0]; seq[i] = XXH3(le64(seq[i-1]) + le64(local[i]))."""
+    """Chained sequence hashes: seq[0] = local[0]; seq[i] = XXH3(le64(seq[i-1]) + le64(local[i])).
+
+    Raises OverflowError for a hash outside [0, 2**64).
+    """
     if not local_hashes:
         return []
-    pair = np.empty(2, dtype="<u8")
-    raw = pair.data.cast("B")  # a live view: hashes what `pair` holds at each call
-    out = [local_hashes[0]]
     prev = local_hashes[0]
-    for h in local_hashes[1:]:
-        pair[0] = prev
-        pair[1] = h
-        prev = _xxh3(raw, XXH3_SEED)
-        out.append(prev)
+    out = [prev]
+    append, pack, xxh3 = out.append, _pack_pair, _xxh3
+    try:
+        for h in local_hashes[1:]:
+            prev = xxh3(pack(prev, h), XXH3_SEED)
+            append(prev)
+    except struct.error as exc:  # a hash outside [0, 2**64): the error numpy's uint64 raised
+        raise OverflowError(f"block hashes must be in [0, 2**64): {exc}") from None
     return out

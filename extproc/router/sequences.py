@@ -126,10 +126,11 @@ class ActiveSequences:
     def potential(self, worker: Worker, block_keys: Sequence[int], isl: int) -> tuple[int, float]:
         """(active prefill tokens, active decode blocks + this request's new blocks) on `worker`."""
         load = self._loads.get(worker)
-        new = self.new_blocks(worker, block_keys, isl)
+        new = self._new_blocks(load, block_keys, isl)
         if load is None:
             return 0, float(new)
-        return self.prefill_tokens(worker), load.decode_blocks + new
+        prefill = self.prefill_tokens(worker) if self._timed else load.prefill_tokens
+        return prefill, load.decode_blocks + new
 
     def potential_load(
         self, worker: Worker, block_keys: Sequence[int], isl: int, overlap_blocks: int
@@ -172,10 +173,13 @@ class ActiveSequences:
 
         `block_keys` must be chained (sequence) hashes, as everywhere in this class.
         """
+        return self._new_blocks(self._loads.get(worker), block_keys, isl)
+
+    def _new_blocks(self, load: _WorkerLoad | None, block_keys: Sequence[int], isl: int) -> int:
+        """`new_blocks` for the worker whose load is `load` (one lookup of the worker per request)."""
         if not self.track_active_blocks:
             return 0
         tail = 1 if isl % self.block_size else 0
-        load = self._loads.get(worker)
         if not self.assume_kv_reuse or load is None or not load.block_refs:
             return len(block_keys) + tail
         # Keys are chained sequence hashes, so the blocks active on a worker always form a prefix
