@@ -31,6 +31,7 @@ PROMPT = list(range(1000, 1128))  # 8 full blocks
 
 def make_router(**config) -> KvRouter:
     config.setdefault("block_size", BS)
+    config.setdefault("prefill_load_model", "none")  # Dynamo's cost: these tests pin its formula
     return KvRouter(
         RouterConfig(**config),
         clock=FakeClock(),
@@ -512,6 +513,7 @@ def test_a_timer_measures_the_lookup_and_the_selection():
     )
     decision = router.best_worker(PROMPT)
     assert (decision.match_ns, decision.select_ns) == (150, 350)
+    assert decision.request_blocks == 8
     untimed = make_router().best_worker(PROMPT)
     assert (untimed.match_ns, untimed.select_ns) == (0, 0)
 
