@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_extproc.py            # full run, about 3-4 minutes
     .venv/bin/python benchmarks/bench_extproc.py --quick    # about 40 s
-    .venv/bin/python benchmarks/bench_extproc.py --quick --py-spy /tmp/probe/bin/py-spy   # + profile
+    .venv/bin/python benchmarks/bench_extproc.py --quick --py-spy .venv/bin/py-spy   # + profile (bench extra)
 
 Prints ONE JSON object on stdout; progress goes to stderr, child logs to --log-dir.
 
@@ -36,7 +36,8 @@ Sections of the JSON:
 3. `itl`: a mock worker (`--speedup 1`) streams 64 tokens; client-side gaps between SSE events through
    Envoy direct and through Envoy + picker (buffered, response body STREAMED: one picker round trip
    per chunk). A constant per-chunk delay cancels out of the gaps; it shows in `ttft_p50_added_ms`.
-4. `targets`: picker added p50 <= 1.3 x noop added p50 (1k body, sequential, per body mode) and
+4. `targets`: picker added p50 <= 1.3 x noop added p50 (1k body, sequential, per body mode), picker
+   CPU per request at 16 concurrent <= 1.3 x the no-op's at 1k and 1.6 x at 8k (per body mode), and
    picker ITL p50 - direct ITL p50 < 0.2 ms.
 With `--py-spy PATH`, `profile` holds py-spy's on-CPU samples (--nonblocking) of the no-op and the real
 picker process (buffered, 1k bodies, sequential and 16 concurrent clients): shares of self time, of a
@@ -99,6 +100,7 @@ BLOCK_SIZE = 16
 REQUEST_TIMEOUT_S = 10.0
 TARGET_RATIO = 1.3  # picker added p50 <= 1.3 x noop added p50 (1k body, sequential)
 TARGET_ITL_MS = 0.2  # lifecycle tracking adds < 0.2 ms to the median inter-token latency
+CPU_TARGET_RATIOS = {"1k": 1.3, "8k": 1.6}  # picker CPU per request at 16 concurrent <= x noop (issue 21)
 _T0 = time.monotonic()
 
 
@@ -836,10 +838,10 @@ def measure_itl(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 # --- profile ---------------------------------------------------------------------------------------
 
 PROFILE_FOCUS = (
-    "ExtProcService.Process (extproc/service.py)",
-    "EndpointPicker.pick (extproc/picker.py)",
-    "parse_openai_body (extproc/request.py)",
-    "RequestTokenizer.tokenize (extproc/tokenizer.py)",
+    "ExtProcService.Process (extproc/epp/service.py)",
+    "EndpointPicker.pick (extproc/picker/pipeline.py)",
+    "parse_openai_body (extproc/request/parse.py)",
+    "RequestTokenizer.tokenize (extproc/request/tokenizer.py)",
     "KvRouter.block_hashes (extproc/router/router.py)",
     "KvRouter.best_worker_for_hashes (extproc/router/router.py)",
     "ApproxIndexer.record_routing (extproc/router/approx.py)",
@@ -1018,6 +1020,19 @@ def targets(latency: dict[str, Any], itl: dict[str, Any] | None) -> dict[str, An
             "picker_added_p50_ms": section["picker"]["added_p50_ms"],
             "noop_added_p50_ms": section["noop"]["added_p50_ms"],
         }
+    for size, limit in CPU_TARGET_RATIOS.items():
+        for mode in MODES:
+            section = latency[size]["concurrent16"][mode]
+            picker_cpu = section["picker"]["cpu_us_per_request"].get("picker", math.nan)
+            noop_cpu = section["noop"]["cpu_us_per_request"].get("picker", math.nan)
+            ratio = r3(picker_cpu / noop_cpu) if noop_cpu else math.nan
+            out[f"picker_cpu_le_{limit}x_noop_{size}_concurrent16_{mode}"] = {
+                "ok": bool(ratio <= limit),
+                "ratio": ratio,
+                "limit": limit,
+                "picker_cpu_us_per_request": picker_cpu,
+                "noop_cpu_us_per_request": noop_cpu,
+            }
     if itl is not None:
         added = itl["itl_p50_added_ms"]
         out["itl_p50_added_lt_0.2ms"] = {
