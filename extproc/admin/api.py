@@ -6,7 +6,8 @@
     GET  /busy_threshold          {"thresholds": [record per configured model]}
     POST /busy_threshold          {"model": M} reads M's record; with threshold fields, sets them
                                   (a value of null clears that threshold)
-    GET  /debug/workers           per worker: endpoint, cache source, cached blocks, active load
+    GET  /debug/workers           per worker: endpoint, cache source, cached blocks, active load, and
+                                  with the timing prefill load model its learned pass-time model
     GET  /debug/dump_events       ?model=M: the KV events that rebuild M's indexer (engine-reported)
     POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens", "cache_salt"?}: loads if
                                   sent; at most MAX_POTENTIAL_LOADS_TOKENS tokens (400 beyond)
@@ -42,7 +43,16 @@ from extproc.errors import PickerError, UnknownModel
 from extproc.events.sources import EventSources
 from extproc.picker.pipeline import EndpointPicker
 from extproc.request.cache_metrics import TokenCacheCollector
-from extproc.router import AllBlocksCleared, BlocksRemoved, BlocksStored, InvalidConfig, KvEvent
+from extproc.router import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    InvalidConfig,
+    KvEvent,
+    PrefillLoadModel,
+    Worker,
+)
+from extproc.router.sequences import ActiveSequences
 from extproc.runtime.readiness import Readiness
 
 log = logging.getLogger("extproc.admin")
@@ -165,6 +175,7 @@ def make_admin_app(
                         "active_decode_blocks": router.sequences.decode_blocks(worker),
                         "active_requests": router.sequences.num_requests(worker),
                         "sessions_pinned": pins.get(worker, 0),
+                        "pass_time": _pass_time(router.sequences, worker),
                     }
                 )
         queues = {model: len(picker.gate(model)) for model in picker.pools}
@@ -337,3 +348,20 @@ def _event_json(event: KvEvent) -> dict[str, Any]:
         return {"type": "removed", **worker, "block_hashes": list(event.engine_hashes)}
     assert isinstance(event, AllBlocksCleared)
     return {"type": "cleared", **worker}
+
+
+def _pass_time(sequences: ActiveSequences, worker: Worker) -> dict[str, Any] | None:
+    """The pass-time model the timing prefill load model predicts `worker` with: the configured one
+    scaled by what its first tokens showed (`extproc.router.pass_time`); None with another model."""
+    if sequences.prefill_load_model is not PrefillLoadModel.TIMING:
+        return None
+    timing = sequences.timing(worker)
+    learned = sequences.learned_pass_time(worker)
+    return {
+        "scale": learned.scale if learned else 1.0,  # x the configured model's pass times
+        "samples": learned.samples if learned else 0,
+        "last_ratio": learned.last_ratio if learned else None,  # observed / predicted time to first token
+        "prefill_ms": [timing.prefill_quadratic_ms, timing.prefill_linear_ms, timing.prefill_constant_ms],
+        "decode_ms": [timing.decode_quadratic_ms, timing.decode_linear_ms, timing.decode_constant_ms],
+        "full_pass_ms": timing.prefill_ms(timing.max_num_batched_tokens),
+    }

@@ -22,7 +22,9 @@ TOKEN = "s3cret"
 
 @pytest.fixture
 async def running():
-    config = replace(picker_config(2), port=0, health_port=0, admin_port=0, admin_token=TOKEN)
+    config = replace(
+        picker_config(2, prefill_load_model="timing"), port=0, health_port=0, admin_port=0, admin_token=TOKEN
+    )
     picker = await start_picker(config)
     try:
         yield picker
@@ -153,7 +155,15 @@ async def test_health_readiness_and_debug_views(running, http) -> None:
         http, "POST", "/debug/potential_loads", json={"model": MODEL, "prompt": "hi " * 40}
     )
     assert status == 200 and len(loads["loads"]) == 2 and loads["tokens"] > 16
-    assert all(entry["potential_prefill_tokens"] == loads["tokens"] for entry in loads["loads"])
+    # the timing prefill load model (the default): a time to first token in prefill-token units, alike
+    # on idle workers
+    assert len({entry["potential_prefill_tokens"] for entry in loads["loads"]}) == 1
+    status, workers = await call(http, "GET", "/debug/workers")
+    assert status == 200 and len(workers["workers"]) == 2
+    for worker in workers["workers"]:  # nothing learned yet: the configured pass-time model
+        pass_time = worker["pass_time"]
+        assert (pass_time["scale"], pass_time["samples"], pass_time["last_ratio"]) == (1.0, 0, None)
+        assert pass_time["prefill_ms"] == [4.209989e-7, 0.01518344, 16.50142]
     status, by_tokens = await call(
         http, "POST", "/debug/potential_loads", json={"model": MODEL, "tokens": list(range(64))}
     )
