@@ -109,7 +109,7 @@ class DisaggRouter:
         cfg = self.decode.config.merged(decode_override)
         looked_up = cfg.mode in KV_RULES and cfg.overlap_score_weight > 0
         # the decision records its own prediction of the worker's cache: look up before it
-        cached = {} if looked_up or not local_hashes else self.decode.indexer.find_matches(local_hashes)
+        cached = {} if looked_up or not local_hashes else self.decode.find_matches(local_hashes)
         decode = self.decode.best_worker_for_hashes(
             local_hashes,
             isl,

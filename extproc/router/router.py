@@ -349,6 +349,13 @@ class KvRouter:
             candidates, self._block_keys(local_hashes), len(tokens), self._overlaps(cfg, local_hashes)
         )
 
+    def find_matches(self, local_hashes: Sequence[int]) -> OverlapScores:
+        """The leading blocks of `local_hashes` each worker caches now, as a decision sees them:
+        predictions past their TTL are dropped first."""
+        if len(self.approx):
+            self.approx.expire(self._clock())
+        return self.indexer.find_matches(local_hashes)
+
     # --- admission ---------------------------------------------------------------------------
 
     def has_capacity(
@@ -451,9 +458,7 @@ class KvRouter:
     def _overlaps(self, cfg: RouterConfig, local_hashes: Sequence[int]) -> OverlapScores:
         if cfg.mode not in KV_RULES or cfg.overlap_score_weight == 0 or not local_hashes:
             return {}
-        if len(self.approx):
-            self.approx.expire(self._clock())
-        return self.indexer.find_matches(local_hashes)
+        return self.find_matches(local_hashes)
 
     def _device_of(self, worker: Worker) -> str:
         return self._specs[worker.worker_id].device

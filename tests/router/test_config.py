@@ -47,6 +47,7 @@ def test_an_out_of_range_value_is_refused_naming_its_field(field, value):
     with pytest.raises(InvalidConfig) as caught:
         RouterConfig(**{field: value})
     assert caught.value.name.startswith(field)
+    assert caught.value.value is value
     assert f"invalid {caught.value.name}=" in str(caught.value)
 
 

@@ -297,3 +297,25 @@ def test_idle_means_both_stages_idle():
     router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
     assert router.first_token("r1")
     assert router.prefill.is_idle() and not router.is_idle()
+
+
+def test_predictions_past_their_ttl_do_not_keep_a_prompt_on_its_decode_worker():
+    # decode overlap weight 0: the decode cache is looked up apart from the decision, and predictions
+    # whose TTL passed while no request came must not count there either
+    clock = FakeClock()
+    cfg = RouterConfig(block_size=BS, use_kv_events=False, router_ttl_secs=120.0)
+    decode = KvRouter(cfg, clock=clock, rng=random.Random(1), workers=[WorkerSpec("d0"), WorkerSpec("d1")])
+    prefill = KvRouter(
+        prefill_router_config(cfg), clock=clock, rng=random.Random(2), workers=[WorkerSpec("p0")]
+    )
+    policy = DisaggPolicy(min_remote_prefill_tokens=0, max_decode_prefix_frac=0.75, decode_overlap_weight=0)
+    router = DisaggRouter(decode, prefill, policy)
+    hashes = compute_block_hashes(PROMPT, BS)
+    for i, worker in enumerate(("d0", "d1")):
+        router.route(hashes, len(PROMPT), request_id=f"old{i}", allowed_workers={worker})
+        router.free(f"old{i}")
+    assert router.route(hashes, len(PROMPT), request_id="fresh").local_reason == LOCAL_CACHED
+    router.free("fresh")
+    clock.advance(121.0)
+    decision = router.route(hashes, len(PROMPT), request_id="late")
+    assert decision.local_reason is None and decision.prefill_worker == P0
