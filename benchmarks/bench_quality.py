@@ -8,8 +8,9 @@ real `KvRouter` (`extproc.sim.replay`). Routers:
   kv            Dynamo's cost (--router-prefill-load-model none): prefill blocks + decode blocks,
                 prompt load static until first token
   kv-timing     kv mode's default (--router-prefill-load-model timing): predicted time to first
-                token per worker, each worker's pass time learned online from its first tokens
-  kv-timing-static  the same with the configured pass-time model only (learning off)
+                token per worker from the configured pass-time model
+  kv-timing-learn  the same, each worker's pass time learned online from its first tokens
+                (RouterConfig.learn_prefill_timing: for mixed fleets)
 
 `--worker-speed 1,1,0.5,...` replays a mixed fleet (one speed per worker, for one worker count);
 `--replicas N --replica-sync-lag-ms L` spreads arrivals over N routers sharing in-flight load
@@ -62,11 +63,15 @@ ROUTERS: dict[str, dict[str, Any]] = {
     "round-robin": {"mode": RouterMode.ROUND_ROBIN},
     "random": {"mode": RouterMode.RANDOM},
     "kv": {"mode": RouterMode.KV, "prefill_load_model": PrefillLoadModel.NONE},
-    "kv-timing": {"mode": RouterMode.KV, "prefill_load_model": PrefillLoadModel.TIMING},
-    "kv-timing-static": {
+    "kv-timing": {
         "mode": RouterMode.KV,
         "prefill_load_model": PrefillLoadModel.TIMING,
         "learn_prefill_timing": False,
+    },
+    "kv-timing-learn": {
+        "mode": RouterMode.KV,
+        "prefill_load_model": PrefillLoadModel.TIMING,
+        "learn_prefill_timing": True,
     },
 }
 DETERMINISTIC = {"round-robin"}

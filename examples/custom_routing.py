@@ -43,7 +43,7 @@ def min_prefill(loads: list[WorkerLoad]) -> WorkerLoad:
 def main() -> int:
     # use_kv_events=False: the router predicts caches from its own decisions (no engines here)
     router = KvRouter(
-        RouterConfig(block_size=BLOCK, use_kv_events=False),
+        RouterConfig(block_size=BLOCK, use_kv_events=False, prefill_load_model="none"),  # loads in tokens
         clock=time.monotonic,
         rng=random.Random(0),
         workers=[WorkerSpec(f"w{i}") for i in range(3)],

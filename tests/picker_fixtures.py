@@ -19,6 +19,7 @@ DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 def picker_config(n_workers: int = 2, *, dp_ranks=(0,), **router) -> PickerConfig:
     router.setdefault("block_size", 16)
     router.setdefault("use_kv_events", False)
+    router.setdefault("prefill_load_model", "none")  # Dynamo's cost, which these tests' loads are counted in
     workers = tuple(
         WorkerConfig(f"w{i}", f"127.0.0.{i + 1}:800{i}", MODEL, dp_ranks=tuple(dp_ranks))
         for i in range(n_workers)

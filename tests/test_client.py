@@ -323,8 +323,9 @@ async def test_cancelling_the_consuming_task_frees_the_request_and_the_worker_st
 
 async def test_the_overlap_weight_override_changes_the_choice():
     """One worker caches the document but is busy decoding it; the other is idle and cold. With the
-    overlap weight at 0 load decides (the cold worker); with a high weight, the cache does."""
-    async with routed_workers(2, seed=3) as (_, client):
+    overlap weight at 0 load decides (the cold worker); with a high weight, the cache does. Dynamo's
+    cost: its load is decode blocks (the timing model's is time to first token, weighted alike)."""
+    async with routed_workers(2, seed=3, prefill_load_model="none") as (_, client):
         async with client.generate(model=MODEL, messages=chat("First question?"), max_tokens=LONG) as busy:
             chunks = aiter(busy)
             await anext(chunks)  # prefill is done; the request stays in flight on its worker

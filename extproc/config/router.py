@@ -177,10 +177,11 @@ ROUTER_QUEUE_POLICY = Option(
 ROUTER_PREFILL_LOAD_MODEL = Option(
     "--router-prefill-load-model",
     str,
-    "none",
-    "How a routed prompt loads its worker until its first token: none counts its tokens until the "
-    "first token; timing predicts its prefill time and lets the load decay as that time passes. "
-    "Dynamo's aic is not implemented yet: startup refuses it.",
+    "timing",
+    "How a routed prompt loads its worker until its first token: timing (the default) predicts its "
+    "time to first token on each worker from the pass-time model (--router-prefill-timing) and lets "
+    "the load decay as that time passes; none counts its tokens until the first token (Dynamo's "
+    "exact behaviour). Dynamo's aic is not implemented yet: startup refuses it.",
     choices=("none", "timing", "aic"),
 )
 ROUTER_PREFILL_TIMING: Option[str | None] = Option(

@@ -46,7 +46,9 @@ class RouterConfigOverride:
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
-    """How the router chooses. Defaults are Dynamo's."""
+    """How the router chooses. Defaults are Dynamo's, except the prefill load model: `timing`, which
+    never did worse than Dynamo's `none` in benchmarks/bench_quality.py's matrix (README, routing
+    quality); `none` keeps Dynamo's exact behaviour."""
 
     mode: RouterMode = RouterMode.KV
     block_size: int = 16
@@ -65,9 +67,11 @@ class RouterConfig:
     active_prefill_tokens_threshold_frac: float | None = None
     router_queue_threshold: float | None = None
     router_queue_policy: QueuePolicy = QueuePolicy.FCFS
-    prefill_load_model: PrefillLoadModel = PrefillLoadModel.NONE
+    prefill_load_model: PrefillLoadModel = PrefillLoadModel.TIMING  # Dynamo's: NONE (bench_quality.py)
     prefill_timing: PrefillTiming = _DEFAULT_TIMING  # the workers' pass-time model (timing only)
-    learn_prefill_timing: bool = True  # timing: learn each worker's pass-time scale from its first tokens
+    # timing: learn each worker's pass-time scale from its first tokens (mixed fleets; off by default: it
+    # cost 1-2 % at 1x on the uniform shared trace and lost to none at 16 workers, bench_quality.py)
+    learn_prefill_timing: bool = False
     cuda_to_cpu_ratio: float = 8.0  # device-aware-weighted: one accelerator worker's share per cpu worker's
     log_formula: bool = False
 

@@ -294,7 +294,7 @@ def test_the_aic_flags_are_one_line_and_aic_itself_exit_2(capsys):
     config = load_config(["--aic-backend", "vllm", "--aic-system", "h200_sxm"], environ={})
     assert config.notices == (
         "--aic-backend, --aic-system: accepted from Dynamo, no effect here: the aic prefill load model they "
-        "configure is not implemented (--router-prefill-load-model is none)",
+        "configure is not implemented (--router-prefill-load-model is timing)",
     )
     assert cli.main(["serve", "--router-prefill-load-model", "aic", "--aic-backend", "vllm"]) == 2
     err = capsys.readouterr().err

@@ -21,6 +21,7 @@ def group_config(
     """Workers `<prefix>0..` at 127.0.<subnet>.<i+1>:8000, predicted cache state, block size 16."""
     router.setdefault("block_size", BLOCK)
     router.setdefault("use_kv_events", False)
+    router.setdefault("prefill_load_model", "none")  # Dynamo's cost, which these tests' loads are counted in
     workers = tuple(
         WorkerConfig(f"{prefix}{i}", f"127.0.{subnet}.{i + 1}:8000", MODEL, dp_ranks=tuple(dp_ranks))
         for i in range(n_workers)

@@ -88,7 +88,9 @@ async def build(mode: str, group_cfg: PickerConfig, **top_router) -> Setup:
     api = await start_group_api(group.local, "127.0.0.1", 0)
     top = EndpointPicker(
         PickerConfig(
-            router=RouterConfig(block_size=BLOCK, use_kv_events=False, **top_router),
+            router=RouterConfig(
+                block_size=BLOCK, use_kv_events=False, prefill_load_model="none", **top_router
+            ),
             workers=(),
             models=group_cfg.models,
             seed=3,

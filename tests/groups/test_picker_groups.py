@@ -30,7 +30,7 @@ def chat(*turns: str) -> bytes:
 
 def top_config(groups: list[GroupConfig], **kwargs) -> PickerConfig:
     return PickerConfig(
-        router=RouterConfig(block_size=BLOCK, use_kv_events=False),
+        router=RouterConfig(block_size=BLOCK, use_kv_events=False, prefill_load_model="none"),
         workers=(),
         models=(ModelConfig(MODEL),),
         seed=3,

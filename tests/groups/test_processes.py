@@ -22,7 +22,14 @@ from .builders import BLOCK, prompt, request
 def launch_group(name: str, subnet: int, api_port: int, log_dir: Path) -> ManagedProcess:
     """A picker over two workers that are never contacted, serving its routers on `api_port`."""
     workers = [(f"{name}{i}", f"127.0.{subnet}.{i + 1}:8000") for i in range(2)]
-    return launch_group_picker(name, workers, log_dir, api_port=api_port, block_size=BLOCK)
+    return launch_group_picker(  # Dynamo's cost: the loads below are counted in tokens
+        name,
+        workers,
+        log_dir,
+        api_port=api_port,
+        block_size=BLOCK,
+        args=("--router-prefill-load-model", "none"),
+    )
 
 
 @pytest.fixture(scope="module")

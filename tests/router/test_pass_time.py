@@ -133,7 +133,7 @@ def test_another_replicas_requests_teach_nothing():
     """Replica sync delivers another replica's decision late: its first token is no measurement."""
     clock = FakeClock()
     router = KvRouter(
-        RouterConfig(block_size=16, prefill_load_model="timing"),
+        RouterConfig(block_size=16, prefill_load_model="timing", learn_prefill_timing=True),
         clock=clock,
         workers=[WorkerSpec("w")],
     )

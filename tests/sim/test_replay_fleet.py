@@ -50,7 +50,9 @@ def test_the_router_learns_a_mixed_fleet_from_first_tokens(tmp_path):
     engine = EngineConfig()
     config = ReplayConfig(
         2,
-        router=RouterConfig(block_size=engine.block_size, prefill_load_model="timing"),
+        router=RouterConfig(
+            block_size=engine.block_size, prefill_load_model="timing", learn_prefill_timing=True
+        ),
         engine=engine,
         worker_speeds=(1.0, 0.5),
     )
@@ -69,7 +71,10 @@ def test_a_configuration_off_by_3x_is_mostly_learned_away(tmp_path):
     config = ReplayConfig(
         2,
         router=RouterConfig(
-            block_size=engine.block_size, prefill_load_model="timing", prefill_timing="1.26e-6,0.0455,49.5"
+            block_size=engine.block_size,
+            prefill_load_model="timing",
+            prefill_timing="1.26e-6,0.0455,49.5",
+            learn_prefill_timing=True,
         ),
         engine=engine,
     )
