@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from extproc.router.approx import ApproxIndexer, is_predicted_id
-from extproc.router.config import RouterConfig, RouterConfigOverride, RouterMode
+from extproc.router.config import PrefillLoadModel, RouterConfig, RouterConfigOverride, RouterMode
 from extproc.router.device_share import device_class_candidates
 from extproc.router.errors import AllWorkersBusy, InvalidConfig, NoWorkers, PinnedWorkerUnavailable
 from extproc.router.hashing import TokenIds, compute_block_hashes, compute_sequence_hashes
@@ -263,12 +263,13 @@ class KvRouter:
         costs: tuple[WorkerCost, ...] = ()
         if cfg.mode in KV_RULES or len(eligible) == 1:
             loads = self._loads(eligible, block_keys, isl, overlaps)
-            worker_costs = compute_costs(loads, cfg.block_size, cfg.overlap_score_weight)
+            weight = _cost_weight(cfg)
+            worker_costs = compute_costs(loads, cfg.block_size, weight)
             chosen = pick(worker_costs, cfg.temperature, self._rng)
             worker, cost, costs = chosen.worker, chosen.cost, tuple(worker_costs)
             if cfg.log_formula or log.isEnabledFor(logging.DEBUG):
                 for c in worker_costs:
-                    log.info(c.formula(cfg.overlap_score_weight))
+                    log.info(c.formula(weight))
         elif cfg.mode is RouterMode.ROUND_ROBIN:
             worker, cost = eligible[self._round_robin % len(eligible)], 0.0
             if request_id is not None:
@@ -494,3 +495,15 @@ def _is(worker: Worker, ref: Worker | WorkerId) -> bool:
 
 def _worker_order(worker: Worker) -> tuple[str, str, int]:
     return (type(worker.worker_id).__name__, str(worker.worker_id), worker.dp_rank)
+
+
+def _cost_weight(cfg: RouterConfig) -> float:
+    """The weight of the prefill term in the cost. Under the timing model the prefill term is the
+    predicted time to first token, which already weighs cached blocks against every kind of load
+    (and the decode term is 0): a positive weight only scales every cost alike, and 0, Dynamo's
+    "pure load balancing, no indexer lookups", would make every cost 0 and the pick random. So at 0
+    the timing model keeps ranking by predicted time, without cache credit (no lookups are made)."""
+    weight = cfg.overlap_score_weight
+    if weight == 0 and cfg.prefill_load_model is PrefillLoadModel.TIMING:
+        return 1.0
+    return weight
