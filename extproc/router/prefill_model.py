@@ -166,7 +166,9 @@ class PrefillTimeline:
         elapsed = now_ms - self.anchor_ms
         if elapsed < 0:  # the stream starts when the pass in progress ends
             return now_ms, 0, self.anchor_ms
-        k = int(elapsed // full_ms)
+        # passes ended; `/` not `//`: 1.0 // 0.1 is 9.0 (0.1 is a little over a tenth) where 1.0 / 0.1
+        # rounds to 10.0, and one pass short a busy stream would read as done at that instant
+        k = int(elapsed / full_ms)
         if k * budget >= self._total:
             return None
         committed = min(self._total, (k + 1) * budget)

@@ -278,3 +278,35 @@ def test_an_estimate_says_its_own_prefill_and_the_decode_part():
     assert (guess.prefill_ms, guess.decode_ms, guess.uncached_tokens) == (S.prompt_ms(64, 5.0), 5.0, 64)
     assert guess.wait_ms == pytest.approx(guess.ttft_ms - S.prompt_ms(64, 5.0))
     assert guess.wait_ms > 0
+
+
+def test_a_busy_stream_is_not_done_at_a_pass_boundary_that_floating_point_blurs():
+    # passes of 0.1 ms: at 1.0 ms ten passes have ended (1.0 // 0.1 is 9.0 in floating point)
+    tiny = PrefillTiming(
+        0.0, 0.001, 0.0, 0.0, 0.0, 5.0, 1.0, max_num_batched_tokens=100, kv_capacity_tokens=1000
+    )
+    assert tiny.prefill_ms(100) == 0.1
+    timeline = PrefillTimeline(tiny)
+    timeline.add("a", 2000, now_ms=0.0, decode_ms=0.0)
+    assert timeline.remaining_tokens(1.0) == 1000
+    timeline.add("b", 50, now_ms=1.0, decode_ms=0.0)  # joins the stream, which goes on
+    assert len(timeline) == 2 and timeline.remaining_tokens(1.0) == 1050
+
+
+def test_a_scaled_model_takes_factor_times_as_long_for_the_same_work():
+    double = S.scaled(2.0)
+    assert double.prefill_ms(64) == 2 * S.prefill_ms(64)
+    assert double.decode_ms(0.3) == 2 * S.decode_ms(0.3)
+    assert double.decode_min_ms == 2 * S.decode_min_ms
+    assert (double.max_num_batched_tokens, double.kv_capacity_tokens) == (100, 1000)
+
+
+def test_a_retimed_stream_runs_its_passes_and_decode_part_at_the_new_speed():
+    # linear 0.5 ms a token: passes of 100 tokens take 60 ms, decoding adds 4; twice as slow after
+    base = PrefillTiming(
+        0.0, 0.5, 10.0, 0.0, 0.0, 5.0, 1.0, max_num_batched_tokens=100, kv_capacity_tokens=1000
+    )
+    timeline = PrefillTimeline(base)
+    timeline.add("a", 250, now_ms=0.0, decode_ms=4.0)  # starts at 2 ms
+    timeline.retime(base.scaled(2.0))  # passes of 2 x 60 + 8 = 128 ms
+    assert timeline.remaining_tokens(2.0 + 64.0) == 200  # half of the first pass
