@@ -41,7 +41,8 @@ class EchoWorker:
     """A tiny upstream: answers with what it received, or streams server-sent events.
 
     Any path: JSON {worker, method, path, headers, body_len, body_sha256}; with `?hold=K` the answer
-    waits for `release(K)` (a request the test keeps in prefill: no response byte yet).
+    waits for `release(K)` (a request the test keeps in prefill: no response byte yet), at most
+    `hold_timeout_s`; `holding` names the requests waiting so.
     `/sse?n=N`: N events `data: {"worker": ..., "index": i}` then `data: [DONE]`. With `&key=K`
     it sends event i+1 only after `release(K)` (lock-step, so a test can prove that chunks pass
     one by one); with `&interval_ms=M` it paces events instead (for child-process workers).
@@ -49,9 +50,13 @@ class EchoWorker:
     Port 0 (the default) binds a free port at `start`; `port` and `address` are known from then on.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, hold_timeout_s: float = GATE_TIMEOUT_S
+    ) -> None:
         self.host = host
         self.port = port
+        self.hold_timeout_s = hold_timeout_s
+        self.holding: set[str] = set()
         self._gates: dict[str, asyncio.Queue[None]] = {}
         self._runner: web.AppRunner | None = None
 
@@ -85,9 +90,11 @@ class EchoWorker:
         body = await request.read()
         hold = request.query.get("hold")
         if hold is not None:
+            self.holding.add(hold)
             try:
-                await asyncio.wait_for(self._gate(hold).get(), GATE_TIMEOUT_S)
+                await asyncio.wait_for(self._gate(hold).get(), self.hold_timeout_s)
             finally:
+                self.holding.discard(hold)
                 self._gates.pop(hold, None)
         return web.json_response(
             {

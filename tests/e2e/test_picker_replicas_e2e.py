@@ -20,10 +20,7 @@ import json
 import os
 import signal
 import sys
-import time
-import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -34,14 +31,13 @@ from extproc.devstack.envoy_config import PickerHealth
 from extproc.devstack.procs import ManagedProcess
 from extproc.devstack.stack import MODEL
 
+from ..replica_helpers import Traffic, detection_s, envoy_counter, picker_hosts, seconds, until, within
 from .harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 HEALTH = PickerHealth()  # the defaults: checks every 1 s, out after 2 failures, back after 1 pass
-# A replica is out once its health checks failed `unhealthy_threshold` times in a row (each within
-# `timeout_ms`); outlier detection and the retry usually act sooner.
-DETECTION_S = (HEALTH.interval_ms * HEALTH.unhealthy_threshold + HEALTH.timeout_ms) / 1000
+DETECTION_S = detection_s(HEALTH)
 REPLICAS = 3
 LOOPS = 4  # clients sending one request after another
 PACE_S = 0.02  # between a loop's requests: about 200 requests/s in all, not synchronisation
@@ -100,93 +96,6 @@ def envoy(replicas: list[ManagedProcess], log_dir: Path) -> Iterator[EnvoyUnderT
     started.stop()
 
 
-@dataclass(frozen=True, slots=True)
-class PickerHost:
-    """One replica as Envoy's endpoint_picker cluster sees it (admin /clusters)."""
-
-    streams_total: int  # ext_proc streams Envoy started on it
-    streams_active: int
-    failed_health_check: bool
-    ejected: bool
-
-
-def picker_hosts(envoy: EnvoyUnderTest) -> dict[int, PickerHost]:
-    """ext_proc port -> what Envoy knows of that replica."""
-    with urllib.request.urlopen(f"{envoy.process.admin_url}/clusters?format=json", timeout=5) as answer:
-        document = json.loads(answer.read())
-    (cluster,) = [c for c in document["cluster_statuses"] if c["name"] == "endpoint_picker"]
-    hosts = {}
-    for host in cluster["host_statuses"]:
-        stats = {s["name"]: int(s.get("value", 0)) for s in host["stats"]}
-        health = host["health_status"]
-        hosts[host["address"]["socket_address"]["port_value"]] = PickerHost(
-            stats.get("rq_total", 0),
-            stats.get("rq_active", 0),
-            bool(health.get("failed_active_health_check")),
-            bool(health.get("failed_outlier_check")),
-        )
-    return hosts
-
-
-def envoy_counter(envoy: EnvoyUnderTest, name: str) -> int:
-    with urllib.request.urlopen(f"{envoy.process.admin_url}/stats?filter=^{name}$", timeout=5) as answer:
-        text = answer.read().decode()
-    return int(text.split(":")[1]) if ":" in text else 0
-
-
-async def within(predicate: Callable[[], bool], timeout_s: float) -> float | None:
-    """Poll `predicate` until it holds: the seconds it took, or None if not within `timeout_s`."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout_s:
-            return None
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
-
-
-async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `predicate` until it holds; fail after `timeout_s`."""
-    if await within(predicate, timeout_s) is None:
-        pytest.fail(f"not true after {timeout_s} s: {what}")
-
-
-@dataclass
-class Traffic:
-    """Clients sending requests through Envoy; every answer recorded as (seconds since t0, status,
-    dropped reason)."""
-
-    session: aiohttp.ClientSession
-    url: str
-    t0: float = field(default_factory=time.monotonic)
-    answers: list[tuple[float, int, str | None]] = field(default_factory=list)
-    stopping: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    async def send(self, query: str = "") -> tuple[float, int, str | None]:
-        """One request; status 0 when the connection broke (the reason is the error's name)."""
-        try:
-            async with self.session.post(
-                f"{self.url}/v1/completions{query}", data=BODY, headers={"content-type": "application/json"}
-            ) as response:
-                await response.read()
-                return self.now(), response.status, response.headers.get("x-gateway-request-dropped-reason")
-        except aiohttp.ClientError as exc:
-            return self.now(), 0, type(exc).__name__
-
-    async def loop(self) -> None:
-        while not self.stopping.is_set():
-            self.answers.append(await self.send())
-            await asyncio.sleep(PACE_S)
-
-    def failures(self) -> list[tuple[float, int, str | None]]:
-        return [answer for answer in self.answers if answer[1] != 200]
-
-    def served_since(self, t: float) -> int:
-        return sum(1 for when, status, _ in self.answers if when >= t and status == 200)
-
-
 async def test_a_dead_and_a_draining_replica_stop_getting_streams(
     envoy: EnvoyUnderTest, replicas: list[ManagedProcess], worker: EchoWorker
 ) -> None:
@@ -197,7 +106,7 @@ async def test_a_dead_and_a_draining_replica_stop_getting_streams(
         "Envoy sees every replica healthy",
     )
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-        traffic = Traffic(session, envoy.url)
+        traffic = Traffic(session, envoy.url, BODY)
         held = [asyncio.ensure_future(traffic.send(f"?hold=h{i}")) for i in range(HELD)]
         await until(
             lambda: sum(h.streams_active for h in picker_hosts(envoy).values()) == HELD,
@@ -209,7 +118,7 @@ async def test_a_dead_and_a_draining_replica_stop_getting_streams(
         draining, dead, survivor = sorted(ports, key=lambda p: -active[p])
         held_on_dead = active[dead]
         by_port = dict(zip(ports, replicas, strict=True))
-        loops = [asyncio.ensure_future(traffic.loop()) for _ in range(LOOPS)]
+        loops = [asyncio.ensure_future(traffic.loop(PACE_S)) for _ in range(LOOPS)]
         try:
             await until(lambda: traffic.served_since(0) >= 50, 10, "traffic flows through every replica")
 
@@ -239,17 +148,10 @@ async def test_a_dead_and_a_draining_replica_stop_getting_streams(
         held_answers = await asyncio.gather(*held)
     retries = envoy_counter(envoy, "cluster.endpoint_picker.upstream_rq_retry")
     failures = traffic.failures()
-    window = f"{failures[0][0]:.2f}-{failures[-1][0]:.2f} s" if failures else "none"
-
-    def later(seconds: float | None) -> str:
-        return "not" if seconds is None else f"{seconds:.2f} s later"
-
     figures = (
-        f"{len(traffic.answers)} requests, {len(failures)} failed (window {window}: "
-        f"{[(round(t, 2), s, r) for t, s, r in failures][:12]}); SIGKILL at {t_kill:.2f} s (failed "
-        f"Envoy's health checks {later(out_after_kill)}), SIGTERM at {t_term:.2f} s "
-        f"({later(out_after_term)}); {retries} ext_proc streams retried; "
-        f"held: {[s for _, s, _ in held_answers]}"
+        f"{traffic.failure_summary()}; SIGKILL at {t_kill:.2f} s (failed Envoy's health checks "
+        f"{seconds(out_after_kill)} later), SIGTERM at {t_term:.2f} s ({seconds(out_after_term)} later); "
+        f"{retries} ext_proc streams retried; held: {[s for _, s, _ in held_answers]}"
     )
     print(figures)
 

@@ -3,8 +3,8 @@ nats-server under faults, with traffic: NATS stopped by pid for 1, 3 and 5 s and
 port, a replica SIGKILLed and started again (under a new id: `host-pid`), a worker flapping in one
 replica's DNS discovery (a real DNS server, tests/k8s/dns_server.py) while the others keep it.
 
-Traffic is ext_proc streams the test opens to the replicas (as Envoy would; no Envoy: the picker
-cluster's health checks are another part of issue 20): each stream is routed and held open, a
+Traffic is ext_proc streams the test opens to the replicas (as Envoy would; the same faults with a
+real Envoy in front: tests/e2e/test_replicas_under_faults_e2e.py): each stream is routed and held open, a
 request in flight until the test cancels it (Envoy's reset, which frees it). After each fault and
 at the end, every replica's load per worker (`/debug/workers`: `active_requests`) must equal the
 streams really open, and be zero once traffic ends, polled with a bound.
@@ -13,12 +13,7 @@ streams really open, and be zero once traffic ends, polled with a bound.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
-import signal
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,9 +23,10 @@ import pytest
 import pytest_asyncio
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
-from extproc.devstack.procs import ManagedProcess, NatsServer
+from extproc.devstack.procs import NatsServer
 
 from ..picker_fixtures import chat_body, request_body, request_headers
+from ..replica_helpers import FLAPPY, STABLE, FlappingZone, ServeReplica, dns_server, views_match
 from .conftest import eventually
 
 MODEL = "demo-model"
@@ -38,91 +34,49 @@ PORT = 8000
 ADDRESSES = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 WORKER_IDS = tuple(f"{a}:{PORT}" for a in ADDRESSES)  # what DNS discovery names them
 FLAPPING = WORKER_IDS[2]
-STABLE, FLAPPY = "workers.test.", "flap.test."  # the flapping replica's own name of the same pods
 HEARTBEAT_S, LEASE_S = 0.25, 1.5
-DNS_SERVER = Path(__file__).parents[1] / "k8s" / "dns_server.py"
 pytestmark = pytest.mark.asyncio
 
 
-class Zone:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.set(flapping_present=True)
-
-    def set(self, *, flapping_present: bool) -> None:
-        flap = list(ADDRESSES) if flapping_present else list(ADDRESSES[:2])
-        zone = {"mode": "ok", "records": {STABLE: {"A": list(ADDRESSES)}, FLAPPY: {"A": flap}}}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(zone))
-        tmp.replace(self.path)
-
-
 @pytest.fixture
-def dns(tmp_path: Path) -> Iterator[tuple[Zone, int]]:
-    zone = Zone(tmp_path / "zone.json")
-    server = ManagedProcess([sys.executable, str(DNS_SERVER), str(zone.path)], log_path=tmp_path / "dns.log")
-    server.start()
-    try:
-        deadline = time.monotonic() + 10
-        while "PORT " not in server.log_tail():
-            assert server.is_running() and time.monotonic() < deadline, server.log_tail()
-            time.sleep(0.02)  # the server prints its port once bound
-        yield zone, int(server.log_tail().split("PORT ")[1].split()[0])
-    finally:
-        server.stop()
+def dns(tmp_path: Path) -> Iterator[tuple[FlappingZone, int]]:
+    zone = FlappingZone(tmp_path / "zone.json", ADDRESSES)
+    with dns_server(zone.path, tmp_path / "dns.log") as port:
+        yield zone, port
 
 
-class Replica:
-    """One `serve` child process, its ext_proc channel and its admin API."""
+class Replica(ServeReplica):
+    """A `serve` replica (ports 0, a new id at each start) and the ext_proc streams held on it."""
 
     def __init__(self, name: str, tmp: Path, nats_url: str, dns_port: int, *, flapping: bool) -> None:
-        config = tmp / f"{name}.yaml"
-        config.write_text(f"models: [{{name: {MODEL}}}]\nrouter: {{kv-cache-block-size: 16}}\n")
-        self.name = name
-        self.ports_file = tmp / f"{name}.ports.json"
-        self.argv = [
-            sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
-            "--port", "0", "--health-port", "0", "--admin-port", "0", "--ports-file", str(self.ports_file),
-            "--nats-url", nats_url, "--namespace", "chaos", "--router-replica-sync",
-            "--replica-sync-heartbeat-secs", str(HEARTBEAT_S), "--replica-sync-lease-secs", str(LEASE_S),
-            "--discovery-dns", FLAPPY if flapping else STABLE,
-            "--discovery-dns-server", f"127.0.0.1:{dns_port}",
-            "--discovery-port", str(PORT), "--discovery-model", MODEL, "--discovery-refresh-secs", "0.2",
-            "--shutdown-grace-secs", "0",
-        ]  # fmt: skip
-        self.log = tmp / f"{name}.log"
-        self.process: ManagedProcess | None = None
+        super().__init__(
+            name, tmp, model=MODEL, nats_url=nats_url, namespace="chaos", dns_port=dns_port,
+            dns_name=FLAPPY if flapping else STABLE, worker_port=PORT, heartbeat_s=HEARTBEAT_S,
+            lease_s=LEASE_S,
+        )  # fmt: skip
         self.channel: grpc.aio.Channel | None = None
         self.open: dict[int, tuple[grpc.aio.StreamStreamCall, str]] = {}  # stream -> (call, worker)
-        self.lives = 0
         self.paused = False  # no new traffic through it
 
     async def start(self) -> None:
-        self.lives += 1
-        self.process = ManagedProcess(self.argv, log_path=self.log.with_suffix(f".{self.lives}.log"),
-                                      ports_file=self.ports_file).start()  # fmt: skip
-        ports = await asyncio.to_thread(self.process.ports, 30.0)
-        self.admin = f"http://127.0.0.1:{ports['admin_port']}"
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{ports['port']}")
+        await super().start()
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.ports['port']}")
 
-    async def kill(self) -> None:
+    async def crash(self) -> None:
         """SIGKILL: its streams break, their requests are no longer in flight anywhere."""
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.stop()  # reaps it
+        self.kill()
         self.open.clear()
         if self.channel is not None:
             await self.channel.close()
             self.channel = None
 
-    async def stop(self) -> None:
+    async def close(self) -> None:
         for call, _ in self.open.values():
             call.cancel()
         self.open.clear()
         if self.channel is not None:
             await self.channel.close()
-        if self.process is not None:
-            self.process.stop()
+        self.stop()
 
     async def route(self, n: int) -> None:
         """Open an ext_proc stream, send a chat request, keep the stream once it is routed."""
@@ -143,15 +97,6 @@ class Replica:
         call, _ = self.open.pop(n)
         call.cancel()  # Envoy resets the stream: the picker frees the request
 
-    async def view(self, http: aiohttp.ClientSession) -> dict[str, int]:
-        async with http.get(f"{self.admin}/debug/workers") as r:
-            body = await r.json()
-        return {w["worker"]: w["active_requests"] for w in body["workers"]}
-
-    async def counters(self, http: aiohttp.ClientSession) -> dict[str, int]:
-        async with http.get(f"{self.admin}/debug/workers") as r:
-            return (await r.json())["kv_event_counters"]
-
 
 @pytest_asyncio.fixture
 async def group(tmp_path, nats_server: NatsServer, dns) -> AsyncIterator[list[Replica]]:
@@ -162,7 +107,7 @@ async def group(tmp_path, nats_server: NatsServer, dns) -> AsyncIterator[list[Re
         yield replicas
     finally:
         for r in replicas:
-            await r.stop()
+            await r.close()
 
 
 def truth(replicas: list[Replica]) -> dict[str, int]:
@@ -176,17 +121,7 @@ def truth(replicas: list[Replica]) -> dict[str, int]:
 async def all_views_match(replicas: list[Replica], http: aiohttp.ClientSession, timeout_s: float,
                           what: str) -> float:  # fmt: skip
     """Poll until every live replica's view equals the streams open; returns how long it took."""
-    t0 = time.monotonic()
-    views: dict[str, dict[str, int]] = {}
-
-    async def check() -> bool:
-        real = truth(replicas)
-        for r in replicas:
-            views[r.name] = await r.view(http)
-        return all(v == real for v in views.values())
-
-    await eventually(check, timeout_s, lambda: f"{what}: truth {truth(replicas)}, views {views}")
-    return time.monotonic() - t0
+    return await views_match(replicas, http, lambda: truth(replicas), timeout_s, what)
 
 
 async def test_every_replicas_load_equals_the_requests_in_flight_through_nats_restarts_a_kill_and_a_flap(
@@ -230,7 +165,7 @@ async def test_every_replicas_load_equals_the_requests_in_flight_through_nats_re
                 stop.clear()
                 tasks = [asyncio.create_task(traffic(r)) for r in group]
 
-            await b.kill()  # SIGKILL, under traffic
+            await b.crash()  # SIGKILL, under traffic
             await asyncio.sleep(0.5)
             stop.set()
             await asyncio.gather(*tasks)
@@ -241,12 +176,12 @@ async def test_every_replicas_load_equals_the_requests_in_flight_through_nats_re
 
             c.paused = True  # c sends nothing meanwhile, so what it forgets is known exactly
             zone.set(flapping_present=False)  # c's discovery loses a worker the others keep
-            await eventually(lambda: worker_count(c, http, 2), 10.0, "c dropped the flapping worker")
+            await eventually(lambda: c.knows(http, 2), 10.0, "c dropped the flapping worker")
             for n in [n for n, (_, w) in c.open.items() if w == FLAPPING]:
                 c.finish(n)  # c forgot these (and told the others): they are in flight nowhere now
             await asyncio.sleep(0.5)  # a and b keep routing to the flapping worker
             zone.set(flapping_present=True)
-            await eventually(lambda: worker_count(c, http, 3), 10.0, "c has the flapping worker back")
+            await eventually(lambda: c.knows(http, 3), 10.0, "c has the flapping worker back")
             c.paused = False
             await asyncio.sleep(0.5)
             stop.set()
@@ -269,8 +204,4 @@ async def test_every_replicas_load_equals_the_requests_in_flight_through_nats_re
 
 
 async def all_seen(group: list[Replica], http: aiohttp.ClientSession) -> bool:
-    return all([len(await r.view(http)) == len(WORKER_IDS) for r in group])
-
-
-async def worker_count(replica: Replica, http: aiohttp.ClientSession, n: int) -> bool:
-    return len(await replica.view(http)) == n
+    return all([await r.knows(http, len(WORKER_IDS)) for r in group])
