@@ -280,7 +280,7 @@ class EndpointPicker:
         if pool is None:
             raise UnknownModel(request.model, list(self._pools))
         session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
-        tokens: list[int] | None = None
+        tokens: Sequence[int] | None = None
         if not parsed.has_prompt:
             log.warning(
                 "%s: its prompt holds more than %d JSON values: routing on load only",
@@ -288,7 +288,7 @@ class EndpointPicker:
             )  # fmt: skip
         else:
             try:
-                tokens = await pool.tokenizer.tokenize(request)
+                tokens = await pool.tokenizer.token_ids(request)
             except TokenizerUnavailable as exc:
                 log.warning(
                     "tokenizer failed for %s (%s): routing on load only",

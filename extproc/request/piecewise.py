@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import tokenizers
 
-from extproc.request.token_cache import TokenCache, piece_key
+from extproc.request.token_cache import ID_TYPE, TokenCache, piece_key
 
 # Rust's `\s` (Unicode White_Space), what pass 1 strips for lstrip/rstrip (Python's `\s` adds U+001C-1F)
 WHITE_SPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000") | frozenset(
@@ -189,6 +190,11 @@ class PiecewiseEncoder:
         Raises what the tokenizer raises (a piece it cannot encode), and `ValueError` for
         `add_special_tokens` when the post-processor's ids could not be probed (`can_add_special_tokens`).
         """
+        return self.encode_array(text, add_special_tokens=add_special_tokens).tolist()
+
+    def encode_array(self, text: str, *, add_special_tokens: bool = False) -> array[int]:
+        """As `encode`, as a uint32 array: the cached pieces' arrays are copied into it in C, where a
+        list of 100k ids costs about 2 ms to build (an int object each). Raises as `encode`."""
         prefix, suffix = self._special_ids(add_special_tokens)
         parts = self.splitter.split(text)
         pieces = [p for p in parts if type(p) is str]
@@ -198,21 +204,22 @@ class PiecewiseEncoder:
         for key, piece, ids in zip(keys, pieces, found, strict=True):
             if ids is None:
                 missing.setdefault(key, piece)
-        fresh: dict[Hashable, Sequence[int]] = {}
+        fresh: dict[Hashable, array[int]] = {}
         if missing:
             encoded = self._encode_pieces(list(missing.values()))
-            self.cache.put_many(list(zip(missing, encoded, strict=True)))
-            fresh = dict(zip(missing, encoded, strict=True))
-        out = list(prefix)
+            stored = self.cache.put_many(list(zip(missing, encoded, strict=True)))
+            fresh = dict(zip(missing, stored, strict=True))
+        out = array(ID_TYPE, prefix)
+        append, extend = out.append, out.extend
         at = 0
         for part in parts:
             if type(part) is int:
-                out.append(part)
+                append(part)
                 continue
             ids = found[at]
-            out.extend(fresh[keys[at]] if ids is None else ids)
+            extend(fresh[keys[at]] if ids is None else ids)
             at += 1
-        out.extend(suffix)
+        extend(array(ID_TYPE, suffix))
         return out
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = False) -> list[int]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 DEFAULT_PIECE_CACHE_BYTES = 128 * 1024 * 1024
 SMALL_PIECE_CHARS = 64
 ENTRY_OVERHEAD_BYTES = 96  # OrderedDict: hash-table slot (amortised) + linked node, on CPython 3.11
-_ID_TYPE = "I" if array("I").itemsize == 4 else "L"
+ID_TYPE = "I" if array("I").itemsize == 4 else "L"  # the cached ids' array type: 32-bit
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class TokenCache:
         Returns the stored arrays in order. An entry larger than the whole bound is returned, not kept.
         Counts the tokens as missed: callers put what `get_many` did not find.
         """
-        stored = [(key, array(_ID_TYPE, ids)) for key, ids in items]
+        stored = [(key, array(ID_TYPE, ids)) for key, ids in items]
         sized = [(key, ids, _entry_bytes(key, ids)) for key, ids in stored]
         entries = self._entries
         with self._lock:

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -234,6 +235,27 @@ class HfTokenizer:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         add_special_tokens: bool | None = None,
     ) -> list[int]:
+        ids = self.encode_chat_ids(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+            add_special_tokens=add_special_tokens,
+        )
+        return ids if isinstance(ids, list) else ids.tolist()
+
+    def encode_chat_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
+    ) -> list[int] | array[int]:
+        """As `encode_chat`; a prompt encoded piecewise comes as a uint32 array, copied from the piece
+        cache in C (the router hashes it as it is: no list of 100k ints to build). Raises
+        `TokenizerUnavailable`."""
         text = self.render_chat(
             messages,
             tools=tools,
@@ -248,7 +270,7 @@ class HfTokenizer:
             and (pieces.can_add_special_tokens or not add)
         ):
             try:
-                return pieces.encode(text, add_special_tokens=add)
+                return pieces.encode_array(text, add_special_tokens=add)
             except Exception as e:  # as `_encode`: the Rust side raises bare exceptions
                 raise TokenizerUnavailable(f"tokenizer {self.name} failed: {e}") from e
         return self._encode(text, add_special_tokens=add)
@@ -435,6 +457,12 @@ class RequestTokenizer:
 
     async def tokenize(self, request: ParsedRequest) -> list[int]:
         """The token ids the engine will prefill for `request`. Raises `TokenizerUnavailable`."""
+        ids = await self.token_ids(request)
+        return ids if isinstance(ids, list) else ids.tolist()
+
+    async def token_ids(self, request: ParsedRequest) -> list[int] | array[int]:
+        """As `tokenize`, without building a list where the ids come as an array (a chat prompt from
+        the piece cache: `HfTokenizer.encode_chat_ids`). What the picker routes on."""
         if request.prompt_token_ids is not None:
             return _truncate(list(request.prompt_token_ids), request)
         try:
@@ -504,7 +532,7 @@ def _unset(value: Any) -> bool:
     return value is None or (isinstance(value, str) and value == "auto")
 
 
-def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int]:
+def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int] | array[int]:
     keep = request.truncate_prompt_tokens
     if (
         keep is not None
@@ -513,8 +541,10 @@ def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int]:
         and isinstance(backend, HfTokenizer)
     ):
         return _truncated_by_tokenizer(backend, request, keep)
+    ids: list[int] | array[int]
     if request.messages is not None:
-        ids = backend.encode_chat(
+        encode = backend.encode_chat_ids if isinstance(backend, HfTokenizer) else backend.encode_chat
+        ids = encode(
             request.messages,
             tools=request.tools,
             add_generation_prompt=request.add_generation_prompt,
@@ -528,7 +558,7 @@ def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int]:
     return _truncate(ids, request)
 
 
-def _truncate(ids: list[int], request: ParsedRequest) -> list[int]:
+def _truncate(ids: list[int] | array[int], request: ParsedRequest) -> list[int] | array[int]:
     """vLLM's `TokenizeParams._token_truncation`: keep `truncate_prompt_tokens` ids from the right end unless
     `truncation_side` is "right". A -1 means "to the engine's context length", which only the engine knows:
     such prompts stay whole (they differ only when longer than the context)."""

@@ -48,13 +48,15 @@ def tokens_as_u32le(tokens: TokenIds) -> memoryview:
     """Token ids as little-endian uint32 bytes (the layout the hashes are defined on).
 
     Lists go through `array.array` (a C loop, about 4x faster than numpy's list conversion);
-    numpy arrays are cast without a copy when they already are `<u4`.
+    uint32 `array.array`s (on a little-endian machine) and `<u4` numpy arrays are viewed without a copy.
     Raises ValueError when a token id is not an integer in [0, 2**32).
     """
     if isinstance(tokens, np.ndarray):
         if tokens.size and (tokens.dtype.kind not in "iu" or tokens.min() < 0 or tokens.max() > 0xFFFFFFFF):
             raise ValueError("token ids must be integers in [0, 2**32)")
         return np.ascontiguousarray(tokens, dtype="<u4").data.cast("B")
+    if type(tokens) is array.array and tokens.typecode == "I" and not _BIG_ENDIAN:
+        return memoryview(tokens).cast("B")  # already the layout (a tokenizer's ids): no copy
     try:
         arr = array.array("I", tokens)
     except (OverflowError, TypeError) as exc:

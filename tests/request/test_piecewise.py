@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import logging
 import random
+from array import array
 from pathlib import Path
 
 import pytest
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from extproc.errors import TokenizerUnavailable
+from extproc.request.parse import parse_openai_body
 from extproc.request.piecewise import PieceSplitter, PiecewiseEncoder, inexact_reason, special_wrapping
 from extproc.request.token_cache import TokenCache
-from extproc.request.tokenizer import HfTokenizer
+from extproc.request.tokenizer import HfTokenizer, RequestTokenizer
 from tests.tokenizer_files import (
     BOS,
     CORPUS,
@@ -253,6 +255,30 @@ def test_chat_ids_equal_whole_ids_and_later_turns_hit_the_cache(tmp_path: Path):
     stats = hf.piece_cache_stats()
     assert stats is not None and stats.hits > stats.misses > 0
     assert hf.encode_chat(CHAT, add_special_tokens=True)[:2] == [hf._backend.token_to_id(BOS)] * 2
+
+
+def test_chat_ids_come_as_a_uint32_array_with_the_list_ids(tmp_path: Path):
+    hf = HfTokenizer(write_tokenizer_dir(tmp_path))
+    whole = HfTokenizer(tmp_path, piece_cache_bytes=0)
+    for add in (None, True):
+        for _ in range(2):  # a cold cache, then a warm one
+            ids = hf.encode_chat_ids(CHAT, add_special_tokens=add)
+            assert isinstance(ids, array) and ids.itemsize == 4
+            assert ids.tolist() == whole.encode_chat(CHAT, add_special_tokens=add)
+    assert isinstance(whole.encode_chat_ids(CHAT), list)  # whole prompts: the tokenizer's own list
+
+
+async def test_the_request_tokenizer_routes_on_the_array_and_gives_lists(tmp_path: Path):
+    tokenizer = RequestTokenizer(
+        HfTokenizer(write_tokenizer_dir(tmp_path)), timeout_s=5.0, inline_max_bytes=0
+    )
+    body = json.dumps(
+        {"model": "m", "messages": CHAT, "truncate_prompt_tokens": 5, "truncation_side": "right"}
+    )
+    request = parse_openai_body(body.encode(), "/v1/chat/completions", max_bytes=1 << 20)
+    ids = await tokenizer.token_ids(request)  # in a worker thread (inline_max_bytes=0), cut on the right
+    listed = await tokenizer.tokenize(request)
+    assert isinstance(ids, array) and type(listed) is list and ids.tolist() == listed and len(listed) == 5
 
 
 def test_completions_and_tools_templates_keep_their_paths(tmp_path: Path):

@@ -1,5 +1,7 @@
 """Block and sequence hashes are bit-identical to Dynamo's (REFERENCE section 3 vectors)."""
 
+import array
+
 import numpy as np
 import pytest
 
@@ -88,6 +90,14 @@ def test_the_largest_uint32_token_id_hashes_alike_from_a_list_and_an_array():
     assert len(expected) == 1
     assert compute_block_hashes(np.array(tokens, dtype=np.int64), 16) == expected
     assert compute_block_hashes(np.array(tokens, dtype=np.uint32), 16) == expected
+
+
+def test_a_uint32_array_hashes_as_its_list_does():
+    tokens = [0xFFFFFFFF, 0, 7, 128_000] * 12
+    ids = array.array("I", tokens)
+    assert compute_block_hashes(ids, 16) == compute_block_hashes(tokens, 16)
+    assert compute_block_hashes(ids, 16, lora_name="a") == compute_block_hashes(tokens, 16, lora_name="a")
+    assert bytes(tokens_as_u32le(ids)) == bytes(tokens_as_u32le(tokens))
 
 
 def test_token_bytes_are_unsigned_little_endian():
