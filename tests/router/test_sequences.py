@@ -282,3 +282,69 @@ def test_timing_a_worker_pays_the_decode_part_exactly_while_it_decodes():
     )
     seqs.free("c")
     assert seqs.is_idle()
+
+
+# --- the timing model's reads and what it learned -----------------------------------------------
+
+
+def test_without_block_tracking_a_request_adds_no_blocks():
+    seqs = ActiveSequences(B, track_active_blocks=False)
+    assert seqs.new_blocks(W, [1, 2, 3], isl=40) == 0
+    seqs.add_request("a", W, [1, 2, 3], isl=40, overlap_blocks=0)
+    assert seqs.potential(W, [4, 5], isl=32) == (40, 0.0)
+
+
+def test_timed_potential_reads_the_prefill_tokens_left_now():
+    seqs, clock = timed()
+    seqs.add_request("a", W, [1], isl=1000, overlap_blocks=0)
+    clock.advance(T.prompt_ms(1000) / 2000.0)  # about half of its prompt computed
+    left = seqs.prefill_tokens(W)
+    assert 0 < left < 1000
+    assert seqs.potential(W, FRESH, isl=64)[0] == left
+
+
+def learned_twice_as_slow(seqs: ActiveSequences, clock: FakeClock) -> None:
+    """One prompt at a time on an idle worker, each taking twice the configured model's time."""
+    for i in range(48):
+        seqs.add_request(f"l{i}", W, [], isl=4000, overlap_blocks=0)
+        clock.advance(2 * seqs.prefill_timing.prompt_ms(4000) / 1000.0)
+        seqs.mark_prefill_complete(f"l{i}")
+        seqs.free(f"l{i}")
+        clock.advance(1.0)
+
+
+def test_a_new_stream_is_predicted_at_the_workers_learned_speed():
+    seqs, clock = timed(learn_prefill_timing=True)
+    learned_twice_as_slow(seqs, clock)
+    seqs.add_request("a", W, [], isl=4000, overlap_blocks=0)
+    clock.advance(seqs.prefill_timing.prompt_ms(4000) / 1000.0)  # the configured model's whole prompt
+    assert seqs.prefill_tokens(W) > 1000  # at half speed about half is left
+
+
+def test_a_first_token_retimes_the_prompts_still_queued():
+    def left_of_b(learn: bool) -> int:
+        seqs, clock = timed(learn_prefill_timing=learn)
+        seqs.add_request("a", W, [1], isl=4000, overlap_blocks=0)
+        seqs.add_request("b", W, [2], isl=4000, overlap_blocks=0)
+        clock.advance(2 * T.prompt_ms(4000) / 1000.0)  # a took twice the predicted time
+        assert seqs.mark_prefill_complete("a")
+        clock.advance(0.8 * T.prompt_ms(4000) / 1000.0)
+        return seqs.prefill_tokens(W)
+
+    assert left_of_b(True) > left_of_b(False) > 0
+
+
+def test_a_first_token_at_the_routing_instant_teaches_nothing_and_breaks_nothing():
+    seqs, _ = timed(learn_prefill_timing=True)
+    seqs.add_request("a", W, [1], isl=1000, overlap_blocks=0)
+    seqs.add_request("b", W, [2], isl=1000, overlap_blocks=0)
+    assert seqs.mark_prefill_complete("a")  # no time passed: not a measurement
+    assert seqs.learned_pass_time(W) is None
+    assert seqs.prefill_tokens(W) == 1000
+
+
+def test_without_learning_a_timed_first_token_still_ends_the_prompt():
+    seqs, clock = timed(learn_prefill_timing=False)
+    seqs.add_request("a", W, [1], isl=1000, overlap_blocks=0)
+    clock.advance(0.01)
+    assert seqs.mark_prefill_complete("a") and seqs.prefill_tokens(W) == 0
