@@ -15,6 +15,7 @@ from google.protobuf import struct_pb2
 
 from extproc import errors
 from extproc.epp import answers as epp
+from extproc.router import errors as router_errors
 
 CHUNK = epp.MAX_STREAMED_CHUNK
 OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -223,3 +224,16 @@ def test_the_header_map_has_lower_case_keys_and_prefers_raw_values():
         "x-both": "raw",
         "x-bad": "caf\ufffd",
     }
+
+
+def test_a_router_error_answer_carries_its_text():
+    exc = router_errors.AllWorkersBusy(3)
+    body = json.loads(epp.error_answer(exc).immediate_response.body)
+    assert body["error"]["message"] == "all 3 candidate workers are over a busy threshold"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "allowed"), [("box:8000", ["Xbox"]), ("Xbox:8000", ["box"]), ("[::1]:80", ["X::1"])]
+)
+def test_only_brackets_are_ignored_when_hosts_are_compared(endpoint, allowed):
+    assert not epp.endpoint_matches(endpoint, allowed)
