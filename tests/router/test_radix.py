@@ -458,9 +458,7 @@ ops = st.one_of(
 QUERIES = [[a, b, c, d] for a in range(4) for b in range(4) for c in range(4) for d in range(4)]
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(ops, max_size=40))
-def test_radix_tree_agrees_with_brute_force_and_rebuilds_from_its_dump(sequence):
+def agrees_with_brute_force(sequence) -> None:
     tree, model = RadixTree(), BruteForce()
     for op in sequence:
         apply_to_tree(tree, op)
@@ -468,6 +466,19 @@ def test_radix_tree_agrees_with_brute_force_and_rebuilds_from_its_dump(sequence)
     check_runs(tree)
     check_against(tree, model, QUERIES)
     check_rebuild(tree, QUERIES)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ops, max_size=40))
+def test_radix_tree_agrees_with_brute_force_and_rebuilds_from_its_dump(sequence):
+    agrees_with_brute_force(sequence)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(ops, max_size=40))
+def test_a_few_histories_agree_with_brute_force(sequence):
+    """The oracle in brief, for the fast test set (benchmarks/mutation.py leaves the long ones out)."""
+    agrees_with_brute_force(sequence)
 
 
 # Long runs: stores of up to 12 blocks over a 3-letter alphabet (so runs share prefixes and split),
@@ -514,9 +525,7 @@ def long_ops(draw):
     return sequence
 
 
-@settings(max_examples=300, deadline=None)
-@given(long_ops())
-def test_long_runs_split_and_merge_like_the_brute_force_model(sequence):
+def long_runs_agree_with_brute_force(sequence) -> None:
     tree, model = RadixTree(), BruteForce()
     for op in sequence:
         apply_to_tree(tree, op)
@@ -525,3 +534,16 @@ def test_long_runs_split_and_merge_like_the_brute_force_model(sequence):
     queries = model.queries() + QUERIES
     check_against(tree, model, queries)
     check_rebuild(tree, queries)
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_ops())
+def test_long_runs_split_and_merge_like_the_brute_force_model(sequence):
+    long_runs_agree_with_brute_force(sequence)
+
+
+@settings(max_examples=25, deadline=None)
+@given(long_ops())
+def test_a_few_long_runs_agree_with_brute_force(sequence):
+    """The long-run oracle in brief, for the fast test set."""
+    long_runs_agree_with_brute_force(sequence)
