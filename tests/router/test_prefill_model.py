@@ -310,3 +310,11 @@ def test_a_retimed_stream_runs_its_passes_and_decode_part_at_the_new_speed():
     timeline.add("a", 250, now_ms=0.0, decode_ms=4.0)  # starts at 2 ms
     timeline.retime(base.scaled(2.0))  # passes of 2 x 60 + 8 = 128 ms
     assert timeline.remaining_tokens(2.0 + 64.0) == 200  # half of the first pass
+
+
+def test_an_empty_timeline_can_be_retimed_and_then_used():
+    timeline = PrefillTimeline(S)
+    timeline.retime(S.scaled(2.0))
+    assert timeline.remaining_tokens(0.0) == 0 and len(timeline) == 0
+    timeline.add("a", 100, now_ms=0.0, decode_ms=0.0)  # one pass of 2 x 110 ms
+    assert timeline.remaining_tokens(110.0) == 50
