@@ -7,6 +7,7 @@ object on stdout (progress on stderr):
     .venv/bin/python benchmarks/mutation.py                       # every module
     .venv/bin/python benchmarks/mutation.py router/selection.py epp/answers.py
     .venv/bin/python benchmarks/mutation.py --ref HEAD router/queue.py  # a commit, not the tree
+    .venv/bin/python benchmarks/mutation.py --report              # count the last run again
     .venv/bin/python benchmarks/mutation.py --list                # the modules and their tests
 
 Each module gets its own work directory, `mutants/<module>/` (git-ignored): a copy of `extproc/`,
@@ -74,24 +75,343 @@ EQUIVALENT_CLASSES = {
 # module -> mutant (its name without the module's dotted path) -> (the line it writes, class, why it
 # cannot change behaviour)
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "router/approx.py": {
+        "xǁApproxIndexerǁ__init____mutmut_15": (
+            'self._next_expiry = float("INF")  # lower bound of every table\'s oldest expiry',
+            "same-value",
+            'float() reads "INF" as infinity too',
+        ),
+        "xǁApproxIndexerǁrecord_routing__mutmut_32": (
+            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=None)",
+            "same-value",
+            "seq_hashes are the chained local_hashes: the lengths always agree",
+        ),
+        "xǁApproxIndexerǁrecord_routing__mutmut_35": (
+            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], )",
+            "same-value",
+            "seq_hashes are the chained local_hashes: the lengths always agree",
+        ),
+        "xǁApproxIndexerǁrecord_routing__mutmut_36": (
+            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=False)",
+            "same-value",
+            "seq_hashes are the chained local_hashes: the lengths always agree",
+        ),
+        "xǁApproxIndexerǁexpire__mutmut_5": (
+            'next_expiry = float("INF")',
+            "same-value",
+            'float() reads "INF" as infinity too',
+        ),
+        "xǁApproxIndexerǁ_pop_oldest__mutmut_15": (
+            "seq_hash, _ = table.popitem(last=None)",
+            "same-value",
+            "popitem reads last for its truth: None pops the oldest as False does",
+        ),
+        "x__held_prefix__mutmut_13": (
+            "mid = (lo + hi + 2) // 2",
+            "same-value",
+            "mid stays in (lo, hi], all a binary search for the last held block needs",
+        ),
+    },
+    "router/device_share.py": {
+        "x_device_class_candidates__mutmut_5": (
+            "if not cpu and len(cpu) == len(eligible):",
+            "same-value",
+            "one class empty: the share rule gives every eligible worker (idle class never takes it)",
+        ),
+    },
+    "router/hashing.py": {
+        "x_block_seed__mutmut_7": (
+            'seed += _xxh3(lora_name.encode("utf-8"), )',
+            "same-value",
+            "xxh3_64_intdigest's seed defaults to 0",
+        ),
+        "x_block_seed__mutmut_10": (
+            'seed += _xxh3(lora_name.encode("UTF-8"), seed=0)',
+            "same-value",
+            '"UTF-8" and "utf-8" name the same codec',
+        ),
+        "x_block_seed__mutmut_20": (
+            'seed += _xxh3(namespace.encode("UTF-8"), seed=1)',
+            "same-value",
+            '"UTF-8" and "utf-8" name the same codec',
+        ),
+        "x_tokens_as_u32le__mutmut_5": (
+            'if tokens.size and (tokens.dtype.kind not in "XXiuXX" or tokens.min() < 0 or tokens.max() > 0xFFFFFFFF):',  # noqa: E501
+            "same-value",
+            'a dtype kind is one character: "XXiuXX" holds i and u and no other kind',
+        ),
+        "x_tokens_as_u32le__mutmut_12": (
+            'raise ValueError("XXtoken ids must be integers in [0, 2**32)XX")',
+            "message",
+            "the error's text",
+        ),
+        "x_tokens_as_u32le__mutmut_31": (
+            'raise ValueError("XXtoken ids must be integers in [0, 2**32)XX") from exc',
+            "message",
+            "the error's text",
+        ),
+        "x_compute_sequence_hashes__mutmut_17": (
+            "raise OverflowError(None) from None",
+            "message",
+            "the error's text",
+        ),
+    },
+    "router/prefill_model.py": {
+        "xǁPrefillTimingǁ__post_init____mutmut_27": (
+            'raise InvalidConfig(f"prefill_timing.{name}", value, None)',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁ__post_init____mutmut_31": (
+            'raise InvalidConfig(f"prefill_timing.{name}", value, "XXa finite numberXX")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁ__post_init____mutmut_32": (
+            'raise InvalidConfig(f"prefill_timing.{name}", value, "A FINITE NUMBER")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁ__post_init____mutmut_38": (
+            'raise InvalidConfig("prefill_timing.prefill_linear_ms", self.prefill_linear_ms, None)',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁ__post_init____mutmut_44": (
+            'raise InvalidConfig("prefill_timing.prefill_linear_ms", self.prefill_linear_ms, "XXa number > 0XX")',  # noqa: E501
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁ__post_init____mutmut_45": (
+            'raise InvalidConfig("prefill_timing.prefill_linear_ms", self.prefill_linear_ms, "A NUMBER > 0")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁ__post_init____mutmut_62": (
+            'raise InvalidConfig(f"prefill_timing.{name}", value, None)',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁ__post_init____mutmut_66": (
+            'raise InvalidConfig(f"prefill_timing.{name}", value, "XXan integer >= 1XX")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁ__post_init____mutmut_67": (
+            'raise InvalidConfig(f"prefill_timing.{name}", value, "AN INTEGER >= 1")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁparse__mutmut_7": (
+            'raise InvalidConfig("prefill_timing", text, None) from None',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁparse__mutmut_13": (
+            'raise InvalidConfig("prefill_timing", text, "XX3 or 6 comma-separated numbersXX") from None',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁparse__mutmut_14": (
+            'raise InvalidConfig("prefill_timing", text, "3 OR 6 COMMA-SEPARATED NUMBERS") from None',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁparse__mutmut_20": (
+            'raise InvalidConfig("prefill_timing", text, None)',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁparse__mutmut_26": (
+            'raise InvalidConfig("prefill_timing", text, "XX3 or 6 comma-separated numbersXX")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimingǁparse__mutmut_27": (
+            'raise InvalidConfig("prefill_timing", text, "3 OR 6 COMMA-SEPARATED NUMBERS")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁPrefillTimelineǁ__init____mutmut_3": (
+            "self._total = None",
+            "same-value",
+            "add() sets it before it is read (empty: done; retime only scales it)",
+        ),
+        "xǁPrefillTimelineǁ__init____mutmut_6": (
+            "self._decode_ms = 1.0  # decode part of each pass of this stream",
+            "same-value",
+            "add() sets it before it is read (empty: done; retime only scales it)",
+        ),
+        "xǁPrefillTimelineǁ__init____mutmut_7": (
+            "self.anchor_ms = None",
+            "same-value",
+            "add() sets it before it is read (empty: done; retime only scales it)",
+        ),
+        "xǁPrefillTimelineǁ__init____mutmut_8": (
+            "self.anchor_ms = 1.0",
+            "same-value",
+            "add() sets it before it is read (empty: done; retime only scales it)",
+        ),
+        "xǁPrefillTimelineǁremaining_tokens__mutmut_18": (
+            "progress = (now_ms - start) / (end - start) if (end > start) or True else 0.0",
+            "same-value",
+            "a pass in progress always ends after it starts (end > now >= start): the else is unreachable",
+        ),
+        "xǁPrefillTimelineǁremaining_tokens__mutmut_22": (
+            "progress = (now_ms - start) / (end - start) if end >= start else 0.0",
+            "same-value",
+            "a pass in progress always ends after it starts (end > now >= start): the else is unreachable",
+        ),
+        "xǁPrefillTimelineǁremaining_tokens__mutmut_23": (
+            "progress = (now_ms - start) / (end - start) if end > start else 1.0",
+            "same-value",
+            "a pass in progress always ends after it starts (end > now >= start): the else is unreachable",
+        ),
+        "xǁPrefillTimelineǁremaining_tokens__mutmut_34": (
+            "return round(self._total - committed + in_pass * (1.0 - min(2.0, max(0.0, progress))))",
+            "same-value",
+            "progress is in [0, 1) here (now in [start, end)): the clamp never acts",
+        ),
+    },
+    "router/queue.py": {
+        "xǁAdmissionQueueǁremove__mutmut_5": (
+            "if entry is not None or len(self._heap) > 2 * len(self._entries) + 16:",
+            "performance",
+            "compacts on more removals: contents and order are the same",
+        ),
+        "xǁAdmissionQueueǁremove__mutmut_7": (
+            "if entry is not None and len(self._heap) >= 2 * len(self._entries) + 16:",
+            "performance",
+            "compacts one removal earlier: contents and order are the same",
+        ),
+        "xǁAdmissionQueueǁremove__mutmut_8": (
+            "if entry is not None and len(self._heap) > 2 * len(self._entries) - 16:",
+            "performance",
+            "compacts sooner (2 n + 16 still holds): contents and order are the same",
+        ),
+    },
+    "router/router.py": {
+        "xǁKvRouterǁdump_events__mutmut_4": (
+            "dropped_store = None",
+            "same-value",
+            "a dump's removals follow their store: the start value is never read",
+        ),
+        "xǁKvRouterǁdump_events__mutmut_5": (
+            "dropped_store = True",
+            "same-value",
+            "a dump's removals follow their store: the start value is never read",
+        ),
+        "xǁKvRouterǁbest_worker_for_hashes__mutmut_58": (
+            "if cfg.mode is RouterMode.DEVICE_AWARE_WEIGHTED and len(eligible) >= 1:",
+            "same-value",
+            "one eligible worker: device_class_candidates returns it alone",
+        ),
+        "xǁKvRouterǁbest_worker_for_hashes__mutmut_137": (
+            "best = max((overlaps.get(w, 0) for w in candidates), default=0) if (overlaps) or True else 0",
+            "same-value",
+            "without overlaps every candidate counts 0: the max is 0",
+        ),
+        "xǁKvRouterǁbest_worker_for_hashes__mutmut_139": (
+            "best = max((overlaps.get(w, 0) for w in candidates), default=None) if overlaps else 0",
+            "same-value",
+            "candidates are never empty (NoWorkers first): no default is used",
+        ),
+        "xǁKvRouterǁbest_worker_for_hashes__mutmut_141": (
+            "best = max((overlaps.get(w, 0) for w in candidates), ) if overlaps else 0",
+            "same-value",
+            "candidates are never empty (NoWorkers first): no default is used",
+        ),
+        "xǁKvRouterǁbest_worker_for_hashes__mutmut_147": (
+            "best = max((overlaps.get(w, 0) for w in candidates), default=1) if overlaps else 0",
+            "same-value",
+            "candidates are never empty (NoWorkers first): no default is used",
+        ),
+        "xǁKvRouterǁ_track__mutmut_1": (
+            "seq_hashes = None",
+            "same-value",
+            "record_routing computes the same sequence hashes itself",
+        ),
+        "xǁKvRouterǁ_track__mutmut_2": (
+            "seq_hashes = block_keys if (block_keys is not local_hashes) and False else None",
+            "same-value",
+            "record_routing computes the same sequence hashes itself",
+        ),
+        "xǁKvRouterǁ_track__mutmut_21": (
+            "self.approx.record_routing(worker, local_hashes, self._clock(), seq_hashes=None)",
+            "same-value",
+            "record_routing computes the same sequence hashes itself",
+        ),
+        "xǁKvRouterǁ_track__mutmut_25": (
+            "self.approx.record_routing(worker, local_hashes, self._clock(), )",
+            "same-value",
+            "record_routing computes the same sequence hashes itself",
+        ),
+        "xǁKvRouterǁset_thresholds__mutmut_10": (
+            'raise InvalidConfig(name, values[name], "XXone of XX" + ", ".join(known))',
+            "message",
+            "the error's text (the names it lists stay)",
+        ),
+        "xǁKvRouterǁset_thresholds__mutmut_11": (
+            'raise InvalidConfig(name, values[name], "ONE OF " + ", ".join(known))',
+            "message",
+            "the error's text (the names it lists stay)",
+        ),
+        "xǁKvRouterǁset_thresholds__mutmut_13": (
+            'raise InvalidConfig(name, values[name], "one of " + "XX, XX".join(known))',
+            "message",
+            "the error's text (the names it lists stay)",
+        ),
+        "xǁKvRouterǁ_candidates__mutmut_8": (
+            "raise NoWorkers(None)",
+            "message",
+            "the error's text",
+        ),
+        "xǁKvRouterǁ_candidates__mutmut_9": (
+            'raise NoWorkers("XXno registered worker is allowed for this requestXX")',
+            "message",
+            "the error's text",
+        ),
+        "xǁKvRouterǁ_candidates__mutmut_10": (
+            'raise NoWorkers("NO REGISTERED WORKER IS ALLOWED FOR THIS REQUEST")',
+            "message",
+            "the error's text",
+        ),
+        "xǁKvRouterǁ_block_keys__mutmut_3": (
+            "if not (cfg.router_track_active_blocks or cfg.router_assume_kv_reuse):",
+            "same-value",
+            "with either tracking off ActiveSequences reads only how many keys there are",
+        ),
+    },
     "router/selection.py": {
-        "x_pick__mutmut_2": ("raise ValueError(None)", "message", "pick's error text"),
-        "x_pick__mutmut_3": ('raise ValueError("XXno candidatesXX")', "message", "pick's error text"),
-        "x_pick__mutmut_4": ('raise ValueError("NO CANDIDATES")', "message", "pick's error text"),
+        "x_pick__mutmut_2": (
+            "raise ValueError(None)",
+            "message",
+            "the error's text",
+        ),
+        "x_pick__mutmut_3": (
+            'raise ValueError("XXno candidatesXX")',
+            "message",
+            "the error's text",
+        ),
+        "x_pick__mutmut_4": (
+            'raise ValueError("NO CANDIDATES")',
+            "message",
+            "the error's text",
+        ),
         "x_pick__mutmut_27": (
             "for candidate, p in zip(costs, probabilities, strict=None):",
             "same-value",
-            "softmax_probabilities returns one probability per cost: the lengths always agree",
+            "one probability per cost: the lengths always agree",
         ),
         "x_pick__mutmut_30": (
             "for candidate, p in zip(costs, probabilities, ):",
             "same-value",
-            "softmax_probabilities returns one probability per cost: the lengths always agree",
+            "one probability per cost: the lengths always agree",
         ),
         "x_pick__mutmut_31": (
             "for candidate, p in zip(costs, probabilities, strict=False):",
             "same-value",
-            "softmax_probabilities returns one probability per cost: the lengths always agree",
+            "one probability per cost: the lengths always agree",
         ),
         "x_softmax_probabilities__mutmut_11": (
             "if temperature <= 1:",
@@ -101,7 +421,58 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         "x_softmax_probabilities__mutmut_15": (
             "best = [2.0 if c == lo else 0.0 for c in costs]",
             "same-value",
-            "the weights are normalised: 2/(2k) is exactly 1/k in floating point",
+            "the weights are normalised: 2 / (2 k) is exactly 1 / k in floating point",
+        ),
+    },
+    "router/sessions.py": {
+        "xǁSessionPinsǁ__init____mutmut_4": (
+            "raise ValueError(None)",
+            "message",
+            "the error's text",
+        ),
+        "xǁSessionPinsǁ__init____mutmut_9": (
+            "raise ValueError(None)",
+            "message",
+            "the error's text",
+        ),
+        "xǁSessionPinsǁpin__mutmut_8": (
+            "self._pins.popitem(last=None)",
+            "same-value",
+            "popitem reads last for its truth: None pops the oldest as False does",
+        ),
+    },
+    "request/parse.py": {
+        "x__load_json__mutmut_9": (
+            'text = body.decode("UTF-8")',
+            "same-value",
+            '"UTF-8" and "utf-8" name the same codec',
+        ),
+        "x__check_part__mutmut_27": (
+            "text_field = _TEXT_PART_FIELDS.get(part_type) if (isinstance(part_type, str)) or True else None",
+            "same-value",
+            "the type is None or a string here (others were refused), and .get(None) is None too",
+        ),
+    },
+    "epp/answers.py": {
+        "x_error_type__mutmut_10": (
+            'return _ERROR_TYPES.get(status, "InternalServerError" if status > 500 else "BadRequestError")',
+            "same-value",
+            "500 is in the table: the default is never used for it",
+        ),
+        "x_error_type__mutmut_11": (
+            'return _ERROR_TYPES.get(status, "InternalServerError" if status >= 501 else "BadRequestError")',
+            "same-value",
+            "500 is in the table: the default is never used for it",
+        ),
+        "x_streamed_body__mutmut_2": (
+            "yield _streamed_chunk(None, end_of_stream)",
+            "same-value",
+            'an unset bytes field reads as b"": Envoy gets the same message',
+        ),
+        "x_header_map__mutmut_11": (
+            'out[h.key.lower()] = h.raw_value.decode("UTF-8", "replace") if h.raw_value else h.value',
+            "same-value",
+            '"UTF-8" and "utf-8" name the same codec',
         ),
     },
 }
@@ -210,17 +581,22 @@ def _status(code: int | None) -> str:
     return "survived"
 
 
-def _measure(module: str, tests: list[str], jobs: int, fresh: bool, source: Path) -> dict[str, object]:
-    workdir = _prepare(module, tests, fresh, source)
+def _measure(module: str, tests: list[str], jobs: int, fresh: bool, source: Path | None) -> dict[str, object]:
+    """Run mutmut on `module` and count; `source` None: count the last run's results again."""
     started = time.monotonic()
-    log = workdir / "mutmut.log"
-    print(f"{module}: mutmut run in {workdir.relative_to(ROOT)} (output in mutmut.log)", file=sys.stderr)
-    run = _mutmut(workdir, "run", "--max-children", str(jobs), log=log)
+    if source is None:
+        workdir = WORK / module.replace("/", ".").removesuffix(".py")
+        log, returncode = workdir / "mutmut.log", 0
+    else:
+        workdir = _prepare(module, tests, fresh, source)
+        log = workdir / "mutmut.log"
+        print(f"{module}: mutmut run in {workdir.relative_to(ROOT)} (output in mutmut.log)", file=sys.stderr)
+        returncode = _mutmut(workdir, "run", "--max-children", str(jobs), log=log).returncode
     meta = workdir / "mutants" / "extproc" / f"{module}.meta"
     codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
     # a module without functions (only re-exports) has no mutant, and then mutmut exits 1
-    if not meta.exists() or (run.returncode != 0 and codes):
-        return {"error": f"mutmut run exited {run.returncode}: see {log}"}
+    if not meta.exists() or (returncode != 0 and codes):
+        return {"error": f"mutmut run exited {returncode}: see {log}"}
     equivalent = EQUIVALENT.get(module, {})
     counts = {"killed": 0, "timeouts": 0, "survived": 0, "not_checked": 0, "equivalent": 0}
     survivors: list[str] = []
@@ -262,6 +638,9 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true", help="discard earlier results of these modules")
     parser.add_argument("--list", action="store_true", help="print the modules and their tests")
     parser.add_argument("--ref", help="measure this commit (git archive) instead of the working tree")
+    parser.add_argument(
+        "--report", action="store_true", help="count the last run's results again (after EQUIVALENT changed)"
+    )
     args = parser.parse_args()
     if args.list:
         print(json.dumps(MODULES, indent=2))
@@ -269,7 +648,7 @@ def main() -> int:
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown modules {unknown}; known: {sorted(MODULES)}")
-    source = _source(args.ref)
+    source = None if args.report else _source(args.ref)
     results = {m: _measure(m, MODULES[m], args.jobs, args.fresh, source) for m in args.modules or MODULES}
     detected = behaviour = 0
     for r in results.values():
@@ -277,8 +656,10 @@ def main() -> int:
             detected += int(str(r["killed"])) + int(str(r["timeouts"]))
             behaviour += int(str(r["mutants"])) - int(str(r["equivalent"]))
     total = {"score": round(detected / behaviour, 4) if behaviour else None, "behaviour_changing": behaviour}
-    measured = args.ref or "working tree"
-    print(json.dumps({"measured": measured, "modules": results, "total": total}, indent=2))
+    measured = "the last run" if args.report else args.ref or "working tree"
+    print(
+        json.dumps({"measured": measured, "modules": results, "total": total}, indent=2, ensure_ascii=False)
+    )
     return 0 if all("score" in r for r in results.values()) else 1
 
 
