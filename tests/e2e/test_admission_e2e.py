@@ -38,7 +38,9 @@ MAX_WAIT_S = 1.5
 
 def config(endpoints: list[str], **router) -> PickerConfig:
     return PickerConfig(
-        router=RouterConfig(block_size=16, use_kv_events=False, **router),
+        # Dynamo's cost: a held prompt stays in prefill (saturating its worker) until its first token;
+        # the timing model would predict it done after a few ms
+        router=RouterConfig(block_size=16, use_kv_events=False, prefill_load_model="none", **router),
         workers=tuple(WorkerConfig(f"w{i}", ep, MODEL) for i, ep in enumerate(endpoints)),
         models=(ModelConfig(MODEL),),
         port=0,

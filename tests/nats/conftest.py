@@ -80,7 +80,8 @@ async def dynamo(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator:
 
 def make_router(*worker_ids: str) -> KvRouter:
     return KvRouter(
-        RouterConfig(block_size=BLOCK_SIZE, use_kv_events=True),
+        # Dynamo's cost: the replica tests count a request's prefill tokens until its first token
+        RouterConfig(block_size=BLOCK_SIZE, use_kv_events=True, prefill_load_model="none"),
         clock=FakeClock(),
         rng=random.Random(0),
         workers=[WorkerSpec(w) for w in worker_ids or WORKER_IDS],

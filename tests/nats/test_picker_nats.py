@@ -46,7 +46,8 @@ def mock_worker(nats_server, tmp_path):
 
 def picker_config(endpoint: str, nats_url: str, **events) -> PickerConfig:
     return PickerConfig(
-        router=RouterConfig(block_size=BLOCK, use_kv_events=True),
+        # Dynamo's cost: these tests count a request's prefill tokens until its first token
+        router=RouterConfig(block_size=BLOCK, use_kv_events=True, prefill_load_model="none"),
         workers=(WorkerConfig("w0", endpoint, MODEL, instance_id=7),),
         models=(ModelConfig(MODEL),),
         port=0,
