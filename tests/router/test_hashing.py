@@ -108,3 +108,18 @@ def test_token_bytes_are_unsigned_little_endian():
 def test_a_block_of_one_token_hashes_every_token():
     hashes = compute_block_hashes([5, 6, 5], 1)
     assert len(hashes) == 3 and hashes[0] == hashes[2] != hashes[1]
+
+
+@pytest.mark.parametrize("typecode", ["I", "i", "l", "q", "L"])
+def test_token_arrays_of_any_integer_type_hash_like_a_list(typecode):
+    tokens = list(range(1, 33))
+    assert compute_block_hashes(array.array(typecode, tokens), 16) == compute_block_hashes(tokens, 16)
+
+
+def test_a_signed_token_array_with_a_negative_id_is_rejected():
+    with pytest.raises(ValueError, match="token ids"):
+        compute_block_hashes(array.array("i", [-1] * 16), 16)
+
+
+def test_a_uint32_token_array_is_viewed_as_unsigned_little_endian_bytes():
+    assert list(tokens_as_u32le(array.array("I", [0xFFFFFFFF, 1]))) == [255, 255, 255, 255, 1, 0, 0, 0]
