@@ -313,3 +313,9 @@ def test_the_config_file_and_environment_reach_the_router(tmp_path):
     assert [(w, router.spec(w).device) for w in ("g0", "c0")] == [("g0", "cuda"), ("c0", "cpu")]
     taken = route_held(router, 8)
     assert taken == {"g0": 6, "c0": 2}  # 3:1
+
+
+def test_a_ratio_within_the_slack_of_a_tie_is_a_tie():
+    # one part in 10^9 over 1: 1 cpu request against 1 accelerator request still ties, the cpus take it
+    assert cpu_takes_next(0, 1, 1, 1, 1.0 + 1e-9)
+    assert not cpu_takes_next(0, 1, 1, 1, 1.0 + 3e-9)
