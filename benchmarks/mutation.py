@@ -71,6 +71,7 @@ MODULES: dict[str, list[str]] = {
 EQUIVALENT_CLASSES = {
     "message": "only the text of an exception message or log line changes (no test reads prose)",
     "same-value": "the mutated expression computes the same value for every input it can receive",
+    "performance": "only the work done changes (a clean-up runs sooner, bytes are copied, not viewed)",
 }
 # module -> mutant (its name without the module's dotted path) -> (the line it writes, class, why it
 # cannot change behaviour)
@@ -112,11 +113,240 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "mid stays in (lo, hi], all a binary search for the last held block needs",
         ),
     },
+    "router/config.py": {
+        "xǁRouterConfigǁ__post_init____mutmut_61": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_68": (
+            "\"XXa PrefillTiming or 'a,b,c[,d2,d1,d0]'XX\",",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_69": (
+            "\"a prefilltiming or 'a,b,c[,d2,d1,d0]'\",",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_70": (
+            "\"A PREFILLTIMING OR 'A,B,C[,D2,D1,D0]'\",",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_74": (
+            '_check(self.block_size >= 1, "block_size", self.block_size, None)',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_83": (
+            '_check(self.block_size >= 1, "block_size", self.block_size, "XXan integer >= 1XX")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_84": (
+            '_check(self.block_size >= 1, "block_size", self.block_size, "AN INTEGER >= 1")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_88": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_99": (
+            '"XXa number >= 0XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_100": (
+            '"A NUMBER >= 0",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_104": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_115": (
+            '"XXa number >= 0XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_116": (
+            '"A NUMBER >= 0",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_120": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_131": (
+            '"XXa number > 0XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_132": (
+            '"A NUMBER > 0",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_136": (
+            '_check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, None)',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_145": (
+            '_check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "XXseconds > 0XX")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_146": (
+            '_check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "SECONDS > 0")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_150": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_159": (
+            '"XXan integer >= 1XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_160": (
+            '"AN INTEGER >= 1",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_164": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_175": (
+            '"XXa fraction in (0, 1]XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_176": (
+            '"A FRACTION IN (0, 1]",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_180": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_195": (
+            '"XXa fraction of the KV cache in [0, 1], or unsetXX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_196": (
+            '"a fraction of the kv cache in [0, 1], or unset",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_197": (
+            '"A FRACTION OF THE KV CACHE IN [0, 1], OR UNSET",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_201": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_215": (
+            '"XXa token count >= 0, or unsetXX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_216": (
+            '"A TOKEN COUNT >= 0, OR UNSET",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_221": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_229": (
+            '"XXa fraction in [0, 1], or unsetXX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_230": (
+            '"A FRACTION IN [0, 1], OR UNSET",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_234": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_245": (
+            '"XXa number >= 0, or unsetXX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_246": (
+            '"A NUMBER >= 0, OR UNSET",',
+            "message",
+            "the error's accepted text",
+        ),
+        "x__check__mutmut_4": (
+            "raise InvalidConfig(name, value, None)",
+            "message",
+            "the error's accepted text",
+        ),
+        "x__enum__mutmut_9": (
+            'raise InvalidConfig(name, value, "XXone of XX" + ", ".join(m.value for m in cls))',
+            "message",
+            "the error's accepted text",
+        ),
+        "x__enum__mutmut_10": (
+            'raise InvalidConfig(name, value, "ONE OF " + ", ".join(m.value for m in cls))',
+            "message",
+            "the error's accepted text",
+        ),
+    },
     "router/device_share.py": {
         "x_device_class_candidates__mutmut_5": (
             "if not cpu and len(cpu) == len(eligible):",
             "same-value",
             "one class empty: the share rule gives every eligible worker (idle class never takes it)",
+        ),
+    },
+    "router/disagg.py": {
+        "xǁDisaggRouterǁroute__mutmut_5": (
+            "looked_up = None",
+            "same-value",
+            "the lookup apart finds what the decision's lookup finds (same state, expired alike)",
+        ),
+        "xǁDisaggRouterǁroute__mutmut_9": (
+            "looked_up = cfg.mode in KV_RULES and cfg.overlap_score_weight > 1",
+            "same-value",
+            "the lookup apart finds what the decision's lookup finds (same state, expired alike)",
+        ),
+        "xǁDisaggRouterǁroute__mutmut_11": (
+            "cached = {} if (looked_up or not local_hashes) and False else self.decode.find_matches(local_hashes)",  # noqa: E501
+            "same-value",
+            "the lookup's result is only read when the decision did not look up",
+        ),
+        "xǁDisaggRouterǁroute__mutmut_13": (
+            "cached = {} if looked_up and not local_hashes else self.decode.find_matches(local_hashes)",
+            "same-value",
+            "the lookup's result is only read when the decision did not look up",
         ),
     },
     "router/hashing.py": {
@@ -145,7 +375,22 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "the error's text",
         ),
-        "x_tokens_as_u32le__mutmut_31": (
+        "x_tokens_as_u32le__mutmut_25": (
+            'if type(None) is array.array and tokens.typecode == "I" and not _BIG_ENDIAN:',
+            "performance",
+            "the uint32 array is copied instead of viewed: the same bytes",
+        ),
+        "x_tokens_as_u32le__mutmut_28": (
+            'if type(tokens) is array.array and tokens.typecode == "XXIXX" and not _BIG_ENDIAN:',
+            "performance",
+            "the uint32 array is copied instead of viewed: the same bytes",
+        ),
+        "x_tokens_as_u32le__mutmut_30": (
+            'if type(tokens) is array.array and tokens.typecode == "I" and _BIG_ENDIAN:',
+            "performance",
+            "the uint32 array is copied instead of viewed: the same bytes",
+        ),
+        "x_tokens_as_u32le__mutmut_43": (
             'raise ValueError("XXtoken ids must be integers in [0, 2**32)XX") from exc',
             "message",
             "the error's text",
@@ -645,6 +890,9 @@ def main() -> int:
     if args.list:
         print(json.dumps(MODULES, indent=2))
         return 0
+    bad = {c for table in EQUIVALENT.values() for _, c, _ in table.values()} - set(EQUIVALENT_CLASSES)
+    if bad:
+        parser.error(f"EQUIVALENT uses classes not in EQUIVALENT_CLASSES: {sorted(bad)}")
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown modules {unknown}; known: {sorted(MODULES)}")
