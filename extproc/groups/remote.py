@@ -189,6 +189,11 @@ class RemoteGroup:
             call = self._retried("prefill_complete", self._stub.MarkPrefillComplete, message)
             self._spawn(request_id, call)
 
+    def add_output_tokens(self, model: str, request_id: str, count: int, sequences: int) -> None:
+        """Not forwarded: the group API has no call for generated tokens yet, so a remote group's
+        decode load is its requests' prompt blocks (its own picker's --router-track-output-blocks
+        applies to the requests it serves directly)."""
+
     def answered(self, model: str, request_id: str, worker: Worker, status: int) -> None:
         if request_id in self._live:
             self._status[request_id] = status

@@ -241,6 +241,12 @@ class GroupSelector:
         if owned is not None:
             owned.group.mark_prefill_complete(owned.model, owned.group_request_id)
 
+    def output_tokens(self, request_id: str, count: int, sequences: int) -> None:
+        """`count` more tokens generated per sequence, of `sequences`: tell its group."""
+        owned = self._owned.get(request_id)
+        if owned is not None:
+            owned.group.add_output_tokens(owned.model, owned.group_request_id, count, sequences)
+
     def answered(self, request_id: str, status: int) -> None:
         """The worker's response status arrived: tell its group (outlier ejection)."""
         owned = self._owned.get(request_id)

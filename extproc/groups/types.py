@@ -166,6 +166,10 @@ class RouterGroup(Protocol):
         """The request's first token arrived: its prompt no longer loads prefill."""
         ...
 
+    def add_output_tokens(self, model: str, request_id: str, count: int, sequences: int) -> None:
+        """`count` more tokens generated per sequence, of `sequences` (--router-track-output-blocks)."""
+        ...
+
     def answered(self, model: str, request_id: str, worker: Worker, status: int) -> None:
         """The worker's response status for the request (outlier ejection reads it)."""
         ...

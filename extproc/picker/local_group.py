@@ -258,6 +258,13 @@ class LocalGroup:
                 listener.on_prefill_complete(routed)
         return changed
 
+    def add_output_tokens(self, model: str, request_id: str, count: int, sequences: int) -> None:
+        """Generated tokens of a tracked request: its worker's router adds output blocks (when
+        --router-track-output-blocks is on; a disaggregated request's are its decode worker's)."""
+        routed = self._tracked.get(request_id)
+        if routed is not None:
+            self.pools[routed.model].router.add_output_tokens(request_id, count, sequences=sequences)
+
     def free(self, model: str, request_id: str) -> None:
         self.finish(request_id)
 

@@ -371,6 +371,16 @@ class EndpointPicker:
             self.selector.first_token(pick.request_id)
             self._gates[pick.model].kick()
 
+    @property
+    def tracks_output_blocks(self) -> bool:
+        """--router-track-output-blocks: the ext_proc stream counts generated tokens for `output_tokens`."""
+        return bool(self.config.router.router_track_output_blocks)
+
+    def output_tokens(self, pick: Pick, count: int, sequences: int = 1) -> None:
+        """`count` more tokens generated per sequence, of `sequences` (the request's `n`)."""
+        if pick.tracked:
+            self.selector.output_tokens(pick.request_id, count, sequences)
+
     def finish(self, pick: Pick, cause: str) -> None:
         """The stream ended (complete, error status, reset, cancel); frees the request once."""
         if pick.tracked and self.selector.finish(pick.request_id, cause):

@@ -422,8 +422,9 @@ class KvRouter:
         """The first token came back: the request's prompt no longer loads prefill."""
         return self.sequences.mark_prefill_complete(request_id)
 
-    def add_output_tokens(self, request_id: str, count: int) -> None:
-        self.sequences.add_output_tokens(request_id, count)
+    def add_output_tokens(self, request_id: str, count: int, *, sequences: int = 1) -> None:
+        """`count` more tokens generated per sequence, of `sequences` (output-block tracking only)."""
+        self.sequences.add_output_tokens(request_id, count, sequences=sequences)
 
     def free(self, request_id: str) -> bool:
         """The request ended (done, failed or cancelled); idempotent."""

@@ -44,6 +44,7 @@ class _Request:
     expected_output_tokens: int | None
     output_tokens: int = 0
     output_weight: float = 0.0  # placeholder output blocks, decayed
+    sequences: int = 1  # sequences generated from the prompt (the request's `n`, as the response shows)
     prefilled: bool = False  # the first token came back
     routed_ms: float = 0.0  # timing model: when it was added, and the time to first token predicted
     predicted_ttft_ms: float = 0.0  # then on its worker (0: nothing to learn from, e.g. another replica's)
@@ -309,15 +310,22 @@ class ActiveSequences:
         if not timeline:
             del self._timelines[worker]
 
-    def add_output_tokens(self, request_id: str, count: int) -> None:
-        """Record generated tokens (output-block tracking only)."""
+    def add_output_tokens(self, request_id: str, count: int, *, sequences: int = 1) -> None:
+        """Record `count` generated tokens per sequence (output-block tracking only).
+
+        `sequences`: how many sequences the request generates (its `n`); each holds its own output
+        blocks, so the placeholder blocks are `sequences` times one sequence's. It only grows.
+        The decay toward `expected_output_tokens` reads one sequence's progress."""
         request = self._requests.get(request_id)
-        if request is None or not self.track_output_blocks or not self.track_active_blocks or count <= 0:
+        if request is None or not self.track_output_blocks or not self.track_active_blocks:
             return
-        request.output_tokens += count
+        if count <= 0 and sequences <= request.sequences:
+            return
+        request.output_tokens += max(0, count)
+        request.sequences = max(request.sequences, sequences)
         bs = self.block_size
         blocks = (request.isl + request.output_tokens) // bs - request.isl // bs
-        weight = float(blocks)
+        weight = float(blocks * request.sequences)
         if request.expected_output_tokens:
             weight *= max(0.0, 1.0 - request.output_tokens / request.expected_output_tokens)
         load = self._loads[request.worker]
