@@ -17,10 +17,9 @@ Dynamo's router guides is accepted (tests/config/test_dynamo_flags.py reads the 
     --router-mode round-robin         also the value round_robin
 
 Knobs accepted and reported rather than applied, each in one line at startup (`router_notices`):
---router-track-output-blocks (nothing follows generated tokens yet), --router-event-threads above 1
-(the indexer is single-threaded) and the --aic-* flags without the aic model. Refused, with a
-message naming what is accepted: --router-prefill-load-model aic (not implemented) and a queue
-threshold of 0 or below (Dynamo: must be > 0).
+--router-event-threads above 1 (the indexer is single-threaded) and the --aic-* flags without the aic
+model. Refused, with a message naming what is accepted: --router-prefill-load-model aic (not
+implemented) and a queue threshold of 0 or below (Dynamo: must be > 0).
 """
 
 from __future__ import annotations
@@ -135,8 +134,8 @@ ROUTER_TRACK_OUTPUT_BLOCKS = Option(
     "--router-track-output-blocks",
     bool,
     False,
-    "Add placeholder blocks as output is generated. Accepted, no effect yet in serve: nothing feeds "
-    "generated tokens to the router (startup says so).",
+    "Add placeholder blocks as output is generated: the picker counts the tokens of each response "
+    "(SSE chunks or usage) and decays them toward nvext.agent_hints.osl (else max_tokens).",
 )
 ACTIVE_DECODE_BLOCKS_THRESHOLD = Option(
     "--active-decode-blocks-threshold",
@@ -327,11 +326,6 @@ def router_notices(reader: Reader) -> tuple[str, ...]:
     """One line per router knob that is accepted but does nothing here (or less than in Dynamo), for
     the log at startup; read after `read_router` accepted the values."""
     notices: list[str] = []
-    if reader.read(ROUTER_TRACK_OUTPUT_BLOCKS):
-        notices.append(
-            f"{reader.source(ROUTER_TRACK_OUTPUT_BLOCKS)}: accepted, no effect yet: the picker does not "
-            "follow generated tokens, so no output blocks are added (decode load is the prompt's blocks)"
-        )
     threads = reader.read(ROUTER_EVENT_THREADS)
     if threads > 1:
         notices.append(

@@ -22,6 +22,13 @@ Lifecycle: the first response body chunk marks prefill complete; the end of the 
 non-2xx status, a reset or a cancelled stream frees the request. The `finally` frees whatever
 ended the stream, exactly once.
 
+Output tokens (`--router-track-output-blocks`, a picker whose `tracks_output_blocks` is true): each
+2xx response body chunk of a tracked request goes through `epp.output_tokens.OutputTokens` (SSE
+chunks, `usage`, a whole JSON answer; bounded per request) and the tokens generated since the last
+chunk go to the picker (`output_tokens`) before the end frees the request. Our Envoy configs send
+the response body STREAMED: each chunk passes through the picker as it comes, never held back for
+a whole body; with tracking off the chunks are only looked at for the first token.
+
 Upstream answers: each routed request's response status goes to the picker (`answered`), which
 counts it per worker and ejects a worker after a run of 5xx answers (Envoy's 503 when it cannot
 connect included); the request itself is freed as any other non-2xx one.
@@ -43,7 +50,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import grpc
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -51,6 +58,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.epp import answers as epp
+from extproc.epp.output_tokens import OutputTokens
 from extproc.errors import BodyTooLarge, PickerError, RequestInvalid, TooManyStreams
 from extproc.picker.pipeline import Pick
 from extproc.request.parse import ROUTABLE_PATHS, normalize_path
@@ -96,6 +104,16 @@ class Picker(Protocol):
     def may_queue(self) -> bool: ...
 
 
+@runtime_checkable
+class OutputTracker(Protocol):
+    """A picker that takes generated tokens (--router-track-output-blocks)."""
+
+    @property
+    def tracks_output_blocks(self) -> bool: ...
+
+    def output_tokens(self, pick: Pick, count: int, sequences: int = 1) -> None: ...
+
+
 class Phase(enum.Enum):
     REQUEST_HEADERS = "request_headers"
     REQUEST_BODY = "request_body"
@@ -117,6 +135,9 @@ class _Stream:
     body: bytearray = field(default_factory=bytearray)
     pick: Pick | None = None
     first_token_seen: bool = False
+    output: OutputTokens | None = None  # counting generated tokens (output-block tracking)
+    output_reported: int = 0  # tokens per sequence told to the picker
+    output_sequences: int = 1  # sequences told to the picker
     freed: bool = False
     end_cause: str = "stream_closed"
     notices: list[pb.ProcessingResponse] = field(default_factory=list)  # sent while a message waits
@@ -156,9 +177,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         max_concurrent_streams: int | None = None,
         conformance_hooks: bool = False,
         owned_headers: Iterable[str] | None = None,
+        track_output_blocks: bool | None = None,
     ) -> None:
         """`owned_headers`: the request headers only the picker may set (default: `epp.owned_headers`
-        with the prefill endpoint header of the picker's config, `--prefill-endpoint-header`)."""
+        with the prefill endpoint header of the picker's config, `--prefill-endpoint-header`).
+        `track_output_blocks`: count generated tokens in response bodies and give them to the picker
+        (default: the picker's `tracks_output_blocks`; never without its `output_tokens`)."""
         if max_concurrent_streams is not None and max_concurrent_streams < 1:
             raise ValueError(f"max_concurrent_streams must be at least 1, got {max_concurrent_streams}")
         self.picker = picker
@@ -171,6 +195,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         self.max_concurrent_streams = max_concurrent_streams
         self.conformance_hooks = conformance_hooks
         self.open_streams = 0
+        self.output: OutputTracker | None = None
+        if isinstance(picker, OutputTracker):
+            on = picker.tracks_output_blocks if track_output_blocks is None else track_output_blocks
+            self.output = picker if on is True else None
+        self.output_lines_skipped = 0  # SSE lines over the bound, over all streams
         # Answers are built once per (endpoint, headers) and sent again as they are: a protobuf
         # message is only serialised on the way out, never changed after it is built here.
         self._routing_answers: dict[tuple[str, tuple[tuple[str, str], ...], bool], pb.ProcessingResponse] = {}
@@ -256,6 +285,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if kind == "response_body":
             return self._on_response_body(stream, message.response_body)
         if kind == "response_trailers":
+            self._count_output(stream, b"", end=True)
             self._free(stream, "complete")
             return [epp.CONTINUE_RESPONSE_TRAILERS]
         log.warning("ignoring ext_proc message without a known phase: %s", kind)
@@ -388,6 +418,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             self._free(stream, f"upstream_status_{status}")
         elif headers.end_of_stream:
             self._free(stream, "complete")
+        elif pick is not None and pick.tracked and self.output is not None and not stream.freed:
+            stream.output = OutputTokens(_header(headers, "content-type"))
         stream.phase = Phase.RESPONSE_BODY
         if pick is None:
             return [epp.CONTINUE_RESPONSE_HEADERS]
@@ -404,11 +436,42 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if pick is not None and not stream.first_token_seen and not stream.freed:
             stream.first_token_seen = True
             self.picker.first_token(pick)
+        if stream.output is not None:
+            self._count_output(stream, body.body, end=body.end_of_stream)
         if body.end_of_stream:
             self._free(stream, "complete")
         if stream.response_body_mode == DUPLEX:
             return [epp.echo_response_chunk(body.body, body.end_of_stream)]
         return [epp.CONTINUE_RESPONSE_BODY]
+
+    def _count_output(self, stream: _Stream, data: bytes, *, end: bool) -> None:
+        """Count a response body chunk's tokens and tell the picker those new since the last one."""
+        counter, tracker, pick = stream.output, self.output, stream.pick
+        if counter is None or tracker is None or pick is None or stream.freed:
+            return
+        skipped = counter.skipped_lines
+        try:
+            counter.feed(data)
+            if end:
+                counter.finish()
+            count = counter.per_sequence() - stream.output_reported
+            sequences = counter.sequences
+            if count > 0 or sequences > stream.output_sequences:
+                tracker.output_tokens(pick, max(0, count), sequences)
+                stream.output_reported += max(0, count)
+                stream.output_sequences = sequences
+        except Exception:  # never let counting break the stream: stop counting this one
+            log.exception("counting output tokens of %s failed; not counted further", stream.request_id)
+            stream.output = None
+            return
+        if counter.skipped_lines > skipped:
+            self.output_lines_skipped += counter.skipped_lines - skipped
+            log.warning(
+                "response of %s: an SSE line over %d bytes skipped (its tokens are not counted)",
+                stream.request_id, counter.max_line_bytes,
+            )  # fmt: skip
+        if end:
+            stream.output = None
 
     def _free(self, stream: _Stream, cause: str) -> None:
         if stream.pick is not None and not stream.freed:
@@ -424,6 +487,15 @@ def _status(headers: pb.HttpHeaders) -> str:
         if h.key == ":status" or h.key.lower() == ":status":
             status = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
     return status
+
+
+def _header(headers: pb.HttpHeaders, name: str) -> str:
+    """The last value of header `name` (lowercase), `raw_value` preferred; "" without one."""
+    value = ""
+    for h in headers.headers.headers:
+        if h.key == name or h.key.lower() == name:
+            value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return value
 
 
 def configured_prefill_header(picker: object) -> str:

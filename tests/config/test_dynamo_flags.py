@@ -147,7 +147,6 @@ KNOBS: dict[str, Knob] = {
         ("--router-track-output-blocks",),
         field="router.router_track_output_blocks",
         value=True,
-        notice="no effect yet",
     ),
     "--router-track-prefill-tokens": Knob(
         ("--router-track-prefill-tokens",), field="router.router_track_prefill_tokens", value=True
@@ -343,7 +342,7 @@ def test_a_dynamo_command_line_starts_the_picker_with_one_line_per_knob_not_appl
     (config,) = started
     assert config.router.mode == "round-robin" and config.router.active_decode_blocks_threshold == 0.9
     lines = [r.getMessage() for r in caplog.records if r.name == "extproc.config"]
-    assert lines == list(config.notices) and len(lines) == 3
+    assert lines == list(config.notices) and len(lines) == 2
 
 
 def test_the_readme_table_has_every_knob():
