@@ -531,6 +531,8 @@ class RadixTree:
                 (name,) = names
                 lo = _index(ids, name)
                 spans = [(lo, lo + 1)]
+            elif names.keys() == set(ids[-len(names) :]):
+                spans = [(len(ids) - len(names), len(ids))]  # the end of what it holds: leaf first
             else:
                 if len(names) <= 4:
                     offsets = sorted(_index(ids, e) for e in names)
