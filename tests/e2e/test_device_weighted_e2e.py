@@ -50,7 +50,11 @@ async def stack(log_dir) -> AsyncIterator[Stack]:
     workers = dict(zip(DEVICES, await start_echo_workers(len(DEVICES)), strict=True))
     config = PickerConfig(
         router=RouterConfig(
-            mode="device-aware-weighted", cuda_to_cpu_ratio=8.0, block_size=16, use_kv_events=False
+            mode="device-aware-weighted",
+            cuda_to_cpu_ratio=8.0,
+            block_size=16,
+            use_kv_events=False,
+            prefill_load_model="none",  # Dynamo's cost: held requests keep their load, so 24/24/3/3
         ),
         workers=tuple(WorkerConfig(wid, w.address, MODEL, device=DEVICES[wid]) for wid, w in workers.items()),
         models=(ModelConfig(MODEL),),

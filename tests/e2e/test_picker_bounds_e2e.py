@@ -229,7 +229,10 @@ async def test_embeddings_go_to_their_models_workers_and_models_lists_to_any(var
 async def queueing(log_dir) -> AsyncIterator[tuple[RunningPicker, str, list[EchoWorker]]]:
     workers = await start_echo_workers(1)
     config = PickerConfig(
-        router=RouterConfig(block_size=16, use_kv_events=False, router_queue_threshold=0.0),
+        # Dynamo's cost: the held prompt saturates its worker until its first token
+        router=RouterConfig(
+            block_size=16, use_kv_events=False, router_queue_threshold=0.0, prefill_load_model="none"
+        ),
         workers=(WorkerConfig("w0", workers[0].address, MODEL),),
         models=(ModelConfig(MODEL),),
         port=0,
