@@ -23,8 +23,11 @@ resynchronise that worker), an unknown removal is ignored, and both are counted 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import cast
 
 from extproc.router.types import (
@@ -488,7 +491,13 @@ class RadixTree:
                     node.partial &= ~bit
                 self._settle(node)
                 return
-        by_node: dict[_Node, dict[int, None]] = {}
+        if not aliases:
+            by_node = _group_held(m, engine_hashes)
+            if by_node is not None:
+                self.stats.removed_blocks += sum(map(len, by_node.values()))
+                self._release(slot, by_node)
+                return
+        by_node = {}
         removed = unknown = 0
         for engine_hash in engine_hashes:
             node = m.get(engine_hash)
@@ -552,8 +561,7 @@ class RadixTree:
                     node, lower = self._split(node, hi)
                     cleared.append(lower)  # may hold an earlier cut of this event
                 ids = node.eids[slot]
-                for e in ids[lo:]:
-                    del m[e]
+                deque(map(m.__delitem__, ids[lo:]), maxlen=0)  # in C
                 node.workers &= clear
                 if lo:
                     del ids[lo:]
@@ -761,6 +769,34 @@ def _emit(
     events.append(BlocksStored(worker, (*chain, *blocks), parent))
     if chain:
         events.append(BlocksRemoved(worker, tuple(b.engine_hash for b in chain)))
+
+
+def _group_held(m: dict[int, _Node], engine_hashes: Iterable[int]) -> dict[_Node, dict[int, None]] | None:
+    """The named engine ids by run, or None if one is unknown or named twice (the slow path counts).
+
+    Lookups and grouping run in C over the runs of consecutive ids in one run (a removal names a
+    request's blocks leaf first), so a removal costs what it removes.
+    """
+    hashes = engine_hashes if type(engine_hashes) is tuple else tuple(engine_hashes)
+    try:
+        nodes = list(map(m.__getitem__, hashes))
+    except KeyError:
+        return None
+    by_node: dict[_Node, dict[int, None]] = {}
+    for node, group in groupby(zip(nodes, hashes, strict=True), _first):
+        names = dict.fromkeys(map(_second, group))
+        named = by_node.get(node)
+        if named is None:
+            by_node[node] = names
+        else:
+            named.update(names)
+    if sum(map(len, by_node.values())) != len(hashes):
+        return None
+    return by_node
+
+
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
 def _recount(node: _Node) -> None:
