@@ -20,6 +20,10 @@ What is measured (time.perf_counter_ns per call, warm-up excluded, medians and p
    event naming its blocks leaf first (those its worker still holds), so shared prefixes go
    while older requests still hold their suffixes (runs split, then merge or vanish); then
    the same for a sample with one block per event. Against Dynamo too when importable.
+7. Approximate mode's prune: ApproxIndexer at max_tree_size 2^20 (--prune-size) fed trace
+   routings until its first prune ends, every record_routing timed (the pruning calls are the
+   stalls); Dynamo's RadixTree given the same predicted events, then that prune in one go.
+   `--only prune` / `--only remove` run one section.
 `nodes` are runs of consecutive blocks (RadixTree.num_nodes), not blocks.
 Progress goes to stderr.
 """
@@ -51,8 +55,10 @@ if str(REPO_ROOT) not in sys.path:  # benchmark this checkout, whatever is insta
     sys.path.insert(0, str(REPO_ROOT))
 
 from extproc.router import (  # noqa: E402
+    ApproxIndexer,
     BlocksRemoved,
     BlocksStored,
+    KvEvent,
     KvRouter,
     RadixTree,
     RouterConfig,
@@ -416,6 +422,169 @@ def run_remove(events, payloads, core, builds: int) -> tuple[dict, dict | None]:
     return ours, dyn
 
 
+# --- 7: approximate mode's pruning -------------------------------------------------------------
+
+
+class RecordingTree(RadixTree):
+    """A RadixTree that also keeps every event it is given (to replay them into Dynamo's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[KvEvent] = []
+
+    def apply_event(self, event: KvEvent) -> bool:
+        self.log.append(event)
+        return super().apply_event(event)
+
+
+def predicted_to_u64(engine_hash: int) -> int:
+    return -(1 << 64) - engine_hash  # approx.py's predicted ids are -(2^64) - sequence hash
+
+
+def dynamo_event_payloads(log_events: Sequence[KvEvent]) -> list[tuple[int, bytes]]:
+    """Dynamo's JSON for recorded stored/removed prediction events, ids mapped back to u64."""
+    next_id: dict[int, int] = defaultdict(int)
+    out = []
+    for ev in log_events:
+        wid = int(ev.worker.worker_id)
+        if isinstance(ev, BlocksStored):
+            parent = None if ev.parent_hash is None else predicted_to_u64(ev.parent_hash)
+            blocks = [
+                {"block_hash": predicted_to_u64(b.engine_hash), "tokens_hash": b.local_hash}
+                for b in ev.blocks
+            ]
+            data: dict[str, Any] = {"stored": {"parent_hash": parent, "blocks": blocks}}
+        else:
+            assert isinstance(ev, BlocksRemoved)
+            data = {"removed": {"block_hashes": [predicted_to_u64(e) for e in ev.engine_hashes]}}
+        out.append((wid, json.dumps({"event_id": next_id[wid], "data": data, "dp_rank": 0}).encode()))
+        next_id[wid] += 1
+    return out
+
+
+def run_prune(
+    hashed: Sequence[Hashed], core: Any, max_tree_size: int, workers: int, rounds: int
+) -> dict[str, Any]:
+    """ApproxIndexer fed trace routings (request i -> worker (i + 5 * pass) % W) past its size
+    bound: every record_routing call timed; the calls that pruned are the stalls. Dynamo: its
+    RadixTree given the same predicted events up to the first prune, then that whole prune as one
+    removal event per worker (what its approximate indexer's pruner sends its tree), timed."""
+    log(f"approx prune: max_tree_size {max_tree_size}, {workers} workers, {rounds} rounds")
+    ours_stalls: list[int] = []
+    clean_stalls: list[int] = []  # pruning calls during which no full collection ran
+    gc_calls = gc_quiet = 0
+    other_max: list[int] = []
+    pop_ns = [0, 0]  # time in ApproxIndexer._pop_oldest (choosing and removing), predictions popped
+    dyn_stall: list[int] = []
+    dyn_blocks = 0
+    first: dict[str, Any] = {}
+    for r in range(rounds):
+        tree = RecordingTree()
+        approx = ApproxIndexer(tree, ttl_s=1e12, max_tree_size=max_tree_size, prune_target_ratio=0.8)
+        pop_oldest = approx._pop_oldest
+
+        def timed_pop(count: int, pop_oldest: Callable[[int], int] = pop_oldest) -> int:
+            t0 = clock()
+            n = pop_oldest(count)
+            pop_ns[0] += clock() - t0
+            pop_ns[1] += n
+            return n
+
+        approx._pop_oldest = timed_pop  # type: ignore[method-assign]
+        gc.collect()
+        calls = 0
+        trigger_log = -1
+        pruning_calls: list[int] = []
+        quiet: list[int] = []
+        t = 0.0
+        done = False
+        watch = GcWatch()
+        with watch:
+            for p in range(100):
+                for i, h in enumerate(hashed):
+                    worker = Worker((i + 5 * p) % workers)
+                    before = approx.pruned_blocks
+                    full = watch.runs[2]
+                    mark = len(tree.log)
+                    t0 = clock()
+                    approx.record_routing(worker, h.local, t, seq_hashes=h.seq)
+                    ns = clock() - t0
+                    t += 0.001
+                    calls += 1
+                    n = approx.pruned_blocks - before
+                    if n:
+                        if trigger_log < 0:
+                            trigger_log = mark
+                            first = {"calls_before": calls, "entries_before": len(approx) + n}
+                        pruning_calls.append(ns)
+                        if watch.runs[2] == full:
+                            clean_stalls.append(ns)
+                        else:
+                            gc_calls += 1
+                    else:
+                        if watch.runs[2] == full:
+                            quiet.append(ns)
+                        else:
+                            gc_quiet += 1
+                        if trigger_log >= 0 and not getattr(approx, "pruning", False):
+                            done = True
+                            break
+                if done:
+                    break
+        ours_stalls += pruning_calls
+        other_max.append(max(quiet))
+        if core is not None and trigger_log >= 0:
+            stored = [ev for ev in tree.log[:trigger_log]]
+            pruned: dict[Worker, list[int]] = defaultdict(list)
+            for ev in tree.log[trigger_log:]:
+                if isinstance(ev, BlocksRemoved):
+                    pruned[ev.worker] += ev.engine_hashes
+                else:
+                    stored.append(ev)  # a routing's new blocks (ours interleaves them with slices)
+            removals = [BlocksRemoved(w, tuple(ids)) for w, ids in pruned.items()]
+            dyn_tree, _, _ = build_dynamo(core, dynamo_event_payloads(stored))
+            payloads = dynamo_event_payloads(removals)
+            dyn_tree.find_matches([0])
+            t0 = clock()
+            for wid, body in payloads:
+                dyn_tree.apply_event(wid, body)
+            dyn_tree.find_matches([0])  # a barrier, should events be applied asynchronously
+            dyn_stall.append(clock() - t0)
+            dyn_blocks += sum(len(ev.engine_hashes) for ev in removals)
+            dyn_tree = None
+        tree = approx = None
+        log(
+            f"  round {r + 1}: ours max prune call {max(pruning_calls) / 1e6:.1f} ms"
+            f" over {len(pruning_calls)} calls"
+            + (f", dynamo whole prune {dyn_stall[-1] / 1e6:.1f} ms" if dyn_stall else "")
+        )
+    ours = {
+        "max_tree_size": max_tree_size,
+        "first_prune": first,
+        "pruning_calls": len(ours_stalls),
+        "stall_max_ms": round(max(ours_stalls) / 1e6, 2),
+        "stall_max_ms_without_full_gc": round(max(clean_stalls, default=0) / 1e6, 2),
+        "pruning_calls_with_full_gc": gc_calls,
+        "stall_median_ms": round(statistics.median(ours_stalls) / 1e6, 3),
+        "non_pruning_call_max_ms_without_full_gc": round(max(other_max) / 1e6, 2),
+        "non_pruning_calls_with_full_gc": gc_quiet,
+        "pruned_blocks_per_s": round(pop_ns[1] / (pop_ns[0] / 1e9)),
+        "what": (
+            "record_routing calls that pruned (routing included), per round until pruning ends; "
+            "pruned_blocks_per_s: predictions popped over time in _pop_oldest (choosing + tree removal)"
+        ),
+    }
+    dyn = None
+    if dyn_stall:
+        dyn = {
+            "stall_max_ms": round(max(dyn_stall) / 1e6, 2),
+            "stall_median_ms": round(statistics.median(dyn_stall) / 1e6, 2),
+            "pruned_blocks_per_s": round(dyn_blocks / (sum(dyn_stall) / 1e9)),
+            "what": "RadixTree.apply_event of the same prune, one removal event per worker, in one go",
+        }
+    return {"ours": ours, "dynamo": dyn}
+
+
 # --- 2 and 5: find_matches ---------------------------------------------------------------------
 
 
@@ -777,9 +946,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-dynamo", action="store_true", help="skip the Dynamo comparison")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--prune-size",
+        type=int,
+        default=None,
+        help="approximate mode's max_tree_size for the prune stalls (default 2^20, quick 2^18)",
+    )
+    p.add_argument(
+        "--only", choices=("prune", "remove"), default=None, help="run only the prune or the removal section"
+    )
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 5
+    if args.prune_size is None:
+        args.prune_size = 2**18 if args.quick else 2**20
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
     if not args.trace.is_file():
@@ -813,6 +993,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()  # prebuilt inputs are not part of what a collection scans in production
 
+    if args.only == "remove":
+        ours, dyn = run_remove(events, payloads, core, args.repeat)
+        out = {"ours": ours, "dynamo": dyn}
+        if dyn is not None:
+            out["removed_blocks_per_s_ours_over_dynamo"] = round(
+                ours["blocks_per_s"] / dyn["blocks_per_s"], 3
+            )
+        env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        json.dump({"benchmark": "router", "env": env, "remove_event": out}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    prune = run_prune(hashed, core, args.prune_size, workers, 1 if args.quick else min(args.repeat, 2))
+    if prune["dynamo"] is not None:
+        prune["ratios"] = {
+            "stall_max_ours_over_dynamo": round(
+                prune["ours"]["stall_max_ms"] / prune["dynamo"]["stall_max_ms"], 3
+            ),
+            "pruned_blocks_per_s_ours_over_dynamo": round(
+                prune["ours"]["pruned_blocks_per_s"] / prune["dynamo"]["pruned_blocks_per_s"], 3
+            ),
+        }
+    if args.only == "prune":
+        env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        json.dump({"benchmark": "router", "env": env, "approx_prune": prune}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     apply_ours, apply_dyn, tree, dyn_tree = run_apply(events, payloads, core, args.repeat)
     apply_ours["nodes_are"] = "runs of consecutive blocks (RadixTree.num_nodes)"
     log("find_matches")
@@ -851,6 +1057,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "best_worker": best,
         "memory": memory,
+        "approx_prune": prune,
     }
     if core is not None and find_dyn is not None and apply_dyn is not None:
         dyn_find, agree, mismatches = find_dyn
