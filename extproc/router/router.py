@@ -7,11 +7,20 @@ it is given, so tests and the simulator drive it deterministically.
 
 A call without `request_id` changes no state (a probe); with one, the request is tracked until
 `free`.
+
+Fleet-sized decisions. Past `full_scan_max_workers` workers, a decision under Dynamo's cost
+(prefill load model `none`) at temperature 0 evaluates only the workers that cache or hold in
+flight part of the prompt, one idle worker and the loaded workers in load order until none can
+beat the best cost found (`extproc.router.load_order`): O(matching + log W) instead of O(W), with
+the same costs, the same ties and the same random draw as the full scan, which every other
+decision still takes (temperature > 0, the timing model, whose costs depend on the clock,
+allowed, pinned or preferred workers, device-aware mode, a weight override, formula logging).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
@@ -22,6 +31,7 @@ from extproc.router.config import PrefillLoadModel, RouterConfig, RouterConfigOv
 from extproc.router.device_share import device_class_candidates
 from extproc.router.errors import AllWorkersBusy, InvalidConfig, NoWorkers, PinnedWorkerUnavailable
 from extproc.router.hashing import TokenIds, compute_block_hashes, compute_sequence_hashes
+from extproc.router.load_order import LoadOrder
 from extproc.router.radix import OverlapScores, RadixTree
 from extproc.router.selection import compute_costs, is_busy, pick
 from extproc.router.sequences import ActiveSequences
@@ -40,6 +50,8 @@ from extproc.router.types import (
 log = logging.getLogger("extproc.router")
 
 KV_RULES = (RouterMode.KV, RouterMode.DEVICE_AWARE_WEIGHTED)  # modes that choose by overlap and load
+FULL_SCAN_MAX_WORKERS = 32  # up to this many workers every decision visits them all (see the docstring)
+_KEY_SLACK = 1e-9  # relative: far above the rounding of a cost, far below a difference of loads
 
 WorkerFilter = Collection[WorkerId | Worker]
 
@@ -84,6 +96,10 @@ class KvRouter:
         self._specs: dict[WorkerId, WorkerSpec] = {}
         self._workers: list[Worker] = []
         self._round_robin = 0
+        self.full_scan_max_workers = FULL_SCAN_MAX_WORKERS
+        self._order: LoadOrder | None = None  # built lazily; None after a change of workers
+        self._order_config: RouterConfig | None = None  # the config the order's keys and busy states follow
+        self.sequences.on_load_change = self._reorder
         for spec in workers:
             self.add_worker(spec)
 
@@ -91,6 +107,7 @@ class KvRouter:
 
     def add_worker(self, spec: WorkerSpec) -> None:
         """Register (or update) a worker and its dp ranks."""
+        self._order = None
         old = self._specs.get(spec.worker_id)
         self._specs[spec.worker_id] = spec
         if old is not None:
@@ -104,6 +121,7 @@ class KvRouter:
         spec = self._specs.pop(worker_id, None)
         if spec is None:
             return []
+        self._order = None
         dropped = []
         for worker in spec.workers():
             dropped += self._forget(worker)
@@ -238,8 +256,37 @@ class KvRouter:
         block_keys = self._block_keys(local_hashes)
         overlaps = self._overlaps(cfg, local_hashes)
         t1 = timer() if timer is not None else 0
-        eligible = [w for w in candidates if not self._busy(cfg, w)]
+        fast = None
+        if self._fast_path_applies(cfg, pinned_worker, preferred_worker, allowed_workers):
+            fast = self._fast_choice(cfg, block_keys, isl, overlaps)
+        if fast is not None:
+            chosen, costs = fast
+            worker, cost = chosen.worker, chosen.cost
+        else:
+            worker, cost, costs = self._full_scan(
+                cfg, candidates, pinned_worker, preferred_worker, block_keys, isl, overlaps, request_id
+            )
 
+        overlap = overlaps.get(worker, 0)
+        if request_id is not None:
+            self._track(request_id, worker, local_hashes, block_keys, isl, overlap, expected_output_tokens)
+        best = self._best_overlap(overlaps, candidates, allowed_workers is None)
+        t2 = timer() if timer is not None else 0
+        return Decision(worker, overlap, len(local_hashes), costs, cost, best, t1 - t0, t2 - t1)
+
+    def _full_scan(
+        self,
+        cfg: RouterConfig,
+        candidates: list[Worker],
+        pinned_worker: Worker | WorkerId | None,
+        preferred_worker: Worker | WorkerId | None,
+        block_keys: Sequence[int],
+        isl: int,
+        overlaps: OverlapScores,
+        request_id: str | None,
+    ) -> tuple[Worker, float, tuple[WorkerCost, ...]]:
+        """Every candidate's load and cost, then the pick: (worker, cost, every cost evaluated)."""
+        eligible = [w for w in candidates if not self._busy(cfg, w)]
         if pinned_worker is not None:
             pinned = self._resolve_pinned(pinned_worker, candidates)
             if pinned not in eligible:
@@ -260,29 +307,155 @@ class KvRouter:
                 ratio=cfg.cuda_to_cpu_ratio,
             )
 
-        costs: tuple[WorkerCost, ...] = ()
         if cfg.mode in KV_RULES or len(eligible) == 1:
             loads = self._loads(eligible, block_keys, isl, overlaps)
             weight = _cost_weight(cfg)
             worker_costs = compute_costs(loads, cfg.block_size, weight)
             chosen = pick(worker_costs, cfg.temperature, self._rng)
-            worker, cost, costs = chosen.worker, chosen.cost, tuple(worker_costs)
             if cfg.log_formula or log.isEnabledFor(logging.DEBUG):
                 for c in worker_costs:
                     log.info(c.formula(weight))
-        elif cfg.mode is RouterMode.ROUND_ROBIN:
-            worker, cost = eligible[self._round_robin % len(eligible)], 0.0
+            return chosen.worker, chosen.cost, tuple(worker_costs)
+        if cfg.mode is RouterMode.ROUND_ROBIN:
+            worker = eligible[self._round_robin % len(eligible)]
             if request_id is not None:
                 self._round_robin += 1
-        else:
-            worker, cost = eligible[self._rng.randrange(len(eligible))], 0.0
+            return worker, 0.0, ()
+        return eligible[self._rng.randrange(len(eligible))], 0.0, ()
 
-        overlap = overlaps.get(worker, 0)
-        if request_id is not None:
-            self._track(request_id, worker, local_hashes, block_keys, isl, overlap, expected_output_tokens)
-        best = max((overlaps.get(w, 0) for w in candidates), default=0) if overlaps else 0
-        t2 = timer() if timer is not None else 0
-        return Decision(worker, overlap, len(local_hashes), costs, cost, best, t1 - t0, t2 - t1)
+    # --- fleet-sized decisions (see the module docstring) ----------------------------------------
+
+    def _fast_path_applies(
+        self,
+        cfg: RouterConfig,
+        pinned_worker: Worker | WorkerId | None,
+        preferred_worker: Worker | WorkerId | None,
+        allowed_workers: WorkerFilter | None,
+    ) -> bool:
+        """Whether the decision can skip workers: the conditions under which `_fast_choice` makes the
+        choice the full scan makes (costs independent of the clock, a load-only key per worker)."""
+        return (
+            len(self._workers) > self.full_scan_max_workers
+            and cfg.mode is RouterMode.KV
+            and cfg.temperature <= 0
+            and pinned_worker is None
+            and preferred_worker is None
+            and allowed_workers is None
+            and not self.sequences.timed
+            and cfg.overlap_score_weight == self.config.overlap_score_weight
+            and not cfg.log_formula
+            and not log.isEnabledFor(logging.DEBUG)
+        )
+
+    def _load_order(self) -> LoadOrder:
+        """The load order of the registered workers, rebuilt after a change of workers or config."""
+        order = self._order
+        if order is None or self._order_config is not self.config:
+            order = self._order = LoadOrder(self._workers)
+            self._order_config = self.config
+            for worker in self._workers:
+                self._reorder(worker)
+        return order
+
+    def _reorder(self, worker: Worker) -> None:
+        """`worker`'s load changed (called by `self.sequences`): move it in the load order."""
+        order = self._order
+        if order is None or self.sequences.timed:
+            return
+        cfg = self.config
+        if self._order_config is not cfg:
+            self._order = None  # the config changed (thresholds): rebuilt at the next decision
+            return
+        rank = order.rank.get(worker)
+        if rank is None:
+            return
+        seqs = self.sequences
+        if self._busy(cfg, worker):
+            order.set_busy(rank)
+        elif seqs.num_requests(worker) == 0:
+            order.set_idle(rank)
+        else:
+            prefill_blocks = seqs.prefill_tokens(worker) / cfg.block_size
+            order.set_key(rank, _cost_weight(cfg) * prefill_blocks + seqs.decode_blocks(worker))
+
+    def _fast_choice(
+        self, cfg: RouterConfig, block_keys: Sequence[int], isl: int, overlaps: OverlapScores
+    ) -> tuple[WorkerCost, tuple[WorkerCost, ...]] | None:
+        """The full scan's choice at temperature 0, visiting the workers that match the prompt, one
+        idle worker and the loaded ones in load order while they can still tie the best cost.
+
+        A worker that neither caches nor holds in flight any block of the prompt costs its key
+        (`weight * P / block_size + D`) plus `weight * isl / block_size + new blocks`, the same for
+        all of them: once the key exceeds the best exact cost found minus that term (with a relative
+        slack well above float rounding), no later worker can reach it, nor tie it. Costs are
+        always computed by the same code as the full scan's; the key only decides where to stop.
+        The ties are the full scan's (every worker whose exact cost equals the lowest) in worker
+        order, so the one random draw picks the same worker. Returns (chosen, evaluated costs in
+        worker order), or None when the full scan must decide (no eligible worker: its error).
+        """
+        order = self._load_order()
+        if not len(order):
+            return None
+        seqs = self.sequences
+        bs, weight = cfg.block_size, _cost_weight(cfg)
+        workers, rank = order.workers, order.rank
+        matching = {rank[w] for w in overlaps if w in rank}
+        if seqs.track_active_blocks and seqs.assume_kv_reuse:
+            matching.update(rank[w] for w in seqs.holders_of(block_keys) if w in rank)
+        evaluated: dict[int, WorkerCost] = {}
+        excluded: list[int] = []  # idle workers evaluated apart (they match)
+        for r in matching:
+            if order.is_busy(r):
+                continue
+            if order.is_idle(r):
+                excluded.append(r)
+            w = workers[r]
+            evaluated[r] = self._cost(seqs.potential_load(w, block_keys, isl, overlaps.get(w, 0)), bs, weight)
+        excluded.sort()
+        idle_cost: WorkerCost | None = None
+        idle_count = len(order.idle) - len(excluded)
+        if idle_count > 0:
+            some = next(r for r in order.idle if r not in matching)
+            idle_cost = self._cost(seqs.potential_load(workers[some], block_keys, isl, 0), bs, weight)
+        best = min((c.cost for c in evaluated.values()), default=math.inf)
+        if idle_cost is not None:
+            best = min(best, idle_cost.cost)
+        common = weight * isl / bs + seqs.unmatched_new_blocks(block_keys, isl)
+        for key, r in order.keyed:
+            if key - (best - common) > _KEY_SLACK * (1.0 + abs(best) + common + abs(key)):
+                break
+            if r in matching:
+                continue
+            c = self._cost(seqs.potential_load(workers[r], block_keys, isl, 0), bs, weight)
+            evaluated[r] = c
+            if c.cost < best:
+                best = c.cost
+        ties = sorted(r for r, c in evaluated.items() if c.cost == best)
+        idle_ties = idle_count if idle_cost is not None and idle_cost.cost == best else 0
+        total = len(ties) + idle_ties
+        draw = 0 if total == 1 else self._rng.randrange(total)
+        if not idle_ties:
+            chosen = evaluated[ties[draw]]
+        else:
+            assert idle_cost is not None
+            r = order.idle_rank_at(draw, excluded, ties)
+            chosen = evaluated[r] if r in evaluated else replace(idle_cost, worker=workers[r])
+            evaluated[r] = chosen
+        return chosen, tuple(evaluated[r] for r in sorted(evaluated))
+
+    @staticmethod
+    def _cost(load: WorkerLoad, block_size: int, weight: float) -> WorkerCost:
+        return compute_costs((load,), block_size, weight)[0]
+
+    def _best_overlap(self, overlaps: OverlapScores, candidates: list[Worker], every_worker: bool) -> int:
+        """The largest overlap among the candidates (every registered worker: only the matching)."""
+        if not overlaps:
+            return 0
+        if every_worker:
+            order = self._order
+            known = order.rank if order is not None else set(candidates)
+            return max((n for w, n in overlaps.items() if w in known), default=0)
+        return max((overlaps.get(w, 0) for w in candidates), default=0)
 
     def add_request(
         self,

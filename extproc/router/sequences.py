@@ -21,17 +21,23 @@ starts as the configured one and is scaled by what its first tokens show against
 
 Every call is idempotent: adding a known request id, completing prefill twice or freeing an
 unknown id changes nothing, so edges may call `free` from every path that ends a stream.
+
+For decisions that visit only the workers that matter (`extproc.router.load_order`), it also
+keeps which workers hold a prompt's first block in flight (`holders_of`), and calls
+`on_load_change(worker)` after every change of a worker's load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
 from extproc.router.config import PrefillLoadModel
 from extproc.router.pass_time import LearnedPassTime, PassTimeLearner
 from extproc.router.prefill_model import PrefillEstimate, PrefillTimeline, PrefillTiming, estimate
 from extproc.router.types import Worker, WorkerLoad
+
+_NO_WORKERS: frozenset[Worker] = frozenset()
 
 
 @dataclass(slots=True)
@@ -99,6 +105,13 @@ class ActiveSequences:
         self._learner: PassTimeLearner[Worker] | None = (
             PassTimeLearner(self.prefill_timing) if self._timed and learn_prefill_timing else None
         )
+        self._holders: dict[int, set[Worker]] = {}  # first block key -> workers holding it in flight
+        self.on_load_change: Callable[[Worker], None] | None = None
+
+    @property
+    def timed(self) -> bool:
+        """Whether the timing model counts prefill (then loads also depend on the clock)."""
+        return self._timed
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -164,6 +177,17 @@ class ActiveSequences:
     def learned_pass_time(self, worker: Worker) -> LearnedPassTime | None:
         """What the timing model learned of `worker`'s speed; None before its first observation."""
         return self._learner.learned(worker) if self._learner is not None else None
+
+    def holders_of(self, block_keys: Sequence[int]) -> Set[Worker]:
+        """Workers holding the first of `block_keys` (sequence hashes) in flight: with KV reuse
+        assumed, the only workers where `new_blocks` is below `unmatched_new_blocks`."""
+        if not block_keys:
+            return _NO_WORKERS
+        return self._holders.get(block_keys[0], _NO_WORKERS)
+
+    def unmatched_new_blocks(self, block_keys: Sequence[int], isl: int) -> int:
+        """`new_blocks` on a worker that holds none of the request's blocks in flight."""
+        return self._new_blocks(None, block_keys, isl)
 
     def num_requests(self, worker: Worker) -> int:
         load = self._loads.get(worker)
@@ -276,6 +300,10 @@ class ActiveSequences:
         refs = load.block_refs
         for k in keys:
             refs[k] = refs.get(k, 0) + 1
+        if keys and refs[keys[0]] == 1:
+            self._holders.setdefault(keys[0], set()).add(worker)
+        if self.on_load_change is not None:
+            self.on_load_change(worker)
         return True
 
     def mark_prefill_complete(self, request_id: str) -> bool:
@@ -296,6 +324,8 @@ class ActiveSequences:
                 if timing is not None and timeline is not None:
                     timeline.retime(timing)
             self._timeline_done(request.worker, request_id, complete=True)
+        if self.on_load_change is not None:
+            self.on_load_change(request.worker)
         return True
 
     def _timeline_done(self, worker: Worker, request_id: str, *, complete: bool) -> None:
@@ -331,6 +361,8 @@ class ActiveSequences:
         load = self._loads[request.worker]
         load.own_blocks += weight - request.output_weight
         request.output_weight = weight
+        if self.on_load_change is not None:
+            self.on_load_change(request.worker)
 
     def free(self, request_id: str) -> bool:
         """Forget a request; False if it was not tracked."""
@@ -352,8 +384,16 @@ class ActiveSequences:
                 del refs[k]
             else:
                 refs[k] = n - 1
+        if request.block_keys and request.block_keys[0] not in refs:
+            first = request.block_keys[0]
+            holders = self._holders[first]
+            holders.discard(request.worker)
+            if not holders:
+                del self._holders[first]
         if load.requests == 0:
             del self._loads[request.worker]  # exact zero, no float drift left behind
+        if self.on_load_change is not None:
+            self.on_load_change(request.worker)
         return True
 
     def remove_worker(self, worker: Worker) -> list[str]:
