@@ -6,8 +6,10 @@
     GET  /busy_threshold          {"thresholds": [record per configured model]}
     POST /busy_threshold          {"model": M} reads M's record; with threshold fields, sets them
                                   (a value of null clears that threshold)
-    GET  /debug/workers           per worker: endpoint, cache source, cached blocks, active load, and
-                                  with the timing prefill load model its learned pass-time model
+    GET  /debug/workers           per worker: endpoint, cache source, cached blocks, active load, the
+                                  engine's own load (scraped: KV usage, running, waiting, age, fresh),
+                                  which view the busy thresholds use, and with the timing prefill
+                                  load model its learned pass-time model
     GET  /debug/dump_events       ?model=M: the KV events that rebuild M's indexer (engine-reported)
     POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens", "cache_salt"?}: loads if
                                   sent; at most MAX_POTENTIAL_LOADS_TOKENS tokens (400 beyond)
@@ -39,6 +41,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from extproc.admin.metrics import PickerCollector
+from extproc.config import WorkerConfig
 from extproc.errors import PickerError, UnknownModel
 from extproc.events.sources import EventSources
 from extproc.picker.pipeline import EndpointPicker
@@ -49,10 +52,12 @@ from extproc.router import (
     BlocksStored,
     InvalidConfig,
     KvEvent,
+    KvRouter,
     PrefillLoadModel,
     Worker,
 )
 from extproc.router.sequences import ActiveSequences
+from extproc.runtime.engine_metrics import EngineMetricsScraper
 from extproc.runtime.readiness import Readiness
 
 log = logging.getLogger("extproc.admin")
@@ -89,9 +94,10 @@ def make_admin_app(
     readiness: Readiness | None = None,
     token: str | None = None,
     allow_unauthenticated_writes: bool | None = None,
+    engine_metrics: EngineMetricsScraper | None = None,
 ) -> web.Application:
     """The admin app. `allow_unauthenticated_writes` None: the picker's config decides
-    (`--admin-allow-unauthenticated-writes`)."""
+    (`--admin-allow-unauthenticated-writes`). `engine_metrics`: the scraper, for its per-worker state."""
     registry = picker.metrics.registry
     registry.register(PickerCollector(picker, sources))
     registry.register(
@@ -159,7 +165,8 @@ def make_admin_app(
         out = []
         for model, pool in picker.pools.items():
             pins = picker.sessions(model).by_worker()
-            roles = {wid: w.role for wid, w in pool.all_workers().items()}
+            configs = pool.all_workers()
+            roles = {wid: w.role for wid, w in configs.items()}
             for router, worker in [(r, w) for r in pool.routers() for w in r.workers()]:
                 out.append(
                     {
@@ -176,6 +183,7 @@ def make_admin_app(
                         "active_requests": router.sequences.num_requests(worker),
                         "sessions_pinned": pins.get(worker, 0),
                         "pass_time": _pass_time(router.sequences, worker),
+                        **_engine_load(router, worker, configs.get(str(worker.worker_id)), engine_metrics),
                     }
                 )
         queues = {model: len(picker.gate(model)) for model in picker.pools}
@@ -274,8 +282,9 @@ async def start_admin(
     *,
     readiness: Readiness | None = None,
     token: str | None = None,
+    engine_metrics: EngineMetricsScraper | None = None,
 ) -> AdminServer:
-    app = make_admin_app(picker, sources, readiness=readiness, token=token)
+    app = make_admin_app(picker, sources, readiness=readiness, token=token, engine_metrics=engine_metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -348,6 +357,38 @@ def _event_json(event: KvEvent) -> dict[str, Any]:
         return {"type": "removed", **worker, "block_hashes": list(event.engine_hashes)}
     assert isinstance(event, AllBlocksCleared)
     return {"type": "cleared", **worker}
+
+
+def _engine_load(
+    router: KvRouter, worker: Worker, config: WorkerConfig | None, scraper: EngineMetricsScraper | None
+) -> dict[str, Any]:
+    """The engine's own load as last scraped, and the view the busy thresholds take now: "engine"
+    while its report is fresh, else "router" (what this router routed over `total-blocks`)."""
+    report = router.reported.get(worker)
+    age = router.reported.age_s(worker)
+    fresh = router.reported.fresh_kv_usage(worker) is not None
+    state = scraper.state(config) if scraper is not None and config is not None else None
+    return {
+        "engine_load": None
+        if report is None
+        else {
+            "kv_usage": report.kv_usage,
+            "running": report.running,
+            "waiting": report.waiting,
+            "age_s": round(age, 3) if age is not None else None,
+            "stale": age is not None and age > report.max_age_s,  # the router's own view is used then
+        },
+        "engine_metrics": None
+        if scraper is None
+        else {
+            "url": state.url if state else (scraper.url_of(config) if config is not None else None),
+            "state": "pending" if state is None or state.ok is None else ("ok" if state.ok else "failing"),
+            "engine": state.engine if state else None,
+            "error": state.error if state else None,
+            "failures_in_a_row": state.failures if state else 0,
+        },
+        "busy_view": "engine" if fresh else "router",
+    }
 
 
 def _pass_time(sequences: ActiveSequences, worker: Worker) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ environment and file keys, and its checks:
     server.py     PickerConfig's own    picker:    (listeners, admin, limits, tokenizer, TLS, shutdown)
     groups.py     GroupsConfig          picker: and the top-level groups: list
     discovery.py  DiscoveryConfig       discovery:
+    engine_metrics.py EngineMetricsConfig engine-metrics: (scraping the engines' own load gauges)
     disagg.py     DisaggConfig          disagg:
     workers.py    WorkerConfig, ModelConfig from the top-level workers: and models: lists
     tls.py        TlsConfig, ClientTlsConfig (the flags live with the section they secure)
@@ -40,10 +41,11 @@ from typing import Any
 
 import yaml
 
-from extproc.config import disagg, discovery, dynamo, events, groups, router, server
+from extproc.config import disagg, discovery, dynamo, engine_metrics, events, groups, router, server
 from extproc.config.disagg import DISAGG_OPTIONS, DisaggConfig, read_disagg
 from extproc.config.discovery import DISCOVERY_OPTIONS, DiscoveryConfig, read_discovery
 from extproc.config.dynamo import DYNAMO_OPTIONS
+from extproc.config.engine_metrics import ENGINE_METRICS_OPTIONS, EngineMetricsConfig, read_engine_metrics
 from extproc.config.events import EVENT_OPTIONS, NATS_OPTIONS, EventsConfig, read_events
 from extproc.config.groups import GROUP_OPTIONS, GROUP_TLS_OPTIONS, GroupConfig, GroupsConfig, read_groups
 from extproc.config.options import ConfigError, Option, Reader, add_options
@@ -76,6 +78,7 @@ __all__ = [
     "ConfigError",
     "DisaggConfig",
     "DiscoveryConfig",
+    "EngineMetricsConfig",
     "EventsConfig",
     "GroupConfig",
     "GroupsConfig",
@@ -131,6 +134,7 @@ class PickerConfig:
     groups: GroupsConfig = field(default_factory=GroupsConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     disagg: DisaggConfig = field(default_factory=DisaggConfig)
+    engine_metrics: EngineMetricsConfig = field(default_factory=EngineMetricsConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     shutdown_grace_s: float = 25.0  # SIGTERM: in-flight ext_proc streams get this long to finish
     config_path: str | None = None
@@ -152,6 +156,7 @@ FILE_SECTIONS: dict[str, tuple[Option[Any], ...]] = {
     events.SECTION: (*EVENT_OPTIONS, *NATS_OPTIONS),
     discovery.SECTION: DISCOVERY_OPTIONS,
     disagg.SECTION: DISAGG_OPTIONS,
+    engine_metrics.SECTION: ENGINE_METRICS_OPTIONS,
 }
 
 # `serve --help`, group by group, in this order.
@@ -165,6 +170,7 @@ HELP_GROUPS: tuple[tuple[str, tuple[Option[Any], ...]], ...] = (
     ("shutdown", SHUTDOWN_OPTIONS),
     ("disaggregated prefill/decode", DISAGG_OPTIONS),
     ("worker discovery", DISCOVERY_OPTIONS),
+    ("engine metrics (the workers' own load)", ENGINE_METRICS_OPTIONS),
     ("accepted from Dynamo's command lines, not applied (startup names each one given)", DYNAMO_OPTIONS),
 )
 
@@ -198,7 +204,8 @@ def load_config(
     sections = {name: document.get(name) or {} for name in FILE_SECTIONS}
     if not all(isinstance(s, Mapping) for s in sections.values()):
         raise ConfigError(
-            "config file: 'router', 'events', 'picker', 'discovery' and 'disagg' must be mappings"
+            "config file: 'router', 'events', 'picker', 'discovery', 'disagg' and 'engine-metrics' "
+            "must be mappings"
         )
 
     def reader(section: str) -> Reader:
@@ -220,6 +227,7 @@ def load_config(
     groups_config = read_groups(reader(groups.SECTION), document.get("groups"))
     discovery_config = read_discovery(reader(discovery.SECTION))
     disagg_config = read_disagg(reader(disagg.SECTION))
+    engine_metrics_config = read_engine_metrics(reader(engine_metrics.SECTION))
     if discovery_config.reload_config and not config_path:
         raise ConfigError("--reload-config needs a config file (--config or DYN_CONFIG)")
     return PickerConfig(
@@ -257,6 +265,7 @@ def load_config(
         groups=groups_config,
         discovery=discovery_config,
         disagg=disagg_config,
+        engine_metrics=engine_metrics_config,
         tls=own.tls,
         shutdown_grace_s=own.shutdown_grace_s,
         config_path=str(config_path) if config_path else None,

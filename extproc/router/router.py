@@ -33,6 +33,7 @@ from extproc.router.errors import AllWorkersBusy, InvalidConfig, NoWorkers, Pinn
 from extproc.router.hashing import TokenIds, compute_block_hashes, compute_sequence_hashes
 from extproc.router.load_order import LoadOrder
 from extproc.router.radix import OverlapScores, RadixTree
+from extproc.router.reported import ReportedLoad, ReportedLoads
 from extproc.router.selection import compute_costs, is_busy, pick
 from extproc.router.sequences import ActiveSequences
 from extproc.router.types import (
@@ -93,6 +94,7 @@ class KvRouter:
             learn_prefill_timing=cfg.learn_prefill_timing,
             clock=clock,
         )
+        self.reported = ReportedLoads(clock)  # what the engines say about their own load
         self._specs: dict[WorkerId, WorkerSpec] = {}
         self._workers: list[Worker] = []
         self._round_robin = 0
@@ -132,6 +134,7 @@ class KvRouter:
         self.indexer.remove_worker(worker)
         self.approx.remove_worker(worker)
         self._event_fed.discard(worker)
+        self.reported.drop(worker)
         return self.sequences.remove_worker(worker)
 
     def workers(self) -> list[Worker]:
@@ -171,6 +174,26 @@ class KvRouter:
 
     def is_event_fed(self, worker: Worker) -> bool:
         return worker in self._event_fed
+
+    def set_reported_load(
+        self,
+        worker: Worker,
+        *,
+        kv_usage: float | None,
+        running: int | None = None,
+        waiting: int | None = None,
+        max_age_s: float,
+        at: float | None = None,
+    ) -> ReportedLoad | None:
+        """What `worker`'s engine reports (KV usage fraction, running and waiting requests), fresh
+        for `max_age_s` from `at` (default: now). While fresh, the decode-blocks busy threshold
+        compares the engine's KV usage (router/reported.py). None for a worker not registered."""
+        spec = self._specs.get(worker.worker_id)
+        if spec is None or worker.dp_rank not in spec.dp_ranks:
+            return None
+        return self.reported.set(
+            worker, kv_usage=kv_usage, running=running, waiting=waiting, max_age_s=max_age_s, at=at
+        )
 
     def reset_worker_cache(self, worker: Worker) -> None:
         """Forget every block known for `worker`, real or predicted (a full replay follows)."""
@@ -654,6 +677,7 @@ class KvRouter:
             decode_blocks_threshold=cfg.active_decode_blocks_threshold,
             prefill_tokens_threshold=cfg.active_prefill_tokens_threshold,
             prefill_tokens_threshold_frac=cfg.active_prefill_tokens_threshold_frac,
+            reported_kv_usage=self.reported.fresh_kv_usage(worker) if len(self.reported) else None,
         )
 
     def _loads(

@@ -71,14 +71,19 @@ def is_busy(
     decode_blocks_threshold: float | None,
     prefill_tokens_threshold: int | None,
     prefill_tokens_threshold_frac: float | None,
+    reported_kv_usage: float | None = None,
 ) -> bool:
-    """Whether a worker's current load excludes it (REFERENCE section 5, busy filters)."""
-    if (
-        decode_blocks_threshold is not None
-        and total_blocks > 0
-        and decode_blocks / total_blocks > decode_blocks_threshold
-    ):
-        return True
+    """Whether a worker's current load excludes it (REFERENCE section 5, busy filters).
+
+    `reported_kv_usage`: the engine's own KV usage fraction (a fresh report, router/reported.py);
+    when given, the decode-blocks threshold compares it instead of decode_blocks / total_blocks.
+    """
+    if decode_blocks_threshold is not None:
+        if reported_kv_usage is not None:
+            if reported_kv_usage > decode_blocks_threshold:
+                return True
+        elif total_blocks > 0 and decode_blocks / total_blocks > decode_blocks_threshold:
+            return True
     if prefill_tokens_threshold is not None and prefill_tokens > prefill_tokens_threshold:
         return True
     return (

@@ -53,6 +53,7 @@ from extproc.events.sources import EventSources, start_event_sources
 from extproc.groups import GroupApiServer, start_group_api
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.discovery import WorkerDiscovery, start_discovery
+from extproc.runtime.engine_metrics import EngineMetricsScraper, start_engine_metrics
 from extproc.runtime.ports_file import write_ports_file
 from extproc.runtime.readiness import Readiness
 from extproc.runtime.tls import describe, server_credentials, server_pair
@@ -94,6 +95,7 @@ class RunningPicker:
     sources: EventSources
     admin: AdminServer | None = None
     discovery: WorkerDiscovery | None = None  # DNS / config-file workers, when configured
+    engine_metrics: EngineMetricsScraper | None = None  # the workers' own load, when scraped
     readiness: Readiness | None = None
     readiness_task: asyncio.Task | None = None
     group_api: GroupApiServer | None = None  # --group-api-port: this picker's routers as a router group
@@ -102,7 +104,7 @@ class RunningPicker:
     async def stop(self, grace_s: float = 5.0, *, cut_short: asyncio.Event | None = None) -> DrainReport:
         """Stop gracefully: not ready and every listener closed at once, in-flight ext_proc streams
         given `grace_s` seconds (or until `cut_short` is set) to finish, the rest cancelled; then the
-        admin server, discovery, the event sources and the picker stop."""
+        admin server, discovery, the engine metrics scraper, the event sources and the picker stop."""
         started = time.monotonic()
         await self._report_draining()
         await self._release_side_ports()
@@ -111,6 +113,8 @@ class RunningPicker:
             await self.admin.stop()
         if self.discovery is not None:
             await self.discovery.stop()
+        if self.engine_metrics is not None:
+            await self.engine_metrics.stop()
         await self.sources.stop()
         await self.picker.close()
         return DrainReport(draining, cancelled, time.monotonic() - started)
@@ -209,6 +213,7 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
     running.tls = describe(config.tls)
     try:
         running.discovery = await start_discovery(config, picker)
+        running.engine_metrics = await start_engine_metrics(picker, config.engine_metrics)
         if config.groups.api_port is not None:
             running.group_api = await start_group_api(
                 picker.local, config.host, config.groups.api_port, credentials=credentials
@@ -225,6 +230,7 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
                 config.admin_port,
                 readiness=readiness,
                 token=config.admin_token,
+                engine_metrics=running.engine_metrics,
             )
     except BaseException:
         await running.stop(0)
