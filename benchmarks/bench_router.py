@@ -24,6 +24,9 @@ What is measured (time.perf_counter_ns per call, warm-up excluded, medians and p
    routings until its first prune ends, every record_routing timed (the pruning calls are the
    stalls); Dynamo's RadixTree given the same predicted events, then that prune in one go.
    `--only prune` / `--only remove` run one section.
+8. The fleet curve: best_worker probes at 16, 64, 256 and 1,024 workers (1k/8k/32k tokens; hits,
+   partial hits, misses) under Dynamo's cost (fleet-sized decision, and forced to the full scan)
+   and the timing model, beside Dynamo's SelectionService.select on misses. `--only fleet`.
 `nodes` are runs of consecutive blocks (RadixTree.num_nodes), not blocks.
 Progress goes to stderr.
 """
@@ -852,6 +855,159 @@ def run_memory(requests: Sequence[TraceRequest], workers: int) -> dict[str, Any]
     }
 
 
+# --- 8: the fleet curve ----------------------------------------------------------------------
+
+
+FLEET_COUNTS = (16, 64, 256, 1024)
+FLEET_REQUESTS = 2000  # trace requests whose events feed every fleet's indexer (round robin)
+FLEET_QUERIES = 8  # per size and kind
+
+
+def fleet_queries(
+    requests: Sequence[TraceRequest], tokens: int, rng: random.Random
+) -> dict[str, list[list[int]]]:
+    """Hits (trace prompts cut to the size), partial hits (a real 1/4..3/4 then never-stored
+    tokens) and misses (never-stored tokens only)."""
+    eligible = [r for r in requests if r.input_tokens >= tokens]
+    picked = rng.sample(eligible, min(FLEET_QUERIES, len(eligible)))
+    hits = [r.token_list(tokens) for r in picked]
+    partial = []
+    for toks in hits:
+        keep = rng.randint(tokens // 4, 3 * tokens // 4)
+        partial.append(toks[:keep] + [rng.randrange(*FRESH_TOKEN_RANGE) for _ in range(tokens - keep)])
+    misses = [[rng.randrange(*FRESH_TOKEN_RANGE) for _ in range(tokens)] for _ in range(FLEET_QUERIES)]
+    return {"hit": hits, "partial": partial, "miss": misses}
+
+
+def fleet_routers(workers: int, events: Sequence[BlocksStored], requests, rng) -> dict[str, KvRouter]:
+    """Routers fed alike: Dynamo's cost with the fleet-sized decision and forced to the full scan
+    (the decision before it), and the timing model (always the full scan)."""
+    routers = {}
+    for label, model, full in (
+        ("none", "none", False),
+        ("none_full_scan", "none", True),
+        ("timing", "timing", False),
+    ):
+        router = KvRouter(
+            RouterConfig(block_size=ENGINE_BLOCK_SIZE, prefill_load_model=model),
+            clock=time.monotonic,
+            rng=random.Random(0),
+            workers=[WorkerSpec(i) for i in range(workers)],
+        )
+        if full:
+            router.full_scan_max_workers = 10**9
+        for ev in events:
+            router.apply_event(ev)
+        routers[label] = router
+    loads = random.Random(rng.random())
+    in_flight = max(IN_FLIGHT, workers)
+    for k in range(in_flight):  # one request in flight per worker on average, every other decoding
+        r = loads.choice(requests)
+        toks = r.token_list(loads.randint(1024, 16384))
+        for router in routers.values():
+            router.best_worker(toks, request_id=f"inflight-{k}")
+            if k % 2:
+                router.mark_prefill_complete(f"inflight-{k}")
+    return routers
+
+
+async def _awaited(call: Callable[[Any], Any], arg: Any) -> Any:
+    """Dynamo's coroutines need a running loop when they are made, not only when awaited."""
+    return await call(arg)
+
+
+def dynamo_fleet(core: Any, workers: int) -> tuple[Any, Any]:
+    """Dynamo's SelectionService with `workers` schedulable workers (no KV events, no load), and
+    the event loop its calls run on."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    service = core.SelectionService(indexer_threads=1)
+    for i in range(workers):
+        loop.run_until_complete(
+            _awaited(
+                service.upsert_worker,
+                {
+                    "worker_id": i,
+                    "endpoint": f"http://127.0.0.1:{20000 + i}",
+                    "block_size": ENGINE_BLOCK_SIZE,
+                    "kv_events_endpoint": f"tcp://127.0.0.1:{30000 + i}",
+                    "total_kv_blocks": 16384,
+                    "max_num_batched_tokens": 8192,
+                },
+            )
+        )
+    return service, loop
+
+
+def run_fleet(
+    requests: Sequence[TraceRequest], core: Any, counts, rounds: int, passes: int, rng
+) -> dict[str, Any]:
+    """best_worker probes over 16..1,024 workers, by size and kind; Dynamo's select on misses."""
+    subset = requests[:FLEET_REQUESTS]
+    hashed = hash_requests(subset, ENGINE_BLOCK_SIZE)
+    queries = {name: fleet_queries(subset, tokens, rng) for name, tokens in TOKEN_SIZES.items()}
+    jobs: dict[str, Job] = {}
+    keep: list[Any] = []
+    for workers in counts:
+        log(f"  fleet of {workers}: routers and in-flight requests")
+        routers = fleet_routers(workers, stored_events(hashed, workers), subset, rng)
+        keep.append(routers)
+        for label, router in routers.items():
+            for size, kinds in queries.items():
+                for kind, qs in kinds.items():
+                    if qs:
+                        jobs[f"{workers}/{size}/{kind}/{label}"] = Job(router.best_worker, qs, [])
+        if core is not None:
+            service, loop = dynamo_fleet(core, workers)
+            keep.append((service, loop))
+            for size, kinds in queries.items():
+                reqs = [{"token_ids": q} for q in kinds["miss"]]
+                jobs[f"{workers}/{size}/miss/dynamo"] = Job(
+                    lambda req, s=service, lp=loop: lp.run_until_complete(_awaited(s.select, req)), reqs, []
+                )
+    log(f"  timing {len(jobs)} fleet cases in {rounds} rounds")
+    run_jobs(jobs, rounds, passes)
+    cases = {key: statistics.median(job.samples) / 1e3 for key, job in jobs.items()}
+    table: dict[str, Any] = {}
+    for key, us in cases.items():
+        workers, size, kind, label = key.split("/")
+        table.setdefault(f"{size}/{kind}", {}).setdefault(label, {})[workers] = round(us, 1)
+    ratios: dict[str, Any] = {}
+    first, last = str(counts[0]), str(counts[-1])
+    for row, labels in table.items():
+        for label, by_workers in labels.items():
+            if first in by_workers and last in by_workers:
+                ratios[f"{row}/{label}/{last}_over_{first}"] = round(by_workers[last] / by_workers[first], 2)
+        size = row.split("/")[0]
+        dyn = table.get(f"{size}/miss", {}).get("dynamo", {})
+        for workers, us in labels.get("none", {}).items():
+            if workers in dyn:
+                ratios[f"{row}/none_over_dynamo_miss/{workers}"] = round(us / dyn[workers], 2)
+            full = labels.get("none_full_scan", {}).get(workers)
+            if full:
+                ratios[f"{row}/none_over_full_scan/{workers}"] = round(us / full, 2)
+    for service, loop in (k for k in keep if isinstance(k, tuple)):
+        service.shutdown()
+        loop.close()
+    keep.clear()
+    gc.collect()
+    return {
+        "setup": (
+            f"KvRouter(block_size={ENGINE_BLOCK_SIZE}) per fleet, indexer fed the first {len(subset)} trace "
+            f"requests round robin; max({IN_FLIGHT}, W) requests in flight (1k-16k-token trace prompts, "
+            "every other one prefill-complete); probes (no request_id), tokens as lists; "
+            f"{FLEET_QUERIES} queries per size and kind. none: Dynamo's cost with the fleet-sized "
+            "decision; none_full_scan: the same router forced to visit every worker (the decision "
+            "before); timing: the default model (full scan). dynamo: SelectionService.select driven "
+            "from Python (one asyncio run_until_complete per call), W schedulable workers, no KV "
+            "events and no booked load, so only misses compare"
+        ),
+        "median_us": table,
+        "ratios": ratios,
+    }
+
+
 # --- driver ------------------------------------------------------------------------------------
 
 
@@ -953,7 +1109,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="approximate mode's max_tree_size for the prune stalls (default 2^20, quick 2^18)",
     )
     p.add_argument(
-        "--only", choices=("prune", "remove"), default=None, help="run only the prune or the removal section"
+        "--only",
+        choices=("prune", "remove", "fleet"),
+        default=None,
+        help="run only the prune, the removal or the fleet section",
     )
     args = p.parse_args(argv)
     if args.repeat is None:
@@ -986,6 +1145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     log(f"loading {args.trace}")
     requests = load_trace(args.trace)
+    if args.only == "fleet":
+        counts = FLEET_COUNTS if args.workers == "16,64" else args.worker_counts
+        fleet = run_fleet(requests, core, counts, args.repeat, 3 * args.repeat, rng)
+        env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        json.dump({"benchmark": "router", "env": env, "fleet": fleet}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     log(f"hashing {len(requests)} requests at block size {ENGINE_BLOCK_SIZE}")
     hashed = hash_requests(requests, ENGINE_BLOCK_SIZE)
     events = stored_events(hashed, workers)
@@ -1030,6 +1196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log("best_worker")
     best = run_best_worker(requests, events, args.worker_counts, args.repeat, best_passes, rng, args.quick)
 
+    log("fleet curve")
+    fleet = run_fleet(requests, core, FLEET_COUNTS, args.repeat, 3 * args.repeat, rng)
+
     mem_requests = requests[:1000] if args.quick else requests
     log(f"memory (tracemalloc) over {len(mem_requests)} requests")
     memory = run_memory(mem_requests, workers)
@@ -1056,6 +1225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             **find_ours,
         },
         "best_worker": best,
+        "fleet": fleet,
         "memory": memory,
         "approx_prune": prune,
     }
