@@ -54,6 +54,7 @@ def narrowed(*names: str) -> frozenset[str]:
 PAIRS = [
     # runtime/
     Pair("extproc.runtime.discovery:WorkerSetTarget", "extproc.picker.pipeline:EndpointPicker"),
+    Pair("extproc.runtime.engine_metrics:WorkerPools", "extproc.picker.pipeline:EndpointPicker"),
     # request/
     Pair("extproc.request.tokenizer:Tokenizer", "extproc.request.tokenizer:ByteTokenizer"),
     Pair("extproc.request.tokenizer:Tokenizer", "extproc.request.tokenizer:HfTokenizer"),
@@ -100,6 +101,7 @@ PAIRS = [
         # RoutingClient passes override to EndpointPicker itself; the stream handler never does
         narrowed("pick.override"),
     ),
+    Pair("extproc.epp.service:OutputTracker", "extproc.picker.pipeline:EndpointPicker"),
     # groups/
     Pair("extproc.groups.servicer:ServedGroup", "extproc.picker.local_group:LocalGroup"),
     Pair("extproc.groups.types:RouterGroup", "extproc.picker.local_group:LocalGroup"),
@@ -108,7 +110,7 @@ PAIRS = [
 
 
 if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to its Protocol
-    from extproc.epp.service import Picker
+    from extproc.epp.service import OutputTracker, Picker
     from extproc.events.durable import TreeSource
     from extproc.events.feed import RouterFeed
     from extproc.events.nats_events import NatsEventPublisher
@@ -124,6 +126,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
     from extproc.request.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
     from extproc.router import KvRouter
     from extproc.runtime.discovery import WorkerSetTarget
+    from extproc.runtime.engine_metrics import WorkerPools
     from extproc.sim.disagg import EngineClock
     from extproc.sim.kv_events import KvEventPublisher, NatsKvEvents, ZmqKvEvents, _Forward
     from extproc.sim.mock_worker import EngineDriver, TokenizerLike
@@ -164,10 +167,13 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         worker_set_listener: WorkerSetListener = follower
         route_listener: RouteListener = sync_listener
         picker: Picker = endpoint_picker
+        output_tracker: OutputTracker = endpoint_picker
+        worker_pools: WorkerPools = endpoint_picker
         served: ServedGroup = local_group
         groups: list[RouterGroup] = [local_group, remote_group]
         del targets, tokenizers, listeners, replay_routers, worker_tokenizers, clock, publishers, sink
-        del trees, synced, worker_set_listener, route_listener, picker, served, groups
+        del trees, synced, worker_set_listener, route_listener, picker, served, groups, output_tracker
+        del worker_pools
 
 
 # --- the structural check --------------------------------------------------------------------------
