@@ -365,6 +365,7 @@ class KvRouter:
             and preferred_worker is None
             and allowed_workers is None
             and not self.sequences.timed
+            and not (len(self.reported) and cfg.active_decode_blocks_threshold is not None)  # reports age
             and cfg.overlap_score_weight == self.config.overlap_score_weight
             and not cfg.log_formula
             and not log.isEnabledFor(logging.DEBUG)
