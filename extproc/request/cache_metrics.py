@@ -8,6 +8,12 @@ The request path only adds to plain integers (`TokenCache`); this renders them, 
 - `extproc_tokenizer_cache_bytes{model}`, `extproc_tokenizer_cache_entries{model}` and
   `extproc_tokenizer_cache_capacity_bytes{model}` (`--tokenizer-cache-bytes`).
 Models whose tokenizer has no piece cache (remote, byte-level, off, or inexact) are left out.
+
+`BlockHashCacheCollector` renders the router's block-hash prefix cache (`extproc.router.hashing`,
+one per process): `extproc_block_hash_cache_lookups_total{result}`,
+`extproc_block_hash_cache_blocks_total{result}` (blocks whose hashes came from it, or were hashed),
+`extproc_block_hash_cache_evictions_total`, `extproc_block_hash_cache_bytes`,
+`extproc_block_hash_cache_entries` and `extproc_block_hash_cache_capacity_bytes`.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from extproc.request.token_cache import TokenCacheStats
+from extproc.router.hashing import BlockHashCacheStats
 
 
 class TokenCacheCollector(Collector):
@@ -66,3 +73,35 @@ class TokenCacheCollector(Collector):
             entries.add_metric([name], stats.entries)
             capacity.add_metric([name], stats.capacity_bytes)
         yield from (lookups, tokens, evictions, size, entries, capacity)
+
+
+class BlockHashCacheCollector(Collector):
+    """Collects the block-hash prefix cache's counters, from `stats()`, on each scrape."""
+
+    def __init__(self, stats: Callable[[], BlockHashCacheStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        prefix = "extproc_block_hash_cache"
+        lookups = CounterMetricFamily(
+            f"{prefix}_lookups", "Prompts looked up in the block-hash prefix cache.", labels=["result"]
+        )
+        lookups.add_metric(["hit"], stats.hits)
+        lookups.add_metric(["miss"], stats.lookups - stats.hits)
+        blocks = CounterMetricFamily(
+            f"{prefix}_blocks", "Prompt blocks whose hashes came from the cache (hit) or were hashed.",
+            labels=["result"],
+        )  # fmt: skip
+        blocks.add_metric(["hit"], stats.hit_blocks)
+        blocks.add_metric(["miss"], stats.miss_blocks)
+        yield lookups
+        yield blocks
+        yield CounterMetricFamily(
+            f"{prefix}_evictions", "Prompts evicted to stay within the bound.", value=stats.evictions
+        )
+        yield GaugeMetricFamily(f"{prefix}_bytes", "Bytes held by the block-hash cache.", value=stats.bytes)
+        yield GaugeMetricFamily(f"{prefix}_entries", "Prompts in the block-hash cache.", value=stats.entries)
+        yield GaugeMetricFamily(
+            f"{prefix}_capacity_bytes", "The block-hash cache's bound.", value=stats.capacity_bytes
+        )
