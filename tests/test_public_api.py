@@ -1,8 +1,9 @@
 """The package's public names, exactly: adding or removing one is a deliberate change made here too.
 
 The public packages declare `__all__`: `extproc` (the router's three names the README imports),
-`extproc.client` (RoutingClient), `extproc.router` (tests/router/test_imports.py) and
-`extproc.groups` (tests/groups/test_package.py).
+`extproc.client` (RoutingClient), `extproc.router` (tests/router/test_imports.py),
+`extproc.groups` (tests/groups/test_package.py) and `extproc.compat` (Dynamo's `KvPushRouter` API,
+tests/compat/test_push_router.py).
 
 `extproc.events`, `extproc.sim` and `extproc.request` declare none, on purpose: they are folders
 that group modules by concept, and their users import the module they need
