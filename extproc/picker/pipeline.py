@@ -53,7 +53,7 @@ from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
-from extproc.request.cache_metrics import BlockHashCacheCollector
+from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixCollector
 from extproc.request.parse import ParsedRequest, is_routable
 from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, RouterError, SessionPins, Worker
 from extproc.router.hashing import CHECKPOINT_TOKENS, PREFIX_CACHE, PromptTokens
@@ -140,6 +140,11 @@ class EndpointPicker:
         if self.hierarchical:
             self.metrics.registry.register(GroupCollector(self.selector.metrics))
         self.metrics.registry.register(BlockHashCacheCollector(PREFIX_CACHE.stats))
+        self.metrics.registry.register(
+            PromptPrefixCollector(
+                lambda: {m: p.tokenizer.prefix_cache_stats() for m, p in self._pools.items()}
+            )
+        )
         self._sessions = {
             model: SessionPins(config.session_ttl_s, config.session_max_pins) for model in self._pools
         }

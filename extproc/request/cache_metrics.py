@@ -14,6 +14,9 @@ one per process): `extproc_block_hash_cache_lookups_total{result}`,
 `extproc_block_hash_cache_blocks_total{result}` (blocks whose hashes came from it, or were hashed),
 `extproc_block_hash_cache_evictions_total`, `extproc_block_hash_cache_bytes`,
 `extproc_block_hash_cache_entries` and `extproc_block_hash_cache_capacity_bytes`.
+`PromptPrefixCollector` renders each model's prompt prefix cache (`prefix_cache.py`):
+`extproc_prompt_prefix_cache_lookups_total{model, result}`, `..._hit_tokens_total{model}`,
+`..._evictions_total{model}`, `..._bytes{model}`, `..._entries{model}`, `..._capacity_bytes{model}`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from extproc.request.prefix_cache import PromptPrefixStats
 from extproc.request.token_cache import TokenCacheStats
 from extproc.router.hashing import BlockHashCacheStats
 
@@ -105,3 +109,40 @@ class BlockHashCacheCollector(Collector):
         yield GaugeMetricFamily(
             f"{prefix}_capacity_bytes", "The block-hash cache's bound.", value=stats.capacity_bytes
         )
+
+
+class PromptPrefixCollector(Collector):
+    """Collects each model's prompt prefix cache counters, from `stats()` ({model: stats or None})."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, PromptPrefixStats | None]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        prefix = "extproc_prompt_prefix_cache"
+        lookups = CounterMetricFamily(
+            f"{prefix}_lookups",
+            "Chat prompts looked up by their prefix, by result.",
+            labels=["model", "result"],
+        )
+        tokens = CounterMetricFamily(
+            f"{prefix}_hit_tokens", "Prompt ids copied from a prefix.", labels=["model"]
+        )
+        evictions = CounterMetricFamily(f"{prefix}_evictions", "Prefixes evicted.", labels=["model"])
+        size = GaugeMetricFamily(
+            f"{prefix}_bytes", "Bytes held by the prompt prefix cache.", labels=["model"]
+        )
+        entries = GaugeMetricFamily(f"{prefix}_entries", "Prefixes held.", labels=["model"])
+        capacity = GaugeMetricFamily(
+            f"{prefix}_capacity_bytes", "The prefix cache's bound.", labels=["model"]
+        )
+        for name, stats in self._stats().items():
+            if stats is None:
+                continue
+            lookups.add_metric([name, "hit"], stats.hits)
+            lookups.add_metric([name, "miss"], stats.lookups - stats.hits)
+            tokens.add_metric([name], stats.hit_tokens)
+            evictions.add_metric([name], stats.evictions)
+            size.add_metric([name], stats.bytes)
+            entries.add_metric([name], stats.entries)
+            capacity.add_metric([name], stats.capacity_bytes)
+        yield from (lookups, tokens, evictions, size, entries, capacity)

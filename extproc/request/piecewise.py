@@ -35,6 +35,7 @@ from typing import Any
 
 import tokenizers
 
+from extproc.request.prefix_cache import PromptPrefixes
 from extproc.request.token_cache import ID_TYPE, TokenCache, piece_key
 
 # Rust's `\s` (Unicode White_Space), what pass 1 strips for lstrip/rstrip (Python's `\s` adds U+001C-1F)
@@ -56,6 +57,7 @@ _POST_PROCESSORS = frozenset(
 _CHILDREN = ("normalizers", "pretokenizers", "processors")
 
 Part = str | int  # a piece of text, or the id of an added token found between pieces
+SERIAL_PIECES = 4  # missed pieces up to this many are encoded one by one, not in parallel
 
 
 class PieceSplitter:
@@ -74,6 +76,10 @@ class PieceSplitter:
         alternatives = "|".join(re.escape(c) for c in sorted(tokens, key=len, reverse=True))
         self._pattern = re.compile(f"({alternatives})") if tokens else None
         self._simple = not (self._lstrip or self._rstrip or (encode_special_tokens and self._special))
+        self._max_chars = max(map(len, tokens), default=0)
+        self.lengths = {i: len(content) for content, (i, _) in tokens.items()}  # an added token's characters
+        # a text may be cut after an added token (`closed_at`) only where each id stands for one text
+        self.cuttable = self._simple and self._pattern is not None and len(self.lengths) == len(tokens)
 
     def split(self, text: str) -> list[Part]:
         """Pieces (non-empty strings) and added-token ids, in order; their concatenation is `text`'s split."""
@@ -83,6 +89,19 @@ class PieceSplitter:
             ids = self._ids
             return [ids[s] if i % 2 else s for i, s in enumerate(self._pattern.split(text)) if s]
         return self._split_stripping(text)
+
+    def closed_at(self, text: str, cut: int) -> bool:
+        """Whether no added token matches in `text` across `cut`: then, when `text[:cut]` ends in an
+        added token of `text`'s split, the split of `text` is that of `text[:cut]` followed by that of
+        `text[cut:]` (leftmost-longest decisions before `cut` never read past it). Simple splits only."""
+        match = self._pattern.match if self.cuttable and self._pattern is not None else None
+        if match is None:
+            return False
+        for at in range(max(0, cut - self._max_chars + 1), cut):
+            found = match(text, at)
+            if found is not None and found.end() > cut:
+                return False
+        return True
 
     def _split_stripping(self, text: str) -> list[Part]:
         # added_vocabulary.rs `find_matches`, step by step
@@ -173,8 +192,13 @@ def special_wrapping(backend: tokenizers.Tokenizer) -> tuple[list[int], list[int
 class PiecewiseEncoder:
     """Encodes a text as its pass-1 pieces, reusing the ids of pieces seen before (`TokenCache`)."""
 
-    def __init__(self, backend: tokenizers.Tokenizer, cache: TokenCache) -> None:
-        """Raises `ValueError` naming the reason when `backend` cannot be encoded piecewise exactly."""
+    def __init__(
+        self, backend: tokenizers.Tokenizer, cache: TokenCache, prefixes: PromptPrefixes | None = None
+    ) -> None:
+        """Raises `ValueError` naming the reason when `backend` cannot be encoded piecewise exactly.
+
+        With `prefixes`, a text that begins with a stored prefix (an earlier turn's prompt up to its
+        last added token) takes that prefix's ids as they are and splits only the rest."""
         if (reason := inexact_reason(backend)) is not None:
             raise ValueError(reason)
         self._backend = backend
@@ -183,6 +207,7 @@ class PiecewiseEncoder:
             backend.get_added_tokens_decoder(), encode_special_tokens=backend.encode_special_tokens
         )
         self._wrapping = special_wrapping(backend)
+        self.prefixes = prefixes if prefixes is not None and self.splitter.cuttable else None
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """`text`'s ids, as `backend.encode(text, add_special_tokens=...)` gives them.
@@ -196,7 +221,14 @@ class PiecewiseEncoder:
         """As `encode`, as a uint32 array: the cached pieces' arrays are copied into it in C, where a
         list of 100k ids costs about 2 ms to build (an int object each). Raises as `encode`."""
         prefix, suffix = self._special_ids(add_special_tokens)
-        parts = self.splitter.split(text)
+        out = array(ID_TYPE, prefix)
+        start = 0
+        prefixes, splitter = self.prefixes, self.splitter
+        known = prefixes.longest(text) if prefixes is not None else None
+        if known is not None and splitter.closed_at(text, len(known[0])):
+            start = len(known[0])
+            out.extend(known[1])
+        parts = splitter.split(text[start:] if start else text)
         pieces = [p for p in parts if type(p) is str]
         keys = [piece_key(p) for p in pieces]
         found = self.cache.get_many(keys)
@@ -209,16 +241,22 @@ class PiecewiseEncoder:
             encoded = self._encode_pieces(list(missing.values()))
             stored = self.cache.put_many(list(zip(missing, encoded, strict=True)))
             fresh = dict(zip(missing, stored, strict=True))
-        out = array(ID_TYPE, prefix)
         append, extend = out.append, out.extend
         at = 0
+        chars, cut_chars, cut_ids = start, 0, 0  # where the text's last added token ends
+        lengths = splitter.lengths
         for part in parts:
             if type(part) is int:
                 append(part)
+                chars += lengths.get(part, 0)
+                cut_chars, cut_ids = chars, len(out)
                 continue
             ids = found[at]
             extend(fresh[keys[at]] if ids is None else ids)
+            chars += len(pieces[at])
             at += 1
+        if prefixes is not None and cut_chars > start and splitter.closed_at(text, cut_chars):
+            prefixes.store(text[:cut_chars], out[len(prefix) : cut_ids])
         extend(array(ID_TYPE, suffix))
         return out
 
@@ -248,8 +286,12 @@ class PiecewiseEncoder:
         return self._wrapping
 
     def _encode_pieces(self, pieces: list[str]) -> list[list[int]]:
-        # encode_batch releases the GIL and spreads the pieces over the cores
-        return [e.ids for e in self._backend.encode_batch(pieces, add_special_tokens=False)] if pieces else []
+        # encode_batch releases the GIL and spreads the pieces over the cores; a few pieces (a chat's
+        # new turn) are encoded one at a time: two ~1k-token pieces in parallel took 1.5-2x the CPU
+        encode = self._backend.encode_batch
+        if len(pieces) <= SERIAL_PIECES:
+            return [encode([piece], add_special_tokens=False)[0].ids for piece in pieces]
+        return [e.ids for e in encode(pieces, add_special_tokens=False)]
 
 
 def probe_mismatch(

@@ -26,6 +26,7 @@ from extproc.errors import TokenizerUnavailable
 from extproc.request.chat_template import ChatTemplate
 from extproc.request.parse import ParsedRequest
 from extproc.request.piecewise import PiecewiseEncoder, probe_mismatch
+from extproc.request.prefix_cache import PromptPrefixes, PromptPrefixStats
 from extproc.request.remote_tokenizer import RemoteTokenizer
 from extproc.request.token_cache import DEFAULT_PIECE_CACHE_BYTES, TokenCache, TokenCacheStats
 
@@ -160,12 +161,17 @@ class HfTokenizer:
         """The piece cache's counters, or None without one."""
         return self.pieces.cache.stats() if self.pieces is not None else None
 
+    def prefix_cache_stats(self) -> PromptPrefixStats | None:
+        """The prompt prefix cache's counters, or None without one."""
+        prefixes = self.pieces.prefixes if self.pieces is not None else None
+        return prefixes.stats() if prefixes is not None else None
+
     def _set_up_pieces(self, cache_bytes: int) -> str | None:
         """Build `self.pieces` when piecewise encoding is exact and useful; else the reason it is off."""
         if cache_bytes == 0:
             return "the piece cache is off (0 bytes)"
         try:
-            pieces = PiecewiseEncoder(self._backend, TokenCache(cache_bytes))
+            pieces = PiecewiseEncoder(self._backend, TokenCache(cache_bytes), PromptPrefixes())
         except ValueError as e:
             return f"piecewise encoding would not be exact: {e}"
         probes = []
@@ -454,6 +460,10 @@ class RequestTokenizer:
     def piece_cache_stats(self) -> TokenCacheStats | None:
         """The local backend's piece cache counters (`HfTokenizer`), or None without one."""
         return self.backend.piece_cache_stats() if isinstance(self.backend, HfTokenizer) else None
+
+    def prefix_cache_stats(self) -> PromptPrefixStats | None:
+        """The local backend's prompt prefix cache counters (`HfTokenizer`), or None without one."""
+        return self.backend.prefix_cache_stats() if isinstance(self.backend, HfTokenizer) else None
 
     async def tokenize(self, request: ParsedRequest) -> list[int]:
         """The token ids the engine will prefill for `request`. Raises `TokenizerUnavailable`."""
