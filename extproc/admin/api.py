@@ -1,6 +1,7 @@
 """The picker's admin HTTP server (aiohttp), off unless `--admin-port` is given (0 = a free port).
 
-    GET  /metrics                 Prometheus: request path, routers, queues, sessions, KV events
+    GET  /metrics                 Prometheus: request path, routers, queues, sessions, KV events (and
+                                  Dynamo's router metric names beside ours: dynamo_metrics.py)
     GET  /healthz                 liveness (the event loop answers); /health is an alias
     GET  /readyz                  200 when ready to route (see readiness.py), else 503 with the reason
     GET  /busy_threshold          {"thresholds": [record per configured model]}
@@ -40,6 +41,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from extproc.admin.dynamo_metrics import DynamoMetricsCollector
 from extproc.admin.metrics import PickerCollector
 from extproc.config import WorkerConfig
 from extproc.errors import PickerError, UnknownModel
@@ -100,6 +102,7 @@ def make_admin_app(
     (`--admin-allow-unauthenticated-writes`). `engine_metrics`: the scraper, for its per-worker state."""
     registry = picker.metrics.registry
     registry.register(PickerCollector(picker, sources))
+    registry.register(DynamoMetricsCollector(picker))  # Dynamo's router metric names, same values
     registry.register(
         TokenCacheCollector(lambda: {m: p.tokenizer.piece_cache_stats() for m, p in picker.pools.items()})
     )
