@@ -782,7 +782,10 @@ def _prepare(module: str, tests: list[str], fresh: bool, source: Path) -> Path:
         shutil.copytree(source / tree, workdir / tree, ignore=ignore)
     (workdir / "pyproject.toml").write_text(_pyproject_for(module, tests, source))
     # mutmut keeps every verdict of a function that did not change, but tests may have been added
-    # since: the survivors of the last run are tested again (the killed stay killed)
+    # since: the survivors of the last run are tested again (the killed stay killed), against a fresh
+    # record of which tests reach which function (mutmut records only new tests', so a function
+    # added since would be tested by those alone)
+    (workdir / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     meta = workdir / "mutants" / "extproc" / f"{module}.meta"
     if meta.exists():
         data = json.loads(meta.read_text())
