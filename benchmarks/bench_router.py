@@ -25,8 +25,8 @@ What is measured (time.perf_counter_ns per call, warm-up excluded, medians and p
    stalls); Dynamo's RadixTree given the same predicted events, then that prune in one go.
    `--only prune` / `--only remove` run one section.
 8. The fleet curve: best_worker probes at 16, 64, 256 and 1,024 workers (1k/8k/32k tokens; hits,
-   partial hits, misses) under Dynamo's cost (fleet-sized decision, and forced to the full scan)
-   and the timing model, beside Dynamo's SelectionService.select on misses. `--only fleet`.
+   partial hits, misses) under Dynamo's cost and the timing model (each with the fleet-sized
+   decision, and forced to the full scan), beside Dynamo's SelectionService.select on misses. `--only fleet`.
 `nodes` are runs of consecutive blocks (RadixTree.num_nodes), not blocks.
 Progress goes to stderr.
 """
@@ -880,13 +880,14 @@ def fleet_queries(
 
 
 def fleet_routers(workers: int, events: Sequence[BlocksStored], requests, rng) -> dict[str, KvRouter]:
-    """Routers fed alike: Dynamo's cost with the fleet-sized decision and forced to the full scan
-    (the decision before it), and the timing model (always the full scan)."""
+    """Routers fed alike: Dynamo's cost and the timing model, each with the fleet-sized decision
+    and forced to the full scan (the decision before it)."""
     routers = {}
     for label, model, full in (
         ("none", "none", False),
         ("none_full_scan", "none", True),
         ("timing", "timing", False),
+        ("timing_full_scan", "timing", True),
     ):
         router = KvRouter(
             RouterConfig(block_size=ENGINE_BLOCK_SIZE, prefill_load_model=model),
@@ -987,6 +988,12 @@ def run_fleet(
             full = labels.get("none_full_scan", {}).get(workers)
             if full:
                 ratios[f"{row}/none_over_full_scan/{workers}"] = round(us / full, 2)
+        for workers, us in labels.get("timing", {}).items():
+            if workers in dyn:
+                ratios[f"{row}/timing_over_dynamo_miss/{workers}"] = round(us / dyn[workers], 2)
+            full = labels.get("timing_full_scan", {}).get(workers)
+            if full:
+                ratios[f"{row}/timing_over_full_scan/{workers}"] = round(us / full, 2)
     for service, loop in (k for k in keep if isinstance(k, tuple)):
         service.shutdown()
         loop.close()
@@ -999,9 +1006,9 @@ def run_fleet(
             "every other one prefill-complete); probes (no request_id), tokens as lists; "
             f"{FLEET_QUERIES} queries per size and kind. none: Dynamo's cost with the fleet-sized "
             "decision; none_full_scan: the same router forced to visit every worker (the decision "
-            "before); timing: the default model (full scan). dynamo: SelectionService.select driven "
-            "from Python (one asyncio run_until_complete per call), W schedulable workers, no KV "
-            "events and no booked load, so only misses compare"
+            "before); timing, timing_full_scan: the default prefill load model, likewise. dynamo: "
+            "SelectionService.select driven from Python (one asyncio run_until_complete per call), "
+            "W schedulable workers, no KV events and no booked load, so only misses compare"
         ),
         "median_us": table,
         "ratios": ratios,

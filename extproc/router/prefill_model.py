@@ -176,6 +176,49 @@ class PrefillTimeline:
         end = start + timing.prefill_ms(committed - k * budget) + self._decode_ms
         return None if end <= now_ms else (start, committed, end)
 
+    @property
+    def timing(self) -> PrefillTiming:
+        """The pass-time model this stream is predicted with."""
+        return self._timing
+
+    @property
+    def stream_decode_ms(self) -> float:
+        """The decode part each pass of this stream pays."""
+        return self._decode_ms
+
+    def finished_by(self, now_ms: float) -> bool:
+        """Whether the stream is done at `now_ms` and stays done at every later time (until it
+        changes): `ttft_ms` then no longer depends on the clock."""
+        if not self._total:
+            return True
+        elapsed = now_ms - self.anchor_ms
+        if elapsed < 0:
+            return False
+        timing = self._timing
+        budget = timing.max_num_batched_tokens
+        full_ms = timing.prefill_ms(budget) + self._decode_ms
+        k = int(elapsed / full_ms)
+        if k * budget >= self._total:
+            return True
+        if (k + 1) * budget < self._total:
+            return False  # not the last pass: `_position` may read None for an instant, not for good
+        end = self.anchor_ms + k * full_ms + timing.prefill_ms(self._total - k * budget) + self._decode_ms
+        return end <= now_ms
+
+    def running_at(self, now_ms: float) -> bool:
+        """Whether prompt work is predicted in progress at `now_ms` (`ttft_ms` waits for it)."""
+        return self._position(now_ms) is not None
+
+    def end_ms(self, now_ms: float) -> float:
+        """When the stream's last pass ends as predicted (constant while the stream does not
+        change; `now_ms` if it is done)."""
+        pos = self._position(now_ms)
+        if pos is None:
+            return now_ms
+        _, committed, end = pos
+        rest = self._total - committed
+        return end + self._timing.prompt_ms(rest, self._decode_ms) if rest > 0 else end
+
     def ttft_ms(self, uncached_tokens: int, now_ms: float, decode_ms: float) -> float:
         """Predicted time to first token of a request of `uncached_tokens` routed here now.
 

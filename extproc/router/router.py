@@ -8,13 +8,14 @@ it is given, so tests and the simulator drive it deterministically.
 A call without `request_id` changes no state (a probe); with one, the request is tracked until
 `free`.
 
-Fleet-sized decisions. Past `full_scan_max_workers` workers, a decision under Dynamo's cost
-(prefill load model `none`) at temperature 0 evaluates only the workers that cache or hold in
-flight part of the prompt, one idle worker and the loaded workers in load order until none can
-beat the best cost found (`extproc.router.load_order`): O(matching + log W) instead of O(W), with
-the same costs, the same ties and the same random draw as the full scan, which every other
-decision still takes (temperature > 0, the timing model, whose costs depend on the clock,
-allowed, pinned or preferred workers, device-aware mode, a weight override, formula logging).
+Fleet-sized decisions. Past `full_scan_max_workers` workers, a decision at temperature 0
+evaluates only the workers that cache or hold in flight part of the prompt, one idle worker (under
+the timing model: one per idle class) and the loaded workers in the order of a load-only bound
+until none can beat the best cost found (`extproc.router.load_order`): O(matching + log W) instead
+of O(W), with the same costs, the same ties and the same random draw as the full scan, which every
+other decision still takes (temperature > 0, allowed, pinned or preferred workers, device-aware
+mode, a weight override, formula logging; under the timing model also prefill-token busy
+thresholds, a pass-time model with negative parts, and a clock that went back).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from extproc.router.config import PrefillLoadModel, RouterConfig, RouterConfigOv
 from extproc.router.device_share import device_class_candidates
 from extproc.router.errors import AllWorkersBusy, InvalidConfig, NoWorkers, PinnedWorkerUnavailable
 from extproc.router.hashing import TokenIds, compute_block_hashes, compute_sequence_hashes
-from extproc.router.load_order import LoadOrder
+from extproc.router.load_order import LoadOrder, TimedLoadOrder
+from extproc.router.prefill_model import PrefillTiming
 from extproc.router.radix import OverlapScores, RadixTree
 from extproc.router.reported import ReportedLoad, ReportedLoads
 from extproc.router.selection import compute_costs, is_busy, pick
@@ -53,6 +55,7 @@ log = logging.getLogger("extproc.router")
 KV_RULES = (RouterMode.KV, RouterMode.DEVICE_AWARE_WEIGHTED)  # modes that choose by overlap and load
 FULL_SCAN_MAX_WORKERS = 32  # up to this many workers every decision visits them all (see the docstring)
 _KEY_SLACK = 1e-9  # relative: far above the rounding of a cost, far below a difference of loads
+_BOUND_SLACK = 1e-9  # timing model: bounds lowered by this fraction, far above the rounding of a time
 
 WorkerFilter = Collection[WorkerId | Worker]
 
@@ -99,8 +102,11 @@ class KvRouter:
         self._workers: list[Worker] = []
         self._round_robin = 0
         self.full_scan_max_workers = FULL_SCAN_MAX_WORKERS
-        self._order: LoadOrder | None = None  # built lazily; None after a change of workers
+        self._order: LoadOrder | TimedLoadOrder | None = None  # built lazily; None after a change of workers
         self._order_config: RouterConfig | None = None  # the config the order's keys and busy states follow
+        self._order_timing: PrefillTiming | None = None  # timing model: the shared pass-time model it follows
+        self._order_now_ms = -math.inf  # timing model: the latest clock reading the order was kept at
+        self._scales: dict[PrefillTiming, float] = {}
         self.sequences.on_load_change = self._reorder
         for spec in workers:
             self.add_worker(spec)
@@ -364,17 +370,30 @@ class KvRouter:
             and pinned_worker is None
             and preferred_worker is None
             and allowed_workers is None
-            and not self.sequences.timed
+            and (not self.sequences.timed or self._timed_fast_path_applies(cfg))
             and not (len(self.reported) and cfg.active_decode_blocks_threshold is not None)  # reports age
             and cfg.overlap_score_weight == self.config.overlap_score_weight
             and not cfg.log_formula
             and not log.isEnabledFor(logging.DEBUG)
         )
 
+    def _timed_fast_path_applies(self, cfg: RouterConfig) -> bool:
+        """Timing model: busy states must not follow the clock (no prefill-token threshold: the
+        remaining prefill decays with time) and the pass-time model must have the shape the bounds
+        rely on (a prefill pass that grows with its tokens, no negative part)."""
+        base = self.sequences.prefill_timing
+        return (
+            cfg.active_prefill_tokens_threshold is None
+            and cfg.active_prefill_tokens_threshold_frac is None
+            and base.prefill_quadratic_ms >= 0
+            and base.prefill_constant_ms >= 0
+            and base.decode_min_ms >= 0
+        )
+
     def _load_order(self) -> LoadOrder:
         """The load order of the registered workers, rebuilt after a change of workers or config."""
         order = self._order
-        if order is None or self._order_config is not self.config:
+        if not isinstance(order, LoadOrder) or self._order_config is not self.config:
             order = self._order = LoadOrder(self._workers)
             self._order_config = self.config
             for worker in self._workers:
@@ -384,7 +403,10 @@ class KvRouter:
     def _reorder(self, worker: Worker) -> None:
         """`worker`'s load changed (called by `self.sequences`): move it in the load order."""
         order = self._order
-        if order is None or self.sequences.timed:
+        if order is None:
+            return
+        if isinstance(order, TimedLoadOrder):
+            self._reorder_timed(order, worker)
             return
         cfg = self.config
         if self._order_config is not cfg:
@@ -417,6 +439,8 @@ class KvRouter:
         order, so the one random draw picks the same worker. Returns (chosen, evaluated costs in
         worker order), or None when the full scan must decide (no eligible worker: its error).
         """
+        if self.sequences.timed:
+            return self._timed_choice(cfg, block_keys, isl, overlaps)
         order = self._load_order()
         if not len(order):
             return None
@@ -465,6 +489,174 @@ class KvRouter:
             r = order.idle_rank_at(draw, excluded, ties)
             chosen = evaluated[r] if r in evaluated else replace(idle_cost, worker=workers[r])
             evaluated[r] = chosen
+        return chosen, tuple(evaluated[r] for r in sorted(evaluated))
+
+    # --- fleet-sized decisions under the timing model ----------------------------------------------
+
+    def _timed_load_order(self, now_ms: float) -> TimedLoadOrder:
+        """The timing model's order, rebuilt after a change of workers, config or shared pass-time
+        model (which every worker nothing was learned of predicts with)."""
+        order = self._order
+        shared = self.sequences.shared_timing()
+        if (
+            not isinstance(order, TimedLoadOrder)
+            or self._order_config is not self.config
+            or self._order_timing is not shared
+        ):
+            order = self._order = TimedLoadOrder(self._workers)
+            self._order_config, self._order_timing = self.config, shared
+            self._order_now_ms = now_ms
+            for worker in self._workers:
+                self._reorder_timed(order, worker)
+        return order
+
+    def _scale(self, timing: PrefillTiming) -> float:
+        """The largest s with timing.prefill_ms(t) >= s * configured.prefill_ms(t) for every t >= 0."""
+        scale = self._scales.get(timing)
+        if scale is None:
+            base = self.sequences.prefill_timing
+            pairs = (
+                (timing.prefill_quadratic_ms, base.prefill_quadratic_ms),
+                (timing.prefill_linear_ms, base.prefill_linear_ms),
+                (timing.prefill_constant_ms, base.prefill_constant_ms),
+            )
+            scale = min(mine / theirs for mine, theirs in pairs if theirs > 0)
+            if any(theirs == 0 and mine < 0 for mine, theirs in pairs):
+                scale = 0.0
+            if len(self._scales) > 4096:
+                self._scales.clear()
+            self._scales[timing] = scale
+        return scale
+
+    def _reorder_timed(self, order: TimedLoadOrder, worker: Worker) -> None:
+        """Classify `worker` under the timing model (see `_timed_choice` for the bounds).
+
+        With u the prompt's uncached tokens, n its passes and pi(u) its prefill alone on the
+        configured model (P its pass time), a worker predicting with a model s times the configured
+        one (s from `_scale`), paying a decode part dp each pass now and, while its prompt stream
+        runs, sd per pass of the stream, predicts at least
+          done (no stream, for good): dp / 2 + s pi(u) + n dp    >= pi(u) (s + dp / P(budget))
+          stream running:            (end of pass - now) + its prefill of (stream rest + u) tokens
+                                                                  >= pi(u) (s + sd / P(budget))
+        since n >= pi(u) / P(budget) and the prefill grows with its tokens. While the stream runs it
+        also predicts at least (end of stream - now) + s * linear ms * u (the marginal time of u
+        more tokens). Done and nothing decoding, the prediction is the same computation for every
+        worker with the same model: an idle class.
+        """
+        rank = order.rank.get(worker)
+        if rank is None:
+            return
+        cfg, seqs = self.config, self.sequences
+        if self._busy(cfg, worker):
+            order.set_busy(rank)
+            return
+        now = self._clock() * 1000.0
+        self._order_now_ms = max(self._order_now_ms, now)
+        timeline = seqs.timeline(worker)
+        timing = timeline.timing if timeline is not None else seqs.timing(worker)
+        scale = self._scale(timing)
+        base = seqs.prefill_timing
+        full_pass = base.prefill_ms(base.max_num_batched_tokens)
+        dp = seqs.decode_part_ms(worker)
+        if timeline is not None and not timeline.finished_by(now):
+            sd = timeline.stream_decode_ms
+            key = scale + min(sd, dp) / full_pass
+            end = timeline.end_ms(now)
+            slack = abs(end) * 1e-12 + 1e-6
+            stream = (end - slack, timing.prefill_linear_ms * (1.0 - _BOUND_SLACK))
+            order.set_key(rank, key * (1.0 - _BOUND_SLACK), stream, end + slack)
+        elif dp == 0:
+            order.set_class(rank, timing, scale * (1.0 - _BOUND_SLACK))
+        else:
+            order.set_key(rank, (scale + dp / full_pass) * (1.0 - _BOUND_SLACK), None, None)
+
+    def _timed_choice(
+        self, cfg: RouterConfig, block_keys: Sequence[int], isl: int, overlaps: OverlapScores
+    ) -> tuple[WorkerCost, tuple[WorkerCost, ...]] | None:
+        """The full scan's choice at temperature 0 under the timing model: the matching workers, one
+        worker per idle class and the keyed workers, both in bound order, while the bound (turned
+        into a cost by the cost's own monotone steps) does not exceed the best exact cost found.
+        Every worker whose cost equals the lowest is thus evaluated or in an evaluated class; the
+        ties are drawn over them in worker order, as the full scan draws. None when the full scan
+        must decide (no eligible worker, or a clock that went back).
+        """
+        now = self._clock() * 1000.0
+        if now < self._order_now_ms:
+            return None  # the bounds hold from the clock they were made at on
+        order = self._timed_load_order(now)
+        workers = order.workers
+        for r in order.due(now):
+            self._reorder_timed(order, workers[r])
+        self._order_now_ms = now
+        if not len(order):
+            return None
+        seqs = self.sequences
+        bs, weight = cfg.block_size, _cost_weight(cfg)
+        rank = order.rank
+        matching = {rank[w] for w in overlaps if w in rank}
+        if seqs.track_active_blocks and seqs.assume_kv_reuse:
+            matching.update(rank[w] for w in seqs.holders_of(block_keys) if w in rank)
+        evaluated: dict[int, WorkerCost] = {}
+        excluded: list[int] = []  # class members evaluated apart (they match)
+        for r in matching:
+            if order.is_busy(r):
+                continue
+            if order.class_id(r) is not None:
+                excluded.append(r)
+            w = workers[r]
+            evaluated[r] = self._cost(seqs.potential_load(w, block_keys, isl, overlaps.get(w, 0)), bs, weight)
+        best = min((c.cost for c in evaluated.values()), default=math.inf)
+        base = seqs.prefill_timing
+        tokens = max(1, isl)
+        alone = base.prompt_ms(tokens, 0.0)
+        ms_per_token = base.ms_per_token
+
+        def bound(ms: float) -> float:
+            return weight * max(0.0, round(ms / ms_per_token) / bs)
+
+        class_costs: dict[int, WorkerCost] = {}
+        for key, cid in order.class_keys:
+            if bound(key * alone) > best:
+                break
+            some = next((r for r in order.classes[cid] if r not in matching), None)
+            if some is None:
+                continue
+            c = self._cost(seqs.potential_load(workers[some], block_keys, isl, 0), bs, weight)
+            class_costs[cid] = c
+            best = min(best, c.cost)
+        streams = order.streams
+        for key, r in order.keyed:
+            if bound(key * alone) > best:
+                break
+            if r in matching:
+                continue
+            w = workers[r]
+            stream = streams.get(r)
+            if stream is not None and bound(stream[0] - now + stream[1] * tokens) > best:
+                timeline = seqs.timeline(w)
+                if timeline is not None and timeline.running_at(now):
+                    continue
+            c = self._cost(seqs.potential_load(w, block_keys, isl, 0), bs, weight)
+            evaluated[r] = c
+            best = min(best, c.cost)
+        ties = sorted(r for r, c in evaluated.items() if c.cost == best)
+        tied = [cid for cid, c in class_costs.items() if c.cost == best]
+        lists = [order.classes[cid] for cid in tied]
+        gone = sorted(r for r in excluded if order.class_id(r) in tied)
+        total = len(ties) + sum(len(m) for m in lists) - len(gone)
+        draw = 0 if total == 1 else self._rng.randrange(total)
+        if not lists:
+            chosen = evaluated[ties[draw]]
+        else:
+            r = order.rank_at(draw, lists, gone, ties)
+            if r in evaluated:
+                chosen = evaluated[r]
+            else:
+                member_of = order.class_id(r)
+                assert member_of is not None
+                chosen = evaluated[r] = replace(class_costs[member_of], worker=workers[r])
+        for c in class_costs.values():
+            evaluated.setdefault(rank[c.worker], c)
         return chosen, tuple(evaluated[r] for r in sorted(evaluated))
 
     @staticmethod

@@ -38,6 +38,7 @@ from extproc.router.prefill_model import PrefillEstimate, PrefillTimeline, Prefi
 from extproc.router.types import Worker, WorkerLoad
 
 _NO_WORKERS: frozenset[Worker] = frozenset()
+_NOBODY = Worker("\0no worker")  # never registered: what `shared_timing` asks the learner about
 
 
 @dataclass(slots=True)
@@ -177,6 +178,23 @@ class ActiveSequences:
     def learned_pass_time(self, worker: Worker) -> LearnedPassTime | None:
         """What the timing model learned of `worker`'s speed; None before its first observation."""
         return self._learner.learned(worker) if self._learner is not None else None
+
+    def timeline(self, worker: Worker) -> PrefillTimeline | None:
+        """`worker`'s predicted prompt work (timing model; None when it has none). Read only."""
+        return self._timelines.get(worker)
+
+    def decode_part_ms(self, worker: Worker) -> float:
+        """Timing model: the decode part each of `worker`'s passes pays now (0 when nothing decodes)."""
+        load = self._loads.get(worker)
+        if load is None or load.decoding <= 0:
+            return 0.0
+        timing = self.timing(worker)
+        return timing.decode_ms(load.decode_blocks * self.block_size / timing.kv_capacity_tokens)
+
+    def shared_timing(self) -> PrefillTiming:
+        """The pass-time model of a worker nothing was learned of (it may follow every worker's
+        first tokens: then every worker's prediction may change with any first token)."""
+        return self._learner.timing(_NOBODY) if self._learner is not None else self.prefill_timing
 
     def holders_of(self, block_keys: Sequence[int]) -> Set[Worker]:
         """Workers holding the first of `block_keys` (sequence hashes) in flight: with KV reuse
