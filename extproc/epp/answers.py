@@ -264,7 +264,7 @@ def format_endpoint(host: str, port: int) -> str:
 
 def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
     """Envoy's header list as a dict (lower-case keys; `raw_value` preferred, as Envoy sends it)."""
-    out = {}
-    for h in headers.headers.headers:
-        out[h.key.lower()] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
-    return out
+    return {
+        h.key.lower(): raw.decode("utf-8", "replace") if (raw := h.raw_value) else h.value
+        for h in headers.headers.headers
+    }

@@ -156,12 +156,12 @@ class _Stream:
         return self.phase is Phase.DONE
 
 
-def _may_route(stream: _Stream, message: pb.ProcessingRequest) -> bool:
-    """Whether handling `message` can route the request (and so wait in the admission queue):
-    a request-phase message other than a body chunk that does not end the body."""
+def _may_route(stream: _Stream, kind: str | None, message: pb.ProcessingRequest) -> bool:
+    """Whether handling `message` (of oneof `kind`) can route the request (and so wait in the
+    admission queue): a request-phase message other than a body chunk that does not end the body."""
     if stream.phase not in (Phase.REQUEST_HEADERS, Phase.REQUEST_BODY):
         return False
-    if message.WhichOneof("request") != "request_body":
+    if kind != "request_body":
         return True
     return message.request_body.end_of_stream or stream.body_in_one_message
 
@@ -220,11 +220,18 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         may_queue = self.picker.may_queue
         try:
             async for message in request_iterator:
-                if may_queue and _may_route(stream, message):
-                    async for answer in self._handle_with_notices(stream, message):
+                # The oneof is read once per message; the response phases (every streamed chunk
+                # passes here) are answered without a coroutine or a list.
+                kind = message.WhichOneof("request")
+                if kind == "response_body":
+                    yield self._on_response_body(stream, message.response_body)
+                elif kind == "response_headers":
+                    yield self._on_response_headers(stream, message.response_headers)
+                elif may_queue and _may_route(stream, kind, message):
+                    async for answer in self._handle_with_notices(stream, message, kind):
                         yield answer
                 else:
-                    for answer in await self._handle(stream, message):
+                    for answer in await self._handle(stream, message, kind):
                         yield answer
                 if stream.phase is Phase.DONE and stream.pick is None:
                     break
@@ -246,7 +253,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return
 
     async def _handle_with_notices(
-        self, stream: _Stream, message: pb.ProcessingRequest
+        self, stream: _Stream, message: pb.ProcessingRequest, kind: str | None
     ) -> AsyncIterator[pb.ProcessingResponse]:
         """`_handle`, sending notices (a queued request's longer deadline) while it waits.
 
@@ -254,7 +261,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         (not a task: nothing is left pending when the stream goes away mid-wait). If the stream
         goes away, the handling task is cancelled and awaited (a queued request leaves the queue)."""
         loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(self._handle(stream, message))
+        task = asyncio.ensure_future(self._handle(stream, message, kind))
         stream.notice = loop.create_future()
         try:
             while not task.done():
@@ -272,8 +279,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         for answer in answers:
             yield answer
 
-    async def _handle(self, stream: _Stream, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-        kind = message.WhichOneof("request")
+    async def _handle(
+        self, stream: _Stream, message: pb.ProcessingRequest, kind: str | None
+    ) -> list[pb.ProcessingResponse]:
+        """The answers to one message whose oneof is `kind` (`Process` answers the response
+        headers and body itself, without this coroutine, unless they may have to wait)."""
         if kind == "request_headers":
             return await self._on_request_headers(stream, message)
         if kind == "request_body":
@@ -281,9 +291,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if kind == "request_trailers":
             return await self._on_request_trailers(stream)
         if kind == "response_headers":
-            return self._on_response_headers(stream, message.response_headers)
+            return [self._on_response_headers(stream, message.response_headers)]
         if kind == "response_body":
-            return self._on_response_body(stream, message.response_body)
+            return [self._on_response_body(stream, message.response_body)]
         if kind == "response_trailers":
             self._count_output(stream, b"", end=True)
             self._free(stream, "complete")
@@ -305,7 +315,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             stream.mode_known = True
         stream.headers = epp.header_map(message.request_headers)
         stream.request_id = stream.headers.get("x-request-id") or uuid.uuid4().hex
-        stream.subset = epp.subset_hint(message)
+        stream.subset = epp.subset_hint(message) if message.HasField("metadata_context") else None
         try:
             stream.path = _normalized_path(stream.headers.get(":path", ""))
         except RequestInvalid as exc:  # an encoded slash, a NUL, a fragment: Envoy's 400 too
@@ -328,13 +338,17 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
     async def _on_request_body(self, stream: _Stream, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if stream.phase is not Phase.REQUEST_BODY:
             return [epp.CONTINUE_REQUEST_BODY]
-        if len(stream.body) + len(body.body) > self.max_body_bytes:
+        data, held = body.body, stream.body
+        if len(held) + len(data) > self.max_body_bytes:
             stream.phase = Phase.DONE
-            error = BodyTooLarge(len(stream.body) + len(body.body), self.max_body_bytes)
-            return [self._reject(stream, error)]
-        stream.body += body.body
+            return [self._reject(stream, BodyTooLarge(len(held) + len(data), self.max_body_bytes))]
         if body.end_of_stream or stream.body_in_one_message:
-            return await self._body_complete(stream, end_of_stream=body.end_of_stream)
+            if held:  # earlier chunks (duplex): the whole body, once
+                held += data
+                data = bytes(held)
+                stream.body = bytearray()
+            return await self._body_complete(stream, data, end_of_stream=body.end_of_stream)
+        held += data
         return []
 
     async def _on_request_trailers(self, stream: _Stream) -> list[pb.ProcessingResponse]:
@@ -348,13 +362,14 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return [self._reject(stream, RequestInvalid(message if routable else _TRAILERS_WITHOUT_BODY))]
         # Trailers end a duplex body that had no end_of_stream (or no data at all)
         if stream.phase is Phase.REQUEST_BODY:
-            answers = await self._body_complete(stream, end_of_stream=False)
+            body, stream.body = bytes(stream.body), bytearray()
+            answers = await self._body_complete(stream, body, end_of_stream=False)
             return [*answers, epp.CONTINUE_REQUEST_TRAILERS] if not stream.done else answers
         return [epp.CONTINUE_REQUEST_TRAILERS]
 
-    async def _body_complete(self, stream: _Stream, *, end_of_stream: bool) -> list[pb.ProcessingResponse]:
-        body = bytes(stream.body)
-        stream.body = bytearray()
+    async def _body_complete(
+        self, stream: _Stream, body: bytes, *, end_of_stream: bool
+    ) -> list[pb.ProcessingResponse]:
         duplex = stream.request_body_mode == DUPLEX
         answer = await self._route(stream, body, in_body=not duplex)
         if not duplex or answer.HasField("immediate_response"):
@@ -369,7 +384,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 headers=stream.headers,
                 subset=stream.subset,
                 client_request_id=stream.request_id,
-                on_queued=lambda wait_s: self._queued(stream, wait_s),
+                # only a stream that can send notices (may queue) has anything to do when queued
+                on_queued=functools.partial(self._queued, stream) if stream.notice is not None else None,
             )
         except (PickerError, RouterError) as exc:
             stream.phase = Phase.DONE
@@ -409,7 +425,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
 
     # --- response path -----------------------------------------------------------------------
 
-    def _on_response_headers(self, stream: _Stream, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+    def _on_response_headers(self, stream: _Stream, headers: pb.HttpHeaders) -> pb.ProcessingResponse:
         pick = stream.pick
         status = _status(headers)
         if pick is not None and status.isdigit():
@@ -422,16 +438,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             stream.output = OutputTokens(_header(headers, "content-type"))
         stream.phase = Phase.RESPONSE_BODY
         if pick is None:
-            return [epp.CONTINUE_RESPONSE_HEADERS]
+            return epp.CONTINUE_RESPONSE_HEADERS
         answer = self._served_answers.get(pick.endpoint)
         if answer is None:
             if len(self._served_answers) >= MAX_CACHED_ANSWERS:
                 self._served_answers.clear()
             answer = epp.served_answer(pick.endpoint, conformance=self.conformance_hooks)
             self._served_answers[pick.endpoint] = answer
-        return [answer]
+        return answer
 
-    def _on_response_body(self, stream: _Stream, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+    def _on_response_body(self, stream: _Stream, body: pb.HttpBody) -> pb.ProcessingResponse:
         pick = stream.pick
         if pick is not None and not stream.first_token_seen and not stream.freed:
             stream.first_token_seen = True
@@ -441,8 +457,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if body.end_of_stream:
             self._free(stream, "complete")
         if stream.response_body_mode == DUPLEX:
-            return [epp.echo_response_chunk(body.body, body.end_of_stream)]
-        return [epp.CONTINUE_RESPONSE_BODY]
+            return epp.echo_response_chunk(body.body, body.end_of_stream)
+        return epp.CONTINUE_RESPONSE_BODY
 
     def _count_output(self, stream: _Stream, data: bytes, *, end: bool) -> None:
         """Count a response body chunk's tokens and tell the picker those new since the last one."""

@@ -134,11 +134,16 @@ class GroupSelector:
         self._by_name = {g.name: g for g in groups}
         self._candidates = [g for g in self.groups if g is not self.fallback]
         self._owned: dict[str, _Owned] = {}
+        self._single = self.groups[0] if len(self.groups) == 1 and self.groups[0].in_process else None
+        # its synchronous commit (a local group's `commit_now`), for `route_now`
+        self._commit_now: Callable[[GroupRequest, str, Worker | None], GroupDecision] | None = getattr(
+            self._single, "commit_now", None
+        )
 
     @property
     def single(self) -> RouterGroup | None:
         """The one group when there is only one and it runs here: no probe, no choice, it decides."""
-        return self.groups[0] if len(self.groups) == 1 and self.groups[0].in_process else None
+        return self._single
 
     # --- routing -----------------------------------------------------------------------------
 
@@ -179,6 +184,19 @@ class GroupSelector:
             return await self._fall_back(request, request_id, failures)
         self.metrics.outcome("routed")
         return decision
+
+    def route_now(
+        self, request: GroupRequest, request_id: str, *, pinned: tuple[str, Worker] | None = None
+    ) -> GroupDecision | None:
+        """`route` without a coroutine where the one group decides synchronously (a plain
+        deployment's local group): its decision, or None when `route` has to be awaited."""
+        commit_now, single = self._commit_now, self._single
+        if commit_now is None or single is None:
+            return None
+        committed = commit_now(request, request_id, pinned[1] if pinned else None)
+        self._owned_by(request_id, single, request.model, committed, won_on_overlap=False)
+        self.metrics.outcome("routed")
+        return committed
 
     async def choose(self, request: GroupRequest) -> tuple[str, GroupChoice]:
         """The group and worker a request would go to, committing nothing (untracked requests)."""

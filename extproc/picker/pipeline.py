@@ -62,6 +62,7 @@ log = logging.getLogger("extproc.picker")
 
 LOCAL_GROUP = "local"  # the name of a plain deployment's one group
 _is_routable = functools.lru_cache(maxsize=256)(is_routable)  # a handful of paths; failures not kept
+_NO_RESTRICTIONS: list[list[str]] = []  # shared, never changed: no subset hint, no conformance header
 MAX_SESSION_SWEEP_S = 30.0  # lapsed session pins are swept every ttl/4, at most this far apart
 
 __all__ = ["DP_RANK_HEADER", "SESSION_HEADER", "EndpointPicker", "ModelPool", "Pick", "WorkerSetListener"]
@@ -110,6 +111,7 @@ class EndpointPicker:
         self._clock = clock
         self._rng = rng or random.Random(config.seed)
         self._ids = RequestIds()
+        self._id_in_use: Callable[[str], bool] = self._request_id_in_use  # bound once, not per request
         self._turns = count()  # untracked requests without a model: the models in turn
         self.bodies = BodyParser(
             max_bytes=config.max_body_bytes,
@@ -158,6 +160,7 @@ class EndpointPicker:
             )
             for model in self._pools
         }
+        self._may_queue = any(gate.enabled for gate in self._gates.values())  # asked once a stream
 
     def _groups(self, config: PickerConfig) -> list[RouterGroup]:
         if not config.groups.groups:
@@ -189,7 +192,7 @@ class EndpointPicker:
     @property
     def may_queue(self) -> bool:
         """Whether a request can wait in an admission queue (`--router-queue-threshold` is set)."""
-        return any(gate.enabled for gate in self._gates.values())
+        return self._may_queue
 
     @property
     def pools(self) -> Mapping[str, ModelPool]:
@@ -274,7 +277,6 @@ class EndpointPicker:
         `override` replaces the body's `nvext.agent_hints` overlap weight and temperature (callers
         of the Python client; Envoy traffic has none).
         """
-        timings: dict[str, int] = {}
         t0 = time.perf_counter_ns()
         restrictions = self._restrictions(subset, headers)
         if body is None or not _is_routable(path):  # decided normalised, as parse_openai_body does
@@ -283,7 +285,6 @@ class EndpointPicker:
         parsed = await self.bodies.request(body, path)
         request = parsed.request
         t1 = time.perf_counter_ns()
-        timings["parse"] = t1 - t0
         pool = self._pools.get(request.model)
         if pool is None:
             raise UnknownModel(request.model, list(self._pools))
@@ -303,7 +304,8 @@ class EndpointPicker:
                     loggable(client_request_id),
                     exc.message,
                 )
-        timings["tokenize"] = time.perf_counter_ns() - t1
+        t2 = time.perf_counter_ns()
+        timings = {"parse": t1 - t0, "tokenize": t2 - t1}
         limit = self.config.max_prompt_tokens
         if limit is not None and tokens is not None and len(tokens) > limit:
             raise PromptTooLong(len(tokens), limit)
@@ -321,16 +323,25 @@ class EndpointPicker:
             cache_salt=request.cache_salt,
             overrides=override,
             expected_output_tokens=_expected_output(request),
-            restrictions=tuple(tuple(r) for r in restrictions) or None,
+            restrictions=tuple(tuple(r) for r in restrictions) if restrictions else None,
             isl=None if tokens is not None else isl,
         )
         request_id = self._request_id(client_request_id)
-        pin = self._sessions[request.model].get_pin(session_id, self._clock()) if session_id else None
-        pinned = (pin.group, pin.worker) if pin is not None else None
-        routed_at = time.perf_counter_ns()
+        pinned: tuple[str, Worker] | None = None
+        if session_id:
+            pin = self._sessions[request.model].get_pin(session_id, self._clock())
+            pinned = (pin.group, pin.worker) if pin is not None else None
         gate = self._gates[request.model]
+        routed_at = time.perf_counter_ns()
         if not gate.enabled:  # what admit does without a queue, minus its entry and callbacks
-            decision, waited_s = await self.selector.route(group_request, request_id, pinned=pinned), 0.0
+            waited_s = 0.0
+            # one local group: decided here and now, without a coroutine
+            now = self.selector.route_now(group_request, request_id, pinned=pinned)
+            decision = (
+                now
+                if now is not None
+                else await self.selector.route(group_request, request_id, pinned=pinned)
+            )
         else:
             entry = QueuedRequest(
                 request_id,
@@ -350,8 +361,11 @@ class EndpointPicker:
                 undo=lambda _: self.selector.finish(request_id, "its client left the queue"),
             )
         timings["queue"] = int(waited_s * 1e9)
-        timings.update(decision.timings_ns or {"groups": time.perf_counter_ns() - routed_at})
-        session_pin = self._session_route(request, session_id, pinned, decision)
+        if decision.timings_ns:
+            timings.update(decision.timings_ns)
+        else:
+            timings["groups"] = time.perf_counter_ns() - routed_at
+        session_pin = self._session_route(request, session_id, pinned, decision) if session_id else None
         choice = decision.choice
         pick = Pick(
             request_id, request.model, choice.worker, choice.endpoint, dict(choice.headers),
@@ -454,6 +468,8 @@ class EndpointPicker:
         return self.local.uncached_tokens(request)
 
     def _restrictions(self, subset: list[str] | None, headers: Mapping[str, str]) -> list[list[str]]:
+        if subset is None and not self.config.conformance_hooks:
+            return _NO_RESTRICTIONS
         restrictions: list[list[str]] = []
         if subset is not None:
             restrictions.append(subset)
@@ -507,8 +523,11 @@ class EndpointPicker:
             for sessions in self._sessions.values():
                 sessions.expire(now)
 
+    def _request_id_in_use(self, request_id: str) -> bool:
+        return self.selector.owner_of(request_id) is not None
+
     def _request_id(self, client_request_id: str) -> str:
-        return self._ids.make(client_request_id, lambda rid: self.selector.owner_of(rid) is not None)
+        return self._ids.make(client_request_id, self._id_in_use)
 
 
 def _prompt_tokens(tokens: Sequence[int]) -> Sequence[int]:
@@ -551,6 +570,8 @@ def _override(request: ParsedRequest, *, load_only: bool) -> RouterConfigOverrid
     if load_only:
         return RouterConfigOverride(overlap_score_weight=0.0)
     hints = request.agent_hints
+    if not hints:
+        return None
     weight = _non_negative(hints.get("kv_overlap_score_weight"))
     temperature = _non_negative(hints.get("temperature"))
     if weight is None and temperature is None:
