@@ -3,7 +3,8 @@
 The oracle is the same router forced to the full scan (the algorithm every decision took before):
 both get the same workers, events, requests and rng seed, and must make the same choices with the
 same costs and draw the same random numbers, over random fleets, loads, prompts and thresholds,
-for both prefill load models (the timing model always takes the full scan).
+for both prefill load models (the timing model's own fast path, `_timed_choice`, is checked the
+same way in test_fleet_decision_timing.py).
 """
 
 from __future__ import annotations
