@@ -7,10 +7,10 @@ real `KvRouter` (`extproc.sim.replay`). Routers:
   random        uniform choice
   kv            Dynamo's cost (--router-prefill-load-model none): prefill blocks + decode blocks,
                 prompt load static until first token
-  kv-timing     kv mode's default (--router-prefill-load-model timing): predicted time to first
-                token per worker from the configured pass-time model
-  kv-timing-learn  the same, each worker's pass time learned online from its first tokens
-                (RouterConfig.learn_prefill_timing: for mixed fleets)
+  kv-timing     --router-prefill-load-model timing --no-router-learn-prefill-timing: predicted time
+                to first token per worker from the configured pass-time model alone
+  kv-timing-learn  kv mode's default: the same, each worker's pass-time scale learned online from
+                its first tokens, pooled over the fleet (RouterConfig.learn_prefill_timing)
 
 `--worker-speed 1,1,0.5,...` replays a mixed fleet (one speed per worker, for one worker count);
 `--replicas N --replica-sync-lag-ms L` spreads arrivals over N routers sharing in-flight load

@@ -191,6 +191,15 @@ ROUTER_PREFILL_TIMING: Option[str | None] = Option(
     "(prefill ms = A T^2 + B T + C for T uncached tokens; decode ms = D2 u^2 + D1 u + D0 for KV "
     "usage u). Default: the Dynamo mocker's (REFERENCE section 6); fit your engine's pass times.",
 )
+ROUTER_LEARN_PREFILL_TIMING = Option(
+    "--router-learn-prefill-timing",
+    bool,
+    True,
+    "With --router-prefill-load-model timing: learn each worker's pass-time scale online from its first "
+    "tokens against the predictions (a mixed fleet, a model fitted elsewhere); a worker departs from the "
+    "fleet's common scale only when its own evidence is significant. --no-router-learn-prefill-timing "
+    "predicts every worker with the configured model.",
+)
 ROUTER_LOG_FORMULA = Option(
     "--router-log-formula", bool, False, "Log the cost formula of every worker for every decision."
 )
@@ -245,6 +254,7 @@ ROUTER_OPTIONS: tuple[Option[Any], ...] = (
     ROUTER_QUEUE_POLICY,
     ROUTER_PREFILL_LOAD_MODEL,
     ROUTER_PREFILL_TIMING,
+    ROUTER_LEARN_PREFILL_TIMING,
     ROUTER_LOG_FORMULA,
     ROUTER_EVENT_THREADS,
     *AIC_OPTIONS,
@@ -276,6 +286,7 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
     queue_policy = read(ROUTER_QUEUE_POLICY)
     prefill_load_model = read(ROUTER_PREFILL_LOAD_MODEL)
     prefill_timing = read(ROUTER_PREFILL_TIMING)
+    learn_prefill_timing = read(ROUTER_LEARN_PREFILL_TIMING)
     log_formula = read(ROUTER_LOG_FORMULA)
     check_positive("router-event-threads", read(ROUTER_EVENT_THREADS))
     for opt in AIC_OPTIONS:  # checked for their type only: router_notices says they are ignored
@@ -315,6 +326,7 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
             router_queue_threshold=queue_threshold,
             router_queue_policy=QueuePolicy(queue_policy),
             prefill_load_model=PrefillLoadModel(prefill_load_model),
+            learn_prefill_timing=learn_prefill_timing,
             log_formula=log_formula,
             **timing,
         )

@@ -69,9 +69,9 @@ class RouterConfig:
     router_queue_policy: QueuePolicy = QueuePolicy.FCFS
     prefill_load_model: PrefillLoadModel = PrefillLoadModel.TIMING  # Dynamo's: NONE (bench_quality.py)
     prefill_timing: PrefillTiming = _DEFAULT_TIMING  # the workers' pass-time model (timing only)
-    # timing: learn each worker's pass-time scale from its first tokens (mixed fleets; off by default: it
-    # cost 1-2 % at 1x on the uniform shared trace and lost to none at 16 workers, bench_quality.py)
-    learn_prefill_timing: bool = False
+    # timing: learn each worker's pass-time scale from its first tokens (mixed fleets, a model fitted
+    # elsewhere; extproc/router/pass_time.py). On by default since the fleet-pooled estimate (issue 24)
+    learn_prefill_timing: bool = True
     cuda_to_cpu_ratio: float = 8.0  # device-aware-weighted: one accelerator worker's share per cpu worker's
     log_formula: bool = False
 

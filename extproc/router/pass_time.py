@@ -10,21 +10,38 @@ learned from what the router observes anyway: the time from its decision to the 
 against the time to first token it predicted for that worker when it decided.
 
 Why one scale: a slower GPU (or a mis-fitted model) stretches every pass, prefill and decode
-alike, so the prediction error of a worker is, to first order, one factor. Why the prediction
-rather than the prompt alone: the time to first token also holds the work routed there before,
-which the prediction accounts for; at the right scale, the observed over predicted ratio is 1 on
-average whatever the queue, and a scale too low under-predicts both the queue and the prompt, so
-the ratio points the way to the fixed point.
+alike, so the prediction error of a worker is, to first order, one factor. Each observation gives
+an estimate of the worker's log scale, z = log(scale predicted with) + log(observed / predicted).
 
-The estimate is robust by construction:
-- it moves in log space by a bounded step: one observation's log ratio is clipped to
-  +-log(`MAX_RATIO`), so a stalled first token (a preemption, a hung connection) moves the scale
-  by at most `MAX_RATIO ** (1 / WINDOW_SAMPLES)` (4.4 %) and the next observations undo it;
-- the configured model counts as `PRIOR_SAMPLES` observations, so the first few, noisy ones
-  cannot swing it; after that the step is 1 / n, an average, until it settles to an exponential
-  average over the last `WINDOW_SAMPLES` observations (a worker's speed may change: a throttled GPU);
-- the scale stays within [1 / `MAX_SCALE`, `MAX_SCALE`].
-These are statistical choices (a window, a clip, a prior weight), not fitted to any trace.
+Two levels (a hierarchical, empirical-Bayes estimate). Most fleets are identical workers, and the
+router ranks workers whose predictions are close: two identical workers whose estimates differ by
+noise alone would no longer tie, and the one that happened to look faster would win every tie.
+So the fleet has a common scale (the precision-weighted mean of every worker's z: a configuration
+off for the whole fleet is learned from every first token), and a worker departs from it only by
+as much of its own deviation as its evidence makes significant: its deviation d from the fleet,
+with standard error se (the fleet's pooled noise over its effective number of observations), is
+soft-thresholded to sign(d) max(0, |d| - `SIGNIFICANCE` se). Identical workers stay exactly at
+the fleet's scale (their deviations are noise, within a few standard errors); a worker at half
+speed deviates by log 2, dozens of standard errors after a few tens of first tokens.
+
+What is not speed is not learned (`PassTimeLearner.measures`): a prediction whose wait for the work
+ahead of it exceeds the request's own prefill is mostly a prediction of the engine's queue, which
+the model knows least (admission held by a full KV cache, preemptions, packing), and under
+overload every first token is late by queueing no pass time explains. Only predictions mostly
+made of the request's own prefill are measurements.
+
+Robust by construction:
+- one observation's log ratio is clipped to +-log(`MAX_RATIO`), so a stalled first token (a
+  preemption, a hung connection) moves a settled worker's estimate by at most log(MAX_RATIO) /
+  `WINDOW_SAMPLES` (4.4 %) and the next observations undo it;
+- a worker's mean is an average (step 1 / n) until it settles to an exponential average over the
+  last `WINDOW_SAMPLES` observations (a worker's speed may change: a throttled GPU);
+- the configured model counts as `PRIOR_SAMPLES` observations of the fleet at scale 1, and as the
+  same weight of noise `PRIOR_NOISE`, so the first few observations cannot swing anything; that
+  weight is forgotten as the workers' own averages forget observations;
+- scales stay within [1 / `MAX_SCALE`, `MAX_SCALE`].
+These are statistical choices (a window, a clip, a prior weight, a significance level), not fitted
+to any trace.
 """
 
 from __future__ import annotations
@@ -34,48 +51,135 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from extproc.router.prefill_model import PrefillTiming
+from extproc.router.prefill_model import PrefillEstimate, PrefillTiming
 
 WINDOW_SAMPLES = 32  # the exponential average's memory, in observations
 PRIOR_SAMPLES = 4  # the configured model's weight, in observations
 MAX_RATIO = 4.0  # one observation counts as at most 4x (or 1/4x) the prediction
 MAX_SCALE = 16.0  # a worker is at most 16x slower (or faster) than configured
+SIGNIFICANCE = 3.0  # standard errors of its own deviation a worker's scale does not follow
+PRIOR_NOISE = math.log(MAX_RATIO) / 2  # prior sd of one observation's log ratio: the clip is 2 sd
 
 K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
 class LearnedPassTime:
-    """One worker's learned pass time: `scale` x the configured model, from `samples` observations."""
+    """One worker's learned pass time: `scale` x the configured model, from `samples` observations.
+
+    `own_scale`: what its observations alone say; `scale` departs from `fleet_scale` toward it only
+    as far as the evidence is significant."""
 
     scale: float
     samples: int
     last_ratio: float  # the last observation's observed / predicted time to first token (unclipped)
+    own_scale: float = 1.0
+    fleet_scale: float = 1.0
+
+
+@dataclass(slots=True)
+class _Stats:
+    mean: float = 0.0  # of z, the log scale each observation implies
+    var: float = 0.0  # of z around the mean
+    count: int = 0
+    applied: float = 0.0  # the log scale predicted with
+    last_ratio: float = math.nan
+
+    @property
+    def weight(self) -> float:
+        """Effective number of observations behind `mean` (an exponential average with step 1/W
+        has the variance of a plain average of 2W - 1)."""
+        return float(min(self.count, 2 * WINDOW_SAMPLES - 1))
 
 
 class PassTimeLearner(Generic[K]):
     """Per worker, the scale of the configured pass-time model that its first tokens show."""
 
-    __slots__ = ("_base", "_learned", "_timings")
+    __slots__ = (
+        "_base",
+        "_fleet_timing",
+        "_observations",
+        "_stats",
+        "_sum_w",
+        "_sum_wm",
+        "_sum_wv",
+        "_timings",
+    )
 
     def __init__(self, base: PrefillTiming) -> None:
         self._base = base
-        self._learned: dict[K, LearnedPassTime] = {}
-        self._timings: dict[K, PrefillTiming] = {}
+        self._stats: dict[K, _Stats] = {}
+        self._timings: dict[K, PrefillTiming] = {}  # workers departed from the fleet
+        self._fleet_timing = base
+        # fleet sums over workers: effective weights, weighted means, weighted variances
+        self._sum_w = 0.0
+        self._sum_wm = 0.0
+        self._sum_wv = 0.0
+        self._observations = 0
 
     @property
     def base(self) -> PrefillTiming:
         return self._base
 
+    @staticmethod
+    def measures(guess: PrefillEstimate) -> bool:
+        """Whether a prediction's first token will measure the worker's speed: its predicted wait for
+        the work ahead of it is at most its own prefill (the rest is mostly the queue's model)."""
+        return guess.wait_ms <= guess.prefill_ms
+
     def timing(self, worker: K) -> PrefillTiming:
         """The pass-time model to predict `worker` with: the configured one, scaled as learned."""
-        return self._timings.get(worker, self._base)
+        return self._timings.get(worker, self._fleet_timing)
+
+    @property
+    def fleet_scale(self) -> float:
+        return math.exp(self._fleet_log())
 
     def learned(self, worker: K) -> LearnedPassTime | None:
-        return self._learned.get(worker)
+        stats = self._stats.get(worker)
+        if stats is None:
+            return None
+        return LearnedPassTime(
+            math.exp(self._used(worker, stats)),
+            stats.count,
+            stats.last_ratio,
+            math.exp(stats.mean),
+            self.fleet_scale,
+        )
 
     def snapshot(self) -> dict[K, LearnedPassTime]:
-        return dict(self._learned)
+        out: dict[K, LearnedPassTime] = {}
+        for worker in self._stats:
+            learned = self.learned(worker)
+            assert learned is not None
+            out[worker] = learned
+        return out
+
+    def _used(self, worker: K, stats: _Stats) -> float:
+        """The log scale `worker` is predicted with now."""
+        return stats.applied if worker in self._timings else self._fleet_log()
+
+    def _prior(self) -> float:
+        """The configured model's weight: `PRIOR_SAMPLES`, forgotten as the workers' own averages forget
+        an observation (by 1 - 1 / `WINDOW_SAMPLES` per observation of each worker)."""
+        per_worker = self._observations / max(1, len(self._stats))
+        return PRIOR_SAMPLES * float((1.0 - 1.0 / WINDOW_SAMPLES) ** per_worker)
+
+    def _fleet_log(self) -> float:
+        return self._sum_wm / (self._prior() + self._sum_w)  # the prior sits at log 1 = 0
+
+    def _noise_var(self) -> float:
+        """One observation's variance, pooled over the fleet (identical workers, identical noise)."""
+        prior = self._prior()
+        return (prior * PRIOR_NOISE**2 + self._sum_wv) / (prior + self._sum_w)
+
+    def _applied(self, stats: _Stats, fleet: float) -> float:
+        """The log scale to predict with: the fleet's, plus the significant part of the deviation."""
+        deviation = stats.mean - fleet
+        se = math.sqrt(self._noise_var() / stats.weight) if stats.weight else math.inf
+        shrunk = math.copysign(max(0.0, abs(deviation) - SIGNIFICANCE * se), deviation)
+        limit = math.log(MAX_SCALE)
+        return max(-limit, min(limit, fleet + shrunk))
 
     def observe(self, worker: K, predicted_ms: float, observed_ms: float) -> PrefillTiming | None:
         """A first token came `observed_ms` after the decision that predicted `predicted_ms` (both with
@@ -86,19 +190,48 @@ class PassTimeLearner(Generic[K]):
         if observed_ms <= 0:
             return None
         ratio = observed_ms / predicted_ms
-        old = self._learned.get(worker)
-        scale, samples = (1.0, 0) if old is None else (old.scale, old.samples)
-        step = 1.0 / min(WINDOW_SAMPLES, samples + 1 + PRIOR_SAMPLES)
+        stats = self._stats.get(worker)
+        if stats is None:
+            stats = self._stats[worker] = _Stats()
         bound = math.log(MAX_RATIO)
-        log_scale = math.log(scale) + step * max(-bound, min(bound, math.log(ratio)))
-        limit = math.log(MAX_SCALE)
-        scale = math.exp(max(-limit, min(limit, log_scale)))
-        self._learned[worker] = LearnedPassTime(scale, samples + 1, ratio)
-        timing = self._base.scaled(scale)
+        z = self._used(worker, stats) + max(-bound, min(bound, math.log(ratio)))
+        w_old = stats.weight
+        self._sum_w -= w_old
+        self._sum_wm -= w_old * stats.mean
+        self._sum_wv -= w_old * stats.var
+        stats.count += 1
+        self._observations += 1
+        step = 1.0 / min(WINDOW_SAMPLES, stats.count)
+        delta = z - stats.mean
+        stats.mean += step * delta
+        stats.var = (1.0 - step) * (stats.var + step * delta * delta)  # exponentially weighted variance
+        stats.last_ratio = ratio
+        w = stats.weight
+        self._sum_w += w
+        self._sum_wm += w * stats.mean
+        self._sum_wv += w * stats.var
+        fleet = self._fleet_log()
+        self._fleet_timing = self._base.scaled(math.exp(fleet))
+        stats.applied = self._applied(stats, fleet)
+        if stats.applied == fleet:
+            self._timings.pop(worker, None)
+            return self._fleet_timing
+        timing = self._base.scaled(math.exp(stats.applied))
         self._timings[worker] = timing
         return timing
 
     def forget(self, worker: K) -> None:
         """The worker left: what was learned of it goes (a new process may run on other hardware)."""
-        self._learned.pop(worker, None)
+        stats = self._stats.pop(worker, None)
         self._timings.pop(worker, None)
+        if stats is not None:
+            self._observations -= stats.count
+            w = stats.weight
+            self._sum_w -= w
+            self._sum_wm -= w * stats.mean
+            self._sum_wv -= w * stats.var
+            if not self._stats:
+                self._sum_w = self._sum_wm = self._sum_wv = 0.0
+                self._observations = 0
+            fleet = self._fleet_log()
+            self._fleet_timing = self._base.scaled(math.exp(fleet)) if self._stats else self._base

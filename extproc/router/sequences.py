@@ -308,7 +308,7 @@ class ActiveSequences:
             if timeline is None:
                 timeline = self._timelines[worker] = PrefillTimeline(self.timing(worker))
             timeline.add(request_id, guess.uncached_tokens, now, guess.decode_ms)
-            if learn and self._learner is not None:
+            if learn and self._learner is not None and self._learner.measures(guess):
                 request.routed_ms, request.predicted_ttft_ms = now, guess.ttft_ms
         self._requests[request_id] = request
         load = self._loads.setdefault(worker, _WorkerLoad())
