@@ -546,47 +546,42 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "a dump's removals follow their store: the start value is never read",
         ),
-        "xǁKvRouterǁbest_worker_for_hashes__mutmut_58": (
+        "xǁKvRouterǁ_full_scan__mutmut_36": (
             "if cfg.mode is RouterMode.DEVICE_AWARE_WEIGHTED and len(eligible) >= 1:",
             "same-value",
             "one eligible worker: device_class_candidates returns it alone",
         ),
-        "xǁKvRouterǁbest_worker_for_hashes__mutmut_137": (
-            "best = max((overlaps.get(w, 0) for w in candidates), default=0) if (overlaps) or True else 0",
-            "same-value",
-            "without overlaps every candidate counts 0: the max is 0",
-        ),
-        "xǁKvRouterǁbest_worker_for_hashes__mutmut_139": (
-            "best = max((overlaps.get(w, 0) for w in candidates), default=None) if overlaps else 0",
+        "xǁKvRouterǁ_best_overlap__mutmut_16": (
+            "return max((overlaps.get(w, 0) for w in candidates), default=None)",
             "same-value",
             "candidates are never empty (NoWorkers first): no default is used",
         ),
-        "xǁKvRouterǁbest_worker_for_hashes__mutmut_141": (
-            "best = max((overlaps.get(w, 0) for w in candidates), ) if overlaps else 0",
+        "xǁKvRouterǁ_best_overlap__mutmut_18": (
+            "return max((overlaps.get(w, 0) for w in candidates), )",
             "same-value",
             "candidates are never empty (NoWorkers first): no default is used",
         ),
-        "xǁKvRouterǁbest_worker_for_hashes__mutmut_147": (
-            "best = max((overlaps.get(w, 0) for w in candidates), default=1) if overlaps else 0",
+        "xǁKvRouterǁ_best_overlap__mutmut_24": (
+            "return max((overlaps.get(w, 0) for w in candidates), default=1)",
             "same-value",
             "candidates are never empty (NoWorkers first): no default is used",
         ),
-        "xǁKvRouterǁ_track__mutmut_1": (
+        "xǁKvRouterǁ_track__mutmut_2": (
             "seq_hashes = None",
             "same-value",
             "record_routing computes the same sequence hashes itself",
         ),
-        "xǁKvRouterǁ_track__mutmut_2": (
+        "xǁKvRouterǁ_track__mutmut_3": (
             "seq_hashes = block_keys if (block_keys is not local_hashes) and False else None",
             "same-value",
             "record_routing computes the same sequence hashes itself",
         ),
-        "xǁKvRouterǁ_track__mutmut_21": (
+        "xǁKvRouterǁ_track__mutmut_24": (
             "self.approx.record_routing(worker, local_hashes, self._clock(), seq_hashes=None)",
             "same-value",
             "record_routing computes the same sequence hashes itself",
         ),
-        "xǁKvRouterǁ_track__mutmut_25": (
+        "xǁKvRouterǁ_track__mutmut_28": (
             "self.approx.record_routing(worker, local_hashes, self._clock(), )",
             "same-value",
             "record_routing computes the same sequence hashes itself",
@@ -605,26 +600,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'raise InvalidConfig(name, values[name], "one of " + "XX, XX".join(known))',
             "message",
             "the error's text (the names it lists stay)",
-        ),
-        "xǁKvRouterǁ_candidates__mutmut_8": (
-            "raise NoWorkers(None)",
-            "message",
-            "the error's text",
-        ),
-        "xǁKvRouterǁ_candidates__mutmut_9": (
-            'raise NoWorkers("XXno registered worker is allowed for this requestXX")',
-            "message",
-            "the error's text",
-        ),
-        "xǁKvRouterǁ_candidates__mutmut_10": (
-            'raise NoWorkers("NO REGISTERED WORKER IS ALLOWED FOR THIS REQUEST")',
-            "message",
-            "the error's text",
-        ),
-        "xǁKvRouterǁ_block_keys__mutmut_3": (
-            "if not (cfg.router_track_active_blocks or cfg.router_assume_kv_reuse):",
-            "same-value",
-            "with either tracking off ActiveSequences reads only how many keys there are",
         ),
     },
     "router/selection.py": {
