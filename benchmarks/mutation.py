@@ -644,6 +644,23 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "the weights are normalised: 2 / (2 k) is exactly 1 / k in floating point",
         ),
     },
+    "router/sequences.py": {
+        "xǁActiveSequencesǁpotential__mutmut_15": (
+            "prefill = self.prefill_tokens(worker) if (self._timed) or True else load.prefill_tokens",
+            "same-value",
+            "untimed, prefill_tokens(worker) reads the same load.prefill_tokens",
+        ),
+        "xǁActiveSequencesǁ_estimate__mutmut_42": (
+            "usage = (load.decode_blocks if load else 1.0) * bs / timing.kv_capacity_tokens",
+            "same-value",
+            "no load means nothing decodes there: the usage is not read",
+        ),
+        "xǁActiveSequencesǁfree__mutmut_18": (
+            "self._timeline_done(request.worker, request_id, complete=None)",
+            "same-value",
+            "_timeline_done reads complete for its truth: None drops as False does",
+        ),
+    },
     "router/sessions.py": {
         "xǁSessionPinsǁ__init____mutmut_4": (
             "raise ValueError(None)",
