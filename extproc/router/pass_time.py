@@ -166,7 +166,12 @@ class PassTimeLearner(Generic[K]):
         return PRIOR_SAMPLES * float((1.0 - 1.0 / WINDOW_SAMPLES) ** per_worker)
 
     def _fleet_log(self) -> float:
-        return self._sum_wm / (self._prior() + self._sum_w)  # the prior sits at log 1 = 0
+        """The fleet's log scale, within the same bounds as a worker's: a worker held at a bound and
+        one predicted with the fleet's scale must not differ by the bound alone (an unobserved
+        worker would then look faster than a cached one held at 1 / MAX_SCALE)."""
+        limit = math.log(MAX_SCALE)
+        mean = self._sum_wm / (self._prior() + self._sum_w)  # the prior sits at log 1 = 0
+        return max(-limit, min(limit, mean))
 
     def _noise_var(self) -> float:
         """One observation's variance, pooled over the fleet (identical workers, identical noise)."""

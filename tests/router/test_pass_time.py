@@ -233,3 +233,15 @@ def test_a_first_token_delayed_by_a_predicted_queue_does_not_move_the_scale():
     seqs.mark_prefill_complete("late")
     assert seqs.learned_pass_time(W) is None
     assert seqs.timing(W) is seqs.prefill_timing
+
+
+def test_an_unobserved_worker_is_never_predicted_faster_than_the_bound_of_an_observed_one():
+    # first tokens far faster than configured (a mock engine, a far better GPU): the fleet's scale
+    # and the worker's both stop at 1 / MAX_SCALE, so an idle unobserved worker does not look
+    # faster than the observed one holding the prompt's cache (which lost a fully cached prompt)
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    observed, unobserved = Worker("fast"), Worker("never")
+    for _ in range(4 * WINDOW_SAMPLES):
+        learner.observe(observed, predicted_ms=100.0, observed_ms=0.1)
+    assert learner.fleet_scale == pytest.approx(1 / MAX_SCALE)
+    assert learner.timing(unobserved) == learner.timing(observed)
