@@ -179,8 +179,14 @@ class PassTimeLearner(Generic[K]):
         return (prior * PRIOR_NOISE**2 + self._sum_wv) / (prior + self._sum_w)
 
     def _applied(self, stats: _Stats, fleet: float) -> float:
-        """The log scale to predict with: the fleet's, plus the significant part of the deviation."""
-        deviation = stats.mean - fleet
+        """The log scale to predict with: the fleet's, plus the significant part of the deviation.
+
+        The deviation is measured from the mean of what the workers showed, not from the fleet's
+        scale, which the configured model still pulls: otherwise the first workers observed would
+        depart from it (they all carry the same pull) and look faster or slower than identical
+        workers not observed yet, which would never get an idle tie again."""
+        observed = self._sum_wm / self._sum_w if self._sum_w > 0 else fleet
+        deviation = stats.mean - observed
         se = math.sqrt(self._noise_var() / stats.weight) if stats.weight else math.inf
         shrunk = math.copysign(max(0.0, abs(deviation) - SIGNIFICANCE * se), deviation)
         limit = math.log(MAX_SCALE)

@@ -245,3 +245,16 @@ def test_an_unobserved_worker_is_never_predicted_faster_than_the_bound_of_an_obs
         learner.observe(observed, predicted_ms=100.0, observed_ms=0.1)
     assert learner.fleet_scale == pytest.approx(1 / MAX_SCALE)
     assert learner.timing(unobserved) == learner.timing(observed)
+
+
+def test_the_first_worker_observed_keeps_the_same_model_as_identical_workers_not_observed_yet():
+    # engines faster than configured (noisily): the one serving the first requests must not depart
+    # from the fleet's scale (which the configured model still pulls) and win every idle tie for ever
+    rng = random.Random(3)
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    first, others = Worker("first"), Worker("not-yet")
+    for _ in range(20):
+        predicted = 100.0 * learner.timing(first).prefill_linear_ms / BASE.prefill_linear_ms
+        learner.observe(first, predicted_ms=predicted, observed_ms=100.0 * rng.uniform(0.05, 0.15))
+        assert learner.timing(first) == learner.timing(others)
+    assert learner.fleet_scale < 0.5
