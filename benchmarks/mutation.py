@@ -64,6 +64,8 @@ _ROUTER_MODULES = [
 ]  # fmt: skip
 MODULES: dict[str, list[str]] = {
     **{f"router/{name}.py": _ROUTER_TESTS for name in _ROUTER_MODULES},
+    # the block-hash prefix cache's exactness tests live with the picker that feeds it PromptTokens
+    "router/hashing.py": [*_ROUTER_TESTS, "tests/picker/test_hash_prefix_cache.py"],
     "request/parse.py": ["tests/request/test_parse.py", "tests/request/test_parse_mutants.py"],
     "epp/answers.py": ["tests/epp/test_answers.py", "tests/epp/test_answers_mutants.py"],
 }
