@@ -166,7 +166,7 @@ async def test_every_replicas_load_equals_the_requests_in_flight_through_nats_re
                 tasks = [asyncio.create_task(traffic(r)) for r in group]
 
             await b.crash()  # SIGKILL, under traffic
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # traffic after the kill; the loads are polled below
             stop.set()
             await asyncio.gather(*tasks)
             figures["kill"] = await all_views_match([a, c], http, 3 * LEASE_S + 2, "after b was SIGKILLed")
@@ -183,7 +183,7 @@ async def test_every_replicas_load_equals_the_requests_in_flight_through_nats_re
             zone.set(flapping_present=True)
             await eventually(lambda: c.knows(http, 3), 10.0, "c has the flapping worker back")
             c.paused = False
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # traffic after the worker's return; the loads are polled below
             stop.set()
             await asyncio.gather(*tasks)
             figures["flap"] = await all_views_match(group, http, 10.0, "after the flap")

@@ -5,6 +5,7 @@ against a real HTTP server on 127.0.0.1 (fixtures: engine_metrics/, from vLLM 0.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -223,9 +224,7 @@ async def test_a_hostile_endpoint_is_bounded_in_size_and_time() -> None:
         return response
 
     async def slow(_request: web.Request) -> web.Response:
-        import asyncio
-
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # an endpoint slower than the scrape's 0.2 s timeout
         return web.Response(text="vllm:kv_cache_usage_perc 1.0\n")
 
     async for server in serve(huge):
