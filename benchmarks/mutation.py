@@ -59,8 +59,9 @@ _ROUTER_TESTS = [
     "tests/router/test_radix.py::test_radix_tree_agrees_with_brute_force_and_rebuilds_from_its_dump",
 ]
 _ROUTER_MODULES = [
-    "__init__", "approx", "config", "device_share", "disagg", "errors", "hashing", "prefill_model",
-    "queue", "radix", "router", "selection", "sequences", "sessions", "types",
+    "__init__", "approx", "config", "device_share", "disagg", "errors", "hashing", "load_order",
+    "pass_time", "prefill_model", "queue", "radix", "reported", "router", "selection", "sequences",
+    "sessions", "types",
 ]  # fmt: skip
 MODULES: dict[str, list[str]] = {
     **{f"router/{name}.py": _ROUTER_TESTS for name in _ROUTER_MODULES},
