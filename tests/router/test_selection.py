@@ -137,6 +137,29 @@ def test_busy_filter_boundaries(decode, prefill, total_blocks, thresholds, busy)
     assert result is busy
 
 
+@pytest.mark.parametrize(
+    ("decode", "reported", "busy"),
+    [
+        # a fresh engine report replaces the router's own decode blocks over total_blocks
+        (0, 0.9, True),  # the engine says it is fuller than the threshold: busy, whatever we routed
+        (0, 0.8, False),  # exactly at the threshold is not over it
+        (900, 0.5, False),  # the router's own view (0.9) would say busy: the report wins
+    ],
+)
+def test_a_reported_kv_usage_decides_the_decode_blocks_threshold(decode, reported, busy):
+    result = is_busy(
+        decode_blocks=decode,
+        prefill_tokens=0,
+        total_blocks=1000,
+        max_num_batched_tokens=8192,
+        decode_blocks_threshold=0.8,
+        prefill_tokens_threshold=None,
+        prefill_tokens_threshold_frac=None,
+        reported_kv_usage=reported,
+    )
+    assert result is busy
+
+
 def test_sampling_is_not_uniform_when_costs_differ_by_less_than_one():
     # costs are in blocks and can differ by a fraction of one: the normalisation still applies
     probs = softmax_probabilities([0.0, 0.5], temperature=1.0)
