@@ -17,9 +17,11 @@ Dynamo's router guides is accepted (tests/config/test_dynamo_flags.py reads the 
     --router-mode round-robin         also the value round_robin
 
 Knobs accepted and reported rather than applied, each in one line at startup (`router_notices`):
---router-event-threads above 1 (the indexer is single-threaded) and the --aic-* flags without the aic
-model. Refused, with a message naming what is accepted: --router-prefill-load-model aic (not
-implemented) and a queue threshold of 0 or below (Dynamo: must be > 0).
+--router-event-threads above 1 (the indexer is single-threaded) and the --aic-* flags (they choose
+AIConfigurator's database, which cannot run here: --router-prefill-load-model aic predicts each
+prefill's duration from the pass-time model instead, and startup says so). Refused, with a message
+naming what is accepted: aic without --router-track-prefill-tokens and a queue threshold of 0 or
+below (both as Dynamo refuses them).
 """
 
 from __future__ import annotations
@@ -180,7 +182,9 @@ ROUTER_PREFILL_LOAD_MODEL = Option(
     "How a routed prompt loads its worker until its first token: timing (the default) predicts its "
     "time to first token on each worker from the pass-time model (--router-prefill-timing) and lets "
     "the load decay as that time passes; none counts its tokens until the first token (Dynamo's "
-    "exact behaviour). Dynamo's aic is not implemented yet: startup refuses it.",
+    "exact behaviour); aic (Dynamo's) decays only the oldest active prefill on each worker, linearly over "
+    "the duration the pass-time model predicts for it at admission (AIConfigurator's database, which "
+    "Dynamo asks, cannot run here); it requires --router-track-prefill-tokens.",
     choices=("none", "timing", "aic"),
 )
 ROUTER_PREFILL_TIMING: Option[str | None] = Option(
@@ -218,7 +222,8 @@ def _aic(flag: str, kind: Any, what: str) -> Option[Any]:
         flag,
         kind,
         None,
-        f"Dynamo's aic prefill load model: {what}. Accepted; aic is not implemented here (startup says so).",
+        f"Dynamo's aic prefill load model: {what}, for AIConfigurator's database. Accepted, no meaning "
+        "here: aic predicts from the pass-time model (startup says so).",
     )
 
 
@@ -296,11 +301,11 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
             f"invalid router-queue-threshold={queue_threshold}: expected > 0 (as Dynamo requires), "
             "or none to turn the queue off"
         )
-    if prefill_load_model == "aic":
+    if prefill_load_model == "aic" and not track_prefill_tokens:
         raise ConfigError(
-            "invalid router-prefill-load-model='aic': Dynamo's AIC prefill load model is not implemented "
-            "here yet; supported: none (a prompt's tokens load its worker until the first token) and "
-            "timing (its load decays over the prefill time predicted by --router-prefill-timing)"
+            "invalid router-prefill-load-model='aic' with --no-router-track-prefill-tokens: aic decays "
+            "the prompt load it tracks (Dynamo: router_prefill_load_model requires "
+            "router_track_prefill_tokens=true); use none, or track prefill tokens"
         )
     # the words are among the options' choices (argparse and `convert` check them), which are the enums'
     # values; RouterConfig parses the timing text and checks the rest, naming the field it refuses
@@ -346,10 +351,18 @@ def router_notices(reader: Reader) -> tuple[str, ...]:
             "--router-max-tree-size, --router-prune-target-ratio) still apply"
         )
     aic = [str(reader.source(opt)) for opt in AIC_OPTIONS if reader.source(opt) is not None]
-    if aic:
+    model = reader.read(ROUTER_PREFILL_LOAD_MODEL)
+    if model == "aic":
+        learned = ", scaled per worker as learned" if reader.read(ROUTER_LEARN_PREFILL_TIMING) else ""
+        unused = f"; {', '.join(aic)}: accepted from Dynamo, no meaning here" if aic else ""
         notices.append(
-            f"{', '.join(aic)}: accepted from Dynamo, no effect here: the aic prefill load model they "
-            "configure is not implemented (--router-prefill-load-model is "
-            f"{reader.read(ROUTER_PREFILL_LOAD_MODEL)})"
+            "--router-prefill-load-model aic: each prefill's expected duration comes from the pass-time "
+            f"model (--router-prefill-timing{learned}), not from AIConfigurator's database, which cannot "
+            f"run here (the --aic-* flags choose it){unused}"
+        )
+    elif aic:
+        notices.append(
+            f"{', '.join(aic)}: accepted from Dynamo, no effect here: they configure the aic prefill load "
+            f"model (--router-prefill-load-model is {model})"
         )
     return tuple(notices)

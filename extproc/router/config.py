@@ -28,6 +28,7 @@ class RouterMode(enum.StrEnum):
 class PrefillLoadModel(enum.StrEnum):
     NONE = "none"  # a routed prompt's tokens load its worker until the first token
     TIMING = "timing"  # the load decays as the predicted prefill time passes
+    AIC = "aic"  # Dynamo's: only the oldest active prefill decays, over its predicted duration
 
 
 class QueuePolicy(enum.StrEnum):
@@ -82,6 +83,13 @@ class RouterConfig:
         )
         object.__setattr__(
             self, "prefill_load_model", _enum(PrefillLoadModel, "prefill_load_model", self.prefill_load_model)
+        )
+        _check(
+            self.prefill_load_model is not PrefillLoadModel.AIC or self.router_track_prefill_tokens,
+            "prefill_load_model",
+            str(self.prefill_load_model),
+            "none or timing without router_track_prefill_tokens (as in Dynamo, aic requires "
+            "router_track_prefill_tokens=true)",
         )
         if isinstance(self.prefill_timing, str):
             object.__setattr__(self, "prefill_timing", PrefillTiming.parse(self.prefill_timing))

@@ -370,7 +370,7 @@ class KvRouter:
             and pinned_worker is None
             and preferred_worker is None
             and allowed_workers is None
-            and (not self.sequences.timed or self._timed_fast_path_applies(cfg))
+            and (not self.sequences.loads_follow_clock or self._timed_fast_path_applies(cfg))
             and not (len(self.reported) and cfg.active_decode_blocks_threshold is not None)  # reports age
             and cfg.overlap_score_weight == self.config.overlap_score_weight
             and not cfg.log_formula
@@ -378,16 +378,16 @@ class KvRouter:
         )
 
     def _timed_fast_path_applies(self, cfg: RouterConfig) -> bool:
-        """Timing model: busy states must not follow the clock (no prefill-token threshold: the
-        remaining prefill decays with time) and the pass-time model must have the shape the bounds
-        rely on (a prefill pass that grows with its tokens, no negative part)."""
+        """Timing model (not aic, whose decay the load order's keys do not follow): busy states must
+        not follow the clock (no prefill-token threshold: the remaining prefill decays with time) and
+        the pass-time model must have the shape the bounds rely on (prefill passes grow with tokens)."""
         base = self.sequences.prefill_timing
         return (
-            cfg.active_prefill_tokens_threshold is None
+            self.sequences.timed
+            and cfg.active_prefill_tokens_threshold is None
             and cfg.active_prefill_tokens_threshold_frac is None
             and base.prefill_quadratic_ms >= 0
-            and base.prefill_constant_ms >= 0
-            and base.decode_min_ms >= 0
+            and min(base.prefill_constant_ms, base.decode_min_ms) >= 0
         )
 
     def _load_order(self) -> LoadOrder:

@@ -18,6 +18,9 @@ on each worker (the work ahead of it plus its own chunked prefill) and reports i
 equivalents of time, so the unchanged cost function compares time. Each worker's pass-time model
 starts as the configured one and is scaled by what its first tokens show against the predictions
 (`extproc.router.pass_time`): a slower GPU, or a model fitted elsewhere, is learned online.
+`aic` (Dynamo's, `extproc.router.aic`): a request's uncached tokens count in full, except on each
+worker the oldest active prefill's, which decay over the duration the pass-time model predicted for
+it at admission.
 
 Every call is idempotent: adding a known request id, completing prefill twice or freeing an
 unknown id changes nothing, so edges may call `free` from every path that ends a stream.
@@ -32,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
+from extproc.router.aic import OldestPrefillDecay, admission_estimate, expected_prefill_ms
 from extproc.router.config import PrefillLoadModel
 from extproc.router.pass_time import LearnedPassTime, PassTimeLearner
 from extproc.router.prefill_model import PrefillEstimate, PrefillTimeline, PrefillTiming, estimate
@@ -86,9 +90,9 @@ class ActiveSequences:
         learn_prefill_timing: bool = True,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        """`clock` (seconds) is read only by the timing model, which needs one (ValueError).
-        `learn_prefill_timing`: the timing model learns each worker's pass-time scale from its first
-        tokens (`extproc.router.pass_time`)."""
+        """`clock` (seconds) is read only by the timing and aic models, which need one (ValueError).
+        `learn_prefill_timing`: they learn each worker's pass-time scale from its first tokens
+        (`extproc.router.pass_time`)."""
         self.block_size = block_size
         self.assume_kv_reuse = assume_kv_reuse
         self.track_active_blocks = track_active_blocks
@@ -97,14 +101,18 @@ class ActiveSequences:
         self.prefill_load_model = PrefillLoadModel(prefill_load_model)
         self.prefill_timing = prefill_timing or PrefillTiming()
         self._timed = self.prefill_load_model is PrefillLoadModel.TIMING and track_prefill_tokens
-        if self._timed and clock is None:
-            raise ValueError("the timing prefill load model needs a clock")
+        self._aic = self.prefill_load_model is PrefillLoadModel.AIC and track_prefill_tokens
+        if (self._timed or self._aic) and clock is None:
+            raise ValueError(f"the {self.prefill_load_model} prefill load model needs a clock")
         self._clock = clock
         self._requests: dict[str, _Request] = {}
         self._loads: dict[Worker, _WorkerLoad] = {}
         self._timelines: dict[Worker, PrefillTimeline] = {}
+        self._decays: dict[Worker, OldestPrefillDecay] = {}  # aic: each worker's active prefills
         self._learner: PassTimeLearner[Worker] | None = (
-            PassTimeLearner(self.prefill_timing) if self._timed and learn_prefill_timing else None
+            PassTimeLearner(self.prefill_timing)
+            if (self._timed or self._aic) and learn_prefill_timing
+            else None
         )
         self._holders: dict[int, set[Worker]] = {}  # first block key -> workers holding it in flight
         self.on_load_change: Callable[[Worker], None] | None = None
@@ -113,6 +121,11 @@ class ActiveSequences:
     def timed(self) -> bool:
         """Whether the timing model counts prefill (then loads also depend on the clock)."""
         return self._timed
+
+    @property
+    def loads_follow_clock(self) -> bool:
+        """Whether active prefill loads change as time passes (the timing and aic models)."""
+        return self._timed or self._aic
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -127,7 +140,11 @@ class ActiveSequences:
         return request.worker if request else None
 
     def prefill_tokens(self, worker: Worker) -> int:
-        """Active prefill tokens; with the timing model, those still predicted to be computed."""
+        """Active prefill tokens; with the timing model, those still predicted to be computed; with
+        aic, the oldest active prefill's decayed."""
+        if self._aic:
+            decay = self._decays.get(worker)
+            return decay.active_tokens(self._now_ms()) if decay is not None else 0
         if self._timed:
             timeline = self._timelines.get(worker)
             return timeline.remaining_tokens(self._now_ms()) if timeline is not None else 0
@@ -144,7 +161,7 @@ class ActiveSequences:
         new = self._new_blocks(load, block_keys, isl)
         if load is None:
             return 0, float(new)
-        prefill = self.prefill_tokens(worker) if self._timed else load.prefill_tokens
+        prefill = self.prefill_tokens(worker) if self._timed or self._aic else load.prefill_tokens
         return prefill, load.decode_blocks + new
 
     def potential_load(
@@ -153,7 +170,8 @@ class ActiveSequences:
         """The load `worker` would carry with this request, as the cost function reads it.
 
         `none`: active prefill tokens + this request's uncached tokens, and active decode blocks +
-        this request's new blocks (Dynamo's potential loads). `timing`: the request's predicted time
+        this request's new blocks (Dynamo's potential loads); `aic` alike, the active prefill tokens
+        decayed. `timing`: the request's predicted time
         to first token there, in prefill-token equivalents (ms / the timing model's ms per prefill
         token), and no decode blocks: decoding requests enter the prediction through what they add
         to every pass (the decode part, and half a pass of waiting when the worker has no prompt
@@ -299,6 +317,8 @@ class ActiveSequences:
         if self.track_active_blocks:
             own = (1 if isl % self.block_size else 0) + (0 if self.assume_kv_reuse else len(block_keys))
         request = _Request(worker, keys, own, prefill, isl, expected_output_tokens)
+        if self._aic and prefill > 0:
+            self._admit_aic(request, request_id, learn=learn)
         if self._timed:
             now = self._now_ms()
             current = self._loads.get(worker)
@@ -324,12 +344,37 @@ class ActiveSequences:
             self.on_load_change(worker)
         return True
 
+    def _admit_aic(self, request: _Request, request_id: str, *, learn: bool) -> None:
+        """aic: one expected duration, predicted now on the worker's pass-time model; the request
+        joins the worker's active prefills (the oldest of them decays)."""
+        now = self._now_ms()
+        worker = request.worker
+        own = expected_prefill_ms(self.timing(worker), request.prefill_tokens)
+        decay = self._decays.get(worker)
+        if learn and self._learner is not None:
+            guess = admission_estimate(decay, own, request.prefill_tokens, now)
+            if self._learner.measures(guess):
+                request.routed_ms, request.predicted_ttft_ms = now, guess.ttft_ms
+        if decay is None:
+            decay = self._decays[worker] = OldestPrefillDecay()
+        decay.add(request_id, request.prefill_tokens, own, now)
+
+    def _aic_done(self, worker: Worker, request_id: str) -> None:
+        decay = self._decays.get(worker)
+        if decay is not None and decay.remove(request_id, self._now_ms()) and not decay:
+            del self._decays[worker]
+
     def mark_prefill_complete(self, request_id: str) -> bool:
         """The first token came back; False if unknown or already marked."""
         request = self._requests.get(request_id)
         if request is None or request.prefilled:
             return False
         request.prefilled = True
+        if self._aic:
+            if self._learner is not None and request.predicted_ttft_ms > 0:
+                observed = self._now_ms() - request.routed_ms
+                self._learner.observe(request.worker, request.predicted_ttft_ms, observed)
+            self._aic_done(request.worker, request_id)
         load = self._loads[request.worker]
         load.prefill_tokens -= request.prefill_tokens
         load.decoding += 1
@@ -394,6 +439,8 @@ class ActiveSequences:
             load.decoding -= 1
         elif self._timed:
             self._timeline_done(request.worker, request_id, complete=False)
+        elif self._aic:
+            self._aic_done(request.worker, request_id)
         load.own_blocks -= request.own_blocks + request.output_weight
         refs = load.block_refs
         for k in request.block_keys:

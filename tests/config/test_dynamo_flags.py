@@ -208,6 +208,10 @@ VALUES: dict[tuple[str, ...], Knob] = {
     ("--router-mode", "device-aware-weighted"): Knob(field="router.mode", value="device-aware-weighted"),
     ("--router-queue-policy", "fcfs"): Knob(field="router.router_queue_policy", value="fcfs"),
     ("--router-queue-policy", "lcfs"): Knob(field="router.router_queue_policy", value="lcfs"),
+    ("--router-prefill-load-model", "aic"): Knob(
+        field="router.prefill_load_model", value="aic", notice="not from AIConfigurator's database"
+    ),
+    ("--router-prefill-load-model", "none"): Knob(field="router.prefill_load_model", value="none"),
     ("--router-queue-threshold", "None"): Knob(field="router.router_queue_threshold", value=None),
     ("--event-plane", "zmq"): Knob(notice="ZMQ event plane is not spoken"),
     ("--discovery-backend", "mem"): Knob(notice="Dynamo's discovery"),
@@ -218,7 +222,9 @@ VALUES: dict[tuple[str, ...], Knob] = {
 
 # Refused at startup (exit 2), the message naming what is accepted.
 REFUSED: dict[tuple[str, ...], str] = {
-    ("--router-prefill-load-model", "aic"): "not implemented here yet; supported: none .* and timing",
+    ("--router-prefill-load-model", "aic", "--no-router-track-prefill-tokens"): (
+        "aic' with --no-router-track-prefill-tokens: .*requires router_track_prefill_tokens=true"
+    ),
     ("--router-queue-threshold", "0"): r"router-queue-threshold=0.0: expected > 0 \(as Dynamo requires\)",
     ("--router-queue-threshold", "-1"): "expected > 0",
     ("--router-event-threads", "0"): "router-event-threads=0: expected > 0",
@@ -289,15 +295,37 @@ def test_values_dynamo_refuses_or_the_picker_cannot_honour_stop_startup_with_a_m
         load_config(list(argv), environ={})
 
 
-def test_the_aic_flags_are_one_line_and_aic_itself_exit_2(capsys):
+def test_the_aic_flags_are_one_line_with_or_without_aic(capsys):
     config = load_config(["--aic-backend", "vllm", "--aic-system", "h200_sxm"], environ={})
     assert config.notices == (
-        "--aic-backend, --aic-system: accepted from Dynamo, no effect here: the aic prefill load model they "
-        "configure is not implemented (--router-prefill-load-model is timing)",
+        "--aic-backend, --aic-system: accepted from Dynamo, no effect here: they configure the aic prefill "
+        "load model (--router-prefill-load-model is timing)",
     )
-    assert cli.main(["serve", "--router-prefill-load-model", "aic", "--aic-backend", "vllm"]) == 2
+    config = load_config(
+        ["--router-prefill-load-model", "aic", "--aic-backend", "vllm", "--aic-tp-size", "2"], environ={}
+    )
+    assert config.router.prefill_load_model == "aic"
+    assert config.notices == (
+        "--router-prefill-load-model aic: each prefill's expected duration comes from the pass-time model "
+        "(--router-prefill-timing, scaled per worker as learned), not from AIConfigurator's database, which "
+        "cannot run here (the --aic-* flags choose it); --aic-backend, --aic-tp-size: accepted from Dynamo, "
+        "no meaning here",
+    )
+    argv = ["--router-prefill-load-model", "aic", "--no-router-learn-prefill-timing"]
+    config = load_config(argv, environ={})
+    assert config.notices == (
+        "--router-prefill-load-model aic: each prefill's expected duration comes from the pass-time model "
+        "(--router-prefill-timing), not from AIConfigurator's database, which cannot run here (the --aic-* "
+        "flags choose it)",
+    )
+    with pytest.raises(SystemExit):
+        load_config(["--router-prefill-load-model", "aic", "--aic-tp-size", "two"], environ={})
+
+
+def test_aic_without_prefill_token_tracking_exits_2_in_one_line(capsys):
+    assert cli.main(["serve", "--router-prefill-load-model", "aic", "--no-router-track-prefill-tokens"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "aic" in err and "supported: none" in err
+    assert err.count("\n") == 1 and "requires router_track_prefill_tokens=true" in err
 
 
 def test_a_prefix_of_a_flag_is_not_that_flag():
