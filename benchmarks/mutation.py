@@ -378,30 +378,70 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "the error's text",
         ),
-        "x_tokens_as_u32le__mutmut_25": (
-            'if type(None) is array.array and tokens.typecode == "I" and not _BIG_ENDIAN:',
+        "x_tokens_as_u32le__mutmut_26": (
+            'if isinstance(tokens, array.array) and tokens.typecode == "XXIXX" and not _BIG_ENDIAN:',
             "performance",
             "the uint32 array is copied instead of viewed: the same bytes",
         ),
         "x_tokens_as_u32le__mutmut_28": (
-            'if type(tokens) is array.array and tokens.typecode == "XXIXX" and not _BIG_ENDIAN:',
+            'if isinstance(tokens, array.array) and tokens.typecode == "I" and _BIG_ENDIAN:',
             "performance",
             "the uint32 array is copied instead of viewed: the same bytes",
         ),
-        "x_tokens_as_u32le__mutmut_30": (
-            'if type(tokens) is array.array and tokens.typecode == "I" and _BIG_ENDIAN:',
-            "performance",
-            "the uint32 array is copied instead of viewed: the same bytes",
-        ),
-        "x_tokens_as_u32le__mutmut_43": (
+        "x_tokens_as_u32le__mutmut_41": (
             'raise ValueError("XXtoken ids must be integers in [0, 2**32)XX") from exc',
             "message",
             "the error's text",
         ),
-        "x_compute_sequence_hashes__mutmut_17": (
+        "x__chain__mutmut_18": (
             "raise OverflowError(None) from None",
             "message",
             "the error's text",
+        ),
+        "xǁ_Recordǁ__init____mutmut_4": (
+            "self.size = None",
+            "same-value",
+            "_store sets a record's size before it is indexed; nothing reads it before",
+        ),
+        "xǁ_Recordǁ__init____mutmut_5": (
+            "self.size = 1",
+            "same-value",
+            "_store sets a record's size before it is indexed; nothing reads it before",
+        ),
+        "xǁBlockHashCacheǁblock_hashes__mutmut_33": (
+            "keys.append((seed, block_size, k - 1, digest.intdigest()))",
+            "same-value",
+            "keys are only compared with keys made alike: k - 1 numbers the checkpoints as apart as k + 1",
+        ),
+        "xǁBlockHashCacheǁblock_hashes__mutmut_34": (
+            "keys.append((seed, block_size, k + 2, digest.intdigest()))",
+            "same-value",
+            "keys are only compared with keys made alike: k + 2 numbers the checkpoints as apart as k + 1",
+        ),
+        "xǁBlockHashCacheǁ_remember_seq__mutmut_1": (
+            "if len(seq) < len(record.seq):",
+            "performance",
+            "a chain as long as the known one is the same hashes: an equal copy replaces it, 0 bytes grow",
+        ),
+        "xǁBlockHashCacheǁ_evict__mutmut_4": (
+            "_, record = self._records.popitem(last=None)",
+            "same-value",
+            "popitem reads last for its truth: None pops the oldest as False does",
+        ),
+        "xǁBlockHashCacheǁ_evict__mutmut_13": (
+            "record.live = None",
+            "same-value",
+            "an evicted record is unindexed (every key leading to it deleted): its live count is never read",
+        ),
+        "xǁBlockHashCacheǁ_evict__mutmut_14": (
+            "record.live = 1",
+            "same-value",
+            "an evicted record is unindexed (every key leading to it deleted): its live count is never read",
+        ),
+        "xǁBlockHashCacheǁ_drop__mutmut_3": (
+            "if self._records.pop(id(record), ) is record:",
+            "same-value",
+            "_drop gets a record the index led to, and every indexed record is in the LRU: pop finds it",
         ),
     },
     "router/prefill_model.py": {
