@@ -4,6 +4,7 @@ import pytest
 
 from extproc.router.reported import ReportedLoad, ReportedLoads
 from extproc.router.types import Worker
+
 from .clock import FakeClock
 
 A, B = Worker("a"), Worker("b")
