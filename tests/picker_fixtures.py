@@ -30,6 +30,7 @@ def picker_config(n_workers: int = 2, *, dp_ranks=(0,), **router) -> PickerConfi
         models=(ModelConfig(MODEL),),
         max_body_bytes=1 << 20,
         seed=1,
+        worker_session_control="off",  # no session calls to these made-up endpoints (test_worker_sessions)
     )
 
 

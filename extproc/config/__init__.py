@@ -114,6 +114,7 @@ class PickerConfig:
     session_ttl_s: float = 300.0  # sliding TTL of a sticky session's pin
     session_max_pins: int = 100_000  # per model; beyond it the least recently used pin is evicted
     session_id_max_length: int = 256  # longer session ids are answered 400
+    worker_session_control: str = "sglang"  # sglang: open/close SGLang sessions on workers; off
     max_body_bytes: int = 16 * 1024 * 1024
     body_parse_workers: int = 1  # processes parsing bodies over body_parse_inline_bytes; 0 = on the loop
     body_parse_inline_bytes: int = 16 * 1024  # bodies up to this size are parsed on the event loop
@@ -245,6 +246,7 @@ def load_config(
         session_ttl_s=own.session_ttl_s,
         session_max_pins=own.session_max_pins,
         session_id_max_length=own.session_id_max_length,
+        worker_session_control=own.worker_session_control,
         max_body_bytes=own.max_body_bytes,
         body_parse_workers=own.body_parse_workers,
         body_parse_inline_bytes=own.body_parse_inline_bytes,

@@ -93,6 +93,16 @@ SESSION_ID_MAX_LENGTH = Option(
     256,
     "Longest sticky-session id accepted, in characters; a longer one is answered 400.",
 )
+WORKER_SESSION_CONTROL = Option(
+    "--worker-session-control",
+    str,
+    "sglang",
+    'Worker-side sessions (nvext.session_control.action "open" / "close", as Dynamo\'s session '
+    "control): sglang calls the chosen worker's SGLang /open_session before the request and "
+    "/close_session after the closing request ends or when the session's pin lapses (best effort, "
+    "counted in extproc_worker_session_calls_total); off makes no call (pins still work).",
+    choices=("sglang", "off"),
+)
 MAX_BODY_BYTES = Option("--max-body-bytes", int, 16 * 1024 * 1024, "Larger request bodies are answered 413.")
 BODY_PARSE_WORKERS = Option(
     "--body-parse-workers",
@@ -195,6 +205,7 @@ PICKER_OPTIONS: tuple[Option[Any], ...] = (
     SESSION_TTL_SECS,
     SESSION_MAX_PINS,
     SESSION_ID_MAX_LENGTH,
+    WORKER_SESSION_CONTROL,
     MAX_BODY_BYTES,
     BODY_PARSE_WORKERS,
     BODY_PARSE_INLINE_BYTES,
@@ -270,6 +281,7 @@ class ServerConfig:
     session_ttl_s: float
     session_max_pins: int
     session_id_max_length: int
+    worker_session_control: str
     max_body_bytes: int
     body_parse_workers: int
     body_parse_inline_bytes: int
@@ -303,6 +315,7 @@ def read_server(reader: Reader) -> ServerConfig:
     session_ttl_secs = read(SESSION_TTL_SECS)
     session_max_pins = read(SESSION_MAX_PINS)
     session_id_max_length = read(SESSION_ID_MAX_LENGTH)
+    worker_session_control = read(WORKER_SESSION_CONTROL)
     max_body_bytes = read(MAX_BODY_BYTES)
     body_parse_workers = read(BODY_PARSE_WORKERS)
     body_parse_inline_bytes = read(BODY_PARSE_INLINE_BYTES)
@@ -347,6 +360,7 @@ def read_server(reader: Reader) -> ServerConfig:
         session_ttl_s=session_ttl_secs,
         session_max_pins=session_max_pins,
         session_id_max_length=session_id_max_length,
+        worker_session_control=worker_session_control,
         max_body_bytes=max_body_bytes,
         body_parse_workers=body_parse_workers,
         body_parse_inline_bytes=body_parse_inline_bytes,

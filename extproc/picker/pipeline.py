@@ -42,7 +42,14 @@ from typing import Protocol
 
 from extproc.config import PickerConfig, WorkerConfig
 from extproc.epp import answers as epp
-from extproc.errors import NoEligibleWorker, PickerError, PromptTooLong, TokenizerUnavailable, UnknownModel
+from extproc.errors import (
+    NoEligibleWorker,
+    PickerError,
+    PromptTooLong,
+    RequestInvalid,
+    TokenizerUnavailable,
+    UnknownModel,
+)
 from extproc.groups import GroupCollector, GroupError, GroupRequest, GroupSelector, RemoteGroup, RouterGroup
 from extproc.groups.policy import parse_policy
 from extproc.groups.types import GroupDecision
@@ -53,6 +60,7 @@ from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
+from extproc.picker.worker_sessions import WorkerSessionCollector, WorkerSessions, session_timeout
 from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixCollector
 from extproc.request.parse import ParsedRequest, is_routable
 from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, RouterError, SessionPins, Worker
@@ -87,6 +95,8 @@ class Pick:
     prefill_worker: Worker | None = None  # disaggregated: the worker that prefills the prompt
     prefill_endpoint: str | None = None  # its ip:port (also in `headers` under the prefill header)
     session_pin: str | None = None  # the session pinned to `worker` once it answers 2xx (not on close)
+    session_opened_on: str | None = None  # `endpoint`, when a worker session was opened there for it
+    session_close_on: str | None = None  # `endpoint`, when its session is closed there once it ends
 
 
 class WorkerSetListener(Protocol):
@@ -147,8 +157,12 @@ class EndpointPicker:
                 lambda: {m: p.tokenizer.prefix_cache_stats() for m, p in self._pools.items()}
             )
         )
+        self.worker_sessions = WorkerSessions() if config.worker_session_control == "sglang" else None
+        if self.worker_sessions is not None:
+            self.metrics.registry.register(WorkerSessionCollector(self.worker_sessions))
         self._sessions = {
-            model: SessionPins(config.session_ttl_s, config.session_max_pins) for model in self._pools
+            model: SessionPins(config.session_ttl_s, config.session_max_pins, on_drop=self._pin_left)
+            for model in self._pools
         }
         self._sweeper: asyncio.Task[None] | None = None
         self._gates = {
@@ -247,6 +261,8 @@ class EndpointPicker:
                 await self._sweeper
             self._sweeper = None
         await self.bodies.close()
+        if self.worker_sessions is not None:
+            await self.worker_sessions.close()
         await self.selector.close()
         if self.local not in self.selector.groups:
             await self.local.close()
@@ -289,6 +305,7 @@ class EndpointPicker:
         if pool is None:
             raise UnknownModel(request.model, list(self._pools))
         session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
+        worker_session = self._worker_session_action(request, session_id)
         tokens: Sequence[int] | None = None
         if not parsed.has_prompt:
             log.warning(
@@ -367,12 +384,18 @@ class EndpointPicker:
             timings["groups"] = time.perf_counter_ns() - routed_at
         session_pin = self._session_route(request, session_id, pinned, decision) if session_id else None
         choice = decision.choice
+        opened_on = None
+        if worker_session is not None and worker_session[0] == "open" and session_id:
+            opened_on = await self._open_worker_session(
+                choice.endpoint, session_id, worker_session[1], request_id
+            )
         pick = Pick(
             request_id, request.model, choice.worker, choice.endpoint, dict(choice.headers),
             choice.overlap_blocks, choice.request_blocks, tracked=True, timings_ns=timings,
             session_id=session_id, queued_s=waited_s, group=decision.group,
             prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
-            session_pin=session_pin,
+            session_pin=session_pin, session_opened_on=opened_on,
+            session_close_on=choice.endpoint if worker_session == ("close", 0) else None,
         )  # fmt: skip
         self.metrics.observe_stages(timings)
         self.metrics.routed(request.model, choice.overlap_blocks, decision.best_overlap_blocks)
@@ -408,6 +431,8 @@ class EndpointPicker:
     def finish(self, pick: Pick, cause: str) -> None:
         """The stream ended (complete, error status, reset, cancel); frees the request once."""
         if pick.tracked and self.selector.finish(pick.request_id, cause):
+            if pick.session_close_on is not None and pick.session_id and self.worker_sessions is not None:
+                self.worker_sessions.close_later(pick.session_close_on, pick.session_id)
             log.debug("freed %s (%s)", pick.request_id, cause)
             self.metrics.finished(pick.model, cause)
             self._gates[pick.model].kick()
@@ -417,6 +442,9 @@ class EndpointPicker:
         request's session to the worker when it answered 2xx."""
         if pick.session_pin is not None and 200 <= status < 300:
             self._pin_session(pick, pick.session_pin)
+        elif pick.session_opened_on is not None and pick.session_id and self.worker_sessions is not None:
+            # opened for a request the worker then refused: nothing pins it, close it now
+            self.worker_sessions.close_later(pick.session_opened_on, pick.session_id)
         worker = str(pick.worker.worker_id)
         before, after = self.metrics.upstream_answered(pick.model, worker, status)
         if after and (after == 1 or after % 10 == 0):
@@ -498,9 +526,45 @@ class EndpointPicker:
                      loggable(session_id), pinned[1], decision.choice.worker)  # fmt: skip
         return session_id
 
+    def _worker_session_action(
+        self, request: ParsedRequest, session_id: str | None
+    ) -> tuple[str, int] | None:
+        """("open", timeout s) or ("close", 0) when this request opens or closes its session on the
+        worker (--worker-session-control sglang and a session id). Checked before routing: a bad
+        timeout is answered 400 before any load is counted."""
+        action = request.session_action
+        if action not in ("open", "close") or not session_id or self.worker_sessions is None:
+            return None
+        if action == "close":
+            return ("close", 0)
+        timeout_s = session_timeout(request.nvext)
+        if timeout_s is None:
+            raise RequestInvalid("nvext.session_control.timeout must be a positive integer (seconds)")
+        return ("open", timeout_s)
+
+    async def _open_worker_session(
+        self, endpoint: str, session_id: str, timeout_s: int, request_id: str
+    ) -> str | None:
+        """Open the session on the chosen worker; the endpoint when it holds it (routed either way).
+        A cancel while waiting frees the request's load here: no Pick exists yet to free it."""
+        assert self.worker_sessions is not None
+        try:
+            outcome = await self.worker_sessions.open(endpoint, session_id, timeout_s)
+        except BaseException:
+            self.selector.finish(request_id, "cancelled while its worker session opened")
+            raise
+        return endpoint if outcome in ("ok", "already_open") else None
+
+    def _pin_left(self, session_id: str, endpoint: str) -> None:
+        """A pin whose worker holds an open session lapsed, was evicted or moved: close it there."""
+        if self.worker_sessions is not None:
+            self.worker_sessions.close_later(endpoint, session_id)
+
     def _pin_session(self, pick: Pick, session_id: str) -> None:
         sessions = self._sessions[pick.model]
         event = sessions.pin(session_id, pick.worker, self._clock(), pick.group or "")
+        if pick.session_opened_on is not None:
+            sessions.mark_opened(session_id, pick.session_opened_on)
         if event != "refreshed":
             self.metrics.sessions.labels(pick.model, event).inc()
         self._sweep_sessions_later()

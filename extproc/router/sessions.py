@@ -7,11 +7,19 @@ re-pins to the replacement). Bounded, because the ids come from clients:
 - lapsed pins are dropped when looked up and by `expire(now)`, which the caller runs on a timer
   (oldest first, so a sweep costs the pins it drops), so memory never waits for a request;
 - the ids' length is the caller's to bound (the picker refuses ids over --session-id-max-length).
+
+A pin may also stand for a session opened on its worker (SGLang's streaming sessions, opened by a
+request's `nvext.session_control.action: "open"`): `mark_opened` records the endpoint, and when such
+a pin leaves other than by `close` (lapsed, evicted, moved, its worker gone) `on_drop(session_id,
+endpoint)` is told, so that the caller can close the worker's session too (as Dynamo's affinity
+reaper does). `close` tells nobody: the caller closes the worker's session once the request that
+asked for it has finished.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,18 +34,25 @@ class Pin:
     last_used_s: float
     requests: int = 0
     group: str = ""  # the router group that owns the worker (hierarchical routing)
+    opened_on: str | None = None  # the endpoint whose worker holds an open session for it, if any
 
 
 class SessionPins:
     """session id -> pinned worker, with a sliding TTL and at most `max_pins` pins (LRU)."""
 
-    def __init__(self, ttl_s: float, max_pins: int | None = None) -> None:
+    def __init__(
+        self,
+        ttl_s: float,
+        max_pins: int | None = None,
+        on_drop: Callable[[str, str], None] | None = None,
+    ) -> None:
         if not ttl_s > 0:
             raise ValueError(f"session ttl must be > 0 seconds, not {ttl_s!r}")
         if max_pins is not None and max_pins < 1:
             raise ValueError(f"max_pins must be at least 1, not {max_pins!r}")
         self.ttl_s = ttl_s
         self.max_pins = max_pins
+        self.on_drop = on_drop  # (session id, endpoint): a pin with an open worker session left
         self._pins: OrderedDict[str, Pin] = OrderedDict()  # least recently used first
         self.expired = 0
         self.evicted = 0
@@ -66,13 +81,15 @@ class SessionPins:
         pin = self._pins.get(session_id)
         if pin is None:
             if self.max_pins is not None and len(self._pins) >= self.max_pins:
-                self._pins.popitem(last=False)
+                self._dropped(*self._pins.popitem(last=False))
                 self.evicted += 1
             self._pins[session_id] = Pin(worker, now, 1, group)
             return "pinned"
         event: PinEvent = "refreshed"
         if pin.worker != worker or pin.group != group:
             self.moved += 1
+            self._dropped(session_id, pin)
+            pin.opened_on = None
             pin.worker = worker
             pin.group = group
             event = "moved"
@@ -80,6 +97,14 @@ class SessionPins:
         pin.requests += 1
         self._pins.move_to_end(session_id)
         return event
+
+    def mark_opened(self, session_id: str, endpoint: str) -> bool:
+        """Record that the pinned worker, at `endpoint`, holds an open session for `session_id`."""
+        pin = self._pins.get(session_id)
+        if pin is None:
+            return False
+        pin.opened_on = endpoint
+        return True
 
     def close(self, session_id: str) -> bool:
         if self._pins.pop(session_id, None) is None:
@@ -96,7 +121,7 @@ class SessionPins:
             if p.worker.worker_id == worker_id and (group is None or p.group == group)
         ]
         for session_id in gone:
-            del self._pins[session_id]
+            self._dropped(session_id, self._pins.pop(session_id))
         return len(gone)
 
     def expire(self, now: float) -> int:
@@ -108,9 +133,14 @@ class SessionPins:
             if now - pin.last_used_s < self.ttl_s:
                 break
             del pins[session_id]
+            self._dropped(session_id, pin)
             dropped += 1
         self.expired += dropped
         return dropped
+
+    def _dropped(self, session_id: str, pin: Pin) -> None:
+        if pin.opened_on is not None and self.on_drop is not None:
+            self.on_drop(session_id, pin.opened_on)
 
     def by_worker(self) -> dict[Worker, int]:
         counts: dict[Worker, int] = {}

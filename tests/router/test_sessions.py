@@ -133,3 +133,37 @@ def test_a_worker_leaving_one_group_keeps_the_pins_of_its_namesake_in_another() 
     pins.pin("c", W1, now=0.0, group="g1")
     assert pins.drop_worker("w0", group="g1") == 1
     assert "a" not in pins and "b" in pins and "c" in pins
+
+
+def test_a_pin_with_an_open_worker_session_reports_every_way_it_leaves_but_close() -> None:
+    left: list[tuple[str, str]] = []
+    pins = SessionPins(ttl_s=10.0, max_pins=2, on_drop=lambda sid, endpoint: left.append((sid, endpoint)))
+    a, b = Worker("a"), Worker("b")
+    assert not pins.mark_opened("s", "10.0.0.1:8000")  # no pin yet: nothing to mark
+    pins.pin("lapses", a, 0.0)
+    pins.pin("plain", a, 0.0)  # never opened on its worker: leaves silently
+    assert pins.mark_opened("lapses", "10.0.0.1:8000")
+    pins.expire(9.9)
+    assert left == []
+    pins.expire(10.0)
+    assert left == [("lapses", "10.0.0.1:8000")]
+    pins.pin("moves", a, 10.0)
+    pins.mark_opened("moves", "10.0.0.1:8000")
+    pins.pin("moves", a, 11.0)  # the same worker: a refresh, no drop
+    assert left == [("lapses", "10.0.0.1:8000")]
+    pins.pin("moves", b, 12.0)  # another worker: its old session is told, the new pin is not opened
+    assert left[-1] == ("moves", "10.0.0.1:8000")
+    pins.mark_opened("moves", "10.0.0.2:8000")
+    pins.pin("evicted", a, 13.0)
+    pins.mark_opened("evicted", "10.0.0.1:8000")
+    pins.pin("newest", a, 14.0)  # over max_pins: the least recently used pin ("moves") is evicted
+    assert left[-1] == ("moves", "10.0.0.2:8000")
+    pins.close("evicted")  # the caller closes the worker's session after the closing request
+    assert left[-1] == ("moves", "10.0.0.2:8000")
+    pins.pin("gone", b, 15.0)
+    pins.mark_opened("gone", "10.0.0.2:8000")
+    assert pins.drop_worker("b") == 1
+    assert left == [
+        ("lapses", "10.0.0.1:8000"), ("moves", "10.0.0.1:8000"), ("moves", "10.0.0.2:8000"),
+        ("gone", "10.0.0.2:8000"),
+    ]  # fmt: skip
