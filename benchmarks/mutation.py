@@ -33,6 +33,7 @@ the module changed so that the name now means another mutation, the entry is rep
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
@@ -791,10 +792,13 @@ def _source(ref: str | None) -> Path:
     (other work in progress in the tree then does not move the measurement)."""
     if ref is None:
         return ROOT
-    export = WORK / "_ref"
+    # one export per run: runs started meanwhile (other modules, another commit) must not replace
+    # the tree this run copies each of its modules from
+    export = WORK / f"_ref.{os.getpid()}"
     if export.exists():
         shutil.rmtree(export)
     export.mkdir(parents=True)
+    atexit.register(shutil.rmtree, export, ignore_errors=True)
     archive = subprocess.run(
         ["git", "archive", ref, "extproc", "tests", "pyproject.toml"],
         cwd=ROOT,
