@@ -14,7 +14,7 @@ time (register it on the admin server's registry). Per group (label `group`):
                                                   other group that answered
     extproc_group_commit_redecided_total          commits whose probed worker had become ineligible or left
     extproc_group_commit_failures_total           commits that failed (the next group was tried)
-    extproc_group_lifecycle_failures_total{call}  prefill-complete / free calls that failed
+    extproc_group_lifecycle_failures_total{call}  prefill-complete / free / output-tokens calls that failed
     extproc_group_ejected                         1 while the group is skipped after repeated failures
     extproc_group_in_flight                       requests committed to the group and not yet freed
 and per picker `extproc_group_requests_total{outcome}`: routed, fallback, rejected.
@@ -143,7 +143,7 @@ class GroupCollector(Collector):
         )
         lifecycle = CounterMetricFamily(
             "extproc_group_lifecycle_failures",
-            "Prefill-complete and free calls to the group that failed.",
+            "Prefill-complete, free and output-tokens calls to the group that failed.",
             labels=["group", "call"],
         )
         ejected = GaugeMetricFamily(

@@ -121,6 +121,8 @@ class RemoteGroup:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_call: dict[str, asyncio.Task[Any]] = {}  # per request: its latest lifecycle call
         self._renewer: asyncio.Task[None] | None = None
+        self._output_pending: dict[str, list[int]] = {}  # request -> [tokens, sequences] not sent yet
+        self._sends_output_tokens = True  # False once the group answered UNIMPLEMENTED
 
     @property
     def name(self) -> str:
@@ -190,9 +192,45 @@ class RemoteGroup:
             self._spawn(request_id, call)
 
     def add_output_tokens(self, model: str, request_id: str, count: int, sequences: int) -> None:
-        """Not forwarded: the group API has no call for generated tokens yet, so a remote group's
-        decode load is its requests' prompt blocks (its own picker's --router-track-output-blocks
-        applies to the requests it serves directly)."""
+        """Forwarded (AddOutputTokens), coalesced: while a call is on its way, more tokens add up and
+        go in the next one, so a stream of chunks costs at most one call in flight per request. Not
+        retried (the free settles the load anyway); a group that does not serve the call (an older
+        picker: UNIMPLEMENTED) is not asked again. The group's own --router-track-output-blocks
+        decides whether its router counts them."""
+        if request_id not in self._live or not self._sends_output_tokens or count <= 0:
+            return
+        pending = self._output_pending.get(request_id)
+        if pending is not None:
+            pending[0] += count
+            pending[1] = sequences
+            return
+        self._output_pending[request_id] = [count, sequences]
+        self._spawn(request_id, self._send_output_tokens(model, request_id))
+
+    async def _send_output_tokens(self, model: str, request_id: str) -> None:
+        pending = self._output_pending.pop(request_id, None)
+        if pending is None or request_id not in self._live or not self._sends_output_tokens:
+            return
+        message = pb.OutputTokensRequest(
+            model=model,
+            request_id=request_id,
+            tokens=min(pending[0], 2**32 - 1),
+            sequences=min(pending[1], 2**32 - 1),
+        )
+        try:
+            await self._stub.AddOutputTokens(message, timeout=self.lifecycle_timeout_s, wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                if self._sends_output_tokens:  # calls already on their way answer the same: said once
+                    log.warning(
+                        "group %s does not serve AddOutputTokens (an older picker): its requests' "
+                        "output blocks are not counted there", self._name,
+                    )  # fmt: skip
+                self._sends_output_tokens = False
+                return
+            if self.on_lifecycle_failure is not None:
+                self.on_lifecycle_failure(self._name, "output_tokens")
+            log.debug("output tokens of %s in group %s not sent: %s", request_id, self._name, exc.code().name)
 
     def answered(self, model: str, request_id: str, worker: Worker, status: int) -> None:
         if request_id in self._live:
@@ -200,6 +238,7 @@ class RemoteGroup:
 
     def free(self, model: str, request_id: str) -> None:
         self._live.pop(request_id, None)
+        self._output_pending.pop(request_id, None)
         status = self._status.pop(request_id, 0)
         message = pb.LifecycleRequest(model=model, request_id=request_id, status=status)
         self._spawn(request_id, self._retried("free", self._stub.Free, message))

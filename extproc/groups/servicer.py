@@ -62,6 +62,8 @@ class ServedGroup(Protocol):
 
     def finish(self, request_id: str, status: int | None = None) -> bool: ...
 
+    def output_tokens(self, request_id: str, count: int, sequences: int) -> bool: ...
+
     def potential_loads_now(self, request: GroupRequest) -> GroupLoads: ...
 
 
@@ -113,6 +115,12 @@ class RouterGroupServicer(pb_grpc.RouterGroupServicer):
     ) -> pb.LifecycleResponse:
         self.leases.untrack(request.request_id)
         return pb.LifecycleResponse(known=self.group.finish(request.request_id, request.status or None))
+
+    async def AddOutputTokens(
+        self, request: pb.OutputTokensRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LifecycleResponse:
+        known = self.group.output_tokens(request.request_id, request.tokens, max(1, request.sequences))
+        return pb.LifecycleResponse(known=known)
 
     async def PotentialLoads(
         self, request: pb.PotentialLoadsRequest, context: grpc.aio.ServicerContext

@@ -261,9 +261,16 @@ class LocalGroup:
     def add_output_tokens(self, model: str, request_id: str, count: int, sequences: int) -> None:
         """Generated tokens of a tracked request: its worker's router adds output blocks (when
         --router-track-output-blocks is on; a disaggregated request's are its decode worker's)."""
+        self.output_tokens(request_id, count, sequences)
+
+    def output_tokens(self, request_id: str, count: int, sequences: int) -> bool:
+        """`add_output_tokens` for the group API (a remote owner's AddOutputTokens): False if the
+        request is not tracked here (any more)."""
         routed = self._tracked.get(request_id)
-        if routed is not None:
-            self.pools[routed.model].router.add_output_tokens(request_id, count, sequences=sequences)
+        if routed is None:
+            return False
+        self.pools[routed.model].router.add_output_tokens(request_id, count, sequences=sequences)
+        return True
 
     def free(self, model: str, request_id: str) -> None:
         self.finish(request_id)

@@ -342,6 +342,7 @@ class EndpointPicker:
             expected_output_tokens=_expected_output(request),
             restrictions=tuple(tuple(r) for r in restrictions) if restrictions else None,
             isl=None if tokens is not None else isl,
+            sequences=request.n,
         )
         request_id = self._request_id(client_request_id)
         pinned: tuple[str, Worker] | None = None

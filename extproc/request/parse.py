@@ -21,6 +21,8 @@ Decisions:
   because no tokenizer can encode them.
 - `null` means "absent" for optional fields, as in the OpenAI schema.
 - `lora_name` stays None: vLLM serves LoRA adapters as model names, so `model` already identifies them.
+- `n` (choices to generate, vLLM's for chat and completions) must be an integer in [1, 128] (Dynamo's
+  frontend's bounds): the router counts the request's decode load as `n` sequences sharing one prefill.
 - `cache_salt` (vLLM's and SGLang's request field) must be a non-empty string when present, as vLLM
   requires: a salted prompt only reuses blocks stored under the same salt, so its block hashes are
   seeded with it (Dynamo's `cache_namespace`).
@@ -42,6 +44,7 @@ CHAT_PATH: Final = "/v1/chat/completions"
 COMPLETIONS_PATH: Final = "/v1/completions"
 ROUTABLE_PATHS: Final = frozenset({CHAT_PATH, COMPLETIONS_PATH})
 MAX_TOKEN_ID: Final = 2**32 - 1  # token ids are u32 everywhere downstream (block hashing, events)
+MAX_CHOICES: Final = 128  # `n`: Dynamo's frontend accepts 1..128 (its validate.rs MAX_N)
 
 _UNRESERVED: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
@@ -81,6 +84,7 @@ class ParsedRequest:
     continue_final_message: bool = False  # vLLM: render the last (assistant) message open-ended
     stream: bool = False
     max_tokens: int | None = None  # max_completion_tokens, else max_tokens
+    n: int = 1  # choices generated from the one prompt: decoding sequences sharing its prefill
     session_id: str | None = None  # nvext.session_control.session_id
     session_action: str | None = None  # nvext.session_control.action, e.g. "close"
     agent_hints: Mapping[str, Any] = field(default_factory=_empty_mapping)  # known keys type-checked
@@ -232,6 +236,7 @@ def _parse_common(obj: dict[str, Any]) -> dict[str, Any]:
     add_special_tokens = obj.get("add_special_tokens")
     if add_special_tokens is not None and not isinstance(add_special_tokens, bool):
         _invalid("add_special_tokens", add_special_tokens, "a boolean")
+    n = _opt_int(obj, "n", "n", 1, MAX_CHOICES)
     truncation_side = _opt_str(obj, "truncation_side", "truncation_side")
     if truncation_side not in (None, "left", "right"):
         raise RequestInvalid('truncation_side must be "left" or "right"')
@@ -243,6 +248,7 @@ def _parse_common(obj: dict[str, Any]) -> dict[str, Any]:
         "stream": _opt_bool(obj, "stream", "stream", False),
         # vLLM's precedence: max_completion_tokens wins over the deprecated max_tokens.
         "max_tokens": max_completion_tokens if max_completion_tokens is not None else max_tokens,
+        "n": 1 if n is None else n,
         "session_id": _opt_str(session, "session_id", "nvext.session_control.session_id"),
         "session_action": _opt_str(session, "action", "nvext.session_control.action"),
         "agent_hints": MappingProxyType(hints),

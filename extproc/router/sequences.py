@@ -49,7 +49,7 @@ _NOBODY = Worker("\0no worker")  # never registered: what `shared_timing` asks t
 class _Request:
     worker: Worker
     block_keys: tuple[int, ...]
-    own_blocks: int  # blocks never shared: the partial tail, or all blocks without KV reuse
+    own_blocks: int  # blocks never shared: the partial tail, or all blocks without KV reuse (x sequences)
     prefill_tokens: int
     isl: int
     expected_output_tokens: int | None
@@ -165,7 +165,7 @@ class ActiveSequences:
         return prefill, load.decode_blocks + new
 
     def potential_load(
-        self, worker: Worker, block_keys: Sequence[int], isl: int, overlap_blocks: int
+        self, worker: Worker, block_keys: Sequence[int], isl: int, overlap_blocks: float
     ) -> WorkerLoad:
         """The load `worker` would carry with this request, as the cost function reads it.
 
@@ -180,7 +180,7 @@ class ActiveSequences:
         """
         if not self._timed:
             active_prefill, decode = self.potential(worker, block_keys, isl)
-            uncached = max(0, isl - overlap_blocks * self.block_size)
+            uncached = max(0, isl - round(overlap_blocks * self.block_size))  # credited tiers: fractional
             return WorkerLoad(worker, active_prefill + uncached, decode, overlap_blocks)
         load = self._loads.get(worker)
         new = self.new_blocks(worker, block_keys, isl)
@@ -265,7 +265,7 @@ class ActiveSequences:
         worker: Worker,
         block_keys: Sequence[int],
         isl: int,
-        overlap_blocks: int,
+        overlap_blocks: float,
         new_blocks: int,
         load: _WorkerLoad | None,
         now_ms: float,
@@ -282,7 +282,7 @@ class ActiveSequences:
         return estimate(
             timing,
             self._timelines.get(worker),
-            max(1, isl - cached * bs),
+            max(1, isl - round(cached * bs)),
             decoding=decoding,
             kv_usage=usage,
             now_ms=now_ms,
@@ -300,23 +300,30 @@ class ActiveSequences:
         worker: Worker,
         block_keys: Sequence[int],
         isl: int,
-        overlap_blocks: int,
+        overlap_blocks: float,
         *,
         expected_output_tokens: int | None = None,
         learn: bool = True,
+        sequences: int = 1,
     ) -> bool:
         """Track a routed request; False (and no change) if the id is already tracked.
+
+        `sequences`: the decoding sequences the prompt starts (the request's `n`): its prompt is
+        computed once (prefill tokens count once), and each sequence holds its own partial last
+        block, every prompt block without KV reuse assumed, and its own output blocks.
 
         `learn`: its first token teaches the timing model its worker's speed (False for a request
         another replica routed, whose decision time is known here only after the sync lag)."""
         if request_id in self._requests:
             return False
-        prefill = max(0, isl - overlap_blocks * self.block_size) if self.track_prefill_tokens else 0
+        prefill = max(0, isl - round(overlap_blocks * self.block_size)) if self.track_prefill_tokens else 0
         keys = tuple(block_keys) if self.track_active_blocks and self.assume_kv_reuse else ()
         own = 0
+        n = max(1, sequences)
         if self.track_active_blocks:
             own = (1 if isl % self.block_size else 0) + (0 if self.assume_kv_reuse else len(block_keys))
-        request = _Request(worker, keys, own, prefill, isl, expected_output_tokens)
+            own *= n
+        request = _Request(worker, keys, own, prefill, isl, expected_output_tokens, sequences=n)
         if self._aic and prefill > 0:
             self._admit_aic(request, request_id, learn=learn)
         if self._timed:
@@ -404,18 +411,25 @@ class ActiveSequences:
             del self._timelines[worker]
 
     def add_output_tokens(self, request_id: str, count: int, *, sequences: int = 1) -> None:
-        """Record `count` generated tokens per sequence (output-block tracking only).
+        """Record `count` generated tokens per sequence (counted with output-block tracking only).
 
-        `sequences`: how many sequences the request generates (its `n`); each holds its own output
-        blocks, so the placeholder blocks are `sequences` times one sequence's. It only grows.
+        `sequences`: how many sequences the request generates (its `n`, from the request or as the
+        response shows it; it only grows). Each holds its own blocks past the shared prompt (`_own`),
+        and its own output blocks, so the placeholder blocks are `sequences` times one sequence's.
         The decay toward `expected_output_tokens` reads one sequence's progress."""
         request = self._requests.get(request_id)
-        if request is None or not self.track_output_blocks or not self.track_active_blocks:
+        if request is None:
             return
-        if count <= 0 and sequences <= request.sequences:
+        grown = sequences > request.sequences
+        if grown:
+            own = request.own_blocks // request.sequences * sequences
+            self._loads[request.worker].own_blocks += own - request.own_blocks
+            request.own_blocks, request.sequences = own, sequences
+        if not self.track_output_blocks or not self.track_active_blocks or (count <= 0 and not grown):
+            if grown and self.on_load_change is not None:
+                self.on_load_change(request.worker)
             return
         request.output_tokens += max(0, count)
-        request.sequences = max(request.sequences, sequences)
         bs = self.block_size
         blocks = (request.isl + request.output_tokens) // bs - request.isl // bs
         weight = float(blocks * request.sequences)

@@ -253,3 +253,61 @@ async def test_an_invalid_request_is_refused_before_any_group_is_asked(mode, clo
     with pytest.raises(PickerError):
         await pick(setup.top, b"{not json", "bad")
     assert setup.top.selector.metrics.outcomes["routed"] == 0
+
+
+async def test_generated_tokens_add_output_blocks_in_the_group_that_serves_the_request(mode, closing):
+    """--router-track-output-blocks: the owner's generated-token counts reach the group's router,
+    coalesced (a remote group gets at most one call in flight per request), and the free takes the
+    output blocks back."""
+    track = {"router_track_output_blocks": True}
+    setup = await build(mode, group_config("o", 2, **track), **track)
+    closing.append(setup)
+    chosen = await pick(setup.top, chat(LONG, n=2), "r1")
+    setup.top.answered(chosen, 200)
+    setup.top.first_token(chosen)
+    await setup.settle()
+    router = setup.group.pools[MODEL].router
+    worker = chosen.worker
+    before = router.sequences.decode_blocks(worker)
+    for _ in range(40):  # 40 chunks of 4 tokens per sequence: 160 tokens = 10 blocks of 16, twice (n=2)
+        setup.top.output_tokens(chosen, 4, 2)
+    await setup.settle()
+    assert router.sequences.decode_blocks(worker) - before == pytest.approx(20, abs=2)
+    setup.top.finish(chosen, "complete")
+    await setup.settle()
+    assert router.sequences.decode_blocks(worker) == 0
+    assert group_idle(setup) and setup.top.is_idle()
+
+
+async def test_a_group_that_does_not_serve_output_tokens_is_asked_once(closing, monkeypatch, caplog):
+    """An older picker's group API has no AddOutputTokens (gRPC answers UNIMPLEMENTED): the owner
+    says so once and stops sending (the calls already on their way, one per request, are all there
+    is); the requests' lifecycle is unaffected."""
+    import grpc
+
+    from extproc.groups.servicer import RouterGroupServicer
+
+    asked: list[str] = []
+
+    async def unimplemented(self, request, context):
+        asked.append(request.request_id)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+
+    monkeypatch.setattr(RouterGroupServicer, "AddOutputTokens", unimplemented)
+    track = {"router_track_output_blocks": True}
+    setup = await build("remote", group_config("u", 2, **track), **track)
+    closing.append(setup)
+    chosen = [await pick(setup.top, chat(f"{i} {LONG}"), f"r{i}") for i in range(2)]
+    for p in chosen:
+        setup.top.answered(p, 200)
+        setup.top.first_token(p)
+    for _ in range(5):
+        for p in chosen:
+            setup.top.output_tokens(p, 16, 1)
+        await setup.settle()
+    assert sorted(asked) == ["r0", "r1"]
+    assert len([r for r in caplog.records if "does not serve AddOutputTokens" in r.getMessage()]) == 1
+    for p in chosen:
+        setup.top.finish(p, "complete")
+    await setup.settle()
+    assert group_idle(setup) and setup.top.is_idle()

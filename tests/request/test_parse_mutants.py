@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from extproc.epp import answers as epp
 from extproc.errors import RequestInvalid
 from extproc.request.parse import normalize_path, parse_openai_body
 
@@ -240,3 +241,27 @@ def test_fields_for_the_engines_tokenizer_are_parsed(fields, attribute, expected
 def test_the_largest_integers_in_range_are_accepted_and_one_more_is_not():
     assert "priority must be an integer in" in message_of(chat(nvext={"agent_hints": {"priority": 2**31}}))
     assert "osl must be an integer in" in message_of(chat(nvext={"agent_hints": {"osl": 2**32}}))
+
+
+# --- n: choices generated from one prompt (the router counts n decoding sequences) ------------------------
+
+
+@pytest.mark.parametrize("make, path", [(chat, CHAT), (completion, COMPLETIONS)])
+@pytest.mark.parametrize(("value", "expected"), [(1, 1), (2, 2), (128, 128), (None, 1)])
+def test_n_is_read_for_chat_and_completions(make, path, value, expected):
+    assert parse(make(n=value), path).n == expected
+    assert parse(make(), path).n == 1  # absent: one choice
+
+
+@pytest.mark.parametrize(
+    ("value", "sent"),
+    [(0, "the number 0"), (129, "the number 129"), (-1, "the number -1"), (2.0, "the number 2.0"),
+     (True, "a boolean"), ("2", "a string"), ([2], "an array")],
+)  # fmt: skip
+def test_an_n_out_of_bounds_or_not_an_integer_is_a_400_naming_it(value, sent):
+    for body, path in ((chat(n=value), CHAT), (completion(n=value), COMPLETIONS)):
+        with pytest.raises(RequestInvalid) as caught:
+            parse(body, path)
+        assert caught.value.message == f"n must be an integer in [1, 128], not {sent}"
+        assert epp.status_of(caught.value) == (400, "invalid-request")
+        assert json.loads(epp.error_answer(caught.value).immediate_response.body)["error"]["code"] == 400

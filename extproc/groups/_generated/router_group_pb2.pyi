@@ -149,6 +149,18 @@ class LifecycleResponse(_message.Message):
     known: bool
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
+class OutputTokensRequest(_message.Message):
+    __slots__ = ("model", "request_id", "tokens", "sequences")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    request_id: str
+    tokens: int
+    sequences: int
+    def __init__(self, model: _Optional[str] = ..., request_id: _Optional[str] = ..., tokens: _Optional[int] = ..., sequences: _Optional[int] = ...) -> None: ...
+
 class PotentialLoadsRequest(_message.Message):
     __slots__ = ("request",)
     REQUEST_FIELD_NUMBER: _ClassVar[int]

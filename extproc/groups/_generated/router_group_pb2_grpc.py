@@ -64,6 +64,11 @@ class RouterGroupStub:
                 request_serializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewRequest.SerializeToString,
                 response_deserializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewResponse.FromString,
                 _registered_method=True)
+        self.AddOutputTokens = channel.unary_unary(
+                '/extproc.groups.v1.RouterGroup/AddOutputTokens',
+                request_serializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.OutputTokensRequest.SerializeToString,
+                response_deserializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.LifecycleResponse.FromString,
+                _registered_method=True)
 
 
 class RouterGroupServicer:
@@ -111,6 +116,15 @@ class RouterGroupServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddOutputTokens(self, request, context):
+        """More tokens generated (--router-track-output-blocks): the group's router adds output blocks.
+        Coalesced by the caller (at most one call in flight per request); an older group answers
+        UNIMPLEMENTED and is not asked again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterGroupServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +157,11 @@ def add_RouterGroupServicer_to_server(servicer, server):
                     servicer.Renew,
                     request_deserializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewRequest.FromString,
                     response_serializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewResponse.SerializeToString,
+            ),
+            'AddOutputTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddOutputTokens,
+                    request_deserializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.OutputTokensRequest.FromString,
+                    response_serializer=extproc_dot_groups_dot___generated_dot_router__group__pb2.LifecycleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +326,33 @@ class RouterGroup:
             '/extproc.groups.v1.RouterGroup/Renew',
             extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewRequest.SerializeToString,
             extproc_dot_groups_dot___generated_dot_router__group__pb2.RenewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddOutputTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/extproc.groups.v1.RouterGroup/AddOutputTokens',
+            extproc_dot_groups_dot___generated_dot_router__group__pb2.OutputTokensRequest.SerializeToString,
+            extproc_dot_groups_dot___generated_dot_router__group__pb2.LifecycleResponse.FromString,
             options,
             channel_credentials,
             insecure,
