@@ -196,8 +196,8 @@ class RemoteGroup:
         go in the next one, so a stream of chunks costs at most one call in flight per request. Not
         retried (the free settles the load anyway); a group that does not serve the call (an older
         picker: UNIMPLEMENTED) is not asked again. The group's own --router-track-output-blocks
-        decides whether its router counts them."""
-        if request_id not in self._live or not self._sends_output_tokens or count <= 0:
+        decides whether its router counts them; more sequences (the request's `n`) count without it."""
+        if request_id not in self._live or not self._sends_output_tokens or (count <= 0 and sequences <= 1):
             return
         pending = self._output_pending.get(request_id)
         if pending is not None:

@@ -36,7 +36,6 @@ class GroupRequest:
     expected_output_tokens: int | None = None
     restrictions: tuple[tuple[str, ...], ...] | None = None
     isl: int | None = None
-    sequences: int = 1  # the request's `n`: decoding sequences sharing its prefill (local groups count them)
 
     @property
     def input_tokens(self) -> int:

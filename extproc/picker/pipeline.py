@@ -342,7 +342,6 @@ class EndpointPicker:
             expected_output_tokens=_expected_output(request),
             restrictions=tuple(tuple(r) for r in restrictions) if restrictions else None,
             isl=None if tokens is not None else isl,
-            sequences=request.n,
         )
         request_id = self._request_id(client_request_id)
         pinned: tuple[str, Worker] | None = None
@@ -379,6 +378,8 @@ class EndpointPicker:
                 undo=lambda _: self.selector.finish(request_id, "its client left the queue"),
             )
         timings["queue"] = int(waited_s * 1e9)
+        if request.n > 1:  # n sequences decode from the one prompt, each holding its own blocks (any group)
+            self.selector.output_tokens(request_id, 0, request.n)
         if decision.timings_ns:
             timings.update(decision.timings_ns)
         else:
