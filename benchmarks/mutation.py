@@ -717,7 +717,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "the error's text",
         ),
         "xǁSessionPinsǁpin__mutmut_8": (
-            "self._pins.popitem(last=None)",
+            "self._dropped(*self._pins.popitem(last=None))",
             "same-value",
             "popitem reads last for its truth: None pops the oldest as False does",
         ),

@@ -167,3 +167,15 @@ def test_a_pin_with_an_open_worker_session_reports_every_way_it_leaves_but_close
         ("lapses", "10.0.0.1:8000"), ("moves", "10.0.0.1:8000"), ("moves", "10.0.0.2:8000"),
         ("gone", "10.0.0.2:8000"),
     ]  # fmt: skip
+
+
+def test_a_moved_pin_is_not_opened_on_its_new_worker_until_marked() -> None:
+    left: list[tuple[str, str]] = []
+    pins = SessionPins(ttl_s=10.0, on_drop=lambda sid, endpoint: left.append((sid, endpoint)))
+    pins.pin("s", W0, 0.0)
+    pins.mark_opened("s", "10.0.0.1:8000")
+    pins.pin("s", W1, 1.0)  # moved: the old worker's session is told once
+    assert left == [("s", "10.0.0.1:8000")]
+    assert pins.get_pin("s", 1.0).opened_on is None
+    pins.expire(11.0)  # the new worker never opened it: nothing more to close
+    assert left == [("s", "10.0.0.1:8000")]
