@@ -23,12 +23,15 @@ hash (`extproc.router.hashing`, LoRA name and cache salt included) and is used a
 the engine's own id. `start_position` and `mm_extra_info` are ignored (a multimodal block's
 `tokens_hash` covers its media too, so only a request hashed the same way can match it).
 
-Only `storage_tier: "device"` blocks of `residency_domain: "worker"` (or without these keys) are the
-engine's GPU prefix cache. Events of other tiers or domains still carry an event id of the same
-per-publisher sequence, so they are decoded as `PlaneEvent`s without an event: the subscriber checks
-their id for gaps and applies nothing (counted `dynamo.other_tier`, `dynamo.other_domain`, as vLLM's
-other media are). A data variant other than stored, removed and cleared is kept the same way (counted
-loudly, `dynamo.unknown_variant`).
+`storage_tier: "device"` blocks of `residency_domain: "worker"` (or without these keys) are the
+engine's GPU prefix cache. The lower tiers Dynamo names (`host_pinned`, `disk`, `external`: KVBM's and
+vLLM's offloaded copies) decode into events of that tier, which the router indexes apart and credits
+less (`extproc.router.tiers`; counted `dynamo.other_tier` and `dynamo.tier_event`). Events of an
+unknown tier or of another residency domain still carry an event id of the same per-publisher
+sequence, so they are decoded as `PlaneEvent`s without an event: the subscriber checks their id for
+gaps and applies nothing (counted `dynamo.other_tier` with `dynamo.unknown_tier`, and
+`dynamo.other_domain`). A data variant other than stored, removed and cleared is kept the same way
+(counted loudly, `dynamo.unknown_variant`).
 
 Decoding never raises: a message that is not such an envelope is counted loudly (`dynamo.malformed`,
 `dynamo.unknown_topic`) and dropped; a malformed RouterEvent in a payload is dropped alone (its lost id
@@ -39,7 +42,7 @@ shows as a gap at that worker's next event). RouterEvents share their shape with
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -51,6 +54,7 @@ from extproc.events.dynamo_json import (
     router_event_data,
     router_event_header,
 )
+from extproc.router.tiers import tier_of_name
 from extproc.router.types import KvEvent, Worker, WorkerId
 
 TOPIC = "kv-events"  # the envelope's topic, also the subject's last token
@@ -84,8 +88,8 @@ def decode_envelope(
 
     Worker ids go through `worker_id_of` (the wire's u64 to the picker's worker id), as in
     `dynamo_json.decode_event`. Counter keys: `dynamo.event` (a device event decoded),
-    `dynamo.other_tier`, `dynamo.other_domain`, and loudly `dynamo.malformed`,
-    `dynamo.unknown_topic`, `dynamo.unknown_variant`.
+    `dynamo.other_tier` (with `dynamo.tier_event` or `dynamo.unknown_tier`), `dynamo.other_domain`,
+    and loudly `dynamo.malformed`, `dynamo.unknown_topic`, `dynamo.unknown_variant`.
     """
     try:
         envelope = msgpack.unpackb(data, raw=False)
@@ -148,11 +152,16 @@ def _router_event(raw: Any, counters: EventCounters, worker_id_of: Callable[[int
     if event is None:
         count_unknown_variant(counters, worker, payload)
         return PlaneEvent(worker, event_id, None)
-    if tier != DEVICE_TIER:
-        counters.add("dynamo.other_tier")
-        return PlaneEvent(worker, event_id, None)
     if domain != WORKER_DOMAIN:
         counters.add("dynamo.other_domain")
         return PlaneEvent(worker, event_id, None)
+    if tier != DEVICE_TIER:
+        counters.add("dynamo.other_tier")
+        known = tier_of_name(tier)
+        if known is None:
+            counters.add("dynamo.unknown_tier")
+            return PlaneEvent(worker, event_id, None)
+        counters.add("dynamo.tier_event")
+        return PlaneEvent(worker, event_id, replace(event, tier=known))
     counters.add("dynamo.event")
     return PlaneEvent(worker, event_id, event)

@@ -41,8 +41,9 @@ Wire facts
   `to_event_extra_keys`): in order the LoRA name (when `lora_name` is set), `(mm_identifier,
   offset)` pairs, the salt (only in the block with start_token_idx 0), prompt-embeds digests
   (bytes). SGLang sends `cache_salt` on every BlockStored.
-- Media: vLLM "GPU", "CPU", "STORAGE" (offload tiers); SGLang "GPU", "CPU_PINNED", "DISK",
-  "EXTERNAL" (`StorageMedium`).
+- Media: vLLM "GPU", "CPU", "STORAGE" (offload tiers: `MEDIUM_CPU`, `MEDIUM_STORAGE` of its
+  offloading connector, v1/kv_offload and kv_connector/v1/offloading/events.py); SGLang "GPU",
+  "CPU_PINNED", "DISK", "EXTERNAL" (`StorageMedium`).
 
 What the picker makes of it (decisions)
 
@@ -68,11 +69,19 @@ What the picker makes of it (decisions)
   are taken out of removals (the router never held them). A genuine block-size mismatch (a
   larger block size, or a small one that is not one partial block) stays a loud
   `vllm.block_size_mismatch`.
-- Only the GPU tier (medium "GPU" or absent), KV cache group 0, full or MLA attention specs
-  (`kv_cache_spec_kind` absent, "full_attention", "mla_attention") and local blocks (`locality`
-  absent or "LOCAL") are routable; the rest is counted (`vllm.other_medium`,
-  `vllm.other_kv_group`, `vllm.other_kv_spec`, `vllm.remote_block`) and ignored. Engines give the
-  same content the same id in every tier and group, so none of it touches the decoder's maps.
+- Tiers: medium "GPU" (or absent) is the device tier; the offload media are lower tiers
+  (`extproc.router.tiers.tier_of_medium`, Dynamo's mapping: vLLM "CPU" and SGLang "CPU_PINNED" are
+  host_pinned, "STORAGE"/"DISK" disk, "EXTERNAL" external) and decode into events of that tier,
+  which the router indexes apart and credits less (counted `vllm.other_medium` as before, and
+  `vllm.tier_event`); an unknown medium is counted (`vllm.unknown_medium`) and ignored. vLLM's
+  offloading connector sends a chunk without its payload (no token ids, `block_size` 0) unless
+  `self_describing_kv_events` is on: such a store cannot be indexed and is counted
+  (`vllm.tier_placeholder`). Engines give the same content the same id in every tier, so a lower
+  tier's removal leaves the decoder's salt and lineage maps to the device copy.
+- Only KV cache group 0, full or MLA attention specs (`kv_cache_spec_kind` absent,
+  "full_attention", "mla_attention") and local blocks (`locality` absent or "LOCAL") are routable;
+  the rest is counted (`vllm.other_kv_group`, `vllm.other_kv_spec`, `vllm.remote_block`) and
+  ignored.
 - Lookahead hashing (vLLM `num_hash_lookahead_tokens`, for EAGLE drafters; SGLang bigram keys):
   the engine's block also depends on the next token(s). The block is indexed by its own tokens
   (counted `vllm.lookahead_block`, `vllm.bigram_page`): a match can be over-estimated by at most
@@ -99,10 +108,19 @@ import msgpack
 
 from extproc.events.counters import EventCounters
 from extproc.router.hashing import compute_block_hashes
-from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, KvEvent, StoredBlock, Worker
+from extproc.router.tiers import tier_of_medium
+from extproc.router.types import (
+    DEVICE_TIER,
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    KvEvent,
+    StoredBlock,
+    Worker,
+)
 
 MASK64 = (1 << 64) - 1
-MEDIUM_GPU = "GPU"  # the only routable tier; vLLM "CPU"/"STORAGE", SGLang "CPU_PINNED"/"DISK"/"EXTERNAL"
+MEDIUM_GPU = "GPU"  # the device tier; vLLM "CPU"/"STORAGE", SGLang "CPU_PINNED"/"DISK"/... lower ones
 ROUTABLE_SPEC_KINDS = frozenset({"full_attention", "mla_attention"})  # vLLM KVCacheSpecKind values
 LOCAL = "LOCAL"
 END_SEQ = -1  # the replay socket's end-of-replay marker, as a signed 8-byte big-endian seq
@@ -377,24 +395,32 @@ class VllmEventDecoder:
         self.counters.loud("vllm.unknown_event", "unknown KV event type %r ignored", tag)
         return None
 
-    def _routable(self, fields: Mapping[str, Any]) -> bool:
-        """The GPU tier, KV cache group 0, full attention and local blocks; the rest is counted."""
+    def _routable(self, fields: Mapping[str, Any]) -> str | None:
+        """The tier of a routable event (KV cache group 0, full attention, local blocks of a known
+        medium); None for the rest, counted."""
         medium = fields.get("medium")
+        tier = DEVICE_TIER
         if medium is not None and (not isinstance(medium, str) or medium.upper() != MEDIUM_GPU):
             self.counters.add("vllm.other_medium")
-            return False
+            known = tier_of_medium(medium) if isinstance(medium, str) else None
+            if known is None:
+                self.counters.add("vllm.unknown_medium")
+                return None
+            tier = known
         if fields.get("group_idx") not in (None, 0):
             self.counters.add("vllm.other_kv_group")
-            return False
+            return None
         kind = fields.get("kv_cache_spec_kind")
         if kind is not None and (not isinstance(kind, str) or kind not in ROUTABLE_SPEC_KINDS):
             self.counters.add("vllm.other_kv_spec")
-            return False
+            return None
         locality = fields.get("locality")
         if locality is not None and locality != LOCAL:
             self.counters.add("vllm.remote_block")
-            return False
-        return True
+            return None
+        if tier != DEVICE_TIER:
+            self.counters.add("vllm.tier_event")
+        return tier
 
     def _hashes(self, value: Any, what: str) -> list[int]:
         if not isinstance(value, list | tuple):
@@ -428,7 +454,11 @@ class VllmEventDecoder:
             self._unindexed.put(engine_id, lineage)
 
     def _stored(self, fields: Mapping[str, Any], worker: Worker) -> BlocksStored | None:
-        if not self._routable(fields):
+        tier = self._routable(fields)
+        if tier is None:
+            return None
+        if tier != DEVICE_TIER and (not fields.get("token_ids") or not fields.get("block_size")):
+            self.counters.add("vllm.tier_placeholder")  # an offloaded chunk's id alone: no tokens
             return None
         ids = self._hashes(fields.get("block_hashes"), "BlockStored.block_hashes")
         parent_raw = fields.get("parent_block_hash")
@@ -471,7 +501,7 @@ class VllmEventDecoder:
             raise self._malformed("BlockStored.token_ids: %s", exc) from None
         if fields.get("lookahead_token_ids") is not None:
             self.counters.add("vllm.lookahead_block", indexed)
-        return BlocksStored(worker, self._remember(ids[:indexed], local, salt), parent)
+        return BlocksStored(worker, self._remember(ids[:indexed], local, salt), parent, tier=tier)
 
     def _tokens(self, value: Any) -> list[Any]:
         """Token ids; SGLang's bigram pages send `(token, next token)` pairs: their first elements."""
@@ -588,21 +618,25 @@ class VllmEventDecoder:
         return tuple(StoredBlock(e, h) for e, h in zip(ids, local, strict=False))
 
     def _removed(self, fields: Mapping[str, Any], worker: Worker) -> BlocksRemoved | None:
-        if not self._routable(fields):
+        tier = self._routable(fields)
+        if tier is None:
             return None
         ids = self._hashes(fields.get("block_hashes"), "BlockRemoved.block_hashes")
         salts, unindexed = self._salts.items, self._unindexed.items
+        device = tier == DEVICE_TIER  # a lower tier's copy going leaves the maps to the device copy
         kept = []
         for engine_id in ids:
-            if salts:
+            if salts and device:
                 salts.pop(engine_id, None)
-            if unindexed and unindexed.pop(engine_id, None) is not None:
+            if unindexed and engine_id in unindexed:
+                if device:
+                    del unindexed[engine_id]
                 continue  # never indexed: the router does not hold it
             kept.append(engine_id)
         if not kept and ids:
             self.counters.add("vllm.unindexed_removal")
             return None
-        return BlocksRemoved(worker, tuple(kept))
+        return BlocksRemoved(worker, tuple(kept), tier=tier)
 
 
 # --- encoding (what the engines' publishers send) ----------------------------------------------

@@ -74,6 +74,10 @@ class RouterConfig:
     # elsewhere; extproc/router/pass_time.py). On by default since the fleet-pooled estimate (issue 24)
     learn_prefill_timing: bool = True
     cuda_to_cpu_ratio: float = 8.0  # device-aware-weighted: one accelerator worker's share per cpu worker's
+    # tiered KV (extproc/router/tiers.py): the credit of a block offloaded to host memory, or to disk or
+    # an external store, as a fraction of a device block's (Dynamo's defaults)
+    host_cache_hit_weight: float = 0.75
+    disk_cache_hit_weight: float = 0.25
     log_formula: bool = False
 
     def __post_init__(self) -> None:
@@ -118,6 +122,9 @@ class RouterConfig:
             self.cuda_to_cpu_ratio,
             "a number > 0",
         )
+        for name in ("host_cache_hit_weight", "disk_cache_hit_weight"):
+            weight = getattr(self, name)
+            _check(_finite(weight) and 0 <= weight <= 1, name, weight, "a fraction in [0, 1]")
         _check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "seconds > 0")
         _check(
             self.router_max_tree_size >= 1,

@@ -23,12 +23,12 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from extproc.router.approx import ApproxIndexer, is_predicted_id
-from extproc.router.config import PrefillLoadModel, RouterConfig, RouterConfigOverride, RouterMode
+from extproc.router.config import RouterConfig, RouterConfigOverride, RouterMode
 from extproc.router.device_share import device_class_candidates
 from extproc.router.errors import AllWorkersBusy, InvalidConfig, NoWorkers, PinnedWorkerUnavailable
 from extproc.router.hashing import TokenIds, compute_block_hashes, compute_sequence_hashes
@@ -36,9 +36,11 @@ from extproc.router.load_order import LoadOrder, TimedLoadOrder
 from extproc.router.prefill_model import PrefillTiming
 from extproc.router.radix import OverlapScores, RadixTree
 from extproc.router.reported import ReportedLoad, ReportedLoads
-from extproc.router.selection import compute_costs, is_busy, pick
+from extproc.router.selection import compute_costs, cost_weight, is_busy, pick
 from extproc.router.sequences import ActiveSequences
+from extproc.router.tiers import LowerTiers, TierMatch
 from extproc.router.types import (
+    DEVICE_TIER,
     BlocksRemoved,
     BlocksStored,
     Decision,
@@ -79,6 +81,7 @@ class KvRouter:
         self._rng = rng or random.Random()
         cfg = self.config
         self.indexer = RadixTree()
+        self.tiers = LowerTiers()  # offloaded blocks, per lower tier (extproc.router.tiers)
         self.approx = ApproxIndexer(
             self.indexer,
             ttl_s=cfg.router_ttl_secs,
@@ -138,6 +141,7 @@ class KvRouter:
 
     def _forget(self, worker: Worker) -> list[str]:
         self.indexer.remove_worker(worker)
+        self.tiers.clear_worker(worker)
         self.approx.remove_worker(worker)
         self._event_fed.discard(worker)
         self.reported.drop(worker)
@@ -159,7 +163,7 @@ class KvRouter:
         """
         if feeds and event.worker not in self._event_fed and self.config.use_kv_events:
             self.set_event_fed(event.worker, True)
-        return self.indexer.apply_event(event)
+        return self.indexer.apply_event(event) if event.tier == DEVICE_TIER else self.tiers.apply_event(event)
 
     def set_event_fed(self, worker: Worker, fed: bool) -> None:
         """Switch where `worker`'s cache state comes from.
@@ -202,8 +206,9 @@ class KvRouter:
         )
 
     def reset_worker_cache(self, worker: Worker) -> None:
-        """Forget every block known for `worker`, real or predicted (a full replay follows)."""
+        """Forget every block known for `worker`, real or predicted, in every tier (a full replay follows)."""
         self.indexer.clear_worker(worker)
+        self.tiers.clear_worker(worker)
         self.approx.remove_worker(worker)
 
     def dump_events(self, *, include_predicted: bool = False) -> list[KvEvent]:
@@ -296,12 +301,13 @@ class KvRouter:
                 cfg, candidates, pinned_worker, preferred_worker, block_keys, isl, overlaps, request_id
             )
 
-        overlap = overlaps.get(worker, 0)
+        overlap = overlaps.get(worker, 0)  # credited (device and lower tiers): the tracked prefill's
         if request_id is not None:
             self._track(request_id, worker, local_hashes, block_keys, isl, overlap, expected_output_tokens)
-        best = self._best_overlap(overlaps, candidates, allowed_workers is None)
+        device = overlaps.device if isinstance(overlaps, TierMatch) else overlaps
+        best = self._best_overlap(device, candidates, allowed_workers is None)
         t2 = timer() if timer is not None else 0
-        return Decision(worker, overlap, len(local_hashes), costs, cost, best, t1 - t0, t2 - t1)
+        return Decision(worker, device.get(worker, 0), len(local_hashes), costs, cost, best, t1 - t0, t2 - t1)
 
     def _full_scan(
         self,
@@ -311,7 +317,7 @@ class KvRouter:
         preferred_worker: Worker | WorkerId | None,
         block_keys: Sequence[int],
         isl: int,
-        overlaps: OverlapScores,
+        overlaps: Mapping[Worker, float],
         request_id: str | None,
     ) -> tuple[Worker, float, tuple[WorkerCost, ...]]:
         """Every candidate's load and cost, then the pick: (worker, cost, every cost evaluated)."""
@@ -338,7 +344,7 @@ class KvRouter:
 
         if cfg.mode in KV_RULES or len(eligible) == 1:
             loads = self._loads(eligible, block_keys, isl, overlaps)
-            weight = _cost_weight(cfg)
+            weight = cost_weight(cfg)
             worker_costs = compute_costs(loads, cfg.block_size, weight)
             chosen = pick(worker_costs, cfg.temperature, self._rng)
             if cfg.log_formula or log.isEnabledFor(logging.DEBUG):
@@ -422,10 +428,10 @@ class KvRouter:
             order.set_idle(rank)
         else:
             prefill_blocks = seqs.prefill_tokens(worker) / cfg.block_size
-            order.set_key(rank, _cost_weight(cfg) * prefill_blocks + seqs.decode_blocks(worker))
+            order.set_key(rank, cost_weight(cfg) * prefill_blocks + seqs.decode_blocks(worker))
 
     def _fast_choice(
-        self, cfg: RouterConfig, block_keys: Sequence[int], isl: int, overlaps: OverlapScores
+        self, cfg: RouterConfig, block_keys: Sequence[int], isl: int, overlaps: Mapping[Worker, float]
     ) -> tuple[WorkerCost, tuple[WorkerCost, ...]] | None:
         """The full scan's choice at temperature 0, visiting the workers that match the prompt, one
         idle worker and the loaded ones in load order while they can still tie the best cost.
@@ -445,7 +451,7 @@ class KvRouter:
         if not len(order):
             return None
         seqs = self.sequences
-        bs, weight = cfg.block_size, _cost_weight(cfg)
+        bs, weight = cfg.block_size, cost_weight(cfg)
         workers, rank = order.workers, order.rank
         matching = {rank[w] for w in overlaps if w in rank}
         if seqs.track_active_blocks and seqs.assume_kv_reuse:
@@ -571,7 +577,7 @@ class KvRouter:
             order.set_key(rank, (scale + dp / full_pass) * (1.0 - _BOUND_SLACK), None, None)
 
     def _timed_choice(
-        self, cfg: RouterConfig, block_keys: Sequence[int], isl: int, overlaps: OverlapScores
+        self, cfg: RouterConfig, block_keys: Sequence[int], isl: int, overlaps: Mapping[Worker, float]
     ) -> tuple[WorkerCost, tuple[WorkerCost, ...]] | None:
         """The full scan's choice at temperature 0 under the timing model: the matching workers, one
         worker per idle class and the keyed workers, both in bound order, while the bound (turned
@@ -591,7 +597,7 @@ class KvRouter:
         if not len(order):
             return None
         seqs = self.sequences
-        bs, weight = cfg.block_size, _cost_weight(cfg)
+        bs, weight = cfg.block_size, cost_weight(cfg)
         rank = order.rank
         matching = {rank[w] for w in overlaps if w in rank}
         if seqs.track_active_blocks and seqs.assume_kv_reuse:
@@ -704,7 +710,7 @@ class KvRouter:
         local_hashes: Sequence[int],
         block_keys: Sequence[int],
         isl: int,
-        overlap: int,
+        overlap: float,
         expected_output_tokens: int | None,
         *,
         learn: bool = True,
@@ -846,10 +852,16 @@ class KvRouter:
             return local_hashes  # only their count matters
         return compute_sequence_hashes(local_hashes)
 
-    def _overlaps(self, cfg: RouterConfig, local_hashes: Sequence[int]) -> OverlapScores:
+    def _overlaps(self, cfg: RouterConfig, local_hashes: Sequence[int]) -> OverlapScores | TierMatch:
+        """Each worker's cached blocks: the device tree's, credited with the lower tiers' when any."""
         if cfg.mode not in KV_RULES or cfg.overlap_score_weight == 0 or not local_hashes:
             return {}
-        return self.find_matches(local_hashes)
+        found, tiers = self.find_matches(local_hashes), self.tiers
+        if not tiers.active:
+            return found
+        return tiers.credit(
+            self.indexer, local_hashes, found, cfg.host_cache_hit_weight, cfg.disk_cache_hit_weight
+        )
 
     def _device_of(self, worker: Worker) -> str:
         return self._specs[worker.worker_id].device
@@ -874,7 +886,7 @@ class KvRouter:
         )
 
     def _loads(
-        self, workers: Sequence[Worker], block_keys: Sequence[int], isl: int, overlaps: OverlapScores
+        self, workers: Sequence[Worker], block_keys: Sequence[int], isl: int, overlaps: Mapping[Worker, float]
     ) -> list[WorkerLoad]:
         seqs = self.sequences  # the prefill load model decides how loads are counted
         return [seqs.potential_load(w, block_keys, isl, overlaps.get(w, 0)) for w in workers]
@@ -886,15 +898,3 @@ def _is(worker: Worker, ref: Worker | WorkerId) -> bool:
 
 def _worker_order(worker: Worker) -> tuple[str, str, int]:
     return (type(worker.worker_id).__name__, str(worker.worker_id), worker.dp_rank)
-
-
-def _cost_weight(cfg: RouterConfig) -> float:
-    """The weight of the prefill term in the cost. Under the timing model the prefill term is the
-    predicted time to first token, which already weighs cached blocks against every kind of load
-    (and the decode term is 0): a positive weight only scales every cost alike, and 0, Dynamo's
-    "pure load balancing, no indexer lookups", would make every cost 0 and the pick random. So at 0
-    the timing model keeps ranking by predicted time, without cache credit (no lookups are made)."""
-    weight = cfg.overlap_score_weight
-    if weight == 0 and cfg.prefill_load_model is PrefillLoadModel.TIMING:
-        return 1.0
-    return weight

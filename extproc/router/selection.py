@@ -14,6 +14,7 @@ import math
 import random
 from collections.abc import Sequence
 
+from extproc.router.config import PrefillLoadModel, RouterConfig
 from extproc.router.types import WorkerCost, WorkerLoad
 
 
@@ -27,6 +28,18 @@ def compute_costs(
         cost = overlap_score_weight * prefill_blocks + load.decode_blocks
         out.append(WorkerCost(load.worker, cost, prefill_blocks, load.decode_blocks, load.overlap_blocks))
     return out
+
+
+def cost_weight(cfg: RouterConfig) -> float:
+    """The weight of the prefill term in the cost. Under the timing model the prefill term is the
+    predicted time to first token, which already weighs cached blocks against every kind of load
+    (and the decode term is 0): a positive weight only scales every cost alike, and 0, Dynamo's
+    "pure load balancing, no indexer lookups", would make every cost 0 and the pick random. So at 0
+    the timing model keeps ranking by predicted time, without cache credit (no lookups are made)."""
+    weight = cfg.overlap_score_weight
+    if weight == 0 and cfg.prefill_load_model is PrefillLoadModel.TIMING:
+        return 1.0
+    return weight
 
 
 def softmax_probabilities(costs: Sequence[float], temperature: float) -> list[float]:

@@ -48,6 +48,14 @@ class WorkerSpec:
 
 # --- KV events (the only way indexer state changes) -------------------------------------------
 
+# Dynamo's StorageTier names (lib/kv-router protocols.rs, serde snake_case): where a block lives.
+# Device blocks are the engine's GPU prefix cache (the radix tree); the others are offloaded copies
+# (vLLM's CPU offloading, SGLang's HiCache, KVBM, LMCache), indexed apart (extproc/router/tiers.py).
+DEVICE_TIER = "device"
+HOST_PINNED_TIER = "host_pinned"
+DISK_TIER = "disk"
+EXTERNAL_TIER = "external"
+
 
 @dataclass(frozen=True, slots=True)
 class StoredBlock:
@@ -65,23 +73,26 @@ class BlocksStored:
     blocks: tuple[StoredBlock, ...]
     parent_hash: int | None = None
     event_id: int | None = None
+    tier: str = DEVICE_TIER  # a lower tier's blocks go to its own index, never into the device tree
 
 
 @dataclass(frozen=True, slots=True)
 class BlocksRemoved:
-    """Blocks an engine evicted, named by their engine ids."""
+    """Blocks an engine evicted from `tier`, named by their engine ids."""
 
     worker: Worker
     engine_hashes: tuple[int, ...]
     event_id: int | None = None
+    tier: str = DEVICE_TIER
 
 
 @dataclass(frozen=True, slots=True)
 class AllBlocksCleared:
-    """The engine dropped its whole prefix cache."""
+    """The engine dropped its whole prefix cache (of `tier`)."""
 
     worker: Worker
     event_id: int | None = None
+    tier: str = DEVICE_TIER
 
 
 KvEvent: TypeAlias = BlocksStored | BlocksRemoved | AllBlocksCleared
@@ -95,13 +106,14 @@ class WorkerLoad:
     """A worker's load if the request went there (Dynamo's potential loads).
 
     `prefill_tokens` = active prefill tokens + this request's uncached tokens;
-    `decode_blocks` = active decode blocks + this request's blocks not already active there.
+    `decode_blocks` = active decode blocks + this request's blocks not already active there;
+    `overlap_blocks` = its cached blocks as credited (device, plus offloaded ones at their weight).
     """
 
     worker: Worker
     prefill_tokens: int
     decode_blocks: float
-    overlap_blocks: int
+    overlap_blocks: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +124,7 @@ class WorkerCost:
     cost: float
     prefill_blocks: float
     decode_blocks: float
-    overlap_blocks: int
+    overlap_blocks: float  # as credited (WorkerLoad)
 
     def formula(self, weight: float) -> str:
         return (

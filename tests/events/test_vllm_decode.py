@@ -28,7 +28,16 @@ from extproc.events.vllm import (
     parse_replay_reply,
 )
 from extproc.router.hashing import compute_block_hashes
-from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, StoredBlock, Worker
+from extproc.router.types import (
+    DISK_TIER,
+    EXTERNAL_TIER,
+    HOST_PINNED_TIER,
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    StoredBlock,
+    Worker,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TS = 1767225600.125
@@ -125,10 +134,16 @@ def test_multi_block_store_with_dp_rank_and_lora_name():
     assert batch.events == [BlocksStored(w, tuple(map(StoredBlock, (H1, H2, H3), lora)), 7)]
 
 
-def test_cpu_medium_is_ignored_and_counted():
+def test_cpu_medium_decodes_into_the_host_tier_and_is_counted():
     batch, counters = decode("cpu_medium.bin")
-    assert batch.events == [BlocksStored(W0, (StoredBlock(H1, local([1, 2, 3, 4])[0]),), None)]
+    block = (StoredBlock(H1, local([1, 2, 3, 4])[0]),)
+    assert batch.events == [
+        BlocksStored(W0, block, None),
+        BlocksStored(W0, block, None, tier=HOST_PINNED_TIER),
+        BlocksRemoved(W0, (H1,), tier=HOST_PINNED_TIER),
+    ]
     assert counters["vllm.other_medium"] == 2
+    assert counters["vllm.tier_event"] == 2
 
 
 def test_unknown_event_types_are_counted_loudly_and_the_rest_kept(caplog):
@@ -442,13 +457,45 @@ def test_a_genuine_block_size_mismatch_stays_loud(event, caplog):
 
 
 @pytest.mark.parametrize(
+    ("medium", "tier"),
+    [
+        ("CPU", HOST_PINNED_TIER),  # vLLM's offloading connector
+        ("cpu_pinned", HOST_PINNED_TIER),  # SGLang's HiCache (any case)
+        ("STORAGE", DISK_TIER),
+        ("DISK", DISK_TIER),
+        ("EXTERNAL", EXTERNAL_TIER),
+    ],
+)
+def test_offload_media_decode_into_their_tier(medium, tier):
+    d = new_decoder()
+    assert run(d, stored([1], None, [1, 2, 3, 4], medium=medium), removed([1], medium=medium)) == [
+        BlocksStored(W0, (StoredBlock(1, local([1, 2, 3, 4])[0]),), None, tier=tier),
+        BlocksRemoved(W0, (1,), tier=tier),
+    ]
+    assert d.counters["vllm.tier_event"] == 2
+
+
+def test_an_unknown_medium_and_an_offload_placeholder_are_counted_and_dropped():
+    d = new_decoder()
+    placeholder = stored([1], None, [], block_size=0, medium="CPU")  # self_describing_kv_events off
+    assert run(d, stored([1], None, [1, 2, 3, 4], medium="HBM3"), placeholder) == []
+    assert d.counters["vllm.unknown_medium"] == 1
+    assert d.counters["vllm.tier_placeholder"] == 1
+    assert d.counters["vllm.malformed_event"] == 0
+
+
+def test_a_lower_tier_removal_keeps_the_device_copys_salt():
+    d = new_decoder()
+    first = stored([1], None, [1, 2, 3, 4], cache_salt="s")
+    child = stored([2], 1, [5, 6, 7, 8])  # inherits its parent's salt
+    events = run(d, first, stored([1], None, [1, 2, 3, 4], medium="CPU", cache_salt="s"))
+    events += run(d, removed([1], medium="CPU"), child)
+    assert events[-1] == BlocksStored(W0, (StoredBlock(2, salted([1, 2, 3, 4, 5, 6, 7, 8], "s")[1]),), 1)
+
+
+@pytest.mark.parametrize(
     ("extra", "counter"),
     [
-        ({"medium": "CPU"}, "vllm.other_medium"),
-        ({"medium": "STORAGE"}, "vllm.other_medium"),
-        ({"medium": "CPU_PINNED"}, "vllm.other_medium"),
-        ({"medium": "DISK"}, "vllm.other_medium"),
-        ({"medium": "EXTERNAL"}, "vllm.other_medium"),
         ({"group_idx": 1}, "vllm.other_kv_group"),
         ({"kv_cache_spec_kind": "sliding_window"}, "vllm.other_kv_spec"),
         ({"kv_cache_spec_kind": "mamba"}, "vllm.other_kv_spec"),

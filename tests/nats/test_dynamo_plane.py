@@ -23,7 +23,16 @@ from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsEventSubscriber
 from extproc.router import KvRouter, RouterConfig, WorkerSpec
 from extproc.router.hashing import compute_block_hashes
-from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, StoredBlock, Worker
+from extproc.router.types import (
+    DEVICE_TIER,
+    DISK_TIER,
+    HOST_PINNED_TIER,
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    StoredBlock,
+    Worker,
+)
 from tests.router.clock import FakeClock
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dynamo-1.6.1"
@@ -42,7 +51,14 @@ def stored(worker: Worker, event_id: int, blocks: list[tuple[int, int]], parent:
     return PlaneEvent(worker, event_id, event)
 
 
+def host_stored(worker: Worker, event_id: int, blocks: list[tuple[int, int]], parent: int | None, tier: str):
+    event = BlocksStored(worker, tuple(StoredBlock(e, local) for e, local in blocks), parent, event_id, tier)
+    return PlaneEvent(worker, event_id, event)
+
+
 ROOT = h(range(32))
+HOST_LOCAL = h(range(5032, 5048))[0]  # published without the LoRA name
+DISK_LOCAL = 15310707395893867146
 LORA = h(range(5000, 5032), lora_name="my-lora")
 SALTED = h(range(5000, 5016), namespace="salt-A")
 MM_HASH = 3079393621450993078  # Dynamo's tokens_hash of 300..315 with mm_hash 42 at offsets 2..6
@@ -68,9 +84,13 @@ EXPECTED: dict[str, list[PlaneEvent]] = {
     "restarted-removed": [PlaneEvent(W7, 1, BlocksRemoved(W7, (101,), 1))],
     "local-indexer-stored": [stored(W8, 1, [(801, ROOT[0])])],
     "relay-stored-lora": [stored(W9, 3, [(901, LORA[0]), (902, LORA[1])])],
-    "relay-host-pinned": [PlaneEvent(W9, 4, None)],
-    "relay-disk": [PlaneEvent(W9, 5, None)],
-    "relay-removed-tiers": [PlaneEvent(W9, 6, BlocksRemoved(W9, (902,), 6)), PlaneEvent(W9, 7, None)],
+    # vLLM's CPU and DISK media, relayed as Dynamo's lower tiers (the CPU block continues 902 on the device)
+    "relay-host-pinned": [host_stored(W9, 4, [(903, HOST_LOCAL)], 902, HOST_PINNED_TIER)],
+    "relay-disk": [host_stored(W9, 5, [(904, DISK_LOCAL)], None, DISK_TIER)],
+    "relay-removed-tiers": [
+        PlaneEvent(W9, 6, BlocksRemoved(W9, (902,), 6)),
+        PlaneEvent(W9, 7, BlocksRemoved(W9, (903,), 7, tier=HOST_PINNED_TIER)),
+    ],
     "relay-cleared": [PlaneEvent(W9, 8, AllBlocksCleared(W9, 8))],
 }
 OTHER_TIER = {"relay-host-pinned": 1, "relay-disk": 1, "relay-removed-tiers": 1}
@@ -96,10 +116,10 @@ def test_the_fixtures_are_the_expected_set_from_dynamo_1_6_1_on_one_subject():
 def test_each_golden_message_decodes_to_the_router_events(name):
     counters = EventCounters()
     assert decode_envelope(fixture(name), counters) == EXPECTED[name]
-    applied = sum(1 for e in EXPECTED[name] if e.event is not None)
-    assert counters.snapshot() == {
-        k: v for k, v in {"dynamo.event": applied, "dynamo.other_tier": OTHER_TIER.get(name, 0)}.items() if v
-    }
+    applied = sum(1 for e in EXPECTED[name] if e.event is not None and e.event.tier == DEVICE_TIER)
+    tiers = OTHER_TIER.get(name, 0)
+    counts = {"dynamo.event": applied, "dynamo.other_tier": tiers, "dynamo.tier_event": tiers}
+    assert counters.snapshot() == {k: v for k, v in counts.items() if v}
 
 
 def test_tokens_hash_is_our_local_hash_and_the_salt_vector_holds():
@@ -173,6 +193,26 @@ def test_the_golden_stream_indexes_each_worker_and_other_tiers_leave_no_gap():
     assert matches(r, LORA) == {W7: 1}  # w7's lora block; w9 removed 902, then cleared
     assert matches(r, SALTED) == {W7: 1}
     assert matches(r, h(range(5000, 5016))) == {}  # the unsalted prompt matches no salted block
+
+
+def test_the_relayed_cpu_and_disk_blocks_are_credited_per_tier_and_removed_per_tier():
+    """Dynamo 1.6.1's relay of vLLM's CPU and DISK media: the CPU block continues the device prefix
+    (credit 2 + 0.75), the disk block stands alone (0.25); one batch's GPU and CPU removals go to
+    their own tier."""
+    r = router()
+    sub = subscriber(r)
+    for name in ("relay-stored-lora", "relay-host-pinned", "relay-disk"):
+        sub.handle_event_plane(fixture(name), SUBJECT)
+    prompt = [*LORA[:2], HOST_LOCAL]
+    assert r.tiers.match(r.indexer, prompt, r.find_matches(prompt)).blocks(W9) == {
+        DEVICE_TIER: 2,
+        HOST_PINNED_TIER: 1,
+    }
+    assert r._overlaps(r.config, prompt) == {W9: 2.75}
+    assert r._overlaps(r.config, [DISK_LOCAL]) == {W9: 0.25}
+    sub.handle_event_plane(fixture("relay-removed-tiers"), SUBJECT)
+    assert r._overlaps(r.config, prompt) == {W9: 1}  # 902 left the device, 903 the host
+    assert r.tiers.num_blocks(W9) == {DISK_TIER: 1}
 
 
 def test_a_missing_message_and_a_restarted_publisher_are_gaps():
@@ -256,7 +296,7 @@ def test_a_bad_router_event_is_dropped_alone_and_its_id_shows_as_a_gap():
     "change, key",
     [
         ({"storage_tier": 3}, "dynamo.malformed"),
-        ({"storage_tier": "host_pinned"}, "dynamo.other_tier"),
+        ({"storage_tier": "g4"}, "dynamo.unknown_tier"),
         ({"residency_domain": "cluster"}, "dynamo.other_domain"),
         ({"worker_id": "7"}, "dynamo.malformed"),
         ({"event": {"event_id": 11, "dp_rank": 0, "data": {"moved": {}}}}, "dynamo.unknown_variant"),
@@ -265,7 +305,7 @@ def test_a_bad_router_event_is_dropped_alone_and_its_id_shows_as_a_gap():
 def test_router_event_fields_are_checked(change, key):
     counters = EventCounters()
     decoded = decode_envelope(repack(envelope_of("batch"), [{**events_of("batch")[0], **change}]), counters)
-    assert counters.snapshot() == {key: 1}
+    assert counters.snapshot() == ({key: 1, "dynamo.other_tier": 1} if key == "dynamo.unknown_tier" else {key: 1})
     kept = key != "dynamo.malformed"  # the id of a readable event still counts for gap detection
     assert decoded == ([PlaneEvent(W7, 11, None)] if kept else [])
 
