@@ -223,7 +223,7 @@ def load_config(
         or any(w.kv_events for w in workers)
     )
     router_config = read_router(reader(router.SECTION), kv_events_source=kv_events_source)
-    notices = router_notices(reader(router.SECTION)) + notices
+    notices = router_notices(reader(router.SECTION), kv_events=router_config.use_kv_events) + notices
     own = read_server(reader(server.SECTION))
     groups_config = read_groups(reader(groups.SECTION), document.get("groups"))
     discovery_config = read_discovery(reader(discovery.SECTION))

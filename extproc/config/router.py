@@ -16,6 +16,10 @@ Dynamo's router guides is accepted (tests/config/test_dynamo_flags.py reads the 
     --active-decode-blocks-threshold  also --busy-threshold (the older guides' single threshold)
     --router-mode round-robin         also the value round_robin
 
+Tiered KV: --router-host-cache-hit-weight and --router-disk-cache-hit-weight (Dynamo's, with their
+DYN_ variables) credit offloaded blocks (extproc/router/tiers.py); approximate mode knows none, and
+startup says so when they are given without KV events.
+
 Knobs accepted and reported rather than applied, each in one line at startup (`router_notices`):
 --router-event-threads above 1 (the indexer is single-threaded) and the --aic-* flags (they choose
 AIConfigurator's database, which cannot run here: --router-prefill-load-model aic predicts each
@@ -204,6 +208,21 @@ ROUTER_LEARN_PREFILL_TIMING = Option(
     "fleet's common scale only when its own evidence is significant. --no-router-learn-prefill-timing "
     "predicts every worker with the configured model.",
 )
+ROUTER_HOST_CACHE_HIT_WEIGHT = Option(
+    "--router-host-cache-hit-weight",
+    float,
+    0.75,
+    "Tiered KV: credit of a prompt block a worker holds offloaded in host memory (vLLM's CPU "
+    "offloading, SGLang's HiCache, KVBM), as a fraction of a device block's, 0 to 1 (Dynamo's). The "
+    "engines report such blocks as KV events of another medium; without KV events none are known.",
+)
+ROUTER_DISK_CACHE_HIT_WEIGHT = Option(
+    "--router-disk-cache-hit-weight",
+    float,
+    0.25,
+    "Tiered KV: credit of a prompt block a worker holds on disk or in an external store, as a "
+    "fraction of a device block's, 0 to 1 (Dynamo's).",
+)
 ROUTER_LOG_FORMULA = Option(
     "--router-log-formula", bool, False, "Log the cost formula of every worker for every decision."
 )
@@ -260,6 +279,8 @@ ROUTER_OPTIONS: tuple[Option[Any], ...] = (
     ROUTER_PREFILL_LOAD_MODEL,
     ROUTER_PREFILL_TIMING,
     ROUTER_LEARN_PREFILL_TIMING,
+    ROUTER_HOST_CACHE_HIT_WEIGHT,
+    ROUTER_DISK_CACHE_HIT_WEIGHT,
     ROUTER_LOG_FORMULA,
     ROUTER_EVENT_THREADS,
     *AIC_OPTIONS,
@@ -292,6 +313,8 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
     prefill_load_model = read(ROUTER_PREFILL_LOAD_MODEL)
     prefill_timing = read(ROUTER_PREFILL_TIMING)
     learn_prefill_timing = read(ROUTER_LEARN_PREFILL_TIMING)
+    host_cache_hit_weight = read(ROUTER_HOST_CACHE_HIT_WEIGHT)
+    disk_cache_hit_weight = read(ROUTER_DISK_CACHE_HIT_WEIGHT)
     log_formula = read(ROUTER_LOG_FORMULA)
     check_positive("router-event-threads", read(ROUTER_EVENT_THREADS))
     for opt in AIC_OPTIONS:  # checked for their type only: router_notices says they are ignored
@@ -332,6 +355,8 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
             router_queue_policy=QueuePolicy(queue_policy),
             prefill_load_model=PrefillLoadModel(prefill_load_model),
             learn_prefill_timing=learn_prefill_timing,
+            host_cache_hit_weight=host_cache_hit_weight,
+            disk_cache_hit_weight=disk_cache_hit_weight,
             log_formula=log_formula,
             **timing,
         )
@@ -339,9 +364,10 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
         raise ConfigError(str(exc)) from exc
 
 
-def router_notices(reader: Reader) -> tuple[str, ...]:
+def router_notices(reader: Reader, *, kv_events: bool = True) -> tuple[str, ...]:
     """One line per router knob that is accepted but does nothing here (or less than in Dynamo), for
-    the log at startup; read after `read_router` accepted the values."""
+    the log at startup; read after `read_router` accepted the values. `kv_events`: whether the router
+    uses KV events (else the tier credits have no effect)."""
     notices: list[str] = []
     threads = reader.read(ROUTER_EVENT_THREADS)
     if threads > 1:
@@ -349,6 +375,14 @@ def router_notices(reader: Reader) -> tuple[str, ...]:
             f"{reader.source(ROUTER_EVENT_THREADS)}={threads}: the picker's KV indexer is single-threaded "
             "(Dynamo's 1); unlike Dynamo with more than 1, TTL and pruning (--router-ttl-secs, "
             "--router-max-tree-size, --router-prune-target-ratio) still apply"
+        )
+    tier_flags = [
+        str(s) for s in map(reader.source, (ROUTER_HOST_CACHE_HIT_WEIGHT, ROUTER_DISK_CACHE_HIT_WEIGHT)) if s
+    ]
+    if tier_flags and not kv_events:
+        notices.append(
+            f"{', '.join(tier_flags)}: no effect without KV events (approximate mode): offloaded KV (host "
+            "memory, disk) is known only from the engines' KV events, so no tier is credited"
         )
     aic = [str(reader.source(opt)) for opt in AIC_OPTIONS if reader.source(opt) is not None]
     model = reader.read(ROUTER_PREFILL_LOAD_MODEL)
