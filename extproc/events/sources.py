@@ -214,6 +214,7 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             queue_size=events.queue_size,
             heartbeat_s=events.replica_sync_heartbeat_s,
             lease_s=events.replica_sync_lease_s,
+            batch_s=events.replica_sync_batch_s,
         )
         await sync.start()
         sources.replica_sync = sync
