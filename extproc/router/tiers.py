@@ -283,8 +283,8 @@ def _device_points(
     tree: RadixTree, local_hashes: Sequence[int], device: OverlapScores, workers: set[Worker]
 ) -> dict[Worker, Point]:
     """Where each of `workers` stands after its device match: (blocks, engine id of its last matched
-    device block), or (0, None) at the root. A worker whose last block's id cannot be read (it holds
-    it under an alias only) is left out: no lower-tier block can continue its match."""
+    device block), or (0, None) at the root. A block the worker stored twice under two ids is named
+    by the first: a lower-tier block whose parent is the second does not continue the match."""
     points: dict[Worker, Point] = {}
     deep: dict[Worker, int] = {}
     for worker in workers:
@@ -308,11 +308,7 @@ def _device_points(
         children = node.children
     slots = tree._slot
     for worker, d in deep.items():
-        slot = slots.get(worker)
-        for start, node in reversed(runs):
-            if start < d:
-                eids = node.eids.get(slot) if slot is not None else None
-                if eids is not None and d - 1 - start < len(eids):
-                    points[worker] = (d, eids[d - 1 - start])
-                break
+        # find_matches scored d along these runs, so the run holding block d - 1 lists the worker's ids
+        start, node = next((start, node) for start, node in reversed(runs) if start < d)
+        points[worker] = (d, node.eids[slots[worker]][d - 1 - start])
     return points
