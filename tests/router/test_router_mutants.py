@@ -1,0 +1,129 @@
+"""KvRouter behaviours that mutation testing found unpinned (issue 19): the engines' reported loads,
+dumps around predicted blocks, and the fleet-sized decision's visits and ties."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extproc.router import (
+    AllWorkersBusy,
+    BlocksRemoved,
+    BlocksStored,
+    KvRouter,
+    RadixTree,
+    RouterConfig,
+    StoredBlock,
+    Worker,
+    WorkerSpec,
+    compute_block_hashes,
+)
+from extproc.router.approx import is_predicted_id
+from extproc.router.reported import ReportedLoad
+
+from .clock import FakeClock
+
+BS = 4
+A, B = Worker("a"), Worker("b")
+
+
+def two_workers(**config: object) -> tuple[KvRouter, FakeClock]:
+    clock = FakeClock(50.0)
+    router = KvRouter(
+        RouterConfig(block_size=BS, prefill_load_model="none", **config),  # type: ignore[arg-type]
+        clock=clock,
+        rng=random.Random(1),
+        workers=[WorkerSpec("a", total_blocks=100), WorkerSpec("b", total_blocks=100)],
+    )
+    return router, clock
+
+
+# --- reported loads ---------------------------------------------------------------------------------
+
+
+def test_a_report_is_kept_as_given_and_returned() -> None:
+    router, _ = two_workers()
+    got = router.set_reported_load(A, kv_usage=0.25, running=3, waiting=2, max_age_s=4.0, at=45.0)
+    assert got == ReportedLoad(0.25, 3, 2, 45.0, 4.0)
+    assert router.reported.get(A) == got
+    stamped = router.set_reported_load(B, kv_usage=0.5, max_age_s=2.0)  # stamped with the clock
+    assert stamped == ReportedLoad(0.5, None, None, 50.0, 2.0)
+
+
+def test_reports_for_unknown_workers_or_ranks_are_refused_and_kept_nowhere() -> None:
+    router, _ = two_workers()
+    assert router.set_reported_load(Worker("zz"), kv_usage=1.0, max_age_s=5.0) is None
+    assert router.set_reported_load(Worker("a", 1), kv_usage=1.0, max_age_s=5.0) is None
+    assert len(router.reported) == 0
+
+
+def test_a_fresh_full_report_makes_a_worker_busy_until_it_goes_stale() -> None:
+    router, clock = two_workers(active_decode_blocks_threshold=0.5)
+    router.set_reported_load(A, kv_usage=0.9, max_age_s=2.0)
+    assert {router.best_worker([1, 2, 3, 4, 5]).worker for _ in range(20)} == {B}
+    router.set_reported_load(B, kv_usage=0.95, max_age_s=2.0)
+    with pytest.raises(AllWorkersBusy):
+        router.best_worker([1, 2, 3, 4, 5])
+    clock.advance(2.5)  # both reports stale: the router's own view (nothing in flight) decides
+    assert {router.best_worker([1, 2, 3, 4, 5]).worker for _ in range(40)} == {A, B}
+
+
+def test_a_report_dated_in_the_past_is_stale_from_its_date() -> None:
+    router, _ = two_workers(active_decode_blocks_threshold=0.5)
+    router.set_reported_load(A, kv_usage=1.0, max_age_s=2.0, at=47.0)  # 3 s old already
+    router.set_reported_load(B, kv_usage=1.0, max_age_s=2.0, at=49.0)  # 1 s old: fresh
+    assert {router.best_worker([1, 2, 3, 4, 5]).worker for _ in range(20)} == {A}
+
+
+def test_a_removed_worker_comes_back_without_its_old_report() -> None:
+    router, _ = two_workers(active_decode_blocks_threshold=0.5)
+    router.set_reported_load(A, kv_usage=1.0, max_age_s=60.0)
+    router.remove_worker("a")
+    assert router.reported.get(A) is None
+    router.add_worker(WorkerSpec("a", total_blocks=100))
+    router.set_reported_load(B, kv_usage=1.0, max_age_s=60.0)
+    assert router.best_worker([1, 2, 3, 4, 5]).worker == A
+
+
+def test_a_dropped_rank_forgets_its_report() -> None:
+    router, _ = two_workers()
+    router.add_worker(WorkerSpec("a", dp_ranks=(0, 1), total_blocks=100))
+    router.set_reported_load(Worker("a", 1), kv_usage=0.5, max_age_s=60.0)
+    router.set_reported_load(A, kv_usage=0.5, max_age_s=60.0)
+    router.add_worker(WorkerSpec("a", dp_ranks=(0,), total_blocks=100))
+    assert router.reported.get(Worker("a", 1)) is None
+    assert router.reported.get(A) is not None
+
+
+# --- dumps ------------------------------------------------------------------------------------------
+
+
+def rebuilt_from(events: list) -> tuple[RadixTree, list[bool]]:
+    tree = RadixTree()
+    return tree, [tree.apply_event(e) for e in events]
+
+
+def test_a_dump_without_predictions_keeps_every_later_worker_after_a_dropped_stand_in_store() -> None:
+    """A predicted run behind stand-ins (a predicted worker that lost a block) is dropped with its
+    stand-ins' removal; the workers dumped after it are still in the dump."""
+    router, _ = two_workers(use_kv_events=True)
+    tokens = list(range(100, 100 + 6 * BS))
+    hashes = compute_block_hashes(tokens, BS)
+    router.best_worker(tokens, request_id="r", pinned_worker=A)  # a: 6 predicted blocks
+    router.apply_event(BlocksStored(B, tuple(StoredBlock(900 + i, h) for i, h in enumerate(hashes[:2]))))
+    router.set_event_fed(B, True)
+    # a's first predicted block goes: its other blocks need stand-ins to be re-stored
+    first = next(eid for w, eid, _ in router.indexer.entries() if w == A and is_predicted_id(eid))
+    router.apply_event(BlocksRemoved(A, (first,)), feeds=False)
+    everything = router.dump_events(include_predicted=True)
+    assert any(isinstance(e, BlocksRemoved) for e in everything)  # stand-ins were needed
+    events = router.dump_events()
+    assert all(e.worker == B for e in events)
+    tree, applied = rebuilt_from(events)
+    assert all(applied)
+    assert tree.find_matches(hashes) == {B: 2}
+    for e in events:
+        if isinstance(e, BlocksStored):
+            assert not is_predicted_id(e.parent_hash)
+            assert not any(is_predicted_id(b.engine_hash) for b in e.blocks)
