@@ -11,6 +11,8 @@ real `KvRouter` (`extproc.sim.replay`). Routers:
                 to first token per worker from the configured pass-time model alone
   kv-timing-learn  kv mode's default: the same, each worker's pass-time scale learned online from
                 its first tokens, pooled over the fleet (RouterConfig.learn_prefill_timing)
+  kv-aic        --router-prefill-load-model aic --no-router-learn-prefill-timing: Dynamo's cost, only
+                the oldest active prefill per worker decaying over its predicted duration
 
 `--worker-speed 1,1,0.5,...` replays a mixed fleet (one speed per worker, for one worker count);
 `--replicas N --replica-sync-lag-ms L` spreads arrivals over N routers sharing in-flight load
@@ -72,6 +74,11 @@ ROUTERS: dict[str, dict[str, Any]] = {
         "mode": RouterMode.KV,
         "prefill_load_model": PrefillLoadModel.TIMING,
         "learn_prefill_timing": True,
+    },
+    "kv-aic": {  # Dynamo's aic, each prefill's duration from the configured pass-time model (not learned)
+        "mode": RouterMode.KV,
+        "prefill_load_model": PrefillLoadModel.AIC,
+        "learn_prefill_timing": False,
     },
 }
 DETERMINISTIC = {"round-robin"}

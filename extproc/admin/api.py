@@ -395,9 +395,9 @@ def _engine_load(
 
 
 def _pass_time(sequences: ActiveSequences, worker: Worker) -> dict[str, Any] | None:
-    """The pass-time model the timing prefill load model predicts `worker` with: the configured one
-    scaled by what its first tokens showed (`extproc.router.pass_time`); None with another model."""
-    if sequences.prefill_load_model is not PrefillLoadModel.TIMING:
+    """The pass-time model the timing (or aic) prefill load model predicts `worker` with: the configured
+    one scaled by what its first tokens showed (`extproc.router.pass_time`); None with `none`."""
+    if sequences.prefill_load_model not in (PrefillLoadModel.TIMING, PrefillLoadModel.AIC):
         return None
     timing = sequences.timing(worker)
     learned = sequences.learned_pass_time(worker)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from extproc.admin.api import _pass_time
 from extproc.epp import answers as epp
 from extproc.errors import RequestInvalid
 from extproc.picker.pipeline import EndpointPicker
@@ -50,6 +51,8 @@ async def test_aic_routes_on_the_oldest_prefill_decaying_per_worker():
     assert d.worker == x  # Dynamo's none would send it to y (610 + 160 < 1000 + 160)
     picker.first_token(a)  # the oldest on x leaves: d is anchored now, at its full 160
     assert sequences.prefill_tokens(x) == 160
+    shown = _pass_time(sequences, x)  # /debug/workers: the pass-time model aic predicts durations with
+    assert shown is not None and shown["prefill_ms"] == [0.0, 0.1, 0.0] and shown["scale"] == 1.0
     for p in (a, b, c, d):
         picker.finish(p, "complete")
     assert picker.is_idle()
