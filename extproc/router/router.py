@@ -133,9 +133,7 @@ class KvRouter:
         if spec is None:
             return []
         self._order = None
-        dropped = []
-        for worker in spec.workers():
-            dropped += self._forget(worker)
+        dropped = [request_id for worker in spec.workers() for request_id in self._forget(worker)]
         self._workers = [w for w in self._workers if w.worker_id != worker_id]
         return dropped
 
@@ -213,22 +211,27 @@ class KvRouter:
 
     def dump_events(self, *, include_predicted: bool = False) -> list[KvEvent]:
         """Events that rebuild the tree: what the engines reported, without the router's own
-        predictions (they belong to this router's clock and TTLs) unless `include_predicted`."""
+        predictions (they belong to this router's clock and TTLs) unless `include_predicted`. A
+        run is dumped up to its first prediction (predictions extend what a worker reported)."""
         events = self.indexer.dump_events()
         if include_predicted:
             return events
         kept: list[KvEvent] = []
-        dropped_store = False
-        for event in events:
+        cut: set[tuple[Worker, int | None]] = set()  # not dumped: predictions and the blocks after them
+        keep = False
+        for i, event in enumerate(events):  # a dump's removal follows its store: that store's stand-ins
             if isinstance(event, BlocksStored):
-                dropped_store = is_predicted_id(event.parent_hash) or any(
-                    is_predicted_id(b.engine_hash) for b in event.blocks
-                )
-                if dropped_store:
-                    continue
-            elif isinstance(event, BlocksRemoved) and dropped_store:
-                continue  # the stand-ins of a dropped store
-            kept.append(event)
+                after = events[i + 1] if i + 1 < len(events) else None
+                chain = len(after.engine_hashes) if isinstance(after, BlocksRemoved) else 0
+                ids = [b.engine_hash for b in event.blocks]
+                n = next((k for k, e in enumerate(ids) if is_predicted_id(e)), len(ids))
+                n = 0 if (event.worker, event.parent_hash) in cut else n  # parents come first
+                cut.update((event.worker, e) for e in ids[n:])
+                keep = n > chain
+                if keep:
+                    kept.append(replace(event, blocks=event.blocks[:n]))
+            elif keep:
+                kept.append(event)
         return kept
 
     # --- decisions ---------------------------------------------------------------------------
@@ -791,12 +794,8 @@ class KvRouter:
 
     def thresholds(self) -> dict[str, float | int | None]:
         """The busy thresholds in force (None = unset)."""
-        cfg = self.config
-        return {
-            "active_decode_blocks_threshold": cfg.active_decode_blocks_threshold,
-            "active_prefill_tokens_threshold": cfg.active_prefill_tokens_threshold,
-            "active_prefill_tokens_threshold_frac": cfg.active_prefill_tokens_threshold_frac,
-        }
+        names = ("decode_blocks_threshold", "prefill_tokens_threshold", "prefill_tokens_threshold_frac")
+        return {f"active_{name}": getattr(self.config, f"active_{name}") for name in names}
 
     def set_thresholds(self, **values: float | int | None) -> dict[str, float | int | None]:
         """Change busy thresholds at run time (only the names given); returns the full record.

@@ -127,3 +127,55 @@ def test_a_dump_without_predictions_keeps_every_later_worker_after_a_dropped_sta
         if isinstance(e, BlocksStored):
             assert not is_predicted_id(e.parent_hash)
             assert not any(is_predicted_id(b.engine_hash) for b in e.blocks)
+
+
+def test_a_dump_keeps_the_reported_blocks_that_predictions_extend() -> None:
+    """A worker whose event stream is incomplete keeps being predicted on top of the blocks it
+    reported: the dump without predictions still holds those blocks (snapshots and replicas
+    rebuild from it)."""
+    router, _ = two_workers(use_kv_events=True)
+    tokens = list(range(100, 100 + 4 * BS))
+    hashes = compute_block_hashes(tokens, BS)
+    reported = tuple(StoredBlock(900 + i, h) for i, h in enumerate(hashes[:2]))
+    router.apply_event(BlocksStored(A, reported), feeds=False)
+    router.best_worker(tokens, request_id="r", pinned_worker=A)  # predicted blocks 3 and 4 on top
+    assert router.indexer.find_matches(hashes) == {A: 4}
+    assert router.dump_events() == [BlocksStored(A, reported)]
+    tree, applied = rebuilt_from(router.dump_events(include_predicted=True))
+    assert all(applied) and tree.find_matches(hashes) == {A: 4}
+
+
+PREDICTED = -(1 << 64) - 5  # an id in the router's predicted range
+
+
+def test_a_dump_keeps_a_reported_run_behind_stand_ins_up_to_its_first_prediction() -> None:
+    router, _ = two_workers(use_kv_events=True)
+    hashes = compute_block_hashes(list(range(5 * BS)), BS)
+    blocks = (*(StoredBlock(1 + i, h) for i, h in enumerate(hashes[:3])), StoredBlock(PREDICTED, hashes[3]))
+    router.apply_event(BlocksStored(A, blocks), feeds=False)
+    router.apply_event(BlocksRemoved(A, (1,)), feeds=False)  # the head goes: a stand-in replaces it
+    router.apply_event(BlocksStored(B, (StoredBlock(7, hashes[0]),)))
+    events = router.dump_events()
+    tree, applied = rebuilt_from(events)
+    assert all(applied)
+    assert sorted((w.worker_id, eid) for w, eid, _ in tree.entries()) == [("a", 2), ("a", 3), ("b", 7)]
+    assert tree.find_matches(hashes) == {B: 1}
+    assert [type(e) for e in events] == [BlocksStored, BlocksRemoved, BlocksStored]
+    assert events[-1] == BlocksStored(B, (StoredBlock(7, hashes[0]),))
+
+
+def test_a_dump_drops_stores_under_a_predicted_parent() -> None:
+    router, _ = two_workers(use_kv_events=True)
+    hashes = compute_block_hashes(list(range(3 * BS)), BS)
+    router.apply_event(BlocksStored(A, (StoredBlock(PREDICTED, hashes[0]),)), feeds=False)
+    router.apply_event(BlocksStored(A, (StoredBlock(5, hashes[1]), StoredBlock(6, hashes[2])), PREDICTED))
+    router.apply_event(BlocksStored(B, (StoredBlock(8, hashes[0]),)))
+    other = compute_block_hashes(list(range(2 * BS)) + [77] * BS, BS)[2]
+    b_blocks = (StoredBlock(9, hashes[1]), StoredBlock(10, other))
+    router.apply_event(BlocksStored(B, b_blocks, 8))  # a's run splits: [P, 5], then [6]
+    assert len(router.dump_events(include_predicted=True)) == 4
+    # 5 follows a prediction: cut with it, and 6, whose parent is 5, too (it would be an orphan)
+    assert router.dump_events() == [
+        BlocksStored(B, (StoredBlock(8, hashes[0]), StoredBlock(9, hashes[1]))),
+        BlocksStored(B, (StoredBlock(10, other),), 9),
+    ]
