@@ -33,6 +33,7 @@ Config file (YAML; keys in kebab-case or snake_case; the file is `--config` or D
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -216,6 +217,8 @@ def load_config(
     events_reader = reader(events.SECTION)
     notices = dynamo.dynamo_notices(reader(router.SECTION), events_reader)
     events_config = read_events(dynamo.with_event_plane(reader(router.SECTION), events_reader))
+    if (file_kv := dynamo.local_indexer_store(reader(router.SECTION), events_config)) is not None:
+        events_config = dataclasses.replace(events_config, dynamo_file_kv=file_kv)
     # ZMQ from the workers, or Dynamo-style events on NATS core (JetStream when durable)
     kv_events_source = (
         events_config.kv_events_port is not None

@@ -16,7 +16,7 @@ import dataclasses
 import json
 from typing import Any
 
-from extproc.config.events import NATS_URL
+from extproc.config.events import NATS_URL, EventsConfig, read_events
 from extproc.config.options import Option, Reader, _int_or_none
 
 DEFAULT_NATS_URL = "nats://localhost:4222"  # Dynamo's runtime without NATS_SERVER
@@ -28,7 +28,9 @@ def _engine(flag: str, whose: str, what: str, kind: Any = bool) -> Option[Any]:
 
 
 ENABLE_LOCAL_INDEXER = _engine(
-    "--enable-local-indexer", "Dynamo workers", "a local indexer the router queries on start"
+    "--enable-local-indexer",
+    "Dynamo workers",
+    "a local indexer the router queries on start; the picker queries it with --discovery-backend file",
 )
 KV_EVENTS_CONFIG = _engine("--kv-events-config", "vLLM's and SGLang's", "their ZMQ KV event publisher", str)
 PUBLISH_EVENTS_AND_METRICS = _engine(
@@ -52,8 +54,18 @@ DISCOVERY_BACKEND: Option[str | None] = Option(
     "--discovery-backend",
     str,
     None,
-    "Dynamo's worker discovery (etcd, kubernetes, file, mem). Accepted; the picker's workers come from "
-    "the config file's workers: or --discovery-dns (startup says so).",
+    "Dynamo's worker discovery (etcd, kubernetes, file, mem). The picker's workers come from the config "
+    "file's workers: or --discovery-dns. file: with KV events on NATS core, the picker reads the workers' "
+    "KV event sources in Dynamo's file store (--file-kv) and rebuilds each worker that has a local "
+    "indexer from it, on start, when it appears and after lost events. The others: accepted, no effect "
+    "(startup says so).",
+)
+FILE_KV: Option[str | None] = Option(
+    "--file-kv",
+    str,
+    None,
+    "Dynamo's file discovery store, as its workers' DYN_FILE_KV (default $TMPDIR/dynamo_store_kv), read "
+    "with --discovery-backend file.",
 )
 REQUEST_PLANE: Option[str | None] = Option(
     "--request-plane",
@@ -80,6 +92,7 @@ HTTP_PORT = Option(
 DYNAMO_OPTIONS: tuple[Option[Any], ...] = (
     EVENT_PLANE,
     DISCOVERY_BACKEND,
+    FILE_KV,
     REQUEST_PLANE,
     STATIC_ENDPOINT,
     HTTP_PORT,
@@ -98,6 +111,21 @@ def with_event_plane(reader: Reader, events: Reader) -> Reader:
     return events
 
 
+def file_store(reader: Reader) -> str | None:
+    """Dynamo's file discovery store when --discovery-backend file, else None."""
+    if reader.read(DISCOVERY_BACKEND) != "file":
+        return None
+    return reader.read(FILE_KV) or f"{reader.environ.get('TMPDIR') or '/tmp'}/dynamo_store_kv"
+
+
+def local_indexer_store(reader: Reader, events: EventsConfig) -> str | None:
+    """The file store the picker recovers workers from: --discovery-backend file with KV events over
+    NATS core (the JetStream consumer of --router-durable-kv-events has its own snapshots)."""
+    store = file_store(reader)
+    usable = events.nats_url is not None and not events.durable_kv_events
+    return store if usable else None
+
+
 def dynamo_notices(reader: Reader, events: Reader) -> tuple[str, ...]:
     """One line for each of these knobs given, saying what it means here and what to use instead."""
     plane = reader.read(EVENT_PLANE)
@@ -113,15 +141,15 @@ def dynamo_notices(reader: Reader, events: Reader) -> tuple[str, ...]:
         plane_line = ""  # nats with a server named: the picker does what Dynamo does, nothing to say
     lines: dict[Option[Any], str] = {
         EVENT_PLANE: plane_line,
-        DISCOVERY_BACKEND: "the picker does not use Dynamo's discovery: workers come from the config "
-        "file's workers: or --discovery-dns",
+        DISCOVERY_BACKEND: _discovery_line(reader, events),
         REQUEST_PLANE: "requests reach the workers through Envoy over HTTP, not over Dynamo's request plane",
         STATIC_ENDPOINT: "the picker's workers are listed in the config file (or found with "
         "--discovery-dns), and KV routing works with them",
         HTTP_PORT: "the picker serves no OpenAI HTTP (Envoy's listener does: envoy-config --listen-port); "
         "/metrics and /busy_threshold are on --admin-port",
-        ENABLE_LOCAL_INDEXER: "a worker flag: the picker does not query workers' local indexers yet; it "
-        "rebuilds from the engines' ZMQ replay (--kv-replay-port) or JetStream (--router-durable-kv-events)",
+        ENABLE_LOCAL_INDEXER: "a worker flag: the picker queries the workers' local indexers with "
+        "--discovery-backend file (Dynamo's file discovery, --file-kv); otherwise it rebuilds from the "
+        "engines' ZMQ replay (--kv-replay-port) or JetStream (--router-durable-kv-events)",
         KV_EVENTS_CONFIG: _kv_events_config(reader.read(KV_EVENTS_CONFIG)),
         PUBLISH_EVENTS_AND_METRICS: "a TensorRT-LLM worker flag: the picker hears those events over NATS "
         "(--nats-url)",
@@ -130,15 +158,37 @@ def dynamo_notices(reader: Reader, events: Reader) -> tuple[str, ...]:
         MODEL: "an engine flag: the picker's models come from the config file's models: "
         "(or --discovery-model)",
     }
+    recovering = local_indexer_store(reader, read_events(with_event_plane(reader, events))) is not None
     notices = []
     for opt, line in lines.items():
         source = reader.source(opt)
         if source is None or not line:
             continue
-        if opt is not EVENT_PLANE:
+        if opt is not EVENT_PLANE and not (opt is DISCOVERY_BACKEND and recovering):
             line = f"accepted from Dynamo, no effect here: {line}"
         notices.append(f"{source}={reader.read(opt)}: {line}" if opt is EVENT_PLANE else f"{source}: {line}")
     return tuple(notices)
+
+
+def _discovery_line(reader: Reader, events: Reader) -> str:
+    store = file_store(reader)
+    if store is None:
+        return (
+            "the picker does not use Dynamo's discovery: workers come from the config file's workers: or "
+            "--discovery-dns (--discovery-backend file recovers workers from their local indexers)"
+        )
+    config = read_events(with_event_plane(reader, events))
+    if local_indexer_store(reader, config) is None:
+        return (
+            f"Dynamo's discovery: its file store {store} is read only with KV events over NATS core "
+            "(--nats-url, not --router-durable-kv-events); workers come from the config file's workers: or "
+            "--discovery-dns"
+        )
+    return (
+        f"Dynamo's file discovery at {store}: each worker with a local indexer is rebuilt from it (on "
+        "start, when it appears, after lost events); workers still come from the config file's workers: "
+        "or --discovery-dns"
+    )
 
 
 def _nats_by_default(reader: Reader, events: Reader) -> bool:

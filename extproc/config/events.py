@@ -37,6 +37,7 @@ class EventsConfig:
     namespace: str = "dynamo"
     component: str = "backend"
     dynamo_endpoint: str = "generate"  # event plane: namespace.<ns>.component.<c>.endpoint.<this>.kv-events
+    dynamo_file_kv: str | None = None  # Dynamo's file discovery store: workers rebuilt from local indexers
     durable_kv_events: bool = False
     snapshot_threshold: int = 100_000
     reset_states: bool = False

@@ -254,6 +254,9 @@ class NatsEventSubscriber:
         self.on_gap: GapHook = on_gap or self._follow_gap
         self._worker_id_of = worker_id_of
         self.event_ids = EventIdTracker()
+        # Offered each event first; True: it took the event, whose order it keeps itself (the workers
+        # rebuilt from their local indexers: dynamo_recovery.LocalIndexerRecovery.take)
+        self.gate: Callable[[Worker, int, KvEvent | None], bool] | None = None
         self._subs: list[Any] = []
         self._unwatch: Callable[[], None] | None = None
         self._unwatch_overflow: list[Callable[[], None]] = []
@@ -333,6 +336,9 @@ class NatsEventSubscriber:
 
     def _apply(self, worker: Worker, event_id: int, event: KvEvent | None, subject: str) -> None:
         """Check `event_id` for a gap, then apply `event` (None: the id only, nothing to apply)."""
+        if self.gate is not None and self.gate(worker, event_id, event):
+            self.event_ids.check(worker, event_id)  # heard (link-state reports); the gate keeps the order
+            return
         first = not self.event_ids.knows(worker)
         expected = self.event_ids.check(worker, event_id)
         try:

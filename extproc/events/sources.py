@@ -37,6 +37,7 @@ from extproc.events.counters import EventCounters
 from extproc.events.durable import DurableConfig, DurableKvEvents
 from extproc.events.dynamo_json import kv_events_subject
 from extproc.events.dynamo_plane import event_plane_subject
+from extproc.events.dynamo_recovery import LocalIndexerRecovery, start_recovery
 from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
 from extproc.events.nats_security import connect_nats
@@ -65,6 +66,7 @@ class EventSources:
     nats: NatsLink | None = None
     nats_events: NatsEventSubscriber | None = None  # core NATS: JSON and event-plane subjects
     durable: DurableKvEvents | None = None
+    recovery: LocalIndexerRecovery | None = None  # Dynamo workers rebuilt from their local indexers
     replica_sync: ReplicaSync | None = None
     closers: list[Callable[[], Awaitable[object]]] = field(default_factory=list)  # stopped in reverse order
     instance_ids: dict[int, WorkerId] = field(default_factory=dict)  # NATS instance id -> worker id
@@ -202,6 +204,9 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             sources.closers.append(subscriber.stop)
             log.info("subscribed to Dynamo KV events on %s (JSON) and %s (event plane) at %s",
                      subject, plane, events.nats_url)  # fmt: skip
+            if events.dynamo_file_kv is not None:  # after subscribing: nothing between a dump and the stream
+                sources.recovery = await start_recovery(events, subscriber, sources.feed, worker_id_of)
+                sources.closers.append(sources.recovery.stop)
     if events.replica_sync:
         subject = active_sequences_subject(events.namespace, events.component)
         routers = _AllRouters(picker, sources.feed)

@@ -55,9 +55,11 @@ class DynamoWorker:
         self.log_path = log_path
 
     @classmethod
-    async def start(cls, nats_url: str, log_path: Path) -> DynamoWorker:
+    async def start(cls, nats_url: str, log_path: Path, **env_vars: str) -> DynamoWorker:
+        """`env_vars` go to its environment (DYNAMO_WORKER_DISCOVERY, DYN_FILE_KV)."""
         env = {
             **os.environ,
+            **env_vars,
             "NATS_SERVER": nats_url,
             "DYN_TCP_RPC_HOST": "127.0.0.1",  # the request plane (local indexer queries) on loopback
             "DYN_SYSTEM_ENABLED": "false",

@@ -3,7 +3,10 @@
     python -m tests.nats.dynamo_worker        # NATS_SERVER names the nats-server
 
 Runs `dynamo._core.DistributedRuntime(loop, "mem", "tcp", event_plane="nats")` (ai-dynamo-runtime,
-the `compat` extra) and any number of `KvEventPublisher`s. Each stdin line is a JSON command; each
+the `compat` extra) and any number of `KvEventPublisher`s. DYNAMO_WORKER_DISCOVERY=file selects
+Dynamo's file discovery instead (its store at DYN_FILE_KV), where a publisher with
+`enable_local_indexer` advertises the query endpoint of its local indexer, which this process serves
+(on its TCP request plane, DYN_TCP_RPC_HOST) for as long as it runs. Each stdin line is a JSON command; each
 gets one JSON answer line on stdout, `{"ok": true}` or `{"ok": false, "error": "..."}` (Dynamo logs
 to stderr). The runtime's threads stay out of the test process; the test stops this one by pid.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -29,7 +33,8 @@ async def main() -> None:
     from dynamo._core import DistributedRuntime, KvEventPublisher
 
     loop = asyncio.get_running_loop()
-    runtime = DistributedRuntime(loop, "mem", "tcp", event_plane="nats")
+    discovery = os.environ.get("DYNAMO_WORKER_DISCOVERY", "mem")
+    runtime = DistributedRuntime(loop, discovery, "tcp", event_plane="nats")
     publishers: dict[str, Any] = {}
 
     def run(command: dict[str, Any]) -> None:
