@@ -26,10 +26,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import groupby
-from operator import itemgetter
 from typing import cast
 
+from extproc.router.radix_lookup import common as _common
+from extproc.router.radix_lookup import group_held as _group_held
+from extproc.router.radix_lookup import index as _index
+from extproc.router.radix_lookup import tails as _tails
 from extproc.router.types import (
     AllBlocksCleared,
     BlocksRemoved,
@@ -492,6 +494,10 @@ class RadixTree:
                 self._settle(node)
                 return
         if not aliases:
+            tails = _tails(m, slot, engine_hashes)
+            if tails is not None:
+                self._cut_tails(slot, tails)
+                return
             by_node = _group_held(m, engine_hashes)
             if by_node is not None:
                 self.stats.removed_blocks += sum(map(len, by_node.values()))
@@ -523,6 +529,27 @@ class RadixTree:
         self.stats.unknown_removal += unknown
         if by_node:
             self._release(slot, by_node)
+
+    def _cut_tails(self, slot: int, tails: dict[_Node, int]) -> None:
+        """The worker stops holding the last `k` blocks it holds in each run (`_tails`' plan):
+        `_release` for the common case, where nothing splits."""
+        m = self._maps[slot]
+        bit = 1 << slot
+        clear = ~bit
+        for node, k in tails.items():
+            ids = node.eids[slot]
+            lo = len(ids) - k
+            deque(map(m.__delitem__, ids[lo:]), maxlen=0)  # in C
+            node.workers &= clear
+            if lo:
+                del ids[lo:]
+                node.partial |= bit
+            else:
+                del node.eids[slot]
+                node.partial &= clear
+            self.stats.removed_blocks += k
+        for node in tails:
+            self._settle(node)
 
     def _release(self, slot: int, by_node: dict[_Node, dict[int, None]]) -> None:
         """The worker stops holding the named blocks (no aliases left): cut, split, settle.
@@ -771,34 +798,6 @@ def _emit(
         events.append(BlocksRemoved(worker, tuple(b.engine_hash for b in chain)))
 
 
-def _group_held(m: dict[int, _Node], engine_hashes: Iterable[int]) -> dict[_Node, dict[int, None]] | None:
-    """The named engine ids by run, or None if one is unknown or named twice (the slow path counts).
-
-    Lookups and grouping run in C over the runs of consecutive ids in one run (a removal names a
-    request's blocks leaf first), so a removal costs what it removes.
-    """
-    hashes = engine_hashes if type(engine_hashes) is tuple else tuple(engine_hashes)
-    try:
-        nodes = list(map(m.__getitem__, hashes))
-    except KeyError:
-        return None
-    by_node: dict[_Node, dict[int, None]] = {}
-    for node, group in groupby(zip(nodes, hashes, strict=True), _first):
-        names = dict.fromkeys(map(_second, group))
-        named = by_node.get(node)
-        if named is None:
-            by_node[node] = names
-        else:
-            named.update(names)
-    if sum(map(len, by_node.values())) != len(hashes):
-        return None
-    return by_node
-
-
-_first = itemgetter(0)
-_second = itemgetter(1)
-
-
 def _recount(node: _Node) -> None:
     """Recomputes the bitmasks of full and partial holders from the lists."""
     size = len(node.hashes)
@@ -821,27 +820,6 @@ def _fresh(
     if aliases and not aliases.keys().isdisjoint(fresh):
         return None
     return fresh
-
-
-def _common(run: list[int], a: int, q: list[int], b: int, limit: int) -> int:
-    """How many of run[a:a+limit] equal q[b:b+limit] before the first difference."""
-    if run[a : a + limit] == q[b : b + limit]:
-        return limit
-    lo, hi = 0, limit - 1  # run[a:a+lo] matches; the answer is at most hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if run[a + lo : a + mid] == q[b + lo : b + mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _index(ids: list[int], engine_hash: int) -> int:
-    """Offset of an engine id in a run (most lookups are for its last block)."""
-    if ids[-1] == engine_hash:
-        return len(ids) - 1
-    return ids.index(engine_hash)
 
 
 def _path(node: _Node | None) -> tuple[int, ...]:
