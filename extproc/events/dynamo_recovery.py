@@ -90,7 +90,8 @@ PENDING_LIMIT = 1024  # live events held per worker while it is recovered (Dynam
 RETRIES = 8  # failed queries before a worker is released (Dynamo's RECOVERY_MAX_RETRIES)
 BACKOFF_S = 0.2  # first retry delay, doubled each time (Dynamo's 200 ms)
 RELEASE_S = 30.0  # a released worker is not taken again before this long
-RESCAN_S = 1.0  # an unrecovered worker's first events look for its source at most this often
+RESCAN_S = 1.0  # the sources are listed again for workers not recovered at most this often ...
+UNADVERTISED_S = 30.0  # ... and a worker not found there is not looked for again before this long
 QUERY_TIMEOUT_S = 30.0  # one query, connection to last frame (a tree dump of a large cache)
 MAX_FRAME = 256 * 1024 * 1024  # bytes in one response frame
 
@@ -381,7 +382,9 @@ class LocalIndexerRecovery:
         self.clock = clock
         self._ranks: dict[Worker, _Rank] = {}
         self._released: dict[Worker, float] = {}  # worker -> when it may be taken again
-        self._scanned: dict[Worker, float] = {}  # worker -> last look for its source
+        self._looked_for: set[Worker] = set()  # workers whose source the next listing looks for
+        self._listed_at = -RESCAN_S  # when the sources were last listed for them
+        self._listing = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -459,21 +462,32 @@ class LocalIndexerRecovery:
         return True
 
     def _look_for(self, worker: Worker) -> None:
-        """A live event of a worker not recovered: look for its source (rate-limited, in a thread)."""
-        now = self.clock()
-        if now < self._released.get(worker, 0.0) or now - self._scanned.get(worker, -RESCAN_S) < RESCAN_S:
-            return
-        if not self.wanted(worker):
-            return
-        self._scanned[worker] = now
-        self._spawn(self._adopt(worker))
+        """A live event of a worker not recovered: look for its source among the advertised ones.
 
-    async def _adopt(self, worker: Worker) -> None:
-        targets = await asyncio.to_thread(self.sources)
-        target = next((t for t in targets if self._worker(t) == worker), None)
-        if target is not None and worker not in self._ranks:
-            log.info("%s: its source advertises a local indexer; rebuilding it from there", worker)
-            self._begin(worker, _Rank(target=target), None)
+        One listing (in a thread) at a time, at most every RESCAN_S, for every worker looked for; a
+        worker not advertised there (no local indexer) is left alone for UNADVERTISED_S."""
+        now = self.clock()
+        if now < self._released.get(worker, 0.0) or not self.wanted(worker):
+            return
+        self._looked_for.add(worker)
+        if not self._listing and now - self._listed_at >= RESCAN_S:
+            self._listing, self._listed_at = True, now
+            self._spawn(self._adopt())
+
+    async def _adopt(self) -> None:
+        try:
+            targets = await asyncio.to_thread(self.sources)
+        finally:
+            self._listing = False
+        looked_for, self._looked_for = self._looked_for, set()
+        by_worker = {self._worker(t): t for t in targets}
+        for worker in looked_for:
+            target = by_worker.get(worker)
+            if target is None:
+                self._released[worker] = self.clock() + UNADVERTISED_S
+            elif worker not in self._ranks:
+                log.info("%s: its source advertises a local indexer; rebuilding it from there", worker)
+                self._begin(worker, _Rank(target=target), None)
 
     # --- recovery ----------------------------------------------------------------------------------
 
