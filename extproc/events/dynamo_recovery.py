@@ -52,10 +52,12 @@ below the cursor are dropped (the dump has them), the next ones applied in order
 them asks for the missing ids (`Events` from the cursor). Later, an event at cursor + 1 is applied;
 one beyond is a gap (held, the missing ids asked for); one at or below the cursor means the
 publisher restarted (Dynamo 1.6.1 numbers a new publisher's events from 1 again): the worker's new
-source is found and dumped. A worker's first event before it was ever recovered (it appeared after
-the picker started) is held and the worker dumped. A query that fails is retried 8 times with
-backoff from 0.2 s (Dynamo's numbers); then the worker is released to the subscriber's own handling
-(`nats_events.follow_gap`, the feed's orphan detection) and tried again after 30 s.
+source is found and dumped. The workers advertised at start are dumped then (after the subscription
+is made, so nothing falls between a dump and the stream); a worker not recovered yet is looked for in
+the store at its first event (which, like those until its dump starts, the subscriber applies as
+usual; the dump then replaces them). A failed query is retried 8 times with backoff from 0.2 s, at
+most 16 queries in flight (Dynamo's numbers); then the worker is released to the subscriber's own
+handling (`nats_events.follow_gap`, the feed's orphan detection) and taken again after 30 s.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ log = logging.getLogger("extproc.events.dynamo_recovery")
 
 PENDING_LIMIT = 1024  # live events held per worker while it is recovered (Dynamo's limit)
 RETRIES = 8  # failed queries before a worker is released (Dynamo's RECOVERY_MAX_RETRIES)
+CONCURRENCY = 16  # queries in flight at once, over all workers (Dynamo's RECOVERY_CONCURRENCY_LIMIT)
 BACKOFF_S = 0.2  # first retry delay, doubled each time (Dynamo's 200 ms)
 RELEASE_S = 30.0  # a released worker is not taken again before this long
 RESCAN_S = 1.0  # the sources are listed again for workers not recovered at most this often ...
@@ -386,6 +389,7 @@ class LocalIndexerRecovery:
         self._listed_at = -RESCAN_S  # when the sources were last listed for them
         self._listing = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight = asyncio.Semaphore(CONCURRENCY)
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -509,7 +513,8 @@ class LocalIndexerRecovery:
                 rank.target = next((t for t in targets if self._worker(t) == worker), rank.target)
             assert rank.target is not None
             try:
-                answer = await self.query(rank.target, start)
+                async with self._in_flight:
+                    answer = await self.query(rank.target, start)
                 if answer.kind == FAILED:
                     raise RecoveryError(answer.detail)
             except (RecoveryError, OSError, TimeoutError, ValueError, struct.error) as exc:
