@@ -114,6 +114,8 @@ async def test_a_picker_started_after_the_workers_published_rebuilds_them_and_ro
     await worker.stored("w7", a[32:48], [13], parent=12)
     await worker.stored("w7", a[48:], [14], parent=13)
     await worker.call("removed", name="w7", block_hashes=[14])  # the dump holds what is left
+    branch = [*a[:32], *range(3000, 3016)]
+    await worker.stored("w7", branch[32:], [17], parent=12)  # a second child of block 12
     await worker.stored("w7dp1", a[:16], [21])
     await worker.stored("w8", b, [31, 32], lora_name="my-lora")
     await advertised(store, (7, 0), (7, 1), (8, 0))
@@ -121,26 +123,26 @@ async def test_a_picker_started_after_the_workers_published_rebuilds_them_and_ro
     async with picker(nats_server, tmp_path, store) as (router, sources):
         recovery = sources.recovery
         assert recovery is not None
-        expected = sorted(
-            [*((W7, x) for x in h(a)[:3]), (W7_DP1, h(a)[0]), *((W8, x) for x in h(b, lora_name="my-lora"))]
-        )
+        others = [(W7_DP1, h(a)[0]), *((W8, x) for x in h(b, lora_name="my-lora"))]
+        expected = sorted([*((W7, x) for x in h(a)[:3]), (W7, h(branch)[2]), *others])
         await eventually(lambda: held(router) == expected, what=lambda: f"{held(router)} != {expected}")
         assert sources.counters["recovery.dump"] == 3 and sources.counters["recovery.query_failed"] == 0
-        assert recovery.cursor(W7) == 4 and recovery.cursor(W7_DP1) == 1 and recovery.cursor(W8) == 1
+        assert recovery.cursor(W7) == 5 and recovery.cursor(W7_DP1) == 1 and recovery.cursor(W8) == 1
         decision = router.best_worker(a)  # only the local indexer can have told the picker these blocks
         assert (decision.worker, decision.overlap_blocks) == (W7, 3)
+        assert router.best_worker(branch).overlap_blocks == 3  # the dump kept the branch under its parent
         assert router.best_worker(b, lora_name="my-lora").worker == W8
         assert {sources.feed.state(w) for w in (W7, W7_DP1, W8)} == {"event-fed"}
         await primed(worker, sources)  # the picker hears the worker's live events from here on
 
         # the live stream goes on from the dump: applied once each, in order, nothing lost
         c = list(range(2000, 2016))
-        await worker.stored("w7", a[48:], [15], parent=13)  # event 5
-        await worker.call("removed", name="w7", block_hashes=[13, 15])  # event 6
+        await worker.stored("w7", a[48:], [15], parent=13)  # event 6
+        await worker.call("removed", name="w7", block_hashes=[13, 15])  # event 7
         await worker.stored("w8", c, [33])  # event 2
-        expected = sorted([*((W7, x) for x in h(a)[:2]), (W7_DP1, h(a)[0]), *expected[-2:], (W8, h(c)[0])])
+        expected = sorted([*((W7, x) for x in h(a)[:2]), (W7, h(branch)[2]), *others, (W8, h(c)[0])])
         await eventually(lambda: held(router) == expected, what=lambda: f"{held(router)} != {expected}")
-        await eventually(lambda: recovery.cursor(W7) == 6 and recovery.cursor(W8) == 2)
+        await eventually(lambda: recovery.cursor(W7) == 7 and recovery.cursor(W8) == 2)
         assert router.best_worker(a).overlap_blocks == 2
 
 
