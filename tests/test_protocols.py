@@ -63,6 +63,8 @@ PAIRS = [
     Pair("extproc.sim.prefix_cache:KvCacheListener", "extproc.events.nats_events:NatsEventPublisher"),
     Pair("extproc.sim.prefix_cache:KvCacheListener", "extproc.sim.kv_events:_Forward"),
     Pair("extproc.sim.prefix_cache:KvCacheListener", "extproc.sim.replay_router:KvEventTap"),
+    Pair("extproc.sim.prefix_cache:OffloadListener", "extproc.events.zmq_publisher:VllmEventListener"),
+    Pair("extproc.sim.prefix_cache:OffloadListener", "extproc.sim.replay_router:KvEventTap"),
     Pair("extproc.sim.replay_router:ReplayRouter", "extproc.sim.replay_router:KvRouterAdapter"),
     Pair("extproc.sim.replay_router:ReplayRouter", "extproc.sim.replay_router:DisaggRouterAdapter"),
     *(
@@ -130,7 +132,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
     from extproc.sim.disagg import EngineClock
     from extproc.sim.kv_events import KvEventPublisher, NatsKvEvents, ZmqKvEvents, _Forward
     from extproc.sim.mock_worker import EngineDriver, TokenizerLike
-    from extproc.sim.prefix_cache import KvCacheListener
+    from extproc.sim.prefix_cache import KvCacheListener, OffloadListener
     from extproc.sim.replay_router import DisaggRouterAdapter, KvEventTap, KvRouterAdapter, ReplayRouter
 
     def _assignable(
@@ -157,6 +159,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         targets: list[WorkerSetTarget] = [endpoint_picker]
         tokenizers: list[Tokenizer] = [byte_tokenizer, hf_tokenizer]
         listeners: list[KvCacheListener] = [vllm_listener, nats_publisher, forward, tap]
+        offload_listeners: list[OffloadListener] = [vllm_listener, tap]
         replay_routers: list[ReplayRouter] = [kv_adapter, disagg_adapter]
         worker_tokenizers: list[TokenizerLike] = [byte_tokenizer, hf_tokenizer]
         clock: EngineClock = driver
@@ -172,6 +175,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         served: ServedGroup = local_group
         groups: list[RouterGroup] = [local_group, remote_group]
         del targets, tokenizers, listeners, replay_routers, worker_tokenizers, clock, publishers, sink
+        del offload_listeners
         del trees, synced, worker_set_listener, route_listener, picker, served, groups, output_tracker
         del worker_pools
 

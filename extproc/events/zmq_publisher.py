@@ -233,6 +233,35 @@ class VllmEventListener:
     def on_removed(self, block_hashes: Sequence[int]) -> None:
         self._add(WireBlockRemoved(list(block_hashes), group_idx=0))
 
+    def on_offloaded(
+        self,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        cache_salt: str | None = None,
+        medium: str = "CPU",
+    ) -> None:
+        """A host-tier copy, as vLLM's offloading connector sends it with self-describing events (each
+        chunk with its own parent and tokens, the salt in its first block's extra_keys at the root)."""
+        tokens = [t for block in token_ids for t in block]
+        keys = extra_keys(len(block_hashes), self.lora_name, cache_salt if parent_hash is None else None)
+        self._add(
+            WireBlockStored(
+                list(block_hashes),
+                parent_hash,
+                tokens,
+                self.block_size,
+                medium=medium,
+                lora_name=self.lora_name,
+                extra_keys=keys,
+                group_idx=0,
+            )
+        )
+
+    def on_offload_removed(self, block_hashes: Sequence[int], *, medium: str = "CPU") -> None:
+        self._add(WireBlockRemoved(list(block_hashes), medium=medium, group_idx=0))
+
     def on_cleared(self) -> None:
         self._add(WireAllBlocksCleared())
 

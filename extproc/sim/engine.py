@@ -26,6 +26,15 @@ do random micro traces with pools of a few hundred blocks. With pools of a few d
 preemptions cascade, some end times still differ (tests/sim/test_replay_rules.py pins one that
 agrees).
 
+Host tier (`num_host_blocks` > 0, not in the mocker): blocks evicted from the pool are offloaded to
+host memory (`extproc.sim.prefix_cache`), and a request admitted with blocks that follow its cached
+prefix there loads them back instead of computing them. Loading costs a fraction of computing:
+`host_load_speedup` (4 by default) loaded tokens price as one computed token in the pass's prefill
+(a PCIe transfer of a block's KV against its attention and MLP compute: a few times cheaper; LMCache
+and vLLM's offloading report 3-10x lower TTFT for prefixes served from CPU memory). The factor
+matches Dynamo's default host credit: a host block saves 0.75 of its recompute. Loaded tokens
+count as cached tokens of the admission (served from a cache tier).
+
 A request whose prompt alone is larger than the pool is refused by `add_request`. Disaggregated
 serving (not in the mocker's checks): `receive_blocks` lands a prompt's KV computed by a prefill
 worker as cached blocks, so the request then prefills only the rest.
@@ -33,6 +42,7 @@ worker as cached blocks, so the request then prefills only the rest.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,14 +62,22 @@ class EngineConfig:
     max_num_seqs: int = 256
     output_token_id: int = 0  # the id every generated token gets (its blocks are hashed per request)
     speed: float = 1.0  # a pass takes 1 / speed of the pass-time model's time (a mixed fleet's GPUs)
+    num_host_blocks: int = 0  # host-memory tier for blocks evicted from the pool (0: none, the mocker)
+    host_load_speedup: float = 4.0  # loaded tokens priced at 1 / this of computed ones
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
-        if not (isinstance(self.speed, int | float) and 0 < self.speed < float("inf")):
-            raise ValueError(f"EngineConfig.speed must be a number > 0, got {self.speed!r}")
+        for name in ("speed", "host_load_speedup"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and 0 < value < float("inf")):
+                raise ValueError(f"EngineConfig.{name} must be a number > 0, got {value!r}")
+        if not isinstance(self.num_host_blocks, int) or self.num_host_blocks < 0:
+            raise ValueError(
+                f"EngineConfig.num_host_blocks must be an integer >= 0, got {self.num_host_blocks!r}"
+            )
 
     @property
     def capacity_tokens(self) -> int:
@@ -125,7 +143,10 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None, listener: KvCacheListener | None = None) -> None:
         self.config = config or EngineConfig()
-        self.cache = PrefixCache(self.config.num_gpu_blocks, self.config.block_size, listener)
+        cfg = self.config
+        self.cache = PrefixCache(
+            cfg.num_gpu_blocks, cfg.block_size, listener, num_host_blocks=cfg.num_host_blocks
+        )
         self._requests: dict[str, _Request] = {}
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -229,6 +250,7 @@ class Engine:
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[_Request, int, int, int | None]] = []  # request, prefix, new, cached
         preempted: list[str] = []
+        loaded = 0  # tokens loaded back from the host tier in this pass
         i = 0
         while i < len(self._running) and budget > 0:
             req = self._running[i]
@@ -244,23 +266,28 @@ class Engine:
         ):
             req = self._waiting[0]
             cached = self._match(req)
-            new = min(len(req.tokens) - cached, budget)
+            host = self._match_host(req, cached)
+            new = min(len(req.tokens) - cached - host, budget)
             cache = self.cache
             if cache.blocks_needed(req.table, req.block_hashes, len(req.tokens)) > cache.num_free_blocks:
                 break  # the whole prompt must fit, though only this chunk's blocks are taken now
+            if host:  # before the allocation, whose evictions offload blocks that may push them out
+                bs = self.config.block_size
+                cache.touch_host(req.block_hashes[cached // bs : (cached + host) // bs])
             if not cache.allocate(
-                req.table, req.block_hashes, cached + new, req.tokens, cache_salt=req.cache_salt
+                req.table, req.block_hashes, cached + host + new, req.tokens, cache_salt=req.cache_salt
             ):
                 break
+            loaded += host
             self.cache.record_query(len(req.tokens), cached)
             self._waiting.popleft()
             self._running.append(req)
-            scheduled.append((req, cached, new, cached))
-            req.num_computed = cached + new
+            scheduled.append((req, cached + host, new, cached + host))
+            req.num_computed = cached + host + new
             budget -= new
         if not scheduled:
             return None
-        self._in_flight = self._price(now_ms, scheduled, tuple(preempted))
+        self._in_flight = self._price(now_ms, scheduled, tuple(preempted), loaded)
         return self._in_flight
 
     def finish_pass(self, p: Pass) -> list[PassEntry]:
@@ -292,6 +319,13 @@ class Engine:
         bs = self.config.block_size
         cap_blocks = (len(req.tokens) - 1) // bs
         return self.cache.match_prefix(req.block_hashes[:cap_blocks]) * bs
+
+    def _match_host(self, req: _Request, cached: int) -> int:
+        """Tokens of the blocks right after the cached prefix the host tier holds (the same cap)."""
+        if not self.config.num_host_blocks:
+            return 0
+        bs = self.config.block_size
+        return self.cache.match_host(req.block_hashes, cached // bs, (len(req.tokens) - 1) // bs) * bs
 
     def _allocate_or_preempt(self, req: _Request, num_tokens: int, preempted: list[str]) -> bool:
         """Give a running request blocks for `num_tokens`, preempting the newest running ones (LIFO)
@@ -326,6 +360,7 @@ class Engine:
         now_ms: float,
         scheduled: list[tuple[_Request, int, int, int | None]],
         preempted: tuple[str, ...],
+        loaded: int = 0,
     ) -> Pass:
         # Recomputed generated tokens (after a preemption) are not priced: only prompt tokens are.
         prefills: list[tuple[int, int]] = []
@@ -346,7 +381,7 @@ class Engine:
             emits = req.num_computed == n_tokens
             finished = emits and req.num_output + 1 >= req.max_tokens
             entries.append(PassEntry(req.request_id, new, cached, emits, finished))
-        t = _prefill_tokens(prefills)
+        t = _prefill_tokens(prefills) + math.ceil(loaded / self.config.host_load_speedup)
         duration = prefill_ms(t) if t > 0 else 0.0
         usage = None
         if decoding:

@@ -13,6 +13,13 @@ section 6, semantics 4-5):
   partial block goes straight back to the empty slots.
 
 Changes are reported to an optional `KvCacheListener` (the seam a KV-event publisher plugs into).
+
+Host tier (`num_host_blocks` > 0; vLLM's CPU offloading, as far as the router sees it): a cached
+block evicted from the pool is offloaded to a bounded LRU tier in host memory, reported, when the
+listener is also an `OffloadListener`, as vLLM's offloading connector reports it (a store of medium
+"CPU" with the block's own parent and tokens; a removal of medium "CPU" when the host tier evicts
+it). The engine loads a prompt's blocks that follow its cached prefix back from the host tier
+(`match_host`, `touch_host`): they re-enter the pool as new blocks, and stay in host memory too.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+MEDIUM_CPU = "CPU"  # vLLM's medium for its CPU offload tier (kv_events.MEDIUM_CPU)
 
 
 class KvCacheListener(Protocol):
@@ -47,6 +56,30 @@ class KvCacheListener(Protocol):
         ...
 
 
+@runtime_checkable
+class OffloadListener(Protocol):
+    """Receives the host tier's changes, as vLLM's offloading connector reports them."""
+
+    def on_offloaded(
+        self,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        cache_salt: str | None = None,
+        medium: str = MEDIUM_CPU,
+    ) -> None:
+        """Blocks copied to `medium`, each chained after the block before it (`parent_hash`)."""
+        ...
+
+    def on_offload_removed(self, block_hashes: Sequence[int], *, medium: str = MEDIUM_CPU) -> None:
+        """Blocks `medium` dropped."""
+        ...
+
+
+_Meta = tuple[int | None, tuple[int, ...], str | None]  # a block's parent, tokens and salt
+
+
 @dataclass(slots=True)
 class BlockTable:
     """The blocks one request holds: full blocks by sequence hash, in order, plus a partial tail."""
@@ -62,12 +95,26 @@ class BlockTable:
 class PrefixCache:
     """A pool of `num_blocks` KV blocks of `block_size` tokens with LRU reuse of released blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int, listener: KvCacheListener | None = None) -> None:
-        if num_blocks <= 0 or block_size <= 0:
-            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        listener: KvCacheListener | None = None,
+        *,
+        num_host_blocks: int = 0,
+    ) -> None:
+        if num_blocks <= 0 or block_size <= 0 or num_host_blocks < 0:
+            raise ValueError(
+                f"num_blocks and block_size must be positive and num_host_blocks >= 0, got {num_blocks}, "
+                f"{block_size}, {num_host_blocks}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.listener = listener
+        self.num_host_blocks = num_host_blocks
+        self._offload = listener if isinstance(listener, OffloadListener) else None
+        self._meta: dict[int, _Meta] = {}  # with a host tier: what it needs to describe each pooled block
+        self._host: OrderedDict[int, _Meta] = OrderedDict()  # the host tier, least recently used first
         self._ref_counts: dict[int, int] = {}  # every full block in the pool, active or cached
         self._evictable: OrderedDict[int, None] = OrderedDict()  # ref count 0, least recent first
         self._num_partial = 0  # anonymous partial blocks in use
@@ -155,6 +202,8 @@ class PrefixCache:
         self._evict(len(self._ref_counts) + self._num_partial + len(fresh) - self.num_blocks)
         for h in new_hashes:
             self._ref_counts[h] = self._ref_counts.get(h, 0) + 1
+        if fresh and self.num_host_blocks:
+            self._describe(block_hashes, len(table.block_hashes), full, set(fresh), token_ids, cache_salt)
         if fresh and self.listener is not None:
             self._report_stored(
                 block_hashes, len(table.block_hashes), full, set(fresh), token_ids, cache_salt
@@ -180,6 +229,7 @@ class PrefixCache:
         dropped = list(self._evictable)
         for h in dropped:
             del self._ref_counts[h]
+            self._meta.pop(h, None)
         self._evictable.clear()
         if self.listener is not None:
             if not self._ref_counts:
@@ -197,6 +247,74 @@ class PrefixCache:
             removed.append(h)
         if self.listener is not None:
             self.listener.on_removed(removed)
+        if self.num_host_blocks:
+            self._offload_blocks(removed)
+
+    # --- the host tier --------------------------------------------------------------------------
+
+    @property
+    def num_host_cached(self) -> int:
+        """Blocks held in the host tier."""
+        return len(self._host)
+
+    def match_host(self, block_hashes: Sequence[int], start: int, end: int) -> int:
+        """How many of `block_hashes[start:end]`, from the first on, the host tier holds. No side effects."""
+        n = 0
+        for h in block_hashes[start:end]:
+            if h not in self._host:
+                break
+            n += 1
+        return n
+
+    def touch_host(self, block_hashes: Sequence[int]) -> None:
+        """Blocks loaded back from the host tier: now its most recently used (those it holds)."""
+        host = self._host
+        for h in block_hashes:
+            if h in host:
+                host.move_to_end(h)
+
+    def _describe(
+        self,
+        block_hashes: Sequence[int],
+        start: int,
+        end: int,
+        fresh: set[int],
+        token_ids: Sequence[int],
+        cache_salt: str | None,
+    ) -> None:
+        """Keep the parent, tokens and salt of new blocks (an offload describes them as a store does)."""
+        bs = self.block_size
+        for i in range(start, min(end, len(token_ids) // bs)):
+            h = block_hashes[i]
+            if h in fresh:
+                parent = block_hashes[i - 1] if i > 0 else None
+                self._meta[h] = (parent, tuple(token_ids[i * bs : (i + 1) * bs]), cache_salt)
+
+    def _offload_blocks(self, evicted: list[int]) -> None:
+        """Copy blocks evicted from the pool to the host tier, evicting its least recently used."""
+        host, stored, dropped = self._host, [], []
+        for h in evicted:
+            meta = self._meta.pop(h, None)
+            if meta is None:
+                continue  # its tokens were never known
+            if h in host:
+                host.move_to_end(h)
+                continue
+            host[h] = meta
+            stored.append(h)
+            if len(host) > self.num_host_blocks:
+                dropped.append(host.popitem(last=False)[0])
+        offload = self._offload
+        if offload is None:
+            return
+        gone = set(dropped)
+        for h in stored:
+            if h not in gone:
+                parent, tokens, salt = host[h]
+                offload.on_offloaded(parent, [h], [list(tokens)], cache_salt=salt)
+        dropped = [h for h in dropped if h not in stored]  # copied and dropped at once: never reported
+        if dropped:
+            offload.on_offload_removed(dropped)
 
     def _report_stored(
         self,

@@ -107,6 +107,19 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-num-seqs", type=int, default=defaults.max_num_seqs, help="running requests per worker"
     )
     engine.add_argument(
+        "--num-host-blocks",
+        type=int,
+        default=defaults.num_host_blocks,
+        help="host-memory tier per worker for blocks evicted from the GPU pool, reported as vLLM's CPU "
+        "offloading reports them (medium CPU); 0: none, as the mocker (default: %(default)s)",
+    )
+    engine.add_argument(
+        "--host-load-speedup",
+        type=float,
+        default=defaults.host_load_speedup,
+        help="loading a block back from the host tier costs 1/this of computing it (default: %(default)s)",
+    )
+    engine.add_argument(
         "--worker-speed",
         type=_speeds,
         metavar="S1,S2,...",
@@ -216,6 +229,8 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
             num_gpu_blocks=args.num_gpu_blocks,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
+            num_host_blocks=args.num_host_blocks,
+            host_load_speedup=args.host_load_speedup,
         )
         base = router_config(args, engine, environ)
         setup = disagg_setup(args, environ)

@@ -24,6 +24,7 @@ from extproc.router.disagg import DisaggPolicy, DisaggRouter, prefill_router_con
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.queue import AdmissionQueue, QueuedRequest
 from extproc.router.router import KvRouter
+from extproc.router.tiers import tier_of_medium
 from extproc.router.types import (
     AllBlocksCleared,
     BlocksRemoved,
@@ -258,5 +259,32 @@ class KvEventTap:
     def on_removed(self, block_hashes: Sequence[int]) -> None:
         self.sink(BlocksRemoved(self.worker, tuple(block_hashes), self._next_id()))
 
+    def on_offloaded(
+        self,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[Sequence[int]],
+        *,
+        cache_salt: str | None = None,
+        medium: str = "CPU",
+    ) -> None:
+        """The engine's host tier (an `OffloadListener`): events of that tier, as a decoder makes them."""
+        bs = self.block_size
+        blocks = tuple(
+            StoredBlock(engine_hash, compute_block_hashes(tokens, bs, namespace=cache_salt)[0])
+            for engine_hash, tokens in zip(block_hashes, token_ids, strict=True)
+        )
+        self.sink(BlocksStored(self.worker, blocks, parent_hash, self._next_id(), _tier(medium)))
+
+    def on_offload_removed(self, block_hashes: Sequence[int], *, medium: str = "CPU") -> None:
+        self.sink(BlocksRemoved(self.worker, tuple(block_hashes), self._next_id(), _tier(medium)))
+
     def on_cleared(self) -> None:
         self.sink(AllBlocksCleared(self.worker, self._next_id()))
+
+
+def _tier(medium: str) -> str:
+    tier = tier_of_medium(medium)
+    if tier is None:
+        raise ValueError(f"unknown medium {medium!r}")
+    return tier

@@ -103,6 +103,7 @@ def test_the_router_seam_imports_nothing_of_the_engines():
         "extproc.router.hashing",
         "extproc.router.queue",
         "extproc.router.router",
+        "extproc.router.tiers",
         "extproc.router.types",
     }
 
