@@ -55,9 +55,11 @@ publisher restarted (Dynamo 1.6.1 numbers a new publisher's events from 1 again)
 source is found and dumped. The workers advertised at start are dumped then (after the subscription
 is made, so nothing falls between a dump and the stream); a worker not recovered yet is looked for in
 the store at its first event (which, like those until its dump starts, the subscriber applies as
-usual; the dump then replaces them). A failed query is retried 8 times with backoff from 0.2 s, at
-most 16 queries in flight (Dynamo's numbers); then the worker is released to the subscriber's own
-handling (`nats_events.follow_gap`, the feed's orphan detection) and taken again after 30 s.
+usual; the dump then replaces them). A stored block under a parent the picker does not know (the
+feed's orphan detection, `RouterFeed.set_resync`) dumps the worker again. A failed query is retried
+8 times with backoff from 0.2 s, at most 16 queries in flight (Dynamo's numbers); then the worker is
+released to the subscriber's own handling (`nats_events.follow_gap`, the feed's orphan detection)
+and taken again after 30 s.
 """
 
 from __future__ import annotations
@@ -356,8 +358,10 @@ class LocalIndexerRecovery:
     subscriber (a worker without a local indexer, or released after failures). `start` recovers every
     worker whose source is advertised then; a worker that appears later is recovered at its first
     event. `sources` lists the advertised targets (blocking: it runs in a thread), `query` asks one
-    (tests give their own). Counter keys: `recovery.dump` (tree dumps applied), `recovery.catch_up`
-    (event ranges applied), `recovery.gap`, `recovery.restart`, and loudly `recovery.query_failed`,
+    (tests give their own). `on_owned(worker, owned)` says when a worker is taken and released (the
+    feed's `set_resync`: a store under a parent the picker does not know dumps the worker again).
+    Counter keys: `recovery.dump` (tree dumps applied), `recovery.catch_up` (event ranges applied),
+    `recovery.gap`, `recovery.restart`, `recovery.resync`, and loudly `recovery.query_failed`,
     `recovery.released`.
     """
 
@@ -369,6 +373,7 @@ class LocalIndexerRecovery:
         counters: EventCounters | None = None,
         worker_id_of: Callable[[int], WorkerId] = str,
         wanted: Callable[[Worker], bool] = lambda _: True,
+        on_owned: Callable[[Worker, bool], None] = lambda worker, owned: None,
         query: Query | None = None,
         retries: int = RETRIES,
         backoff_s: float = BACKOFF_S,
@@ -379,6 +384,9 @@ class LocalIndexerRecovery:
         self.counters = counters if counters is not None else EventCounters()
         self.worker_id_of = worker_id_of
         self.wanted = wanted
+        self.on_owned = (
+            on_owned  # (worker, True) when this class takes a worker, (worker, False) when released
+        )
         self.query: Query = query or (lambda target, start: query_local_indexer(target, start))
         self.retries = retries
         self.backoff_s = backoff_s
@@ -423,6 +431,14 @@ class LocalIndexerRecovery:
 
     def owns(self, worker: Worker) -> bool:
         return worker in self._ranks
+
+    def resync(self, worker: Worker, reason: str) -> None:
+        """Dump `worker` again (the feed found a stored block under a parent it does not know)."""
+        rank = self._ranks.get(worker)
+        if rank is not None and not rank.inflight:
+            log.info("%s: rebuilding it from its local indexer (%s)", worker, reason)
+            self.counters.add("recovery.resync")
+            self._begin(worker, rank, None)
 
     # --- the gate ----------------------------------------------------------------------------------
 
@@ -496,7 +512,9 @@ class LocalIndexerRecovery:
     # --- recovery ----------------------------------------------------------------------------------
 
     def _begin(self, worker: Worker, rank: _Rank, start: int | None) -> None:
-        self._ranks[worker] = rank
+        if worker not in self._ranks:
+            self._ranks[worker] = rank
+            self.on_owned(worker, True)
         rank.inflight = True
         self._spawn(self._recover(worker, rank, start))
 
@@ -586,6 +604,7 @@ class LocalIndexerRecovery:
     def _release(self, worker: Worker, rank: _Rank, why: str) -> None:
         """Give the worker back to the subscriber's own handling, and take it again later."""
         self._ranks.pop(worker, None)
+        self.on_owned(worker, False)
         self._released[worker] = self.clock() + RELEASE_S
         rank.inflight = False
         held = [e for _, e in rank.pending]
@@ -617,6 +636,9 @@ async def start_recovery(
         counters=feed.counters,
         worker_id_of=worker_id_of,
         wanted=lambda worker: worker.worker_id in feed.routers,
+        on_owned=lambda worker, owned: feed.set_resync(
+            worker, functools.partial(recovery.resync, worker) if owned else None
+        ),
     )
     subscriber.gate = recovery.take
     started = await recovery.start()

@@ -273,3 +273,22 @@ def test_discovery_backend_file_names_the_store_recovery_reads(argv, environ, st
     assert config.events.dynamo_file_kv == store
     (line,) = [n for n in config.notices if "--discovery-backend" in n or "DYN_DISCOVERY_BACKEND" in n]
     assert ("no effect here" in line) == (store is None), line
+
+
+async def test_the_feed_asks_for_a_dump_of_a_worker_it_finds_blocks_missing_from():
+    owned: list[tuple[Worker, bool]] = []
+    worker, sink = Worker8(dump(2, 101), dump(4, 101, 102), OSError("gone")), Sink()
+    recovery = recovery_of(worker, sink, retries=0, on_owned=lambda w, o: owned.append((w, o)))
+    await recovery.start()
+    await recovery.wait_idle()
+    recovery.take(W8, 3, live(3))
+    recovery.take(W8, 4, live(4))
+    recovery.resync(W8, "a stored block's parent 77 is unknown")
+    await recovery.wait_idle()
+    assert worker.starts == [None, None] and sink.log[-3:] == [("reset", W8), ("apply", 0), ("apply", 0)]
+    assert recovery.cursor(W8) == 4 and owned == [(W8, True)]
+    recovery.resync(W8, "again")  # and a worker whose local indexer is gone is given back
+    await recovery.wait_idle()
+    assert owned == [(W8, True), (W8, False)] and not recovery.owns(W8)
+    recovery.resync(W8, "not owned")  # nothing to do
+    assert worker.starts == [None, None, None]
