@@ -7,13 +7,15 @@
     GET  /busy_threshold          {"thresholds": [record per configured model]}
     POST /busy_threshold          {"model": M} reads M's record; with threshold fields, sets them
                                   (a value of null clears that threshold)
-    GET  /debug/workers           per worker: endpoint, cache source, cached blocks, active load, the
+    GET  /debug/workers           per worker: endpoint, cache source, cached blocks (offloaded ones per
+                                  tier: host_pinned, disk, external), active load, the
                                   engine's own load (scraped: KV usage, running, waiting, age, fresh),
                                   which view the busy thresholds use, and with the timing prefill
                                   load model its learned pass-time model
     GET  /debug/dump_events       ?model=M: the KV events that rebuild M's indexer (engine-reported)
     POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens", "cache_salt"?}: loads if
-                                  sent; at most MAX_POTENTIAL_LOADS_TOKENS tokens (400 beyond)
+                                  sent, the credited overlap and the matched blocks per tier; at most
+                                  MAX_POTENTIAL_LOADS_TOKENS tokens (400 beyond)
 
 A busy-threshold record is {"model", "active_decode_blocks_threshold", "active_prefill_tokens_threshold",
 "active_prefill_tokens_threshold_frac"}, null when unset. Setting validates every value (fractions in
@@ -181,6 +183,7 @@ def make_admin_app(
                         "cache_source": sources.feed.state(worker),
                         "cache_source_reason": sources.feed.reason(worker),
                         "cached_blocks": router.indexer.num_blocks(worker),
+                        "offloaded_blocks": router.tiers.num_blocks(worker),  # per lower tier held
                         "active_prefill_tokens": router.sequences.prefill_tokens(worker),
                         "active_decode_blocks": router.sequences.decode_blocks(worker),
                         "active_requests": router.sequences.num_requests(worker),
@@ -235,7 +238,10 @@ def make_admin_app(
                 )
         elif tokens is None:
             raise _BadRequest(400, "give 'tokens', 'messages' or 'prompt'")
-        loads = pool.router.get_potential_loads(tokens, cache_salt=cache_salt)
+        router = pool.router
+        loads = router.get_potential_loads(tokens, cache_salt=cache_salt)
+        hashes = router.block_hashes(tokens, cache_salt=cache_salt)
+        tiers = router.tiers.match(router.indexer, hashes, router.find_matches(hashes))
         return web.json_response(
             {
                 "model": model,
@@ -246,7 +252,8 @@ def make_admin_app(
                         "worker": str(load.worker.worker_id),
                         "dp_rank": load.worker.dp_rank,
                         "endpoint": pool.endpoint_of(load.worker),
-                        "overlap_blocks": load.overlap_blocks,
+                        "overlap_blocks": load.overlap_blocks,  # credited: device + weighted lower tiers
+                        "tier_blocks": tiers.blocks(load.worker),  # matched blocks per tier
                         "potential_prefill_tokens": load.prefill_tokens,
                         "potential_decode_blocks": load.decode_blocks,
                     }

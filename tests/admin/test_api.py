@@ -13,6 +13,7 @@ import pytest
 
 from extproc.admin.api import MAX_ADMIN_BODY, MAX_POTENTIAL_LOADS_TOKENS
 from extproc.router import AllWorkersBusy
+from extproc.router.types import HOST_PINNED_TIER, BlocksStored, StoredBlock
 from extproc.runtime.server import start_picker
 
 from ..picker_fixtures import MODEL, chat_body, picker_config
@@ -341,3 +342,23 @@ async def test_a_million_token_potential_loads_call_does_not_hold_the_event_loop
 async def _post(http, body: bytes):
     async with http.post("/debug/potential_loads", data=io.BytesIO(body)) as r:
         return r.status, await r.json()
+
+
+async def test_the_debug_views_show_offloaded_blocks_per_tier(running, http) -> None:
+    """Issue 23: blocks an engine offloaded (here to host memory) show per tier in /debug/workers and
+    in /debug/potential_loads, whose overlap is the credited one (0.75 per host block)."""
+    router = running.picker.pools[MODEL].router
+    worker = router.workers()[0]
+    tokens = list(range(64))
+    hashes = router.block_hashes(tokens)
+    stored = tuple(StoredBlock(i + 1, h) for i, h in enumerate(hashes[:2]))
+    router.apply_event(BlocksStored(worker, stored, None, tier=HOST_PINNED_TIER))
+    status, loads = await call(
+        http, "POST", "/debug/potential_loads", json={"model": MODEL, "tokens": tokens}
+    )
+    (mine,) = [e for e in loads["loads"] if e["worker"] == str(worker.worker_id)]
+    assert status == 200 and mine["tier_blocks"] == {"host_pinned": 2} and mine["overlap_blocks"] == 1.5
+    assert all(e["tier_blocks"] == {} for e in loads["loads"] if e is not mine)
+    status, workers = await call(http, "GET", "/debug/workers")
+    offloaded = {w["worker"]: w["offloaded_blocks"] for w in workers["workers"]}
+    assert offloaded[str(worker.worker_id)] == {"host_pinned": 2}
