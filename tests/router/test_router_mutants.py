@@ -179,3 +179,19 @@ def test_a_dump_drops_stores_under_a_predicted_parent() -> None:
         BlocksStored(B, (StoredBlock(8, hashes[0]), StoredBlock(9, hashes[1]))),
         BlocksStored(B, (StoredBlock(10, other),), 9),
     ]
+
+
+# --- lifecycle --------------------------------------------------------------------------------------
+
+
+def test_output_tokens_of_several_sequences_load_the_worker_for_each() -> None:
+    def decode_blocks(sequences: int) -> float:
+        router, _ = two_workers(router_track_output_blocks=True)
+        router.best_worker(list(range(2 * BS)), request_id="r", pinned_worker=A)
+        router.mark_prefill_complete("r")
+        router.add_output_tokens("r", 3 * BS, sequences=sequences)
+        return router.sequences.decode_blocks(A)
+
+    one, two = decode_blocks(1), decode_blocks(2)
+    assert one == 2 + 3  # the prompt's blocks and the output's
+    assert two == 2 + 2 * 3  # the prompt is shared, each sequence writes its own output

@@ -1,0 +1,100 @@
+"""Fleet-sized decisions (KvRouter._fast_choice, _timed_choice) against the full scan where mutation
+testing found them unpinned (issue 19): pass-time models with zero or small parts, busy thresholds
+changed at run time, and how few workers a decision visits."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extproc.router import RouterConfig, WorkerSpec
+from extproc.router.config import PrefillLoadModel
+from extproc.router.prefill_model import PrefillTiming
+
+from .test_fleet_decision import BS, Pair, prompt
+
+SMALL = {"max_num_batched_tokens": 32, "kv_capacity_tokens": 2048}
+TIMINGS = {
+    "no quadratic part": PrefillTiming(prefill_quadratic_ms=0.0, **SMALL),
+    "no constant part": PrefillTiming(prefill_constant_ms=0.0, **SMALL),
+    "every part below 1 ms": PrefillTiming(prefill_constant_ms=0.5, **SMALL),
+}
+
+
+def drive(pair: Pair, rng: random.Random, steps: int, *, learn: bool = True) -> None:
+    """Requests, first tokens, frees and probes over a few prompt families, the clock moving."""
+    in_flight: list[str] = []
+    for step in range(steps):
+        roll = rng.random()
+        if roll < 0.45:
+            rid = f"r{step}"
+            tokens = prompt(rng, 4) + [rng.randrange(10**6) for _ in range(rng.choice([0, 0, 40]))]
+            pair.decide(tokens, request_id=rid)
+            if rid in pair.oracle.sequences:
+                in_flight.append(rid)
+        elif roll < 0.65 and in_flight:
+            pair.call("mark_prefill_complete", rng.choice(in_flight))
+        elif roll < 0.8 and in_flight:
+            pair.call("free", in_flight.pop(rng.randrange(len(in_flight))))
+        else:
+            pair.decide(prompt(rng, 4))
+        pair.clock.advance(rng.choice([0.0, 0.002, 0.02, 0.2]) * rng.random())
+
+
+@pytest.mark.parametrize("name", sorted(TIMINGS))
+@pytest.mark.parametrize("seed", range(3))
+def test_timed_fast_decisions_match_the_full_scan_for_unusual_pass_time_models(name: str, seed: int) -> None:
+    rng = random.Random(seed)
+    config = RouterConfig(
+        block_size=BS,
+        prefill_load_model=PrefillLoadModel.TIMING,
+        prefill_timing=TIMINGS[name],
+        learn_prefill_timing=seed != 0,
+    )
+    pair = Pair(config, [WorkerSpec(f"w{i:03d}", total_blocks=200) for i in range(40)], seed)
+    drive(pair, rng, 150)
+    assert len(pair.visited) > 50
+
+
+@pytest.mark.parametrize("name", sorted(TIMINGS))
+def test_a_timed_miss_visits_few_workers_whatever_the_parts_of_the_pass_time(name: str) -> None:
+    """Loaded workers are bounded away by their prefill scale (a part of the configured model that
+    is 0 bounds nothing, so the other parts' ratio is the scale)."""
+    specs = [WorkerSpec(f"w{i:03d}") for i in range(60)]
+    config = RouterConfig(
+        block_size=BS, prefill_load_model=PrefillLoadModel.TIMING, prefill_timing=TIMINGS[name]
+    )
+    pair = Pair(config, specs, 3)
+    rng = random.Random(5)
+    for k in range(40):
+        pair.decide(prompt(rng, 4), request_id=f"load{k}")
+        pair.call("mark_prefill_complete", f"load{k}")  # decoding from now on: every pass costs more
+    start = len(pair.visited)
+    for _ in range(10):
+        pair.decide([rng.randrange(10**7, 2 * 10**7) for _ in range(rng.randrange(40, 200))])  # misses
+    assert max(pair.visited[start:]) < 10
+
+
+@pytest.mark.parametrize("model", [PrefillLoadModel.NONE, PrefillLoadModel.TIMING])
+def test_busy_thresholds_changed_at_run_time_reach_the_fleet_sized_decision(model: PrefillLoadModel) -> None:
+    """The best worker for a prompt (it caches it) becomes busy by a threshold set after the load
+    order was built: both decisions must leave it."""
+    specs = [WorkerSpec(f"w{i:03d}", total_blocks=800) for i in range(40)]
+    pair = Pair(RouterConfig(block_size=BS, prefill_load_model=model), specs, 1)
+    tokens = list(range(500 * BS))  # long: its cached prefill outweighs a decoding request
+    pair.decide(tokens, request_id="r", pinned_worker="w007")
+    pair.call("mark_prefill_complete", "r")
+    pair.clock.advance(1.0)
+
+    def chosen() -> set[str]:
+        return {str(router.best_worker(tokens).worker.worker_id) for router in pair.both}
+
+    pair.decide(tokens)  # the load order is built; w007 caches the prompt and is not busy
+    assert chosen() == {"w007"}
+    pair.call("set_thresholds", active_decode_blocks_threshold=0.5)  # 500 of 800 blocks: busy
+    pair.decide(tokens)
+    assert "w007" not in chosen()
+    pair.call("set_thresholds", active_decode_blocks_threshold=None)
+    pair.decide(tokens)
+    assert chosen() == {"w007"}
