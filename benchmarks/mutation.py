@@ -62,7 +62,7 @@ _ROUTER_TESTS = [
 _ROUTER_MODULES = [
     "__init__", "approx", "config", "device_share", "disagg", "errors", "hashing", "load_order",
     "pass_time", "prefill_model", "queue", "radix", "radix_lookup", "reported", "router", "selection",
-    "sequences", "sessions", "types",
+    "sequences", "sessions", "tiers", "types",
 ]  # fmt: skip
 MODULES: dict[str, list[str]] = {
     **{f"router/{name}.py": _ROUTER_TESTS for name in _ROUTER_MODULES},
