@@ -384,9 +384,7 @@ class LocalIndexerRecovery:
         self.counters = counters if counters is not None else EventCounters()
         self.worker_id_of = worker_id_of
         self.wanted = wanted
-        self.on_owned = (
-            on_owned  # (worker, True) when this class takes a worker, (worker, False) when released
-        )
+        self.on_owned = on_owned
         self.query: Query = query or (lambda target, start: query_local_indexer(target, start))
         self.retries = retries
         self.backoff_s = backoff_s
