@@ -524,7 +524,7 @@ class LocalIndexerRecovery:
     async def _recover(self, worker: Worker, rank: _Rank, start: int | None) -> None:
         failures = 0
         while True:
-            if start is None and failures == 0:  # a dump asks the newest source (a restart moves it)
+            if start is None:  # a dump asks the newest source (a restarted publisher has a new one)
                 targets = await asyncio.to_thread(self.sources)
                 rank.target = next((t for t in targets if self._worker(t) == worker), rank.target)
             assert rank.target is not None
