@@ -46,20 +46,21 @@ the handshake (header {subject, stream_type}), the prologue (header {error: null
 RouterEvents have the event plane's shape and are decoded by `extproc.events.dynamo_plane`.
 
 Merging with the live stream, as Dynamo's router does (recovery/worker_query_state.rs), per worker
-and dp rank: while a query is in flight, live events are held (at most 1024, the oldest dropped);
-a tree dump replaces the worker's blocks and sets the cursor to its last_event_id; held events at or
+and dp rank: while a query is in flight, live events are held (at most 1024, the oldest dropped); a
+tree dump replaces the worker's blocks and sets the cursor to its last_event_id; held events at or
 below the cursor are dropped (the dump has them), the next ones applied in order, and a hole among
 them asks for the missing ids (`Events` from the cursor). Later, an event at cursor + 1 is applied;
 one beyond is a gap (held, the missing ids asked for); one at or below the cursor means the
 publisher restarted (Dynamo 1.6.1 numbers a new publisher's events from 1 again): the worker's new
 source is found and dumped. The workers advertised at start are dumped then (after the subscription
-is made, so nothing falls between a dump and the stream); a worker not recovered yet is looked for in
-the store at its first event (which, like those until its dump starts, the subscriber applies as
-usual; the dump then replaces them). A stored block under a parent the picker does not know (the
-feed's orphan detection, `RouterFeed.set_resync`) dumps the worker again. A failed query is retried
-8 times with backoff from 0.2 s, at most 16 queries in flight (Dynamo's numbers); then the worker is
-released to the subscriber's own handling (`nats_events.follow_gap`, the feed's orphan detection)
-and taken again after 30 s.
+is made, so nothing falls between a dump and the stream); a worker not recovered yet is looked for
+in the store at its first event (which, like those until its dump starts, the subscriber applies as
+usual; the dump then replaces them), and every worker added to the picker's list is looked for at
+once (`rescan`: one whose events were ignored until then). A stored block under a parent the picker
+does not know (the feed's orphan detection, `RouterFeed.set_resync`) dumps the worker again. A
+failed query is retried 8 times with backoff from 0.2 s, at most 16 queries in flight (Dynamo's
+numbers); then the worker is released to the subscriber's own handling (`nats_events.follow_gap`,
+the feed's orphan detection) and taken again after 30 s.
 """
 
 from __future__ import annotations
@@ -410,6 +411,19 @@ class LocalIndexerRecovery:
                 started += 1
         log.info("recovering %d Dynamo workers from their local indexers", started)
         return started
+
+    def rescan(self) -> None:
+        """Recover every advertised worker not recovered yet (workers were added to the picker's list:
+        one whose events were ignored until now is rebuilt without waiting for its next event)."""
+        self._spawn(self._adopt_all())
+
+    async def _adopt_all(self) -> None:
+        for target in await asyncio.to_thread(self.sources):
+            worker = self._worker(target)
+            if worker not in self._ranks and self.wanted(worker):
+                self._released.pop(worker, None)
+                log.info("%s: added; rebuilding it from its local indexer", worker)
+                self._begin(worker, _Rank(target=target), None)
 
     async def stop(self) -> None:
         for task in list(self._tasks):

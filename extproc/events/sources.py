@@ -294,6 +294,8 @@ class WorkerSetFollower:
                 ids[iid] = w.id
         if self.sources.replica_sync is not None and added:  # the others' requests on them count again
             self.sources.replica_sync.workers_added({w.id for w in added})
+        if self.sources.recovery is not None and added:  # their blocks from their local indexers
+            self.sources.recovery.rescan()
         if self.sources.zmq is not None:
             task = asyncio.get_running_loop().create_task(self._resubscribe(list(added), list(removed)))
             self._pending.add(task)

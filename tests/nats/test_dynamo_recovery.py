@@ -185,3 +185,33 @@ async def test_lost_events_are_asked_of_the_local_indexer_and_a_new_worker_is_re
         await eventually(lambda: held(router) == [(W8, h(other)[0])], what=lambda: str(held(router)))
         assert sources.counters["recovery.restart"] == 1 and recovery.cursor(W8) == 1
         assert sources.counters["recovery.query_failed"] == 0
+
+
+async def test_a_worker_added_to_the_picker_is_rebuilt_without_waiting_for_its_next_event(
+    nats_server, worker, tmp_path, store
+):
+    await worker.publisher("w8", 8, enable_local_indexer=True)
+    tokens = list(range(32))
+    await worker.stored("w8", tokens, [1, 2])
+    await advertised(store, (8, 0))
+    only_w7 = tmp_path / "w7.yaml"
+    only_w7.write_text(CONFIG.split("  - {id: w8")[0])
+    argv = ["--nats-url", nats_server.url, "--kv-cache-block-size", str(BS), "--dynamo-endpoint", ENDPOINT]
+    argv += ["--discovery-backend", "file", "--file-kv", str(store)]
+    config = load_config(["--config", str(only_w7), *argv], environ={})
+    p = EndpointPicker(config)
+    sources = await start_event_sources(config, p)
+    try:
+        assert sources.recovery is not None
+        await sources.recovery.wait_idle()
+        router = p.pools["m"].router
+        assert held(router) == [] and not sources.recovery.owns(W8)  # w8 is not the picker's yet
+        full = tmp_path / "both.yaml"
+        full.write_text(CONFIG)
+        p.set_workers("m", load_config(["--config", str(full), *argv], environ={}).workers)
+        await eventually(
+            lambda: held(router) == sorted((W8, x) for x in h(tokens)), what=lambda: str(held(router))
+        )
+        assert sources.recovery.cursor(W8) == 1 and router.best_worker(tokens).worker == W8
+    finally:
+        await sources.stop()
