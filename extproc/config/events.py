@@ -45,7 +45,7 @@ class EventsConfig:
     router_id: str | None = None
     replica_sync_heartbeat_s: float = 1.0  # a replica's lease renewal (heartbeat) interval
     replica_sync_lease_s: float = 5.0  # silence after which the others forget its requests
-    replica_sync_batch_s: float = 0.02  # lifecycle messages gathered this long into one batch (0: none)
+    replica_sync_batch_s: float = 0.01  # lifecycle messages gathered this long into one batch (0: none)
     queue_size: int = 10_000  # per subscription: ZMQ SUB high-water mark, NATS pending messages
     nats_tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)
     nats_creds_file: str | None = None  # a NATS .creds file (JWT + nkey seed)
@@ -145,7 +145,7 @@ REPLICA_SYNC_LEASE_SECS = Option(
 REPLICA_SYNC_BATCH_MS = Option(
     "--replica-sync-batch-ms",
     float,
-    20.0,
+    10.0,
     "Replica sync: this replica's request lifecycle messages (add, first token, free) are gathered "
     "for up to this many milliseconds and sent as one batch (receiving a message costs more than "
     "applying it); the other replicas see its load this much later. 0 sends each at once. Below the "

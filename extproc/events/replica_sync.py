@@ -51,19 +51,19 @@ version-1 replica drops as malformed (counted there); batches are format 3 (belo
                                                                 # prefill complete, free
 
 Batches: receiving a message costs far more than applying one (a wake-up of the event loop and
-the NATS client's per-message machinery, about 0.1-0.2 ms on a busy 2-core host, against tens of
-microseconds to apply an add), so a replica's lifecycle messages are gathered for up to
-`batch_s` (`DEFAULT_BATCH_S`, 20 ms; from the first one) or `MAX_BATCH_OPS` ops / `BATCH_BYTES`
-and sent as one `batch`, whose ops are applied in order exactly as the single messages would be;
-block hashes travel packed (8 bytes each, decoded in one call, no per-hash checks). Any other
-message first sends the batch gathered so far, so the order of a sender's messages never
-changes (a heartbeat's digest always counts every op sent before it). A batch is one message: its
-`seq` is checked, lost, duplicated and healed as any other. A heartbeat says `"batch": 1`; a
-replica sends batches only while every other replica it knows said so in its last heartbeat, and
-single format-1 messages otherwise (a replica of the previous version, which would drop a batch
-as malformed, or one not heard from yet: a replica that never heard any other batches; one of the
-previous version that joins sees a sequence gap at its first batch and asks for the state, and
-from its first message on it gets single messages).
+the NATS client's per-message machinery: 0.2-0.3 ms of a picker's CPU per message on a busy
+2-core host, against about 0.05 ms to apply an add; benchmarks/bench_replicas.py), so a replica's
+lifecycle messages are gathered for up to `batch_s` (`DEFAULT_BATCH_S`, 10 ms, from the first
+one) or `MAX_BATCH_OPS` ops / `BATCH_BYTES` and sent as one `batch`, whose ops are applied in
+order exactly as the single messages would be; block hashes travel packed (8 bytes each, decoded
+in one call, no per-hash checks). Any other message first sends the batch gathered so far, so a
+sender's order never changes (a heartbeat's digest counts every op sent before it). A batch is
+one message: its `seq` is checked, and a lost or repeated batch is healed as any message is.
+Heartbeats say `"batch": 1`. A replica sends batches only while every other replica it knows
+said so in its last heartbeat (none known yet counts as all), else single format-1 messages: a
+replica of the previous version drops a batch as malformed, so from its first message on (its
+`want` at start) it gets single messages, and a batch it missed before shows as a sequence gap
+that its `want` heals.
 
 `digest` is the sum, modulo 2**64, over the sender's in-flight requests of the first 8 bytes
 (little endian) of BLAKE2b(id UTF-8, NUL, "1" if its prefill completed else "0"). A `state` is one
@@ -124,7 +124,7 @@ MAX_STATE_PARTS = 4096
 STATE_PART_BYTES = 256 * 1024  # below NATS's default max_payload of 1 MiB
 _MASK = (1 << 64) - 1
 _TICK_MAX_S = 0.25  # the background task looks at heartbeats, leases and wants at least this often
-DEFAULT_BATCH_S = 0.02  # lifecycle messages gathered into one batch for at most this long
+DEFAULT_BATCH_S = 0.01  # lifecycle messages gathered into one batch for at most this long
 MAX_BATCH_OPS = 4096
 BATCH_BYTES = 128 * 1024  # sent at once past this (estimated) size
 

@@ -1,11 +1,12 @@
 """Fuzz replica sync: other replicas' msgpack messages with hostile fields: format 1 lifecycle
 (add, prefill, free, bye) without a sequence, as a version-1 replica sends it, and sequenced
 messages (format 1 and 2: also heartbeats, wants and state parts, numbers skipped and repeated,
-incarnations changing).
+incarnations changing), and format 3 batches of lifecycle ops (hashes packed or listed).
 
 Promise (extproc/events/replica_sync.py): `handle` never raises; each message is applied (counted
-`sync.applied`), dropped as `sync.malformed` or `sync.apply_failed`, or ignored as this replica's
-own. No state leaks: no worker's load goes negative, and once every other replica said `bye` the
+`sync.applied`; a batch may also count `sync.apply_failed` once per op the router refused, as
+single messages would), dropped as `sync.malformed` or `sync.apply_failed`, or ignored as this
+replica's own. No state leaks: no worker's load goes negative, and once every other replica said `bye` the
 router tracks nothing and is idle again.
 """
 
@@ -18,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extproc.events.counters import EventCounters
-from extproc.events.replica_sync import V1, VERSION, ReplicaSync
+from extproc.events.replica_sync import V1, V3, VERSION, ReplicaSync
 from extproc.router import KvRouter, WorkerSpec
 from tests.fuzz.gen import chance, integer, msgpack_value, mutate, pack, pick
 from tests.fuzz.harness import (
@@ -35,10 +36,24 @@ from tests.fuzz.router_checks import check_loads, make_router
 
 ME = "me"
 ORIGINS = ("r1", "r1", "r2", ME, "r1:a", "")  # "r1:a" + id "b" and "r1" + id "a:b" name one key
-OPS = ("add", "add", "add", "prefill", "free", "free", "bye", "other", "hb", "want", "state")
+OPS = (
+    "add",
+    "add",
+    "add",
+    "prefill",
+    "free",
+    "free",
+    "bye",
+    "other",
+    "hb",
+    "want",
+    "state",
+    "batch",
+    "batch",
+)
 LEGACY_OPS = ("add", "prefill", "free", "bye")
 WORDS = ("v", "router", "op", "id", "worker", "dp", "hashes", "isl", "overlap", "eot", "boot", "seq", "n",
-         "digest", "lease_s", "from", "part", "parts", "reqs", *OPS, *ORIGINS)  # fmt: skip
+         "digest", "lease_s", "from", "part", "parts", "reqs", "ops", *OPS, *ORIGINS)  # fmt: skip
 OUTCOME_KEYS = ("sync.applied", "sync.malformed", "sync.apply_failed")
 CONFIGS = ({}, {"prefill_load_model": "timing"}, {"router_track_output_blocks": True, "block_size": 1})
 
@@ -64,13 +79,27 @@ class _Messages:
             (integer(r) if chance(r, 0.5) else msgpack_value(r, WORDS)) if chance(r, self.hostility) else good
         )
 
+    def batch_op(self) -> list[Any]:
+        r = self.r
+        code = pick(r, (0, 0, 1, 2, 2))
+        request_id = self.value(pick(r, ("a", "b", "a:b", "")))
+        if code != 0:
+            return [self.value(code), request_id]
+        hashes = [r.randint(0, 9) for _ in range(r.randint(0, 4))]
+        wire = b"".join(h.to_bytes(8, "little") for h in hashes) if chance(r, 0.7) else hashes
+        return [code, request_id, self.value(pick(r, ("w0", "w1", "w2"))), self.value(pick(r, (0, 0, 1))),
+                self.value(wire), self.value(r.randint(0, 300)), self.value(r.randint(0, 4)),
+                self.value(None if chance(r, 0.5) else r.randint(0, 100))]  # fmt: skip
+
     def message(self) -> dict[str, Any]:
         r = self.r
         origin = pick(r, ORIGINS)
         sequenced = chance(r, 0.6)
         op = pick(r, OPS if sequenced else LEGACY_OPS)
         message: dict[str, Any] = {
-            "v": self.value(VERSION if op in ("hb", "want", "state") or chance(r, 0.2) else V1),
+            "v": self.value(
+                V3 if op == "batch" else VERSION if op in ("hb", "want", "state") or chance(r, 0.2) else V1
+            ),
             "router": self.value(origin),
             "op": self.value(op),
         }
@@ -96,6 +125,8 @@ class _Messages:
                            lease_s=self.value(pick(r, (5.0, 0.0, 1e308, -1))))  # fmt: skip
         elif op == "want":
             message["from"] = self.value(pick(r, (ME, "*", "r1")))
+        elif op == "batch":
+            message["ops"] = self.value([self.batch_op() for _ in range(r.randint(0, 6))])
         elif op == "state":
             parts = pick(r, (1, 1, 2))
             reqs = [
@@ -146,7 +177,14 @@ def check(case: Case) -> Outcome:
         sync.handle(data, now=0.0)
         after = counters.snapshot()
         rose = {k: after[k] - before.get(k, 0) for k in OUTCOME_KEYS if after.get(k, 0) != before.get(k, 0)}
-        assert rose in ({}, {"sync.applied": 1}, {"sync.malformed": 1}, {"sync.apply_failed": 1}), rose
+        failed_ops = {"sync.applied": 1, "sync.apply_failed": rose.get("sync.apply_failed", 0)}
+        assert rose in (
+            {},
+            {"sync.applied": 1},
+            {"sync.malformed": 1},
+            {"sync.apply_failed": 1},
+            failed_ops,
+        ), rose
         outcomes.append(OUTCOMES[next(iter(rose), "")])
         check_loads(router)
     for origin in {*ORIGINS, *sync.tracked_remote()}:

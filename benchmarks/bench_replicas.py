@@ -1,0 +1,637 @@
+"""What a picker replica costs (issue 22): one picker against three replicas sharing their load.
+
+Real processes on 127.0.0.1, stopped by pid: a nats-server, mock workers (`extproc mock-worker
+--kv-events nats`, Dynamo JSON KV events over NATS core), and `extproc serve` pickers with KV events
+from NATS, the replicas with `--router-replica-sync`. This script is the client (Envoy's part): per
+request it opens an ext_proc stream to a picker (round robin over the replicas), sends the request
+headers and body, reads the chosen worker from the answer, sends the request to that worker over
+HTTP (so the worker's prefix cache publishes its KV events), then hands the worker's answer back
+as response headers and one response body with end_of_stream (first token, then the free).
+
+Setups, one after the other, each with freshly started workers (empty caches) and pickers:
+
+- `single`: one picker, no replica sync, at `--rate` requests per second.
+- `replicas3`: three pickers with replica sync, the same total rate spread round robin, plus two
+  observers that route nothing: `observer_sync` (a replica: it applies every sync message of the
+  cluster and every KV event) and `observer_kv` (no replica sync: every KV event only). Their CPU
+  attributes a replica's cost: KV events = observer_kv minus its idle CPU, sync = observer_sync
+  minus observer_kv; divided by the messages each applied (admin `/debug/workers` counters).
+
+Each setup: warm-up traffic (KV events and sync flowing, caches filling), an idle window (the
+background CPU of every picker: heartbeats, leases, discovery), then the measured window at the
+rate. CPU is user+sys of each picker process from /proc/<pid>/stat (all threads, also those that
+ended) over the window, never wall time: the machine is shared. Prints one JSON object on stdout
+(progress on stderr).
+
+    .venv/bin/python benchmarks/bench_replicas.py --quick     # about 2.5 minutes
+    .venv/bin/python benchmarks/bench_replicas.py             # about 5 minutes
+    .venv/bin/python benchmarks/bench_replicas.py --quick --py-spy .venv/bin/py-spy   # + a profile
+
+`per_replica_vs_single`: each replica's CPU over the window / the single picker's (goal: at most
+0.45, issue 22).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import aiohttp  # noqa: E402
+import grpc  # noqa: E402
+import nats  # noqa: E402
+from envoy.config.core.v3 import base_pb2  # noqa: E402
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2  # noqa: E402
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb  # noqa: E402
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc  # noqa: E402
+
+from extproc.devstack.procs import ManagedProcess, start_nats_server, wait_http_ok  # noqa: E402
+from extproc.events.dynamo_json import encode_event, kv_events_subject  # noqa: E402
+from extproc.router.types import AllBlocksCleared, Worker  # noqa: E402
+
+MODEL = "demo-model"
+BLOCK_SIZE = 16
+NAMESPACE = "bench"
+CHAT_PATH = "/v1/chat/completions"
+BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
+STREAMED = processing_mode_pb2.ProcessingMode.STREAMED
+TICKS = os.sysconf("SC_CLK_TCK")
+GOAL = 0.45
+KEPT_COUNTERS = ("sync.applied", "sync.published", "sync.batch_ops", "nats.event", "feed.events", "sync.gap",
+                 "sync.resync", "sync.malformed")  # fmt: skip
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, all its threads (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15)
+
+
+# -- prompts ------------------------------------------------------------------------------------
+
+
+def make_prompts(count: int, seed: int, max_tokens: int) -> list[bytes]:
+    """Chat bodies of about 2-4k tokens (the byte tokenizer: one token per character): one of 12
+    shared system prompts of 1.5-2.5k characters (skewed: the first ones more often), then a
+    conversation of its own of 0.5-1.5k characters."""
+    rng = random.Random(seed)
+    words = [
+        "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))) for _ in range(2000)
+    ]
+
+    def text(chars: int) -> str:
+        out: list[str] = []
+        size = 0
+        while size < chars:
+            w = rng.choice(words)
+            out.append(w)
+            size += len(w) + 1
+        return " ".join(out)[:chars]
+
+    systems = [text(rng.randint(1500, 2500)) for _ in range(12)]
+    bodies = []
+    for i in range(count):
+        system = systems[min(int(rng.expovariate(0.35)), len(systems) - 1)]
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"request {i}: " + text(rng.randint(500, 1500))},
+        ]
+        bodies.append(json.dumps({"model": MODEL, "messages": messages, "max_tokens": max_tokens}).encode())
+    return bodies
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    name: str
+    process: ManagedProcess
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        self.process.stop(grace_s=5.0)
+
+
+def start_workers(n: int, nats_url: str, tmp: Path, speedup: float, blocks: int) -> list[Proc]:
+    procs = []
+    for i in range(n):
+        ports_file = tmp / f"worker{i}.ports.json"
+        argv = [
+            sys.executable, "-m", "extproc", "mock-worker", "--port", "0", "--worker-id", f"w{i}",
+            "--model", MODEL, "--block-size", str(BLOCK_SIZE), "--speedup", str(speedup),
+            "--num-gpu-blocks", str(blocks), "--kv-events", "nats", "--nats-url", nats_url,
+            "--instance-id", str(100 + i), "--namespace", NAMESPACE, "--ports-file", str(ports_file),
+        ]  # fmt: skip
+        process = ManagedProcess(argv, log_path=tmp / f"worker{i}.log", ports_file=ports_file).start()
+        procs.append(Proc(f"w{i}", process))
+    for p in procs:
+        p.ports = p.process.ports(30.0)
+        wait_http_ok(f"http://127.0.0.1:{p.ports['port']}/health", 30.0, process=p.process)
+    return procs
+
+
+def write_config(workers: Sequence[Proc], path: Path) -> Path:
+    lines = [
+        f"models: [{{name: {MODEL}}}]",
+        f"router: {{kv-cache-block-size: {BLOCK_SIZE}}}",
+        "workers:",
+    ]
+    for i, w in enumerate(workers):
+        lines.append(
+            f"  - {{id: {w.name}, endpoint: '127.0.0.1:{w.ports['port']}', model: {MODEL}, "
+            f"instance-id: {100 + i}}}"
+        )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_picker(
+    name: str, config: Path, nats_url: str, tmp: Path, *, sync: bool, repo: Path, extra: Sequence[str] = ()
+) -> Proc:
+    ports_file = tmp / f"{name}.ports.json"
+    argv = [
+        sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", "0",
+        "--health-port", "0", "--admin-port", "0", "--ports-file", str(ports_file),
+        "--nats-url", nats_url, "--namespace", NAMESPACE, "--router-kv-events", "--log-level", "warning",
+        "--shutdown-grace-secs", "0",
+    ]  # fmt: skip
+    if sync:
+        argv += ["--router-replica-sync", "--router-id", name, *extra]
+    env = {**os.environ, "PYTHONPATH": str(repo)}  # `-m extproc` from `repo` (a checkout to compare)
+    process = ManagedProcess(argv, log_path=tmp / f"{name}.log", ports_file=ports_file, env=env, cwd=repo)
+    return Proc(name, process.start())
+
+
+# -- traffic ------------------------------------------------------------------------------------
+
+
+def _headers(request_id: str, body_len: int) -> pb.ProcessingRequest:
+    headers = {
+        ":authority": "127.0.0.1:10000", ":path": CHAT_PATH, ":method": "POST", ":scheme": "http",
+        "content-type": "application/json", "content-length": str(body_len),
+        "x-forwarded-proto": "http", "x-request-id": request_id,
+    }  # fmt: skip
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
+            )
+        ),
+        protocol_config=pb.ProtocolConfiguration(request_body_mode=BUFFERED, response_body_mode=STREAMED),
+    )
+
+
+_STATUS = base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=":status", raw_value=b"200")])
+
+
+@dataclass
+class Traffic:
+    sent: int = 0
+    ok: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    per_picker: Counter[str] = field(default_factory=Counter)
+    per_worker: Counter[str] = field(default_factory=Counter)
+
+
+class Client:
+    """Envoy's part: ext_proc streams to the pickers, HTTP to the chosen workers."""
+
+    def __init__(self, pickers: Sequence[Proc], prompts: Sequence[bytes]) -> None:
+        self.pickers = list(pickers)
+        self.channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p.ports['port']}") for p in pickers]
+        self.stubs = [ext_grpc.ExternalProcessorStub(c) for c in self.channels]
+        self.prompts = prompts
+        self.http: aiohttp.ClientSession | None = None
+        self.n = 0
+
+    async def __aenter__(self) -> Client:
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.http is not None
+        await self.http.close()
+        for c in self.channels:
+            await c.close()
+
+    async def one(self, traffic: Traffic) -> None:
+        assert self.http is not None
+        n = self.n
+        self.n += 1
+        index = n % len(self.stubs)
+        body = self.prompts[n % len(self.prompts)]
+        traffic.sent += 1
+        call = self.stubs[index].Process()
+        try:
+            await call.write(_headers(f"bench-{os.getpid()}-{n}", len(body)))
+            await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
+            await call.read()
+            answer = await call.read()
+            set_headers = answer.request_body.response.header_mutation.set_headers
+            worker = {h.header.key: h.header.raw_value.decode() for h in set_headers}.get(
+                "x-gateway-destination-endpoint"
+            )
+            if worker is None:
+                traffic.errors["no destination"] += 1
+                call.cancel()
+                return
+            async with self.http.post(
+                f"http://{worker}{CHAT_PATH}", data=body, headers={"content-type": "application/json"}
+            ) as r:
+                data = await r.read()
+                status = r.status
+            await call.write(pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=_STATUS)))
+            await call.read()
+            await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=data, end_of_stream=True)))
+            await call.read()
+            await call.done_writing()
+            traffic.per_picker[self.pickers[index].name] += 1
+            traffic.per_worker[worker] += 1
+            if status == 200:
+                traffic.ok += 1
+            else:
+                traffic.errors[f"status {status}"] += 1
+        except (grpc.aio.AioRpcError, aiohttp.ClientError, TimeoutError) as exc:
+            traffic.errors[type(exc).__name__] += 1
+            call.cancel()
+
+    async def run(self, rate: float, duration_s: float) -> Traffic:
+        """Open loop: one request every 1/rate seconds for duration_s; waits for all to end."""
+        traffic = Traffic()
+        tasks: list[asyncio.Task[None]] = []
+        start = time.monotonic()
+        total = int(rate * duration_s)
+        for i in range(total):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing the open loop
+            tasks.append(asyncio.create_task(self.one(traffic)))
+        await asyncio.gather(*tasks)
+        return traffic
+
+
+# -- a setup ------------------------------------------------------------------------------------
+
+
+async def counters(http: aiohttp.ClientSession, p: Proc) -> dict[str, int]:
+    async with http.get(f"http://127.0.0.1:{p.ports['admin_port']}/debug/workers") as r:
+        return dict((await r.json())["kv_event_counters"])
+
+
+async def wait_ready(http: aiohttp.ClientSession, p: Proc, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await counters(http, p)
+            return
+        except aiohttp.ClientError:
+            if time.monotonic() > deadline or not p.process.is_running():
+                raise RuntimeError(f"{p.name} not ready; log:\n{p.process.log_tail()}") from None
+            await asyncio.sleep(0.1)  # polling for readiness
+
+
+def profile_start(py_spy: str | None, pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    if py_spy is None:
+        return None
+    argv = [py_spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
+            "--nonblocking", "--format", "raw", "--output", str(out)]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _frame(text: str) -> str:
+    """`function (path/file.py:line)` -> `function file.py`."""
+    function, _, where = text.partition(" (")
+    return f"{function} {where.split(':')[0].rsplit('/', 1)[-1]}"
+
+
+def summarise_profile(path: Path, top: int = 25) -> dict[str, Any]:
+    """Self and inclusive sample shares of the frames in a py-spy raw (collapsed) profile."""
+    if not path.exists():
+        return {}
+    self_counts: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        try:
+            count = int(count_text)
+        except ValueError:
+            continue
+        frames = [
+            f.split(" (")[0] + " " + f.split("(")[-1].split(":")[0].rsplit("/", 1)[-1]
+            for f in stack.split(";")
+        ]
+        total += count
+        self_counts[frames[-1]] += count
+        for f in set(frames):
+            incl[f] += count
+    share = lambda c: round(100 * c / total, 1) if total else 0.0  # noqa: E731
+    ours = {f: c for f, c in incl.items() if "replica_sync" in f or "nats_events" in f or "feed.py" in f}
+    return {
+        "samples": total,
+        "self_pct": {f: share(c) for f, c in self_counts.most_common(top)},
+        "inclusive_pct_events": {f: share(c) for f, c in sorted(ours.items(), key=lambda x: -x[1])[:top]},
+    }
+
+
+class _Wire:
+    """Stands in for replica sync's publishing queue (the in-process part)."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def submit(self, subject: str, payload: bytes) -> None:
+        self.sent.append(payload)
+
+
+def inprocess_costs(prompts: Sequence[bytes], requests: int = 400) -> dict[str, float]:
+    """CPU per op in one process, no transport: a decision (`best_worker`, the routing part of a
+    request), applying another replica's lifecycle ops sent one by one or in batches of 8, and a
+    Dynamo JSON KV event (decode + apply). Workers event-fed, as in the picker."""
+    from extproc.events.counters import EventCounters
+    from extproc.events.feed import RouterFeed
+    from extproc.events.nats_events import NatsEventSubscriber
+    from extproc.events.replica_sync import ReplicaSync
+    from extproc.router import KvRouter, RouterConfig, WorkerSpec
+    from extproc.router.types import BlocksStored, StoredBlock
+
+    def router() -> KvRouter:
+        r = KvRouter(RouterConfig(block_size=BLOCK_SIZE, use_kv_events=True), clock=time.monotonic,
+                     workers=[WorkerSpec(f"w{i}") for i in range(4)])  # fmt: skip
+        for i in range(4):
+            r.set_event_fed(Worker(f"w{i}"), True)
+        return r
+
+    tokens = [
+        list("".join(m["content"] for m in json.loads(b)["messages"]).encode()) for b in prompts[:requests]
+    ]
+    out: dict[str, float] = {}
+    sender = router()
+    started = time.process_time()
+    decisions = [sender.best_worker(t, request_id=f"q{i}") for i, t in enumerate(tokens)]
+    out["decision_us"] = round(1e6 * (time.process_time() - started) / requests, 1)
+    for batch_s, name in ((0.0, "single"), (1.0, "batch8")):
+        wire = _Wire()
+        sync = ReplicaSync(None, router(), "s", "x", batch_s=batch_s, heartbeat_s=2.0, lease_s=5.0)  # type: ignore[arg-type]
+        sync._sender = wire  # type: ignore[assignment]
+        for i, (t, d) in enumerate(zip(tokens, decisions, strict=True)):
+            sync.publish_added(f"q{i}", d.worker, sender.block_hashes(t), len(t), d.overlap_blocks, 32)
+            sync.publish_prefill_complete(f"q{i}")
+            sync.publish_freed(f"q{i}")
+            if i % 3 == 2:  # 8-9 ops per batch
+                sync.flush_batch()
+        sync.flush_batch()
+        receiver = ReplicaSync(None, router(), "r", "x", heartbeat_s=2.0, lease_s=5.0)  # type: ignore[arg-type]
+        started = time.process_time()
+        for payload in wire.sent:
+            receiver.handle(payload, now=0.0)
+        out[f"sync_{name}_us_per_request"] = round(1e6 * (time.process_time() - started) / requests, 1)
+    target = router()
+    feed = RouterFeed({f"w{i}": target for i in range(4)}, EventCounters())
+    link: Any = type("Link", (), {"counters": EventCounters(), "watch": lambda self, w: lambda: None})()
+    subscriber = NatsEventSubscriber(link, feed, "x", worker_id_of=lambda i: f"w{i}")
+    rng = random.Random(5)
+    events = []
+    for i, t in enumerate(tokens):
+        blocks = tuple(StoredBlock(rng.getrandbits(63), h) for h in sender.block_hashes(t)[:64])
+        events.append(encode_event(i % 4, BlocksStored(Worker(i % 4), blocks), i // 4, 0))
+    started = time.process_time()
+    for e in events:
+        subscriber.handle(e)
+    out["kv_event_64_blocks_us"] = round(1e6 * (time.process_time() - started) / len(events), 1)
+    return out
+
+
+async def transport_probe(nats_url: str, picker: Proc, seconds: float, idle_rate: float) -> dict[str, Any]:
+    """What one NATS message costs the picker whatever it says: KV events that do next to nothing
+    (`cleared` from an instance id no worker has: decoded, counted as an unknown worker), 50 a
+    second, one at a time; the picker's CPU over them, minus its idle rate, per message."""
+    nc = await nats.connect(nats_url)
+    try:
+        subject = kv_events_subject(NAMESPACE, "backend")
+        count = int(50 * seconds)
+        before = cpu_s(picker.pid)
+        start = time.monotonic()
+        for i in range(count):
+            delay = start + i / 50 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing the probes
+            await nc.publish(subject, encode_event(999_999, AllBlocksCleared(Worker(999_999)), i, 0))
+            await nc.flush()
+        await asyncio.sleep(0.2)  # the last probes are handled
+        wall = time.monotonic() - start
+        used = cpu_s(picker.pid) - before - idle_rate * wall
+    finally:
+        await nc.close()
+    return {"messages": count, "us_per_message": round(1e6 * used / count, 1)}
+
+
+async def run_setup(
+    name: str, replicas: int, observers: bool, nats_url: str, args: argparse.Namespace, tmp: Path,
+    prompts: Sequence[bytes], repo: Path, extra: Sequence[str],
+) -> dict[str, Any]:  # fmt: skip
+    log(f"{name}: starting {args.workers} workers and {replicas} picker(s)")
+    stage = tmp / name
+    stage.mkdir()
+    workers = start_workers(args.workers, nats_url, stage, args.speedup, args.gpu_blocks)
+    pickers: list[Proc] = []
+    observing: list[Proc] = []
+    try:
+        config = write_config(workers, stage / "picker.yaml")
+        sync = replicas > 1
+        pickers = [
+            start_picker(f"r{i}", config, nats_url, stage, sync=sync, repo=repo, extra=extra)
+            for i in range(replicas)
+        ]
+        if observers:
+            observing = [
+                start_picker("observer_sync", config, nats_url, stage, sync=True, repo=repo, extra=extra),
+                start_picker("observer_kv", config, nats_url, stage, sync=False, repo=repo),
+            ]
+        everyone = pickers + observing
+        for p in everyone:
+            p.ports = p.process.ports(30.0)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            for p in everyone:
+                await wait_ready(http, p)
+            async with Client(pickers, prompts) as client:
+                log(f"{name}: warm-up {args.warmup_s:.0f} s at {args.rate:g} req/s")
+                warm = await client.run(args.rate, args.warmup_s)
+                await asyncio.sleep(1.0)  # the last frees and events settle before the idle window
+                before = {p.name: cpu_s(p.pid) for p in everyone}
+                await asyncio.sleep(args.idle_s)  # the idle window: background CPU only
+                after_idle = {p.name: cpu_s(p.pid) for p in everyone}
+                idle_rate = {k: (after_idle[k] - before[k]) / args.idle_s for k in before}
+                probe = None
+                if args.probe_s > 0 and replicas == 1:
+                    probe = await transport_probe(nats_url, pickers[0], args.probe_s, idle_rate["r0"])
+                profile_target = next((p for p in observing if p.name == "observer_sync"), pickers[0])
+                profiler = profile_start(args.py_spy, profile_target.pid, args.duration_s,
+                                         stage / "profile.txt")  # fmt: skip
+                c0 = {p.name: await counters(http, p) for p in everyone}
+                t0 = {p.name: cpu_s(p.pid) for p in everyone}
+                w0 = time.monotonic()
+                log(f"{name}: measuring {args.duration_s:.0f} s at {args.rate:g} req/s")
+                traffic = await client.run(args.rate, args.duration_s)
+                await asyncio.sleep(0.5)  # the frees and KV events of the last requests arrive
+                wall = time.monotonic() - w0
+                t1 = {p.name: cpu_s(p.pid) for p in everyone}
+                c1 = {p.name: await counters(http, p) for p in everyone}
+                if profiler is not None:
+                    profiler.wait(timeout=args.duration_s + 30)
+        cpu = {k: t1[k] - t0[k] for k in t0}
+        delta = {k: {c: c1[k].get(c, 0) - c0[k].get(c, 0) for c in c1[k]} for k in c1}
+        requests = traffic.ok
+        out: dict[str, Any] = {
+            "requests": requests,
+            "warmup_requests": warm.ok,
+            "errors": dict(traffic.errors | warm.errors),
+            "wall_s": round(wall, 2),
+            "per_picker_requests": dict(traffic.per_picker),
+            "per_worker_requests": dict(traffic.per_worker),
+            "cpu_s": {k: round(v, 3) for k, v in cpu.items()},
+            "idle_cpu_pct": {k: round(100 * v, 2) for k, v in idle_rate.items()},
+            "cpu_ms_per_cluster_request": {k: round(1e3 * v / max(requests, 1), 3) for k, v in cpu.items()},
+            "messages": {k: {c: v for c, v in d.items() if c in KEPT_COUNTERS} for k, d in delta.items()},
+        }
+        if probe is not None:
+            out["transport_probe"] = probe
+        if observers:
+            kv, sy = "observer_kv", "observer_sync"
+            kv_cpu = cpu[kv] - idle_rate[kv] * wall
+            sync_cpu = cpu[sy] - cpu[kv]
+            events = delta[kv].get("nats.event", 0)
+            applied = delta[sy].get("sync.applied", 0)
+            out["attribution"] = {
+                "kv_events_ms_per_cluster_request": round(1e3 * kv_cpu / max(requests, 1), 3),
+                "sync_apply_ms_per_cluster_request": round(1e3 * sync_cpu / max(requests, 1), 3),
+                "kv_event_us": round(1e6 * kv_cpu / events, 1) if events else None,
+                "sync_message_us": round(1e6 * sync_cpu / applied, 1) if applied else None,
+                "kv_events": events,
+                "sync_messages_applied": applied,
+            }
+        if args.py_spy is not None:
+            out["profile_of"] = profile_target.name
+            out["profile"] = summarise_profile(stage / "profile.txt")
+        return out
+    finally:
+        for p in observing + pickers + workers:
+            p.stop()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter windows (about 2.5 minutes in all)")
+    parser.add_argument("--rate", type=float, default=25.0, help="total requests per second")
+    parser.add_argument("--duration-s", type=float, default=None, help="measured window per setup")
+    parser.add_argument("--warmup-s", type=float, default=None)
+    parser.add_argument("--idle-s", type=float, default=None)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--speedup", type=float, default=1.0, help="mock workers' simulated-time speedup")
+    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
+    parser.add_argument("--batch-ms", type=float, default=None,
+                        help="the replicas' --replica-sync-batch-ms (default: theirs)")  # fmt: skip
+    parser.add_argument("--compare-repo", type=Path, metavar="PATH",
+                        help="also run both setups with pickers from this checkout (`before`), "
+                        "alternating with this one's (`after`)")  # fmt: skip
+    parser.add_argument("--compare-batch-ms", type=float, metavar="MS",
+                        help="`before`'s replicas with this --replica-sync-batch-ms (this checkout unless "
+                        "--compare-repo)")  # fmt: skip
+    parser.add_argument("--gpu-blocks", type=int, default=4096, help="mock workers' KV blocks (evictions)")
+    parser.add_argument("--no-observers", action="store_true", help="no observer pickers (no attribution)")
+    parser.add_argument("--py-spy", metavar="PATH", help="profile observer_sync (or r0) over the window")
+    parser.add_argument("--log-dir", type=Path, help="keep child logs here (default: a temporary directory)")
+    parser.add_argument("--seed", type=int, default=22)
+    parser.add_argument("--probe-s", type=float, default=6.0, help="transport probe on the single picker")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.duration_s = args.duration_s or (30.0 if quick else 90.0)
+    args.warmup_s = args.warmup_s or (12.0 if quick else 25.0)
+    args.idle_s = args.idle_s or (4.0 if quick else 8.0)
+    return args
+
+
+async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    prompts = make_prompts(4000, args.seed, args.max_tokens)
+    variants = {"after": REPO_ROOT}
+    if args.compare_repo is not None or args.compare_batch_ms is not None:
+        before = REPO_ROOT if args.compare_repo is None else args.compare_repo.resolve()
+        variants = {"before": before, "after": REPO_ROOT}
+    extra = [] if args.batch_ms is None else ["--replica-sync-batch-ms", str(args.batch_ms)]
+    extra_before = (
+        [] if args.compare_batch_ms is None else ["--replica-sync-batch-ms", str(args.compare_batch_ms)]
+    )
+    many_name = f"replicas{args.replicas}"
+    nats = start_nats_server(None, jetstream=False, store_dir=tmp / "nats")
+    results: dict[str, dict[str, Any]] = {v: {} for v in variants}
+    try:
+        for setup in ("single", many_name):
+            for variant, repo in variants.items():
+                name = f"{setup}-{variant}" if len(variants) > 1 else setup
+                replicas = 1 if setup == "single" else args.replicas
+                observers = setup != "single" and not args.no_observers
+                flags = extra if variant == "after" else extra_before
+                results[variant][setup] = await run_setup(
+                    name, replicas, observers, nats.url, args, tmp, prompts, repo, flags
+                )
+    finally:
+        nats.stop(grace_s=2.0)
+    ratios: dict[str, dict[str, float]] = {}
+    for variant, setups in results.items():
+        single = setups["single"]["cpu_s"]["r0"]
+        many = setups[many_name]["cpu_s"]
+        ratios[variant] = {f"r{i}": round(many[f"r{i}"] / single, 3) for i in range(args.replicas)}
+    return {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "host": {"loadavg": os.getloadavg(), "cpus": os.cpu_count()},
+        "inprocess": inprocess_costs(prompts),
+        "setups": results,
+        "per_replica_vs_single": ratios,
+        "goal": {"max_ratio": GOAL, "met": {v: max(r.values()) <= GOAL for v, r in ratios.items()}},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
+    try:
+        report = asyncio.run(amain(args, tmp))
+    finally:
+        if args.log_dir is not None:
+            shutil.copytree(tmp, args.log_dir, dirs_exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
