@@ -2,7 +2,7 @@
 
 Pure and small: the removal's plan by run (`tails`, the common case, by slices; `group_held`, the
 general grouping), the common length of two runs (`common`, by slices and a binary search) and an
-engine id's offset in a run (`index`). They read `_Node`s (a run's `eids`) and change nothing.
+engine id's offset in a run (`index`). They read runs (radix.py's `_Node`: their `eids`) and change nothing.
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import groupby
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from extproc.router.radix import _Node
+# A run of the tree (radix.py's _Node): read for its `eids` (slot -> the worker's engine ids there).
+# Typed loosely so that this module does not import the tree's (no import cycle).
+Run = Any
 
 
-def tails(m: dict[int, _Node], slot: int, engine_hashes: Iterable[int]) -> dict[_Node, int] | None:
+def tails(m: dict[int, Run], slot: int, engine_hashes: Iterable[int]) -> dict[Run, int] | None:
     """The removal as {run: k}, when it names, leaf first, the last k blocks the worker holds in
     each run (what an engine evicting a request's blocks sends); None otherwise (an unknown id, one
     named twice, a block before others it keeps: the general path decides and counts).
@@ -24,7 +25,7 @@ def tails(m: dict[int, _Node], slot: int, engine_hashes: Iterable[int]) -> dict[
     Compares slices, not ids one by one, so a removal costs about its runs, not its blocks."""
     hs = list(engine_hashes)
     n = len(hs)
-    taken: dict[_Node, int] = {}
+    taken: dict[Run, int] = {}
     i = 0
     while i < n:
         node = m.get(hs[i])
@@ -43,7 +44,7 @@ def tails(m: dict[int, _Node], slot: int, engine_hashes: Iterable[int]) -> dict[
     return taken
 
 
-def group_held(m: dict[int, _Node], engine_hashes: Iterable[int]) -> dict[_Node, dict[int, None]] | None:
+def group_held(m: dict[int, Run], engine_hashes: Iterable[int]) -> dict[Run, dict[int, None]] | None:
     """The named engine ids by run, or None if one is unknown or named twice (the slow path counts).
 
     Lookups and grouping run in C over the runs of consecutive ids in one run (a removal names a
@@ -54,7 +55,7 @@ def group_held(m: dict[int, _Node], engine_hashes: Iterable[int]) -> dict[_Node,
         nodes = list(map(m.__getitem__, hashes))
     except KeyError:
         return None
-    by_node: dict[_Node, dict[int, None]] = {}
+    by_node: dict[Run, dict[int, None]] = {}
     for node, group in groupby(zip(nodes, hashes, strict=True), _first):
         names = dict.fromkeys(map(_second, group))
         named = by_node.get(node)
