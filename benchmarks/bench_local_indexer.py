@@ -60,11 +60,18 @@ def indexed(router: KvRouter) -> int:
 
 async def run(blocks: int, chain: int, root: Path) -> dict[str, Any]:
     server = start_nats_server(None, store_dir=root / "nats", jetstream=False)
-    os.environ.update(NATS_SERVER=server.url, DYN_FILE_KV=str(root / "store"), DYN_TCP_RPC_HOST="127.0.0.1")
+    try:
+        return await measure(blocks, chain, root, server.url)
+    finally:
+        server.stop()
+
+
+async def measure(blocks: int, chain: int, root: Path, nats_url: str) -> dict[str, Any]:
+    os.environ.update(NATS_SERVER=nats_url, DYN_FILE_KV=str(root / "store"), DYN_TCP_RPC_HOST="127.0.0.1")
     from dynamo._core import DistributedRuntime, KvEventPublisher
 
     runtime = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp", event_plane="nats")
-    nc = await nats.connect(server.url)
+    nc = await nats.connect(nats_url)
     captured: list[bytes] = []
 
     async def keep(msg: Any) -> None:
@@ -122,7 +129,6 @@ async def run(blocks: int, chain: int, root: Path) -> dict[str, Any]:
         publisher.shutdown()
         await nc.close()
         runtime.shutdown()
-        server.stop()
 
 
 def main() -> None:
