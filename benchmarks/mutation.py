@@ -445,6 +445,24 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "_drop gets a record the index led to, and every indexed record is in the LRU: pop finds it",
         ),
     },
+    "router/load_order.py": {
+        "xǁLoadOrderǁidle_rank_at__mutmut_4": (
+            "lo, hi = 0, len(self.workers) + 1",
+            "same-value",
+            "the index is below the result's size, so the answer is a rank < len(workers): a wider"
+            " upper bound bisects to the same least rank",
+        ),
+        "xǁLoadOrderǁset_busy__mutmut_2": (
+            "if not self.is_busy(None):",
+            "performance",
+            "a busy worker set busy again leaves its busy state and re-enters it: the same state",
+        ),
+        "xǁTimedLoadOrderǁset_busy__mutmut_3": (
+            "self._state[rank] = (_BUSY, 1.0)",
+            "same-value",
+            "a busy state's value is never read (only a class id's or a key's is)",
+        ),
+    },
     "router/prefill_model.py": {
         "xǁPrefillTimingǁ__post_init____mutmut_27": (
             'raise InvalidConfig(f"prefill_timing.{name}", value, None)',
