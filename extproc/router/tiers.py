@@ -300,9 +300,7 @@ def _device_points(
     depth, limit = 0, max(deep.values())
     children = tree._root.children
     while children is not None and depth < limit:
-        node = children.get(local_hashes[depth])
-        if node is None:
-            break
+        node = children[local_hashes[depth]]  # find_matches walked this far: the run is there
         runs.append((depth, node))
         depth += len(node.hashes)
         children = node.children

@@ -156,6 +156,10 @@ def test_stores_are_idempotent_and_the_first_mapping_wins():
     assert index.walk(H, {A: (0, None)}) == {A: (1, 1000)}
     index.apply_event(BlocksRemoved(A, (9999, 1001), tier=HOST_PINNED_TIER))  # unknown ids: ignored
     assert len(index) == 1
+    index.apply_event(
+        BlocksRemoved(A, (9999, 1000), tier=HOST_PINNED_TIER)
+    )  # an unknown id, then a known one
+    assert len(index) == 0
 
 
 def test_removal_and_clear_leave_other_workers_and_empty_workers_go():
@@ -183,6 +187,9 @@ def test_a_shared_edge_survives_until_its_last_holder_goes():
     assert index.walk(H, {B: (0, None)}) == {B: (0, None)}
     index.apply_event(BlocksStored(A, (StoredBlock(5, H[0]),), None, tier=DISK_TIER))
     assert index.walk(H, {A: (0, None)}) == {A: (1, 5)}
+    index.apply_event(BlocksStored(B, (StoredBlock(6, H[0]),), None, tier=DISK_TIER))
+    index.clear_worker(A)  # B still holds the edge
+    assert index.walk(H, {A: (0, None), B: (0, None)}) == {A: (0, None), B: (1, 6)}
 
 
 # --- the tiered match: one prefix across tiers -----------------------------------------------------
@@ -236,6 +243,32 @@ def test_a_lower_tier_block_past_a_gap_counts_nothing():
     assert tiers_of(r) == {A: {DEVICE_TIER: 2, DISK_TIER: 1}}
     prompt = compute_block_hashes(list(range(500, 516)), BS)
     assert tiers_of(r, prompt) == {}  # another prompt
+
+
+def test_device_matches_ending_in_later_runs_and_at_run_boundaries_are_continued():
+    """The device tree splits where workers branch: A's match ends inside a second run, B's exactly
+    where a run ends (A's continues), and C holds more than the prompt."""
+    longer = compute_block_hashes([*TOKENS, *range(132, 140)], BS)  # H and two blocks more
+    r = router(A, B, C)
+    r.apply_event(store(A, 0, 6))
+    r.apply_event(store(B, 0, 2))
+    r.apply_event(
+        BlocksStored(B, (StoredBlock(2999, compute_block_hashes(list(range(900, 904)), BS)[0]),), 2001)
+    )
+    r.apply_event(BlocksStored(C, tuple(StoredBlock(3000 + i, h) for i, h in enumerate(longer)), None))
+    r.apply_event(store(A, 6, 8, HOST_PINNED_TIER))
+    r.apply_event(store(B, 2, 5, HOST_PINNED_TIER))
+    r.apply_event(BlocksStored(C, (StoredBlock(7777, H[0]),), None, tier=DISK_TIER))  # under its device copy
+    assert tiers_of(r) == {
+        A: {DEVICE_TIER: 6, HOST_PINNED_TIER: 2},
+        B: {DEVICE_TIER: 2, HOST_PINNED_TIER: 3},
+        C: {DEVICE_TIER: 8},
+    }
+    assert tiers_of(r, H[:4]) == {
+        A: {DEVICE_TIER: 4},
+        B: {DEVICE_TIER: 2, HOST_PINNED_TIER: 2},
+        C: {DEVICE_TIER: 4},
+    }
 
 
 def test_a_lower_tier_block_under_a_device_alias_does_not_continue():
