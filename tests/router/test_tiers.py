@@ -247,7 +247,7 @@ def test_a_lower_tier_block_past_a_gap_counts_nothing():
 
 def test_device_matches_ending_in_later_runs_and_at_run_boundaries_are_continued():
     """The device tree splits where workers branch: A's match ends inside a second run, B's exactly
-    where a run ends (A's continues), and C holds more than the prompt."""
+    where a run ends (A's continues), C holds more than the prompt and d branches where it ends."""
     longer = compute_block_hashes([*TOKENS, *range(132, 140)], BS)  # H and two blocks more
     r = router(A, B, C)
     r.apply_event(store(A, 0, 6))
@@ -259,15 +259,20 @@ def test_device_matches_ending_in_later_runs_and_at_run_boundaries_are_continued
     r.apply_event(store(A, 6, 8, HOST_PINNED_TIER))
     r.apply_event(store(B, 2, 5, HOST_PINNED_TIER))
     r.apply_event(BlocksStored(C, (StoredBlock(7777, H[0]),), None, tier=DISK_TIER))  # under its device copy
+    other = compute_block_hashes(list(range(950, 954)), BS)[0]
+    d = Worker("d")  # the prompt, then its own block: the run of C's last blocks splits where H ends
+    r.apply_event(BlocksStored(d, tuple(StoredBlock(4000 + i, h) for i, h in enumerate([*H, other])), None))
     assert tiers_of(r) == {
         A: {DEVICE_TIER: 6, HOST_PINNED_TIER: 2},
         B: {DEVICE_TIER: 2, HOST_PINNED_TIER: 3},
         C: {DEVICE_TIER: 8},
+        d: {DEVICE_TIER: 8},
     }
     assert tiers_of(r, H[:4]) == {
         A: {DEVICE_TIER: 4},
         B: {DEVICE_TIER: 2, HOST_PINNED_TIER: 2},
         C: {DEVICE_TIER: 4},
+        d: {DEVICE_TIER: 4},
     }
 
 
