@@ -19,8 +19,14 @@ event-fed and predicted at any time. No I/O; `now` is always passed in.
 
 Each worker's predictions are prefix-closed: a routing refreshes a whole path, root last, and
 expiry and pruning take the least recently refreshed first, so a block goes before its parent.
-That lets `record_routing` find the predicted prefix by binary search and store only the new
-suffix under it.
+They are kept per routing, not per block: a `_Run` is one routed path with one expiry, owning the
+blocks of it that no later routing of the worker refreshed (they belong to the later one). Those
+are a slice of the path, depths `lo` to `hi`: a later routing shares a prefix with it, which
+takes its root end, and pruning takes its leaf end. So the blocks a worker predicts, oldest first,
+are its runs in routing order, each run's slice leaf first (the order a per-block table moving a
+path's blocks to its end, leaf first, would hold). A run is found by its slice's root block
+(`_Table.starts`): a routing walks its path through the runs that hold its prefix, one lookup per
+run, and cuts them; refreshing a 6,250-block path costs a few runs, not 6,250 entries.
 """
 
 from __future__ import annotations
@@ -46,6 +52,49 @@ def is_predicted_id(engine_hash: int | None) -> bool:
     return engine_hash is not None and engine_hash <= _PREDICTED_BASE
 
 
+class _Run:
+    """One routing's path and expiry, owning the blocks at depths [lo, hi) of it.
+
+    `hashes[d - base]` is the sequence hash at depth d for every owned depth: the routed path's
+    list itself (base 0) until the run owns at most half of what it keeps, then only its slice.
+    """
+
+    __slots__ = ("base", "expiry", "hashes", "hi", "lo")
+
+    def __init__(self, hashes: Sequence[int], expiry: float) -> None:
+        self.hashes = hashes
+        self.base = 0
+        self.lo = 0
+        self.hi = len(hashes)
+        self.expiry = expiry
+
+    def owned(self) -> Sequence[int]:
+        """The sequence hashes of the blocks it owns, root first."""
+        return self.hashes[self.lo - self.base : self.hi - self.base]
+
+    def compact(self) -> None:
+        """Keep only the owned slice once the run owns at most half of the hashes it keeps."""
+        if 2 * (self.hi - self.lo) <= len(self.hashes):
+            self.hashes = self.owned()
+            self.base = self.lo
+
+
+class _Table:
+    """A worker's predictions: its runs, least recently routed first, and each run's root block."""
+
+    __slots__ = ("runs", "size", "starts")
+
+    def __init__(self) -> None:
+        self.runs: OrderedDict[_Run, None] = OrderedDict()
+        self.starts: dict[int, _Run] = {}  # sequence hash of a run's first owned block -> the run
+        self.size = 0  # blocks owned by its runs
+
+    def drop(self, run: _Run) -> None:
+        del self.runs[run]
+        del self.starts[run.hashes[run.lo - run.base]]
+        self.size -= run.hi - run.lo
+
+
 class ApproxIndexer:
     """TTL and size-bounded predictions of what each worker caches."""
 
@@ -66,8 +115,7 @@ class ApproxIndexer:
         self.prune_target_size = int(max_tree_size * prune_target_ratio)
         self.prune_slice = prune_slice
         self.pruning = False  # a prune is under way: size above prune_target_size, going down
-        # per worker: sequence hash -> expiry time; order = least recently routed first
-        self._expiry: dict[Worker, OrderedDict[int, float]] = {}
+        self._tables: dict[Worker, _Table] = {}
         self._size = 0
         self._next_expiry = float("inf")  # lower bound of every table's oldest expiry
         self.expired_blocks = 0
@@ -77,8 +125,19 @@ class ApproxIndexer:
         return self._size
 
     def num_blocks(self, worker: Worker) -> int:
-        table = self._expiry.get(worker)
-        return len(table) if table else 0
+        table = self._tables.get(worker)
+        return table.size if table else 0
+
+    def predictions(self) -> dict[Worker, OrderedDict[int, float]]:
+        """Per worker: sequence hash -> expiry of every predicted block, least recently routed
+        first (a view for tests and inspection; it costs a dict entry per block)."""
+        view: dict[Worker, OrderedDict[int, float]] = {}
+        for worker, table in self._tables.items():
+            blocks = view[worker] = OrderedDict()
+            for run in table.runs:
+                for seq_hash in reversed(run.owned()):
+                    blocks[seq_hash] = run.expiry
+        return view
 
     def record_routing(
         self,
@@ -90,7 +149,8 @@ class ApproxIndexer:
     ) -> None:
         """Predict that `worker` now caches the blocks `local_hashes` (prefix from the root).
 
-        `seq_hashes` (the chained hashes of `local_hashes`) may be passed to avoid recomputing.
+        `seq_hashes` (the chained hashes of `local_hashes`) may be passed to avoid recomputing;
+        the indexer keeps it, so it must not change afterwards.
         """
         self._expire(now)
         if not local_hashes:
@@ -99,28 +159,44 @@ class ApproxIndexer:
             return
         if seq_hashes is None:
             seq_hashes = compute_sequence_hashes(local_hashes)
-        table = self._expiry.get(worker)
+        table = self._tables.get(worker)
         if table is None:
-            table = self._expiry[worker] = OrderedDict()
-        held = _held_prefix(table, seq_hashes)
-        if held < len(seq_hashes):
+            table = self._tables[worker] = _Table()
+        # the runs holding the path's predicted prefix, root first: each owned slice starts where
+        # the one before left the path (a block's owner owns its parent too, if that is on the path)
+        n = len(seq_hashes)
+        expiry = now + self.ttl_s
+        if not table.runs:
+            self._next_expiry = min(self._next_expiry, expiry)
+        starts = table.starts
+        held = 0
+        cuts = []
+        while held < n:
+            run = starts.get(seq_hashes[held])
+            if run is None:
+                break
+            held = _along(run, seq_hashes, held)
+            cuts.append((run, held))
+        if held < n:
             base = _PREDICTED_BASE
             parent = base - seq_hashes[held - 1] if held else None
             blocks = tuple(
                 StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=True)
             )
             self.tree.apply_event(BlocksStored(worker, blocks, parent_hash=parent))
-        expiry = now + self.ttl_s
-        if not table:
-            self._next_expiry = min(self._next_expiry, expiry)
-        before = len(table)
-        move = table.move_to_end
-        for i in range(len(seq_hashes) - 1, -1, -1):
-            s = seq_hashes[i]
-            if i < held:
-                move(s)
-            table[s] = expiry
-        added = len(table) - before
+        for run, end in cuts:  # the path's blocks are the new run's now
+            del starts[run.hashes[run.lo - run.base]]
+            if end == run.hi:
+                del table.runs[run]
+            else:
+                starts[run.hashes[end - run.base]] = run
+                run.lo = end
+                run.compact()
+        run = _Run(seq_hashes, expiry)
+        table.runs[run] = None
+        starts[seq_hashes[0]] = run
+        added = n - held
+        table.size += added
         self._size += added
         if self._size > self.max_tree_size:
             self.pruning = True
@@ -145,32 +221,36 @@ class ApproxIndexer:
         if now < self._next_expiry:
             return
         next_expiry = float("inf")
-        for worker, table in self._expiry.items():
+        for worker, table in self._tables.items():
             expired = []
-            for seq_hash, expiry in table.items():
-                if expiry > now:
-                    next_expiry = min(next_expiry, expiry)
+            for run in table.runs:
+                if run.expiry > now:
+                    next_expiry = min(next_expiry, run.expiry)
                     break
-                expired.append(seq_hash)
+                expired.append(run)
             if expired:
-                for seq_hash in expired:
-                    del table[seq_hash]
-                self._remove(worker, expired)
-                self.expired_blocks += len(expired)
+                hashes: list[int] = []
+                for run in expired:
+                    hashes.extend(reversed(run.owned()))
+                    table.drop(run)
+                self._remove(worker, hashes)
+                self.expired_blocks += len(hashes)
         self._next_expiry = next_expiry
 
     def remove_worker(self, worker: Worker) -> None:
         """Forget `worker`'s predictions without touching the tree (the caller clears it)."""
-        table = self._expiry.pop(worker, None)
+        table = self._tables.pop(worker, None)
         if table:
-            self._size -= len(table)
+            self._size -= table.size
 
     def drop_worker(self, worker: Worker) -> None:
         """Withdraw `worker`'s predictions from the tree (its real events take over)."""
-        table = self._expiry.pop(worker, None)
-        if table:
-            self._size -= len(table)
-            self.tree.apply_event(BlocksRemoved(worker, tuple(_PREDICTED_BASE - s for s in reversed(table))))
+        table = self._tables.pop(worker, None)
+        if table and table.size:
+            self._size -= table.size
+            base = _PREDICTED_BASE
+            ids = tuple(base - s for run in reversed(table.runs) for s in run.owned())
+            self.tree.apply_event(BlocksRemoved(worker, ids))
 
     def _remove(self, worker: Worker, seq_hashes: list[int]) -> None:
         base = _PREDICTED_BASE
@@ -180,12 +260,12 @@ class ApproxIndexer:
     def _pop_oldest(self, count: int) -> int:
         """Pop the `count` least recently routed predictions over all workers, oldest first.
 
-        Order: (expiry, worker's position in `_expiry`), then a table's own order. A table's
+        Order: (expiry, worker's position in `_tables`), then a table's own order. A table's
         predictions are taken in runs, as many as come before every other table's head, so the
-        heap is touched once per run rather than once per prediction.
+        heap is touched once per stretch of runs rather than once per prediction.
         """
-        tables = [(w, t) for w, t in self._expiry.items() if t]
-        heads = [(next(iter(t.values())), i) for i, (_, t) in enumerate(tables)]
+        tables = [(w, t) for w, t in self._tables.items() if t.runs]
+        heads = [(next(iter(t.runs)).expiry, i) for i, (_, t) in enumerate(tables)]
         heapq.heapify(heads)
         removed: dict[int, list[int]] = {}
         left = count
@@ -199,17 +279,29 @@ class ApproxIndexer:
                 next_expiry, next_i = heads[1]
             else:
                 next_expiry, next_i = float("inf"), -1
-            run: list[int] = []
+            taken = removed.setdefault(i, [])
             head = None
-            for seq_hash, expiry in table.items():
-                if len(run) == left or expiry > next_expiry or (expiry == next_expiry and i > next_i):
+            emptied = []
+            for run in table.runs:
+                expiry = run.expiry
+                if not left or expiry > next_expiry or (expiry == next_expiry and i > next_i):
                     head = expiry
                     break
-                run.append(seq_hash)
-            for seq_hash in run:
-                del table[seq_hash]
-            left -= len(run)
-            removed.setdefault(i, []).extend(run)
+                size = run.hi - run.lo
+                if size <= left:
+                    taken.extend(reversed(run.owned()))
+                    emptied.append(run)
+                    left -= size
+                else:  # its leaf end
+                    taken.extend(reversed(run.hashes[run.hi - left - run.base : run.hi - run.base]))
+                    run.hi -= left
+                    table.size -= left
+                    run.compact()
+                    left = 0
+                    head = expiry
+                    break
+            for run in emptied:
+                table.drop(run)
             if head is None:
                 heapq.heappop(heads)
             else:
@@ -219,14 +311,17 @@ class ApproxIndexer:
         return count - left
 
 
-def _held_prefix(table: OrderedDict[int, float], seq_hashes: Sequence[int]) -> int:
-    """How many leading blocks of the path `table` predicts (prefix-closed, so binary search)."""
-    if not table or seq_hashes[0] not in table:
-        return 0
-    lo, hi = 1, len(seq_hashes)  # seq_hashes[:lo] held; answer in [lo, hi]
+def _along(run: _Run, seq_hashes: Sequence[int], depth: int) -> int:
+    """The depth where `seq_hashes` leaves `run`'s owned slice, which holds its block at `depth`
+    (sequence hashes are chained: equal at a depth, equal at every depth above)."""
+    hashes, base = run.hashes, run.base
+    hi = min(run.hi, len(seq_hashes))
+    if hashes[hi - 1 - base] == seq_hashes[hi - 1]:
+        return hi
+    lo, hi = depth + 1, hi - 1  # seq_hashes[:lo] along the run; the answer in [lo, hi]
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if seq_hashes[mid - 1] in table:
+        if hashes[mid - 1 - base] == seq_hashes[mid - 1]:
             lo = mid
         else:
             hi = mid - 1

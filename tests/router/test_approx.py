@@ -111,7 +111,7 @@ def test_predictions_stay_prefix_closed_under_random_routing_expiry_and_pruning(
             for p in paths:
                 held = approx.num_blocks(w) and tree.find_matches(p).get(w, 0)
                 seq = compute_sequence_hashes(p)
-                assert all(s in approx._expiry.get(w, {}) for s in seq[:held])
+                assert all(s in approx.predictions().get(w, {}) for s in seq[:held])
 
 
 def test_predicted_ids_never_collide_with_a_real_engine_naming_blocks_by_sequence_hash():

@@ -100,13 +100,13 @@ def test_sliced_pruning_keeps_the_one_go_order_and_only_shifts_how_many_are_held
             worker, local = rng.choice(workers), rng.choice(paths)
             approx.record_routing(worker, local, now)
             ref.route(worker, compute_sequence_hashes(local), now)
-        ours, theirs = held(approx._expiry), held(ref.tables)
+        ours, theirs = held(approx.predictions()), held(ref.tables)
         small, large = sorted((ours, theirs), key=len)
         assert large[len(large) - len(small) :] == small  # the newest of the same order
         if prune_slice >= 40:
             assert ours == theirs
         differed += ours != theirs
-        assert_tree_predicts(tree, approx._expiry, paths)
+        assert_tree_predicts(tree, approx.predictions(), paths)
     if prune_slice == 1:
         assert differed  # the workload does prune in slices
 
