@@ -258,3 +258,69 @@ def test_the_first_worker_observed_keeps_the_same_model_as_identical_workers_not
         learner.observe(first, predicted_ms=predicted, observed_ms=100.0 * rng.uniform(0.05, 0.15))
         assert learner.timing(first) == learner.timing(others)
     assert learner.fleet_scale < 0.5
+
+
+# --- forgetting a worker, and what the learner reports --------------------------------------------
+
+
+def _observe_all(learner: PassTimeLearner[Worker], worker: Worker, ratios: list[float]) -> None:
+    for ratio in ratios:
+        predicted = 100.0 * learner.timing(worker).prefill_linear_ms / BASE.prefill_linear_ms
+        learner.observe(worker, predicted, predicted * ratio)
+
+
+def test_forgetting_a_worker_leaves_the_learner_as_if_it_had_never_been_observed():
+    rng = random.Random(5)
+    ys = [math.exp(rng.gauss(0.0, 0.1)) for _ in range(40)]  # y at the configured speed
+    xs = [4.0 * math.exp(rng.gauss(0.0, 0.1)) for _ in range(25)]  # x four times as slow
+    y, x, never = Worker("y"), Worker("x"), Worker("never")
+    both: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    only_y: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    _observe_all(both, y, ys)
+    _observe_all(only_y, y, ys)
+    _observe_all(both, x, xs)
+    assert both.learned(x).scale > 2.0 and both.timing(x) != both.timing(never)  # x departed
+    both.forget(x)
+    assert both.learned(x) is None and both.timing(x) is both.timing(never)
+    assert both.fleet_scale == pytest.approx(only_y.fleet_scale, rel=1e-9)
+    assert both.timing(y).prefill_linear_ms == pytest.approx(only_y.timing(y).prefill_linear_ms, rel=1e-9)
+    assert both.snapshot().keys() == {y}
+    more = [math.exp(rng.gauss(0.0, 0.1)) for _ in range(10)]
+    _observe_all(both, y, more)  # and it goes on learning alike (the prior's weight too)
+    _observe_all(only_y, y, more)
+    a, b = both.learned(y), only_y.learned(y)
+    assert (a.samples, a.scale, a.own_scale, a.fleet_scale) == pytest.approx(
+        (b.samples, b.scale, b.own_scale, b.fleet_scale), rel=1e-9
+    )
+
+
+def test_forgetting_every_worker_starts_over():
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    a, b = Worker("a"), Worker("b")
+    _observe_all(learner, a, [3.0] * 20)
+    _observe_all(learner, b, [2.0] * 30)
+    learner.forget(a)
+    learner.forget(b)
+    learner.forget(b)  # twice, or a worker never observed: nothing happens
+    assert learner.fleet_scale == 1.0 and learner.timing(a) is BASE and learner.snapshot() == {}
+    fresh: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    _observe_all(learner, a, [1.5] * 3)
+    _observe_all(fresh, a, [1.5] * 3)
+    assert learner.learned(a) == fresh.learned(a)
+
+
+def test_what_is_learned_is_reported_per_worker_with_the_fleets_scale():
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    fast, slow = Worker("fast"), Worker("slow")
+    _observe_all(learner, fast, [1.0] * 40)
+    _observe_all(learner, slow, [3.0] * 40)
+    snapshot = learner.snapshot()
+    assert snapshot == {fast: learner.learned(fast), slow: learner.learned(slow)}
+    assert learner.fleet_scale > 1.2  # the slow worker pulls the fleet's scale up
+    for worker, learned in snapshot.items():
+        assert learned.fleet_scale == learner.fleet_scale
+        assert learned.samples == 40
+        assert learned.scale == pytest.approx(
+            learner.timing(worker).prefill_linear_ms / BASE.prefill_linear_ms
+        )
+    assert snapshot[slow].own_scale > 2.0 > snapshot[fast].own_scale
