@@ -199,3 +199,8 @@ def test_rank_at_is_the_index_into_the_union_less_excluded_plus_extra(seed):
         merged = sorted((set(pool) - set(excluded)) | set(extra))
         got = [TimedLoadOrder.rank_at(i, lists, excluded, extra) for i in range(len(merged))]
         assert got == merged, (lists, excluded, extra)
+
+
+def test_rank_at_an_empty_list_counts_the_extra_ranks_alone():
+    assert [TimedLoadOrder.rank_at(i, [[]], [], [3, 7]) for i in range(2)] == [3, 7]
+    assert [TimedLoadOrder.rank_at(i, [[], []], [], [3, 7]) for i in range(2)] == [3, 7]
