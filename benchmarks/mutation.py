@@ -457,6 +457,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "a busy worker set busy again leaves its busy state and re-enters it: the same state",
         ),
+        "xǁTimedLoadOrderǁrank_at__mutmut_15": (
+            "lo, hi = 0, max(ranks[-1] if ranks else 1, extra[-1] if extra else 0)",
+            "same-value",
+            "with no ranks the answer is one of extra, at most extra[-1]: an upper bound of 1 instead of 0"
+            " bisects to the same least rank",
+        ),
         "xǁTimedLoadOrderǁset_busy__mutmut_3": (
             "self._state[rank] = (_BUSY, 1.0)",
             "same-value",
