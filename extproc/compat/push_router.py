@@ -110,7 +110,11 @@ class KvPushRouter:
             return
         self._started = True
         if self.config.router.use_kv_events:
-            self._sources = await start_event_sources(self.config, self._picker)
+            try:
+                self._sources = await start_event_sources(self.config, self._picker)
+            except BaseException:  # `async with` will not call close: release the picker here
+                await self.close()
+                raise
 
     async def close(self) -> None:
         """Stop the event sources and the picker (idempotent)."""

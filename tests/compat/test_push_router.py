@@ -158,3 +158,30 @@ def test_the_package_exports_exactly_its_listed_names():
         "ResponseStream",
     ]
     assert extproc.compat.KvRouter is KvPushRouter
+
+
+async def test_a_start_that_fails_closes_the_picker(monkeypatch):
+    """`async with KvPushRouter(...)` whose event sources cannot start: nothing is left running
+    (`__aexit__` is not called when `__aenter__` raises), and the router says it is closed."""
+    import extproc.compat.push_router as push_router
+
+    async def refused(config, picker):
+        raise OSError("nats-server refused the connection")
+
+    monkeypatch.setattr(push_router, "start_event_sources", refused)
+    async with serve_workers(1) as workers:
+        router = make_router(workers, use_kv_events=True)
+        closed: list[bool] = []
+        real_close = router._picker.close
+
+        async def close() -> None:
+            closed.append(True)
+            await real_close()
+
+        monkeypatch.setattr(router._picker, "close", close)
+        with pytest.raises(OSError, match="refused"):
+            async with router:
+                pass
+        assert closed == [True]
+        with pytest.raises(RuntimeError, match="closed"):
+            await router.start()
