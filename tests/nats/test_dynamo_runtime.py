@@ -40,7 +40,7 @@ from extproc.events.zmq_publisher import ZmqEventPublisher
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import KvRouter
 from extproc.router.hashing import compute_block_hashes
-from extproc.router.types import BlocksStored, KvEvent, Worker
+from extproc.router.types import DEVICE_TIER, HOST_PINNED_TIER, BlocksStored, KvEvent, Worker
 
 from .conftest import eventually
 from .dynamo_helpers import BS, ENDPOINT, primed
@@ -240,7 +240,7 @@ async def test_dynamos_relay_of_our_vllm_stream_matches_our_own_decoding(nats_se
                 pytest.fail(f"Dynamo's relay never relayed our ZMQ publisher\n{dynamo.log_tail()}")
 
             async def relayed(payload: bytes) -> list[KvEvent | None]:
-                """Publish one batch; the events Dynamo relays for it (None: another tier)."""
+                """Publish one batch; the events Dynamo relays for it (None: an unknown tier or domain)."""
                 barrier = 10**9 + len(raw)
                 seen = len(raw)
                 zmq_pub.publish_payload(payload)
@@ -265,12 +265,17 @@ async def test_dynamos_relay_of_our_vllm_stream_matches_our_own_decoding(nats_se
                     WireBlockStored([6, 7], None, list(range(600, 620)), BS),  # a partial second block
                 ]
             )
-            assert [e is None for e in first] == [False, True, False, False]
+            assert [e and e.tier for e in first] == ["device", "host_pinned", "device", "device"]
             await eventually(lambda: overlap(router, h(list(range(32)))) == {W8: 2})
             assert overlap(router, h(lora, lora_name="my-lora")) == {W8: 2}
             assert overlap(router, h([*range(32), *range(32, 48)])) == {
                 W8: 2
-            }  # the CPU copy is not GPU cache
+            }  # the CPU copy is not GPU cache: the host tier continues the device prefix (issue 23)
+            prompt = h([*range(32), *range(32, 48)])
+            assert router.tiers.match(router.indexer, prompt, router.find_matches(prompt)).blocks(W8) == {
+                DEVICE_TIER: 2,
+                HOST_PINNED_TIER: 1,
+            }
             assert overlap(router, h(list(range(600, 620)))) == {W8: 1}
 
             await cross_check([WireBlockRemoved([2]), WireBlockRemoved([3], medium="CPU")])
