@@ -32,6 +32,7 @@ keeps which workers hold a prompt's first block in flight (`holders_of`), and ca
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
@@ -65,7 +66,7 @@ class _Request:
 class _WorkerLoad:
     prefill_tokens: int = 0
     own_blocks: float = 0.0
-    block_refs: dict[int, int] = field(default_factory=dict)
+    block_refs: Counter[int] = field(default_factory=Counter)  # block key -> requests holding it
     requests: int = 0
     decoding: int = 0  # requests past their first token
 
@@ -343,8 +344,7 @@ class ActiveSequences:
         load.prefill_tokens += prefill
         load.own_blocks += own
         refs = load.block_refs
-        for k in keys:
-            refs[k] = refs.get(k, 0) + 1
+        refs.update(keys)  # counted in C (collections' _count_elements), not a Python loop
         if keys and refs[keys[0]] == 1:
             self._holders.setdefault(keys[0], set()).add(worker)
         if self.on_load_change is not None:
@@ -457,12 +457,15 @@ class ActiveSequences:
             self._aic_done(request.worker, request_id)
         load.own_blocks -= request.own_blocks + request.output_weight
         refs = load.block_refs
-        for k in request.block_keys:
-            n = refs[k]
-            if n == 1:
-                del refs[k]
-            else:
-                refs[k] = n - 1
+        if not load.requests:
+            refs.clear()  # its worker's last request: every block in flight there was its own
+        else:
+            for k in request.block_keys:
+                n = refs[k]
+                if n == 1:
+                    del refs[k]
+                else:
+                    refs[k] = n - 1
         if request.block_keys and request.block_keys[0] not in refs:
             first = request.block_keys[0]
             holders = self._holders[first]
