@@ -658,6 +658,8 @@ def add_mock_worker_arguments(parser: argparse.ArgumentParser) -> None:
         ("--tokenizer", str, None, "Hugging Face tokenizer path; default: UTF-8 bytes as token ids"),
         ("--block-size", int, e.block_size, "tokens per KV block (default: %(default)s)"),
         ("--num-gpu-blocks", int, e.num_gpu_blocks, "KV blocks, active or cached (default: %(default)s)"),
+        ("--num-host-blocks", int, e.num_host_blocks, "host-memory tier for evicted blocks, published with "
+         "--kv-events zmq as vLLM's CPU offloading does (medium CPU); 0: none (default: %(default)s)"),
         ("--max-num-batched-tokens", int, e.max_num_batched_tokens,
          "token budget of one pass: prefill chunks plus decodes (default: %(default)s)"),
         ("--max-num-seqs", int, e.max_num_seqs, "most running requests (default: %(default)s)"),
@@ -715,6 +717,7 @@ def config_from_args(args: argparse.Namespace) -> MockWorkerConfig:
         num_gpu_blocks=args.num_gpu_blocks,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
+        num_host_blocks=args.num_host_blocks,
     )
     return MockWorkerConfig(
         worker_id=args.worker_id,

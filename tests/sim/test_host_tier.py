@@ -5,6 +5,7 @@ router indexes what the engine reports per tier."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from extproc.cli import build_parser
 from extproc.events.counters import EventCounters
 from extproc.events.vllm import VllmEventDecoder, encode_batch
 from extproc.events.zmq_publisher import VllmEventListener
@@ -28,6 +30,7 @@ from extproc.router.types import (
     WorkerSpec,
 )
 from extproc.sim.engine import Engine, EngineConfig
+from extproc.sim.mock_worker import add_mock_worker_arguments, config_from_args
 from extproc.sim.prefix_cache import BlockTable, OffloadListener, PrefixCache
 from extproc.sim.replay_router import KvEventTap
 from extproc.sim.timing import prefill_ms
@@ -234,3 +237,15 @@ def test_the_mock_workers_vllm_events_carry_the_offload_as_vllm_sends_it():
         BlocksStored(Worker("w"), (StoredBlock(8, local),), 7, tier=HOST_PINNED_TIER),
         BlocksRemoved(Worker("w"), (8,), tier=HOST_PINNED_TIER),
     ]
+
+
+def test_the_mock_worker_and_the_replay_take_a_host_tier():
+    parser = argparse.ArgumentParser()
+    add_mock_worker_arguments(parser)
+    config = config_from_args(parser.parse_args(["--num-host-blocks", "256"]))
+    assert config.engine.num_host_blocks == 256
+    assert config_from_args(parser.parse_args([])).engine.num_host_blocks == 0
+    args = build_parser().parse_args(
+        ["replay", "t.jsonl", "--num-host-blocks", "64", "--host-load-speedup", "2"]
+    )
+    assert (args.num_host_blocks, args.host_load_speedup) == (64, 2.0)
