@@ -26,6 +26,10 @@ the tiered query in the indexer, the selector's cache-hit estimates), the router
   treats the credit as cached blocks: the uncached tokens are the prompt's minus round(credit *
   block size) (Dynamo's cached-token estimate), under every prefill load model.
 
+vLLM's connector re-announces a block shared by two unaligned chunks once per chunk and asks
+consumers to count references; stores here are idempotent (Dynamo's choice), so the first of the
+two removals forgets the block: an under-credit, never a credit for a block gone.
+
 Not kept: the tiers are rebuilt from live events only (`KvRouter.dump_events`, the durable
 snapshot and the replica sync carry the device tree); Dynamo's lower tiers are not dumped either.
 The device walk reads the radix tree's runs (read only) to find each worker's last matched engine id.
