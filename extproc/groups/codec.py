@@ -178,7 +178,8 @@ def encode_loads(loads: GroupLoads) -> pb.PotentialLoadsResponse:
                 endpoint=w.endpoint,
                 prefill_tokens=w.prefill_tokens,
                 decode_blocks=w.decode_blocks,
-                overlap_blocks=w.overlap_blocks,
+                overlap_blocks=int(w.overlap_blocks),
+                overlap_credit=w.overlap_blocks,
             )
             for w in loads.workers
         ],
@@ -190,7 +191,11 @@ def encode_loads(loads: GroupLoads) -> pb.PotentialLoadsResponse:
 def decode_loads(group: str, message: pb.PotentialLoadsResponse) -> GroupLoads:
     workers = tuple(
         GroupWorkerLoad(
-            decode_worker(w.worker), w.endpoint, w.prefill_tokens, w.decode_blocks, w.overlap_blocks
+            decode_worker(w.worker),
+            w.endpoint,
+            w.prefill_tokens,
+            w.decode_blocks,
+            w.overlap_credit if w.HasField("overlap_credit") else w.overlap_blocks,  # older groups: whole
         )
         for w in message.loads
     )

@@ -114,7 +114,7 @@ class GroupWorkerLoad:
     endpoint: str
     prefill_tokens: int
     decode_blocks: float
-    overlap_blocks: int
+    overlap_blocks: float  # credited: device blocks plus offloaded ones at their tier's weight
 
 
 @dataclass(frozen=True, slots=True)

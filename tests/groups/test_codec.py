@@ -104,3 +104,16 @@ def test_answers_round_trip():
     assert decode_commit("g", encode_commit(decision)) == decision
     loads = GroupLoads("g", (GroupWorkerLoad(Worker("w0"), "10.0.0.1:8000", 320, 20.0, 3),), LOAD, 64)
     assert decode_loads("g", encode_loads(loads)) == loads
+
+
+
+def test_potential_loads_carry_a_credited_overlap_and_an_older_groups_whole_one() -> None:
+    """Offloaded tiers make a worker's overlap fractional (device + 0.75 x host ...): it travels
+    exact, with its whole part where an older owner reads it; an older group's answer has no
+    credit, and its whole overlap is read."""
+    loads = GroupLoads("g", (GroupWorkerLoad(Worker("w0"), "10.0.0.1:8000", 320, 20.0, 5.75),), LOAD, 64)
+    message = encode_loads(loads)
+    assert message.loads[0].overlap_blocks == 5
+    assert decode_loads("g", message) == loads
+    message.loads[0].ClearField("overlap_credit")  # what a group from before tiers sends
+    assert decode_loads("g", message).workers[0].overlap_blocks == 5

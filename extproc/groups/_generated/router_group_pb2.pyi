@@ -168,18 +168,20 @@ class PotentialLoadsRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[RoutingRequest, _Mapping]] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("worker", "endpoint", "prefill_tokens", "decode_blocks", "overlap_blocks")
+    __slots__ = ("worker", "endpoint", "prefill_tokens", "decode_blocks", "overlap_blocks", "overlap_credit")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_CREDIT_FIELD_NUMBER: _ClassVar[int]
     worker: Worker
     endpoint: str
     prefill_tokens: int
     decode_blocks: float
     overlap_blocks: int
-    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., endpoint: _Optional[str] = ..., prefill_tokens: _Optional[int] = ..., decode_blocks: _Optional[float] = ..., overlap_blocks: _Optional[int] = ...) -> None: ...
+    overlap_credit: float
+    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., endpoint: _Optional[str] = ..., prefill_tokens: _Optional[int] = ..., decode_blocks: _Optional[float] = ..., overlap_blocks: _Optional[int] = ..., overlap_credit: _Optional[float] = ...) -> None: ...
 
 class PotentialLoadsResponse(_message.Message):
     __slots__ = ("loads", "load", "block_size")
