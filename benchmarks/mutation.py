@@ -729,6 +729,83 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "_timeline_done reads complete for its truth: None drops as False does",
         ),
     },
+    "router/radix_lookup.py": {
+        "x_common__mutmut_13": (
+            "mid = (lo + hi + 2) // 2",
+            "same-value",
+            "mid stays in (lo, hi], all the binary search needs",
+        ),
+        "x_common__mutmut_6": (
+            "lo, hi = 0, limit + 1  # run[a:a+lo] matches; the answer is at most hi",
+            "same-value",
+            "limit is the shorter remainder: past it the slices differ in length",
+        ),
+        "x_group_held__mutmut_2": (
+            "hashes = engine_hashes if (type(engine_hashes) is tuple) and False else tuple(engine_hashes)",
+            "performance",
+            "a tuple copied into an equal tuple",
+        ),
+        "x_group_held__mutmut_3": (
+            "hashes = engine_hashes if (type(engine_hashes) is tuple) or True else tuple(engine_hashes)",
+            "same-value",
+            "RadixTree._remove passes the event's tuple, or a list read the same way",
+        ),
+        "x_group_held__mutmut_4": (
+            "hashes = engine_hashes if type(None) is tuple else tuple(engine_hashes)",
+            "performance",
+            "a tuple copied into an equal tuple",
+        ),
+        "x_group_held__mutmut_5": (
+            "hashes = engine_hashes if type(engine_hashes) is not tuple else tuple(engine_hashes)",
+            "same-value",
+            "events carry tuples; any other iterable is read once either way",
+        ),
+        "x_group_held__mutmut_6": (
+            "hashes = engine_hashes if type(engine_hashes) is tuple else tuple(None)",
+            "same-value",
+            "events carry tuples: the other branch is not reached",
+        ),
+        "x_group_held__mutmut_20": (
+            "for node, group in groupby(zip(nodes, hashes, strict=None), _first):",
+            "same-value",
+            "nodes is mapped from hashes: the lengths always agree",
+        ),
+        "x_group_held__mutmut_23": (
+            "for node, group in groupby(zip(nodes, hashes, ), _first):",
+            "same-value",
+            "nodes is mapped from hashes: the lengths always agree",
+        ),
+        "x_group_held__mutmut_24": (
+            "for node, group in groupby(zip(nodes, hashes, strict=False), _first):",
+            "same-value",
+            "nodes is mapped from hashes: the lengths always agree",
+        ),
+        "x_group_held__mutmut_31": (
+            "named = None",
+            "performance",
+            "a run named twice apart loses names: the count check returns None, _remove's loop groups",
+        ),
+        "x_group_held__mutmut_32": (
+            "named = by_node.get(None)",
+            "performance",
+            "as named = None: the count check returns None, _remove's loop groups",
+        ),
+        "x_group_held__mutmut_41": (
+            "if sum(map(len, by_node.values())) == len(hashes):",
+            "performance",
+            "None for the events it would group: _remove's loop groups them the same",
+        ),
+        "x_tails__mutmut_21": (
+            "if end <= 1 or ids[end - 1] != hs[i]:",
+            "performance",
+            "a plan refused for a worker holding one block there goes the general path, which cuts the same",
+        ),
+        "x_tails__mutmut_30": (
+            "k = min(end, n + i)",
+            "same-value",
+            "common() stops where the event's ids end (slices past it differ in length): the same count",
+        ),
+    },
     "router/sessions.py": {
         "xǁSessionPinsǁ__init____mutmut_4": (
             "raise ValueError(None)",
