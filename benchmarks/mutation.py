@@ -60,7 +60,7 @@ _ROUTER_TESTS = [
     "tests/router/test_radix.py::test_radix_tree_agrees_with_brute_force_and_rebuilds_from_its_dump",
 ]
 _ROUTER_MODULES = [
-    "__init__", "approx", "config", "device_share", "disagg", "errors", "hashing", "load_order",
+    "__init__", "aic", "approx", "config", "device_share", "disagg", "errors", "hashing", "load_order",
     "pass_time", "prefill_model", "queue", "radix", "radix_lookup", "reported", "router", "selection",
     "sequences", "sessions", "tiers", "types",
 ]  # fmt: skip
