@@ -201,11 +201,14 @@ class PassTimeLearner(Generic[K]):
         if observed_ms <= 0:
             return None
         ratio = observed_ms / predicted_ms
+        bound = math.log(MAX_RATIO)
         stats = self._stats.get(worker)
+        # the log scale predicted with, taken before a new worker's statistics join the fleet's
+        # (counting it would thin the prior per worker and move the fleet's scale it was predicted with)
+        used = self._fleet_log() if stats is None else self._used(worker, stats)
+        z = used + max(-bound, min(bound, math.log(ratio)))
         if stats is None:
             stats = self._stats[worker] = _Stats()
-        bound = math.log(MAX_RATIO)
-        z = self._used(worker, stats) + max(-bound, min(bound, math.log(ratio)))
         w_old = stats.weight
         self._sum_w -= w_old
         self._sum_wm -= w_old * stats.mean

@@ -324,3 +324,18 @@ def test_what_is_learned_is_reported_per_worker_with_the_fleets_scale():
             learner.timing(worker).prefill_linear_ms / BASE.prefill_linear_ms
         )
     assert snapshot[slow].own_scale > 2.0 > snapshot[fast].own_scale
+
+
+def test_a_new_workers_first_token_as_predicted_shows_the_scale_it_was_predicted_with():
+    """A worker not observed yet is predicted with the fleet's scale; a first token that comes exactly
+    as predicted says the worker runs at that scale (its own estimate is it), however the fleet's
+    prior is spread over the workers once the new one counts."""
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    learner.observe(W, 100.0, 200.0)
+    predicted_with = learner.fleet_scale
+    newcomer = Worker("new")
+    assert learner.timing(newcomer).prefill_linear_ms == pytest.approx(
+        BASE.prefill_linear_ms * predicted_with
+    )
+    learner.observe(newcomer, 100.0, 100.0)
+    assert learner.learned(newcomer).own_scale == pytest.approx(predicted_with, rel=1e-12)
