@@ -8,7 +8,16 @@ import random
 import pytest
 
 from extproc.router.config import RouterConfig
-from extproc.router.pass_time import MAX_RATIO, MAX_SCALE, WINDOW_SAMPLES, PassTimeLearner
+from extproc.router.pass_time import (
+    MAX_RATIO,
+    MAX_SCALE,
+    PRIOR_NOISE,
+    PRIOR_SAMPLES,
+    SIGNIFICANCE,
+    WINDOW_SAMPLES,
+    LearnedPassTime,
+    PassTimeLearner,
+)
 from extproc.router.prefill_model import PrefillEstimate, PrefillTiming
 from extproc.router.router import KvRouter
 from extproc.router.sequences import ActiveSequences
@@ -339,3 +348,111 @@ def test_a_new_workers_first_token_as_predicted_shows_the_scale_it_was_predicted
     )
     learner.observe(newcomer, 100.0, 100.0)
     assert learner.learned(newcomer).own_scale == pytest.approx(predicted_with, rel=1e-12)
+
+
+# --- the estimate, number for number ------------------------------------------------------------
+
+
+def test_one_first_token_moves_the_fleet_by_its_share_against_the_prior():
+    """The configured model weighs as PRIOR_SAMPLES observations at scale 1, less 1/W of that per
+    observation of each worker: after one first token twice as slow as predicted, the fleet's log
+    scale is log 2 over 1 + 4 (31/32)."""
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    learner.observe(W, 100.0, 200.0)
+    prior = PRIOR_SAMPLES * (1 - 1 / WINDOW_SAMPLES)
+    expected = math.exp(math.log(2.0) / (prior + 1.0))
+    assert learner.fleet_scale == pytest.approx(expected, rel=1e-12)
+    assert learner.learned(W) == LearnedPassTime(expected, 1, 2.0, 2.0, expected)
+    other = Worker("other")  # a second worker's first token: the prior is forgotten per worker
+    learner.observe(other, 100.0 * expected, 100.0 * expected)
+    prior = PRIOR_SAMPLES * (1 - 1 / WINDOW_SAMPLES) ** (2 / 2)
+    fleet = (math.log(2.0) + math.log(expected)) / (prior + 2.0)
+    assert learner.fleet_scale == pytest.approx(math.exp(fleet), rel=1e-12)
+
+
+class _Model:
+    """The documented estimate, recomputed from each worker's statistics at every step (the learner
+    keeps running sums): per worker an average of z (step 1/n, then 1/W) and its exponentially
+    weighted variance; the fleet's log scale the weighted mean of the workers' with the prior at 0;
+    a worker's own deviation from the workers' mean, soft-thresholded by SIGNIFICANCE standard
+    errors of the pooled noise, both clamped to +-log MAX_SCALE."""
+
+    def __init__(self) -> None:
+        self.stats: dict[Worker, dict[str, float]] = {}
+        self.observations = 0
+
+    def _weight(self, s: dict[str, float]) -> float:
+        return float(min(s["count"], 2 * WINDOW_SAMPLES - 1))
+
+    def _prior(self) -> float:
+        return PRIOR_SAMPLES * (1 - 1 / WINDOW_SAMPLES) ** (self.observations / max(1, len(self.stats)))
+
+    def fleet(self) -> float:
+        sw = sum(self._weight(s) for s in self.stats.values())
+        swm = sum(self._weight(s) * s["mean"] for s in self.stats.values())
+        limit = math.log(MAX_SCALE)
+        return max(-limit, min(limit, swm / (self._prior() + sw)))
+
+    def used(self, worker: Worker) -> float:
+        s = self.stats[worker]
+        return s["applied"] if s["departed"] else self.fleet()
+
+    def observe(self, worker: Worker, predicted: float, observed: float) -> None:
+        clip = math.log(MAX_RATIO)
+        # z: the log scale the prediction was made with (the fleet's, for a worker not seen yet)
+        z = (self.used(worker) if worker in self.stats else self.fleet()) + max(
+            -clip, min(clip, math.log(observed / predicted))
+        )
+        s = self.stats.setdefault(
+            worker, {"mean": 0.0, "var": 0.0, "count": 0, "applied": 0.0, "departed": 0}
+        )
+        s["count"] += 1
+        self.observations += 1
+        step = 1.0 / min(WINDOW_SAMPLES, s["count"])
+        delta = z - s["mean"]
+        s["mean"] += step * delta
+        s["var"] = (1.0 - step) * (s["var"] + step * delta * delta)
+        fleet = self.fleet()
+        weights = {w: self._weight(t) for w, t in self.stats.items()}
+        sw = sum(weights.values())
+        centre = sum(weights[w] * t["mean"] for w, t in self.stats.items()) / sw
+        prior = self._prior()
+        noise = (prior * PRIOR_NOISE**2 + sum(weights[w] * t["var"] for w, t in self.stats.items())) / (
+            prior + sw
+        )
+        deviation = s["mean"] - centre
+        se = math.sqrt(noise / weights[worker])
+        shrunk = math.copysign(max(0.0, abs(deviation) - SIGNIFICANCE * se), deviation)
+        limit = math.log(MAX_SCALE)
+        s["applied"] = max(-limit, min(limit, fleet + shrunk))
+        s["departed"] = s["applied"] != fleet
+
+    def forget(self, worker: Worker) -> None:
+        s = self.stats.pop(worker)
+        self.observations -= int(s["count"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_learner_follows_the_documented_estimate(seed):
+    rng = random.Random(seed)
+    workers = [Worker(f"w{i}") for i in range(5)]
+    speeds = dict(zip(workers, [1.0, 1.0, 1.0, 2.0, 0.4], strict=True))
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    model = _Model()
+    for step in range(400):
+        worker = rng.choice(workers)
+        if step % 97 == 96 and worker in model.stats:
+            learner.forget(worker)
+            model.forget(worker)
+            continue
+        predicted = 100.0 * learner.timing(worker).prefill_linear_ms / BASE.prefill_linear_ms
+        observed = 100.0 * speeds[worker] * math.exp(rng.gauss(0.0, 0.2))
+        learner.observe(worker, predicted, observed)
+        model.observe(worker, predicted, observed)
+        assert math.log(learner.fleet_scale) == pytest.approx(model.fleet(), rel=1e-9, abs=1e-12)
+        for w, s in model.stats.items():
+            learned = learner.learned(w)
+            assert learned.samples == s["count"]
+            assert math.log(learned.own_scale) == pytest.approx(s["mean"], rel=1e-9, abs=1e-12)
+            assert math.log(learned.scale) == pytest.approx(model.used(w), rel=1e-9, abs=1e-12)
+    assert any(s["departed"] for s in model.stats.values())  # the slow and fast workers departed
