@@ -98,3 +98,19 @@ def test_busy_thresholds_changed_at_run_time_reach_the_fleet_sized_decision(mode
     pair.call("set_thresholds", active_decode_blocks_threshold=None)
     pair.decide(tokens)
     assert chosen() == {"w007"}
+
+
+def test_a_timed_miss_skips_workers_whose_prompt_stream_runs_past_the_best_cost() -> None:
+    """Workers still prefilling long prompts are bounded away by the end of their stream, without
+    computing their cost (their load-only key alone cannot tell them from idle workers)."""
+    timing = PrefillTiming(max_num_batched_tokens=32, kv_capacity_tokens=2048)
+    config = RouterConfig(block_size=BS, prefill_load_model=PrefillLoadModel.TIMING, prefill_timing=timing)
+    pair = Pair(config, [WorkerSpec(f"w{i:03d}") for i in range(40)], 2)
+    rng = random.Random(3)
+    for k in range(20):  # 20 workers take a prompt of 25 passes each
+        pair.decide([rng.randrange(10**6) for _ in range(800)], request_id=f"long{k}")
+    start = len(pair.visited)
+    for _ in range(10):
+        pair.decide([rng.randrange(10**7, 2 * 10**7) for _ in range(rng.randrange(4, 40))])  # misses
+        pair.clock.advance(0.001)
+    assert max(pair.visited[start:]) <= 2
