@@ -457,6 +457,46 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "a busy worker set busy again leaves its busy state and re-enters it: the same state",
         ),
+        "xǁTimedLoadOrderǁ__init____mutmut_12": (
+            "self._next_id = 1",
+            "same-value",
+            "ids only tell classes apart: equal-key classes are all visited or none, ranks merged sorted",
+        ),
+        "xǁTimedLoadOrderǁ__init____mutmut_14": (
+            "self._state: dict[int, tuple[int, float]] = {r: (_BUSY, 1.0) for r in range(len(self.workers))}",
+            "same-value",
+            "a busy state's value is never read (only a class id's or a key's is)",
+        ),
+        "xǁTimedLoadOrderǁ__init____mutmut_18": (
+            "self._version = [1] * len(self.workers)",
+            "same-value",
+            "a version is only compared with the rank's current one: any change per leave spots a stale wake",
+        ),
+        "xǁTimedLoadOrderǁ_leave__mutmut_2": (
+            "self._version[rank] -= 1",
+            "same-value",
+            "a version is only compared with the rank's current one: any change per leave spots a stale wake",
+        ),
+        "xǁTimedLoadOrderǁ_leave__mutmut_3": (
+            "self._version[rank] += 2",
+            "same-value",
+            "a version is only compared with the rank's current one: any change per leave spots a stale wake",
+        ),
+        "xǁTimedLoadOrderǁset_class__mutmut_13": (
+            "self._next_id -= 1",
+            "same-value",
+            "ids only tell classes apart: equal-key classes are all visited or none, ranks merged sorted",
+        ),
+        "xǁTimedLoadOrderǁset_class__mutmut_14": (
+            "self._next_id += 2",
+            "same-value",
+            "ids only tell classes apart: equal-key classes are all visited or none, ranks merged sorted",
+        ),
+        "xǁTimedLoadOrderǁrank_at__mutmut_20": (
+            "lo, hi = 0, max(ranks[-1] if ranks else 0, extra[-1] if extra else 1)",
+            "same-value",
+            "the answer is at most the largest rank given: a bound of 1, not 0, bisects to the same rank",
+        ),
         "xǁTimedLoadOrderǁrank_at__mutmut_15": (
             "lo, hi = 0, max(ranks[-1] if ranks else 1, extra[-1] if extra else 0)",
             "same-value",
