@@ -665,16 +665,143 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "compacts sooner (2 n + 16 still holds): contents and order are the same",
         ),
     },
-    "router/router.py": {
-        "xǁKvRouterǁdump_events__mutmut_4": (
-            "dropped_store = None",
-            "same-value",
-            "a dump's removals follow their store: the start value is never read",
+    "router/radix.py": {
+        "x__depth__mutmut_16": (
+            "memo[id(None)] = base",
+            "performance",
+            "the depth is not memoised: computed again, the same",
         ),
-        "xǁKvRouterǁdump_events__mutmut_5": (
-            "dropped_store = True",
+        "x__depth__mutmut_7": (
+            'assert parent is not None, "XXa held run\'s ancestors reach the root, which is in memoXX"',
+            "message",
+            "an assertion's text",
+        ),
+        "x__depth__mutmut_8": (
+            'assert parent is not None, "A HELD RUN\'S ANCESTORS REACH THE ROOT, WHICH IS IN MEMO"',
+            "message",
+            "an assertion's text",
+        ),
+        "xǁRadixTreeǁ_detach__mutmut_18": (
+            "token = cast(None, object())",
             "same-value",
-            "a dump's removals follow their store: the start value is never read",
+            "typing.cast returns its value whatever the type named",
+        ),
+        "xǁRadixTreeǁ_release__mutmut_25": (
+            "if len(names) < 4:",
+            "performance",
+            "both branches find the same offsets (by scanning, or by a dict)",
+        ),
+        "xǁRadixTreeǁ_release__mutmut_26": (
+            "if len(names) <= 5:",
+            "performance",
+            "both branches find the same offsets (by scanning, or by a dict)",
+        ),
+        "xǁRadixTreeǁ_store_one__mutmut_25": (
+            "held = None",
+            "same-value",
+            "read only when target is set, which sets held first",
+        ),
+        "xǁRadixTreeǁ_store_one__mutmut_26": (
+            "held = 1",
+            "same-value",
+            "read only when target is set, which sets held first",
+        ),
+        "xǁRadixTreeǁ_store_one__mutmut_45": (
+            "if node is self._root and node.children is None and node.workers & bit:",
+            "performance",
+            "a new one-block run under the leaf, which _settle merges into it: the same runs",
+        ),
+        "xǁRadixTreeǁ_store_one__mutmut_47": (
+            "if node is not self._root and node.children is None and node.workers | bit:",
+            "same-value",
+            "at a run's end after a block it holds, the worker holds the whole run: the bit is set",
+        ),
+        "xǁRadixTreeǁ_store_slow__mutmut_3": (
+            "node, end = self._root, 1",
+            "same-value",
+            "the root has no blocks: any end is at its end",
+        ),
+        "xǁRadixTreeǁdump_events__mutmut_4": (
+            "depth: dict[int, int] = {id(self._root): 1}",
+            "same-value",
+            "depths only sort the runs: all shifted by one, the same order",
+        ),
+        "xǁRadixTreeǁdump_events__mutmut_23": (
+            "chain, parent = self._dump_parent(slot, node, None, stand_ins)",
+            "same-value",
+            "the offset is read for its truth: None is 0",
+        ),
+    },
+    "router/router.py": {
+        "xǁKvRouterǁdump_events__mutmut_5": (
+            "keep = None",
+            "same-value",
+            "a dump starts with a store, which sets keep before a removal reads it",
+        ),
+        "xǁKvRouterǁdump_events__mutmut_6": (
+            "keep = True",
+            "same-value",
+            "a dump starts with a store, which sets keep before a removal reads it",
+        ),
+        "xǁKvRouterǁ_load_order__mutmut_1": (
+            "order = None",
+            "performance",
+            "rebuilt from the workers' current loads at each decision: the same keys, busy and idle states",
+        ),
+        "xǁKvRouterǁ_timed_load_order__mutmut_1": (
+            "order = None",
+            "performance",
+            "rebuilt from the current state at each decision: keys do not depend on when they were made",
+        ),
+        "xǁKvRouterǁ_scale__mutmut_1": (
+            "scale = None",
+            "performance",
+            "the scale is computed again instead of read from the cache: the same value",
+        ),
+        "xǁKvRouterǁ_scale__mutmut_2": (
+            "scale = self._scales.get(None)",
+            "performance",
+            "the scale is computed again instead of read from the cache: the same value",
+        ),
+        "xǁKvRouterǁ_scale__mutmut_19": (
+            "if len(self._scales) >= 4096:",
+            "performance",
+            "the scale is computed again instead of read from the cache: the same value",
+        ),
+        "xǁKvRouterǁ_scale__mutmut_20": (
+            "if len(self._scales) > 4097:",
+            "performance",
+            "the scale is computed again instead of read from the cache: the same value",
+        ),
+        "xǁKvRouterǁ_scale__mutmut_21": (
+            "self._scales[timing] = None",
+            "performance",
+            "the scale is computed again instead of read from the cache: the same value",
+        ),
+        "xǁKvRouterǁ_scale__mutmut_13": (
+            "if any(theirs != 0 and mine < 0 for mine, theirs in pairs):",
+            "same-value",
+            "never true: the fast path needs configured parts >= 0 and learning scales them by a factor > 0",
+        ),
+        "xǁKvRouterǁ_scale__mutmut_14": (
+            "if any(theirs == 1 and mine < 0 for mine, theirs in pairs):",
+            "same-value",
+            "never true: the fast path needs configured parts >= 0 and learning scales them by a factor > 0",
+        ),
+        "xǁKvRouterǁ_scale__mutmut_17": (
+            "scale = None",
+            "same-value",
+            "never entered: a scaled part is negative only where the configured one is",
+        ),
+        "xǁKvRouterǁ_scale__mutmut_18": (
+            "scale = 1.0",
+            "same-value",
+            "never entered: a scaled part is negative only where the configured one is",
+        ),
+        "xǁKvRouterǁadd_request__mutmut_9": (
+            "learn=None,  # its decision time reaches this replica late: no speed to learn from it",
+            "same-value",
+            "learn is read for its truth: None is False",
         ),
         "xǁKvRouterǁ_full_scan__mutmut_36": (
             "if cfg.mode is RouterMode.DEVICE_AWARE_WEIGHTED and len(eligible) >= 1:",
