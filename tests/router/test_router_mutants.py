@@ -195,3 +195,16 @@ def test_output_tokens_of_several_sequences_load_the_worker_for_each() -> None:
     one, two = decode_blocks(1), decode_blocks(2)
     assert one == 2 + 3  # the prompt's blocks and the output's
     assert two == 2 + 2 * 3  # the prompt is shared, each sequence writes its own output
+
+
+def test_a_dump_ending_with_a_dropped_stand_in_store_ends_with_the_reported_blocks() -> None:
+    router, _ = two_workers(use_kv_events=True)
+    tokens = list(range(100, 100 + 6 * BS))
+    hashes = compute_block_hashes(tokens, BS)
+    reported = BlocksStored(B, (StoredBlock(900, hashes[0]),))
+    router.apply_event(reported, feeds=False)  # b's slot comes first in the dump
+    router.best_worker(tokens, request_id="r", pinned_worker=A)
+    first = next(eid for w, eid, _ in router.indexer.entries() if w == A and is_predicted_id(eid))
+    router.apply_event(BlocksRemoved(A, (first,)), feeds=False)  # a's predictions: behind a stand-in
+    assert isinstance(router.dump_events(include_predicted=True)[-1], BlocksRemoved)
+    assert router.dump_events() == [reported]
