@@ -146,10 +146,10 @@ REPLICA_SYNC_BATCH_MS = Option(
     "--replica-sync-batch-ms",
     float,
     10.0,
-    "Replica sync: this replica sends its request lifecycle messages (add, first token, free) at most "
-    "once per this many milliseconds: one after a quiet interval goes at once, those that come sooner "
-    "wait for the end of the interval and go as one batch (receiving a message costs more than "
-    "applying it). 0 sends each at once. Below the heartbeat interval.",
+    "Replica sync: this replica's request lifecycle messages (add, first token, free) are gathered "
+    "for up to this many milliseconds and sent as one batch (receiving a message costs more than "
+    "applying it); the other replicas see its load this much later. 0 sends each at once. Below the "
+    "heartbeat interval.",
 )
 EVENT_QUEUE_SIZE = Option(
     "--event-queue-size",

@@ -52,20 +52,18 @@ version-1 replica drops as malformed (counted there); batches are format 3 (belo
 
 Batches: receiving a message costs far more than applying one (a wake-up of the event loop and
 the NATS client's per-message machinery: 0.2-0.3 ms of a picker's CPU per message on a busy
-2-core host, against about 0.05 ms to apply an add; benchmarks/bench_replicas.py), so a replica
-sends its lifecycle messages at most once per `batch_s` (`DEFAULT_BATCH_S`, 10 ms): one that comes
-when none went out for `batch_s` goes at once, as a single message; those that come sooner wait
-for the end of that interval (or `MAX_BATCH_OPS` ops / `BATCH_BYTES`) and go as one `batch`, whose
-ops are applied in order exactly as the single messages would be (no timer, no lag when traffic is
-sparse; at most `batch_s` of lag and one message per `batch_s` when it is dense). Block hashes
-travel packed (8 bytes each, decoded in one call, no per-hash checks). Any other message first
-sends the batch gathered so far, so a sender's order never changes (a heartbeat's digest counts
-every op sent before it). A batch is one message: its `seq` is checked, and a lost or repeated
-batch is healed as any message is. Heartbeats say `"batch": 1`. A replica sends batches only
-while every other replica it knows said so in its last heartbeat (none known yet counts as all),
-else single format-1 messages: a replica of the previous version drops a batch as malformed, so
-from its first message on (its `want` at start) it gets single messages, and a batch it missed
-before shows as a sequence gap that its `want` heals.
+2-core host, against about 0.05 ms to apply an add; benchmarks/bench_replicas.py), so a replica's
+lifecycle messages are gathered for up to `batch_s` (`DEFAULT_BATCH_S`, 10 ms, from the first
+one) or `MAX_BATCH_OPS` ops / `BATCH_BYTES` and sent as one `batch`, whose ops are applied in
+order exactly as the single messages would be; block hashes travel packed (8 bytes each, decoded
+in one call, no per-hash checks). Any other message first sends the batch gathered so far, so a
+sender's order never changes (a heartbeat's digest counts every op sent before it). A batch is
+one message: its `seq` is checked, and a lost or repeated batch is healed as any message is.
+Heartbeats say `"batch": 1`. A replica sends batches only while every other replica it knows
+said so in its last heartbeat (none known yet counts as all), else single format-1 messages: a
+replica of the previous version drops a batch as malformed, so from its first message on (its
+`want` at start) it gets single messages, and a batch it missed before shows as a sequence gap
+that its `want` heals.
 
 `digest` is the sum, modulo 2**64, over the sender's in-flight requests of the first 8 bytes
 (little endian) of BLAKE2b(id UTF-8, NUL, "1" if its prefill completed else "0"). A `state` is one
@@ -298,7 +296,6 @@ class ReplicaSync:
         self._batch: list[tuple[int, str, Record | None]] = []  # lifecycle ops not sent yet
         self._batch_size = 0
         self._batch_due = 0.0  # (clock) when the gathered ops must go at the latest
-        self._last_sent = float("-inf")  # (clock) when the last lifecycle message or batch went out
         self._batch_timer: asyncio.TimerHandle | None = None
 
     @property
@@ -362,15 +359,9 @@ class ReplicaSync:
             self._publish(V1, _single(code, request_id, record))
             return
         if not self._batch:
-            now = self._clock()
-            if now - self._last_sent >= self.batch_s:  # none went out for a window: this one at once
-                self._last_sent = now
-                self._publish(V1, _single(code, request_id, record))
-                return
-            self._batch_due = self._last_sent + self.batch_s
+            self._batch_due = self._clock() + self.batch_s
             with contextlib.suppress(RuntimeError):  # no running loop: tick() or the next message sends it
-                delay = max(self._batch_due - now, 0.0)
-                self._batch_timer = asyncio.get_running_loop().call_later(delay, self.flush_batch)
+                self._batch_timer = asyncio.get_running_loop().call_later(self.batch_s, self.flush_batch)
         self._batch.append((code, request_id, record))
         self._batch_size += size
         if len(self._batch) >= MAX_BATCH_OPS or self._batch_size >= BATCH_BYTES:
@@ -385,7 +376,6 @@ class ReplicaSync:
         ops, self._batch, self._batch_size = self._batch, [], 0
         if not ops:
             return
-        self._last_sent = self._clock()
         if not self.batching():
             for code, request_id, record in ops:
                 self._publish(V1, _single(code, request_id, record))
