@@ -510,6 +510,11 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/pass_time.py": {
+        "xǁPassTimeLearnerǁobserve__mutmut_17": (
+            "used = self._fleet_log() if (stats is None) and False else self._used(worker, stats)",
+            "same-value",
+            "a worker without statistics has no model of its own: _used gives the fleet's log too",
+        ),
         "xǁPassTimeLearnerǁ_applied__mutmut_3": (
             "observed = self._sum_wm / self._sum_w if (self._sum_w > 0) or True else fleet",
             "same-value",
