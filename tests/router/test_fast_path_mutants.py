@@ -4,14 +4,17 @@ changed at run time, and how few workers a decision visits."""
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
 
-from extproc.router import RouterConfig, WorkerSpec
+from extproc.router import KvRouter, RouterConfig, RouterConfigOverride, Worker, WorkerSpec
 from extproc.router.config import PrefillLoadModel
 from extproc.router.prefill_model import PrefillTiming
+from extproc.router.router import FULL_SCAN_MAX_WORKERS
 
+from .clock import FakeClock
 from .test_fleet_decision import BS, Pair, prompt
 
 SMALL = {"max_num_batched_tokens": 32, "kv_capacity_tokens": 2048}
@@ -114,3 +117,71 @@ def test_a_timed_miss_skips_workers_whose_prompt_stream_runs_past_the_best_cost(
         pair.decide([rng.randrange(10**7, 2 * 10**7) for _ in range(rng.randrange(4, 40))])  # misses
         pair.clock.advance(0.001)
     assert max(pair.visited[start:]) <= 2
+
+
+def idle_fleet(count: int, **config: object) -> KvRouter:
+    return KvRouter(
+        RouterConfig(block_size=BS, prefill_load_model=PrefillLoadModel.NONE, **config),  # type: ignore[arg-type]
+        clock=FakeClock(1.0),
+        rng=random.Random(4),
+        workers=[WorkerSpec(f"w{i:03d}", device="cpu" if i % 4 == 0 else "cuda") for i in range(count)],
+    )
+
+
+def test_the_full_scan_decides_up_to_its_size_and_the_fleet_path_past_it() -> None:
+    tokens = list(range(3 * BS))
+    assert len(idle_fleet(FULL_SCAN_MAX_WORKERS).best_worker(tokens).costs) == FULL_SCAN_MAX_WORKERS
+    assert len(idle_fleet(FULL_SCAN_MAX_WORKERS + 1).best_worker(tokens).costs) == 1  # one idle worker
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "pinned",
+        "preferred",
+        "allowed",
+        "temperature",
+        "weight",
+        "device-aware",
+        "formula",
+        "debug",
+        "reports",
+    ],
+)
+def test_decisions_the_fleet_path_cannot_make_take_the_full_scan(how: str, caplog) -> None:
+    """Each of these changes the candidates, the costs or the draw: every worker is costed."""
+    n = FULL_SCAN_MAX_WORKERS + 8
+    config: dict[str, object] = {
+        "device-aware": {"mode": "device-aware-weighted"},
+        "formula": {"log_formula": True},
+        "reports": {"active_decode_blocks_threshold": 0.9},
+    }.get(how, {})
+    router = idle_fleet(n, **config)
+    kwargs: dict[str, object] = {
+        "pinned": {"pinned_worker": "w005"},
+        "preferred": {"preferred_worker": "w005"},
+        "allowed": {"allowed_workers": [f"w{i:03d}" for i in range(n - 1)]},
+        "temperature": {"config_override": RouterConfigOverride(temperature=0.5)},
+        "weight": {"config_override": RouterConfigOverride(overlap_score_weight=2.0)},
+    }.get(how, {})
+    if how == "debug":
+        caplog.set_level(logging.DEBUG, logger="extproc.router")
+    if how == "reports":
+        router.set_reported_load(Worker("w001"), kv_usage=0.1, max_age_s=60.0)
+    decision = router.best_worker(list(range(3 * BS)), **kwargs)  # type: ignore[arg-type]
+    if how in ("pinned", "preferred"):
+        assert decision.worker == Worker("w005") and len(decision.costs) == 1  # chosen without comparing
+    elif how == "device-aware":
+        assert len(decision.costs) in (n // 4, n - n // 4)  # one device class, all of it
+    else:
+        assert len(decision.costs) == (n - 1 if how == "allowed" else n)
+
+
+def test_engine_reports_alone_or_a_decode_threshold_alone_keep_the_fleet_path() -> None:
+    """Only both together make busy states follow the reports' age, which the load order does not see."""
+    tokens = list(range(3 * BS))
+    with_reports = idle_fleet(FULL_SCAN_MAX_WORKERS + 8)
+    with_reports.set_reported_load(Worker("w001"), kv_usage=0.1, max_age_s=60.0)
+    assert len(with_reports.best_worker(tokens).costs) == 1
+    with_threshold = idle_fleet(FULL_SCAN_MAX_WORKERS + 8, active_decode_blocks_threshold=0.9)
+    assert len(with_threshold.best_worker(tokens).costs) == 1
