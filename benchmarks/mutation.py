@@ -80,6 +80,33 @@ EQUIVALENT_CLASSES = {
 # module -> mutant (its name without the module's dotted path) -> (the line it writes, class, why it
 # cannot change behaviour)
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "router/aic.py": {
+        "x_admission_estimate__mutmut_15": (
+            "return PrefillEstimate(wait + own_ms, own_ms, tokens, None)",
+            "same-value",
+            "aic's estimate feeds PassTimeLearner.measures and the first-token check: decode_ms is unread",
+        ),
+        "x_admission_estimate__mutmut_21": (
+            "return PrefillEstimate(wait + own_ms, own_ms, tokens, 1.0)",
+            "same-value",
+            "aic's estimate feeds PassTimeLearner.measures and the first-token check: decode_ms is unread",
+        ),
+        "x_decayed_tokens__mutmut_9": (
+            "fraction = min(2.0, max(0.0, 1.0 - max(0.0, elapsed_ms) / duration_ms))",
+            "same-value",
+            "1 - (a value >= 0) is never above 1",
+        ),
+        "xǁOldestPrefillDecayǁ__init____mutmut_4": (
+            "self.anchor_ms = None  # when the oldest became the oldest",
+            "same-value",
+            "read only while a prefill is active; add sets it when the first arrives",
+        ),
+        "xǁOldestPrefillDecayǁ__init____mutmut_5": (
+            "self.anchor_ms = 1.0  # when the oldest became the oldest",
+            "same-value",
+            "read only while a prefill is active; add sets it when the first arrives",
+        ),
+    },
     "router/approx.py": {
         "xǁApproxIndexerǁ__init____mutmut_15": (
             'self._next_expiry = float("INF")  # lower bound of every table\'s oldest expiry',
