@@ -185,3 +185,18 @@ def test_engine_reports_alone_or_a_decode_threshold_alone_keep_the_fleet_path() 
     assert len(with_reports.best_worker(tokens).costs) == 1
     with_threshold = idle_fleet(FULL_SCAN_MAX_WORKERS + 8, active_decode_blocks_threshold=0.9)
     assert len(with_threshold.best_worker(tokens).costs) == 1
+
+
+def test_a_full_scan_after_thresholds_changed_and_loads_moved_reports_the_best_overlap() -> None:
+    """The load order is dropped when the config changes; a decision the full scan makes before the
+    next fleet-sized one still reads the registered workers' overlaps."""
+    router = idle_fleet(FULL_SCAN_MAX_WORKERS + 8)
+    tokens = list(range(4 * BS))
+    router.best_worker(tokens, request_id="a", pinned_worker="w003")  # w003 is predicted to cache it
+    router.mark_prefill_complete("a")
+    router.best_worker(list(range(100, 108)), request_id="b")  # the fleet path builds its order
+    router.set_thresholds(active_prefill_tokens_threshold=1000)
+    router.free("b")  # a load change while the order waits to be rebuilt
+    decision = router.best_worker(tokens, pinned_worker="w010")
+    assert decision.worker == Worker("w010") and decision.best_overlap_blocks == 4
+    assert router.best_worker(tokens).worker == Worker("w003")
