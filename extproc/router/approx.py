@@ -272,19 +272,20 @@ class ApproxIndexer:
         while left and heads:
             _, i = heads[0]
             table = tables[i][1]
-            # the next head among the other tables: a heap's second smallest is a child of the root
+            # the next head among the other tables: a heap's second smallest is a child of the root;
+            # with none left, one that comes after every run (even one that never expires)
             if len(heads) > 2:
-                next_expiry, next_i = min(heads[1], heads[2])
+                next_head = min(heads[1], heads[2])
             elif len(heads) == 2:
-                next_expiry, next_i = heads[1]
+                next_head = heads[1]
             else:
-                next_expiry, next_i = float("inf"), -1
+                next_head = (float("inf"), len(tables))
             taken = removed.setdefault(i, [])
             head = None
             emptied = []
             for run in table.runs:
                 expiry = run.expiry
-                if not left or expiry > next_expiry or (expiry == next_expiry and i > next_i):
+                if not left or (expiry, i) > next_head:
                     head = expiry
                     break
                 size = run.hi - run.lo

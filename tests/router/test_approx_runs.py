@@ -366,3 +366,35 @@ def test_pruning_a_runs_leaf_end_keeps_its_slice_once_it_owns_half():
     approx.expire(2.0)  # owns 5 of 10: its slice only
     assert (first.hi, first.hashes, first.base) == (5, seq[:5], 0)
     assert approx.predictions()[worker] == OrderedDict((s, 100.0) for s in reversed(seq[:5]))
+
+
+def test_a_prune_goes_back_and_forth_between_workers_oldest_first():
+    approx = ApproxIndexer(Recorder(), ttl_s=100.0, max_tree_size=6, prune_target_ratio=0.2)  # type: ignore[arg-type]
+    a, b = Worker("a"), Worker("b")
+    approx.record_routing(a, [1, 2], now=0.0)
+    approx.record_routing(b, [3], now=1.0)
+    approx.record_routing(a, [4, 5], now=2.0)
+    approx.record_routing(b, [6], now=3.0)
+    approx.record_routing(a, [7], now=4.0)  # 7 > 6: down to 1, oldest first over both workers
+    assert approx.pruned_blocks == 6 and len(approx) == 1
+    assert {w: list(t) for w, t in approx.predictions().items()} == {a: compute_sequence_hashes([7]), b: []}
+
+
+def test_predictions_routed_at_the_same_time_are_pruned_in_the_workers_order():
+    approx = ApproxIndexer(Recorder(), ttl_s=100.0, max_tree_size=5, prune_target_ratio=0.6)  # type: ignore[arg-type]
+    a, b, c = Worker("a"), Worker("b"), Worker("c")
+    approx.record_routing(a, [1, 2], now=0.0)
+    approx.record_routing(b, [3, 4], now=0.0)
+    approx.record_routing(c, [5, 6], now=1.0)  # 6 > 5: down to 3, a's before b's
+    assert {w: len(t) for w, t in approx.predictions().items()} == {a: 0, b: 1, c: 2}
+    assert approx.num_blocks(b) == 1 and approx.pruned_blocks == 3
+
+
+def test_predictions_that_never_expire_are_pruned_too():
+    tree = Recorder()
+    approx = ApproxIndexer(tree, ttl_s=float("inf"), max_tree_size=4, prune_target_ratio=0.5)  # type: ignore[arg-type]
+    worker = Worker(0)
+    approx.record_routing(worker, [1, 2, 3], now=0.0)
+    approx.record_routing(worker, [9, 8], now=1.0)  # 5 > 4: down to 2, the oldest first
+    assert len(approx) == 2 and approx.pruned_blocks == 3
+    assert tree.tree.find_matches([1, 2, 3]) == {} and tree.tree.find_matches([9, 8]) == {worker: 2}
