@@ -200,3 +200,30 @@ def test_a_full_scan_after_thresholds_changed_and_loads_moved_reports_the_best_o
     decision = router.best_worker(tokens, pinned_worker="w010")
     assert decision.worker == Worker("w010") and decision.best_overlap_blocks == 4
     assert router.best_worker(tokens).worker == Worker("w003")
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.5])
+def test_a_miss_on_a_loaded_fleet_costs_only_the_least_loaded_workers(weight: float) -> None:
+    """No worker is idle and the loads differ but for the two least loaded: a worker that caches
+    nothing of the prompt costs its load plus what every such worker pays for the prompt, so the
+    load order stops after those two, which tie; a worker caching the prompt under a heavy load is
+    costed apart and does not stop the order early."""
+    n = FULL_SCAN_MAX_WORKERS + 8
+    router = idle_fleet(n, overlap_score_weight=weight)
+    for i in range(n):
+        rid, blocks = f"load{i}", max(i, 1)  # w000 and w001 hold one block each
+        tokens = [10**6 * (i + 1) + t for t in range(blocks * BS)]
+        router.best_worker(tokens, request_id=rid, pinned_worker=f"w{i:03d}")
+        router.mark_prefill_complete(rid)
+    least = [Worker("w000"), Worker("w001")]
+    for size in (1, BS, 5 * BS + 2):
+        decision = router.best_worker([7 * 10**8 + t for t in range(size)])  # a miss
+        assert decision.worker in least
+        assert [c.worker for c in decision.costs] == least
+    assert {router.best_worker([7 * 10**8 + t for t in range(BS)]).worker for _ in range(30)} == set(least)
+    prompt = [8 * 10**8 + t for t in range(5 * BS)]
+    router.best_worker(prompt, request_id="cached", pinned_worker=f"w{n - 1:03d}")  # cached there, loaded
+    router.mark_prefill_complete("cached")
+    decision = router.best_worker(prompt)
+    assert decision.worker in least and decision.best_overlap_blocks == 5
+    assert [c.worker for c in decision.costs] == [*least, Worker(f"w{n - 1:03d}")]
