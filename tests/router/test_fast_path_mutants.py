@@ -227,3 +227,21 @@ def test_a_miss_on_a_loaded_fleet_costs_only_the_least_loaded_workers(weight: fl
     decision = router.best_worker(prompt)
     assert decision.worker in least and decision.best_overlap_blocks == 5
     assert [c.worker for c in decision.costs] == [*least, Worker(f"w{n - 1:03d}")]
+
+
+def test_a_worker_holding_the_prompt_in_flight_is_costed_apart_though_nothing_caches_it() -> None:
+    """An event-fed worker running the same prompt shares its active blocks (no new ones): it costs
+    less than its load-only key says, so the fleet path must cost it like a matching worker."""
+    n = FULL_SCAN_MAX_WORKERS + 8
+    router = idle_fleet(n, use_kv_events=True)
+    holder = Worker("w020")
+    router.set_event_fed(holder, True)  # no predictions: the index does not know what it holds
+    prompt = list(range(5 * BS))
+    for i in range(n):
+        rid = f"load{i}"
+        tokens = prompt if i == 20 else [10**6 * (i + 1) + t for t in range((i % 3 + 1) * BS)]
+        router.best_worker(tokens, request_id=rid, pinned_worker=f"w{i:03d}")
+        router.mark_prefill_complete(rid)
+    assert router.find_matches(router.block_hashes(prompt)) == {}
+    decision = router.best_worker(prompt)
+    assert decision.worker == holder and holder in {c.worker for c in decision.costs}
