@@ -830,6 +830,16 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "never entered: a scaled part is negative only where the configured one is",
         ),
+        "xǁKvRouterǁ_fast_choice__mutmut_17": (
+            "if seqs.track_active_blocks or seqs.assume_kv_reuse:",
+            "same-value",
+            "sequences index in-flight holders only with both on: holders_of finds nobody otherwise",
+        ),
+        "xǁKvRouterǁ_timed_choice__mutmut_21": (
+            "if seqs.track_active_blocks or seqs.assume_kv_reuse:",
+            "same-value",
+            "sequences index in-flight holders only with both on: holders_of finds nobody otherwise",
+        ),
         "xǁKvRouterǁadd_request__mutmut_9": (
             "learn=None,  # its decision time reaches this replica late: no speed to learn from it",
             "same-value",
