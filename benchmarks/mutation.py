@@ -108,40 +108,73 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/approx.py": {
-        "xǁApproxIndexerǁ__init____mutmut_15": (
+        "x__along__mutmut_16": (
+            "lo, hi = depth + 1, hi + 1  # seq_hashes[:lo] along the run; the answer in [lo, hi]",
+            "performance",
+            "the block at hi - 1 is known off the run and lo <= hi - 2, so mid never passes hi: "
+            "a wider bound only adds a step",
+        ),
+        "x__along__mutmut_23": (
+            "mid = (lo + hi + 2) // 2",
+            "same-value",
+            "mid stays in (lo, hi], all a binary search for the last shared block needs",
+        ),
+        "xǁApproxIndexerǁ__init____mutmut_21": (
             'self._next_expiry = float("INF")  # lower bound of every table\'s oldest expiry',
             "same-value",
             'float() reads "INF" as infinity too',
         ),
-        "xǁApproxIndexerǁrecord_routing__mutmut_32": (
-            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=None)",
-            "same-value",
-            "seq_hashes are the chained local_hashes: the lengths always agree",
-        ),
-        "xǁApproxIndexerǁrecord_routing__mutmut_35": (
-            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], )",
-            "same-value",
-            "seq_hashes are the chained local_hashes: the lengths always agree",
-        ),
-        "xǁApproxIndexerǁrecord_routing__mutmut_36": (
-            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=False)",
-            "same-value",
-            "seq_hashes are the chained local_hashes: the lengths always agree",
-        ),
-        "xǁApproxIndexerǁexpire__mutmut_5": (
+        "xǁApproxIndexerǁ_expire__mutmut_5": (
             'next_expiry = float("INF")',
             "same-value",
             'float() reads "INF" as infinity too',
         ),
-        "xǁApproxIndexerǁ_pop_oldest__mutmut_15": (
-            "seq_hash, _ = table.popitem(last=None)",
+        "xǁApproxIndexerǁ_pop_oldest__mutmut_30": (
+            'next_head = (float("INF"), len(tables))',
             "same-value",
-            "popitem reads last for its truth: None pops the oldest as False does",
+            'float() reads "INF" as infinity too',
         ),
-        "x__held_prefix__mutmut_13": (
-            "mid = (lo + hi + 2) // 2",
+        "xǁApproxIndexerǁ_pop_oldest__mutmut_41": (
+            "if not left or (expiry, i) >= next_head:",
             "same-value",
-            "mid stays in (lo, hi], all a binary search for the last held block needs",
+            "next_head is another table's (expiry, index) or has index len(tables): "
+            "never equal to (expiry, i)",
+        ),
+        "xǁApproxIndexerǁ_pop_oldest__mutmut_63": (
+            "head = None",
+            "same-value",
+            "set only when left has just reached 0: the loop ends and the heap is dropped, whatever it holds",
+        ),
+        "xǁApproxIndexerǁ_pop_oldest__mutmut_77": (
+            "return count + left",
+            "same-value",
+            "left always ends at 0: count is at most the predictions held, "
+            "and the heads cover every table holding some",
+        ),
+        "xǁApproxIndexerǁ_prune__mutmut_7": (
+            "if count >= 0:",
+            "performance",
+            "_pop_oldest(0) pops nothing and returns 0",
+        ),
+        "xǁApproxIndexerǁrecord_routing__mutmut_54": (
+            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=None)",
+            "same-value",
+            "seq_hashes are the chained local_hashes: the lengths always agree",
+        ),
+        "xǁApproxIndexerǁrecord_routing__mutmut_57": (
+            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], )",
+            "same-value",
+            "seq_hashes are the chained local_hashes: the lengths always agree",
+        ),
+        "xǁApproxIndexerǁrecord_routing__mutmut_58": (
+            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=False)",
+            "same-value",
+            "seq_hashes are the chained local_hashes: the lengths always agree",
+        ),
+        "xǁApproxIndexerǁrecord_routing__mutmut_76": (
+            'table.runs[run] = ""',
+            "same-value",
+            "the runs' OrderedDict is an ordered set: its values are never read",
         ),
     },
     "router/config.py": {
