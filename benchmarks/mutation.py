@@ -786,6 +786,71 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "the root has no blocks: any end is at its end",
         ),
+        "xǁRadixTreeǁ_cut_tails__mutmut_11": (
+            "deque(map(m.__delitem__, ids[lo:]), maxlen=None)  # in C",
+            "performance",
+            "the deque only drains the map of deletions: how much it keeps changes nothing",
+        ),
+        "xǁRadixTreeǁ_cut_tails__mutmut_13": (
+            "deque(map(m.__delitem__, ids[lo:]), )  # in C",
+            "performance",
+            "the deque only drains the map of deletions: how much it keeps changes nothing",
+        ),
+        "xǁRadixTreeǁ_cut_tails__mutmut_18": (
+            "deque(map(m.__delitem__, ids[lo:]), maxlen=1)  # in C",
+            "performance",
+            "the deque only drains the map of deletions: how much it keeps changes nothing",
+        ),
+        "xǁRadixTreeǁ_release__mutmut_62": (
+            "deque(map(m.__delitem__, ids[lo:]), maxlen=None)  # in C",
+            "performance",
+            "the deque only drains the map of deletions: how much it keeps changes nothing",
+        ),
+        "xǁRadixTreeǁ_release__mutmut_64": (
+            "deque(map(m.__delitem__, ids[lo:]), )  # in C",
+            "performance",
+            "the deque only drains the map of deletions: how much it keeps changes nothing",
+        ),
+        "xǁRadixTreeǁ_release__mutmut_69": (
+            "deque(map(m.__delitem__, ids[lo:]), maxlen=1)  # in C",
+            "performance",
+            "the deque only drains the map of deletions: how much it keeps changes nothing",
+        ),
+        "xǁRadixTreeǁ_merge__mutmut_2": (
+            "if len(lower.hashes) < len(upper.hashes):",
+            "performance",
+            "runs of equal length: the other side moves, into the same joined run",
+        ),
+        "xǁRadixTreeǁ_merge__mutmut_31": (
+            "assert grand is not None or grand.children is not None",
+            "same-value",
+            "the assertion holds (a merged run has a parent with children): the same pass",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_111": (
+            'named[engine_hash] = ""',
+            "same-value",
+            "the dict is an ordered set: its values are never read",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_12": (
+            "if type(None) is tuple and len(engine_hashes) == 1 and not aliases:",
+            "performance",
+            "one id takes the general path, which removes the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_13": (
+            "if type(engine_hashes) is not tuple and len(engine_hashes) == 1 and not aliases:",
+            "performance",
+            "tuples (the events' type) take the general path; a one-id list the one-id path: the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_56": (
+            "by_node = None",
+            "performance",
+            "the counting path removes the same blocks, one by one",
+        ),
+        "xǁRadixTreeǁ_release__mutmut_42": (
+            "if o != prev - 1:",
+            "performance",
+            "every offset its own span: the same blocks cut in more steps, merged back by _settle",
+        ),
         "xǁRadixTreeǁdump_events__mutmut_4": (
             "depth: dict[int, int] = {id(self._root): 1}",
             "same-value",
