@@ -106,7 +106,6 @@ def test_answers_round_trip():
     assert decode_loads("g", encode_loads(loads)) == loads
 
 
-
 def test_potential_loads_carry_a_credited_overlap_and_an_older_groups_whole_one() -> None:
     """Offloaded tiers make a worker's overlap fractional (device + 0.75 x host ...): it travels
     exact, with its whole part where an older owner reads it; an older group's answer has no
