@@ -851,6 +851,56 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "every offset its own span: the same blocks cut in more steps, merged back by _settle",
         ),
+        "xǁRadixTreeǁfind_matches__mutmut_2": (
+            "q = local_hashes if (type(local_hashes) is list) and False else list(local_hashes)",
+            "performance",
+            "the query list is copied: the same matches",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_10": (
+            "tail_ids = sum(max(1, len(ids) - k) for ids in eids.values())",
+            "performance",
+            "which side of the split moves is chosen by cost: the same two runs either way",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_11": (
+            "tail_ids = sum(max(0, len(ids) + k) for ids in eids.values())",
+            "performance",
+            "which side of the split moves is chosen by cost: the same two runs either way",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_18": (
+            "if tail_ids - len(node.children or ()) <= head_ids:",
+            "performance",
+            "which side of the split moves is chosen by cost: the same two runs either way",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_19": (
+            "if tail_ids + len(node.children or ()) < head_ids:",
+            "performance",
+            "which side of the split moves is chosen by cost: the same two runs either way",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_23": (
+            "lower = _Node(node, run[k:], None, {})",
+            "same-value",
+            "the new run's holder masks are recomputed by _recount before they are read",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_29": (
+            "lower = _Node(node, run[k:], 1, {})",
+            "same-value",
+            "the new run's holder masks are recomputed by _recount before they are read",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_50": (
+            "upper = _Node(parent, run[:k], None, {})",
+            "same-value",
+            "the new run's holder masks are recomputed by _recount before they are read",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_56": (
+            "upper = _Node(parent, run[:k], 1, {})",
+            "same-value",
+            "the new run's holder masks are recomputed by _recount before they are read",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_44": (
+            "assert parent is not None or parent.children is not None",
+            "same-value",
+            "the assertion holds (a split run has a parent with children): the same pass",
+        ),
         "xǁRadixTreeǁdump_events__mutmut_4": (
             "depth: dict[int, int] = {id(self._root): 1}",
             "same-value",
