@@ -178,196 +178,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/config.py": {
-        "xǁRouterConfigǁ__post_init____mutmut_61": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_68": (
-            "\"XXa PrefillTiming or 'a,b,c[,d2,d1,d0]'XX\",",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_69": (
-            "\"a prefilltiming or 'a,b,c[,d2,d1,d0]'\",",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_70": (
-            "\"A PREFILLTIMING OR 'A,B,C[,D2,D1,D0]'\",",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_74": (
-            '_check(self.block_size >= 1, "block_size", self.block_size, None)',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_83": (
-            '_check(self.block_size >= 1, "block_size", self.block_size, "XXan integer >= 1XX")',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_84": (
-            '_check(self.block_size >= 1, "block_size", self.block_size, "AN INTEGER >= 1")',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_88": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_99": (
-            '"XXa number >= 0XX",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_100": (
-            '"A NUMBER >= 0",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_104": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_115": (
-            '"XXa number >= 0XX",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_116": (
-            '"A NUMBER >= 0",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_120": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_131": (
-            '"XXa number > 0XX",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_132": (
-            '"A NUMBER > 0",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_136": (
-            '_check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, None)',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_145": (
-            '_check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "XXseconds > 0XX")',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_146": (
-            '_check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "SECONDS > 0")',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_150": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_159": (
-            '"XXan integer >= 1XX",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_160": (
-            '"AN INTEGER >= 1",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_164": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_175": (
-            '"XXa fraction in (0, 1]XX",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_176": (
-            '"A FRACTION IN (0, 1]",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_180": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_195": (
-            '"XXa fraction of the KV cache in [0, 1], or unsetXX",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_196": (
-            '"a fraction of the kv cache in [0, 1], or unset",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_197": (
-            '"A FRACTION OF THE KV CACHE IN [0, 1], OR UNSET",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_201": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_215": (
-            '"XXa token count >= 0, or unsetXX",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_216": (
-            '"A TOKEN COUNT >= 0, OR UNSET",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_221": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_229": (
-            '"XXa fraction in [0, 1], or unsetXX",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_230": (
-            '"A FRACTION IN [0, 1], OR UNSET",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_234": (
-            "None,",
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_245": (
-            '"XXa number >= 0, or unsetXX",',
-            "message",
-            "the error's accepted text",
-        ),
-        "xǁRouterConfigǁ__post_init____mutmut_246": (
-            '"A NUMBER >= 0, OR UNSET",',
-            "message",
-            "the error's accepted text",
-        ),
         "x__check__mutmut_4": (
             "raise InvalidConfig(name, value, None)",
             "message",
@@ -380,6 +190,226 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
         "x__enum__mutmut_10": (
             'raise InvalidConfig(name, value, "ONE OF " + ", ".join(m.value for m in cls))',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_50": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_51": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_63": (
+            '"none or timing without router_track_prefill_tokens (as in dynamo, aic requires "',
+            "message",
+            "the accepted text's wording only (its start, the field and the value are asserted)",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_79": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_86": (
+            "\"XXa PrefillTiming or 'a,b,c[,d2,d1,d0]'XX\",",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_87": (
+            "\"a prefilltiming or 'a,b,c[,d2,d1,d0]'\",",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_88": (
+            "\"A PREFILLTIMING OR 'A,B,C[,D2,D1,D0]'\",",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_92": (
+            '_check(self.block_size >= 1, "block_size", self.block_size, None)',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_101": (
+            '_check(self.block_size >= 1, "block_size", self.block_size, "XXan integer >= 1XX")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_102": (
+            '_check(self.block_size >= 1, "block_size", self.block_size, "AN INTEGER >= 1")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_104": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_106": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_117": (
+            '"XXa number >= 0XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_118": (
+            '"A NUMBER >= 0",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_120": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_122": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_133": (
+            '"XXa number >= 0XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_134": (
+            '"A NUMBER >= 0",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_138": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_149": (
+            '"XXa number > 0XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_150": (
+            '"A NUMBER > 0",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_179": (
+            '_check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, None)',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_188": (
+            '_check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "XXseconds > 0XX")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_189": (
+            '_check(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "SECONDS > 0")',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_193": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_202": (
+            '"XXan integer >= 1XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_203": (
+            '"AN INTEGER >= 1",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_207": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_218": (
+            '"XXa fraction in (0, 1]XX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_219": (
+            '"A FRACTION IN (0, 1]",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_221": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_223": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_238": (
+            '"XXa fraction of the KV cache in [0, 1], or unsetXX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_239": (
+            '"a fraction of the kv cache in [0, 1], or unset",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_240": (
+            '"A FRACTION OF THE KV CACHE IN [0, 1], OR UNSET",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_244": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_258": (
+            '"XXa token count >= 0, or unsetXX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_259": (
+            '"A TOKEN COUNT >= 0, OR UNSET",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_264": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_272": (
+            '"XXa fraction in [0, 1], or unsetXX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_273": (
+            '"A FRACTION IN [0, 1], OR UNSET",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_277": (
+            "None,",
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_288": (
+            '"XXa number >= 0, or unsetXX",',
+            "message",
+            "the error's accepted text",
+        ),
+        "xǁRouterConfigǁ__post_init____mutmut_289": (
+            '"A NUMBER >= 0, OR UNSET",',
             "message",
             "the error's accepted text",
         ),
