@@ -4,8 +4,10 @@ overrides, lifecycle, events; and its signatures checked against ai-dynamo-runti
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import json
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,7 @@ from extproc.client import WorkerFailed
 from extproc.compat import DistributedRuntime, KvPushRouter, KvRouterConfig
 from extproc.config import ModelConfig, PickerConfig
 from extproc.router import InvalidConfig, PinnedWorkerUnavailable, RouterConfig
+from tests.nats.dynamo_helpers import require_dynamo
 from tests.test_client import serve_workers, wait_for
 
 MODEL = "demo-model"
@@ -106,6 +109,12 @@ async def test_dump_events_is_dynamos_router_event_json():
     assert len(event["event"]["data"]["stored"]["blocks"]) == 4
 
 
+def dynamo_core() -> Any:
+    """ai-dynamo-runtime 1.6.1's compiled module (the `compat` extra): missing, the test fails."""
+    require_dynamo()
+    return importlib.import_module("dynamo._core")
+
+
 def dynamo_parameters(signature: str) -> dict[str, str | None]:
     """name -> default text (None: no default) of a `__text_signature__`, without $self, * and /."""
     params = [p.strip() for p in signature.strip("()").split(",")]
@@ -114,7 +123,7 @@ def dynamo_parameters(signature: str) -> dict[str, str | None]:
 
 
 def test_kv_router_config_takes_every_keyword_of_dynamos_and_says_which_do_nothing(caplog):
-    core = pytest.importorskip("dynamo._core")
+    core = dynamo_core()
     defaults = dynamo_parameters(core.KvRouterConfig.__text_signature__)
     KvRouterConfig(**{name: ast.literal_eval(value or "None") for name, value in defaults.items()})
     assert not caplog.records  # Dynamo's defaults: nothing to say
@@ -134,7 +143,7 @@ def test_kv_router_config_takes_every_keyword_of_dynamos_and_says_which_do_nothi
 def test_each_method_takes_dynamo_161s_parameters_in_its_order(method):
     """Positional parameters are a prefix of Dynamo's, keyword-only ones among Dynamo's; what is left
     off is listed in push_router.py's docstring."""
-    core = pytest.importorskip("dynamo._core")
+    core = dynamo_core()
     theirs = list(dynamo_parameters(getattr(core.KvRouter, method).__text_signature__))
     params = list(inspect.signature(getattr(KvPushRouter, method)).parameters.values())[1:]
     positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
