@@ -387,17 +387,15 @@ class EndpointPicker:
         session_pin = self._session_route(request, session_id, pinned, decision) if session_id else None
         choice = decision.choice
         opened_on = None
-        if worker_session is not None and worker_session[0] == "open" and session_id:
-            opened_on = await self._open_worker_session(
-                choice.endpoint, session_id, worker_session[1], request_id
-            )
+        if worker_session == "open" and session_id:
+            opened_on = await self._open_worker_session(choice.endpoint, session_id, request, request_id)
         pick = Pick(
             request_id, request.model, choice.worker, choice.endpoint, dict(choice.headers),
             choice.overlap_blocks, choice.request_blocks, tracked=True, timings_ns=timings,
             session_id=session_id, queued_s=waited_s, group=decision.group,
             prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
             session_pin=session_pin, session_opened_on=opened_on,
-            session_close_on=choice.endpoint if worker_session == ("close", 0) else None,
+            session_close_on=choice.endpoint if worker_session == "close" else None,
         )  # fmt: skip
         self.metrics.observe_stages(timings)
         self.metrics.routed(request.model, choice.overlap_blocks, decision.best_overlap_blocks)
@@ -528,28 +526,25 @@ class EndpointPicker:
                      loggable(session_id), pinned[1], decision.choice.worker)  # fmt: skip
         return session_id
 
-    def _worker_session_action(
-        self, request: ParsedRequest, session_id: str | None
-    ) -> tuple[str, int] | None:
-        """("open", timeout s) or ("close", 0) when this request opens or closes its session on the
-        worker (--worker-session-control sglang and a session id). Checked before routing: a bad
-        timeout is answered 400 before any load is counted."""
+    def _worker_session_action(self, request: ParsedRequest, session_id: str | None) -> str | None:
+        """The session call this request asks of its worker, "open" or "close", or None (no action,
+        no session id, or --worker-session-control off). Checked before routing: a bad timeout is
+        answered 400 before any load is counted."""
         action = request.session_action
         if action not in ("open", "close") or not session_id or self.worker_sessions is None:
             return None
-        if action == "close":
-            return ("close", 0)
-        timeout_s = session_timeout(request.nvext)
-        if timeout_s is None:
+        if action == "open" and session_timeout(request.nvext) is None:
             raise RequestInvalid("nvext.session_control.timeout must be a positive integer (seconds)")
-        return ("open", timeout_s)
+        return action
 
     async def _open_worker_session(
-        self, endpoint: str, session_id: str, timeout_s: int, request_id: str
+        self, endpoint: str, session_id: str, request: ParsedRequest, request_id: str
     ) -> str | None:
         """Open the session on the chosen worker; the endpoint when it holds it (routed either way).
         A cancel while waiting frees the request's load here: no Pick exists yet to free it."""
         assert self.worker_sessions is not None
+        timeout_s = session_timeout(request.nvext)
+        assert timeout_s is not None  # checked before routing (_worker_session_action)
         try:
             outcome = await self.worker_sessions.open(endpoint, session_id, timeout_s)
         except BaseException:
