@@ -49,10 +49,11 @@ from nats.js.object_store import ObjectStore
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import decode_event, kv_events_subject
 from extproc.events.dynamo_plane import DEFAULT_ENDPOINT, PlaneEvent, decode_envelope, event_plane_subject
-from extproc.events.nats_events import EventIdTracker, GapHook, cancel_and_wait, follow_gap
+from extproc.events.nats_events import EventIdTracker, GapHook, follow_gap
 from extproc.events.sink import EventSink
 from extproc.events.snapshot import Snapshot, SnapshotError, decode_snapshot, encode_snapshot
 from extproc.router.types import KvEvent, Worker, WorkerId
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.events.durable")
 
@@ -237,9 +238,8 @@ class DurableKvEvents:
         cfg = self.config
         for _ in range(cfg.snapshot_read_attempts):
             try:
-                result = await asyncio.wait_for(
-                    self._objects.get(SNAPSHOT_OBJECT), cfg.snapshot_read_timeout_s
-                )
+                async with asyncio.timeout(cfg.snapshot_read_timeout_s):
+                    result = await self._objects.get(SNAPSHOT_OBJECT)
             except nats.js.errors.NotFoundError:
                 return None
             except (TimeoutError, nats.js.errors.DigestMismatchError) as exc:

@@ -59,6 +59,7 @@ from extproc.router.types import (
     Worker,
     WorkerId,
 )
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.events.nats")
 
@@ -413,7 +414,8 @@ class OrderedSender:
     async def flush(self, timeout_s: float = 5.0) -> None:
         """Wait until everything submitted so far was handed to the connection and flushed."""
         if self._task is not None:
-            await asyncio.wait_for(self._queue.join(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._queue.join()
         if self._nc.is_connected:
             # nats-py annotates the timeout as int; a float goes to asyncio.wait_for as is
             await self._nc.flush(timeout=timeout_s)  # type: ignore[arg-type]
@@ -440,19 +442,6 @@ class OrderedSender:
                 )
             finally:
                 queue.task_done()
-
-
-async def cancel_and_wait(task: asyncio.Task[None]) -> None:
-    """Cancel `task` and wait for it to end, cancelling again if a cancellation got lost.
-
-    Before Python 3.12, `asyncio.wait_for` (used throughout nats.py) can swallow a cancellation
-    that arrives as its inner future completes; the task would then run on.
-    """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.5)
-    if not task.cancelled() and task.exception() is not None:
-        log.error("task %s ended with an error", task.get_name(), exc_info=task.exception())
 
 
 class NatsEventPublisher:

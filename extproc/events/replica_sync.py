@@ -103,8 +103,9 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from extproc.events.counters import EventCounters
-from extproc.events.nats_events import DEFAULT_QUEUE_SIZE, OrderedSender, cancel_and_wait
+from extproc.events.nats_events import DEFAULT_QUEUE_SIZE, OrderedSender
 from extproc.router.types import Worker
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.events.replica_sync")
 
@@ -484,7 +485,8 @@ class ReplicaSync:
             except Exception:  # keep the heartbeats going
                 log.exception("replica sync tick failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), min(self.heartbeat_s / 4, _TICK_MAX_S))
+                async with asyncio.timeout(min(self.heartbeat_s / 4, _TICK_MAX_S)):
+                    await self._wake.wait()
             self._wake.clear()
 
     # --- the others' requests --------------------------------------------------------------------

@@ -23,7 +23,6 @@ per-worker ZMQ subscribers in step with it, and tells replica sync of workers ad
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -52,6 +51,7 @@ from extproc.picker.local_group import Routed
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import KvRouter
 from extproc.router.types import KvEvent, Worker, WorkerId
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.events")
 
@@ -342,10 +342,8 @@ class WorkerSetFollower:
 
     async def stop_subscribers(self) -> None:
         """Stop the subscribers started here and their ZMQ context."""
-        for task in list(self._pending):
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.wait_idle()
+        await cancel_and_wait(*self._pending)
+        await self.wait_idle()
         holder = self.sources.zmq
         for worker in list(self._started_here):
             sub = holder.subscribers.pop(worker, None) if holder is not None else None

@@ -22,7 +22,6 @@ engine pass) to `publish`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections import deque
@@ -41,6 +40,7 @@ from extproc.events.vllm import (
     encode_batch,
     encode_seq,
 )
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +174,7 @@ class ZmqEventPublisher:
     async def stop(self) -> None:
         """Stop serving replays and close the sockets (idempotent)."""
         if self._replay_task is not None:
-            self._replay_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._replay_task
+            await cancel_and_wait(self._replay_task)
             self._replay_task = None
         self._close()
 

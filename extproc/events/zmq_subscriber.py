@@ -75,6 +75,7 @@ from extproc.events.counters import EventCounters
 from extproc.events.sink import EventSink
 from extproc.events.vllm import END_SEQ, VllmEventDecoder, encode_seq, parse_frames, parse_replay_reply
 from extproc.router.types import Worker
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +228,7 @@ class ZmqEventSubscriber:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._own_ctx and self._ctx is not None:
             self._ctx.term()
@@ -575,7 +574,8 @@ class ZmqEventSubscriber:
             sock.connect(self.endpoint.replay)
             await sock.send_multipart((b"", encode_seq(start)))
             while len(out) + malformed < self.queue_size:
-                frames = await asyncio.wait_for(sock.recv_multipart(), self.timings.replay_timeout_s)
+                async with asyncio.timeout(self.timings.replay_timeout_s):
+                    frames = await sock.recv_multipart()
                 frame = parse_replay_reply(frames)
                 if frame is None:
                     malformed += 1

@@ -23,7 +23,6 @@ name, missing client certificate) makes the group unreachable, with gRPC's reaso
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -50,6 +49,7 @@ from extproc.groups.servicer import GROUP_GRPC_OPTIONS
 from extproc.groups.types import GroupDecision, GroupLoads, GroupProbe, GroupRequest
 from extproc.router import Worker
 from extproc.runtime.tls import channel_credentials, channel_options
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.groups")
 
@@ -266,9 +266,7 @@ class RemoteGroup:
     async def close(self) -> None:
         await self.drain()
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await cancel_and_wait(self._renewer)
             self._renewer = None
         if self._channel is not None:
             await self._channel.close()

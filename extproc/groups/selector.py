@@ -415,7 +415,8 @@ class GroupSelector:
     async def _capacity(self, group: RouterGroup, request: GroupRequest) -> bool:
         if group is not self.fallback and self._health[group.name].ejected_until > self._clock():
             return False
-        return await asyncio.wait_for(group.has_capacity(request), self.probe_timeout_s)
+        async with asyncio.timeout(self.probe_timeout_s):
+            return await group.has_capacity(request)
 
     def _as_group_error(self, group: RouterGroup, exc: BaseException) -> GroupError:
         if isinstance(exc, GroupError):

@@ -13,7 +13,6 @@ owner's requests it no longer lists. Counted in `freed_by_lease` / `freed_by_ren
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from extproc.groups.codec import (
 from extproc.groups.leases import LeaseTable
 from extproc.groups.types import GroupDecision, GroupLoads, GroupProbe, GroupRequest
 from extproc.router import AllWorkersBusy, InvalidConfig, NoWorkers, Worker
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.groups.servicer")
 
@@ -188,9 +188,7 @@ class GroupApiServer:
     async def stop(self, grace_s: float | None = 1.0) -> None:
         """Refuse new calls, give open ones `grace_s` seconds (None: cancel them at once)."""
         if self.sweeper is not None:
-            self.sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.sweeper
+            await cancel_and_wait(self.sweeper)
             self.sweeper = None
         await self.server.stop(grace_s)
 

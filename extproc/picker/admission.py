@@ -16,7 +16,6 @@ step of the event loop, as if it were synchronous.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from extproc.router import AdmissionQueue, QueuedRequest, QueuePolicy, QueueTimeout
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.admission")
 
@@ -117,7 +117,8 @@ class AdmissionGate:
         self.kick()  # a worker this request may use can have room while the head's cannot
         self._ensure_poll()
         try:
-            result = await asyncio.wait_for(asyncio.shield(waiter.future), self.max_wait_s)
+            async with asyncio.timeout(self.max_wait_s):
+                result = await asyncio.shield(waiter.future)
         except TimeoutError:
             if not self._withdraw(entry.request_id, waiter):
                 return waiter.future.result(), self.clock() - start  # decided at the last moment
@@ -150,11 +151,7 @@ class AdmissionGate:
         self._drainer = asyncio.get_running_loop().create_task(self._drain_rounds(), name="admission-queue")
 
     async def close(self) -> None:
-        for task in (self._poll, self._drainer):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(self._poll, self._drainer)
         self._poll = self._drainer = None
 
     # --- internals ---------------------------------------------------------------------------

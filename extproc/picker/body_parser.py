@@ -284,7 +284,8 @@ class _Worker:
             with contextlib.suppress(ConnectionError):
                 process.stdin.close()
         try:
-            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            async with asyncio.timeout(STOP_GRACE_S):
+                await process.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()

@@ -29,7 +29,6 @@ worker, is routed on load alone and tracked until `finish`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import random
@@ -65,6 +64,7 @@ from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixC
 from extproc.request.parse import ParsedRequest, is_routable
 from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, RouterError, SessionPins, Worker
 from extproc.router.hashing import CHECKPOINT_TOKENS, PREFIX_CACHE, PromptTokens
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.picker")
 
@@ -256,9 +256,7 @@ class EndpointPicker:
 
     async def close(self) -> None:
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+            await cancel_and_wait(self._sweeper)
             self._sweeper = None
         await self.bodies.close()
         if self.worker_sessions is not None:

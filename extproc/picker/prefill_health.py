@@ -10,11 +10,12 @@ covers whatever prefill workers the picker has at each round (discovery may chan
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
 import aiohttp
+
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.worker_health")
 
@@ -45,9 +46,7 @@ class WorkerHealth:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._session is not None:
             await self._session.close()

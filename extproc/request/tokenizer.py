@@ -477,12 +477,14 @@ class RequestTokenizer:
             return _truncate(list(request.prompt_token_ids), request)
         try:
             if isinstance(self.backend, RemoteTokenizer):  # its payload has no truncation: cut here
-                ids = await asyncio.wait_for(self._remote(self.backend, request), self._timeout_s)
+                async with asyncio.timeout(self._timeout_s):
+                    ids = await self._remote(self.backend, request)
                 return _truncate(ids, request)
             if request.body_size <= self._inline_max_bytes:
                 return _tokenize_local(self.backend, request)
             work = asyncio.to_thread(_tokenize_local, self.backend, request)
-            return await asyncio.wait_for(work, self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                return await work
         except TokenizerUnavailable:
             raise
         except TimeoutError as e:

@@ -50,6 +50,7 @@ from extproc.config import (
     worker_device,
     worker_role,
 )
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.discovery")
 
@@ -257,11 +258,7 @@ class WorkerDiscovery:
             self._tasks.append(self._every(self.config_poll_s, self.reload_config_file, "config reload"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
 
     async def refresh_dns(self) -> None:

@@ -30,7 +30,6 @@ own view.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import re
@@ -43,6 +42,7 @@ import aiohttp
 from extproc.config import EngineMetricsConfig, WorkerConfig
 from extproc.config.engine_metrics import MAX_CONCURRENT_SCRAPES
 from extproc.router import KvRouter, Worker
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.engine_metrics")
 
@@ -180,9 +180,7 @@ class EngineMetricsScraper:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._session is not None:
             await self._session.close()

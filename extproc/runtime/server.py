@@ -36,7 +36,6 @@ of the same user could take a share of the port; gRPC's default SO_REUSEPORT sta
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
@@ -57,6 +56,7 @@ from extproc.runtime.engine_metrics import EngineMetricsScraper, start_engine_me
 from extproc.runtime.ports_file import write_ports_file
 from extproc.runtime.readiness import Readiness
 from extproc.runtime.tls import describe, server_credentials, server_pair
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.server")
 
@@ -168,9 +168,7 @@ class RunningPicker:
         if self.readiness is not None:
             self.readiness.draining = True
         if self.readiness_task is not None:
-            self.readiness_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.readiness_task
+            await cancel_and_wait(self.readiness_task)
         for name in HEALTH_SERVICES:
             if name != "liveness":
                 await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -51,6 +51,7 @@ from extproc.sim.kv_events import (
     ZmqKvEvents,
     make_kv_event_publisher,
 )
+from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -627,9 +628,7 @@ def make_app(config: MockWorkerConfig, *, tokenizer: TokenizerLike | None = None
     async def engine_loop(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(worker.driver.run(), name=f"engine-{config.worker_id}")
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
     async def close_disagg(app: web.Application) -> None:
         await worker.disagg.close()
