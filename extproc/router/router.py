@@ -57,7 +57,7 @@ log = logging.getLogger("extproc.router")
 KV_RULES = (RouterMode.KV, RouterMode.DEVICE_AWARE_WEIGHTED)  # modes that choose by overlap and load
 FULL_SCAN_MAX_WORKERS = 32  # up to this many workers every decision visits them all (see the docstring)
 _KEY_SLACK = 1e-9  # relative: far above the rounding of a cost, far below a difference of loads
-_BOUND_SLACK = 1e-9  # timing model: bounds lowered by this fraction, far above the rounding of a time
+_BOUND_SLACK = 1e-9  # timing model: `bound` lowers each bound by this fraction, far above a time's rounding
 
 WorkerFilter = Collection[WorkerId | Worker]
 
@@ -109,7 +109,6 @@ class KvRouter:
         self._order_config: RouterConfig | None = None  # the config the order's keys and busy states follow
         self._order_timing: PrefillTiming | None = None  # timing model: the shared pass-time model it follows
         self._order_now_ms = -math.inf  # timing model: the latest clock reading the order was kept at
-        self._scales: dict[PrefillTiming, float] = {}
         self.sequences.on_load_change = self._reorder
         for spec in workers:
             self.add_worker(spec)
@@ -519,31 +518,14 @@ class KvRouter:
                 self._reorder_timed(order, worker)
         return order
 
-    def _scale(self, timing: PrefillTiming) -> float:
-        """The largest s with timing.prefill_ms(t) >= s * configured.prefill_ms(t) for every t >= 0."""
-        scale = self._scales.get(timing)
-        if scale is None:
-            base = self.sequences.prefill_timing
-            pairs = (
-                (timing.prefill_quadratic_ms, base.prefill_quadratic_ms),
-                (timing.prefill_linear_ms, base.prefill_linear_ms),
-                (timing.prefill_constant_ms, base.prefill_constant_ms),
-            )
-            scale = min(mine / theirs for mine, theirs in pairs if theirs > 0)
-            if any(theirs == 0 and mine < 0 for mine, theirs in pairs):
-                scale = 0.0
-            if len(self._scales) > 4096:
-                self._scales.clear()
-            self._scales[timing] = scale
-        return scale
-
     def _reorder_timed(self, order: TimedLoadOrder, worker: Worker) -> None:
         """Classify `worker` under the timing model (see `_timed_choice` for the bounds).
 
         With u the prompt's uncached tokens, n its passes and pi(u) its prefill alone on the
         configured model (P its pass time), a worker predicting with a model s times the configured
-        one (s from `_scale`), paying a decode part dp each pass now and, while its prompt stream
-        runs, sd per pass of the stream, predicts at least
+        one (every worker's model is the configured one scaled, `PrefillTiming.scaled`, so s is the
+        ratio of the linear parts, kept above 0 by validation), paying a decode part dp each pass
+        now and, while its prompt stream runs, sd per pass of the stream, predicts at least
           done (no stream, for good): dp / 2 + s pi(u) + n dp    >= pi(u) (s + dp / P(budget))
           stream running:            (end of pass - now) + its prefill of (stream rest + u) tokens
                                                                   >= pi(u) (s + sd / P(budget))
@@ -563,8 +545,8 @@ class KvRouter:
         self._order_now_ms = max(self._order_now_ms, now)
         timeline = seqs.timeline(worker)
         timing = timeline.timing if timeline is not None else seqs.timing(worker)
-        scale = self._scale(timing)
         base = seqs.prefill_timing
+        scale = timing.prefill_linear_ms / base.prefill_linear_ms
         full_pass = base.prefill_ms(base.max_num_batched_tokens)
         dp = seqs.decode_part_ms(worker)
         if timeline is not None and not timeline.finished_by(now):
@@ -572,12 +554,11 @@ class KvRouter:
             key = scale + min(sd, dp) / full_pass
             end = timeline.end_ms(now)
             slack = abs(end) * 1e-12 + 1e-6
-            stream = (end - slack, timing.prefill_linear_ms * (1.0 - _BOUND_SLACK))
-            order.set_key(rank, key * (1.0 - _BOUND_SLACK), stream, end + slack)
+            order.set_key(rank, key, (end - slack, timing.prefill_linear_ms), end + slack)
         elif dp == 0:
-            order.set_class(rank, timing, scale * (1.0 - _BOUND_SLACK))
+            order.set_class(rank, timing, scale)
         else:
-            order.set_key(rank, (scale + dp / full_pass) * (1.0 - _BOUND_SLACK), None, None)
+            order.set_key(rank, scale + dp / full_pass, None, None)
 
     def _timed_choice(
         self, cfg: RouterConfig, block_keys: Sequence[int], isl: int, overlaps: Mapping[Worker, float]
@@ -620,8 +601,8 @@ class KvRouter:
         alone = base.prompt_ms(tokens, 0.0)
         ms_per_token = base.ms_per_token
 
-        def bound(ms: float) -> float:
-            return weight * max(0.0, round(ms / ms_per_token) / bs)
+        def bound(ms: float) -> float:  # a lower bound of a time as a cost (float error: the slack)
+            return weight * max(0.0, round(ms * (1.0 - _BOUND_SLACK) / ms_per_token) / bs)
 
         class_costs: dict[int, WorkerCost] = {}
         for key, cid in order.class_keys:

@@ -245,3 +245,21 @@ def test_a_worker_holding_the_prompt_in_flight_is_costed_apart_though_nothing_ca
     assert router.find_matches(router.block_hashes(prompt)) == {}
     decision = router.best_worker(prompt)
     assert decision.worker == holder and holder in {c.worker for c in decision.costs}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_long_prompt_goes_where_the_prompt_streams_end_first_as_the_full_scan_says(seed: int) -> None:
+    """Every worker is still prefilling a prompt of its own, of different lengths, on a pass-time
+    model that is all linear: where a new prompt goes depends on when each stream ends and on what
+    its tokens add, the stream bound's marginal time per token (doubled, it skipped the best)."""
+    rng = random.Random(seed)
+    linear = {"prefill_quadratic_ms": 0.0, "prefill_linear_ms": 1.0, "prefill_constant_ms": 0.0}
+    timing = PrefillTiming(**linear, max_num_batched_tokens=32, kv_capacity_tokens=4096)  # type: ignore[arg-type]
+    config = RouterConfig(block_size=BS, prefill_load_model=PrefillLoadModel.TIMING, prefill_timing=timing)
+    pair = Pair(config, [WorkerSpec(f"w{i:03d}") for i in range(40)], seed)
+    for k in range(40):  # every worker takes a prompt of 1 to 40 passes
+        length = rng.randrange(32, 40 * 32)
+        pair.decide([rng.randrange(10**6) for _ in range(length)], request_id=f"long{k}")
+    for _ in range(30):
+        pair.decide([rng.randrange(10**7, 2 * 10**7) for _ in range(rng.randrange(4, 600))])
+        pair.clock.advance(rng.choice([0.0, 0.001, 0.01]))
