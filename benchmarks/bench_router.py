@@ -13,7 +13,9 @@ What is measured (time.perf_counter_ns per call, warm-up excluded, medians and p
    N/4..3N/4 blocks and continue with hashes never stored (partial match).
 3. `KvRouter.best_worker(tokens)` probes (hashing included, tokens a list of ints) on a router fed
    the trace events and holding 32 in-flight requests (half prefill-complete), with a breakdown.
-4. Memory: tracemalloc bytes of a tree per (worker, block) entry (`RadixTree.num_blocks()`).
+4. Memory: tracemalloc bytes of a tree per (worker, block) entry (`RadixTree.num_blocks()`), and
+   the resident memory a fresh process adds building ours and (with Dynamo) Dynamo's tree from the
+   same events (`--only memory`: this section alone).
 5. With `dynamo._core` importable, the same events and queries through Dynamo's Rust RadixTree
    in the same process (interleaved with ours), score agreement, ratios and the targets.
 6. `RadixTree.apply_event` for BlocksRemoved on the tree of 1: newest request first, each one
@@ -42,11 +44,12 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -855,6 +858,84 @@ def run_memory(requests: Sequence[TraceRequest], workers: int) -> dict[str, Any]
     }
 
 
+def memory_events(requests: Sequence[TraceRequest], workers: int) -> Iterator[BlocksStored]:
+    """`run_memory`'s layout as events, hashed one request at a time (nothing else stays alive)."""
+    second = max(1, workers // 2)
+    for i, r in enumerate(requests):
+        tokens = r.token_array()
+        for worker in (i % workers, workers + i % second):
+            local = compute_block_hashes(tokens, ENGINE_BLOCK_SIZE)
+            seq = compute_sequence_hashes(local)
+            yield BlocksStored(Worker(worker), tuple(map(StoredBlock, seq, local)), None)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_child(kind: str, trace: Path, workers: int, count: int | None) -> dict[str, Any]:
+    """In this (fresh) process: resident bytes added by building one tree from `run_memory`'s
+    layout: ours (`RadixTree`) or Dynamo's (`dynamo._core.RadixTree`, fed its event JSON)."""
+    requests = load_trace(trace)[:count]
+    gc.collect()
+    base = _rss_bytes()
+    if kind == "ours":
+        tree = RadixTree()
+        for ev in memory_events(requests, workers):
+            tree.apply_event(ev)
+    else:
+        core, reason = import_dynamo(False)
+        if core is None:
+            return {"error": reason}
+        tree = core.RadixTree()
+        next_id: dict[int, int] = defaultdict(int)
+        for ev in memory_events(requests, workers):
+            wid = int(ev.worker.worker_id)
+            blocks = [{"block_hash": b.engine_hash, "tokens_hash": b.local_hash} for b in ev.blocks]
+            body = {"event_id": next_id[wid], "data": {"stored": {"parent_hash": None, "blocks": blocks}}}
+            next_id[wid] += 1
+            tree.apply_event(wid, json.dumps(body, separators=(",", ":")).encode())
+        tree.find_matches([0])  # queued behind every event, should the binding apply them asynchronously
+    gc.collect()
+    used = _rss_bytes() - base
+    entries = len({(ev.worker, b.engine_hash) for ev in memory_events(requests, workers) for b in ev.blocks})
+    return {
+        "kind": kind,
+        "entries": entries,
+        "rss_bytes": used,
+        "rss_bytes_per_entry": round(used / entries, 1),
+    }
+
+
+def run_memory_rss(trace: Path, workers: int, count: int | None, with_dynamo: bool) -> dict[str, Any]:
+    """Ours and Dynamo's tree, each built in a fresh process: resident memory per entry, side by
+    side (tracemalloc cannot see Dynamo's Rust allocations)."""
+    out: dict[str, Any] = {"measured_as": "resident set growth of a fresh process building one tree"}
+    for kind in ("ours", "dynamo") if with_dynamo else ("ours",):
+        cmd = [
+            sys.executable,
+            __file__,
+            "--memory-child",
+            kind,
+            "--trace",
+            str(trace),
+            "--workers",
+            str(workers),
+        ]
+        if count is not None:
+            cmd += ["--memory-requests", str(count)]
+        log(f"memory ({kind}, fresh process)")
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800)
+        out[kind] = json.loads(done.stdout)
+    ours, theirs = out.get("ours"), out.get("dynamo")
+    if ours and theirs and "rss_bytes_per_entry" in theirs:
+        out["bytes_per_entry_ours_over_dynamo"] = round(
+            ours["rss_bytes_per_entry"] / theirs["rss_bytes_per_entry"], 3
+        )
+    return out
+
+
 # --- 8: the fleet curve ----------------------------------------------------------------------
 
 
@@ -1117,10 +1198,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--only",
-        choices=("prune", "remove", "fleet"),
+        choices=("prune", "remove", "fleet", "memory"),
         default=None,
-        help="run only the prune, the removal or the fleet section",
+        help="run only the prune, the removal, the fleet or the memory section",
     )
+    p.add_argument("--memory-child", choices=("ours", "dynamo"), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--memory-requests", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 5
@@ -1141,6 +1224,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.memory_child is not None:
+        child = memory_child(args.memory_child, args.trace, args.worker_counts[0], args.memory_requests)
+        json.dump(child, sys.stdout)
+        return 0
     wall = time.monotonic()
     rng = random.Random(args.seed)
     core, no_dynamo_reason = import_dynamo(args.no_dynamo)
@@ -1152,6 +1239,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     log(f"loading {args.trace}")
     requests = load_trace(args.trace)
+    mem_count = 1000 if args.quick else None
+    if args.only == "memory":
+        memory = run_memory(requests[:mem_count], workers)
+        memory["rss"] = run_memory_rss(args.trace, workers, mem_count, core is not None)
+        env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        json.dump({"benchmark": "router", "env": env, "memory": memory}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     if args.only == "fleet":
         counts = FLEET_COUNTS if args.workers == "16,64" else args.worker_counts
         fleet = run_fleet(requests, core, counts, args.repeat, 3 * args.repeat, rng)
@@ -1206,9 +1301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log("fleet curve")
     fleet = run_fleet(requests, core, FLEET_COUNTS, args.repeat, 3 * args.repeat, rng)
 
-    mem_requests = requests[:1000] if args.quick else requests
+    mem_requests = requests[:mem_count]
     log(f"memory (tracemalloc) over {len(mem_requests)} requests")
     memory = run_memory(mem_requests, workers)
+    memory["rss"] = run_memory_rss(args.trace, workers, mem_count, core is not None)
 
     result: dict[str, Any] = {
         "benchmark": "router",
