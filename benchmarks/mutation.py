@@ -1012,6 +1012,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "classified again a microsecond before its stream ends: the same stream keys again",
         ),
+        "xǁKvRouterǁ_timed_choice__mutmut_3": (
+            "now = self._clock() * 1001.0",
+            "performance",
+            "every time this decision reads (and the clock-went-back check it stores) is 0.1 % later "
+            "alike: streams look shorter and fall due sooner, so bounds only loosen",
+        ),
         "xǁKvRouterǁ_fast_choice__mutmut_17": (
             "if seqs.track_active_blocks or seqs.assume_kv_reuse:",
             "same-value",

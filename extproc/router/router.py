@@ -597,8 +597,7 @@ class KvRouter:
             evaluated[r] = self._cost(seqs.potential_load(w, block_keys, isl, overlaps.get(w, 0)), bs, weight)
         best = min((c.cost for c in evaluated.values()), default=math.inf)
         base = seqs.prefill_timing
-        tokens = max(1, isl)
-        alone = base.prompt_ms(tokens, 0.0)
+        alone = base.prompt_ms(isl)  # at least one token's prefill, as every prediction counts
         ms_per_token = base.ms_per_token
 
         def bound(ms: float) -> float:  # a lower bound of a time as a cost (float error: the slack)
@@ -622,7 +621,7 @@ class KvRouter:
                 continue
             w = workers[r]
             stream = streams.get(r)
-            if stream is not None and bound(stream[0] - now + stream[1] * tokens) > best:
+            if stream is not None and bound(stream[0] - now + stream[1] * isl) > best:
                 timeline = seqs.timeline(w)
                 if timeline is not None and timeline.running_at(now):
                     continue

@@ -15,7 +15,7 @@ from extproc.router.prefill_model import PrefillTiming
 from extproc.router.router import FULL_SCAN_MAX_WORKERS
 
 from .clock import FakeClock
-from .test_fleet_decision import BS, Pair, prompt
+from .test_fleet_decision import BS, Pair, prompt, store
 
 SMALL = {"max_num_batched_tokens": 32, "kv_capacity_tokens": 2048}
 TIMINGS = {
@@ -263,3 +263,19 @@ def test_a_long_prompt_goes_where_the_prompt_streams_end_first_as_the_full_scan_
     for _ in range(30):
         pair.decide([rng.randrange(10**7, 2 * 10**7) for _ in range(rng.randrange(4, 600))])
         pair.clock.advance(rng.choice([0.0, 0.001, 0.01]))
+
+
+def test_an_idle_fleet_that_all_caches_the_prompt_is_decided_among_its_matching_workers() -> None:
+    """Every idle worker holds the prompt's first blocks: the one idle class has no member left to
+    stand for it (all were costed as matching), and the decision is the full scan's."""
+    timing = PrefillTiming(max_num_batched_tokens=32, kv_capacity_tokens=2048)
+    config = RouterConfig(block_size=BS, prefill_load_model=PrefillLoadModel.TIMING, prefill_timing=timing)
+    specs = [WorkerSpec(f"w{i:03d}") for i in range(40)]
+    pair = Pair(config, specs, 4)
+    rng = random.Random(4)
+    head = list(range(7000, 7000 + 2 * BS))
+    for i, spec in enumerate(specs):
+        store(pair, Worker(spec.worker_id), head + [8000 + i] * BS)  # the head, then a block of its own
+    for k in range(12):
+        pair.decide(head + [rng.randrange(10**6, 2 * 10**6) for _ in range(rng.randrange(1, 3 * BS))])
+        pair.decide(head[: BS * (k % 2 + 1)], request_id=f"r{k}")  # some take load: keyed, not idle
