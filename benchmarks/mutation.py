@@ -77,9 +77,10 @@ EQUIVALENT_CLASSES = {
     "same-value": "the mutated expression computes the same value for every input it can receive",
     "performance": "only the work done changes (a clean-up runs sooner, bytes are copied, not viewed)",
     "margin": (
-        "a safety margin against float rounding in a lower bound moves by at most a microsecond or "
-        "2e-9 of it: a choice can change only where a bound falls that close to a cost's rounding "
-        "step to whole tokens and ties the best cost there; no test can place a bound so exactly"
+        "a safety margin against float rounding in a fleet-sized decision's bound moves by at most a "
+        "microsecond or 2e-9 of the bound: a choice can change only where a bound falls that close "
+        "to the best cost (or its rounding step to whole tokens) and ties it; no test can place a "
+        "bound so exactly"
     ),
 }
 # module -> mutant (its name without the module's dotted path) -> (the line it writes, class, why it
@@ -1017,6 +1018,47 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "every time this decision reads (and the clock-went-back check it stores) is 0.1 % later "
             "alike: streams look shorter and fall due sooner, so bounds only loosen",
+        ),
+        "xǁKvRouterǁ_fast_choice__mutmut_63": (
+            "idle_cost = self._cost(seqs.potential_load(None, block_keys, isl, 0), bs, weight)",
+            "same-value",
+            "an idle worker that matches nothing carries what a worker never routed to carries: the "
+            "same cost, whose worker field is replaced by the idle worker drawn",
+        ),
+        "xǁKvRouterǁ_fast_choice__mutmut_93": (
+            "if key - (best - common) >= _KEY_SLACK * (1.0 + abs(best) + common + abs(key)):",
+            "margin",
+            "stops at a key exactly on the slack's edge",
+        ),
+        "xǁKvRouterǁ_fast_choice__mutmut_94": (
+            "if key - (best - common) > _KEY_SLACK / (1.0 + abs(best) + common + abs(key)):",
+            "margin",
+            "the float slack shrinks to 1e-9 of a cost or less",
+        ),
+        "xǁKvRouterǁ_fast_choice__mutmut_95": (
+            "if key - (best - common) > _KEY_SLACK * (1.0 + abs(best) + common - abs(key)):",
+            "margin",
+            "the float slack moves by 2e-9 of the key",
+        ),
+        "xǁKvRouterǁ_fast_choice__mutmut_96": (
+            "if key - (best - common) > _KEY_SLACK * (1.0 + abs(best) - common + abs(key)):",
+            "margin",
+            "the float slack moves by 2e-9 of the common term",
+        ),
+        "xǁKvRouterǁ_fast_choice__mutmut_97": (
+            "if key - (best - common) > _KEY_SLACK * (1.0 - abs(best) + common + abs(key)):",
+            "margin",
+            "the float slack moves by 2e-9 of the best cost",
+        ),
+        "xǁKvRouterǁ_fast_choice__mutmut_98": (
+            "if key - (best - common) > _KEY_SLACK * (2.0 + abs(best) + common + abs(key)):",
+            "margin",
+            "the float slack grows by 1e-9",
+        ),
+        "xǁKvRouterǁ_fast_choice__mutmut_121": (
+            "if c.cost <= best:",
+            "same-value",
+            "best becomes the same number when the cost equals it",
         ),
         "xǁKvRouterǁ_fast_choice__mutmut_17": (
             "if seqs.track_active_blocks or seqs.assume_kv_reuse:",

@@ -208,3 +208,18 @@ def test_a_dump_ending_with_a_dropped_stand_in_store_ends_with_the_reported_bloc
     router.apply_event(BlocksRemoved(A, (first,)), feeds=False)  # a's predictions: behind a stand-in
     assert isinstance(router.dump_events(include_predicted=True)[-1], BlocksRemoved)
     assert router.dump_events() == [reported]
+
+
+@pytest.mark.parametrize("option", ["router_assume_kv_reuse", "router_track_active_blocks"])
+def test_predicted_blocks_are_named_by_their_chained_hashes_whatever_is_tracked_in_flight(option) -> None:
+    """Approximate mode names each predicted block by its chained (sequence) hash, also when the
+    in-flight tracking keys requests by local hashes: blocks of equal content at different places
+    of a prompt are different blocks, predicted as many times as they occur."""
+    router, _ = two_workers(use_kv_events=False, **{option: False})
+    tokens = [7] * (4 * BS)  # four blocks of the same content: one local hash, four chained hashes
+    router.best_worker(tokens, request_id="r", pinned_worker=A)
+    local = compute_block_hashes(tokens, BS)
+    assert len(set(local)) == 1
+    assert router.indexer.find_matches(local) == {A: 4}
+    predicted = sorted(eid for w, eid, _ in router.indexer.entries() if w == A)
+    assert len(predicted) == 4
