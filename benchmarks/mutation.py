@@ -870,6 +870,21 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "a limit past the query's end: the slices differ, the bisection finds the same count",
         ),
+        "xǁRadixTreeǁfind_matches__mutmut_87": (
+            "if end < n and (end == depth + 1 or q[depth:end] == run):",
+            "performance",
+            "a run ending with the query is matched by the common-prefix count instead: the same depth",
+        ),
+        "xǁRadixTreeǁfind_matches__mutmut_90": (
+            "if end <= n and (end == depth - 1 or q[depth:end] == run):",
+            "performance",
+            "a one-block run (found by its hash) is compared again: equal, the same depth",
+        ),
+        "xǁRadixTreeǁfind_matches__mutmut_117": (
+            "depth += _common(run, 0, q, depth, min(len(run), n + depth))",
+            "performance",
+            "a limit past the query's end: the slices differ, the bisection finds the same count",
+        ),
         "xǁRadixTreeǁ_merge__mutmut_2": (
             "if len(lower.hashes) < len(upper.hashes):",
             "performance",
