@@ -1075,6 +1075,36 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "best becomes the same number when the cost equals it",
         ),
+        "xǁKvRouterǁbest_worker_for_hashes__mutmut_88": (
+            "best = self._best_overlap(device, candidates, None)",
+            "performance",
+            "with no filter the candidates are every registered worker: the max over them is the max "
+            "over the registered workers in the overlaps",
+        ),
+        "xǁKvRouterǁ_best_overlap__mutmut_3": (
+            "order = None",
+            "same-value",
+            "the load order ranks every registered worker, the candidates here are every registered "
+            "worker: the same set",
+        ),
+        "xǁKvRouterǁ_best_overlap__mutmut_5": (
+            "known = order.rank if (order is not None) and False else set(candidates)",
+            "same-value",
+            "the load order ranks every registered worker, the candidates here are every registered "
+            "worker: the same set",
+        ),
+        "xǁKvRouterǁ_reorder__mutmut_25": (
+            "prefill_blocks = seqs.prefill_tokens(None) / cfg.block_size",
+            "performance",
+            "a key without the worker's prompt load is lower, never higher than its cost: the "
+            "decision visits more workers and draws among the same ties",
+        ),
+        "xǁKvRouterǁ_busy__mutmut_27": (
+            "reported_kv_usage=self.reported.fresh_kv_usage(worker) "
+            "if (len(self.reported)) or True else None,",
+            "same-value",
+            "with no report kept, fresh_kv_usage is None for every worker",
+        ),
         "xǁKvRouterǁ_fast_choice__mutmut_17": (
             "if seqs.track_active_blocks or seqs.assume_kv_reuse:",
             "same-value",

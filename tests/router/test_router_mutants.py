@@ -223,3 +223,28 @@ def test_predicted_blocks_are_named_by_their_chained_hashes_whatever_is_tracked_
     assert router.indexer.find_matches(local) == {A: 4}
     predicted = sorted(eid for w, eid, _ in router.indexer.entries() if w == A)
     assert len(predicted) == 4
+
+
+def test_the_best_overlap_counts_registered_workers_only() -> None:
+    """Blocks of a worker that is not (or no longer) registered are in the index but are nobody's
+    best overlap: the decision reports 0 when only such a worker caches the prompt."""
+    router, _ = two_workers(use_kv_events=True)
+    tokens = list(range(300, 300 + 3 * BS))
+    hashes = compute_block_hashes(tokens, BS)
+    ghost = Worker("ghost")
+    router.apply_event(BlocksStored(ghost, tuple(StoredBlock(500 + i, h) for i, h in enumerate(hashes))))
+    assert router.indexer.find_matches(hashes) == {ghost: 3}
+    decision = router.best_worker(tokens)
+    assert (decision.overlap_blocks, decision.best_overlap_blocks) == (0, 0)
+
+
+def test_the_best_overlap_among_allowed_workers_is_theirs() -> None:
+    router, _ = two_workers(use_kv_events=True)
+    tokens = list(range(300, 300 + 3 * BS))
+    hashes = compute_block_hashes(tokens, BS)
+    router.apply_event(BlocksStored(A, tuple(StoredBlock(500 + i, h) for i, h in enumerate(hashes[:2]))))
+    router.apply_event(BlocksStored(B, tuple(StoredBlock(600 + i, h) for i, h in enumerate(hashes))))
+    only_a = router.best_worker(tokens, allowed_workers=["a"])
+    assert (only_a.worker, only_a.overlap_blocks, only_a.best_overlap_blocks) == (A, 2, 2)
+    both = router.best_worker(tokens, allowed_workers=["a", "b"])
+    assert (both.worker, both.best_overlap_blocks) == (B, 3)
