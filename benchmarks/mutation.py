@@ -1105,6 +1105,40 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "with no report kept, fresh_kv_usage is None for every worker",
         ),
+        "xǁKvRouterǁ__init____mutmut_46": (
+            'self._order: LoadOrder | TimedLoadOrder | None = ""  '
+            "# built lazily; None after a change of workers",
+            "same-value",
+            "before the first decision builds it, an empty string is no load order either: rebuilt, "
+            "and a load change resets it to None",
+        ),
+        "xǁKvRouterǁ__init____mutmut_47": (
+            'self._order_config: RouterConfig | None = ""  '
+            "# the config the order's keys and busy states follow",
+            "same-value",
+            "compared by identity with the config: an empty string differs from it as None does",
+        ),
+        "xǁKvRouterǁ_block_keys__mutmut_3": (
+            "if not (cfg.router_track_active_blocks or cfg.router_assume_kv_reuse):",
+            "performance",
+            "with one of the two off, in-flight blocks are counted, not matched: chained hashes count "
+            "the same as local ones (and approximate mode is given the chained hashes it computes)",
+        ),
+        "xǁKvRouterǁ_candidates__mutmut_8": (
+            "raise NoWorkers(None)",
+            "message",
+            "an exception's text",
+        ),
+        "xǁKvRouterǁ_candidates__mutmut_9": (
+            'raise NoWorkers("XXno registered worker is allowed for this requestXX")',
+            "message",
+            "an exception's text",
+        ),
+        "xǁKvRouterǁ_candidates__mutmut_10": (
+            'raise NoWorkers("NO REGISTERED WORKER IS ALLOWED FOR THIS REQUEST")',
+            "message",
+            "an exception's text",
+        ),
         "xǁKvRouterǁ_fast_choice__mutmut_17": (
             "if seqs.track_active_blocks or seqs.assume_kv_reuse:",
             "same-value",

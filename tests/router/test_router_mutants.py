@@ -248,3 +248,13 @@ def test_the_best_overlap_among_allowed_workers_is_theirs() -> None:
     assert (only_a.worker, only_a.overlap_blocks, only_a.best_overlap_blocks) == (A, 2, 2)
     both = router.best_worker(tokens, allowed_workers=["a", "b"])
     assert (both.worker, both.best_overlap_blocks) == (B, 3)
+
+
+def test_a_router_configured_not_to_learn_pass_times_learns_nothing() -> None:
+    clock = FakeClock(50.0)
+    config = RouterConfig(block_size=BS, prefill_load_model="timing", learn_prefill_timing=False)
+    router = KvRouter(config, clock=clock, workers=[WorkerSpec("a")])
+    router.best_worker([1] * 4000, request_id="r")
+    clock.advance(5.0)  # far slower than predicted
+    router.mark_prefill_complete("r")
+    assert router.sequences.learned_pass_time(A) is None
