@@ -24,6 +24,13 @@ soft-thresholded to sign(d) max(0, |d| - `SIGNIFICANCE` se). Identical workers s
 the fleet's scale (their deviations are noise, within a few standard errors); a worker at half
 speed deviates by log 2, dozens of standard errors after a few tens of first tokens.
 
+The fleet's model in use moves only when its estimate has moved by more than `SIGNIFICANCE`
+standard errors of that estimate (the pooled noise over the fleet's weight) from the scale in use.
+Noise otherwise gives the fleet a new model at every first token, a fraction of a percent off: every
+prediction and the order of the fleet-sized decision change with it, for nothing (replaying the shared
+trace, 8 workers at 1x, the default lost 1 % of its reuse and 2 % of its time to first token to it).
+A worker that departs takes the fleet's estimate plus its significant deviation.
+
 What is not speed is not learned (`PassTimeLearner.measures`): a prediction whose wait for the work
 ahead of it exceeds the request's own prefill is mostly a prediction of the engine's queue, which
 the model knows least (admission held by a full KV cache, preemptions, packing), and under
@@ -98,6 +105,7 @@ class PassTimeLearner(Generic[K]):
     __slots__ = (
         "_base",
         "_fleet_timing",
+        "_fleet_used",
         "_observations",
         "_stats",
         "_sum_w",
@@ -111,6 +119,7 @@ class PassTimeLearner(Generic[K]):
         self._stats: dict[K, _Stats] = {}
         self._timings: dict[K, PrefillTiming] = {}  # workers departed from the fleet
         self._fleet_timing = base
+        self._fleet_used = 0.0  # the fleet's log scale `_fleet_timing` predicts with
         # fleet sums over workers: effective weights, weighted means, weighted variances
         self._sum_w = 0.0
         self._sum_wm = 0.0
@@ -133,7 +142,8 @@ class PassTimeLearner(Generic[K]):
 
     @property
     def fleet_scale(self) -> float:
-        return math.exp(self._fleet_log())
+        """The fleet's scale predicted with (it moves when the estimate moved significantly)."""
+        return math.exp(self._fleet_used)
 
     def learned(self, worker: K) -> LearnedPassTime | None:
         stats = self._stats.get(worker)
@@ -157,7 +167,7 @@ class PassTimeLearner(Generic[K]):
 
     def _used(self, worker: K, stats: _Stats) -> float:
         """The log scale `worker` is predicted with now."""
-        return stats.applied if worker in self._timings else self._fleet_log()
+        return stats.applied if worker in self._timings else self._fleet_used
 
     def _prior(self) -> float:
         """The configured model's weight: `PRIOR_SAMPLES`, forgotten as the workers' own averages forget
@@ -173,24 +183,38 @@ class PassTimeLearner(Generic[K]):
         mean = self._sum_wm / (self._prior() + self._sum_w)  # the prior sits at log 1 = 0
         return max(-limit, min(limit, mean))
 
+    def _settle_fleet(self) -> float:
+        """The fleet's log scale to predict with: the estimate once it moved by more than
+        `SIGNIFICANCE` standard errors of the fleet's mean from the one in use, else the one in use.
+        Noise then leaves the shared model (and every prediction made with it) as it is: a new
+        model for every first token would re-rank the fleet on noise alone."""
+        fleet = self._fleet_log()
+        se = math.sqrt(self._noise_var() / (self._prior() + self._sum_w))
+        if abs(fleet - self._fleet_used) > SIGNIFICANCE * se:
+            self._fleet_used = fleet
+            self._fleet_timing = self._base.scaled(math.exp(fleet))
+        return self._fleet_used
+
     def _noise_var(self) -> float:
         """One observation's variance, pooled over the fleet (identical workers, identical noise)."""
         prior = self._prior()
         return (prior * PRIOR_NOISE**2 + self._sum_wv) / (prior + self._sum_w)
 
-    def _applied(self, stats: _Stats, fleet: float) -> float:
-        """The log scale to predict with: the fleet's, plus the significant part of the deviation.
+    def _applied(self, stats: _Stats, fleet_used: float) -> float:
+        """The log scale to predict with: the fleet's in use when the worker's deviation is not
+        significant, else the fleet's estimate plus the significant part of the deviation.
 
         The deviation is measured from the mean of what the workers showed, not from the fleet's
         scale, which the configured model still pulls: otherwise the first workers observed would
         depart from it (they all carry the same pull) and look faster or slower than identical
         workers not observed yet, which would never get an idle tie again."""
-        observed = self._sum_wm / self._sum_w if self._sum_w > 0 else fleet
-        deviation = stats.mean - observed
-        se = math.sqrt(self._noise_var() / stats.weight) if stats.weight else math.inf
+        deviation = stats.mean - self._sum_wm / self._sum_w  # the caller counted this worker in
+        se = math.sqrt(self._noise_var() / stats.weight)
         shrunk = math.copysign(max(0.0, abs(deviation) - SIGNIFICANCE * se), deviation)
+        if not shrunk:
+            return fleet_used
         limit = math.log(MAX_SCALE)
-        return max(-limit, min(limit, fleet + shrunk))
+        return max(-limit, min(limit, self._fleet_log() + shrunk))
 
     def observe(self, worker: K, predicted_ms: float, observed_ms: float) -> PrefillTiming | None:
         """A first token came `observed_ms` after the decision that predicted `predicted_ms` (both with
@@ -205,7 +229,7 @@ class PassTimeLearner(Generic[K]):
         stats = self._stats.get(worker)
         # the log scale predicted with, taken before a new worker's statistics join the fleet's
         # (counting it would thin the prior per worker and move the fleet's scale it was predicted with)
-        used = self._fleet_log() if stats is None else self._used(worker, stats)
+        used = self._fleet_used if stats is None else self._used(worker, stats)
         z = used + max(-bound, min(bound, math.log(ratio)))
         if stats is None:
             stats = self._stats[worker] = _Stats()
@@ -224,8 +248,7 @@ class PassTimeLearner(Generic[K]):
         self._sum_w += w
         self._sum_wm += w * stats.mean
         self._sum_wv += w * stats.var
-        fleet = self._fleet_log()
-        self._fleet_timing = self._base.scaled(math.exp(fleet))
+        fleet = self._settle_fleet()
         stats.applied = self._applied(stats, fleet)
         if stats.applied == fleet:
             self._timings.pop(worker, None)
@@ -247,5 +270,7 @@ class PassTimeLearner(Generic[K]):
             if not self._stats:
                 self._sum_w = self._sum_wm = self._sum_wv = 0.0
                 self._observations = 0
-            fleet = self._fleet_log()
-            self._fleet_timing = self._base.scaled(math.exp(fleet)) if self._stats else self._base
+            if self._stats:
+                self._settle_fleet()
+            else:
+                self._fleet_timing, self._fleet_used = self._base, 0.0

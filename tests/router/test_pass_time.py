@@ -59,8 +59,10 @@ def test_before_any_observation_a_worker_has_the_configured_model():
 
 def test_the_configured_model_weighs_as_a_few_observations():
     learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
-    learner.observe(W, 100.0, 300.0)  # one slow first token does not triple the scale
-    assert 1.0 < scale(learner) < 1.3
+    learner.observe(W, 100.0, 300.0)  # one slow first token is no evidence against the configuration
+    assert scale(learner) == 1.0 and learner.timing(W) is BASE
+    feed(learner, 3.0, 7)  # a few more are: the fleet's model moves, not all the way yet
+    assert 1.5 < scale(learner) < 3.0
 
 
 def test_a_stalled_first_token_moves_a_settled_scale_by_a_bounded_step():
@@ -69,7 +71,7 @@ def test_a_stalled_first_token_moves_a_settled_scale_by_a_bounded_step():
     settled = scale(learner)
     learner.observe(W, 100.0, 60_000.0)  # a minute: a hung connection, a preemption storm
     bound = MAX_RATIO ** (1.0 / WINDOW_SAMPLES)
-    assert settled < scale(learner) <= settled * bound * 1.000001
+    assert settled <= scale(learner) <= settled * bound * 1.000001  # its own spread hides it, or a step
     assert learner.learned(W).last_ratio == pytest.approx(600.0)  # reported as seen
     feed(learner, 1.0, 3 * WINDOW_SAMPLES)  # and the next observations undo it
     assert scale(learner) == pytest.approx(1.0, rel=0.01)
@@ -291,15 +293,18 @@ def test_forgetting_a_worker_leaves_the_learner_as_if_it_had_never_been_observed
     assert both.learned(x).scale > 2.0 and both.timing(x) != both.timing(never)  # x departed
     both.forget(x)
     assert both.learned(x) is None and both.timing(x) is both.timing(never)
-    assert both.fleet_scale == pytest.approx(only_y.fleet_scale, rel=1e-9)
-    assert both.timing(y).prefill_linear_ms == pytest.approx(only_y.timing(y).prefill_linear_ms, rel=1e-9)
+    # the statistics are as if x had never been; the fleet's model in use is the estimate again, which
+    # the learner without x may not have taken into use (within its significance band)
+    assert both.fleet_scale == pytest.approx(only_y.fleet_scale, rel=0.01)
+    assert both.timing(y).prefill_linear_ms == pytest.approx(only_y.timing(y).prefill_linear_ms, rel=0.01)
     assert both.snapshot().keys() == {y}
     more = [math.exp(rng.gauss(0.0, 0.1)) for _ in range(10)]
     _observe_all(both, y, more)  # and it goes on learning alike (the prior's weight too)
     _observe_all(only_y, y, more)
     a, b = both.learned(y), only_y.learned(y)
-    assert (a.samples, a.scale, a.own_scale, a.fleet_scale) == pytest.approx(
-        (b.samples, b.scale, b.own_scale, b.fleet_scale), rel=1e-9
+    assert a.samples == b.samples  # what each learns goes through the model in use: alike, within the band
+    assert (a.scale, a.own_scale, a.fleet_scale) == pytest.approx(
+        (b.scale, b.own_scale, b.fleet_scale), rel=0.01
     )
 
 
@@ -353,33 +358,46 @@ def test_a_new_workers_first_token_as_predicted_shows_the_scale_it_was_predicted
 # --- the estimate, number for number ------------------------------------------------------------
 
 
-def test_one_first_token_moves_the_fleet_by_its_share_against_the_prior():
-    """The configured model weighs as PRIOR_SAMPLES observations at scale 1, less 1/W of that per
-    observation of each worker: after one first token twice as slow as predicted, the fleet's log
-    scale is log 2 over 1 + 4 (31/32)."""
+def test_one_first_token_is_no_evidence_against_the_configured_model():
+    """The configured model weighs as PRIOR_SAMPLES observations at scale 1 (less 1/W of that per
+    observation of each worker): after one first token twice as slow as predicted, the fleet's
+    estimate is log 2 / (1 + 4 (31/32)), about 0.14, within SIGNIFICANCE standard errors (the
+    prior's noise over the same weight, about 0.28 each) of the model in use, which stays."""
     learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
     learner.observe(W, 100.0, 200.0)
     prior = PRIOR_SAMPLES * (1 - 1 / WINDOW_SAMPLES)
-    expected = math.exp(math.log(2.0) / (prior + 1.0))
-    assert learner.fleet_scale == pytest.approx(expected, rel=1e-12)
-    assert learner.learned(W) == LearnedPassTime(expected, 1, 2.0, 2.0, expected)
-    other = Worker("other")  # a second worker's first token: the prior is forgotten per worker
-    learner.observe(other, 100.0 * expected, 100.0 * expected)
-    prior = PRIOR_SAMPLES * (1 - 1 / WINDOW_SAMPLES) ** (2 / 2)
-    fleet = (math.log(2.0) + math.log(expected)) / (prior + 2.0)
-    assert learner.fleet_scale == pytest.approx(math.exp(fleet), rel=1e-12)
+    estimate = math.log(2.0) / (prior + 1.0)
+    se = math.sqrt(prior * PRIOR_NOISE**2 / (prior + 1.0) / (prior + 1.0))
+    assert estimate < SIGNIFICANCE * se
+    assert learner.fleet_scale == 1.0 and learner.timing(W) is BASE
+    assert learner.learned(W) == LearnedPassTime(1.0, 1, 2.0, 2.0, 1.0)
 
 
 class _Model:
     """The documented estimate, recomputed from each worker's statistics at every step (the learner
     keeps running sums): per worker an average of z (step 1/n, then 1/W) and its exponentially
-    weighted variance; the fleet's log scale the weighted mean of the workers' with the prior at 0;
-    a worker's own deviation from the workers' mean, soft-thresholded by SIGNIFICANCE standard
-    errors of the pooled noise, both clamped to +-log MAX_SCALE."""
+    weighted variance; the fleet's log scale the weighted mean of the workers' with the prior at 0,
+    taken into use when it moved by more than SIGNIFICANCE standard errors of that mean; a worker's
+    own deviation from the workers' mean, soft-thresholded by SIGNIFICANCE standard errors of the
+    pooled noise: the fleet's in use when nothing is left, else the fleet's estimate plus what is
+    left, both clamped to +-log MAX_SCALE."""
 
     def __init__(self) -> None:
         self.stats: dict[Worker, dict[str, float]] = {}
         self.observations = 0
+        self.fleet_used = 0.0
+
+    def _noise(self) -> float:
+        weights = {w: self._weight(t) for w, t in self.stats.items()}
+        prior = self._prior()
+        spread = sum(weights[w] * t["var"] for w, t in self.stats.items())
+        return (prior * PRIOR_NOISE**2 + spread) / (prior + sum(weights.values()))
+
+    def settle(self) -> None:
+        sw = sum(self._weight(t) for t in self.stats.values())
+        se = math.sqrt(self._noise() / (self._prior() + sw))
+        if abs(self.fleet() - self.fleet_used) > SIGNIFICANCE * se:
+            self.fleet_used = self.fleet()
 
     def _weight(self, s: dict[str, float]) -> float:
         return float(min(s["count"], 2 * WINDOW_SAMPLES - 1))
@@ -395,12 +413,12 @@ class _Model:
 
     def used(self, worker: Worker) -> float:
         s = self.stats[worker]
-        return s["applied"] if s["departed"] else self.fleet()
+        return s["applied"] if s["departed"] else self.fleet_used
 
     def observe(self, worker: Worker, predicted: float, observed: float) -> None:
         clip = math.log(MAX_RATIO)
         # z: the log scale the prediction was made with (the fleet's, for a worker not seen yet)
-        z = (self.used(worker) if worker in self.stats else self.fleet()) + max(
+        z = (self.used(worker) if worker in self.stats else self.fleet_used) + max(
             -clip, min(clip, math.log(observed / predicted))
         )
         s = self.stats.setdefault(
@@ -412,24 +430,23 @@ class _Model:
         delta = z - s["mean"]
         s["mean"] += step * delta
         s["var"] = (1.0 - step) * (s["var"] + step * delta * delta)
-        fleet = self.fleet()
+        self.settle()
         weights = {w: self._weight(t) for w, t in self.stats.items()}
-        sw = sum(weights.values())
-        centre = sum(weights[w] * t["mean"] for w, t in self.stats.items()) / sw
-        prior = self._prior()
-        noise = (prior * PRIOR_NOISE**2 + sum(weights[w] * t["var"] for w, t in self.stats.items())) / (
-            prior + sw
-        )
+        centre = sum(weights[w] * t["mean"] for w, t in self.stats.items()) / sum(weights.values())
         deviation = s["mean"] - centre
-        se = math.sqrt(noise / weights[worker])
+        se = math.sqrt(self._noise() / weights[worker])
         shrunk = math.copysign(max(0.0, abs(deviation) - SIGNIFICANCE * se), deviation)
         limit = math.log(MAX_SCALE)
-        s["applied"] = max(-limit, min(limit, fleet + shrunk))
-        s["departed"] = s["applied"] != fleet
+        s["applied"] = max(-limit, min(limit, self.fleet() + shrunk)) if shrunk else self.fleet_used
+        s["departed"] = s["applied"] != self.fleet_used
 
     def forget(self, worker: Worker) -> None:
         s = self.stats.pop(worker)
         self.observations -= int(s["count"])
+        if self.stats:
+            self.settle()
+        else:
+            self.fleet_used = 0.0
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -449,7 +466,7 @@ def test_the_learner_follows_the_documented_estimate(seed):
         observed = 100.0 * speeds[worker] * math.exp(rng.gauss(0.0, 0.2))
         learner.observe(worker, predicted, observed)
         model.observe(worker, predicted, observed)
-        assert math.log(learner.fleet_scale) == pytest.approx(model.fleet(), rel=1e-9, abs=1e-12)
+        assert math.log(learner.fleet_scale) == pytest.approx(model.fleet_used, rel=1e-9, abs=1e-12)
         for w, s in model.stats.items():
             learned = learner.learned(w)
             assert learned.samples == s["count"]

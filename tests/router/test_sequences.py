@@ -322,8 +322,28 @@ def test_a_new_stream_is_predicted_at_the_workers_learned_speed():
 
 
 def test_a_first_token_retimes_the_prompts_still_queued():
+    """The first token that makes the worker's slowness significant (the ones before it were
+    within the noise the configured model allows) retimes the prompt queued behind it."""
+
+    def warm(seqs: ActiveSequences, clock: FakeClock, n: int) -> None:  # n first tokens, twice as slow
+        for k in range(n):
+            seqs.add_request(f"warm{k}", W, [100 + k], isl=4000, overlap_blocks=0)
+            clock.advance(2 * T.prompt_ms(4000) / 1000.0)
+            seqs.mark_prefill_complete(f"warm{k}")
+            seqs.free(f"warm{k}")
+
+    probe, probe_clock = timed(learn_prefill_timing=True)
+    quiet = 0  # first tokens the configured model absorbs
+    while True:
+        warm(probe, probe_clock, 1)
+        if probe.learned_pass_time(W).scale != 1.0:  # type: ignore[union-attr]
+            break
+        quiet += 1
+
     def left_of_b(learn: bool) -> int:
         seqs, clock = timed(learn_prefill_timing=learn)
+        warm(seqs, clock, quiet)
+        assert learn is False or seqs.learned_pass_time(W).scale == 1.0  # type: ignore[union-attr]
         seqs.add_request("a", W, [1], isl=4000, overlap_blocks=0)
         seqs.add_request("b", W, [2], isl=4000, overlap_blocks=0)
         clock.advance(2 * T.prompt_ms(4000) / 1000.0)  # a took twice the predicted time
