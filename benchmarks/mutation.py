@@ -885,6 +885,36 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "a limit past the query's end: the slices differ, the bisection finds the same count",
         ),
+        "xǁRadixTreeǁapply_event__mutmut_13": (
+            "raise TypeError(None)",
+            "message",
+            "an exception's text",
+        ),
+        "xǁRadixTreeǁapply_event__mutmut_14": (
+            'raise TypeError(f"not a KV event: {type(None).__name__}")',
+            "message",
+            "an exception's text",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_11": (
+            "node, end = root, 1",
+            "same-value",
+            "the root has no blocks: any end is at its end",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_58": (
+            "k = _common(run, end, hs, i, min(len(run) + end, n - i))",
+            "performance",
+            "a limit past the run's end: the slices differ, the bisection finds the same count",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_59": (
+            "k = _common(run, end, hs, i, min(len(run) - end, n + i))",
+            "performance",
+            "a limit past the event's end: the slices differ, the bisection finds the same count",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_68": (
+            "break",
+            "performance",
+            "the rest of the event goes block by block (_store_slow): the same tree",
+        ),
         "xǁRadixTreeǁ_merge__mutmut_2": (
             "if len(lower.hashes) < len(upper.hashes):",
             "performance",

@@ -86,8 +86,7 @@ class RadixTree:
         self._root = _Node(None, [], 0, {})
         self._slot: dict[Worker, int] = {}
         self._worker_at: list[Worker | None] = []
-        self._blocks: dict[Worker, dict[int, _Node]] = {}  # per worker: engine id -> run
-        self._maps: list[dict[int, _Node]] = []  # the same maps, by slot (a free slot: empty)
+        self._maps: list[dict[int, _Node]] = []  # by slot: engine id -> run (a free slot: empty)
         self._aliases: list[dict[int, int]] = []  # by slot: extra engine id -> first one
         self._num_nodes = 0
         self.stats = IndexerStats()
@@ -224,7 +223,6 @@ class RadixTree:
             return
         self.clear_worker(worker)
         slot = self._slot.pop(worker)
-        del self._blocks[worker]
         self._worker_at[slot] = None
         self._maps[slot], self._aliases[slot] = {}, {}
         while self._worker_at and self._worker_at[-1] is None:
@@ -247,7 +245,6 @@ class RadixTree:
                 self._maps.append(m)
                 self._aliases.append({})
             self._slot[worker] = slot
-            self._blocks[worker] = m
         return slot
 
     def _store(self, event: BlocksStored) -> bool:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from extproc.router import BlocksRemoved, RadixTree, Worker
+from extproc.router import AllBlocksCleared, BlocksRemoved, RadixTree, Worker
 
 from .test_radix import (
     QUERIES,
@@ -183,3 +183,30 @@ def test_slots_of_removed_workers_are_reused() -> None:
         tree.remove_worker(worker)
     assert len(tree._maps) == 3  # W0's slot, W1's, and the one every departed worker used
     assert tree.find_matches([1, 2]) == {W0: 1}
+
+
+def test_the_event_counters_count_each_event_once() -> None:
+    """`IndexerStats` is exported as metrics: one count per event of each kind, blocks as applied."""
+    tree = RadixTree()
+    assert tree.apply_event(stored(W0, [])) is True  # an empty store is a no-op, not a failure
+    tree.apply_event(stored(W0, [(10, 1), (11, 2)]))
+    tree.apply_event(stored(W1, [(20, 1)]))
+    tree.apply_event(BlocksRemoved(W0, (11,)))
+    tree.apply_event(BlocksRemoved(W1, (20,)))
+    tree.apply_event(AllBlocksCleared(W0))
+    tree.apply_event(AllBlocksCleared(W1))
+    s = tree.stats
+    assert (s.stored_events, s.removed_events, s.cleared_events) == (3, 2, 2)
+    assert (s.stored_blocks, s.removed_blocks, s.unknown_parent, s.unknown_removal) == (3, 2, 0, 0)
+    with pytest.raises(TypeError, match="not a KV event"):
+        tree.apply_event(object())  # type: ignore[arg-type]
+
+
+def test_a_leaf_that_empties_lets_its_parent_merge_with_the_only_child_left() -> None:
+    tree = RadixTree()
+    tree.apply_event(stored(W0, [(10, 1), (11, 2), (12, 3)]))
+    tree.apply_event(stored(W1, [(20, 1), (21, 2), (22, 4)]))  # [1 2] then [3] (w0) and [4] (w1)
+    assert tree.num_nodes == 3
+    tree.apply_event(BlocksRemoved(W1, (22,)))  # [4] empties: [1 2] and [3] are one run again
+    assert tree.num_nodes == 1
+    assert tree.find_matches([1, 2, 3]) == {W0: 3, W1: 2}
