@@ -1494,14 +1494,17 @@ def _prepare(module: str, tests: list[str], fresh: bool, source: Path) -> Path:
     # mutmut keeps every verdict of a function that did not change, but tests may have been added
     # since: the survivors of the last run are tested again (the killed stay killed), against a fresh
     # record of which tests reach which function (mutmut records only new tests', so a function
-    # added since would be tested by those alone)
+    # added since would be tested by those alone). A survivor listed in EQUIVALENT keeps its verdict
+    # (no test can kill it; a change of its function makes mutmut test it again, and the report
+    # checks the line it writes)
     (workdir / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     meta = workdir / "mutants" / "extproc" / f"{module}.meta"
+    equivalent = EQUIVALENT.get(module, {})
     if meta.exists():
         data = json.loads(meta.read_text())
         codes = data["exit_code_by_key"]
         for name, code in codes.items():
-            if code is not None and _status(code) == "survived":
+            if code is not None and _status(code) == "survived" and name.rpartition(".")[2] not in equivalent:
                 codes[name] = None
         meta.write_text(json.dumps(data, indent=4))
     return workdir
