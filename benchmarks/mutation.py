@@ -915,6 +915,96 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "the rest of the event goes block by block (_store_slow): the same tree",
         ),
+        "xǁRadixTreeǁ_store__mutmut_75": (
+            "if ids is not None and end <= len(ids):  # held already: a repeat, unless ids differ",
+            "same-value",
+            "at end == len(ids) the branch compares two empty slices and moves nothing",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_82": (
+            "if ids[end:upto] != es[i : i + upto + end]:",
+            "performance",
+            "slices of unequal length differ: the event's rest goes block by block (_store_slow, the "
+            "reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_83": (
+            "if ids[end:upto] != es[i : i - upto - end]:",
+            "performance",
+            "slices of unequal length differ: the event's rest goes block by block (_store_slow, the "
+            "reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_85": (
+            "i = upto - end",
+            "performance",
+            "an index too small: blocks of this event come round again, their ids are the worker's by now, "
+            "so _fresh refuses them and the rest goes block by block: the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_90": (
+            "break",
+            "performance",
+            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_99": (
+            "if other is not ids or len(other) >= stop:  # keep one copy of the ints",
+            "performance",
+            "only which holder's list of equal ints is shared changes (memory): the same ids",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_100": (
+            "if other is ids and len(other) >= stop:  # keep one copy of the ints",
+            "performance",
+            "only which holder's list of equal ints is shared changes (memory): the same ids",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_101": (
+            "if other is not ids and len(other) > stop:  # keep one copy of the ints",
+            "performance",
+            "only which holder's list of equal ints is shared changes (memory): the same ids",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_105": (
+            "fresh = None",
+            "performance",
+            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_133": (
+            "i = stop - end",
+            "performance",
+            "an index too small: blocks of this event come round again, their ids are the worker's by now, "
+            "so _fresh refuses them and the rest goes block by block: the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_137": (
+            "break",
+            "performance",
+            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_147": (
+            "break",
+            "performance",
+            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_149": (
+            "seg = es[i:] if (i) and False else es",
+            "performance",
+            "the whole event's ids: those before i are the worker's by now, so _fresh refuses them: the "
+            "event's rest goes block by block (_store_slow, the reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_150": (
+            "seg = es[i:] if (i) or True else es",
+            "same-value",
+            "es[0:] is es's ids",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_155": (
+            "if node is not root and children is None and node.workers | bit:  # extend the leaf",
+            "same-value",
+            "at a run's end after blocks it holds, the worker holds the whole run: the bit is set",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_156": (
+            "fresh = None",
+            "performance",
+            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_170": (
+            "node.hashes += hs[i:] if (i) or True else hs",
+            "same-value",
+            "hs[0:] is hs's hashes",
+        ),
         "xǁRadixTreeǁ_merge__mutmut_2": (
             "if len(lower.hashes) < len(upper.hashes):",
             "performance",

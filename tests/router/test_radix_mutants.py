@@ -210,3 +210,27 @@ def test_a_leaf_that_empties_lets_its_parent_merge_with_the_only_child_left() ->
     tree.apply_event(BlocksRemoved(W1, (22,)))  # [4] empties: [1 2] and [3] are one run again
     assert tree.num_nodes == 1
     assert tree.find_matches([1, 2, 3]) == {W0: 3, W1: 2}
+
+
+@pytest.mark.parametrize("where", ["inside another worker's run", "extending its leaf", "a new run"])
+def test_an_alias_id_reused_for_a_new_block_names_that_block_only(where: str) -> None:
+    """An engine id the worker uses as an alias (a second id for a block it holds) that comes back
+    naming another block: the block is stored under it once, the alias goes (the worker holds
+    three blocks, not four)."""
+    tree = RadixTree()
+    tree.apply_event(stored(W0, [(10, 1), (12, 2)]))
+    tree.apply_event(stored(W0, [(11, 1)]))  # 11: a second id for the block of 10
+    if where == "inside another worker's run":
+        tree.apply_event(stored(W1, [(30, 1), (31, 2), (32, 3)]))
+        tree.apply_event(stored(W0, [(11, 3)], parent=12))
+        expected = {W0: 3, W1: 3}
+    elif where == "extending its leaf":
+        tree.apply_event(stored(W0, [(11, 3)], parent=12))
+        expected = {W0: 3}
+    else:
+        tree.apply_event(stored(W0, [(11, 7)]))
+        expected = {W0: 2}
+        assert tree.find_matches([7]) == {W0: 1}
+    assert tree.num_blocks(W0) == 3
+    assert sorted(e for w, e, _ in tree.entries() if w == W0) == [10, 11, 12]
+    assert tree.find_matches([1, 2, 3]) == expected
