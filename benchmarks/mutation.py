@@ -78,9 +78,9 @@ EQUIVALENT_CLASSES = {
     "performance": "only the work done changes (a clean-up runs sooner, bytes are copied, not viewed)",
     "margin": (
         "a safety margin against float rounding in a fleet-sized decision's bound moves by at most a "
-        "microsecond or 2e-9 of the bound: a choice can change only where a bound falls that close "
-        "to the best cost (or its rounding step to whole tokens) and ties it; no test can place a "
-        "bound so exactly"
+        "microsecond or 2e-9 of the bound, or a comparison with a continuous threshold turns strict "
+        "or not: a result can change only where a float lands that close to (or exactly on) the edge, "
+        "and for a bound only if it also ties the best cost; no test can place a float so exactly"
     ),
 }
 # module -> mutant (its name without the module's dotted path) -> (the line it writes, class, why it
@@ -606,6 +606,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/pass_time.py": {
+        "xǁPassTimeLearnerǁ_settle_fleet__mutmut_8": (
+            "if abs(fleet - self._fleet_used) >= SIGNIFICANCE * se:",
+            "margin",
+            "the fleet's model moves also when its estimate is exactly SIGNIFICANCE standard errors "
+            "away (se > 0: the prior's noise never vanishes)",
+        ),
         "xǁPassTimeLearnerǁobserve__mutmut_17": (
             "used = self._fleet_log() if (stats is None) and False else self._used(worker, stats)",
             "same-value",

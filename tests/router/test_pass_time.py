@@ -318,9 +318,11 @@ def test_forgetting_every_worker_starts_over():
     learner.forget(b)  # twice, or a worker never observed: nothing happens
     assert learner.fleet_scale == 1.0 and learner.timing(a) is BASE and learner.snapshot() == {}
     fresh: PassTimeLearner[Worker] = PassTimeLearner(BASE)
-    _observe_all(learner, a, [1.5] * 3)
-    _observe_all(fresh, a, [1.5] * 3)
-    assert learner.learned(a) == fresh.learned(a)
+    for ratios in ([1.5] * 3, [2.0] * 12):  # the second moves the fleet's model: sums and prior alike
+        _observe_all(learner, a, ratios)
+        _observe_all(fresh, a, ratios)
+        assert learner.learned(a) == fresh.learned(a)
+    assert learner.fleet_scale == fresh.fleet_scale > 1.3
 
 
 def test_what_is_learned_is_reported_per_worker_with_the_fleets_scale():
