@@ -617,26 +617,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "a worker without statistics has no model of its own: _used gives the fleet's log too",
         ),
-        "xǁPassTimeLearnerǁ_applied__mutmut_3": (
-            "observed = self._sum_wm / self._sum_w if (self._sum_w > 0) or True else fleet",
-            "same-value",
-            "_applied runs after observe added the worker's weight (>= 1): the sum is >= 1, never 0",
-        ),
-        "xǁPassTimeLearnerǁ_applied__mutmut_5": (
-            "observed = self._sum_wm / self._sum_w if self._sum_w >= 0 else fleet",
-            "same-value",
-            "_applied runs after observe added the worker's weight (>= 1): the sum is >= 1, never 0",
-        ),
-        "xǁPassTimeLearnerǁ_applied__mutmut_6": (
-            "observed = self._sum_wm / self._sum_w if self._sum_w > 1 else fleet",
-            "same-value",
-            "a sum of 1 is a lone worker's first token: |deviation| <= 0.8 log 4 < 3 se (1.85) either way",
-        ),
-        "xǁPassTimeLearnerǁ_applied__mutmut_11": (
-            "se = math.sqrt(self._noise_var() / stats.weight) if (stats.weight) or True else math.inf",
-            "same-value",
-            "_applied runs after observe counted the worker's observation: its weight is >= 1, never 0",
-        ),
     },
     "router/prefill_model.py": {
         "xǁPrefillTimingǁ__post_init____mutmut_27": (
