@@ -613,7 +613,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "away (se > 0: the prior's noise never vanishes)",
         ),
         "xǁPassTimeLearnerǁobserve__mutmut_17": (
-            "used = self._fleet_log() if (stats is None) and False else self._used(worker, stats)",
+            "used = self._fleet_used if (stats is None) and False else self._used(worker, stats)",
             "same-value",
             "a worker without statistics has no model of its own: _used gives the fleet's log too",
         ),
