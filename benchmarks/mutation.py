@@ -1245,6 +1245,21 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an exception's text",
         ),
+        "xǁKvRouterǁ_timed_choice__mutmut_71": (
+            "return weight * max(0.0, round(ms / (1.0 - _BOUND_SLACK) / ms_per_token) / bs)",
+            "margin",
+            "the bound's float slack turns into 1e-9 too much",
+        ),
+        "xǁKvRouterǁ_timed_choice__mutmut_72": (
+            "return weight * max(0.0, round(ms * (1.0 + _BOUND_SLACK) / ms_per_token) / bs)",
+            "margin",
+            "the bound's float slack turns into 1e-9 too much",
+        ),
+        "xǁKvRouterǁ_timed_choice__mutmut_78": (
+            "return",
+            "performance",
+            "None: the caller's full scan decides, as this decision would have",
+        ),
         "xǁKvRouterǁ_fast_choice__mutmut_17": (
             "if seqs.track_active_blocks or seqs.assume_kv_reuse:",
             "same-value",
