@@ -991,6 +991,41 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "hs[0:] is hs's hashes",
         ),
+        "x__fresh__mutmut_10": (
+            "if aliases or not aliases.keys().isdisjoint(fresh):",
+            "performance",
+            "a worker with any alias stores block by block (_store_slow, the reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ__init____mutmut_3": (
+            "self._root = _Node(None, [], None, {})",
+            "same-value",
+            "the root's holders are never read: every walk starts at its children and stops below it",
+        ),
+        "xǁRadixTreeǁ__init____mutmut_4": (
+            "self._root = _Node(None, [], 0, None)",
+            "same-value",
+            "the root holds no blocks: its engine ids are never read",
+        ),
+        "xǁRadixTreeǁ__init____mutmut_9": (
+            "self._root = _Node(None, [], 1, {})",
+            "same-value",
+            "the root's holders are never read: every walk starts at its children and stops below it",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_188": (
+            "new = _Node(node, hs[i:] if (i) or True else hs, bit, {})",
+            "same-value",
+            "hs[0:] is hs's hashes",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_189": (
+            "fresh = None",
+            "performance",
+            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_214": (
+            "if i <= n:  # a reused or repeated engine id: the rest block by block, from a stable name",
+            "performance",
+            "with i == n the block-by-block path has nothing left to store: the same settle, the same tree",
+        ),
         "xǁRadixTreeǁ_merge__mutmut_2": (
             "if len(lower.hashes) < len(upper.hashes):",
             "performance",
@@ -1259,6 +1294,23 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "return",
             "performance",
             "None: the caller's full scan decides, as this decision would have",
+        ),
+        "xǁKvRouterǁ__init____mutmut_48": (
+            'self._order_timing: PrefillTiming | None = ""  # timing model: the shared pass-time model '
+            "it follows",
+            "same-value",
+            "compared by identity with the shared model: an empty string differs from it as None does",
+        ),
+        "xǁKvRouterǁ_timed_choice__mutmut_121": (
+            "if stream is not None and bound(stream[0] - now - stream[1] * isl) > best:",
+            "performance",
+            "a lower stream bound skips fewer workers: their costs are computed, the same choice",
+        ),
+        "xǁKvRouterǁ_timed_choice__mutmut_129": (
+            "if timeline is not None or timeline.running_at(now):",
+            "margin",
+            "a stream's entry lives until a microsecond after its predicted end (its due time; an earlier "
+            "first token or free classifies the worker again at once): only in that window can it be over",
         ),
         "xǁKvRouterǁ_fast_choice__mutmut_17": (
             "if seqs.track_active_blocks or seqs.assume_kv_reuse:",

@@ -263,6 +263,7 @@ def test_a_long_prompt_goes_where_the_prompt_streams_end_first_as_the_full_scan_
     for _ in range(30):
         pair.decide([rng.randrange(10**7, 2 * 10**7) for _ in range(rng.randrange(4, 600))])
         pair.clock.advance(rng.choice([0.0, 0.001, 0.01]))
+    pair.decide([])  # an empty prompt (the Python API allows it): no tokens for the stream bound
 
 
 def test_an_idle_fleet_that_all_caches_the_prompt_is_decided_among_its_matching_workers() -> None:
