@@ -9,7 +9,16 @@ import random
 
 import pytest
 
-from extproc.router import KvRouter, RouterConfig, RouterConfigOverride, Worker, WorkerSpec
+from extproc.router import (
+    BlocksStored,
+    KvRouter,
+    RouterConfig,
+    RouterConfigOverride,
+    StoredBlock,
+    Worker,
+    WorkerSpec,
+    compute_block_hashes,
+)
 from extproc.router.config import PrefillLoadModel
 from extproc.router.prefill_model import PrefillTiming
 from extproc.router.router import FULL_SCAN_MAX_WORKERS
@@ -280,3 +289,19 @@ def test_an_idle_fleet_that_all_caches_the_prompt_is_decided_among_its_matching_
     for k in range(12):
         pair.decide(head + [rng.randrange(10**6, 2 * 10**6) for _ in range(rng.randrange(1, 3 * BS))])
         pair.decide(head[: BS * (k % 2 + 1)], request_id=f"r{k}")  # some take load: keyed, not idle
+
+
+def test_the_best_overlap_among_allowed_workers_is_theirs_in_a_large_fleet() -> None:
+    """Past 32 workers the load order exists (an earlier decision built it): a decision filtered to
+    some workers still reports the best overlap among them, not the fleet's."""
+    specs = [WorkerSpec(f"w{i:03d}") for i in range(40)]
+    router = KvRouter(RouterConfig(block_size=BS), clock=FakeClock(100.0), workers=specs)
+    tokens = list(range(9000, 9000 + 4 * BS))
+    hashes = compute_block_hashes(tokens, BS)
+    router.apply_event(
+        BlocksStored(Worker("w001"), tuple(StoredBlock(100 + i, h) for i, h in enumerate(hashes)))
+    )
+    router.apply_event(BlocksStored(Worker("w002"), (StoredBlock(200, hashes[0]),)))
+    assert router.best_worker(tokens).best_overlap_blocks == 4  # unfiltered: builds the load order
+    only = router.best_worker(tokens, allowed_workers=["w002", "w003"])
+    assert (only.worker, only.overlap_blocks, only.best_overlap_blocks) == (Worker("w002"), 1, 1)
