@@ -15,7 +15,8 @@ What is measured (time.perf_counter_ns per call, warm-up excluded, medians and p
    the trace events and holding 32 in-flight requests (half prefill-complete), with a breakdown.
 4. Memory: tracemalloc bytes of a tree per (worker, block) entry (`RadixTree.num_blocks()`), and
    the resident memory a fresh process adds building ours and (with Dynamo) Dynamo's tree from the
-   same events (`--only memory`: this section alone).
+   same events (`--only memory`: this section alone). `--only live`: decisions as live traffic
+   makes them (a first token and a free before each), 16 to 1,024 workers.
 5. With `dynamo._core` importable, the same events and queries through Dynamo's Rust RadixTree
    in the same process (interleaved with ours), score agreement, ratios and the targets.
 6. `RadixTree.apply_event` for BlocksRemoved on the tree of 1: newest request first, each one
@@ -1022,6 +1023,61 @@ def dynamo_fleet(core: Any, workers: int) -> tuple[Any, Any]:
     return service, loop
 
 
+LIVE_DECISIONS = 400  # per fleet size
+
+
+class _StepClock:
+    """A clock the live fleet moves by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_fleet_live(counts: Sequence[int], decisions: int, seed: int) -> dict[str, Any]:
+    """Decisions as live traffic makes them: the default kv router (timing model, pass times
+    learned), max(32, W) requests in flight, and before each 1k-token miss one request's first
+    token (a learning observation) and its end. Medians in microseconds, and each size over 16."""
+    out: dict[str, Any] = {
+        "what": (
+            "KvRouter.best_worker of a 1k-token miss, default config, each after a first token and a "
+            "free with 10-200 ms of clock between decisions"
+        )
+    }
+    for workers in counts:
+        rng = random.Random(seed)
+        clock = _StepClock()
+        router = KvRouter(
+            RouterConfig(block_size=ENGINE_BLOCK_SIZE),
+            clock=clock,
+            rng=random.Random(seed),
+            workers=[WorkerSpec(f"w{i}") for i in range(workers)],
+        )
+        in_flight: list[str] = []
+        for k in range(max(32, workers)):
+            router.best_worker([rng.randrange(10**9) for _ in range(1024)], request_id=f"bg{k}")
+            in_flight.append(f"bg{k}")
+        times = []
+        for k in range(decisions):
+            clock.now += rng.uniform(0.01, 0.2)
+            done = in_flight.pop(0)
+            router.mark_prefill_complete(done)
+            router.free(done)
+            tokens = [rng.randrange(10**9) for _ in range(1024)]
+            t0 = time.perf_counter_ns()
+            router.best_worker(tokens, request_id=f"q{k}")
+            times.append(time.perf_counter_ns() - t0)
+            in_flight.append(f"q{k}")
+        out[str(workers)] = {"median_us": round(statistics.median(times) / 1e3, 1), "decisions": decisions}
+    first = out.get(str(counts[0]))
+    if first:
+        for workers in counts:
+            out[str(workers)]["over_first"] = round(out[str(workers)]["median_us"] / first["median_us"], 2)
+    return out
+
+
 def run_fleet(
     requests: Sequence[TraceRequest], core: Any, counts, rounds: int, passes: int, rng
 ) -> dict[str, Any]:
@@ -1198,9 +1254,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--only",
-        choices=("prune", "remove", "fleet", "memory"),
+        choices=("prune", "remove", "fleet", "live", "memory"),
         default=None,
-        help="run only the prune, the removal, the fleet or the memory section",
+        help="run only the prune, the removal, the fleet (live: as live traffic) or the memory section",
     )
     p.add_argument("--memory-child", choices=("ours", "dynamo"), default=None, help=argparse.SUPPRESS)
     p.add_argument("--memory-requests", type=int, default=None, help=argparse.SUPPRESS)
@@ -1240,6 +1296,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"loading {args.trace}")
     requests = load_trace(args.trace)
     mem_count = 1000 if args.quick else None
+    if args.only == "live":
+        counts = FLEET_COUNTS if args.workers == "16,64" else args.worker_counts
+        live = run_fleet_live(counts, LIVE_DECISIONS // 4 if args.quick else LIVE_DECISIONS, args.seed)
+        env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        json.dump({"benchmark": "router", "env": env, "fleet_live": live}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     if args.only == "memory":
         memory = run_memory(requests[:mem_count], workers)
         memory["rss"] = run_memory_rss(args.trace, workers, mem_count, core is not None)
