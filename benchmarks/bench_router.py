@@ -50,7 +50,7 @@ import sys
 import time
 import tracemalloc
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,10 +219,9 @@ def build_dynamo(core: Any, payloads: Sequence[tuple[int, bytes]]) -> tuple[Any,
     return tree, clock() - start, per_event
 
 
-def dynamo_payloads(events: Sequence[BlocksStored]) -> list[tuple[int, bytes]]:
+def iter_dynamo_payloads(events: Iterable[BlocksStored]) -> Iterator[tuple[int, bytes]]:
     """Dynamo's KvCacheEvent JSON per event, consecutive event ids per worker."""
     next_id: dict[int, int] = defaultdict(int)
-    out = []
     for ev in events:
         wid = int(ev.worker.worker_id)
         blocks = [{"block_hash": b.engine_hash, "tokens_hash": b.local_hash} for b in ev.blocks]
@@ -232,8 +231,11 @@ def dynamo_payloads(events: Sequence[BlocksStored]) -> list[tuple[int, bytes]]:
             "dp_rank": 0,
         }
         next_id[wid] += 1
-        out.append((wid, json.dumps(body, separators=(",", ":")).encode()))
-    return out
+        yield wid, json.dumps(body, separators=(",", ":")).encode()
+
+
+def dynamo_payloads(events: Sequence[BlocksStored]) -> list[tuple[int, bytes]]:
+    return list(iter_dynamo_payloads(events))
 
 
 def throughput(total_ns: Sequence[int], events: int, blocks: int, per_event: list[int]) -> dict[str, Any]:
@@ -821,6 +823,17 @@ def run_best_worker(requests, events, counts, rounds, passes, rng, quick) -> dic
 # --- 4: memory ---------------------------------------------------------------------------------
 
 
+def memory_events(requests: Sequence[TraceRequest], workers: int) -> Iterator[BlocksStored]:
+    """`run_memory`'s layout as events, hashed one request at a time (nothing else stays alive)."""
+    second = max(1, workers // 2)
+    for i, r in enumerate(requests):
+        tokens = r.token_array()
+        for worker in (i % workers, workers + i % second):
+            local = compute_block_hashes(tokens, ENGINE_BLOCK_SIZE)
+            seq = compute_sequence_hashes(local)
+            yield BlocksStored(Worker(worker), tuple(map(StoredBlock, seq, local)), None)
+
+
 def run_memory(requests: Sequence[TraceRequest], workers: int) -> dict[str, Any]:
     """Request i stored on worker i % W and again on worker W + i % (W/2), hashed inside tracing.
 
@@ -831,14 +844,8 @@ def run_memory(requests: Sequence[TraceRequest], workers: int) -> dict[str, Any]
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     tree = RadixTree()
-    second = max(1, workers // 2)
-    for i, r in enumerate(requests):
-        tokens = r.token_array()
-        for worker in (i % workers, workers + i % second):
-            local = compute_block_hashes(tokens, ENGINE_BLOCK_SIZE)
-            seq = compute_sequence_hashes(local)
-            tree.apply_event(BlocksStored(Worker(worker), tuple(map(StoredBlock, seq, local)), None))
-        del tokens, local, seq
+    for ev in memory_events(requests, workers):
+        tree.apply_event(ev)
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
@@ -850,24 +857,13 @@ def run_memory(requests: Sequence[TraceRequest], workers: int) -> dict[str, Any]
         "workers": len(tree.workers()),
         "layout": (
             f"{len(requests)} trace requests, request i on worker i % {workers} and again on worker "
-            f"{workers} + i % {second}: shared prefixes across workers plus private suffixes"
+            f"{workers} + i % {max(1, workers // 2)}: shared prefixes across workers plus private suffixes"
         ),
         "traced_bytes": used,
         "bytes_per_entry": round(used / entries, 1),
         "mib_per_million_entries": round(used / entries * 1e6 / 2**20, 1),
         "bytes_per_node": round(used / max(1, tree.num_nodes), 1),
     }
-
-
-def memory_events(requests: Sequence[TraceRequest], workers: int) -> Iterator[BlocksStored]:
-    """`run_memory`'s layout as events, hashed one request at a time (nothing else stays alive)."""
-    second = max(1, workers // 2)
-    for i, r in enumerate(requests):
-        tokens = r.token_array()
-        for worker in (i % workers, workers + i % second):
-            local = compute_block_hashes(tokens, ENGINE_BLOCK_SIZE)
-            seq = compute_sequence_hashes(local)
-            yield BlocksStored(Worker(worker), tuple(map(StoredBlock, seq, local)), None)
 
 
 def _rss_bytes() -> int:
@@ -890,13 +886,8 @@ def memory_child(kind: str, trace: Path, workers: int, count: int | None) -> dic
         if core is None:
             return {"error": reason}
         tree = core.RadixTree()
-        next_id: dict[int, int] = defaultdict(int)
-        for ev in memory_events(requests, workers):
-            wid = int(ev.worker.worker_id)
-            blocks = [{"block_hash": b.engine_hash, "tokens_hash": b.local_hash} for b in ev.blocks]
-            body = {"event_id": next_id[wid], "data": {"stored": {"parent_hash": None, "blocks": blocks}}}
-            next_id[wid] += 1
-            tree.apply_event(wid, json.dumps(body, separators=(",", ":")).encode())
+        for wid, body in iter_dynamo_payloads(memory_events(requests, workers)):
+            tree.apply_event(wid, body)
         tree.find_matches([0])  # queued behind every event, should the binding apply them asynchronously
     gc.collect()
     used = _rss_bytes() - base
