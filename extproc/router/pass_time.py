@@ -267,10 +267,9 @@ class PassTimeLearner(Generic[K]):
             self._sum_w -= w
             self._sum_wm -= w * stats.mean
             self._sum_wv -= w * stats.var
-            if not self._stats:
-                self._sum_w = self._sum_wm = self._sum_wv = 0.0
-                self._observations = 0
             if self._stats:
                 self._settle_fleet()
-            else:
+            else:  # nobody left: start over (no float residue in the sums)
+                self._sum_w = self._sum_wm = self._sum_wv = 0.0
+                self._observations = 0
                 self._fleet_timing, self._fleet_used = self._base, 0.0
