@@ -334,14 +334,13 @@ def test_a_first_token_retimes_the_prompts_still_queued():
             seqs.free(f"warm{k}")
 
     probe, probe_clock = timed(learn_prefill_timing=True)
-    for quiet in range(
-        WINDOW_SAMPLES
-    ):  # first tokens the configured model absorbs, then the one that moves it
+
+    def moves() -> bool:  # one more slow first token: does the model move now?
         warm(probe, probe_clock, 1)
-        if probe.learned_pass_time(W).scale != 1.0:  # type: ignore[union-attr]
-            break
-    else:
-        pytest.fail(f"{WINDOW_SAMPLES} first tokens twice as slow never moved the model")
+        return probe.learned_pass_time(W).scale != 1.0  # type: ignore[union-attr]
+
+    quiet = next((n for n in range(WINDOW_SAMPLES) if moves()), None)  # first tokens absorbed
+    assert quiet is not None, f"{WINDOW_SAMPLES} first tokens twice as slow never moved the model"
 
     def left_of_b(learn: bool) -> int:
         seqs, clock = timed(learn_prefill_timing=learn)
