@@ -39,8 +39,11 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 HEALTH = PickerHealth()  # the defaults: checks every 1 s, out after 2 failures, back after 1 pass
 DETECTION_S = detection_s(HEALTH)
 REPLICAS = 3
-LOOPS = 4  # clients sending one request after another
-PACE_S = 0.02  # between a loop's requests: about 200 requests/s in all, not synchronisation
+# Clients sending one request after another, unpaced (about 500 requests/s here): enough that
+# streams arrive in the instant a replica starts draining, which its gRPC server answers CANCELLED
+# (Envoy retries them only with `cancelled` in retry_on: 7 to 12 such 503s per run before).
+LOOPS = 24
+PACE_S = 0.0
 HELD = 6  # requests the worker holds (no answer yet), spread over the replicas' ext_proc streams
 BODY = json.dumps({"model": MODEL, "prompt": "which replica?", "max_tokens": 1}).encode()
 TIMEOUT = aiohttp.ClientTimeout(total=30)
