@@ -139,6 +139,7 @@ class PickerConfig:
     engine_metrics: EngineMetricsConfig = field(default_factory=EngineMetricsConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     shutdown_grace_s: float = 25.0  # SIGTERM: in-flight ext_proc streams get this long to finish
+    shutdown_delay_s: float = 0.0  # SIGTERM: new streams still routed this long (not ready meanwhile)
     config_path: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     notices: tuple[str, ...] = ()  # one line each for knobs accepted but not applied (logged at startup)
@@ -273,6 +274,7 @@ def load_config(
         engine_metrics=engine_metrics_config,
         tls=own.tls,
         shutdown_grace_s=own.shutdown_grace_s,
+        shutdown_delay_s=own.shutdown_delay_s,
         config_path=str(config_path) if config_path else None,
         notices=notices,
     )

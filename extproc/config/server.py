@@ -6,6 +6,7 @@ The file section is `picker:` (which also holds the router-group flags, groups.p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,7 +264,19 @@ SHUTDOWN_GRACE_SECS = Option(
     "(30 in gateway/base). 0 cancels at once.",
 )
 
-SHUTDOWN_OPTIONS: tuple[Option[Any], ...] = (SHUTDOWN_GRACE_SECS,)
+SHUTDOWN_DELAY_SECS = Option(
+    "--shutdown-delay-secs",
+    float,
+    0.0,
+    "On SIGTERM: report not ready at once but keep routing new ext_proc streams for this long before "
+    "refusing them (and before the --shutdown-grace-secs drain), so that load balancers and the "
+    "gateway take this replica out first: a stream that reaches a stopping gRPC server is answered "
+    "CANCELLED, a 503 for its client unless the gateway retries it. Set it to the time your gateway "
+    "needs to notice (Envoy's health checks: interval x unhealthy threshold; Kubernetes: endpoint "
+    "removal, a few seconds); the ports stay bound meanwhile. 0 (default): refuse at once.",
+)
+
+SHUTDOWN_OPTIONS: tuple[Option[Any], ...] = (SHUTDOWN_DELAY_SECS, SHUTDOWN_GRACE_SECS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +312,7 @@ class ServerConfig:
     log_level: str
     tls: TlsConfig
     shutdown_grace_s: float
+    shutdown_delay_s: float
 
 
 def read_server(reader: Reader) -> ServerConfig:
@@ -348,6 +362,9 @@ def read_server(reader: Reader) -> ServerConfig:
     tls = read_server_tls(reader)
     shutdown_grace_secs = read(SHUTDOWN_GRACE_SECS)
     check_at_least_zero("shutdown-grace-secs", shutdown_grace_secs)
+    shutdown_delay_secs = read(SHUTDOWN_DELAY_SECS)
+    if not 0 <= shutdown_delay_secs < math.inf:  # NaN or inf would hold the stop until a second signal
+        raise ConfigError(f"invalid shutdown-delay-secs={shutdown_delay_secs}: expected a finite number >= 0")
     return ServerConfig(
         host=host,
         port=port,
@@ -378,6 +395,7 @@ def read_server(reader: Reader) -> ServerConfig:
         log_level=log_level,
         tls=tls,
         shutdown_grace_s=shutdown_grace_secs,
+        shutdown_delay_s=shutdown_delay_secs,
     )
 
 

@@ -12,7 +12,9 @@ Listening (every address defaults to 127.0.0.1; `--host` / `--admin-host` widen 
     admin HTTP        --admin-host:--admin-port        plaintext; off by default; mutating endpoints
                                                        need --admin-token
 
-Graceful shutdown (`RunningPicker.stop`, on SIGTERM or SIGINT): every listening port closes at
+Graceful shutdown (`RunningPicker.stop`, on SIGTERM or SIGINT): with `--shutdown-delay-secs`, the
+picker first reports not ready while it still routes new streams for that long (the gateway takes
+it out before it refuses anything); then every listening port closes at
 once, so that a replacement can start on the same ports while this process drains; in-flight
 ext_proc and group API calls get `--shutdown-grace-secs` to finish and are then cancelled (the
 service frees their requests; Envoy with failure_mode_allow carries on without the picker), then
@@ -36,6 +38,7 @@ of the same user could take a share of the port; gRPC's default SO_REUSEPORT sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -101,12 +104,18 @@ class RunningPicker:
     group_api: GroupApiServer | None = None  # --group-api-port: this picker's routers as a router group
     tls: str = "plaintext"  # how ext_proc and the group API listen (tls.describe)
 
-    async def stop(self, grace_s: float = 5.0, *, cut_short: asyncio.Event | None = None) -> DrainReport:
-        """Stop gracefully: not ready and every listener closed at once, in-flight ext_proc streams
-        given `grace_s` seconds (or until `cut_short` is set) to finish, the rest cancelled; then the
-        admin server, discovery, the engine metrics scraper, the event sources and the picker stop."""
+    async def stop(
+        self, grace_s: float = 5.0, *, delay_s: float = 0.0, cut_short: asyncio.Event | None = None
+    ) -> DrainReport:
+        """Stop gracefully: not ready at once; new ext_proc streams still routed for `delay_s`
+        seconds (cut short by `cut_short`); then every listener closed at once, in-flight ext_proc
+        streams given `grace_s` seconds (or until `cut_short` is set) to finish, the rest cancelled;
+        then the admin server, discovery, the engine metrics scraper, the event sources and the
+        picker stop."""
         started = time.monotonic()
         await self._report_draining()
+        if delay_s > 0:
+            await self._serve_not_ready(delay_s, cut_short)
         await self._release_side_ports()
         draining, cancelled = await self._drain(grace_s, cut_short)
         if self.admin is not None:
@@ -148,6 +157,23 @@ class RunningPicker:
         if draining and not cancelled:
             log.info("all %d in-flight ext_proc streams finished", draining)
         return draining, cancelled
+
+    async def _serve_not_ready(self, delay_s: float, cut_short: asyncio.Event | None) -> None:
+        """Keep every server up for `delay_s` while health says NOT_SERVING: load balancers and the
+        gateway stop sending here, and what they still send is routed, not refused."""
+        log.info(
+            "not ready; still routing new ext_proc streams for %.1f s (--shutdown-delay-secs) so that "
+            "the gateway stops sending here first",
+            delay_s,
+        )
+        if cut_short is None:
+            await asyncio.sleep(delay_s)  # the delay itself: nothing to wait on but time
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay_s):
+                await cut_short.wait()
+        if cut_short.is_set():
+            log.warning("second signal: the shutdown delay is cut short")
 
     @staticmethod
     async def _stop_servers(servers: list[grpc.aio.Server], grace_s: float | None) -> None:
@@ -307,7 +333,11 @@ async def serve(config: PickerConfig, *, ports_file: str | None = None) -> None:
 
     def on_signal(name: str) -> None:
         if not stop.is_set():
-            log.info("%s: shutting down (grace %.0f s); not ready from now on", name, config.shutdown_grace_s)
+            delay = f"delay {config.shutdown_delay_s:g} s, " if config.shutdown_delay_s else ""
+            log.info(
+                "%s: shutting down (%sgrace %.0f s); not ready from now on",
+                name, delay, config.shutdown_grace_s,
+            )  # fmt: skip
             stop.set()
         else:
             log.warning("%s again: cancelling the remaining streams now", name)
@@ -317,7 +347,7 @@ async def serve(config: PickerConfig, *, ports_file: str | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig.name)
     await stop.wait()
-    report = await running.stop(config.shutdown_grace_s, cut_short=hurry)
+    report = await running.stop(config.shutdown_grace_s, delay_s=config.shutdown_delay_s, cut_short=hurry)
     log.info(
         "stopped in %.1f s: %d ext_proc streams were in flight, %d cancelled",
         report.seconds,

@@ -66,6 +66,9 @@ def test_env_beats_file_and_flags_beat_env(config_file):
         ([], {"DYN_ROUTER_TRACK_ACTIVE_BLOCKS": "maybe"}, "expected true or false"),
         (["--active-prefill-tokens-threshold-frac", "2"], {}, "fraction in [0, 1]"),
         (["--group-lease-secs", "0"], {}, "group-lease-secs=0.0: expected > 0"),
+        (["--shutdown-delay-secs", "-1"], {}, "shutdown-delay-secs=-1.0: expected a finite number >= 0"),
+        ([], {"DYN_SHUTDOWN_DELAY_SECS": "nan"}, "shutdown-delay-secs=nan: expected a finite number"),
+        (["--shutdown-delay-secs", "inf"], {}, "shutdown-delay-secs=inf: expected a finite number"),
     ],
 )
 def test_bad_values_name_the_setting_value_and_what_is_accepted(argv, env, message):
@@ -146,6 +149,12 @@ def test_plain_yaml_numbers_work_for_optional_numeric_settings(tmp_path):
     path.write_text("picker: {admin-port: 90.5}\n")
     with pytest.raises(ConfigError, match=r"admin-port=90\.5"):
         load_config(["--config", str(path)], environ={})
+
+
+def test_the_shutdown_delay_is_off_unless_set():
+    assert load_config([], environ={}).shutdown_delay_s == 0.0
+    assert load_config(["--shutdown-delay-secs", "3"], environ={}).shutdown_delay_s == 3.0
+    assert load_config([], environ={"DYN_SHUTDOWN_DELAY_SECS": "1.5"}).shutdown_delay_s == 1.5
 
 
 def test_the_group_lease_reaches_the_groups_config():

@@ -86,6 +86,7 @@ class PickerProcess:
         log_dir: Path,
         grace_s: float,
         side_ports: tuple[int, int, int] | None = None,
+        delay_s: float = 0.0,
     ) -> None:
         config = log_dir / "picker.yaml"
         config.write_text(
@@ -99,6 +100,7 @@ class PickerProcess:
             sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
             "--port", str(port), "--health-port", str(health), "--admin-port", str(admin),
             "--ports-file", str(ports_file), "--shutdown-grace-secs", str(grace_s),
+            "--shutdown-delay-secs", str(delay_s),
         ]  # fmt: skip
         if group_api is not None:
             argv += ["--group-api-port", str(group_api)]
@@ -307,6 +309,53 @@ async def test_streams_still_open_after_the_grace_are_cancelled_and_envoy_carrie
         assert "stopped in" in log and "1 cancelled" in log
     finally:
         picker.process.stop()
+
+
+async def test_with_a_shutdown_delay_new_streams_are_routed_while_not_ready_then_refused(
+    worker, envoy, client, picker_port, log_dir
+):
+    """`--shutdown-delay-secs`: after SIGTERM the picker says not ready at once but routes what still
+    arrives for that long (the gateway takes it out meanwhile), then closes its ports and drains."""
+    delay_s = 5.0
+    picker = await PickerProcess(worker, picker_port, log_dir, grace_s=20, delay_s=delay_s).start()
+    try:
+        await until(lambda: _routed(client, envoy), 10, "requests are routed by the picker")
+        signalled = time.monotonic()
+        picker.terminate()
+        await until(lambda: _not_ready(picker), 5, "readiness turns NOT_SERVING", picker.process)
+        # Within the delay: not ready (gRPC health, /readyz), every port open, new streams routed.
+        assert all(picker.listening.values()), picker.listening
+        with AdminConnection(picker.admin_port) as admin:
+            assert admin.get("/readyz")[0] == 503
+        for _ in range(3):
+            assert (await post(client, envoy))["headers"][DESTINATION] == worker.address
+        assert time.monotonic() - signalled < delay_s, "checked after the delay: nothing above was tested"
+        # Then the ports close (new streams refused: Envoy fails open) and it exits.
+        await until(lambda: not any(picker.listening.values()), delay_s + 10, "every port closes")
+        assert time.monotonic() - signalled >= delay_s
+        assert DESTINATION not in (await post(client, envoy))["headers"]
+        assert await picker.exit_code(within_s=15) == 0
+        assert "still routing new ext_proc streams for 5.0 s (--shutdown-delay-secs)" in picker.log()
+    finally:
+        picker.process.stop()
+
+
+async def test_a_second_signal_cuts_the_shutdown_delay_short(worker, envoy, client, picker_port, log_dir):
+    picker = await PickerProcess(worker, picker_port, log_dir, grace_s=20, delay_s=60).start()
+    try:
+        await until(lambda: _routed(client, envoy), 10, "requests are routed by the picker")
+        picker.terminate()
+        await until(lambda: _not_ready(picker), 5, "readiness turns NOT_SERVING", picker.process)
+        assert all(picker.listening.values())  # in the 60 s delay
+        picker.terminate()
+        assert await picker.exit_code(within_s=15) == 0  # not the 60 s
+        assert "second signal: the shutdown delay is cut short" in picker.log()
+    finally:
+        picker.process.stop()
+
+
+async def _not_ready(picker: PickerProcess) -> bool:
+    return await picker.health("readiness") == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 async def _routed(client: aiohttp.ClientSession, envoy: EnvoyUnderTest) -> bool:
