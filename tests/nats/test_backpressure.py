@@ -5,9 +5,10 @@ is read from its sockets). When the loop runs again nats.py hands the subscripti
 bound of messages and drops the rest as a slow consumer.
 - KV events: the pending queue never holds more than the bound, each drop is counted, and the
   loss shows as an event-id gap of the worker, counted; its known blocks are kept (a gap is not a
-  restart: the engine still holds them). A failure prints the subscriber's counters (disconnects,
-  reconnects, gaps): once in a few hundred runs under heavy load an id went back after the burst
-  (seen as a restart), not reproduced since.
+  restart: the engine still holds them). A failure prints the subscriber's counters: about once in
+  50-150 runs with three busy loops on the 2 cores an id goes back after the burst (e.g. event 273
+  after the first tail event 2040, 6 gaps, no disconnect or reconnect counted), which the subscriber
+  takes as a restarted publisher. Not explained yet (nats.py delivers one subscription in order).
 - Replica sync: a dropped message may be a free; once the messages before the drop are applied
   the other replicas' requests are forgotten, so no load leaks.
 """
@@ -118,7 +119,8 @@ async def test_a_nats_burst_beyond_the_bound_is_dropped_counted_and_seen_as_a_ga
         assert QUEUE // 2 < sink.observed_max <= QUEUE  # the queue filled up to the bound, never beyond
         # the loss shows as event-id gaps of that worker (counted), its known blocks are kept (a gap
         # is not a restart: the engine still holds them); the tail blocks that arrived are there
-        assert counters.drops[("nats", "7", "event-id-gap")] > 0 and not sink.resets, counters.snapshot()
+        seen = " ".join(f"{k}={v}" for k, v in sorted(counters.snapshot().items()))
+        assert counters.drops[("nats", "7", "event-id-gap")] > 0 and not sink.resets, seen
         arrived = [t for t in tails if held_for(router, t, worker) == 3]
         assert arrived and router.indexer.num_blocks(worker) >= 3 * len(arrived)
     finally:
