@@ -5,10 +5,8 @@ is read from its sockets). When the loop runs again nats.py hands the subscripti
 bound of messages and drops the rest as a slow consumer.
 - KV events: the pending queue never holds more than the bound, each drop is counted, and the
   loss shows as an event-id gap of the worker, counted; its known blocks are kept (a gap is not a
-  restart: the engine still holds them). A failure prints the subscriber's counters: about once in
-  50-150 runs with three busy loops on the 2 cores an id goes back after the burst (e.g. event 273
-  after the first tail event 2040, 6 gaps, no disconnect or reconnect counted), which the subscriber
-  takes as a restarted publisher. Not explained yet (nats.py delivers one subscription in order).
+  restart: the engine still holds them). The events after the burst come from the burst's own
+  connection (`ThreadPublisher`): NATS orders messages per publisher only.
 - Replica sync: a dropped message may be a free; once the messages before the drop are applied
   the other replicas' requests are forgotten, so no load leaks.
 """
@@ -17,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 import msgpack
 import nats
@@ -34,34 +33,57 @@ from .conftest import BLOCK_SIZE, PROBE_WORKER_BASE, connect, eventually, make_r
 
 QUEUE = 51  # --event-queue-size here; odd, so that a run of drops can begin with the free of a queued add
 HOLD_TIMEOUT_S = 20.0  # bound on how long the event loop is held while another thread publishes
+T = TypeVar("T")
 
 
-def publish_from_another_thread(url: str, subject: str, payloads: Sequence[bytes]) -> None:
-    """Publish and flush `payloads` on a connection of a new thread, blocking this event loop meanwhile
-    (the picker is busy: nothing is read from its sockets)."""
-    failure: list[BaseException] = []
+class ThreadPublisher:
+    """A NATS connection on an event loop of its own thread. `burst` publishes and flushes while
+    blocking the caller's event loop (a busy picker: nothing is read from its sockets); `publish`
+    sends later messages on the same connection.
 
-    async def publish() -> None:
-        nc = await nats.connect(url)
+    NATS orders messages per publishing connection only: a worker's later events must come from
+    the connection its burst came from. Sent from another connection, a later event overtook the
+    burst's last ones (event 2040 delivered between 535 and 536, about once in 50-150 runs with the
+    2 cores busy), which the subscriber rightly took as a restarted publisher."""
+
+    def __init__(self, url: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="burst-publisher", daemon=True)
+        self._thread.start()
         try:
+            self._nc = self._wait(nats.connect(url))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the publisher's loop, blocking this thread until it is done."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(HOLD_TIMEOUT_S)
+
+    def burst(self, subject: str, payloads: Sequence[bytes]) -> None:
+        async def publish_all() -> None:
             for payload in payloads:
-                await nc.publish(subject, payload)
-            await nc.flush()
-        finally:
-            await nc.close()
+                await self._nc.publish(subject, payload)
+            await self._nc.flush()
 
-    def run() -> None:
+        self._wait(publish_all())
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(self._nc.publish(subject, payload), self._loop)
+        )
+
+    def close(self) -> None:
         try:
-            asyncio.run(publish())
-        except BaseException as exc:
-            failure.append(exc)
+            self._wait(self._nc.close())
+        finally:
+            self._stop_loop()
 
-    thread = threading.Thread(target=run, name="burst-publisher")
-    thread.start()
-    thread.join(HOLD_TIMEOUT_S)
-    assert not thread.is_alive(), "the publisher thread did not finish"
-    if failure:
-        raise failure[0]
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(HOLD_TIMEOUT_S)
+        assert not self._thread.is_alive(), "the publisher thread did not stop"
+        self._loop.close()
 
 
 def stored_event(tokens: list[int], worker: Worker) -> BlocksStored:
@@ -86,6 +108,7 @@ async def test_a_nats_burst_beyond_the_bound_is_dropped_counted_and_seen_as_a_ga
     subscriber = NatsEventSubscriber(link, sink, subject, counters=counters, queue_size=QUEUE)
     sink.observe = lambda: subscriber.pending
     await subscriber.start()
+    burst = ThreadPublisher(nats_server.url)
     try:
         await prime_events(publisher.nc, subject, lambda: probes_seen(subscriber))
         # each chain is stored then removed: a dropped removal would leave blocks the worker no longer has
@@ -97,14 +120,14 @@ async def test_a_nats_burst_beyond_the_bound_is_dropped_counted_and_seen_as_a_ga
             for event in (stored, removed):
                 payloads.append(encode_event(7, event, event_id, 0))
                 event_id += 1
-        publish_from_another_thread(nats_server.url, subject, payloads)
+        burst.burst(subject, payloads)
         # more events until one gets through (the queue may still be full): a gap shows at the next
-        # event that arrives
+        # event that arrives; from the burst's connection, so that they come after it
         tails: list[list[int]] = []
 
         async def tail(_: int) -> None:
             tails.append(chain_tokens(10_000 + len(tails), 3))
-            await publisher.nc.publish(
+            await burst.publish(
                 subject, encode_event(7, stored_event(tails[-1], worker), event_id + len(tails) - 1, 0)
             )
 
@@ -124,6 +147,7 @@ async def test_a_nats_burst_beyond_the_bound_is_dropped_counted_and_seen_as_a_ga
         arrived = [t for t in tails if held_for(router, t, worker) == 3]
         assert arrived and router.indexer.num_blocks(worker) >= 3 * len(arrived)
     finally:
+        burst.close()
         await subscriber.stop()
         await link.close()
         await publisher.close()
@@ -153,7 +177,11 @@ async def test_dropped_replica_sync_messages_forget_the_other_replicas_requests(
         payloads = []
         for i in range(20 * QUEUE):  # every request added then freed: nothing is in flight at the end
             payloads += [add(f"r{i}", w7), message("free", f"r{i}")]
-        publish_from_another_thread(nats_server.url, subject, payloads)
+        burst = ThreadPublisher(nats_server.url)
+        try:
+            burst.burst(subject, payloads)
+        finally:
+            burst.close()
         # requests on another worker until one gets through (the queue may still be full)
         await prime(
             lambda n: other.nc.publish(subject, add(f"after{n}", w8)),
