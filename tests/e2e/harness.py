@@ -17,7 +17,8 @@ import itertools
 import json
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -27,7 +28,7 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from extproc.devstack.envoy_config import Variant, render_envoy_config
+from extproc.devstack.envoy_config import PickerHealth, Variant, render_envoy_config
 from extproc.devstack.procs import EnvoyProcess, ManagedProcess, start_envoy
 from extproc.runtime.ports_file import write_ports_file
 
@@ -253,6 +254,48 @@ def start_envoy_variant(
     config = render_envoy_config(variant, picker_address=picker_address, workers=workers, **render_args)
     log_path = log_dir / f"envoy-{variant}-{next(_envoy_ids)}.log"
     return EnvoyUnderTest(variant=variant, process=start_envoy(config, log_path=log_path))
+
+
+@contextmanager
+def serve_replicas(
+    worker: EchoWorker, model: str, log_dir: Path, count: int, *flags: str
+) -> Iterator[list[ManagedProcess]]:
+    """`count` `python -m extproc serve` replicas for `worker` (static config, no KV events), each
+    on free ports it reports (ext_proc and health), logging to `replica-<i>.log`; `flags` go to
+    each. Stopped by pid on exit."""
+    config = log_dir / "picker.yaml"
+    config.write_text(json.dumps({"workers": [{"id": "w0", "endpoint": worker.address, "model": model}]}))
+    started: list[ManagedProcess] = []
+    try:
+        for index in range(count):
+            ports = log_dir / f"replica-{index}.ports.json"
+            argv = [
+                sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
+                "--port", "0", "--health-port", "0", "--ports-file", str(ports), *flags,
+            ]  # fmt: skip
+            started.append(ManagedProcess(argv, log_path=log_dir / f"replica-{index}.log", ports_file=ports))
+            started[-1].start()
+        for replica in started:
+            replica.ports(30.0)
+        yield started
+    finally:
+        for replica in started:
+            replica.stop()
+
+
+def start_envoy_over_replicas(
+    replicas: Sequence[ManagedProcess], health: PickerHealth, log_dir: Path
+) -> EnvoyUnderTest:
+    """The `buffered` variant whose endpoint_picker cluster lists `replicas` (ext_proc and health
+    ports as each reported them), with `health`'s checks, outlier detection and retry."""
+    return start_envoy_variant(
+        "buffered",
+        picker_address=[f"127.0.0.1:{r.ports()['port']}" for r in replicas],
+        picker_health_port=[r.ports()["health_port"] for r in replicas],
+        picker_health=health,
+        workers=[],
+        log_dir=log_dir,
+    )
 
 
 async def _serve_worker(port: int, ports_file: str | None) -> None:

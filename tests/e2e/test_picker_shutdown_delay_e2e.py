@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from extproc.devstack.procs import ManagedProcess
 from extproc.devstack.stack import MODEL
 
 from ..replica_helpers import Traffic, detection_s, picker_hosts, seconds, until, within
-from .harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
+from .harness import EchoWorker, EnvoyUnderTest, serve_replicas, start_echo_workers, start_envoy_over_replicas
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -59,37 +58,14 @@ async def worker() -> AsyncIterator[EchoWorker]:
 
 @pytest.fixture(scope="module")
 def replicas(worker: EchoWorker, log_dir: Path) -> Iterator[list[ManagedProcess]]:
-    config = log_dir / "picker.yaml"
-    config.write_text(json.dumps({"workers": [{"id": "w0", "endpoint": worker.address, "model": MODEL}]}))
-    started = []
-    try:
-        for index in range(2):
-            ports = log_dir / f"replica-{index}.ports.json"
-            argv = [
-                sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
-                "--port", "0", "--health-port", "0", "--ports-file", str(ports),
-                "--shutdown-delay-secs", str(DELAY_S), "--shutdown-grace-secs", "10",
-            ]  # fmt: skip
-            started.append(ManagedProcess(argv, log_path=log_dir / f"replica-{index}.log", ports_file=ports))
-            started[-1].start()
-        for replica in started:
-            replica.ports(30.0)
+    flags = ("--shutdown-delay-secs", str(DELAY_S), "--shutdown-grace-secs", "10")
+    with serve_replicas(worker, MODEL, log_dir, 2, *flags) as started:
         yield started
-    finally:
-        for replica in started:
-            replica.stop()
 
 
 @pytest.fixture(scope="module")
 def envoy(replicas: list[ManagedProcess], log_dir: Path) -> Iterator[EnvoyUnderTest]:
-    started = start_envoy_variant(
-        "buffered",
-        picker_address=[f"127.0.0.1:{r.ports()['port']}" for r in replicas],
-        picker_health_port=[r.ports()["health_port"] for r in replicas],
-        picker_health=HEALTH,
-        workers=[],
-        log_dir=log_dir,
-    )
+    started = start_envoy_over_replicas(replicas, HEALTH, log_dir)
     yield started
     started.stop()
 
