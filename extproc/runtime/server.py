@@ -166,13 +166,11 @@ class RunningPicker:
             "the gateway stops sending here first",
             delay_s,
         )
-        if cut_short is None:
-            await asyncio.sleep(delay_s)  # the delay itself: nothing to wait on but time
-            return
+        hurry = cut_short if cut_short is not None else asyncio.Event()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay_s):
-                await cut_short.wait()
-        if cut_short.is_set():
+                await hurry.wait()
+        if hurry.is_set():
             log.warning("second signal: the shutdown delay is cut short")
 
     @staticmethod
