@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
 import bench_extproc as bx  # noqa: E402  (benchmarks/ is not a package)
+
+from extproc.devstack.procs import ManagedProcess  # noqa: E402
+from extproc.runtime.ports_file import write_ports_file  # noqa: E402
 
 SETUPS = ("noop", "stub", "picker")
 
@@ -88,7 +90,7 @@ def serve(kind: str, ports_file: str, burn_us: int) -> None:
         pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        Path(ports_file).write_text(json.dumps({"port": port}))
+        write_ports_file(ports_file, {"port": port})
         await server.wait_for_termination()
 
     asyncio.run(main())
@@ -136,25 +138,17 @@ def thread_cpu_ns(pid: int) -> dict[str, int]:
 
 def measure(kind: str, bodies: list[bytes], args: argparse.Namespace, log_dir: Path) -> dict[str, float]:
     ports_file = log_dir / f"{kind}.ports.json"
-    ports_file.unlink(missing_ok=True)
     argv = [sys.executable, __file__, "--serve", kind, "--ports-file", str(ports_file)]
     argv += ["--burn-us", str(args.burn_us)]
-    with open(log_dir / f"{kind}.log", "wb") as server_log:
-        process = subprocess.Popen(argv, stdout=server_log, stderr=subprocess.STDOUT)
+    server = ManagedProcess(argv, log_path=log_dir / f"{kind}.log", ports_file=ports_file).start()
     try:
-        deadline = time.monotonic() + 30
-        while not ports_file.exists() or not ports_file.read_text():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{kind} server did not start; see {log_dir / f'{kind}.log'}")
-            time.sleep(0.05)  # a child starting: no event to wait on
-        port = json.loads(ports_file.read_text())["port"]
+        port = server.ports(30.0)["port"]
         asyncio.run(drive(port, bodies, args.warmup, args.concurrency))
-        before = thread_cpu_ns(process.pid)
+        before = thread_cpu_ns(server.pid)
         asyncio.run(drive(port, bodies, args.streams, args.concurrency))
-        after = thread_cpu_ns(process.pid)
+        after = thread_cpu_ns(server.pid)
     finally:
-        process.terminate()
-        process.wait(10)
+        server.stop()
     per_thread = {name: (after[name] - before.get(name, 0)) / args.streams / 1e3 for name in after}
     per_thread = {name: round(us, 1) for name, us in per_thread.items() if us >= 0.5}
     return {"total_us": round(sum(per_thread.values()), 1), **per_thread}
