@@ -227,7 +227,8 @@ class RoutingClient:
         path, body = _openai_body(model, messages, prompt, fields, stream=False)
         call = _Call(router_override, request_id, headers)
         pick, response = await self._route_and_send(path, body, call)
-        self.picker.first_token(pick)  # the answer is whole: the prompt is long prefilled
+        # the answer is whole: the prompt is long prefilled, and now is not the first token's time
+        self.picker.first_token(pick, at_first_token=False)
         cause = "cancelled"
         try:
             raw = await response.read()

@@ -57,13 +57,13 @@ def request_body(data: bytes, end_of_stream=True):
     return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=end_of_stream))
 
 
-def response_headers(status="200", end_of_stream=False):
+def response_headers(status="200", end_of_stream=False, content_type: str | None = None):
+    headers = [base_pb2.HeaderValue(key=":status", raw_value=status.encode())]
+    if content_type is not None:
+        headers.append(base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()))
     return pb.ProcessingRequest(
         response_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[base_pb2.HeaderValue(key=":status", raw_value=status.encode())]
-            ),
-            end_of_stream=end_of_stream,
+            headers=base_pb2.HeaderMap(headers=headers), end_of_stream=end_of_stream
         )
     )
 

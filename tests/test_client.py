@@ -194,6 +194,22 @@ async def test_completion_stream_and_non_streamed_complete():
     assert answer["choices"][0]["message"]["content"] == " tok" * 3
 
 
+async def test_a_non_streamed_answer_teaches_the_pass_time_model_nothing():
+    """`complete` sees the answer only whole: that is no time to first token (the default timing model
+    learns from those); `generate`'s first chunk is one."""
+    async with routed_workers(1, speedup=20.0) as (_, client):
+        router = client.picker.pools[MODEL].router
+        (worker,) = router.workers()
+        assert router.config.learn_prefill_timing
+        for i in range(3):
+            await client.complete(model=MODEL, messages=chat(f"Summarize {i}."), max_tokens=16)
+        assert router.sequences.learned_pass_time(worker) is None
+        async for _ in client.generate(model=MODEL, messages=chat("Summarize again."), max_tokens=16):
+            pass
+        learned = router.sequences.learned_pass_time(worker)
+        assert learned is not None and learned.samples == 1
+
+
 async def test_a_malformed_call_raises_before_anything_is_sent():
     async with routed_workers(1) as (_, client):
         with pytest.raises(ValueError, match="exactly one of messages"):

@@ -91,7 +91,11 @@ PAIRS = [
         narrowed("dump_events.include_predicted"),
     ),
     Pair("extproc.events.durable:TreeSource", "extproc.events.sources:_AllRouters"),
-    Pair("extproc.events.replica_sync:SyncedRouter", "extproc.router:KvRouter"),
+    Pair(  # replica sync marks only other replicas' requests, which teach no pass time (add_request)
+        "extproc.events.replica_sync:SyncedRouter",
+        "extproc.router:KvRouter",
+        narrowed("mark_prefill_complete.at_first_token"),
+    ),
     Pair("extproc.events.replica_sync:SyncedRouter", "extproc.events.sources:_AllRouters"),
     # picker/
     Pair("extproc.picker.pipeline:WorkerSetListener", "extproc.events.sources:WorkerSetFollower"),

@@ -20,7 +20,10 @@ answers are built by `epp.answers`.
 
 Lifecycle: the first response body chunk marks prefill complete; the end of the response, a
 non-2xx status, a reset or a cancelled stream frees the request. The `finally` frees whatever
-ended the stream, exactly once.
+ended the stream, exactly once. A 2xx answer whose content type is not `text/event-stream` (a
+non-streamed request's JSON) comes whole, when generation is over: its first chunk still ends the
+prompt's load, but is marked as not the first token, so the learned pass-time model (the default
+`timing` prefill load model) does not take the whole answer's time for a time to first token.
 
 Output tokens (`--router-track-output-blocks`, a picker whose `tracks_output_blocks` is true): each
 2xx response body chunk of a tracked request goes through `epp.output_tokens.OutputTokens` (SSE
@@ -92,7 +95,7 @@ class Picker(Protocol):
         on_queued: Callable[[float], None] | None = None,
     ) -> Pick: ...
 
-    def first_token(self, pick: Pick) -> None: ...
+    def first_token(self, pick: Pick, *, at_first_token: bool = True) -> None: ...
 
     def finish(self, pick: Pick, cause: str) -> None: ...
 
@@ -135,6 +138,9 @@ class _Stream:
     body: bytearray = field(default_factory=bytearray)
     pick: Pick | None = None
     first_token_seen: bool = False
+    # False once the response headers name a type other than an event stream: a whole answer (a
+    # non-streamed request), whose first chunk comes when generation is over, not at the first token
+    chunks_are_tokens: bool = True
     output: OutputTokens | None = None  # counting generated tokens (output-block tracking)
     output_reported: int = 0  # tokens per sequence told to the picker
     output_sequences: int = 1  # sequences told to the picker
@@ -434,8 +440,13 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             self._free(stream, f"upstream_status_{status}")
         elif headers.end_of_stream:
             self._free(stream, "complete")
-        elif pick is not None and pick.tracked and self.output is not None and not stream.freed:
-            stream.output = OutputTokens(_header(headers, "content-type"))
+        elif pick is not None and pick.tracked and not stream.freed:
+            content_type = _header(headers, "content-type")
+            stream.chunks_are_tokens = not content_type or content_type.lower().startswith(
+                "text/event-stream"
+            )
+            if self.output is not None:
+                stream.output = OutputTokens(content_type)
         stream.phase = Phase.RESPONSE_BODY
         if pick is None:
             return epp.CONTINUE_RESPONSE_HEADERS
@@ -451,7 +462,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         pick = stream.pick
         if pick is not None and not stream.first_token_seen and not stream.freed:
             stream.first_token_seen = True
-            self.picker.first_token(pick)
+            self.picker.first_token(pick, at_first_token=stream.chunks_are_tokens)
         if stream.output is not None:
             self._count_output(stream, body.body, end=body.end_of_stream)
         if body.end_of_stream:

@@ -185,9 +185,11 @@ class RemoteGroup:
 
     # --- lifecycle (never waits, never raises) ---------------------------------------------
 
-    def mark_prefill_complete(self, model: str, request_id: str) -> None:
+    def mark_prefill_complete(self, model: str, request_id: str, *, at_first_token: bool = True) -> None:
         if request_id in self._live:
-            message = pb.LifecycleRequest(model=model, request_id=request_id)
+            message = pb.LifecycleRequest(
+                model=model, request_id=request_id, after_first_token=not at_first_token
+            )
             call = self._retried("prefill_complete", self._stub.MarkPrefillComplete, message)
             self._spawn(request_id, call)
 

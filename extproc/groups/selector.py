@@ -253,11 +253,14 @@ class GroupSelector:
         """Requests committed and not yet freed."""
         return len(self._owned)
 
-    def first_token(self, request_id: str) -> None:
-        """The request's first token arrived: tell its group (a remote one in the background)."""
+    def first_token(self, request_id: str, *, at_first_token: bool = True) -> None:
+        """The request's first token arrived: tell its group (a remote one in the background).
+        `at_first_token` False: seen only later (a non-streamed answer), not a time to learn from."""
         owned = self._owned.get(request_id)
         if owned is not None:
-            owned.group.mark_prefill_complete(owned.model, owned.group_request_id)
+            owned.group.mark_prefill_complete(
+                owned.model, owned.group_request_id, at_first_token=at_first_token
+            )
 
     def output_tokens(self, request_id: str, count: int, sequences: int) -> None:
         """`count` more tokens generated per sequence, of `sequences`: tell its group."""

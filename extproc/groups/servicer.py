@@ -58,7 +58,7 @@ class ServedGroup(Protocol):
 
     def commit_now(self, request: GroupRequest, request_id: str, worker: Worker | None) -> GroupDecision: ...
 
-    def first_token(self, request_id: str) -> bool: ...
+    def first_token(self, request_id: str, *, at_first_token: bool = True) -> bool: ...
 
     def finish(self, request_id: str, status: int | None = None) -> bool: ...
 
@@ -108,7 +108,8 @@ class RouterGroupServicer(pb_grpc.RouterGroupServicer):
     async def MarkPrefillComplete(
         self, request: pb.LifecycleRequest, context: grpc.aio.ServicerContext
     ) -> pb.LifecycleResponse:
-        return pb.LifecycleResponse(known=self.group.first_token(request.request_id))
+        known = self.group.first_token(request.request_id, at_first_token=not request.after_first_token)
+        return pb.LifecycleResponse(known=known)
 
     async def Free(
         self, request: pb.LifecycleRequest, context: grpc.aio.ServicerContext

@@ -162,8 +162,9 @@ class RouterGroup(Protocol):
 
     async def potential_loads(self, request: GroupRequest) -> GroupLoads: ...
 
-    def mark_prefill_complete(self, model: str, request_id: str) -> None:
-        """The request's first token arrived: its prompt no longer loads prefill."""
+    def mark_prefill_complete(self, model: str, request_id: str, *, at_first_token: bool = True) -> None:
+        """The request's first token arrived: its prompt no longer loads prefill. `at_first_token`
+        False: the call comes later (a non-streamed answer, seen whole): no pass time is learned."""
         ...
 
     def add_output_tokens(self, model: str, request_id: str, count: int, sequences: int) -> None:

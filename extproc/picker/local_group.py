@@ -240,19 +240,22 @@ class LocalGroup:
     def in_flight(self) -> int:
         return len(self._tracked)
 
-    def mark_prefill_complete(self, model: str, request_id: str) -> None:
-        self.first_token(request_id)
+    def mark_prefill_complete(self, model: str, request_id: str, *, at_first_token: bool = True) -> None:
+        self.first_token(request_id, at_first_token=at_first_token)
 
-    def first_token(self, request_id: str) -> bool:
-        """The request's first token arrived: its prompt is prefilled. False if nothing changed."""
+    def first_token(self, request_id: str, *, at_first_token: bool = True) -> bool:
+        """The request's first token arrived: its prompt is prefilled. False if nothing changed.
+        `at_first_token` False: seen later (a non-streamed answer), nothing is learned from its time."""
         routed = self._tracked.get(request_id)
         if routed is None:
             return False
         pool = self.pools[routed.model]
-        if routed.prefill_worker is not None:  # the prefill worker's share ends too
+        if routed.prefill_worker is not None:
+            # the prefill worker's share ends too; nothing is learned either way (the decode side's
+            # prompt was marked complete at the decision)
             changed = pool.disagg.first_token(request_id)
         else:
-            changed = pool.router.mark_prefill_complete(request_id)
+            changed = pool.router.mark_prefill_complete(request_id, at_first_token=at_first_token)
         if changed:
             for listener in self.listeners:
                 listener.on_prefill_complete(routed)

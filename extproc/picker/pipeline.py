@@ -410,10 +410,11 @@ class EndpointPicker:
             )  # fmt: skip
         return pick
 
-    def first_token(self, pick: Pick) -> None:
-        """The first response chunk arrived: the prompt is prefilled."""
+    def first_token(self, pick: Pick, *, at_first_token: bool = True) -> None:
+        """The first response chunk arrived: the prompt is prefilled. `at_first_token` False when that
+        chunk is not the first token (a non-streamed answer comes whole): its time is not learned from."""
         if pick.tracked:
-            self.selector.first_token(pick.request_id)
+            self.selector.first_token(pick.request_id, at_first_token=at_first_token)
             self._gates[pick.model].kick()
 
     @property

@@ -792,9 +792,11 @@ class KvRouter:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    def mark_prefill_complete(self, request_id: str) -> bool:
-        """The first token came back: the request's prompt no longer loads prefill."""
-        return self.sequences.mark_prefill_complete(request_id)
+    def mark_prefill_complete(self, request_id: str, *, at_first_token: bool = True) -> bool:
+        """The first token came back: the request's prompt no longer loads prefill. Pass
+        `at_first_token=False` when the call comes later (a non-streamed answer, seen only when
+        whole): its time then teaches the learned pass-time model nothing."""
+        return self.sequences.mark_prefill_complete(request_id, at_first_token=at_first_token)
 
     def add_output_tokens(self, request_id: str, count: int, *, sequences: int = 1) -> None:
         """`count` more tokens generated per sequence, of `sequences` (output-block tracking only)."""

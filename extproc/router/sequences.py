@@ -371,12 +371,16 @@ class ActiveSequences:
         if decay is not None and decay.remove(request_id, self._now_ms()) and not decay:
             del self._decays[worker]
 
-    def mark_prefill_complete(self, request_id: str) -> bool:
-        """The first token came back; False if unknown or already marked."""
+    def mark_prefill_complete(self, request_id: str, *, at_first_token: bool = True) -> bool:
+        """The first token came back; False if unknown or already marked. `at_first_token` False:
+        the call comes later than the first token (a non-streamed answer is seen only whole), so the
+        prompt's load ends but its time teaches the pass-time model nothing."""
         request = self._requests.get(request_id)
         if request is None or request.prefilled:
             return False
         request.prefilled = True
+        if not at_first_token:
+            request.predicted_ttft_ms = 0.0  # nothing to learn from
         if self._aic:
             if self._learner is not None and request.predicted_ttft_ms > 0:
                 observed = self._now_ms() - request.routed_ms

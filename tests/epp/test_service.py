@@ -89,6 +89,34 @@ async def test_full_lifecycle_marks_prefill_then_frees():
     assert [a async for a in stream] == []
 
 
+@pytest.mark.parametrize(
+    ("content_type", "at_first_token"),
+    [
+        ("application/json", False),  # a non-streamed answer comes whole: its first chunk ends it
+        ("application/json; charset=utf-8", False),
+        ("text/event-stream", True),  # vLLM, SGLang, Dynamo: the first event is the first token
+        ("Text/Event-Stream; charset=utf-8", True),
+        (None, True),  # no type said: taken as before, for the first token
+    ],
+)
+async def test_only_an_event_streams_first_chunk_is_taken_for_the_first_token(content_type, at_first_token):
+    picker, service = make_service()
+    seen: list[bool] = []
+    first_token = picker.first_token
+
+    def record(pick, *, at_first_token: bool = True) -> None:
+        seen.append(at_first_token)
+        first_token(pick, at_first_token=at_first_token)
+
+    picker.first_token = record
+    await run(service, [
+        request_headers(), request_body(chat_body("x" * 200)), response_headers(content_type=content_type),
+        response_body(b"{}"), response_body(b"", end_of_stream=True),
+    ])  # fmt: skip
+    assert seen == [at_first_token]  # once, for the first chunk
+    assert picker.is_idle()
+
+
 async def test_duplex_holds_headers_then_answers_with_mutation_and_echoes_the_body():
     picker, service = make_service()
     body = chat_body("y" * 150_000)

@@ -206,10 +206,10 @@ class RecordingPicker:
         self.open[id(chosen)] = chosen
         return chosen
 
-    def first_token(self, chosen: Pick) -> None:
+    def first_token(self, chosen: Pick, *, at_first_token: bool = True) -> None:
         if id(chosen) not in self.open:
             self.problems.append("first token of a finished request")
-        self.picker.first_token(chosen)
+        self.picker.first_token(chosen, at_first_token=at_first_token)
 
     def finish(self, chosen: Pick, cause: str) -> None:
         if self.open.pop(id(chosen), None) is None:

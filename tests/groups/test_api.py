@@ -76,6 +76,31 @@ async def test_commit_and_lifecycle_over_the_wire(served):
     assert picker.is_idle() and picker.local.in_flight() == 0
 
 
+async def test_a_prefill_complete_after_the_first_token_crosses_the_wire():
+    """A non-streamed answer's end (`at_first_token=False`) ends the prompt's load in the remote group
+    and teaches its pass-time model (the default timing model, learning) nothing; a first token does."""
+    picker = EndpointPicker(group_config("w", 2, prefill_load_model="timing", learn_prefill_timing=True))
+    api = await start_group_api(picker.local, "127.0.0.1", 0)
+    remote = RemoteGroup("g", f"127.0.0.1:{api.port}")
+    try:
+        router = picker.pools[MODEL].router
+        whole = await remote.commit(request(prompt(1)), "whole", None)
+        worker = whole.choice.worker
+        assert router.sequences.prefill_tokens(worker) > 0
+        remote.mark_prefill_complete(MODEL, "whole", at_first_token=False)
+        await remote.drain()
+        assert router.sequences.prefill_tokens(worker) == 0
+        assert router.sequences.learned_pass_time(worker) is None
+        remote.free(MODEL, "whole")
+        await remote.commit(request(prompt(1)), "streamed", worker)
+        remote.mark_prefill_complete(MODEL, "streamed")
+        await remote.drain()
+        assert router.sequences.learned_pass_time(worker) is not None
+    finally:
+        await remote.close()
+        await api.stop(0)
+
+
 async def test_commit_redecides_over_the_wire_when_the_probed_worker_left(served):
     picker, _, remote = served
     probe = await remote.probe(request(prompt(1)), timeout_s=1)

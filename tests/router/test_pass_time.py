@@ -160,6 +160,36 @@ def test_another_replicas_requests_teach_nothing():
     assert router.sequences.learned_pass_time(worker) is not None
 
 
+@pytest.mark.parametrize("model", ["timing", "aic"])
+def test_a_whole_answer_ends_the_prompts_load_but_teaches_nothing(model):
+    """A non-streamed answer is seen only when generation is over: its time is no time to first token.
+    Taken for one, every such answer would count as a stall of up to MAX_RATIO x the prediction."""
+    clock = FakeClock()
+    router = KvRouter(
+        RouterConfig(
+            block_size=16,
+            prefill_load_model=model,
+            learn_prefill_timing=True,
+            router_track_prefill_tokens=True,
+        ),
+        clock=clock,
+        workers=[WorkerSpec("w")],
+    )
+    worker = router.workers()[0]
+    for i in range(WINDOW_SAMPLES):
+        router.best_worker([i + 1] * 4000, request_id=f"whole{i}")
+        clock.advance(30.0)  # the answer's 2,000 tokens were generated before it was seen
+        assert router.mark_prefill_complete(f"whole{i}", at_first_token=False)
+        assert router.sequences.prefill_tokens(worker) == 0  # the prompt's load ended
+        router.free(f"whole{i}")
+    assert router.sequences.learned_pass_time(worker) is None
+    assert router.sequences.timing(worker) == router.config.prefill_timing
+    router.best_worker([7] * 4000, request_id="streamed")
+    clock.advance(0.5)
+    router.mark_prefill_complete("streamed")  # at the first token (the default)
+    assert router.sequences.learned_pass_time(worker) is not None
+
+
 # --- the fleet-pooled estimate (issue 24) ------------------------------------------------------------
 
 

@@ -134,14 +134,16 @@ class CommitResponse(_message.Message):
     def __init__(self, choice: _Optional[_Union[Choice, _Mapping]] = ..., request_id: _Optional[str] = ..., redecided: _Optional[bool] = ...) -> None: ...
 
 class LifecycleRequest(_message.Message):
-    __slots__ = ("model", "request_id", "status")
+    __slots__ = ("model", "request_id", "status", "after_first_token")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     model: str
     request_id: str
     status: int
-    def __init__(self, model: _Optional[str] = ..., request_id: _Optional[str] = ..., status: _Optional[int] = ...) -> None: ...
+    after_first_token: bool
+    def __init__(self, model: _Optional[str] = ..., request_id: _Optional[str] = ..., status: _Optional[int] = ..., after_first_token: _Optional[bool] = ...) -> None: ...
 
 class LifecycleResponse(_message.Message):
     __slots__ = ("known",)
