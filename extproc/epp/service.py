@@ -61,6 +61,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.epp import answers as epp
+from extproc.epp import responses_stream
 from extproc.epp.output_tokens import OutputTokens
 from extproc.errors import BodyTooLarge, PickerError, RequestInvalid, TooManyStreams
 from extproc.picker.pipeline import Pick
@@ -100,6 +101,8 @@ class Picker(Protocol):
     def finish(self, pick: Pick, cause: str) -> None: ...
 
     def answered(self, pick: Pick, status: int) -> None: ...
+
+    def response_stored(self, pick: Pick, response_id: str) -> None: ...
 
     def rejected(self, status: int, reason: str) -> None: ...
 
@@ -141,6 +144,7 @@ class _Stream:
     # False once the response headers name a type other than an event stream: a whole answer (a
     # non-streamed request), whose first chunk comes when generation is over, not at the first token
     chunks_are_tokens: bool = True
+    response_head: bytearray | None = None  # a Responses API answer's first bytes, until its id is read
     output: OutputTokens | None = None  # counting generated tokens (output-block tracking)
     output_reported: int = 0  # tokens per sequence told to the picker
     output_sequences: int = 1  # sequences told to the picker
@@ -445,6 +449,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             stream.chunks_are_tokens = not content_type or content_type.lower().startswith(
                 "text/event-stream"
             )
+            if pick.responses_api and pick.response_id is None:
+                stream.response_head = bytearray()
             if self.output is not None:
                 stream.output = OutputTokens(content_type)
         stream.phase = Phase.RESPONSE_BODY
@@ -460,7 +466,14 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
 
     def _on_response_body(self, stream: _Stream, body: pb.HttpBody) -> pb.ProcessingResponse:
         pick = stream.pick
-        if pick is not None and not stream.first_token_seen and not stream.freed:
+        if stream.response_head is not None and pick is not None:
+            self._read_response_id(stream, pick, body.body)
+        if (
+            pick is not None
+            and not stream.first_token_seen
+            and not stream.freed
+            and not (pick.responses_api and _before_generation(stream, body))
+        ):
             stream.first_token_seen = True
             self.picker.first_token(pick, at_first_token=stream.chunks_are_tokens)
         if stream.output is not None:
@@ -470,6 +483,17 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if stream.response_body_mode == DUPLEX:
             return epp.echo_response_chunk(body.body, body.end_of_stream)
         return epp.CONTINUE_RESPONSE_BODY
+
+    def _read_response_id(self, stream: _Stream, pick: Pick, data: bytes) -> None:
+        """Look for a Responses API answer's id in its first bytes; tell the picker once found."""
+        head = stream.response_head
+        assert head is not None
+        head += data[: responses_stream.MAX_ID_SCAN_BYTES - len(head)]
+        response_id = responses_stream.response_id(bytes(head))
+        if response_id is not None:
+            self.picker.response_stored(pick, response_id)
+        if response_id is not None or len(head) >= responses_stream.MAX_ID_SCAN_BYTES:
+            stream.response_head = None
 
     def _count_output(self, stream: _Stream, data: bytes, *, end: bool) -> None:
         """Count a response body chunk's tokens and tell the picker those new since the last one."""
@@ -514,6 +538,12 @@ def _status(headers: pb.HttpHeaders) -> str:
         if h.key == ":status" or h.key.lower() == ":status":
             status = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
     return status
+
+
+def _before_generation(stream: _Stream, body: pb.HttpBody) -> bool:
+    """A Responses API stream's chunk holding only `response.created` / `in_progress` (sent before
+    generation starts): not the first token."""
+    return stream.chunks_are_tokens and not body.end_of_stream and responses_stream.only_preamble(body.body)
 
 
 def _header(headers: pb.HttpHeaders, name: str) -> str:

@@ -59,9 +59,11 @@ from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
+from extproc.picker.response_homes import ResponseHomes
 from extproc.picker.worker_sessions import WorkerSessionCollector, WorkerSessions, session_timeout
 from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixCollector
-from extproc.request.parse import ParsedRequest, is_routable
+from extproc.request.parse import ParsedRequest, is_routable, route_of
+from extproc.request.responses import RESPONSES_PATH
 from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, RouterError, SessionPins, Worker
 from extproc.router.hashing import CHECKPOINT_TOKENS, PREFIX_CACHE, PromptTokens
 from extproc.tasks import cancel_and_wait
@@ -97,6 +99,8 @@ class Pick:
     session_pin: str | None = None  # the session pinned to `worker` once it answers 2xx (not on close)
     session_opened_on: str | None = None  # `endpoint`, when a worker session was opened there for it
     session_close_on: str | None = None  # `endpoint`, when its session is closed there once it ends
+    responses_api: bool = False  # POST /v1/responses: its answer's id is remembered (`response_stored`)
+    response_id: str | None = None  # that id when the request named it (vLLM's `request_id` field)
 
 
 class WorkerSetListener(Protocol):
@@ -164,6 +168,7 @@ class EndpointPicker:
             model: SessionPins(config.session_ttl_s, config.session_max_pins, on_drop=self._pin_left)
             for model in self._pools
         }
+        self.response_homes = ResponseHomes()  # Responses API: which worker stored which answer
         self._sweeper: asyncio.Task[None] | None = None
         self._gates = {
             model: AdmissionGate(
@@ -238,6 +243,7 @@ class EndpointPicker:
         added, removed = self.local.set_workers(model, workers)
         for wid in [*removed, *(w.id for w in added)]:
             self._sessions[model].drop_worker(wid, self.local.name)
+            self.response_homes.drop_worker(model, wid, self.local.name)
         if added or removed:
             for listener in self.worker_listeners:
                 listener.on_workers_changed(model, added, removed)
@@ -305,7 +311,9 @@ class EndpointPicker:
         session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
         worker_session = self._worker_session_action(request, session_id)
         tokens: Sequence[int] | None = None
-        if not parsed.has_prompt:
+        if request.load_only_reason is not None:
+            log.info("%s: %s: routing on load only", loggable(client_request_id), request.load_only_reason)
+        elif not parsed.has_prompt:
             log.warning(
                 "%s: its prompt holds more than %d JSON values: routing on load only",
                 loggable(client_request_id), self.bodies.max_prompt_values,
@@ -346,6 +354,8 @@ class EndpointPicker:
         if session_id:
             pin = self._sessions[request.model].get_pin(session_id, self._clock())
             pinned = (pin.group, pin.worker) if pin is not None else None
+        if request.previous_response_id is not None:  # its history is stored where it was answered
+            pinned = self._response_home(request, pinned)
         gate = self._gates[request.model]
         routed_at = time.perf_counter_ns()
         if not gate.enabled:  # what admit does without a queue, minus its entry and callbacks
@@ -394,6 +404,7 @@ class EndpointPicker:
             prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
             session_pin=session_pin, session_opened_on=opened_on,
             session_close_on=choice.endpoint if worker_session == "close" else None,
+            responses_api=request.responses_api, response_id=request.response_id,
         )  # fmt: skip
         self.metrics.observe_stages(timings)
         self.metrics.routed(request.model, choice.overlap_blocks, decision.best_overlap_blocks)
@@ -436,9 +447,18 @@ class EndpointPicker:
             self.metrics.finished(pick.model, cause)
             self._gates[pick.model].kick()
 
+    def response_stored(self, pick: Pick, response_id: str) -> None:
+        """A Responses API answer of `pick`'s worker carries `response_id`: what names it later goes there."""
+        if pick.responses_api and self.response_homes.remember(
+            response_id, pick.model, pick.worker, pick.endpoint, pick.group or "", self._clock()
+        ):
+            log.debug("response %s is stored on %s (%s)", loggable(response_id), pick.worker, pick.endpoint)
+
     def answered(self, pick: Pick, status: int) -> None:
         """The worker's response status arrived: count it, feed outlier ejection with it, and pin the
         request's session to the worker when it answered 2xx."""
+        if pick.response_id is not None and 200 <= status < 300:
+            self.response_stored(pick, pick.response_id)
         if pick.session_pin is not None and 200 <= status < 300:
             self._pin_session(pick, pick.session_pin)
         elif pick.session_opened_on is not None and pick.session_id and self.worker_sessions is not None:
@@ -465,9 +485,13 @@ class EndpointPicker:
 
     async def _pick_untracked(self, path: str, restrictions: list[list[str]], model: str | None) -> Pick:
         """Route on load alone, tracking nothing: to `model`'s workers, or without one to any worker
-        (every model's workers serve /v1/models, /health, ...), the models taken in turn."""
+        (every model's workers serve /v1/models, /health, ...), the models taken in turn. What names a
+        stored response (`/v1/responses/{id}[/...]`) goes to the worker that stored it, when known."""
         if not self._pools:
             raise NoEligibleWorker("no worker is configured")
+        stored = self._stored_response(path, restrictions)
+        if stored is not None:
+            return stored
         if model is not None and model not in self._pools:
             raise UnknownModel(model, list(self._pools))
         models = list(self._pools)
@@ -489,6 +513,33 @@ class EndpointPicker:
                      choice.endpoint)  # fmt: skip
             return Pick("", name, choice.worker, choice.endpoint, dict(choice.headers), group=group)
         raise AssertionError("unreachable: the last model's failure is raised")
+
+    def _response_home(
+        self, request: ParsedRequest, pinned: tuple[str, Worker] | None
+    ) -> tuple[str, Worker] | None:
+        """The worker storing the response a follow-up continues (it wins over a session's pin)."""
+        assert request.previous_response_id is not None
+        home = self.response_homes.get(request.previous_response_id, self._clock())
+        if home is None or home.model != request.model:
+            log.info(
+                "previous_response_id %s: no worker of %s is known to store it (unknown, lapsed or gone); "
+                "routed on load", loggable(request.previous_response_id), request.model,
+            )  # fmt: skip
+            return pinned
+        return (home.group, home.worker)
+
+    def _stored_response(self, path: str, restrictions: list[list[str]]) -> Pick | None:
+        """An untracked pick to the worker storing the response `path` names, or None."""
+        route = route_of(path)
+        if not route.startswith(RESPONSES_PATH + "/"):
+            return None
+        response_id = route[len(RESPONSES_PATH) + 1 :].partition("/")[0]
+        home = self.response_homes.get(response_id, self._clock()) if response_id else None
+        if home is None or any(home.endpoint not in allowed for allowed in restrictions):
+            return None
+        log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, 100), home.worker,
+                 home.endpoint)  # fmt: skip
+        return Pick("", home.model, home.worker, home.endpoint, {}, group=home.group)
 
     def _uncached_tokens(self, request: GroupRequest) -> int:
         """The queue's wspt estimate: the prompt minus its best cached prefix here."""

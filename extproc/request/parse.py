@@ -39,10 +39,11 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, NoReturn
 
 from extproc.errors import BodyTooLarge, RequestInvalid
+from extproc.request.responses import RESPONSES_PATH, to_chat_fields
 
 CHAT_PATH: Final = "/v1/chat/completions"
 COMPLETIONS_PATH: Final = "/v1/completions"
-ROUTABLE_PATHS: Final = frozenset({CHAT_PATH, COMPLETIONS_PATH})
+ROUTABLE_PATHS: Final = frozenset({CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH})
 MAX_TOKEN_ID: Final = 2**32 - 1  # token ids are u32 everywhere downstream (block hashing, events)
 MAX_CHOICES: Final = 128  # `n`: Dynamo's frontend accepts 1..128 (its validate.rs MAX_N)
 
@@ -71,6 +72,8 @@ class ParsedRequest:
     """What routing needs from one OpenAI request. Top-level mappings are read-only views.
 
     A chat request has `messages`; a completion has exactly one of `prompt_text` and `prompt_token_ids`.
+    A Responses API request (`responses_api`) is a chat request built as vLLM builds it
+    (`extproc.request.responses`); without `messages` its `load_only_reason` says why.
     """
 
     kind: Literal["chat", "completion"]
@@ -97,6 +100,10 @@ class ParsedRequest:
     truncate_prompt_tokens: int | None = None  # vLLM keeps this many prompt tokens (-1: up to its context)
     truncation_side: str | None = None  # "left" | "right": vLLM then cuts after tokenizing, from that side
     body_size: int = 0  # bytes
+    responses_api: bool = False  # POST /v1/responses
+    previous_response_id: str | None = None  # Responses API: continues this stored response
+    response_id: str | None = None  # Responses API: the id its answer will carry (vLLM's `request_id` field)
+    load_only_reason: str | None = None  # why the prompt is not rebuilt (the request is routed on load)
 
 
 def normalize_path(path: str) -> str:
@@ -181,6 +188,8 @@ def parse_openai_body(body: bytes, path: str, *, max_bytes: int) -> ParsedReques
     common: dict[str, Any] = {"model": model, "body_size": size, **_parse_common(obj)}
     if route == CHAT_PATH:
         return ParsedRequest(kind="chat", **common, **_parse_chat(obj))
+    if route == RESPONSES_PATH:
+        return ParsedRequest(kind="chat", **{**common, "responses_api": True, **to_chat_fields(obj)})
     return ParsedRequest(kind="completion", **common, **_parse_completion(obj))
 
 

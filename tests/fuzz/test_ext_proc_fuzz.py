@@ -219,6 +219,9 @@ class RecordingPicker:
     def answered(self, chosen: Pick, status: int) -> None:
         self.picker.answered(chosen, status)
 
+    def response_stored(self, chosen: Pick, response_id: str) -> None:
+        self.picker.response_stored(chosen, response_id)
+
     def rejected(self, status: int, reason: str) -> None:
         if status == 500:
             self.problems.append(f"500 answer ({reason})")
