@@ -81,6 +81,8 @@ PAIRS = [
         for name in ("ByteTokenizer", "HfTokenizer")
     ),
     Pair("extproc.sim.disagg:EngineClock", "extproc.sim.mock_worker:EngineDriver"),
+    Pair("extproc.sim.mock_responses:ResponsesWorker", "extproc.sim.mock_worker:MockWorker"),
+    Pair("extproc.sim.mock_responses:_Driver", "extproc.sim.mock_worker:EngineDriver"),
     Pair("extproc.sim.kv_events:KvEventPublisher", "extproc.sim.kv_events:ZmqKvEvents"),
     Pair("extproc.sim.kv_events:KvEventPublisher", "extproc.sim.kv_events:NatsKvEvents"),
     # events/
@@ -135,7 +137,8 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
     from extproc.runtime.engine_metrics import WorkerPools
     from extproc.sim.disagg import EngineClock
     from extproc.sim.kv_events import KvEventPublisher, NatsKvEvents, ZmqKvEvents, _Forward
-    from extproc.sim.mock_worker import EngineDriver, TokenizerLike
+    from extproc.sim.mock_responses import ResponsesWorker, _Driver
+    from extproc.sim.mock_worker import EngineDriver, MockWorker, TokenizerLike
     from extproc.sim.prefix_cache import KvCacheListener, OffloadListener
     from extproc.sim.replay_router import DisaggRouterAdapter, KvEventTap, KvRouterAdapter, ReplayRouter
 
@@ -159,6 +162,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         sync_listener: _SyncListener,
         local_group: LocalGroup,
         remote_group: RemoteGroup,
+        mock_worker: MockWorker,
     ) -> None:
         targets: list[WorkerSetTarget] = [endpoint_picker]
         tokenizers: list[Tokenizer] = [byte_tokenizer, hf_tokenizer]
@@ -167,6 +171,8 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         replay_routers: list[ReplayRouter] = [kv_adapter, disagg_adapter]
         worker_tokenizers: list[TokenizerLike] = [byte_tokenizer, hf_tokenizer]
         clock: EngineClock = driver
+        responses_driver: _Driver = driver
+        responses_worker: ResponsesWorker = mock_worker
         publishers: list[KvEventPublisher] = [zmq_events, nats_events]
         sink: EventSink = feed
         trees: list[TreeSource] = [router, all_routers]
@@ -181,7 +187,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         del targets, tokenizers, listeners, replay_routers, worker_tokenizers, clock, publishers, sink
         del offload_listeners
         del trees, synced, worker_set_listener, route_listener, picker, served, groups, output_tracker
-        del worker_pools
+        del worker_pools, responses_driver, responses_worker
 
 
 # --- the structural check --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from extproc.runtime.ports_file import write_ports_file
+from extproc.sim import mock_responses
 from extproc.sim.disagg import (
     PREFILL_SOURCE_HEADER,
     Disaggregation,
@@ -391,6 +393,7 @@ class MockWorker:
         listener = self.kv_events.listener if self.kv_events is not None else None
         self.driver = EngineDriver(Engine(config.engine, listener), config.speedup)
         self.metrics = WorkerMetrics(config.model, lambda: self.driver.engine)
+        self.responses = mock_responses.ResponseStore()  # Responses API answers stored here
         self.disagg = Disaggregation(
             config.disagg,
             worker_id=config.worker_id,
@@ -639,6 +642,8 @@ def make_app(config: MockWorkerConfig, *, tokenizer: TokenizerLike | None = None
     app.cleanup_ctx.append(engine_loop)
     app.router.add_post("/v1/chat/completions", worker.chat_completions)
     app.router.add_post("/v1/completions", worker.completions)
+    app.router.add_post("/v1/responses", functools.partial(mock_responses.create, worker))
+    app.router.add_get("/v1/responses/{response_id}", functools.partial(mock_responses.retrieve, worker))
     app.router.add_post("/tokenize", worker.tokenize)
     app.router.add_get("/v1/models", worker.models)
     app.router.add_get("/health", worker.health)
