@@ -15,6 +15,10 @@ reports the count to the router, which adds placeholder output blocks (`ActiveSe
 - A JSON body (`application/json`, a non-streamed answer): `usage.completion_tokens` once the body
   is whole. Such a body arrives when generation is over, so its output blocks are added only just
   before the request is freed.
+- The Responses API (`/v1/responses`): each `response.output_text.delta`,
+  `response.reasoning_text.delta` or `response.function_call_arguments.delta` event counts as one
+  token, and `usage.output_tokens` (of the JSON answer, or of the stream's `response.completed`
+  event's `response`) is the exact count.
 - Sequences (`n`): the choices' `index` values (the highest + 1), as the engine answers; the count
   reported per sequence is the total divided by the sequences, rounded up (`usage` is the total of
   all choices).
@@ -34,6 +38,10 @@ MAX_JSON_BYTES = 4 * 1024 * 1024  # a whole non-streamed answer
 MAX_SEQUENCES = 256  # a choice index above this is not believed
 
 _OUTPUT_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
+# Responses API stream events that carry generated text (one per decode step, as chat chunks)
+_RESPONSES_DELTAS = frozenset(
+    {"response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta"}
+)
 
 
 class OutputTokens:
@@ -174,9 +182,14 @@ class OutputTokens:
                     self.sequences = index + 1
                 if streamed and _has_output(choice):
                     self.counted += 1
+        elif streamed and obj.get("type") in _RESPONSES_DELTAS:
+            self.counted += 1
         usage = obj.get("usage")
+        response = obj.get("response")  # a Responses API stream's response.completed
+        if usage is None and isinstance(response, dict):
+            usage = response.get("usage")
         if isinstance(usage, dict):
-            tokens = usage.get("completion_tokens")
+            tokens = usage.get("completion_tokens", usage.get("output_tokens"))  # chat / Responses API
             if _is_int(tokens) and tokens >= 0:
                 self.usage = max(tokens, self.usage or 0)
 

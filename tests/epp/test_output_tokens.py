@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,34 @@ def test_garbage_and_other_sse_fields_count_nothing_and_never_raise():
 def test_crlf_lines_and_a_last_line_without_newline():
     body = chat_chunk("a").replace(b"\n", b"\r\n") + chat_chunk("b").rstrip(b"\n")
     assert count(body).tokens == 2
+
+
+# --- the Responses API, as vLLM 0.33.0 writes it (tests/request/engines/vllm-0.33.0/responses.json) ---
+
+_ANSWERS = json.loads(
+    (Path(__file__).parents[1] / "request" / "engines" / "vllm-0.33.0" / "responses.json").read_text()
+)["answers"]
+
+
+def responses_stream(deltas: int, *, completed_tokens: int | None = None) -> bytes:
+    out = (_ANSWERS["sse_created"] + _ANSWERS["sse_in_progress"]).encode()
+    out += _ANSWERS["sse_first_delta"].encode() * deltas
+    if completed_tokens is not None:
+        response = {"id": "resp_1", "status": "completed", "usage": {"output_tokens": completed_tokens}}
+        done = {"response": response, "sequence_number": 9, "type": "response.completed"}
+        out += b"event: response.completed\n" + sse(done)
+    return out
+
+
+@pytest.mark.parametrize("piece", [1, 97, None])
+def test_a_responses_stream_counts_its_text_deltas_then_takes_the_completed_usage(piece):
+    assert count(responses_stream(5), piece=piece).tokens == 5  # created and in_progress count nothing
+    counter = count(responses_stream(5, completed_tokens=7), piece=piece)
+    assert (counter.counted, counter.usage, counter.tokens) == (5, 7, 7)
+
+
+def test_a_non_streamed_responses_answer_reads_its_output_tokens():
+    answer = json.loads(_ANSWERS["json"])
+    answer["usage"] = {"input_tokens": 3, "output_tokens": 11, "total_tokens": 14}
+    counter = count(json.dumps(answer).encode(), content_type="application/json")
+    assert (counter.tokens, counter.counted) == (11, 0)
