@@ -59,7 +59,7 @@ from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
-from extproc.picker.response_homes import ResponseHomes
+from extproc.picker.response_homes import ResponseHomes, ResponseHomesCollector
 from extproc.picker.worker_sessions import WorkerSessionCollector, WorkerSessions, session_timeout
 from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixCollector
 from extproc.request.parse import ParsedRequest, is_routable, route_of
@@ -169,6 +169,7 @@ class EndpointPicker:
             for model in self._pools
         }
         self.response_homes = ResponseHomes()  # Responses API: which worker stored which answer
+        self.metrics.registry.register(ResponseHomesCollector(self.response_homes))
         self._sweeper: asyncio.Task[None] | None = None
         self._gates = {
             model: AdmissionGate(

@@ -14,8 +14,12 @@ characters are not kept. A worker that leaves takes its homes with it (`drop_wor
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from extproc.router.types import Worker
 
@@ -96,3 +100,25 @@ class ResponseHomes:
             dropped += 1
         self.expired += dropped
         return dropped
+
+
+class ResponseHomesCollector(Collector):
+    """`extproc_response_homes` (ids remembered) and `extproc_response_homes_dropped_total{why}`."""
+
+    def __init__(self, homes: ResponseHomes) -> None:
+        self._homes = homes
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "extproc_response_homes",
+            "Responses API answers whose worker the picker remembers (what names them goes there).",
+            value=len(self._homes),
+        )
+        dropped = CounterMetricFamily(
+            "extproc_response_homes_dropped",
+            "Remembered Responses API answers forgotten: evicted (the bound) or expired (unused an hour).",
+            labels=["why"],
+        )
+        dropped.add_metric(["evicted"], self._homes.evicted)
+        dropped.add_metric(["expired"], self._homes.expired)
+        yield dropped

@@ -176,7 +176,7 @@ def _message(item: dict[str, Any], previous: dict[str, Any] | None, where: str) 
     if kind != "message":
         raise NotRebuilt(f"{where} is a {str(kind)[:40]!r} item")
     role = item.get("role")
-    if role not in _MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in _MESSAGE_ROLES:
         raise NotRebuilt(f"{where} has role {str(role)[:40]!r}")
     content = item.get("content")
     if role != "assistant":

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from extproc.epp import answers as epp
 from extproc.epp.responses_stream import MAX_ID_SCAN_BYTES
@@ -71,6 +72,7 @@ async def test_a_follow_up_goes_to_the_worker_that_stored_the_response():
         rid = f"resp_{i}"
         homes[rid] = await respond(service, body(input=f"question {i}"), answer_of(rid))
     assert len(set(homes.values())) > 1 and len(picker.response_homes) == 8
+    assert "extproc_response_homes 8.0" in generate_latest(picker.metrics.registry).decode()
     for rid, home in homes.items():
         for _ in range(3):  # on load alone the follow-ups would spread over the workers
             follow_up = body(input="and then?", previous_response_id=rid)

@@ -75,7 +75,7 @@ def _body_object(r: random.Random, path: str) -> dict[str, Any]:
             tokens = [r.randint(0, 300) if chance(r, 0.95) else integer(r) for _ in range(r.randint(0, 80))]
             body = {"model": model, "tokens": tokens if chance(r, 0.9) else json_value(r, WORDS)}
         elif roll < 0.9:
-            body = {**openai_object(r, chat=chance(r, 0.5)), "model": model}
+            body = {**openai_object(r, "chat" if chance(r, 0.5) else "completion"), "model": model}
         else:
             body = {"model": model}
     if chance(r, 0.1):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from extproc.errors import BodyTooLarge, RequestInvalid
 from extproc.request.parse import CHAT_PATH, COMPLETIONS_PATH, MAX_TOKEN_ID, parse_openai_body
+from extproc.request.responses import RESPONSES_PATH
 from extproc.request.tokenizer import ByteTokenizer
 from tests.fuzz.gen import chance, deep, floating, integer, json_bytes, json_value, mutate, one_of, pick, text
 from tests.fuzz.harness import (
@@ -38,7 +39,10 @@ WORDS = (
     "nvext", "session_control", "session_id", "action", "close", "agent_hints", "osl", "priority",
     "latency_sensitivity", "speculative_prefill", "kv_overlap_score_weight", "temperature",
     "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "prompt_embeds", "m",
+    "input", "instructions", "previous_response_id", "function_call", "function_call_output", "call_id",
+    "output", "reasoning", "summary", "status", "in_progress", "incomplete", "message", "max_output_tokens",
 )  # fmt: skip
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "item_reference", None, 3)
 HINTS = ("latency_sensitivity", "osl", "priority", "speculative_prefill", "kv_overlap_score_weight",
          "temperature", "custom")  # fmt: skip
 PART_TYPES = ("text", "input_text", "output_text", "refusal", "thinking", "image_url", None, 3)
@@ -118,10 +122,45 @@ class _Body:
         self.put(nvext, "token_data", self.tokens, 0.1)
         return nvext
 
-    def body(self, chat: bool) -> dict[str, Any]:
+    def item(self, r: random.Random) -> Any:
+        """A Responses API input item: a message, a call, its output, reasoning, or something else."""
+        kind = pick(r, ITEM_TYPES)
+        item: dict[str, Any] = {} if kind is None else {"type": kind}
+        if kind in (None, "message"):
+            item |= self.message(r)
+            self.put(item, "status", lambda r: pick(r, ("completed", "in_progress", "incomplete")), 0.2)
+            self.put(item, "id", text, 0.2)
+        elif kind == "function_call":
+            for key in ("call_id", "name", "arguments"):
+                self.put(item, key, lambda r: text(r, WORDS), 0.95)
+        elif kind == "function_call_output":
+            self.put(item, "call_id", text, 0.95)
+            self.put(item, "output", lambda r: one_of(r, text, lambda r: [self.part(r)]), 0.95)
+        elif kind == "reasoning":
+            parts = lambda r: [{"type": "reasoning_text", "text": text(r)} for _ in range(r.randint(0, 2))]  # noqa: E731
+            self.put(item, "summary", parts, 0.9)
+            self.put(item, "content", parts, 0.5)
+            self.put(item, "encrypted_content", text, 0.05)
+        return item
+
+    def responses_fields(self, obj: dict[str, Any]) -> None:
+        items = lambda r: [self.item(r) for _ in range(pick(r, (0, 1, 2, 3, 5)))]  # noqa: E731
+        self.put(obj, "input", lambda r: one_of(r, text, items, items), 0.97)
+        self.put(obj, "instructions", text, 0.3)
+        tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+        self.put(obj, "tools", lambda r: [tool] if chance(r, 0.8) else [{"type": "web_search"}], 0.2)
+        self.put(obj, "reasoning", lambda r: {"effort": pick(r, ("low", "high", "none", None))}, 0.1)
+        self.put(obj, "previous_response_id", text, 0.1)
+        self.put(obj, "request_id", text, 0.1)
+        self.put(obj, "max_output_tokens", lambda r: r.randint(0, 4096), 0.2)
+
+    def body(self, kind: str) -> dict[str, Any]:
         r, obj = self.r, {}
+        chat = kind == "chat"
         self.put(obj, "model", lambda r: pick(r, ("m", "demo-model")), 0.97)
-        if chat:
+        if kind == "responses":
+            self.responses_fields(obj)
+        elif chat:
             self.put(
                 obj, "messages", lambda r: [self.message(r) for _ in range(pick(r, (0, 1, 1, 1, 2, 3)))], 0.97
             )
@@ -141,39 +180,42 @@ class _Body:
         return obj
 
 
-def openai_object(r: random.Random, chat: bool) -> dict[str, Any]:
+_PATHS = {"chat": CHAT_PATH, "completion": COMPLETIONS_PATH, "responses": RESPONSES_PATH}
+
+
+def openai_object(r: random.Random, kind: str) -> dict[str, Any]:
     """A request body object: every field of the schema, valid-looking or (at a drawn rate) hostile."""
-    return _Body(r, pick(r, (0.0, 0.02, 0.1, 0.3))).body(chat)
+    return _Body(r, pick(r, (0.0, 0.02, 0.1, 0.3))).body(kind)
 
 
-def _path(r: random.Random, chat: bool) -> str:
+def _path(r: random.Random, kind: str) -> str:
     roll = r.random()
     if roll < 0.8:
-        return CHAT_PATH if chat else COMPLETIONS_PATH
+        return _PATHS[kind]
     if roll < 0.88:
-        return (CHAT_PATH if chat else COMPLETIONS_PATH) + "?" + text(r)
+        return _PATHS[kind] + "?" + text(r)
     if roll < 0.94:
-        return COMPLETIONS_PATH if chat else CHAT_PATH
-    return text(r, ("/", "/v1/models", "/v1/chat/completions/", "?"))
+        return pick(r, [p for k, p in _PATHS.items() if k != kind])
+    return text(r, ("/", "/v1/models", "/v1/chat/completions/", "/v1/responses/", "?"))
 
 
 def generate(r: random.Random) -> Case:
-    chat = chance(r, 0.6)
+    kind = pick(r, ("chat", "chat", "chat", "completion", "completion", "responses", "responses"))
     roll = r.random()
     if roll < 0.6:
-        body = json_bytes(r, openai_object(r, chat))
+        body = json_bytes(r, openai_object(r, kind))
     elif roll < 0.8:
-        body = mutate(r, json_bytes(r, openai_object(r, chat)))
+        body = mutate(r, json_bytes(r, openai_object(r, kind)))
     elif roll < 0.88:
         body = json_bytes(r, json_value(r, WORDS))
     elif roll < 0.95:
         body = r.randbytes(r.randint(0, 64))
     else:
-        obj = openai_object(r, chat)
-        obj[pick(r, ("messages", "prompt", "nvext", "tools", "model"))] = deep(r)
+        obj = openai_object(r, kind)
+        obj[pick(r, ("messages", "prompt", "nvext", "tools", "model", "input"))] = deep(r)
         body = json_bytes(r, obj)
     max_bytes = LIMIT if chance(r, 0.9) else r.randint(0, len(body) + 1)
-    return body, _path(r, chat), max_bytes
+    return body, _path(r, kind), max_bytes
 
 
 def check(case: Case) -> Outcome:
@@ -190,7 +232,14 @@ def check(case: Case) -> Outcome:
     assert isinstance(request.model, str) and request.model
     route = path.partition("?")[0]
     tokenizer = ByteTokenizer()
-    if route == CHAT_PATH:
+    if route == RESPONSES_PATH:
+        assert request.responses_api and request.kind == "chat"
+        if request.messages is None:  # routed on load, saying why
+            assert isinstance(request.load_only_reason, str) and request.load_only_reason
+            return DECODED
+        assert all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in request.messages)
+        ids = tokenizer.encode_chat(request.messages, tools=request.tools)
+    elif route == CHAT_PATH:
         assert request.kind == "chat" and request.messages
         assert all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in request.messages)
         ids = tokenizer.encode_chat(request.messages, tools=request.tools)

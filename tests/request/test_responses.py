@@ -81,6 +81,7 @@ def test_vllms_request_id_field_is_the_answers_id():
             "namespaced",
         ),
         ({"role": "tool", "content": "x"}, "role"),
+        ({"type": "message", "role": [], "content": "x"}, "role"),  # found by benchmarks/fuzz.py
         (
             {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "x"}]},
             "output",
