@@ -19,6 +19,9 @@ reports the count to the router, which adds placeholder output blocks (`ActiveSe
   `response.reasoning_text.delta` or `response.function_call_arguments.delta` event counts as one
   token, and `usage.output_tokens` (of the JSON answer, or of the stream's `response.completed`
   event's `response`) is the exact count.
+- The Anthropic Messages API (`/v1/messages`): each `content_block_delta` event (text, thinking or
+  tool input) counts as one token; `usage.output_tokens` (the JSON answer's, the stream's
+  `message_delta`) is exact.
 - Sequences (`n`): the choices' `index` values (the highest + 1), as the engine answers; the count
   reported per sequence is the total divided by the sequences, rounded up (`usage` is the total of
   all choices).
@@ -38,9 +41,14 @@ MAX_JSON_BYTES = 4 * 1024 * 1024  # a whole non-streamed answer
 MAX_SEQUENCES = 256  # a choice index above this is not believed
 
 _OUTPUT_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
-# Responses API stream events that carry generated text (one per decode step, as chat chunks)
-_RESPONSES_DELTAS = frozenset(
-    {"response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta"}
+# Responses API and Anthropic Messages stream events that carry generated text (one per decode step)
+_TEXT_EVENTS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.function_call_arguments.delta",
+        "content_block_delta",
+    }
 )
 
 
@@ -182,7 +190,7 @@ class OutputTokens:
                     self.sequences = index + 1
                 if streamed and _has_output(choice):
                     self.counted += 1
-        elif streamed and obj.get("type") in _RESPONSES_DELTAS:
+        elif streamed and obj.get("type") in _TEXT_EVENTS:
             self.counted += 1
         usage = obj.get("usage")
         response = obj.get("response")  # a Responses API stream's response.completed

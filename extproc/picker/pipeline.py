@@ -29,6 +29,7 @@ worker, is routed on load alone and tracked until `finish`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
@@ -320,6 +321,8 @@ class EndpointPicker:
                 loggable(client_request_id), self.bodies.max_prompt_values,
             )  # fmt: skip
         else:
+            if request.system_merged is not None and pool.tokenizer.merges_inline_system:
+                request = dataclasses.replace(request, messages=request.system_merged)  # as vLLM renders it
             try:
                 tokens = await pool.tokenizer.token_ids(request)
             except TokenizerUnavailable as exc:

@@ -39,11 +39,13 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, NoReturn
 
 from extproc.errors import BodyTooLarge, RequestInvalid
+from extproc.request import anthropic
+from extproc.request.anthropic import MESSAGES_PATH
 from extproc.request.responses import RESPONSES_PATH, to_chat_fields
 
 CHAT_PATH: Final = "/v1/chat/completions"
 COMPLETIONS_PATH: Final = "/v1/completions"
-ROUTABLE_PATHS: Final = frozenset({CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH})
+ROUTABLE_PATHS: Final = frozenset({CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH, MESSAGES_PATH})
 MAX_TOKEN_ID: Final = 2**32 - 1  # token ids are u32 everywhere downstream (block hashing, events)
 MAX_CHOICES: Final = 128  # `n`: Dynamo's frontend accepts 1..128 (its validate.rs MAX_N)
 
@@ -72,8 +74,9 @@ class ParsedRequest:
     """What routing needs from one OpenAI request. Top-level mappings are read-only views.
 
     A chat request has `messages`; a completion has exactly one of `prompt_text` and `prompt_token_ids`.
-    A Responses API request (`responses_api`) is a chat request built as vLLM builds it
-    (`extproc.request.responses`); without `messages` its `load_only_reason` says why.
+    A Responses API request (`responses_api`) and an Anthropic Messages request are chat requests built
+    as vLLM builds them (`extproc.request.responses`, `extproc.request.anthropic`); without `messages`
+    their `load_only_reason` says why.
     """
 
     kind: Literal["chat", "completion"]
@@ -104,6 +107,9 @@ class ParsedRequest:
     previous_response_id: str | None = None  # Responses API: continues this stored response
     response_id: str | None = None  # Responses API: the id its answer will carry (vLLM's `request_id` field)
     load_only_reason: str | None = None  # why the prompt is not rebuilt (the request is routed on load)
+    # Messages API: `messages` with inline system messages merged into the first one, when that differs
+    # (for chat templates that need the system message first: `RequestTokenizer.merges_inline_system`)
+    system_merged: tuple[Mapping[str, Any], ...] | None = None
 
 
 def normalize_path(path: str) -> str:
@@ -190,6 +196,8 @@ def parse_openai_body(body: bytes, path: str, *, max_bytes: int) -> ParsedReques
         return ParsedRequest(kind="chat", **common, **_parse_chat(obj))
     if route == RESPONSES_PATH:
         return ParsedRequest(kind="chat", **{**common, "responses_api": True, **to_chat_fields(obj)})
+    if route == MESSAGES_PATH:
+        return ParsedRequest(kind="chat", **{**common, **anthropic.to_chat_fields(obj)})
     return ParsedRequest(kind="completion", **common, **_parse_completion(obj))
 
 

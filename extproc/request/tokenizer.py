@@ -12,6 +12,7 @@ load alone).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 import tokenizers
 
 from extproc.errors import TokenizerUnavailable
+from extproc.request.anthropic import needs_system_first
 from extproc.request.chat_template import ChatTemplate
 from extproc.request.parse import ParsedRequest
 from extproc.request.piecewise import PiecewiseEncoder, probe_mismatch
@@ -456,6 +458,21 @@ class RequestTokenizer:
     @property
     def name(self) -> str:
         return self.backend.name
+
+    @functools.cached_property
+    def merges_inline_system(self) -> bool:
+        """Whether vLLM merges an Anthropic Messages request's inline system messages into the leading
+        one for this tokenizer: its chat template (for requests with and without tools, as vLLM checks)
+        refuses a system message after a user one, or there is no template. A remote backend renders
+        with the engine's own template and gets the messages as sent."""
+        backend = self.backend
+        if isinstance(backend, RemoteTokenizer):
+            return False
+        if not isinstance(backend, HfTokenizer):
+            return True
+        templates = backend.chat_templates
+        chosen = {"default", "tool_use" if "tool_use" in templates else "default"}
+        return any(needs_system_first(t.source if (t := templates.get(name)) else None) for name in chosen)
 
     def piece_cache_stats(self) -> TokenCacheStats | None:
         """The local backend's piece cache counters (`HfTokenizer`), or None without one."""

@@ -6,6 +6,8 @@ time), then encodes tokens as vLLM does (JSON or SSE) and exposes vLLM's Prometh
 Every response carries `x-worker-id`; generation responses also `x-prefix-cache-hit-tokens`, the
 request's cached prefix in tokens. A client disconnect cancels the request and frees its blocks.
 Disaggregated prefill/decode roles (`--role`, the prefill header, the KV transfer): `disagg.py`.
+The Responses API (`/v1/responses`, answers stored in memory) and the Anthropic Messages API
+(`/v1/messages`): `mock_responses.py`, `mock_anthropic.py`.
 
     python -m extproc mock-worker --port 8001 --worker-id w0 --model demo-model --speedup 10
 
@@ -36,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from extproc.runtime.ports_file import write_ports_file
-from extproc.sim import mock_responses
+from extproc.sim import mock_anthropic, mock_responses
 from extproc.sim.disagg import (
     PREFILL_SOURCE_HEADER,
     Disaggregation,
@@ -644,6 +646,7 @@ def make_app(config: MockWorkerConfig, *, tokenizer: TokenizerLike | None = None
     app.router.add_post("/v1/completions", worker.completions)
     app.router.add_post("/v1/responses", functools.partial(mock_responses.create, worker))
     app.router.add_get("/v1/responses/{response_id}", functools.partial(mock_responses.retrieve, worker))
+    app.router.add_post("/v1/messages", functools.partial(mock_anthropic.create, worker))
     app.router.add_post("/tokenize", worker.tokenize)
     app.router.add_get("/v1/models", worker.models)
     app.router.add_get("/health", worker.health)

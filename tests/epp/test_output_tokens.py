@@ -172,3 +172,25 @@ def test_a_non_streamed_responses_answer_reads_its_output_tokens():
     answer["usage"] = {"input_tokens": 3, "output_tokens": 11, "total_tokens": 14}
     counter = count(json.dumps(answer).encode(), content_type="application/json")
     assert (counter.tokens, counter.counted) == (11, 0)
+
+
+def anthropic_event(kind: str, **data) -> bytes:
+    return f"event: {kind}\n".encode() + sse({"type": kind, **data})
+
+
+def test_an_anthropic_messages_stream_counts_its_deltas_then_takes_the_message_delta_usage():
+    start = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "usage": {"input_tokens": 9},
+    }
+    body = anthropic_event("message_start", message=start)
+    body += anthropic_event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    body += anthropic_event("content_block_delta", index=0, delta={"type": "text_delta", "text": "hi"}) * 4
+    assert count(body).tokens == 4
+    body += anthropic_event("content_block_stop", index=0)
+    body += anthropic_event("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 5})
+    counter = count(body + anthropic_event("message_stop"))
+    assert (counter.counted, counter.usage, counter.tokens) == (4, 5, 5)

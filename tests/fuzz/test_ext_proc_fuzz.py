@@ -69,7 +69,8 @@ def header_message(pairs: Mapping[str, bytes], end_of_stream: bool) -> pb.HttpHe
 
 def _request_headers(r: random.Random, body_coming: bool) -> pb.ProcessingRequest:
     path = pick(r, (CHAT_PATH, CHAT_PATH, COMPLETIONS_PATH, CHAT_PATH + "?x=1", "/v1/models", "/", text(r),
-                    "/v1/responses", "/v1/responses/resp_1", "/v1/responses/resp_1/cancel"))  # fmt: skip
+                    "/v1/responses", "/v1/responses/resp_1", "/v1/responses/resp_1/cancel",
+                    "/v1/messages"))  # fmt: skip
     pairs = {
         ":path": path.encode("utf-8", "surrogatepass"),
         ":method": pick(r, (b"POST", b"POST", b"GET")),
@@ -97,7 +98,7 @@ def _request_headers(r: random.Random, body_coming: bool) -> pb.ProcessingReques
 
 
 def _body(r: random.Random) -> bytes:
-    obj = openai_object(r, pick(r, ("chat", "chat", "chat", "completion", "responses")))
+    obj = openai_object(r, pick(r, ("chat", "chat", "chat", "completion", "responses", "messages")))
     if chance(r, 0.9):
         obj["model"] = MODEL
     body = json_bytes(r, obj)

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extproc.errors import BodyTooLarge, RequestInvalid
+from extproc.request.anthropic import MESSAGES_PATH
 from extproc.request.parse import CHAT_PATH, COMPLETIONS_PATH, MAX_TOKEN_ID, parse_openai_body
 from extproc.request.responses import RESPONSES_PATH
 from extproc.request.tokenizer import ByteTokenizer
@@ -154,12 +155,51 @@ class _Body:
         self.put(obj, "request_id", text, 0.1)
         self.put(obj, "max_output_tokens", lambda r: r.randint(0, 4096), 0.2)
 
+    def block(self, r: random.Random) -> Any:
+        """An Anthropic content block: text, thinking, a tool use or result, or something else."""
+        kind = pick(
+            r, ("text", "text", "thinking", "tool_use", "tool_result", "redacted_thinking", "image", None)
+        )
+        block: dict[str, Any] = {} if kind is None else {"type": kind}
+        self.put(block, "text", lambda r: text(r, WORDS), 0.8 if kind == "text" else 0.1)
+        self.put(block, "thinking", text, 0.8 if kind == "thinking" else 0.05)
+        self.put(block, "id", text, 0.9 if kind == "tool_use" else 0.05)
+        self.put(block, "name", lambda r: text(r, WORDS), 0.9 if kind == "tool_use" else 0.05)
+        self.put(block, "input", lambda r: {"path": text(r)}, 0.8 if kind == "tool_use" else 0.05)
+        self.put(block, "tool_use_id", text, 0.9 if kind == "tool_result" else 0.05)
+
+        def parts(r: random.Random) -> list[dict[str, Any]]:
+            return [{"type": pick(r, ("text", "image")), "text": text(r)} for _ in range(r.randint(0, 2))]
+
+        self.put(block, "content", lambda r: one_of(r, text, parts), 0.8 if kind == "tool_result" else 0.05)
+        return block
+
+    def anthropic_fields(self, obj: dict[str, Any]) -> None:
+        def message(r: random.Random) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            self.put(out, "role", lambda r: pick(r, ("user", "assistant", "system", "tool")), 0.97)
+            blocks = lambda r: [self.block(r) for _ in range(r.randint(0, 3))]  # noqa: E731
+            self.put(out, "content", lambda r: one_of(r, text, blocks, blocks), 0.95)
+            return out
+
+        self.put(obj, "messages", lambda r: [message(r) for _ in range(pick(r, (0, 1, 2, 3, 5)))], 0.97)
+        self.put(obj, "max_tokens", lambda r: r.randint(0, 4096), 0.9)
+        self.put(obj, "system", lambda r: one_of(r, text, lambda r: [self.block(r)]), 0.5)
+        tool = {"name": "f", "input_schema": {"type": "object"}}
+        self.put(obj, "tools", lambda r: [tool], 0.2)
+        self.put(
+            obj, "thinking", lambda r: {"type": pick(r, ("enabled", "disabled")), "budget_tokens": 2048}, 0.1
+        )
+        self.put(obj, "output_config", lambda r: {"effort": pick(r, ("low", "high"))}, 0.1)
+
     def body(self, kind: str) -> dict[str, Any]:
         r, obj = self.r, {}
         chat = kind == "chat"
         self.put(obj, "model", lambda r: pick(r, ("m", "demo-model")), 0.97)
         if kind == "responses":
             self.responses_fields(obj)
+        elif kind == "messages":
+            self.anthropic_fields(obj)
         elif chat:
             self.put(
                 obj, "messages", lambda r: [self.message(r) for _ in range(pick(r, (0, 1, 1, 1, 2, 3)))], 0.97
@@ -180,7 +220,12 @@ class _Body:
         return obj
 
 
-_PATHS = {"chat": CHAT_PATH, "completion": COMPLETIONS_PATH, "responses": RESPONSES_PATH}
+_PATHS = {
+    "chat": CHAT_PATH,
+    "completion": COMPLETIONS_PATH,
+    "responses": RESPONSES_PATH,
+    "messages": MESSAGES_PATH,
+}
 
 
 def openai_object(r: random.Random, kind: str) -> dict[str, Any]:
@@ -200,7 +245,7 @@ def _path(r: random.Random, kind: str) -> str:
 
 
 def generate(r: random.Random) -> Case:
-    kind = pick(r, ("chat", "chat", "chat", "completion", "completion", "responses", "responses"))
+    kind = pick(r, ("chat", "chat", "chat", "completion", "completion", "responses", "responses", "messages"))
     roll = r.random()
     if roll < 0.6:
         body = json_bytes(r, openai_object(r, kind))
@@ -232,13 +277,13 @@ def check(case: Case) -> Outcome:
     assert isinstance(request.model, str) and request.model
     route = path.partition("?")[0]
     tokenizer = ByteTokenizer()
-    if route == RESPONSES_PATH:
-        assert request.responses_api and request.kind == "chat"
+    if route in (RESPONSES_PATH, MESSAGES_PATH):
+        assert request.responses_api == (route == RESPONSES_PATH) and request.kind == "chat"
         if request.messages is None:  # routed on load, saying why
             assert isinstance(request.load_only_reason, str) and request.load_only_reason
             return DECODED
         assert all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in request.messages)
-        ids = tokenizer.encode_chat(request.messages, tools=request.tools)
+        ids = tokenizer.encode_chat(request.system_merged or request.messages, tools=request.tools)
     elif route == CHAT_PATH:
         assert request.kind == "chat" and request.messages
         assert all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in request.messages)

@@ -40,7 +40,7 @@ def completion(**fields: Any) -> dict[str, Any]:
 
 
 def test_routable_paths():
-    assert {CHAT, COMPLETIONS, "/v1/responses"} == ROUTABLE_PATHS
+    assert {CHAT, COMPLETIONS, "/v1/responses", "/v1/messages"} == ROUTABLE_PATHS
 
 
 def test_minimal_chat_request_has_defaults():

@@ -54,7 +54,7 @@ def tool_call(function: Any) -> dict[str, Any]:
             chat(),
             "/v1/embeddings",
             "path '/v1/embeddings' is not routable; supported paths: "
-            "/v1/chat/completions, /v1/completions, /v1/responses",
+            "/v1/chat/completions, /v1/completions, /v1/messages, /v1/responses",
         ),
         ({"model": "m"}, CHAT, "chat requests need `messages`"),
         (chat(messages=[]), CHAT, "messages must not be empty"),
