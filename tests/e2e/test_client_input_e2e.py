@@ -360,7 +360,7 @@ async def test_a_request_with_trailers_is_decided_like_any_other_at_once(variant
 
 
 @pytest.mark.parametrize("variant", ALL)
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"])
 async def test_a_post_without_a_body_is_the_pickers_400(
     variant: str, path: str, stack: Stack, http: aiohttp.ClientSession
 ) -> None:
