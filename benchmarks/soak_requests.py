@@ -1,6 +1,9 @@
 """The soak test's requests: a fixed mix of kinds, each with the answer it is documented to get,
 and the judge that accepts an answer or not given the faults the request overlapped.
 
+The ordinary traffic includes the Responses API (`/v1/responses`) and the Anthropic Messages API
+(`/v1/messages`, streamed or not), served 200 by a worker.
+
 Besides the ordinary traffic and the limits, hostile requests (docs/reliability.md, "What a client
 cannot send past the picker", and the README's Limits):
 - `owned_headers`: a chat request naming its own destination (a port where nothing listens), dp
@@ -55,8 +58,10 @@ SESSION_ID_MAX = 256  # the picker's --session-id-max-length (its default)
 
 # kind -> share of the requests
 MIX: dict[str, float] = {
-    "chat": 0.18,
+    "chat": 0.12,
     "chat_stream": 0.18,
+    "responses": 0.03,  # POST /v1/responses (the openai client's responses.create)
+    "messages": 0.03,  # POST /v1/messages (Anthropic's Messages API: Claude Code)
     "completion": 0.06,
     "cancel_stream": 0.08,
     "cancel_early": 0.04,
@@ -81,6 +86,8 @@ WORKER = None  # the answer's reason: a worker's own answer (x-worker-id, no dro
 EXPECTED: dict[str, tuple[int, str | None]] = {
     "chat": (200, WORKER),
     "chat_stream": (200, WORKER),
+    "responses": (200, WORKER),
+    "messages": (200, WORKER),
     "completion": (200, WORKER),
     "cancel_stream": (200, WORKER),  # when the client reads an answer before closing
     "cancel_early": (200, WORKER),
@@ -182,6 +189,13 @@ def request_plan(index: int, seed: int, dead_endpoint: str = "127.0.0.1:9") -> P
         body = chat | {"stream": True, "max_tokens": 200}  # long enough to be cut mid-stream
     elif kind == "completion":
         path, body = "/v1/completions", {"model": MODEL, "prompt": system + user, "max_tokens": max_tokens}
+    elif kind == "responses":
+        path = "/v1/responses"
+        body = {"model": MODEL, "instructions": system, "input": user, "max_output_tokens": max_tokens}
+    elif kind == "messages":
+        path = "/v1/messages"
+        body = {"model": MODEL, "system": system, "messages": [{"role": "user", "content": user}],
+                "max_tokens": max_tokens, "stream": rng.random() < 0.5}  # fmt: skip
     elif kind == "invalid":
         raw = rng.choice([b'{"model": "demo-model", "messages": [', b"not json", b'["a list"]'])
         if rng.random() < 0.3:
@@ -308,9 +322,14 @@ def _classify(kind: str, text: str, result: Result) -> None:
         complete = text.rstrip().endswith("data: [DONE]")
         result.outcome = "ok" if complete else "bad-body"
         result.detail = "" if complete else f"stream without [DONE]: {text[-200:]!r}"
+    elif kind == "messages" and text.startswith("event:"):  # a streamed Anthropic message
+        complete = "event: message_stop" in text
+        result.outcome = "ok" if complete else "bad-body"
+        result.detail = "" if complete else f"stream without message_stop: {text[-200:]!r}"
     else:
+        answer_key = {"responses": "output", "messages": "content"}.get(kind, "choices")
         try:
-            ok = bool(json.loads(text).get("choices"))
+            ok = bool(json.loads(text).get(answer_key))
         except (ValueError, AttributeError):
             ok = False
         result.outcome = "ok" if ok else "bad-body"
