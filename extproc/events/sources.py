@@ -235,7 +235,10 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         listener = _SyncListener(sync, picker)
         picker.listeners.append(listener)
         sources.closers.append(listener.detach)
-        log.info("replica sync on %s as %s", subject, router_id)
+        log.info(
+            "replica sync on %s as %s (in-flight load is shared; sticky-session pins and the workers "
+            "storing Responses API answers stay with the replica that saw them)", subject, router_id,
+        )  # fmt: skip
 
 
 def _int_or_none(text: str) -> int | None:
