@@ -69,6 +69,9 @@ MODULES: dict[str, list[str]] = {
     # the block-hash prefix cache's exactness tests live with the picker that feeds it PromptTokens
     "router/hashing.py": [*_ROUTER_TESTS, "tests/picker/test_hash_prefix_cache.py"],
     "request/parse.py": ["tests/request/test_parse.py", "tests/request/test_parse_mutants.py"],
+    # the Responses and Messages APIs as vLLM renders them (checked against vLLM's own code)
+    "request/responses.py": ["tests/request/test_responses.py", "tests/request/test_responses_mutants.py"],
+    "request/anthropic.py": ["tests/request/test_anthropic.py", "tests/request/test_anthropic_mutants.py"],
     "epp/answers.py": ["tests/epp/test_answers.py", "tests/epp/test_answers_mutants.py"],
 }
 
@@ -1499,6 +1502,66 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "self._dropped(*self._pins.popitem(last=None))",
             "same-value",
             "popitem reads last for its truth: None pops the oldest as False does",
+        ),
+    },
+    "request/anthropic.py": {
+        "x_needs_system_first__mutmut_4": (
+            "trim_blocks=None, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]",
+            "same-value",
+            "trim_blocks and lstrip_blocks change a template's whitespace, never whether it raises",
+        ),
+        "x_needs_system_first__mutmut_5": (
+            "trim_blocks=True, lstrip_blocks=None, extensions=[jinja2.ext.loopcontrols]",
+            "same-value",
+            "trim_blocks and lstrip_blocks change a template's whitespace, never whether it raises",
+        ),
+        "x_needs_system_first__mutmut_7": (
+            "lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]",
+            "same-value",
+            "trim_blocks and lstrip_blocks change a template's whitespace, never whether it raises",
+        ),
+        "x_needs_system_first__mutmut_8": (
+            "trim_blocks=True, extensions=[jinja2.ext.loopcontrols]",
+            "same-value",
+            "trim_blocks and lstrip_blocks change a template's whitespace, never whether it raises",
+        ),
+        "x_needs_system_first__mutmut_10": (
+            "trim_blocks=False, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]",
+            "same-value",
+            "trim_blocks and lstrip_blocks change a template's whitespace, never whether it raises",
+        ),
+        "x_needs_system_first__mutmut_11": (
+            "trim_blocks=True, lstrip_blocks=False, extensions=[jinja2.ext.loopcontrols]",
+            "same-value",
+            "trim_blocks and lstrip_blocks change a template's whitespace, never whether it raises",
+        ),
+        "x_needs_system_first__mutmut_13": (
+            "env.from_string(chat_template).render(messages=list(_PROBE), add_generation_prompt=None)",
+            "same-value",
+            "an unset or None add_generation_prompt is as falsy as False for the template",
+        ),
+        "x_needs_system_first__mutmut_15": (
+            "env.from_string(chat_template).render(messages=list(_PROBE), )",
+            "same-value",
+            "an unset or None add_generation_prompt is as falsy as False for the template",
+        ),
+        "x_to_chat_fields__mutmut_91": (
+            "inline = _messages(system, messages, merge=None)",
+            "same-value",
+            "merge is only tested for truth: None is as falsy as False",
+        ),
+    },
+    "request/responses.py": {
+        "x__continues_final_message__mutmut_3": (
+            "last = request_input[-1] if (isinstance(request_input, list) and request_input) or True "
+            "else None",
+            "same-value",
+            "a string input's last character is never a dict: False whichever way it is reached",
+        ),
+        "x__continues_final_message__mutmut_6": (
+            "last = request_input[-1] if isinstance(request_input, list) or request_input else None",
+            "same-value",
+            "a string input's last character is never a dict: False whichever way it is reached",
         ),
     },
     "request/parse.py": {

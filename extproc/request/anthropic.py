@@ -83,7 +83,7 @@ def to_chat_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(messages, list):
         raise RequestInvalid("messages requests need `messages` (a list of message objects)")
     max_tokens = obj.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+    if not isinstance(max_tokens, int) or max_tokens < 1:  # a bool or a string: the common fields' 400
         raise RequestInvalid("max_tokens is required: a positive integer")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -131,7 +131,7 @@ def _reasoning_effort(obj: Mapping[str, Any]) -> str | None:
 
 
 def _system_text(system: Any) -> str:
-    if system is None or system == "":
+    if system is None:
         return ""
     if isinstance(system, str):
         return system

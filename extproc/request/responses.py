@@ -243,9 +243,7 @@ def _is_input_text(part: Any) -> bool:
 
 def _continues_final_message(request_input: str | list[Any]) -> bool:
     """vLLM's `should_continue_final_message`: the last item is a message or reasoning still in progress."""
-    if isinstance(request_input, str) or not request_input:
-        return False
-    last = request_input[-1]
+    last = request_input[-1] if isinstance(request_input, list) and request_input else None
     return (
         isinstance(last, dict)
         and last.get("type", "message") in ("message", "reasoning")

@@ -23,7 +23,15 @@ from extproc.request.tokenizer import ByteTokenizer, HfTokenizer, RequestTokeniz
 
 FIXTURES = json.loads((Path(__file__).parent / "engines" / "vllm-0.33.0" / "anthropic.json").read_text())
 CASES = {case["name"]: case for case in FIXTURES["cases"]}
-TOKENIZERS = Path(__file__).resolve().parents[3] / "shared" / "tokenizers"
+# ../shared/tokenizers beside the checkout (looked for upwards: mutation runs copy the tests deeper)
+TOKENIZERS = next(
+    (
+        p / "shared" / "tokenizers"
+        for p in Path(__file__).resolve().parents
+        if (p / "shared" / "tokenizers").is_dir()
+    ),
+    Path("/nonexistent/shared/tokenizers"),
+)
 NOT_REBUILT = {"an_image_block"}  # vLLM renders images; the picker routes such a request on load
 
 
