@@ -1400,9 +1400,10 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
     },
     "router/sequences.py": {
         "xǁActiveSequencesǁpotential__mutmut_15": (
-            "prefill = self.prefill_tokens(worker) if (self._timed) or True else load.prefill_tokens",
+            "prefill = self.prefill_tokens(worker) if (self._timed or self._aic) or True "
+            "else load.prefill_tokens",
             "same-value",
-            "untimed, prefill_tokens(worker) reads the same load.prefill_tokens",
+            "under none, prefill_tokens(worker) reads the same load.prefill_tokens",
         ),
         "xǁActiveSequencesǁ_estimate__mutmut_42": (
             "usage = (load.decode_blocks if load else 1.0) * bs / timing.kv_capacity_tokens",

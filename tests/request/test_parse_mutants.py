@@ -266,3 +266,15 @@ def test_an_n_out_of_bounds_or_not_an_integer_is_a_400_naming_it(value, sent):
         assert caught.value.message == f"n must be an integer in [1, 128], not {sent}"
         assert epp.status_of(caught.value) == (400, "invalid-request")
         assert json.loads(epp.error_answer(caught.value).immediate_response.body)["error"]["code"] == 400
+
+
+def test_the_responses_and_messages_paths_parse_into_chat_requests():
+    responses = parse_openai_body(
+        json.dumps({"model": "m", "input": "hi"}).encode(), "/v1/responses", max_bytes=1 << 20
+    )
+    assert (responses.kind, responses.responses_api) == ("chat", True)
+    assert [dict(m) for m in responses.messages] == [{"role": "user", "content": "hi"}]
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "yo"}]}
+    messages = parse_openai_body(json.dumps(body).encode(), "/v1/messages", max_bytes=1 << 20)
+    assert (messages.kind, messages.responses_api, messages.max_tokens) == ("chat", False, 4)
+    assert [dict(m) for m in messages.messages] == [{"role": "user", "content": "yo"}]
