@@ -72,6 +72,7 @@ MODULES: dict[str, list[str]] = {
     # the Responses and Messages APIs as vLLM renders them (checked against vLLM's own code)
     "request/responses.py": ["tests/request/test_responses.py", "tests/request/test_responses_mutants.py"],
     "request/anthropic.py": ["tests/request/test_anthropic.py", "tests/request/test_anthropic_mutants.py"],
+    "request/json_type.py": ["tests/request/test_parse.py", "tests/request/test_parse_mutants.py"],
     "epp/answers.py": ["tests/epp/test_answers.py", "tests/epp/test_answers_mutants.py"],
 }
 

@@ -41,6 +41,7 @@ from typing import Any, Final, Literal, NoReturn
 from extproc.errors import BodyTooLarge, RequestInvalid
 from extproc.request import anthropic
 from extproc.request.anthropic import MESSAGES_PATH
+from extproc.request.json_type import json_type
 from extproc.request.responses import RESPONSES_PATH, to_chat_fields
 
 CHAT_PATH: Final = "/v1/chat/completions"
@@ -187,7 +188,7 @@ def parse_openai_body(body: bytes, path: str, *, max_bytes: int) -> ParsedReques
         raise RequestInvalid(f"path {route[:200]!r} is not routable; supported paths: {supported}")
     obj = _load_json(body)
     if not isinstance(obj, dict):
-        raise RequestInvalid(f"request body must be a JSON object, not {_json_type(obj)}")
+        raise RequestInvalid(f"request body must be a JSON object, not {json_type(obj)}")
     model = obj.get("model")
     if not isinstance(model, str) or not model:
         _invalid("model", model, "a non-empty string")
@@ -452,20 +453,4 @@ _HINT_CHECKS: Final = {  # Dynamo's nvext.agent_hints types; unknown keys pass t
 
 
 def _invalid(where: str, value: Any, expected: str) -> NoReturn:
-    raise RequestInvalid(f"{where} must be {expected}, not {_json_type(value)}")
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, float) or (isinstance(value, int) and abs(value) < 10**15):
-        return f"the number {value!r}"
-    if isinstance(value, int):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
+    raise RequestInvalid(f"{where} must be {expected}, not {json_type(value)}")

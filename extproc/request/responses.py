@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from extproc.errors import RequestInvalid
+from extproc.request.json_type import json_type
 
 RESPONSES_PATH: Final = "/v1/responses"
 _MESSAGE_ROLES: Final = frozenset({"user", "system", "developer", "assistant"})
@@ -54,11 +55,11 @@ def to_chat_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
         raise RequestInvalid("responses requests need `input` (a string or a list of input items)")
     if not isinstance(request_input, str | list):
         raise RequestInvalid(
-            f"input must be a string or a list of input items, not {_json_type(request_input)}"
+            f"input must be a string or a list of input items, not {json_type(request_input)}"
         )
     instructions = obj.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise RequestInvalid(f"instructions must be a string, not {_json_type(instructions)}")
+        raise RequestInvalid(f"instructions must be a string, not {json_type(instructions)}")
     previous = obj.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise RequestInvalid("previous_response_id must be a non-empty string")
@@ -69,7 +70,7 @@ def to_chat_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
         raise RequestInvalid("max_output_tokens must be a positive integer")
     kwargs = obj.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
-        raise RequestInvalid(f"chat_template_kwargs must be an object, not {_json_type(kwargs)}")
+        raise RequestInvalid(f"chat_template_kwargs must be an object, not {json_type(kwargs)}")
     fields: dict[str, Any] = {
         "max_tokens": max_output_tokens,
         "previous_response_id": previous,
@@ -102,10 +103,10 @@ def _reasoning_effort(reasoning: Any) -> str | None:
     if reasoning is None:
         return None
     if not isinstance(reasoning, dict):
-        raise RequestInvalid(f"reasoning must be an object, not {_json_type(reasoning)}")
+        raise RequestInvalid(f"reasoning must be an object, not {json_type(reasoning)}")
     effort = reasoning.get("effort")
     if effort is not None and not isinstance(effort, str):
-        raise RequestInvalid(f"reasoning.effort must be a string, not {_json_type(effort)}")
+        raise RequestInvalid(f"reasoning.effort must be a string, not {json_type(effort)}")
     return effort
 
 
@@ -115,11 +116,11 @@ def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
-        raise RequestInvalid(f"tools must be a list of tool objects, not {_json_type(tools)}")
+        raise RequestInvalid(f"tools must be a list of tool objects, not {json_type(tools)}")
     out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
-            raise RequestInvalid(f"tools[{i}] must be an object, not {_json_type(tool)}")
+            raise RequestInvalid(f"tools[{i}] must be an object, not {json_type(tool)}")
         if tool.get("type") != "function":
             raise NotRebuilt(
                 f"tools[{i}] is a {str(tool.get('type'))[:40]!r} tool (only function tools are rebuilt)"
@@ -141,7 +142,7 @@ def _messages(instructions: str | None, request_input: str | list[Any]) -> list[
         raise RequestInvalid("input must not be an empty list")
     for i, item in enumerate(request_input):
         if not isinstance(item, dict):
-            raise RequestInvalid(f"input[{i}] must be an object, not {_json_type(item)}")
+            raise RequestInvalid(f"input[{i}] must be an object, not {json_type(item)}")
         message = _message(item, messages[-1] if messages else None, f"input[{i}]")
         if message is not None:
             messages.append(message)
@@ -249,17 +250,3 @@ def _continues_final_message(request_input: str | list[Any]) -> bool:
         and last.get("type", "message") in ("message", "reasoning")
         and last.get("status") in _PARTIAL
     )
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"
