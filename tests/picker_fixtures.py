@@ -74,3 +74,13 @@ def response_body(data: bytes = b"data: {}\n\n", end_of_stream=False):
 
 def mutation_headers(common: pb.CommonResponse) -> dict[str, str]:
     return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+
+
+async def run(service, messages: list[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
+    """Feed `messages` to an ext_proc servicer's `Process` in this event loop (no gRPC): its answers."""
+
+    async def feed():
+        for message in messages:
+            yield message
+
+    return [answer async for answer in service.Process(feed(), None)]

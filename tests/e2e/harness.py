@@ -17,8 +17,8 @@ import itertools
 import json
 import signal
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -28,9 +28,13 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import PickerHealth, Variant, render_envoy_config
 from extproc.devstack.procs import EnvoyProcess, ManagedProcess, start_envoy
+from extproc.devstack.stack import MODEL, WorkerProcess
+from extproc.router import RouterConfig
 from extproc.runtime.ports_file import write_ports_file
+from extproc.runtime.server import RunningPicker, start_picker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOOP_PICKER_PATH = REPO_ROOT / "benchmarks" / "noop_picker.py"
@@ -254,6 +258,42 @@ def start_envoy_variant(
     config = render_envoy_config(variant, picker_address=picker_address, workers=workers, **render_args)
     log_path = log_dir / f"envoy-{variant}-{next(_envoy_ids)}.log"
     return EnvoyUnderTest(variant=variant, process=start_envoy(config, log_path=log_path))
+
+
+@asynccontextmanager
+async def picker_behind_envoy(
+    workers: Sequence[WorkerProcess], router: RouterConfig, log_dir: Path, *, kv_events: bool = False
+) -> AsyncIterator[tuple[RunningPicker, EnvoyProcess]]:
+    """The picker in this event loop for mock `workers` of `MODEL` (free ports, its admin API on;
+    with `kv_events`, subscribed to the workers' ZMQ KV events) behind a real Envoy (`buffered`, a
+    child process). Both stopped on exit."""
+    config = PickerConfig(
+        router=router,
+        workers=tuple(
+            WorkerConfig(w.worker_id, w.endpoint, MODEL, kv_events=w.kv_events, kv_replay=w.kv_replay)
+            if kv_events
+            else WorkerConfig(w.worker_id, w.endpoint, MODEL)
+            for w in workers
+        ),
+        models=(ModelConfig(MODEL),),
+        port=0,
+        health_port=0,
+        admin_port=0,
+        events=EventsConfig(),
+        kv_events_source=kv_events,
+    )
+    picker = await start_picker(config)
+    try:
+        yaml = render_envoy_config(
+            "buffered", picker_address=f"127.0.0.1:{picker.port}", workers=[w.endpoint for w in workers]
+        )
+        envoy = start_envoy(yaml, log_path=log_dir / f"envoy-{next(_envoy_ids)}.log")
+        try:
+            yield picker, envoy
+        finally:
+            envoy.stop()
+    finally:
+        await picker.stop(0)
 
 
 @contextmanager

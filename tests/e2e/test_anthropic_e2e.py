@@ -10,8 +10,6 @@ child process. The prompt the picker rebuilds is checked against vLLM's own code
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,12 +17,12 @@ import anthropic
 import pytest
 import pytest_asyncio
 
-from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
-from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.router import RouterConfig
-from extproc.runtime.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker
+
+from ..replica_helpers import until
+from .harness import picker_behind_envoy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -58,38 +56,13 @@ def workers(log_dir: Path) -> Iterator[list[WorkerProcess]]:
 async def stack(
     workers: list[WorkerProcess], log_dir: Path
 ) -> AsyncIterator[tuple[RunningPicker, anthropic.AsyncAnthropic]]:
-    config = PickerConfig(
-        router=RouterConfig(block_size=BLOCK, use_kv_events=True),
-        workers=tuple(
-            WorkerConfig(w.worker_id, w.endpoint, MODEL, kv_events=w.kv_events, kv_replay=w.kv_replay)
-            for w in workers
-        ),
-        models=(ModelConfig(MODEL),),
-        port=0,
-        health_port=0,
-        admin_port=0,
-        events=EventsConfig(),
-        kv_events_source=True,
-    )
-    picker = await start_picker(config)
-    envoy_yaml = render_envoy_config(
-        "buffered", picker_address=f"127.0.0.1:{picker.port}", workers=[w.endpoint for w in workers]
-    )
-    envoy = start_envoy(envoy_yaml, log_path=log_dir / "envoy.log")
-    client = anthropic.AsyncAnthropic(base_url=envoy.url, api_key="unused", max_retries=0, timeout=30)
-    try:
-        yield picker, client
-    finally:
-        await client.close()
-        envoy.stop()
-        await picker.stop(0)
-
-
-async def until(condition, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.02)
+    router = RouterConfig(block_size=BLOCK, use_kv_events=True)
+    async with picker_behind_envoy(workers, router, log_dir, kv_events=True) as (picker, envoy):
+        client = anthropic.AsyncAnthropic(base_url=envoy.url, api_key="unused", max_retries=0, timeout=30)
+        try:
+            yield picker, client
+        finally:
+            await client.close()
 
 
 async def test_an_agents_turns_go_where_its_prompt_is_cached(stack):
@@ -102,7 +75,7 @@ async def test_an_agents_turns_go_where_its_prompt_is_cached(stack):
     served = first.headers["x-worker-id"]
     assert (await first.parse()).content[0].text == " tok" * 4
     # the worker's KV events arrive: its tree holds the prompt's blocks
-    await until(lambda: router.indexer.num_blocks() > 0, "the first turn's blocks are indexed")
+    await until(lambda: router.indexer.num_blocks() > 0, 10.0, "the first turn's blocks are indexed")
     for turn in range(3):  # each turn repeats the system prompt, the tools and the conversation so far
         history = [
             *history,

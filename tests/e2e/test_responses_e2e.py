@@ -18,12 +18,11 @@ import openai
 import pytest
 import pytest_asyncio
 
-from extproc.config import ModelConfig, PickerConfig, WorkerConfig
-from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.router import RouterConfig
-from extproc.runtime.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker
+
+from .harness import picker_behind_envoy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -48,26 +47,15 @@ def workers(log_dir: Path) -> Iterator[list[WorkerProcess]]:
 async def stack(
     workers: list[WorkerProcess], log_dir: Path
 ) -> AsyncIterator[tuple[RunningPicker, openai.AsyncOpenAI]]:
-    config = PickerConfig(
-        router=RouterConfig(block_size=16, use_kv_events=False),
-        workers=tuple(WorkerConfig(w.worker_id, w.endpoint, MODEL) for w in workers),
-        models=(ModelConfig(MODEL),),
-        port=0,
-        health_port=0,
-        admin_port=0,
-    )
-    picker = await start_picker(config)
-    envoy_yaml = render_envoy_config(
-        "buffered", picker_address=f"127.0.0.1:{picker.port}", workers=[w.endpoint for w in workers]
-    )
-    envoy = start_envoy(envoy_yaml, log_path=log_dir / "envoy.log")
-    client = openai.AsyncOpenAI(base_url=f"{envoy.url}/v1", api_key="unused", max_retries=0, timeout=30)
-    try:
-        yield picker, client
-    finally:
-        await client.close()
-        envoy.stop()
-        await picker.stop(0)
+    async with picker_behind_envoy(workers, RouterConfig(block_size=16, use_kv_events=False), log_dir) as (
+        picker,
+        envoy,
+    ):
+        client = openai.AsyncOpenAI(base_url=f"{envoy.url}/v1", api_key="unused", max_retries=0, timeout=30)
+        try:
+            yield picker, client
+        finally:
+            await client.close()
 
 
 async def test_follow_ups_and_retrievals_reach_the_worker_that_stored_the_response(stack):

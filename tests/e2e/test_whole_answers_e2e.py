@@ -21,12 +21,11 @@ import openai
 import pytest
 import pytest_asyncio
 
-from extproc.config import ModelConfig, PickerConfig, WorkerConfig
-from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.router import RouterConfig
-from extproc.runtime.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker
+
+from .harness import picker_behind_envoy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -49,26 +48,13 @@ def workers(log_dir: Path) -> Iterator[list[WorkerProcess]]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(workers: list[WorkerProcess], log_dir: Path) -> AsyncIterator[tuple[RunningPicker, str]]:
-    config = PickerConfig(
-        # the default prefill load model (timing) with learning on, predicting from the model the
-        # mock workers run at 1x
-        router=RouterConfig(block_size=16, use_kv_events=False),
-        workers=tuple(WorkerConfig(w.worker_id, w.endpoint, MODEL) for w in workers),
-        models=(ModelConfig(MODEL),),
-        port=0,
-        health_port=0,
-        admin_port=0,
-    )
-    picker = await start_picker(config)
-    envoy_yaml = render_envoy_config(
-        "buffered", picker_address=f"127.0.0.1:{picker.port}", workers=[w.endpoint for w in workers]
-    )
-    envoy = start_envoy(envoy_yaml, log_path=log_dir / "envoy.log")
-    try:
+    # the default prefill load model (timing) with learning on, predicting from the model the mock
+    # workers run at 1x
+    async with picker_behind_envoy(workers, RouterConfig(block_size=16, use_kv_events=False), log_dir) as (
+        picker,
+        envoy,
+    ):
         yield picker, envoy.url
-    finally:
-        envoy.stop()
-        await picker.stop(0)
 
 
 def messages(i: int) -> list[dict[str, str]]:

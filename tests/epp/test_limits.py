@@ -28,7 +28,7 @@ from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.server import start_picker
 
-from ..picker_fixtures import chat_body, mutation_headers, picker_config, request_body, request_headers
+from ..picker_fixtures import chat_body, mutation_headers, picker_config, request_body, request_headers, run
 
 BOUND_SLACK_S = 1.0  # scheduling slack on a shared 2-core machine; the deadlines tested are 0.2-0.3 s
 
@@ -63,14 +63,6 @@ class OpenStream:
     async def close(self) -> None:
         self.messages.put_nowait(None)
         await asyncio.wait_for(self.task, 5)
-
-
-async def run(service: ExtProcService, messages: list[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
-    async def feed() -> AsyncIterator[pb.ProcessingRequest]:
-        for message in messages:
-            yield message
-
-    return [answer async for answer in service.Process(feed(), None)]
 
 
 def rejections(picker: EndpointPicker, status: int, reason: str) -> float:

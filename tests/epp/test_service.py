@@ -21,20 +21,13 @@ from ..picker_fixtures import (
     request_headers,
     response_body,
     response_headers,
+    run,
 )
 
 
 def make_service(**router):
     picker = EndpointPicker(picker_config(**router))
     return picker, ExtProcService(picker, max_body_bytes=1 << 20)
-
-
-async def run(service, messages):
-    async def feed():
-        for m in messages:
-            yield m
-
-    return [answer async for answer in service.Process(feed(), None)]
 
 
 def routed_load(picker) -> int:

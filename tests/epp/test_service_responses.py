@@ -23,6 +23,7 @@ from ..picker_fixtures import (
     request_headers,
     response_body,
     response_headers,
+    run,
 )
 
 ANSWERS = json.loads(
@@ -35,14 +36,6 @@ def make_service(workers: int = 4):
     # no cache credit: idle workers tie and requests spread (ties are broken at random)
     picker = EndpointPicker(picker_config(workers, overlap_score_weight=0.0))
     return picker, ExtProcService(picker, max_body_bytes=1 << 20)
-
-
-async def run(service, messages):
-    async def feed():
-        for m in messages:
-            yield m
-
-    return [answer async for answer in service.Process(feed(), None)]
 
 
 def body(**fields) -> bytes:
