@@ -81,7 +81,7 @@ PAIRS = [
         for name in ("ByteTokenizer", "HfTokenizer")
     ),
     Pair("extproc.sim.disagg:EngineClock", "extproc.sim.mock_worker:EngineDriver"),
-    Pair("extproc.sim.mock_responses:ResponsesWorker", "extproc.sim.mock_worker:MockWorker"),
+    Pair("extproc.sim.mock_responses:HandlerWorker", "extproc.sim.mock_worker:MockWorker"),
     Pair("extproc.sim.mock_responses:_Driver", "extproc.sim.mock_worker:EngineDriver"),
     Pair("extproc.sim.kv_events:KvEventPublisher", "extproc.sim.kv_events:ZmqKvEvents"),
     Pair("extproc.sim.kv_events:KvEventPublisher", "extproc.sim.kv_events:NatsKvEvents"),
@@ -137,7 +137,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
     from extproc.runtime.engine_metrics import WorkerPools
     from extproc.sim.disagg import EngineClock
     from extproc.sim.kv_events import KvEventPublisher, NatsKvEvents, ZmqKvEvents, _Forward
-    from extproc.sim.mock_responses import ResponsesWorker, _Driver
+    from extproc.sim.mock_responses import HandlerWorker, _Driver
     from extproc.sim.mock_worker import EngineDriver, MockWorker, TokenizerLike
     from extproc.sim.prefix_cache import KvCacheListener, OffloadListener
     from extproc.sim.replay_router import DisaggRouterAdapter, KvEventTap, KvRouterAdapter, ReplayRouter
@@ -172,7 +172,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         worker_tokenizers: list[TokenizerLike] = [byte_tokenizer, hf_tokenizer]
         clock: EngineClock = driver
         responses_driver: _Driver = driver
-        responses_worker: ResponsesWorker = mock_worker
+        handler_worker: HandlerWorker = mock_worker
         publishers: list[KvEventPublisher] = [zmq_events, nats_events]
         sink: EventSink = feed
         trees: list[TreeSource] = [router, all_routers]
@@ -187,7 +187,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         del targets, tokenizers, listeners, replay_routers, worker_tokenizers, clock, publishers, sink
         del offload_listeners
         del trees, synced, worker_set_listener, route_listener, picker, served, groups, output_tracker
-        del worker_pools, responses_driver, responses_worker
+        del worker_pools, responses_driver, handler_worker
 
 
 # --- the structural check --------------------------------------------------------------------------

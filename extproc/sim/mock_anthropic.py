@@ -19,7 +19,7 @@ from aiohttp import web
 
 from extproc.errors import RequestInvalid
 from extproc.request import anthropic
-from extproc.sim.mock_responses import ResponsesWorker
+from extproc.sim.mock_responses import HandlerWorker
 
 _TOKEN_TEXT: Final = " tok"
 
@@ -29,7 +29,7 @@ def _error(status: int, kind: str, message: str) -> web.Response:
     return web.json_response({"type": "error", "error": {"type": kind, "message": message}}, status=status)
 
 
-async def create(worker: ResponsesWorker, request: web.Request) -> web.StreamResponse:
+async def create(worker: HandlerWorker, request: web.Request) -> web.StreamResponse:
     try:
         body = json.loads(await request.read())
         if not isinstance(body, dict):

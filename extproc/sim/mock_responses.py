@@ -34,8 +34,9 @@ class _Driver(Protocol):
     def cancel(self, request_id: str) -> None: ...
 
 
-class ResponsesWorker(Protocol):
-    """What the handlers use of the mock worker (`extproc.sim.mock_worker.MockWorker`)."""
+class HandlerWorker(Protocol):
+    """What the Responses and Messages API handlers (this module, `mock_anthropic`) use of the mock
+    worker (`extproc.sim.mock_worker.MockWorker`)."""
 
     config: Any  # MockWorkerConfig: model, default_max_tokens, max_output_tokens
     tokenizer: Any  # its TokenizerLike (encode_chat)
@@ -83,7 +84,7 @@ def _bad_request(message: str) -> web.Response:
     return web.json_response({"error": error}, status=400)
 
 
-async def create(worker: ResponsesWorker, request: web.Request) -> web.StreamResponse:
+async def create(worker: HandlerWorker, request: web.Request) -> web.StreamResponse:
     try:
         body = json.loads(await request.read())
         if not isinstance(body, dict):
@@ -177,7 +178,7 @@ async def create(worker: ResponsesWorker, request: web.Request) -> web.StreamRes
         worker.driver.cancel(response_id)
 
 
-async def retrieve(worker: ResponsesWorker, request: web.Request) -> web.Response:
+async def retrieve(worker: HandlerWorker, request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
     stored = worker.responses.get(response_id)
     return web.json_response(stored[1]) if stored is not None else not_found(response_id)
