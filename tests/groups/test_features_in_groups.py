@@ -10,7 +10,8 @@ owner as for its own traffic. Each test runs twice: the group is this picker's l
 - disaggregated prefill/decode: the prefill worker is named, and first token and end reach the
   group's prefill and decode routers;
 - outlier ejection: the worker's failed answers travel to its group, which ejects it;
-- replica sync: the group's listeners hear of every request it tracks.
+- replica sync: the group's listeners hear of every request it tracks;
+- Responses API follow-ups and retrievals reach the group and worker that stored the answer.
 """
 
 from __future__ import annotations
@@ -310,4 +311,35 @@ async def test_a_group_that_does_not_serve_output_tokens_is_asked_once(closing, 
     for p in chosen:
         setup.top.finish(p, "complete")
     await setup.settle()
+    assert group_idle(setup) and setup.top.is_idle()
+
+
+async def test_responses_follow_ups_and_retrievals_reach_the_group_and_worker_that_stored_the_answer(
+    mode, closing
+):
+    setup = await build(
+        mode, group_config("w", 3, overlap_score_weight=0.0)
+    )  # load only: follow-ups would spread
+    closing.append(setup)
+    homes = {}
+    for i in range(4):
+        body = json.dumps({"model": MODEL, "input": f"question {i} " * 20}).encode()
+        chosen = await setup.top.pick(
+            body=body, path="/v1/responses", headers={}, subset=None, client_request_id=f"r{i}"
+        )
+        setup.top.response_stored(chosen, f"resp_{i}")  # what the service reads from the answer
+        homes[f"resp_{i}"] = (chosen.group, chosen.worker, chosen.endpoint)
+        await end(setup, chosen)
+    for rid, home in homes.items():
+        for turn in range(3):
+            body = json.dumps({"model": MODEL, "input": "and then?", "previous_response_id": rid}).encode()
+            follow_up = await setup.top.pick(
+                body=body, path="/v1/responses", headers={}, subset=None, client_request_id=f"{rid}-{turn}"
+            )
+            assert (follow_up.group, follow_up.worker, follow_up.endpoint) == home
+            await end(setup, follow_up)
+        retrieval = await setup.top.pick(
+            body=None, path=f"/v1/responses/{rid}", headers={}, subset=None, client_request_id=f"{rid}-get"
+        )
+        assert (retrieval.group, retrieval.worker, retrieval.endpoint, retrieval.tracked) == (*home, False)
     assert group_idle(setup) and setup.top.is_idle()
