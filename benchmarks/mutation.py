@@ -61,7 +61,8 @@ _ROUTER_TESTS = [
 ]
 _ROUTER_MODULES = [
     "__init__", "aic", "approx", "config", "device_share", "disagg", "errors", "hashing", "load_order",
-    "pass_time", "prefill_model", "queue", "radix", "radix_lookup", "reported", "router", "selection",
+    "pass_time", "prefill_model", "queue", "radix", "radix_lookup", "radix_names", "reported", "router",
+    "selection",
     "sequences", "sessions", "tiers", "types",
 ]  # fmt: skip
 MODULES: dict[str, list[str]] = {

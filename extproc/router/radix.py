@@ -11,10 +11,15 @@ middle of what it holds, and runs are merged back when a cut is no longer needed
 matches a prefix only while it holds every block along it; `find_matches` does one AND per run
 and compares the query against a run with one list compare.
 
-Engines name blocks with their own opaque ids (vLLM's are SHA-256 based, SGLang's signed ints),
-and two engines may give the same content different ids, so each worker keeps its own map
-engine id -> run (the offset is found in the run's list; a split re-points only the part that
-moves). When a worker stores content it already holds under another engine id, the new id is an
+Engines name blocks with their own opaque ids (vLLM's are SHA-256 based, SGLang's signed ints).
+Workers of one deployment usually name the same content alike, so one shared map engine id -> run
+serves them all (the offset is found in the run's list; a split re-points only the part that
+moves), and a worker keeps its own map only for ids the shared one cannot answer for it: two
+engines may give the same content different ids, or one id different content. The rule: a worker's
+id is in its own map, or else the shared map names the run where it holds it; the shared name
+stays while some worker not overriding it holds the id there, all of them at the same offset.
+(The per-worker maps alone cost about 52 bytes per (worker, block) entry, two thirds of the tree.)
+When a worker stores content it already holds under another engine id, the new id is an
 alias of the first one, and the block stays until every id naming it is removed. Parents and
 removals resolve through these maps (Dynamo's tree shares one map and cannot do this). Bad input
 never raises: an unknown parent drops the event (and `apply_event` says so, so that the caller can
@@ -23,7 +28,6 @@ resynchronise that worker), an unknown removal is ignored, and both are counted 
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -32,6 +36,7 @@ from extproc.router.radix_lookup import common as _common
 from extproc.router.radix_lookup import group_held as _group_held
 from extproc.router.radix_lookup import index as _index
 from extproc.router.radix_lookup import tails as _tails
+from extproc.router.radix_names import NAME_MASK, ShardedNames
 from extproc.router.types import (
     AllBlocksCleared,
     BlocksRemoved,
@@ -66,6 +71,10 @@ class _Node:
         self.children: dict[int, _Node] | None = None
 
 
+# New ids' names: (for the shared map, for the worker's own), either None when there is nothing to add.
+_Names = tuple["dict[int, _Node] | None", "dict[int, _Node] | None"]
+
+
 @dataclass(slots=True)
 class IndexerStats:
     """Event counters, exported as metrics by the edges."""
@@ -86,8 +95,11 @@ class RadixTree:
         self._root = _Node(None, [], 0, {})
         self._slot: dict[Worker, int] = {}
         self._worker_at: list[Worker | None] = []
-        self._maps: list[dict[int, _Node]] = []  # by slot: engine id -> run (a free slot: empty)
+        self._names: ShardedNames[_Node] = ShardedNames()  # engine id -> run, for workers naming it alike
+        self._shards = self._names.shards  # its dicts, read inline where a lookup is hot
+        self._own: list[dict[int, _Node]] = []  # by slot: engine id -> run where the shared map is wrong
         self._aliases: list[dict[int, int]] = []  # by slot: extra engine id -> first one
+        self._counts: list[int] = []  # by slot: (worker, engine id) entries, aliases included
         self._num_nodes = 0
         self.stats = IndexerStats()
 
@@ -157,8 +169,8 @@ class RadixTree:
         """(worker, engine block) entries, for one worker or all."""
         if worker is not None:
             slot = self._slot.get(worker)
-            return 0 if slot is None else len(self._maps[slot]) + len(self._aliases[slot])
-        return sum(len(self._maps[s]) + len(self._aliases[s]) for s in self._slot.values())
+            return 0 if slot is None else self._counts[slot]
+        return sum(self._counts[s] for s in self._slot.values())
 
     @property
     def num_nodes(self) -> int:
@@ -167,9 +179,10 @@ class RadixTree:
 
     def entries(self) -> Iterator[tuple[Worker, int, tuple[int, ...]]]:
         """Every (worker, engine id, local-hash path from the root) the tree holds."""
+        held = self._held_runs()
         for worker, slot in list(self._slot.items()):
-            m, aliases = self._maps[slot], self._aliases[slot]
-            for node in dict.fromkeys(m.values()):
+            aliases = self._aliases[slot]
+            for node in held.get(slot, ()):
                 base = _path(node.parent)
                 run = node.hashes
                 for i, engine_hash in enumerate(node.eids[slot]):
@@ -203,12 +216,14 @@ class RadixTree:
         slot = self._slot.get(worker)
         if slot is None:
             return
-        m, aliases = self._maps[slot], self._aliases[slot]
-        if not m:
+        if not self._counts[slot]:
             return
-        nodes = list(dict.fromkeys(m.values()))
-        m.clear()
-        aliases.clear()
+        nodes = self._held_runs(slot).get(slot, [])
+        for node in nodes:
+            self._unname(slot, node, 0)
+        self._own[slot].clear()
+        self._aliases[slot].clear()
+        self._counts[slot] = 0
         clear = ~(1 << slot)
         for node in nodes:
             node.workers &= clear
@@ -224,26 +239,28 @@ class RadixTree:
         self.clear_worker(worker)
         slot = self._slot.pop(worker)
         self._worker_at[slot] = None
-        self._maps[slot], self._aliases[slot] = {}, {}
+        self._own[slot], self._aliases[slot] = {}, {}
         while self._worker_at and self._worker_at[-1] is None:
             self._worker_at.pop()
-            self._maps.pop()
+            self._own.pop()
             self._aliases.pop()
+            self._counts.pop()
 
     def _slot_of(self, worker: Worker) -> int:
         slot = self._slot.get(worker)
         if slot is None:
-            m: dict[int, _Node] = {}
             try:
                 slot = self._worker_at.index(None)
                 self._worker_at[slot] = worker
-                self._maps[slot] = m
+                self._own[slot] = {}
                 self._aliases[slot] = {}
+                self._counts[slot] = 0
             except ValueError:
                 slot = len(self._worker_at)
                 self._worker_at.append(worker)
-                self._maps.append(m)
+                self._own.append({})
                 self._aliases.append({})
+                self._counts.append(0)
             self._slot[worker] = slot
         return slot
 
@@ -251,8 +268,6 @@ class RadixTree:
         """Walks the event along the runs in bulk; anything unusual goes block by block."""
         self.stats.stored_events += 1
         slot = self._slot_of(event.worker)
-        m = self._maps[slot]
-        aliases = self._aliases[slot]
         root = self._root
         if event.parent_hash is None:
             node, end = root, 0
@@ -294,14 +309,17 @@ class RadixTree:
                 # the worker holds the run up to `end` (a held position is in what it holds)
                 assert end == (0 if ids is None else len(ids))
                 seg = es[i : i + stop - end]
-                for other in node.eids.values():  # another holder names these blocks alike:
+                named = None
+                for holder, other in node.eids.items():  # another holder names these blocks alike:
                     if other is not ids and len(other) >= stop:  # keep one copy of the ints
                         if other[end:stop] == seg:
                             seg = other[end:stop]
+                            named = self._named_alike(slot, holder, seg)
                         break
-                fresh = _fresh(seg, node, m, aliases)
-                if fresh is None:
-                    break
+                if named is None:
+                    named = self._name(slot, node, end, seg)
+                    if named is None:
+                        break
                 if ids is None:
                     node.eids[slot] = seg
                 else:
@@ -311,7 +329,7 @@ class RadixTree:
                     node.partial &= ~bit
                 else:
                     node.partial |= bit
-                m.update(fresh)
+                self._add_names(slot, named)
                 touched.append(node)
                 added += stop - end
                 i += stop - end
@@ -324,8 +342,8 @@ class RadixTree:
                 continue
             seg = es[i:] if i else es
             if node is not root and children is None and node.workers & bit:  # extend the leaf
-                fresh = _fresh(seg, node, m, aliases)
-                if fresh is None:
+                named = self._name(slot, node, len(node.hashes), seg)
+                if named is None:
                     break
                 node.hashes += hs[i:] if i else hs
                 node.eids[slot] += seg
@@ -334,8 +352,8 @@ class RadixTree:
                     node.workers = bit
             else:
                 new = _Node(node, hs[i:] if i else hs, bit, {})
-                fresh = _fresh(seg, new, m, aliases)
-                if fresh is None:
+                named = self._name(slot, new, 0, seg)
+                if named is None:
                     break
                 new.eids[slot] = seg
                 if children is None:
@@ -343,10 +361,11 @@ class RadixTree:
                 else:
                     children[hs[i]] = new
                 self._num_nodes += 1
-            m.update(fresh)
+            self._add_names(slot, named)
             added += n - i
             i = n
         self.stats.stored_blocks += added
+        self._counts[slot] += added
         if i < n:  # a reused or repeated engine id: the rest block by block, from a stable name
             before = es[i - 1] if i else event.parent_hash
             for node in touched:
@@ -372,7 +391,7 @@ class RadixTree:
     ) -> tuple[_Node, int]:
         """Stores one block after position (node, end); returns the position after it."""
         bit = 1 << slot
-        m = self._maps[slot]
+        own = self._own[slot]
         aliases = self._aliases[slot]
         target: _Node | None = None
         cut = None
@@ -405,7 +424,7 @@ class RadixTree:
                     node.children = {}
                 node.children[local_hash] = target
                 self._num_nodes += 1
-            m[engine_hash] = target
+            own[engine_hash] = target  # the worker's own name: this path is rare
         elif off < held:
             aliases[engine_hash] = first
         else:  # the next block of the run after those the worker holds (off == held)
@@ -414,36 +433,37 @@ class RadixTree:
                 target.eids[slot] = [engine_hash]
             else:
                 ids.append(engine_hash)
-            m[engine_hash] = target
+            own[engine_hash] = target
             _recount(target)
         self.stats.stored_blocks += 1
+        self._counts[slot] += 1
         self._settle(target)
         if cut is not None:
             self._settle(cut)
         if pending is not None:
-            self._release(slot, {self._maps[slot][pending]: {pending: None}})
+            self._release(slot, {own[pending]: {pending: None}})
         found = self._locate(slot, first)
         assert found is not None
         return found[0], found[1] + 1
 
     def _detach(self, slot: int, engine_hash: int) -> int | None:
         """Unnames a block (no structural change); returns a stand-in key if the worker loses it."""
-        m = self._maps[slot]
         aliases = self._aliases[slot]
         if aliases.pop(engine_hash, None) is not None:
+            self._counts[slot] -= 1
             return None
-        node = m.get(engine_hash)
-        if node is None:
+        found = self._held_at(slot, engine_hash)
+        if found is None:
             return None
+        node, off = found
         if aliases and self._promote(slot, engine_hash, node):
             return None
         # Holds the place until released; splits re-point it like an engine id. Typed as one: it
         # lives only until `_store_one` releases it, so no reader of the maps ever sees it.
         token = cast(int, object())
-        ids = node.eids[slot]
-        ids[_index(ids, engine_hash)] = token
-        del m[engine_hash]
-        m[token] = node
+        self._unname_one(slot, node, engine_hash, off)
+        node.eids[slot][off] = token
+        self._own[slot][token] = node
         return token
 
     def _promote(self, slot: int, engine_hash: int, node: _Node) -> bool:
@@ -456,11 +476,12 @@ class RadixTree:
         for other, first in aliases.items():
             if first == engine_hash:
                 aliases[other] = alias
-        m = self._maps[slot]
         ids = node.eids[slot]
-        ids[_index(ids, engine_hash)] = alias
-        del m[engine_hash]
-        m[alias] = node
+        off = _index(ids, engine_hash)
+        self._unname_one(slot, node, engine_hash, off)
+        ids[off] = alias
+        self._own[slot][alias] = node
+        self._counts[slot] -= 1
         return True
 
     def _remove(self, worker: Worker, engine_hashes: Iterable[int]) -> None:
@@ -468,21 +489,28 @@ class RadixTree:
         if slot is None:
             self.stats.unknown_removal += sum(1 for _ in engine_hashes)
             return
-        m = self._maps[slot]
+        own = self._own[slot]
         aliases = self._aliases[slot]
         if type(engine_hashes) is tuple and len(engine_hashes) == 1 and not aliases:
             (engine_hash,) = engine_hashes
-            node = m.get(engine_hash)
-            if node is None:
-                self.stats.unknown_removal += 1
-                return
-            ids = node.eids[slot]
-            if ids[-1] == engine_hash:  # the last block the worker holds there (engines evict leaf first)
-                # `_cut_end` inlined for one block: the call and its slices cost 1.2 -> 2.0 us an event
+            node = own.get(engine_hash) if own else None
+            shared = node is None
+            if shared:
+                node = self._shards[engine_hash & NAME_MASK].get(engine_hash)
+            ids = None if node is None else node.eids.get(slot)
+            if node is not None and ids is not None and ids[-1] == engine_hash:
+                # The last block the worker holds there (engines evict leaf first): `_cut_end`
+                # and `_unname` inlined for one block (the calls and slices cost 1.2 -> 2.0 us).
                 self.stats.removed_blocks += 1
-                del m[engine_hash]
-                ids.pop()
+                self._counts[slot] -= 1
                 bit = 1 << slot
+                if not shared:
+                    del own[engine_hash]
+                elif not (node.workers | node.partial) & ~bit or not _named_at(
+                    self._own, node, len(ids) - 1, engine_hash, slot
+                ):
+                    del self._shards[engine_hash & NAME_MASK][engine_hash]
+                ids.pop()
                 node.workers &= ~bit
                 if ids:
                     node.partial |= bit
@@ -492,11 +520,11 @@ class RadixTree:
                 self._settle(node)
                 return
         if not aliases:
-            tails = _tails(m, slot, engine_hashes)
+            tails = _tails(own, self._names, slot, engine_hashes)
             if tails is not None:
                 self._cut_tails(slot, tails)
                 return
-            by_node = _group_held(m, engine_hashes)
+            by_node = _group_held(own, self._names, slot, engine_hashes)
             if by_node is not None:
                 self.stats.removed_blocks += sum(map(len, by_node.values()))
                 self._release(slot, by_node)
@@ -504,13 +532,15 @@ class RadixTree:
         by_node = {}
         removed = unknown = 0
         for engine_hash in engine_hashes:
-            node = m.get(engine_hash)
-            if node is None:
+            found = self._held_at(slot, engine_hash)
+            if found is None:
                 if aliases and aliases.pop(engine_hash, None) is not None:
+                    self._counts[slot] -= 1
                     removed += 1
                 else:
                     unknown += 1
                 continue
+            node = found[0]
             if aliases and self._promote(slot, engine_hash, node):
                 removed += 1
                 continue
@@ -540,9 +570,9 @@ class RadixTree:
     def _cut_end(self, node: _Node, slot: int, lo: int) -> None:
         """The worker stops holding its blocks of `node` from offset `lo` on (the end of what it holds
         there); the caller settles the node."""
-        m = self._maps[slot]
         ids = node.eids[slot]
-        deque(map(m.__delitem__, ids[lo:]), maxlen=0)  # in C
+        self._unname(slot, node, lo)
+        self._counts[slot] -= len(ids) - lo
         bit = 1 << slot
         node.workers &= ~bit
         if lo:
@@ -593,14 +623,157 @@ class RadixTree:
     # --- runs --------------------------------------------------------------------------------
 
     def _locate(self, slot: int, engine_hash: int) -> tuple[_Node, int] | None:
-        m = self._maps[slot]
-        node = m.get(engine_hash)
-        if node is None:
+        """(run, offset) of a block the worker names `engine_hash` (its id or an alias), or None."""
+        found = self._held_at(slot, engine_hash)
+        if found is None:
             first = self._aliases[slot].get(engine_hash)
             if first is None:
                 return None
-            node, engine_hash = m[first], first
-        return node, _index(node.eids[slot], engine_hash)
+            found = self._held_at(slot, first)
+        return found
+
+    def _held_at(self, slot: int, engine_hash: int) -> tuple[_Node, int] | None:
+        """(run, offset) where the worker holds `engine_hash` as its own id (not an alias), or None."""
+        node = self._own[slot].get(engine_hash)
+        if node is None:
+            node = self._shards[engine_hash & NAME_MASK].get(engine_hash)
+            if node is None:
+                return None
+        ids = node.eids.get(slot)
+        if ids is None:
+            return None
+        if ids[-1] == engine_hash:
+            return node, len(ids) - 1
+        try:
+            return node, ids.index(engine_hash)
+        except ValueError:  # the shared name is another worker's
+            return None
+
+    # --- names: where a worker's engine id is (the module docstring's rule) -----------------
+
+    def _name(self, slot: int, node: _Node, pos: int, seg: list[int]) -> _Names | None:
+        """Names for the worker's new ids `seg`, about to sit at offsets pos.. of `node`: (shared,
+        own) {id: node} maps; None if an id repeats or the worker already holds one."""
+        fresh = dict.fromkeys(seg, node)
+        if len(fresh) != len(seg) or not self._own[slot].keys().isdisjoint(fresh):
+            return None
+        aliases = self._aliases[slot]
+        if aliases and not aliases.keys().isdisjoint(fresh):
+            return None
+        names = self._names
+        if names.isdisjoint(seg):
+            return fresh, None
+        shared: dict[int, _Node] = {}
+        own: dict[int, _Node] = {}
+        for j, engine_hash in enumerate(seg):
+            there = names.get(engine_hash)
+            if there is None:
+                shared[engine_hash] = node
+            elif there is not node or not _named_at(self._own, node, pos + j, engine_hash, slot):
+                ids = there.eids.get(slot)
+                if ids is not None and engine_hash in ids:
+                    return None  # the worker holds it under the shared name already
+                own[engine_hash] = node
+            # else: the holders naming it here do so at this offset: the shared name serves
+        return shared, own
+
+    def _named_alike(self, slot: int, holder: int, seg: list[int]) -> _Names | None:
+        """`_name` when another holder names the same blocks with `seg` at the same offsets: if it
+        does so under the shared names, nothing is added; None as `_name`'s."""
+        if self._own[holder] and not self._own[holder].keys().isdisjoint(seg):
+            return None  # let `_name` sort it out
+        if self._own[slot] and not self._own[slot].keys().isdisjoint(seg):
+            return None
+        aliases = self._aliases[slot]
+        if aliases and not aliases.keys().isdisjoint(seg):
+            return None
+        return None, None
+
+    def _add_names(self, slot: int, named: _Names) -> None:
+        shared, own = named
+        if shared:
+            self._names.update(shared)
+        if own:
+            self._own[slot].update(own)
+
+    def _unname(self, slot: int, node: _Node, lo: int) -> None:
+        """The worker is about to stop holding its blocks of `node` from offset `lo` on: drop their
+        names (a shared one only when no other worker uses it)."""
+        ids = node.eids[slot]
+        hi = len(ids)
+        own_maps = self._own
+        # Other holders hold a prefix of the run each, so those naming the blocks alike keep the
+        # shared names of offsets lo..kept between them; one naming them its own way: block by block.
+        kept = lo
+        for other, theirs in node.eids.items():
+            top = min(len(theirs), hi)
+            if other == slot or top <= kept:
+                continue
+            if theirs[kept:top] != ids[kept:top] or (
+                own_maps[other] and not own_maps[other].keys().isdisjoint(ids[kept:top])
+            ):
+                kept = -1
+                break
+            kept = top
+            if kept == hi:
+                break
+        own = own_maps[slot]
+        names = self._names
+        if kept < 0:
+            for j, engine_hash in enumerate(ids[lo:], lo):
+                if own.pop(engine_hash, None) is None and not _named_at(own_maps, node, j, engine_hash, slot):
+                    del names[engine_hash]
+        elif own:
+            for engine_hash in ids[lo:kept]:
+                own.pop(engine_hash, None)
+            for engine_hash in ids[kept:]:
+                if own.pop(engine_hash, None) is None:
+                    del names[engine_hash]
+        else:
+            names.drop(ids[kept:])
+
+    def _unname_one(self, slot: int, node: _Node, engine_hash: int, off: int) -> None:
+        """`_unname` for one block, wherever it sits in what the worker holds."""
+        if self._own[slot].pop(engine_hash, None) is None and not _named_at(
+            self._own, node, off, engine_hash, slot
+        ):
+            del self._names[engine_hash]
+
+    def _repoint(self, moved: list[tuple[int, list[int]]], node: _Node) -> None:
+        """Names of the ids that moved to `node` in a split or a merge, as (slot, ids) pairs."""
+        names = self._names
+        done: list[int] | None = None
+        for slot, ids in moved:
+            own = self._own[slot]
+            if own:
+                for engine_hash in ids:
+                    if engine_hash in own:
+                        own[engine_hash] = node
+                    else:
+                        names[engine_hash] = node
+            elif ids != done:  # holders naming the blocks alike share one update
+                names.point(ids, node)
+                done = ids
+
+    def _held_runs(self, slot: int | None = None) -> dict[int, list[_Node]]:
+        """Runs each worker slot (or only `slot`) holds part of, parents before children."""
+        held: dict[int, list[_Node]] = {}
+        stack = list((self._root.children or {}).values())
+        stack.reverse()
+        while stack:
+            node = stack.pop()
+            holders = node.workers | node.partial
+            if slot is not None:
+                if holders >> slot & 1:
+                    held.setdefault(slot, []).append(node)
+            else:
+                while holders:
+                    low = holders & -holders
+                    held.setdefault(low.bit_length() - 1, []).append(node)
+                    holders ^= low
+            if node.children is not None:
+                stack.extend(reversed(node.children.values()))
+        return held
 
     def _locate_held(self, slot: int, engine_hash: int) -> tuple[_Node, int]:
         """`_locate` for an engine id the worker is known to hold (an alias's first id, a stored parent)."""
@@ -615,7 +788,6 @@ class RadixTree:
         map, and moving the tail also re-parents the children.
         """
         run = node.hashes
-        maps = self._maps
         eids = node.eids
         tail_ids = sum(max(0, len(ids) - k) for ids in eids.values())
         head_ids = sum(min(len(ids), k) for ids in eids.values())
@@ -624,9 +796,9 @@ class RadixTree:
             del run[k:]
             for slot, ids in eids.items():
                 if len(ids) > k:
-                    moved = lower.eids[slot] = ids[k:]
+                    lower.eids[slot] = ids[k:]
                     del ids[k:]
-                    maps[slot].update(dict.fromkeys(moved, lower))
+            self._repoint(list(lower.eids.items()), lower)
             children = lower.children = node.children
             if children is not None:
                 for child in children.values():
@@ -639,12 +811,12 @@ class RadixTree:
             upper = _Node(parent, run[:k], 0, {})
             del run[:k]
             for slot, ids in list(eids.items()):
-                moved = upper.eids[slot] = ids[:k]
-                maps[slot].update(dict.fromkeys(moved, upper))
+                upper.eids[slot] = ids[:k]
                 if len(ids) > k:
                     del ids[:k]
                 else:
                     del eids[slot]
+            self._repoint(list(upper.eids.items()), upper)
             parent.children[upper.hashes[0]] = upper
             upper.children = {run[0]: node}
             node.parent = upper
@@ -660,12 +832,11 @@ class RadixTree:
         Only when every holder of `lower` holds all of `upper`, so each holder of the joined
         run still holds a prefix of it.
         """
-        maps = self._maps
         if len(lower.hashes) <= len(upper.hashes):
             upper.hashes += lower.hashes
             for slot, moved in lower.eids.items():
                 upper.eids[slot] += moved
-                maps[slot].update(dict.fromkeys(moved, upper))
+            self._repoint(list(lower.eids.items()), upper)
             children = upper.children = lower.children
             if children is not None:
                 for child in children.values():
@@ -680,7 +851,7 @@ class RadixTree:
                     lower.eids[slot] = moved
                 else:
                     ids[:0] = moved
-                maps[slot].update(dict.fromkeys(moved, lower))
+            self._repoint(list(upper.eids.items()), lower)
             grand = upper.parent
             assert grand is not None and grand.children is not None
             grand.children[upper.hashes[0]] = lower
@@ -736,12 +907,11 @@ class RadixTree:
         stays unreachable as before.
         """
         events: list[KvEvent] = []
-        depth: dict[int, int] = {id(self._root): 0}
+        held = self._held_runs()  # parents before children
         for worker, slot in list(self._slot.items()):
-            m, aliases = self._maps[slot], self._aliases[slot]
+            aliases = self._aliases[slot]
             stand_ins = [0]
-            held = sorted(dict.fromkeys(m.values()), key=lambda n: _depth(n, depth))
-            for node in held:
+            for node in held.get(slot, ()):
                 chain, parent = self._dump_parent(slot, node, 0, stand_ins)
                 blocks = tuple(map(StoredBlock, node.eids[slot], node.hashes))  # zip: a prefix
                 _emit(events, worker, chain, blocks, parent)
@@ -760,12 +930,13 @@ class RadixTree:
         chain: list[StoredBlock] = []
         up = node.parent
         parent = None
-        held, aliases = self._maps[slot], self._aliases[slot]
+        aliases = self._aliases[slot]
         while up is not None and up is not self._root:
             ids = up.eids.get(slot, ())
             for h in reversed(up.hashes[len(ids) :]):
                 stand_ins[0] -= 1
-                while stand_ins[0] in held or stand_ins[0] in aliases:  # a negative id a snapshot stored
+                # skip a negative id a snapshot stored
+                while self._held_at(slot, stand_ins[0]) or stand_ins[0] in aliases:
                     stand_ins[0] -= 1
                 chain.append(StoredBlock(stand_ins[0], h))
             if ids:
@@ -800,16 +971,13 @@ def _recount(node: _Node) -> None:
     node.workers, node.partial = full, part
 
 
-def _fresh(
-    seg: list[int], node: _Node, m: dict[int, _Node], aliases: dict[int, int]
-) -> dict[int, _Node] | None:
-    """{engine id: node} for new ids, or None if one repeats or the worker already uses one."""
-    fresh = dict.fromkeys(seg, node)
-    if len(fresh) != len(seg) or not m.keys().isdisjoint(fresh):
-        return None
-    if aliases and not aliases.keys().isdisjoint(fresh):
-        return None
-    return fresh
+def _named_at(own: list[dict[int, _Node]], node: _Node, off: int, engine_hash: int, exclude: int) -> bool:
+    """Whether a holder of `node` other than slot `exclude` holds `engine_hash` at offset `off` under
+    the shared name (not in its own map)."""
+    for slot, ids in node.eids.items():
+        if slot != exclude and len(ids) > off and ids[off] == engine_hash and engine_hash not in own[slot]:
+            return True
+    return False
 
 
 def _path(node: _Node | None) -> tuple[int, ...]:
@@ -818,19 +986,3 @@ def _path(node: _Node | None) -> tuple[int, ...]:
         runs.append(node.hashes)
         node = node.parent
     return tuple(h for run in reversed(runs) for h in run)
-
-
-def _depth(node: _Node, memo: dict[int, int]) -> int:
-    """Blocks above `node`; `memo` (by id) starts with the root at 0."""
-    stack = []
-    while id(node) not in memo:
-        stack.append(node)
-        parent = node.parent
-        assert parent is not None, "a held run's ancestors reach the root, which is in memo"
-        node = parent
-    base = memo[id(node)]
-    for n in reversed(stack):  # `node` is n's parent
-        base += len(node.hashes)
-        memo[id(n)] = base
-        node = n
-    return base

@@ -12,12 +12,16 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
+from extproc.router.radix_names import ShardedNames
+
 # A run of the tree (radix.py's _Node): read for its `eids` (slot -> the worker's engine ids there).
 # Typed loosely so that this module does not import the tree's (no import cycle).
 Run = Any
 
 
-def tails(m: dict[int, Run], slot: int, engine_hashes: Iterable[int]) -> dict[Run, int] | None:
+def tails(
+    own: dict[int, Run], names: ShardedNames[Run], slot: int, engine_hashes: Iterable[int]
+) -> dict[Run, int] | None:
     """The removal as {run: k}, when it names, leaf first, the last k blocks the worker holds in
     each run (what an engine evicting a request's blocks sends); None otherwise (an unknown id, one
     named twice, a block before others it keeps: the general path decides and counts).
@@ -28,10 +32,14 @@ def tails(m: dict[int, Run], slot: int, engine_hashes: Iterable[int]) -> dict[Ru
     taken: dict[Run, int] = {}
     i = 0
     while i < n:
-        node = m.get(hs[i])
+        node = own.get(hs[i]) if own else None
         if node is None:
+            node = names.get(hs[i])
+            if node is None:
+                return None
+        ids = node.eids.get(slot)
+        if ids is None:  # the shared name of another worker's block
             return None
-        ids = node.eids[slot]
         end = len(ids) - taken.get(node, 0)  # what the worker still holds there, once planned cuts are made
         if end <= 0 or ids[end - 1] != hs[i]:
             return None
@@ -44,15 +52,21 @@ def tails(m: dict[int, Run], slot: int, engine_hashes: Iterable[int]) -> dict[Ru
     return taken
 
 
-def group_held(m: dict[int, Run], engine_hashes: Iterable[int]) -> dict[Run, dict[int, None]] | None:
-    """The named engine ids by run, or None if one is unknown or named twice (the slow path counts).
+def group_held(
+    own: dict[int, Run], shared: ShardedNames[Run], slot: int, engine_hashes: Iterable[int]
+) -> dict[Run, dict[int, None]] | None:
+    """The named engine ids by run, or None if the worker does not hold one or one is named twice
+    (the slow path counts). `own` and `shared`: the worker's own map and the shared names.
 
     Lookups and grouping run in C over the runs of consecutive ids in one run (a removal names a
     request's blocks leaf first), so a removal costs what it removes.
     """
     hashes = engine_hashes if type(engine_hashes) is tuple else tuple(engine_hashes)
     try:
-        nodes = list(map(m.__getitem__, hashes))
+        if own:
+            nodes = [own[h] if h in own else shared[h] for h in hashes]
+        else:
+            nodes = list(map(shared.__getitem__, hashes))
     except KeyError:
         return None
     by_node: dict[Run, dict[int, None]] = {}
@@ -65,6 +79,10 @@ def group_held(m: dict[int, Run], engine_hashes: Iterable[int]) -> dict[Run, dic
             named.update(names)
     if sum(map(len, by_node.values())) != len(hashes):
         return None
+    for node, named in by_node.items():  # a shared name may be another worker's
+        ids = node.eids.get(slot)
+        if ids is None or not named.keys() <= set(ids):
+            return None
     return by_node
 
 

@@ -110,6 +110,8 @@ def test_cleared_and_removed_workers_leave_no_nodes_behind():
 def check_runs(tree, canonical=True):
     """Internal invariants of the run tree (reads private state; test-only)."""
     root, count = tree._root, 0
+    held = [0] * len(tree._own)
+    shared_users: dict[int, set[int]] = {}  # shared name -> offsets of the holders using it
     stack = [root]
     while stack:
         node = stack.pop()
@@ -117,14 +119,19 @@ def check_runs(tree, canonical=True):
             count += 1
             assert node.hashes, "empty run"
             assert set(node.eids) == {
-                s for s in range(len(tree._maps)) if (node.workers | node.partial) >> s & 1
+                s for s in range(len(tree._own)) if (node.workers | node.partial) >> s & 1
             }
             assert not node.workers & node.partial
             for slot, ids in node.eids.items():
                 assert 0 < len(ids) <= len(node.hashes)
                 assert (len(ids) == len(node.hashes)) == bool(node.workers >> slot & 1)
-                for e in ids:
-                    assert tree._maps[slot][e] is node
+                held[slot] += len(ids)
+                for off, e in enumerate(ids):  # the worker's own name, else the shared one, is here
+                    if e in tree._own[slot]:
+                        assert tree._own[slot][e] is node
+                    else:
+                        assert tree._names[e] is node
+                        shared_users.setdefault(e, set()).add(off)
             assert node.workers or node.children, "a leaf ends with blocks nobody holds"
         for key, child in (node.children or {}).items():
             assert child.parent is node and child.hashes[0] == key
@@ -133,11 +140,15 @@ def check_runs(tree, canonical=True):
             (child,) = node.children.values()
             assert (child.workers | child.partial) & ~node.workers, "two runs that could be one"
     assert count == tree.num_nodes
-    for slot, m in enumerate(tree._maps):
+    # every shared name is used, by holders all at one offset (so none is kept for nobody)
+    assert shared_users.keys() == dict(tree._names.items()).keys()
+    assert all(len(offsets) == 1 for offsets in shared_users.values())
+    for slot, m in enumerate(tree._own):
         for e, node in m.items():
             assert node.parent is not None and e in node.eids[slot]
         for alias, first in tree._aliases[slot].items():
-            assert first in m and alias not in m
+            assert tree._held_at(slot, first) is not None and tree._held_at(slot, alias) is None
+        assert tree._counts[slot] == held[slot] + len(tree._aliases[slot])
 
 
 def chain(worker, start, hashes, parent=None):
@@ -487,9 +498,13 @@ def test_a_few_histories_agree_with_brute_force(sequence):
 
 
 @st.composite
-def long_ops(draw):
+def long_ops(draw, alike=False):
+    """`alike`: workers mostly name a block by its path, as a deployment's engines do (the shared
+    names), some blocks under a fresh id (a worker naming content its own way)."""
     sequence, stores = [], []
     next_id = 100
+    by_path: dict[tuple[int, ...], int] = {}  # alike: the id every worker gives a path
+    path_of: dict[tuple[Worker, int], tuple[int, ...]] = {}
     for _ in range(draw(st.integers(1, 30))):
         kind = draw(
             st.sampled_from(["stored"] * 5 + ["removed", "removed_stretch", "cleared", "remove_worker"])
@@ -498,15 +513,24 @@ def long_ops(draw):
         if kind == "stored":
             size = draw(st.integers(1, 12))
             hashes = draw(st.lists(st.integers(0, 2), min_size=size, max_size=size))
+            known = [e for w, es in stores if w == worker for e in es]
+            parent = draw(st.one_of(st.none(), st.sampled_from(known))) if known else None
+            path = () if parent is None else path_of.get((worker, parent), ())
             ids = []
-            for _ in range(size):
-                if draw(st.integers(0, 9)) == 0:
+            for h in hashes:
+                path = (*path, h)
+                roll = draw(st.integers(0, 9))
+                if roll == 0:
                     ids.append(draw(st.integers(0, 15)))  # a small id, maybe in use already
+                elif alike and roll > 1:
+                    if path not in by_path:
+                        by_path[path] = next_id
+                        next_id += 1
+                    ids.append(by_path[path])
                 else:
                     ids.append(next_id)
                     next_id += 1
-            known = [e for w, es in stores if w == worker for e in es]
-            parent = draw(st.one_of(st.none(), st.sampled_from(known))) if known else None
+                path_of[(worker, ids[-1])] = path
             stores.append((worker, ids))
             sequence.append(("stored", worker, parent, list(zip(ids, hashes, strict=True))))
         elif kind == "removed_stretch" and stores:
@@ -514,7 +538,8 @@ def long_ops(draw):
             lo = draw(st.integers(0, len(ids) - 1))
             hi = draw(st.integers(lo + 1, len(ids)))
             stretch = ids[lo:hi]
-            sequence.append(("removed", w, draw(st.permutations(stretch))))
+            leaf_first = stretch[::-1] if draw(st.booleans()) else draw(st.permutations(stretch))
+            sequence.append(("removed", w, leaf_first))
         elif kind == "removed":
             pool = [e for _, es in stores for e in es] or [0]
             sequence.append(
@@ -547,3 +572,29 @@ def test_long_runs_split_and_merge_like_the_brute_force_model(sequence):
 def test_a_few_long_runs_agree_with_brute_force(sequence):
     """The long-run oracle in brief, for the fast test set."""
     long_runs_agree_with_brute_force(sequence)
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_ops(alike=True))
+def test_workers_naming_blocks_alike_share_names_like_the_brute_force_model(sequence):
+    """The shared map of engine ids: workers naming content alike, a few naming it their own way."""
+    long_runs_agree_with_brute_force(sequence)
+
+
+def test_an_id_a_worker_holds_elsewhere_is_not_taken_for_another_workers_name():
+    """W0 names content A [1, 2]; W1 already uses 1 (or 2, as an alias) for other content. W1 then
+    storing A as [1, 2] reuses the id (the engine freed it), it does not share W0's names twice."""
+    w1_owns_one = [
+        ("stored", W0, None, [(1, 0), (2, 1)]),
+        ("stored", W1, None, [(1, 2)]),  # another content under W0's id: W1's own name
+        ("stored", W1, None, [(1, 0), (2, 1)]),
+    ]
+    w1_aliases_two = [
+        ("stored", W0, None, [(1, 0), (2, 1)]),
+        ("stored", W1, None, [(9, 2)]),
+        ("stored", W1, None, [(2, 2)]),  # the same content again: 2 is an alias of 9
+        ("stored", W1, None, [(1, 0), (2, 1)]),
+        ("removed", W0, [2, 1]),
+    ]
+    for sequence in (w1_owns_one, w1_aliases_two):
+        long_runs_agree_with_brute_force(sequence)

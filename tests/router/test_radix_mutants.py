@@ -181,7 +181,7 @@ def test_slots_of_removed_workers_are_reused() -> None:
         tree.apply_event(chain(worker, 1, [1, 2]))
         tree.apply_event(chain(W1, 100 + i, [100 + i]))
         tree.remove_worker(worker)
-    assert len(tree._maps) == 3  # W0's slot, W1's, and the one every departed worker used
+    assert len(tree._own) == len(tree._counts) == 3  # W0's slot, W1's, and the one every departed worker used
     assert tree.find_matches([1, 2]) == {W0: 1}
 
 
