@@ -55,7 +55,10 @@ from extproc.router.types import (
 log = logging.getLogger("extproc.router")
 
 KV_RULES = (RouterMode.KV, RouterMode.DEVICE_AWARE_WEIGHTED)  # modes that choose by overlap and load
-FULL_SCAN_MAX_WORKERS = 32  # up to this many workers every decision visits them all (see the docstring)
+# Up to this many workers every decision visits them all (see the docstring): past it the fleet-sized
+# decision is cheaper (bench_router's 8k-token probes, 2026-11-26: 0.93-0.96x the full scan's time at
+# 8 workers, 0.79-0.83x at 16, 0.49-0.66x at 32; 0.97-1.14x at 4, 1.05-1.68x at 2).
+FULL_SCAN_MAX_WORKERS = 6
 _KEY_SLACK = 1e-9  # relative: far above the rounding of a cost, far below a difference of loads
 _BOUND_SLACK = 1e-9  # timing model: `bound` lowers each bound by this fraction, far above a time's rounding
 

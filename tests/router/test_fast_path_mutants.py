@@ -181,7 +181,8 @@ def test_decisions_the_fleet_path_cannot_make_take_the_full_scan(how: str, caplo
     if how in ("pinned", "preferred"):
         assert decision.worker == Worker("w005") and len(decision.costs) == 1  # chosen without comparing
     elif how == "device-aware":
-        assert len(decision.costs) in (n // 4, n - n // 4)  # one device class, all of it
+        cpus = len(range(0, n, 4))  # idle_fleet: every fourth worker is a CPU
+        assert len(decision.costs) in (cpus, n - cpus)  # one device class, all of it
     else:
         assert len(decision.costs) == (n - 1 if how == "allowed" else n)
 
@@ -243,12 +244,13 @@ def test_a_worker_holding_the_prompt_in_flight_is_costed_apart_though_nothing_ca
     less than its load-only key says, so the fleet path must cost it like a matching worker."""
     n = FULL_SCAN_MAX_WORKERS + 8
     router = idle_fleet(n, use_kv_events=True)
-    holder = Worker("w020")
+    h = n // 2
+    holder = Worker(f"w{h:03d}")
     router.set_event_fed(holder, True)  # no predictions: the index does not know what it holds
     prompt = list(range(5 * BS))
     for i in range(n):
         rid = f"load{i}"
-        tokens = prompt if i == 20 else [10**6 * (i + 1) + t for t in range((i % 3 + 1) * BS)]
+        tokens = prompt if i == h else [10**6 * (i + 1) + t for t in range((i % 3 + 1) * BS)]
         router.best_worker(tokens, request_id=rid, pinned_worker=f"w{i:03d}")
         router.mark_prefill_complete(rid)
     assert router.find_matches(router.block_hashes(prompt)) == {}
