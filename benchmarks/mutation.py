@@ -728,25 +728,66 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/radix.py": {
-        "x__depth__mutmut_16": (
-            "memo[id(None)] = base",
-            "performance",
-            "the depth is not memoised: computed again, the same",
+        "xǁRadixTreeǁ__init____mutmut_3": (
+            "self._root = _Node(None, [], None, {})",
+            "same-value",
+            "the root's holders are never read: every walk starts at its children and stops below it",
         ),
-        "x__depth__mutmut_7": (
-            'assert parent is not None, "XXa held run\'s ancestors reach the root, which is in memoXX"',
-            "message",
-            "an assertion's text",
+        "xǁRadixTreeǁ__init____mutmut_4": (
+            "self._root = _Node(None, [], 0, None)",
+            "same-value",
+            "the root holds no blocks: its engine ids are never read",
         ),
-        "x__depth__mutmut_8": (
-            'assert parent is not None, "A HELD RUN\'S ANCESTORS REACH THE ROOT, WHICH IS IN MEMO"',
-            "message",
-            "an assertion's text",
+        "xǁRadixTreeǁ__init____mutmut_9": (
+            "self._root = _Node(None, [], 1, {})",
+            "same-value",
+            "the root's holders are never read: every walk starts at its children and stops below it",
         ),
-        "xǁRadixTreeǁ_detach__mutmut_18": (
+        "xǁRadixTreeǁ_detach__mutmut_24": (
             "token = cast(None, object())",
             "same-value",
             "typing.cast returns its value whatever the type named",
+        ),
+        "xǁRadixTreeǁ_merge__mutmut_1": (
+            "if len(lower.hashes) < len(upper.hashes):",
+            "performance",
+            "on equal lengths the other run moves: the same joined run, other ids re-pointed",
+        ),
+        "xǁRadixTreeǁ_merge__mutmut_30": (
+            "assert grand is not None or grand.children is not None",
+            "same-value",
+            "an assertion that always holds, weakened",
+        ),
+        "xǁRadixTreeǁ_name__mutmut_11": (
+            "if aliases or not aliases.keys().isdisjoint(fresh):",
+            "performance",
+            "with aliases every bulk store goes block by block (_store_slow), which stores the same",
+        ),
+        "xǁRadixTreeǁ_name__mutmut_30": (
+            "elif there is not node or not _named_at(self._own, node, pos + j, engine_hash, None):",
+            "same-value",
+            "the storing worker's own list is shorter than pos (its new ids are added after): never counted",
+        ),
+        "xǁRadixTreeǁ_named_alike__mutmut_1": (
+            "if self._own[holder] or not self._own[holder].keys().isdisjoint(seg):",
+            "performance",
+            "falls back to _name, which names the same ids the general way",
+        ),
+        "xǁRadixTreeǁ_named_alike__mutmut_4": (
+            "if self._own[slot] or not self._own[slot].keys().isdisjoint(seg):",
+            "performance",
+            "falls back to _name, which names the same ids the general way",
+        ),
+        "xǁRadixTreeǁ_named_alike__mutmut_8": (
+            "if aliases or not aliases.keys().isdisjoint(seg):",
+            "performance",
+            "falls back to _name, which names the same ids the general way",
+        ),
+        "xǁRadixTreeǁ_release__mutmut_16": (
+            "elif names.keys() == set(ids[+len(names) :]):",
+            "performance",
+            "k names equal to the ids after the first k are the last k (2 k ids): else the general path "
+            "finds the same span",
         ),
         "xǁRadixTreeǁ_release__mutmut_19": (
             "if len(names) < 4:",
@@ -757,6 +798,295 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "if len(names) <= 5:",
             "performance",
             "both branches find the same offsets (by scanning, or by a dict)",
+        ),
+        "xǁRadixTreeǁ_release__mutmut_36": (
+            "if o != prev - 1:",
+            "performance",
+            "every offset its own span: the same blocks cut in more steps, merged back by _settle",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_12": (
+            "if type(None) is tuple and len(engine_hashes) == 1 and not aliases:",
+            "performance",
+            "one id takes the general path, which removes the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_13": (
+            "if type(engine_hashes) is not tuple and len(engine_hashes) == 1 and not aliases:",
+            "performance",
+            "tuples (the events' type) take the general path; a one-id list the one-id path: the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_159": (
+            'named[engine_hash] = ""',
+            "same-value",
+            "the dict's values are never read",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_18": (
+            "node = None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_19": (
+            "node = own.get(engine_hash) if (own) and False else None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_20": (
+            "node = own.get(engine_hash) if (own) or True else None",
+            "same-value",
+            "an empty dict's get returns None as the else branch does",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_21": (
+            "node = own.get(None) if own else None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_22": (
+            "shared = None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_23": (
+            "shared = node is not None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_24": (
+            "node = None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_25": (
+            "node = self._shards[engine_hash & NAME_MASK].get(None)",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_27": (
+            "ids = None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_29": (
+            "ids = None if (node is None) or True else node.eids.get(slot)",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_31": (
+            "ids = None if node is None else node.eids.get(None)",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_34": (
+            "if node is None and ids is not None and ids[-1] == engine_hash:",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_51": (
+            "elif not (node.workers | node.partial) | ~bit or not _named_at(",
+            "same-value",
+            "the test is only a shortcut: _named_at answers False for a lone holder too",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_53": (
+            "elif not (node.workers | node.partial) & bit or not _named_at(",
+            "same-value",
+            "the test is only a shortcut: _named_at answers False for a lone holder too",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_79": (
+            "tails = _tails(None, self._names, slot, engine_hashes)",
+            "performance",
+            "tails refuses the worker's own ids: the general path cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_8": (
+            "own = None",
+            "performance",
+            "own read as None: the fast paths refuse the worker's own ids and the general path (_held_at) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_92": (
+            "by_node = None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_93": (
+            "by_node = _group_held(None, self._names, slot, engine_hashes)",
+            "performance",
+            "group_held refuses the worker's own ids: the general path cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_95": (
+            "by_node = _group_held(own, self._names, None, engine_hashes)",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_repoint__mutmut_12": (
+            "done = None",
+            "performance",
+            "holders naming the blocks alike each point them again: the same names",
+        ),
+        "xǁRadixTreeǁ_repoint__mutmut_2": (
+            'done: list[int] | None = ""',
+            "performance",
+            "the first holder's ids never equal a string: one update more, the same names",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_10": (
+            "tail_ids = sum(max(0, len(ids) + k) for ids in eids.values())",
+            "performance",
+            "only which side of the split moves to a new node: the same runs",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_17": (
+            "if tail_ids - len(node.children or ()) <= head_ids:",
+            "performance",
+            "only which side of the split moves to a new node: the same runs",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_18": (
+            "if tail_ids + len(node.children or ()) < head_ids:",
+            "performance",
+            "only which side of the split moves to a new node: the same runs",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_22": (
+            "lower = _Node(node, run[k:], None, {})",
+            "same-value",
+            "the new node's bitmasks are set by _recount before any read",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_28": (
+            "lower = _Node(node, run[k:], 1, {})",
+            "same-value",
+            "the new node's bitmasks are set by _recount before any read",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_43": (
+            "assert parent is not None or parent.children is not None",
+            "same-value",
+            "an assertion that always holds, weakened",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_49": (
+            "upper = _Node(parent, run[:k], None, {})",
+            "same-value",
+            "the new node's bitmasks are set by _recount before any read",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_55": (
+            "upper = _Node(parent, run[:k], 1, {})",
+            "same-value",
+            "the new node's bitmasks are set by _recount before any read",
+        ),
+        "xǁRadixTreeǁ_split__mutmut_9": (
+            "tail_ids = sum(max(1, len(ids) - k) for ids in eids.values())",
+            "performance",
+            "only which side of the split moves to a new node: the same runs",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_100": (
+            "if other is not ids and len(other) > stop:  # keep one copy of the ints",
+            "performance",
+            "a holder exactly as long is skipped: _name names the same ids",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_103": (
+            "named = None",
+            "performance",
+            "_name names the same ids the general way",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_143": (
+            "i = stop - end",
+            "performance",
+            "the event's blocks are walked again from an earlier index as repeats: the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_160": (
+            "seg = es[i:] if (i) or True else es",
+            "performance",
+            "a copy of the whole list instead of the list",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_165": (
+            "if node is not root and children is None and node.workers | bit:  # extend the leaf",
+            "same-value",
+            "at a run's end reached by the event the worker holds the whole run: the bit is set",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_180": (
+            "node.hashes += hs[i:] if (i) or True else hs",
+            "performance",
+            "a copy of the whole list instead of the list",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_198": (
+            "new = _Node(node, hs[i:] if (i) or True else hs, bit, {})",
+            "performance",
+            "a copy of the whole list instead of the list",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_202": (
+            "named = self._name(slot, new, None, seg)",
+            "same-value",
+            "a new run has no other holder: pos is never read",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_208": (
+            "named = self._name(slot, new, 1, seg)",
+            "same-value",
+            "a new run has no other holder: pos is never read",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_230": (
+            "if i <= n:  # a reused or repeated engine id: the rest block by block, from a stable name",
+            "performance",
+            "a fully stored event also takes the slow path, which has nothing left to store",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_56": (
+            "k = _common(run, end, hs, i, min(len(run) + end, n - i))",
+            "same-value",
+            "common() stops where the shorter slice ends: the same count",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_57": (
+            "k = _common(run, end, hs, i, min(len(run) - end, n + i))",
+            "same-value",
+            "common() stops where the shorter slice ends: the same count",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_66": (
+            "break",
+            "performance",
+            "the rest of the event goes block by block (_store_slow): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_73": (
+            "if ids is not None and end <= len(ids):  # held already: a repeat, unless ids differ",
+            "same-value",
+            "at end == len(ids) the repeat check compares empty slices and moves nothing",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_80": (
+            "if ids[end:upto] != es[i : i + upto + end]:",
+            "performance",
+            "the repeat check fails on a longer slice: the rest goes block by block, the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_81": (
+            "if ids[end:upto] != es[i : i - upto - end]:",
+            "performance",
+            "the repeat check fails on a shorter slice: the rest goes block by block, the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_83": (
+            "i = upto - end",
+            "performance",
+            "the event's blocks are walked again from an earlier index as repeats: the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_88": (
+            "break",
+            "performance",
+            "the rest of the event goes block by block (_store_slow): the same tree",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_9": (
+            "node, end = root, 1",
+            "same-value",
+            "the root has no blocks: any end is at its end",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_98": (
+            "if other is not ids or len(other) >= stop:  # keep one copy of the ints",
+            "performance",
+            "a holder shorter than the segment never names it alike: _name names it",
+        ),
+        "xǁRadixTreeǁ_store__mutmut_99": (
+            "if other is ids and len(other) >= stop:  # keep one copy of the ints",
+            "performance",
+            "the storer's own list is never as long as stop here: _name names it",
         ),
         "xǁRadixTreeǁ_store_one__mutmut_25": (
             "held = None",
@@ -783,48 +1113,92 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "the root has no blocks: any end is at its end",
         ),
-        "xǁRadixTreeǁ_cut_end__mutmut_4": (
-            "deque(map(m.__delitem__, ids[lo:]), maxlen=None)  # in C",
-            "performance",
-            "the deque only drains the map of deletions: how much it keeps changes nothing",
+        "xǁRadixTreeǁ_unname__mutmut_12": (
+            "if other == slot or top < kept:",
+            "same-value",
+            "a holder reaching only to kept compares empty slices and leaves kept as it is",
         ),
-        "xǁRadixTreeǁ_cut_end__mutmut_6": (
-            "deque(map(m.__delitem__, ids[lo:]), )  # in C",
+        "xǁRadixTreeǁ_unname__mutmut_16": (
+            "own_maps[other] or not own_maps[other].keys().isdisjoint(ids[kept:top])",
             "performance",
-            "the deque only drains the map of deletions: how much it keeps changes nothing",
+            "block by block through _named_at: the same names dropped",
         ),
-        "xǁRadixTreeǁ_cut_end__mutmut_11": (
-            "deque(map(m.__delitem__, ids[lo:]), maxlen=1)  # in C",
-            "performance",
-            "the deque only drains the map of deletions: how much it keeps changes nothing",
+        "xǁRadixTreeǁ_unname__mutmut_21": (
+            "kept = -2",
+            "same-value",
+            "any negative kept takes the same branch",
         ),
-        "xǁRadixTreeǁ_release__mutmut_16": (
-            "elif names.keys() == set(ids[+len(names) :]):",
+        "xǁRadixTreeǁ_unname__mutmut_28": (
+            "if kept <= 0:",
             "performance",
-            "k names equal to the ids after the first k are the last k (2 k ids): else the general "
-            "path finds the same span",
+            "kept == 0 goes block by block through _named_at: the same names dropped",
         ),
-        "xǁRadixTreeǁfind_matches__mutmut_4": (
-            "q = local_hashes if type(None) is list else list(local_hashes)",
+        "xǁRadixTreeǁ_unname__mutmut_29": (
+            "if kept < 1:",
             "performance",
-            "a list is copied too: the same hashes",
+            "kept == 0 goes block by block through _named_at: the same names dropped",
+        ),
+        "xǁRadixTreeǁapply_event__mutmut_13": (
+            "raise TypeError(None)",
+            "message",
+            "an exception's text",
+        ),
+        "xǁRadixTreeǁapply_event__mutmut_14": (
+            'raise TypeError(f"not a KV event: {type(None).__name__}")',
+            "message",
+            "an exception's text",
+        ),
+        "xǁRadixTreeǁclear_worker__mutmut_10": (
+            "nodes = self._held_runs(None).get(slot, [])",
+            "performance",
+            "every slot's runs are gathered, this slot's read",
+        ),
+        "xǁRadixTreeǁclear_worker__mutmut_7": (
+            "nodes = self._held_runs(slot).get(slot, None)",
+            "same-value",
+            "a slot with entries holds a run: the default is never used",
+        ),
+        "xǁRadixTreeǁclear_worker__mutmut_9": (
+            "nodes = self._held_runs(slot).get(slot, )",
+            "same-value",
+            "a slot with entries holds a run: the default is never used",
+        ),
+        "xǁRadixTreeǁdump_events__mutmut_14": (
+            "chain, parent = self._dump_parent(slot, node, None, stand_ins)",
+            "same-value",
+            "off is only tested for truth: None as 0",
+        ),
+        "xǁRadixTreeǁfind_matches__mutmut_117": (
+            "depth += _common(run, 0, q, depth, min(len(run), n + depth))",
+            "performance",
+            "a limit past the query's end: the slices differ, the bisection finds the same count",
         ),
         "xǁRadixTreeǁfind_matches__mutmut_14": (
             "worker_at = cast(None, self._worker_at)",
             "same-value",
             "typing.cast returns its value whatever the type named",
         ),
+        "xǁRadixTreeǁfind_matches__mutmut_2": (
+            "q = local_hashes if (type(local_hashes) is list) and False else list(local_hashes)",
+            "performance",
+            "the query list is copied: the same matches",
+        ),
         "xǁRadixTreeǁfind_matches__mutmut_20": (
             "active = (1 >> len(worker_at)) - 1",
             "same-value",
-            "-1 (every bit) or 0: the first run narrows active to the slots it holds, and drops at "
-            "depth 0 score nothing",
+            "-1 (every bit) or 0: the first run narrows active to the slots it holds, and drops at depth "
+            "0 score nothing",
         ),
         "xǁRadixTreeǁfind_matches__mutmut_21": (
             "active = (2 << len(worker_at)) - 1",
             "same-value",
-            "one bit above every slot: the first run narrows active to the slots it holds, and drops "
-            "at depth 0 score nothing",
+            "one bit above every slot: the first run narrows active to the slots it holds, and drops at "
+            "depth 0 score nothing",
+        ),
+        "xǁRadixTreeǁfind_matches__mutmut_4": (
+            "q = local_hashes if type(None) is list else list(local_hashes)",
+            "performance",
+            "a list is copied too: the same hashes",
         ),
         "xǁRadixTreeǁfind_matches__mutmut_58": (
             "matched = _common(run, 0, q, depth, min(len(run), n + depth))",
@@ -840,261 +1214,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "if end <= n and (end == depth - 1 or q[depth:end] == run):",
             "performance",
             "a one-block run (found by its hash) is compared again: equal, the same depth",
-        ),
-        "xǁRadixTreeǁfind_matches__mutmut_117": (
-            "depth += _common(run, 0, q, depth, min(len(run), n + depth))",
-            "performance",
-            "a limit past the query's end: the slices differ, the bisection finds the same count",
-        ),
-        "xǁRadixTreeǁapply_event__mutmut_13": (
-            "raise TypeError(None)",
-            "message",
-            "an exception's text",
-        ),
-        "xǁRadixTreeǁapply_event__mutmut_14": (
-            'raise TypeError(f"not a KV event: {type(None).__name__}")',
-            "message",
-            "an exception's text",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_11": (
-            "node, end = root, 1",
-            "same-value",
-            "the root has no blocks: any end is at its end",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_58": (
-            "k = _common(run, end, hs, i, min(len(run) + end, n - i))",
-            "performance",
-            "a limit past the run's end: the slices differ, the bisection finds the same count",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_59": (
-            "k = _common(run, end, hs, i, min(len(run) - end, n + i))",
-            "performance",
-            "a limit past the event's end: the slices differ, the bisection finds the same count",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_68": (
-            "break",
-            "performance",
-            "the rest of the event goes block by block (_store_slow): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_75": (
-            "if ids is not None and end <= len(ids):  # held already: a repeat, unless ids differ",
-            "same-value",
-            "at end == len(ids) the branch compares two empty slices and moves nothing",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_82": (
-            "if ids[end:upto] != es[i : i + upto + end]:",
-            "performance",
-            "slices of unequal length differ: the event's rest goes block by block (_store_slow, the "
-            "reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_83": (
-            "if ids[end:upto] != es[i : i - upto - end]:",
-            "performance",
-            "slices of unequal length differ: the event's rest goes block by block (_store_slow, the "
-            "reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_85": (
-            "i = upto - end",
-            "performance",
-            "an index too small: blocks of this event come round again, their ids are the worker's by now, "
-            "so _fresh refuses them and the rest goes block by block: the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_90": (
-            "break",
-            "performance",
-            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_99": (
-            "if other is not ids or len(other) >= stop:  # keep one copy of the ints",
-            "performance",
-            "only which holder's list of equal ints is shared changes (memory): the same ids",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_100": (
-            "if other is ids and len(other) >= stop:  # keep one copy of the ints",
-            "performance",
-            "only which holder's list of equal ints is shared changes (memory): the same ids",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_101": (
-            "if other is not ids and len(other) > stop:  # keep one copy of the ints",
-            "performance",
-            "only which holder's list of equal ints is shared changes (memory): the same ids",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_105": (
-            "fresh = None",
-            "performance",
-            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_133": (
-            "i = stop - end",
-            "performance",
-            "an index too small: blocks of this event come round again, their ids are the worker's by now, "
-            "so _fresh refuses them and the rest goes block by block: the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_137": (
-            "break",
-            "performance",
-            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_147": (
-            "break",
-            "performance",
-            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_149": (
-            "seg = es[i:] if (i) and False else es",
-            "performance",
-            "the whole event's ids: those before i are the worker's by now, so _fresh refuses them: the "
-            "event's rest goes block by block (_store_slow, the reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_150": (
-            "seg = es[i:] if (i) or True else es",
-            "same-value",
-            "es[0:] is es's ids",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_155": (
-            "if node is not root and children is None and node.workers | bit:  # extend the leaf",
-            "same-value",
-            "at a run's end after blocks it holds, the worker holds the whole run: the bit is set",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_156": (
-            "fresh = None",
-            "performance",
-            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_170": (
-            "node.hashes += hs[i:] if (i) or True else hs",
-            "same-value",
-            "hs[0:] is hs's hashes",
-        ),
-        "x__fresh__mutmut_10": (
-            "if aliases or not aliases.keys().isdisjoint(fresh):",
-            "performance",
-            "a worker with any alias stores block by block (_store_slow, the reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ__init____mutmut_3": (
-            "self._root = _Node(None, [], None, {})",
-            "same-value",
-            "the root's holders are never read: every walk starts at its children and stops below it",
-        ),
-        "xǁRadixTreeǁ__init____mutmut_4": (
-            "self._root = _Node(None, [], 0, None)",
-            "same-value",
-            "the root holds no blocks: its engine ids are never read",
-        ),
-        "xǁRadixTreeǁ__init____mutmut_9": (
-            "self._root = _Node(None, [], 1, {})",
-            "same-value",
-            "the root's holders are never read: every walk starts at its children and stops below it",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_188": (
-            "new = _Node(node, hs[i:] if (i) or True else hs, bit, {})",
-            "same-value",
-            "hs[0:] is hs's hashes",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_189": (
-            "fresh = None",
-            "performance",
-            "the event's rest goes block by block (_store_slow, the reference path): the same tree",
-        ),
-        "xǁRadixTreeǁ_store__mutmut_214": (
-            "if i <= n:  # a reused or repeated engine id: the rest block by block, from a stable name",
-            "performance",
-            "with i == n the block-by-block path has nothing left to store: the same settle, the same tree",
-        ),
-        "xǁRadixTreeǁ_merge__mutmut_2": (
-            "if len(lower.hashes) < len(upper.hashes):",
-            "performance",
-            "runs of equal length: the other side moves, into the same joined run",
-        ),
-        "xǁRadixTreeǁ_merge__mutmut_31": (
-            "assert grand is not None or grand.children is not None",
-            "same-value",
-            "the assertion holds (a merged run has a parent with children): the same pass",
-        ),
-        "xǁRadixTreeǁ_remove__mutmut_111": (
-            'named[engine_hash] = ""',
-            "same-value",
-            "the dict is an ordered set: its values are never read",
-        ),
-        "xǁRadixTreeǁ_remove__mutmut_12": (
-            "if type(None) is tuple and len(engine_hashes) == 1 and not aliases:",
-            "performance",
-            "one id takes the general path, which removes the same",
-        ),
-        "xǁRadixTreeǁ_remove__mutmut_13": (
-            "if type(engine_hashes) is not tuple and len(engine_hashes) == 1 and not aliases:",
-            "performance",
-            "tuples (the events' type) take the general path; a one-id list the one-id path: the same",
-        ),
-        "xǁRadixTreeǁ_remove__mutmut_56": (
-            "by_node = None",
-            "performance",
-            "the counting path removes the same blocks, one by one",
-        ),
-        "xǁRadixTreeǁ_release__mutmut_36": (
-            "if o != prev - 1:",
-            "performance",
-            "every offset its own span: the same blocks cut in more steps, merged back by _settle",
-        ),
-        "xǁRadixTreeǁfind_matches__mutmut_2": (
-            "q = local_hashes if (type(local_hashes) is list) and False else list(local_hashes)",
-            "performance",
-            "the query list is copied: the same matches",
-        ),
-        "xǁRadixTreeǁ_split__mutmut_10": (
-            "tail_ids = sum(max(1, len(ids) - k) for ids in eids.values())",
-            "performance",
-            "which side of the split moves is chosen by cost: the same two runs either way",
-        ),
-        "xǁRadixTreeǁ_split__mutmut_11": (
-            "tail_ids = sum(max(0, len(ids) + k) for ids in eids.values())",
-            "performance",
-            "which side of the split moves is chosen by cost: the same two runs either way",
-        ),
-        "xǁRadixTreeǁ_split__mutmut_18": (
-            "if tail_ids - len(node.children or ()) <= head_ids:",
-            "performance",
-            "which side of the split moves is chosen by cost: the same two runs either way",
-        ),
-        "xǁRadixTreeǁ_split__mutmut_19": (
-            "if tail_ids + len(node.children or ()) < head_ids:",
-            "performance",
-            "which side of the split moves is chosen by cost: the same two runs either way",
-        ),
-        "xǁRadixTreeǁ_split__mutmut_23": (
-            "lower = _Node(node, run[k:], None, {})",
-            "same-value",
-            "the new run's holder masks are recomputed by _recount before they are read",
-        ),
-        "xǁRadixTreeǁ_split__mutmut_29": (
-            "lower = _Node(node, run[k:], 1, {})",
-            "same-value",
-            "the new run's holder masks are recomputed by _recount before they are read",
-        ),
-        "xǁRadixTreeǁ_split__mutmut_50": (
-            "upper = _Node(parent, run[:k], None, {})",
-            "same-value",
-            "the new run's holder masks are recomputed by _recount before they are read",
-        ),
-        "xǁRadixTreeǁ_split__mutmut_56": (
-            "upper = _Node(parent, run[:k], 1, {})",
-            "same-value",
-            "the new run's holder masks are recomputed by _recount before they are read",
-        ),
-        "xǁRadixTreeǁ_split__mutmut_44": (
-            "assert parent is not None or parent.children is not None",
-            "same-value",
-            "the assertion holds (a split run has a parent with children): the same pass",
-        ),
-        "xǁRadixTreeǁdump_events__mutmut_4": (
-            "depth: dict[int, int] = {id(self._root): 1}",
-            "same-value",
-            "depths only sort the runs: all shifted by one, the same order",
-        ),
-        "xǁRadixTreeǁdump_events__mutmut_23": (
-            "chain, parent = self._dump_parent(slot, node, None, stand_ins)",
-            "same-value",
-            "the offset is read for its truth: None is 0",
         ),
     },
     "router/router.py": {
@@ -1429,65 +1548,115 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "limit is the shorter remainder: past it the slices differ in length",
         ),
+        "x_group_held__mutmut_10": (
+            "nodes = [own[h] if h not in own else shared[h] for h in hashes]",
+            "performance",
+            "each id looked up in the wrong map: missing or not held there, the general path decides",
+        ),
         "x_group_held__mutmut_2": (
             "hashes = engine_hashes if (type(engine_hashes) is tuple) and False else tuple(engine_hashes)",
             "performance",
             "a tuple copied into an equal tuple",
+        ),
+        "x_group_held__mutmut_24": (
+            "for node, group in groupby(zip(nodes, hashes, strict=None), _first):",
+            "same-value",
+            "nodes is mapped from hashes: the lengths always agree",
+        ),
+        "x_group_held__mutmut_27": (
+            "for node, group in groupby(zip(nodes, hashes, ), _first):",
+            "same-value",
+            "nodes is mapped from hashes: the lengths always agree",
+        ),
+        "x_group_held__mutmut_28": (
+            "for node, group in groupby(zip(nodes, hashes, strict=False), _first):",
+            "same-value",
+            "nodes is mapped from hashes: the lengths always agree",
         ),
         "x_group_held__mutmut_3": (
             "hashes = engine_hashes if (type(engine_hashes) is tuple) or True else tuple(engine_hashes)",
             "same-value",
             "RadixTree._remove passes the event's tuple, or a list read the same way",
         ),
+        "x_group_held__mutmut_35": (
+            "named = None",
+            "performance",
+            "a run named twice apart loses names: the count check returns None, _remove's loop groups",
+        ),
+        "x_group_held__mutmut_36": (
+            "named = by_node.get(None)",
+            "performance",
+            "as named = None: the count check returns None, _remove's loop groups",
+        ),
         "x_group_held__mutmut_4": (
             "hashes = engine_hashes if type(None) is tuple else tuple(engine_hashes)",
             "performance",
             "a tuple copied into an equal tuple",
+        ),
+        "x_group_held__mutmut_46": (
+            "ids = None",
+            "performance",
+            "every plan refused: _remove's loop groups and cuts the same",
+        ),
+        "x_group_held__mutmut_47": (
+            "ids = node.eids.get(None)",
+            "performance",
+            "every plan refused: _remove's loop groups and cuts the same",
         ),
         "x_group_held__mutmut_5": (
             "hashes = engine_hashes if type(engine_hashes) is not tuple else tuple(engine_hashes)",
             "same-value",
             "events carry tuples; any other iterable is read once either way",
         ),
+        "x_group_held__mutmut_51": (
+            "if ids is None or not named.keys() < set(ids):",
+            "performance",
+            "a removal of all the worker's ids in a run refused: _remove's loop cuts the same",
+        ),
         "x_group_held__mutmut_6": (
             "hashes = engine_hashes if type(engine_hashes) is tuple else tuple(None)",
             "same-value",
             "events carry tuples: the other branch is not reached",
         ),
-        "x_group_held__mutmut_20": (
-            "for node, group in groupby(zip(nodes, hashes, strict=None), _first):",
-            "same-value",
-            "nodes is mapped from hashes: the lengths always agree",
-        ),
-        "x_group_held__mutmut_23": (
-            "for node, group in groupby(zip(nodes, hashes, ), _first):",
-            "same-value",
-            "nodes is mapped from hashes: the lengths always agree",
-        ),
-        "x_group_held__mutmut_24": (
-            "for node, group in groupby(zip(nodes, hashes, strict=False), _first):",
-            "same-value",
-            "nodes is mapped from hashes: the lengths always agree",
-        ),
-        "x_group_held__mutmut_31": (
-            "named = None",
+        "x_group_held__mutmut_8": (
+            "nodes = [own[h] if (h in own) and False else shared[h] for h in hashes]",
             "performance",
-            "a run named twice apart loses names: the count check returns None, _remove's loop groups",
+            "an own id looked up in the shared names: missing or not held there, the general path decides",
         ),
-        "x_group_held__mutmut_32": (
-            "named = by_node.get(None)",
+        "x_group_held__mutmut_9": (
+            "nodes = [own[h] if (h in own) or True else shared[h] for h in hashes]",
             "performance",
-            "as named = None: the count check returns None, _remove's loop groups",
+            "a shared id looked up in the own map raises KeyError: the general path decides",
         ),
-        "x_tails__mutmut_21": (
+        "x_tails__mutmut_10": (
+            "node = own.get(hs[i]) if (own) or True else None",
+            "same-value",
+            "an empty dict's get returns None as the else branch does",
+        ),
+        "x_tails__mutmut_11": (
+            "node = own.get(None) if own else None",
+            "performance",
+            "an own id looked up in the shared names: missing or not held there, the general path decides",
+        ),
+        "x_tails__mutmut_28": (
             "if end <= 1 or ids[end - 1] != hs[i]:",
             "performance",
             "a plan refused for a worker holding one block there goes the general path, which cuts the same",
         ),
-        "x_tails__mutmut_30": (
+        "x_tails__mutmut_37": (
             "k = min(end, n + i)",
             "same-value",
             "common() stops where the event's ids end (slices past it differ in length): the same count",
+        ),
+        "x_tails__mutmut_8": (
+            "node = None",
+            "performance",
+            "an own id looked up in the shared names: missing or not held there, the general path decides",
+        ),
+        "x_tails__mutmut_9": (
+            "node = own.get(hs[i]) if (own) and False else None",
+            "performance",
+            "an own id looked up in the shared names: missing or not held there, the general path decides",
         ),
     },
     "router/sessions.py": {
