@@ -61,7 +61,8 @@ _ROUTER_TESTS = [
 ]
 _ROUTER_MODULES = [
     "__init__", "aic", "approx", "config", "device_share", "disagg", "errors", "hashing", "load_order",
-    "pass_time", "prefill_model", "queue", "radix", "radix_lookup", "radix_names", "reported", "router",
+    "pass_time", "prefill_model", "queue", "radix", "radix_dump", "radix_lookup", "radix_names", "reported",
+    "router",
     "selection",
     "sequences", "sessions", "tiers", "types",
 ]  # fmt: skip
@@ -1162,11 +1163,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "nodes = self._held_runs(slot).get(slot, )",
             "same-value",
             "a slot with entries holds a run: the default is never used",
-        ),
-        "xǁRadixTreeǁdump_events__mutmut_14": (
-            "chain, parent = self._dump_parent(slot, node, None, stand_ins)",
-            "same-value",
-            "off is only tested for truth: None as 0",
         ),
         "xǁRadixTreeǁfind_matches__mutmut_117": (
             "depth += _common(run, 0, q, depth, min(len(run), n + depth))",

@@ -32,6 +32,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from extproc.router.radix_dump import dump_events as _dump_events
+from extproc.router.radix_dump import entries as _entries
+from extproc.router.radix_dump import held_runs as _held_runs
 from extproc.router.radix_lookup import common as _common
 from extproc.router.radix_lookup import group_held as _group_held
 from extproc.router.radix_lookup import index as _index
@@ -42,7 +45,6 @@ from extproc.router.types import (
     BlocksRemoved,
     BlocksStored,
     KvEvent,
-    StoredBlock,
     Worker,
 )
 
@@ -179,17 +181,7 @@ class RadixTree:
 
     def entries(self) -> Iterator[tuple[Worker, int, tuple[int, ...]]]:
         """Every (worker, engine id, local-hash path from the root) the tree holds."""
-        held = self._held_runs()
-        for worker, slot in list(self._slot.items()):
-            aliases = self._aliases[slot]
-            for node in held.get(slot, ()):
-                base = _path(node.parent)
-                run = node.hashes
-                for i, engine_hash in enumerate(node.eids[slot]):
-                    yield worker, engine_hash, base + tuple(run[: i + 1])
-            for alias, first in aliases.items():
-                node, off = self._locate_held(slot, first)
-                yield worker, alias, _path(node.parent) + tuple(node.hashes[: off + 1])
+        return _entries(self)
 
     # --- writing -----------------------------------------------------------------------------
 
@@ -218,7 +210,7 @@ class RadixTree:
             return
         if not self._counts[slot]:
             return
-        nodes = self._held_runs(slot).get(slot, [])
+        nodes = _held_runs(self, slot).get(slot, [])
         for node in nodes:
             self._unname(slot, node, 0)
         self._own[slot].clear()
@@ -755,26 +747,6 @@ class RadixTree:
                 names.point(ids, node)
                 done = ids
 
-    def _held_runs(self, slot: int | None = None) -> dict[int, list[_Node]]:
-        """Runs each worker slot (or only `slot`) holds part of, parents before children."""
-        held: dict[int, list[_Node]] = {}
-        stack = list((self._root.children or {}).values())
-        stack.reverse()
-        while stack:
-            node = stack.pop()
-            holders = node.workers | node.partial
-            if slot is not None:
-                if holders >> slot & 1:
-                    held.setdefault(slot, []).append(node)
-            else:
-                while holders:
-                    low = holders & -holders
-                    held.setdefault(low.bit_length() - 1, []).append(node)
-                    holders ^= low
-            if node.children is not None:
-                stack.extend(reversed(node.children.values()))
-        return held
-
     def _locate_held(self, slot: int, engine_hash: int) -> tuple[_Node, int]:
         """`_locate` for an engine id the worker is known to hold (an alias's first id, a stored parent)."""
         found = self._locate(slot, engine_hash)
@@ -898,65 +870,8 @@ class RadixTree:
     # --- snapshots ---------------------------------------------------------------------------
 
     def dump_events(self) -> list[KvEvent]:
-        """Events that rebuild an identical tree in an empty RadixTree.
-
-        One stored event per run a worker holds, then one per alias; parents come before
-        children. A run whose parent block this worker does not hold is re-created after
-        stand-in ancestors (negative engine ids, never used by engines, whose ids are unsigned,
-        nor by the worker: a snapshot may have stored some) that are removed right after, so it
-        stays unreachable as before.
-        """
-        events: list[KvEvent] = []
-        held = self._held_runs()  # parents before children
-        for worker, slot in list(self._slot.items()):
-            aliases = self._aliases[slot]
-            stand_ins = [0]
-            for node in held.get(slot, ()):
-                chain, parent = self._dump_parent(slot, node, 0, stand_ins)
-                blocks = tuple(map(StoredBlock, node.eids[slot], node.hashes))  # zip: a prefix
-                _emit(events, worker, chain, blocks, parent)
-            for alias, first in aliases.items():
-                node, off = self._locate_held(slot, first)
-                chain, parent = self._dump_parent(slot, node, off, stand_ins)
-                _emit(events, worker, chain, (StoredBlock(alias, node.hashes[off]),), parent)
-        return events
-
-    def _dump_parent(
-        self, slot: int, node: _Node, off: int, stand_ins: list[int]
-    ) -> tuple[list[StoredBlock], int | None]:
-        """Stand-in chain and parent engine id to re-store the block at `off` in `node`."""
-        if off:
-            return [], node.eids[slot][off - 1]
-        chain: list[StoredBlock] = []
-        up = node.parent
-        parent = None
-        aliases = self._aliases[slot]
-        while up is not None and up is not self._root:
-            ids = up.eids.get(slot, ())
-            for h in reversed(up.hashes[len(ids) :]):
-                stand_ins[0] -= 1
-                # skip a negative id a snapshot stored
-                while self._held_at(slot, stand_ins[0]) or stand_ins[0] in aliases:
-                    stand_ins[0] -= 1
-                chain.append(StoredBlock(stand_ins[0], h))
-            if ids:
-                parent = ids[-1]
-                break
-            up = up.parent
-        chain.reverse()
-        return chain, parent
-
-
-def _emit(
-    events: list[KvEvent],
-    worker: Worker,
-    chain: list[StoredBlock],
-    blocks: tuple[StoredBlock, ...],
-    parent: int | None,
-) -> None:
-    events.append(BlocksStored(worker, (*chain, *blocks), parent))
-    if chain:
-        events.append(BlocksRemoved(worker, tuple(b.engine_hash for b in chain)))
+        """Events that rebuild an identical tree in an empty RadixTree (`radix_dump.dump_events`)."""
+        return _dump_events(self)
 
 
 def _recount(node: _Node) -> None:
@@ -978,11 +893,3 @@ def _named_at(own: list[dict[int, _Node]], node: _Node, off: int, engine_hash: i
         if slot != exclude and len(ids) > off and ids[off] == engine_hash and engine_hash not in own[slot]:
             return True
     return False
-
-
-def _path(node: _Node | None) -> tuple[int, ...]:
-    runs = []
-    while node is not None and node.parent is not None:
-        runs.append(node.hashes)
-        node = node.parent
-    return tuple(h for run in reversed(runs) for h in run)

@@ -1,0 +1,127 @@
+"""A radix tree read whole: the runs each worker holds, its entries, the events that rebuild it.
+
+Pure, like `radix.py`, whose runs (`_Node`: `hashes`, `eids`, `workers`, `partial`, `children`) and
+per-worker state these functions read and never change. Snapshots (`dump_events`: durable state,
+replica catch-up, `/debug`), tests (`entries`) and a worker's departure (`held_runs`) use them; a
+route never does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from extproc.router.types import BlocksRemoved, BlocksStored, KvEvent, StoredBlock, Worker
+
+# radix.py's RadixTree and its runs (`_Node`), typed loosely so that this module does not import the
+# tree's (radix.py imports this one: no import cycle), as radix_lookup.py does.
+RadixTree = Any
+Run = Any
+
+
+def held_runs(tree: RadixTree, slot: int | None = None) -> dict[int, list[Run]]:
+    """Runs each worker slot (or only `slot`) holds part of, parents before children.
+
+    Walks every run: a worker may hold a run without its parent (after a removal in the middle).
+    """
+    held: dict[int, list[Run]] = {}
+    stack = list((tree._root.children or {}).values())
+    stack.reverse()
+    while stack:
+        node = stack.pop()
+        holders = node.workers | node.partial
+        if slot is not None:
+            if holders >> slot & 1:
+                held.setdefault(slot, []).append(node)
+        else:
+            while holders:
+                low = holders & -holders
+                held.setdefault(low.bit_length() - 1, []).append(node)
+                holders ^= low
+        if node.children is not None:
+            stack.extend(reversed(node.children.values()))
+    return held
+
+
+def entries(tree: RadixTree) -> Iterator[tuple[Worker, int, tuple[int, ...]]]:
+    """Every (worker, engine id, local-hash path from the root) the tree holds."""
+    held = held_runs(tree)
+    for worker, slot in list(tree._slot.items()):
+        for node in held.get(slot, ()):
+            base = _path(node.parent)
+            run = node.hashes
+            for i, engine_hash in enumerate(node.eids[slot]):
+                yield worker, engine_hash, base + tuple(run[: i + 1])
+        for alias, first in tree._aliases[slot].items():
+            node, off = tree._locate_held(slot, first)
+            yield worker, alias, _path(node.parent) + tuple(node.hashes[: off + 1])
+
+
+def dump_events(tree: RadixTree) -> list[KvEvent]:
+    """Events that rebuild an identical tree in an empty RadixTree.
+
+    One stored event per run a worker holds, then one per alias; parents come before
+    children. A run whose parent block this worker does not hold is re-created after
+    stand-in ancestors (negative engine ids, never used by engines, whose ids are unsigned,
+    nor by the worker: a snapshot may have stored some) that are removed right after, so it
+    stays unreachable as before.
+    """
+    events: list[KvEvent] = []
+    held = held_runs(tree)
+    for worker, slot in list(tree._slot.items()):
+        stand_ins = [0]
+        for node in held.get(slot, ()):
+            chain, parent = _dump_parent(tree, slot, node, 0, stand_ins)
+            blocks = tuple(map(StoredBlock, node.eids[slot], node.hashes))  # zip: a prefix
+            _emit(events, worker, chain, blocks, parent)
+        for alias, first in tree._aliases[slot].items():
+            node, off = tree._locate_held(slot, first)
+            chain, parent = _dump_parent(tree, slot, node, off, stand_ins)
+            _emit(events, worker, chain, (StoredBlock(alias, node.hashes[off]),), parent)
+    return events
+
+
+def _dump_parent(
+    tree: RadixTree, slot: int, node: Run, off: int, stand_ins: list[int]
+) -> tuple[list[StoredBlock], int | None]:
+    """Stand-in chain and parent engine id to re-store the block at `off` in `node`."""
+    if off:
+        return [], node.eids[slot][off - 1]
+    chain: list[StoredBlock] = []
+    up = node.parent
+    parent = None
+    aliases = tree._aliases[slot]
+    while up is not None and up is not tree._root:
+        ids = up.eids.get(slot, ())
+        for h in reversed(up.hashes[len(ids) :]):
+            stand_ins[0] -= 1
+            # skip a negative id a snapshot stored
+            while tree._held_at(slot, stand_ins[0]) or stand_ins[0] in aliases:
+                stand_ins[0] -= 1
+            chain.append(StoredBlock(stand_ins[0], h))
+        if ids:
+            parent = ids[-1]
+            break
+        up = up.parent
+    chain.reverse()
+    return chain, parent
+
+
+def _emit(
+    events: list[KvEvent],
+    worker: Worker,
+    chain: list[StoredBlock],
+    blocks: tuple[StoredBlock, ...],
+    parent: int | None,
+) -> None:
+    events.append(BlocksStored(worker, (*chain, *blocks), parent))
+    if chain:
+        events.append(BlocksRemoved(worker, tuple(b.engine_hash for b in chain)))
+
+
+def _path(node: Run | None) -> tuple[int, ...]:
+    runs = []
+    while node is not None and node.parent is not None:
+        runs.append(node.hashes)
+        node = node.parent
+    return tuple(h for run in reversed(runs) for h in run)
