@@ -1533,6 +1533,13 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "_timeline_done reads complete for its truth: None drops as False does",
         ),
     },
+    "router/radix_dump.py": {
+        "x_dump_events__mutmut_15": (
+            "chain, parent = _dump_parent(tree, slot, node, None, stand_ins)",
+            "same-value",
+            "off is only tested for truth: None as 0",
+        ),
+    },
     "router/radix_lookup.py": {
         "x_common__mutmut_13": (
             "mid = (lo + hi + 2) // 2",
