@@ -16,7 +16,6 @@ from typing import Generic, TypeVar
 
 SHARDS = 64
 NAME_MASK = SHARDS - 1  # an id's shard: id & NAME_MASK
-_MASK = NAME_MASK
 
 Run = TypeVar("Run")
 
@@ -35,19 +34,19 @@ class ShardedNames(Generic[Run]):
         return self._shards
 
     def get(self, engine_hash: int) -> Run | None:
-        return self._shards[engine_hash & _MASK].get(engine_hash)
+        return self._shards[engine_hash & NAME_MASK].get(engine_hash)
 
     def __getitem__(self, engine_hash: int) -> Run:
-        return self._shards[engine_hash & _MASK][engine_hash]
+        return self._shards[engine_hash & NAME_MASK][engine_hash]
 
     def __setitem__(self, engine_hash: int, run: Run) -> None:
-        self._shards[engine_hash & _MASK][engine_hash] = run
+        self._shards[engine_hash & NAME_MASK][engine_hash] = run
 
     def __delitem__(self, engine_hash: int) -> None:
-        del self._shards[engine_hash & _MASK][engine_hash]
+        del self._shards[engine_hash & NAME_MASK][engine_hash]
 
     def __contains__(self, engine_hash: object) -> bool:
-        return isinstance(engine_hash, int) and engine_hash in self._shards[engine_hash & _MASK]
+        return isinstance(engine_hash, int) and engine_hash in self._shards[engine_hash & NAME_MASK]
 
     def __len__(self) -> int:
         return sum(map(len, self._shards))
@@ -58,22 +57,22 @@ class ShardedNames(Generic[Run]):
 
     def isdisjoint(self, engine_hashes: Iterable[int]) -> bool:
         """No id of `engine_hashes` is named."""
-        shards, mask = self._shards, _MASK
+        shards, mask = self._shards, NAME_MASK
         return not any(e in shards[e & mask] for e in engine_hashes)
 
     def point(self, engine_hashes: Iterable[int], run: Run) -> None:
         """Name every id of `engine_hashes` `run`."""
-        shards, mask = self._shards, _MASK
+        shards, mask = self._shards, NAME_MASK
         for e in engine_hashes:
             shards[e & mask][e] = run
 
     def update(self, names: Mapping[int, Run]) -> None:
-        shards, mask = self._shards, _MASK
+        shards, mask = self._shards, NAME_MASK
         for e, run in names.items():
             shards[e & mask][e] = run
 
     def drop(self, engine_hashes: Iterable[int]) -> None:
         """Unname every id of `engine_hashes` (each must be named)."""
-        shards, mask = self._shards, _MASK
+        shards, mask = self._shards, NAME_MASK
         for e in engine_hashes:
             del shards[e & mask][e]
