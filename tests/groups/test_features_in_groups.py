@@ -282,8 +282,9 @@ async def test_generated_tokens_add_output_blocks_in_the_group_that_serves_the_r
 
 async def test_a_group_that_does_not_serve_output_tokens_is_asked_once(closing, monkeypatch, caplog):
     """An older picker's group API has no AddOutputTokens (gRPC answers UNIMPLEMENTED): the owner
-    says so once and stops sending (the calls already on their way, one per request, are all there
-    is); the requests' lifecycle is unaffected."""
+    says so once and stops sending (the calls already on their way, at most one per request, are all
+    there is: a request's call waits for its first-token call, so whether the second request's went
+    out before the first answer came back is timing); the requests' lifecycle is unaffected."""
     import grpc
 
     from extproc.groups.servicer import RouterGroupServicer
@@ -306,7 +307,7 @@ async def test_a_group_that_does_not_serve_output_tokens_is_asked_once(closing, 
         for p in chosen:
             setup.top.output_tokens(p, 16, 1)
         await setup.settle()
-    assert sorted(asked) == ["r0", "r1"]
+    assert asked and len(asked) == len(set(asked)) and set(asked) <= {"r0", "r1"}  # 10 if asked again
     assert len([r for r in caplog.records if "does not serve AddOutputTokens" in r.getMessage()]) == 1
     for p in chosen:
         setup.top.finish(p, "complete")
