@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 from array import array
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import tokenizers
@@ -58,6 +58,32 @@ _CHILDREN = ("normalizers", "pretokenizers", "processors")
 
 Part = str | int  # a piece of text, or the id of an added token found between pieces
 SERIAL_PIECES = 4  # missed pieces up to this many are encoded one by one, not in parallel
+BatchEncode = Callable[..., list[tokenizers.Encoding]]
+_FAST_PROBES = (
+    "",
+    " ",
+    "Hello, world!",
+    "  two  spaces\n\n\tand tabs ",
+    "héllo wörld \u3000 日本語 🙂",
+    "x" * 300,
+)
+
+
+def batch_encoder(backend: tokenizers.Tokenizer) -> BatchEncode:
+    """The backend's `encode_batch_fast` (tokenizers >= 0.21: the same ids without character offsets,
+    which nothing here reads; about 25-35 % less CPU on prose) when it gives `encode_batch`'s ids on a
+    few probe texts, else `encode_batch`. Both release the GIL."""
+    fast = getattr(backend, "encode_batch_fast", None)
+    if fast is None:
+        return backend.encode_batch
+    for text in _FAST_PROBES:
+        for add in (False, True):
+            if (
+                fast([text], add_special_tokens=add)[0].ids
+                != backend.encode_batch([text], add_special_tokens=add)[0].ids
+            ):
+                return backend.encode_batch
+    return fast
 
 
 class PieceSplitter:
@@ -202,6 +228,7 @@ class PiecewiseEncoder:
         if (reason := inexact_reason(backend)) is not None:
             raise ValueError(reason)
         self._backend = backend
+        self._encode_batch = batch_encoder(backend)
         self.cache = cache
         self.splitter = PieceSplitter(
             backend.get_added_tokens_decoder(), encode_special_tokens=backend.encode_special_tokens
@@ -288,7 +315,7 @@ class PiecewiseEncoder:
     def _encode_pieces(self, pieces: list[str]) -> list[list[int]]:
         # encode_batch releases the GIL and spreads the pieces over the cores; a few pieces (a chat's
         # new turn) are encoded one at a time: two ~1k-token pieces in parallel took 1.5-2x the CPU
-        encode = self._backend.encode_batch
+        encode = self._encode_batch
         if len(pieces) <= SERIAL_PIECES:
             return [encode([piece], add_special_tokens=False)[0].ids for piece in pieces]
         return [e.ids for e in encode(pieces, add_special_tokens=False)]

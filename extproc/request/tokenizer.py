@@ -27,7 +27,7 @@ from extproc.errors import TokenizerUnavailable
 from extproc.request.anthropic import needs_system_first
 from extproc.request.chat_template import ChatTemplate
 from extproc.request.parse import ParsedRequest
-from extproc.request.piecewise import PiecewiseEncoder, probe_mismatch
+from extproc.request.piecewise import PiecewiseEncoder, batch_encoder, probe_mismatch
 from extproc.request.prefix_cache import PromptPrefixes, PromptPrefixStats
 from extproc.request.remote_tokenizer import RemoteTokenizer
 from extproc.request.token_cache import DEFAULT_PIECE_CACHE_BYTES, TokenCache, TokenCacheStats
@@ -138,6 +138,7 @@ class HfTokenizer:
         self.name = f"hf:{root}"
         try:
             self._backend = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
+            self._encode_batch = batch_encoder(self._backend)
         except Exception as e:  # the Rust side raises a bare Exception for I/O and format errors
             raise TokenizerUnavailable(f"cannot load {root / 'tokenizer.json'}: {e}") from e
         config = _read_json_object(root / "tokenizer_config.json")
@@ -295,10 +296,10 @@ class HfTokenizer:
             raise TokenizerUnavailable(f"tokenizer {self.name} failed: {e}") from e
 
     def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        # encode_batch releases the GIL while Rust works (encode does not), so a worker thread running a
-        # big prompt leaves the event loop free.
+        # encode_batch(_fast) releases the GIL while Rust works (encode does not), so a worker thread
+        # running a big prompt leaves the event loop free.
         try:
-            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+            return self._encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         except Exception as e:
             raise TokenizerUnavailable(f"tokenizer {self.name} failed: {e}") from e
 

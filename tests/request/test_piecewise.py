@@ -14,7 +14,13 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 
 from extproc.errors import TokenizerUnavailable
 from extproc.request.parse import parse_openai_body
-from extproc.request.piecewise import PieceSplitter, PiecewiseEncoder, inexact_reason, special_wrapping
+from extproc.request.piecewise import (
+    PieceSplitter,
+    PiecewiseEncoder,
+    batch_encoder,
+    inexact_reason,
+    special_wrapping,
+)
 from extproc.request.token_cache import TokenCache
 from extproc.request.tokenizer import HfTokenizer, RequestTokenizer
 from tests.tokenizer_files import (
@@ -313,3 +319,37 @@ def test_the_real_tokenizers_need_no_fallback():
         assert "chat_template" in config
         hf = HfTokenizer(shared / family)
         assert hf.piecewise_off_reason is None and hf.pieces is not None
+
+
+def test_the_real_tokenizers_encode_without_offsets_and_give_the_same_ids():
+    """`encode_batch_fast` (no character offsets, 25-35 % less CPU) is what encodes prompts when it agrees
+    with `encode_batch` at load; on the real tokenizers it does, and on texts dense in edges its ids
+    are `encode_batch`'s."""
+    shared = Path(__file__).resolve().parents[3] / "shared" / "tokenizers"
+    for family in ("qwen3", "llama3_1"):
+        backend = Tokenizer.from_file(str(shared / family / "tokenizer.json"))
+        assert batch_encoder(backend) == backend.encode_batch_fast
+        tokens = [t.content for t in backend.get_added_tokens_decoder().values()][:40]
+        texts = _texts(tokens, seed=7) + [CORPUS[i % len(CORPUS)] * 7 for i in range(20)]
+        for add in (False, True):
+            fast = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=add)]
+            assert fast == [e.ids for e in backend.encode_batch(texts, add_special_tokens=add)]
+
+
+class _Disagreeing:
+    """A tokenizer whose offset-free encoding differs from its encoding (none known; the guard)."""
+
+    def __init__(self, backend: Tokenizer) -> None:
+        self.backend = backend
+        self.encode_batch = backend.encode_batch
+
+    def encode_batch_fast(self, texts: list[str], add_special_tokens: bool = True):
+        encoded = self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [e if not e.ids else self.backend.encode_batch(["?"])[0] for e in encoded]
+
+
+def test_an_offset_free_encoding_that_disagrees_is_not_used():
+    backend = train_tokenizer()
+    assert batch_encoder(backend) == backend.encode_batch_fast
+    disagreeing = _Disagreeing(backend)
+    assert batch_encoder(disagreeing) == disagreeing.encode_batch  # type: ignore[arg-type]
