@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import gc
 import logging
 import marshal
@@ -53,6 +54,7 @@ log = logging.getLogger("extproc.picker")
 
 INLINE_MAX_BYTES = 16 * 1024
 MAX_PROMPT_VALUES = 100_000
+PIPE_BYTES = 1 << 20  # a worker's pipes, each way (the kernel's default limit for unprivileged users)
 STOP_GRACE_S = 5.0  # a worker that has not exited this long after its stdin closed is killed
 _PACKAGE_ROOT = str(Path(extproc.__file__).resolve().parent.parent)
 
@@ -262,6 +264,8 @@ class _Worker:
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": path},
         )
+        for stream in (self.process.stdin, self.process.stdout):
+            _widen_pipe(stream)
 
     async def call(self, request: bytes, body: bytes) -> bytes:
         process = self.process
@@ -290,6 +294,18 @@ class _Worker:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
+
+
+def _widen_pipe(stream: asyncio.StreamWriter | asyncio.StreamReader | None) -> None:
+    """Give a worker's pipe PIPE_BYTES of buffer (Linux's default: 64 KiB), best effort: a body or
+    answer of a few hundred kilobytes then crosses in one write and one or two reads instead of a
+    loop wake-up per 64 KiB."""
+    transport = getattr(stream, "transport", None) or getattr(stream, "_transport", None)
+    pipe = transport.get_extra_info("pipe") if transport is not None else None
+    if pipe is None or not hasattr(fcntl, "F_SETPIPE_SZ"):
+        return
+    with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size, or not a pipe
+        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
 def _loads(data: bytes) -> Any:

@@ -4,6 +4,7 @@ either way; the loop keeps running while a large body is parsed; the prompt brou
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from extproc.errors import BodyTooLarge, RequestInvalid
-from extproc.picker.body_parser import BodyParser
+from extproc.picker.body_parser import PIPE_BYTES, BodyParser
 from extproc.picker.pipeline import EndpointPicker
 
 from ..picker_fixtures import MODEL, chat_body, picker_config
@@ -197,3 +198,19 @@ async def test_out_of_memory_the_kernel_kills_a_parse_worker_before_the_picker(p
     [pid] = parser.worker_pids()
     assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
     assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"
+
+
+async def test_a_workers_pipes_hold_a_long_chat_body_at_once(parser) -> None:
+    """A 100k-token chat body (about 400 KB) and its answer cross each pipe in one write, not a loop
+    wake-up per 64 KiB (Linux's default pipe size)."""
+    body = chat_body("a long conversation " * 20_000)
+    assert 300_000 < len(body) < PIPE_BYTES
+    parsed = await parser.request(body, CHAT)
+    assert parsed.request.messages is not None and parser.stats.in_worker == 1
+    [pid] = parser.worker_pids()
+    for fd in (0, 1):  # the worker's stdin and stdout: the pipes to and from this process
+        pipe = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            assert fcntl.fcntl(pipe, fcntl.F_GETPIPE_SZ) == PIPE_BYTES
+        finally:
+            os.close(pipe)
