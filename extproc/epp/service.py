@@ -20,7 +20,11 @@ answers are built by `epp.answers`.
 
 Lifecycle: the first response body chunk marks prefill complete; the end of the response, a
 non-2xx status, a reset or a cancelled stream frees the request. The `finally` frees whatever
-ended the stream, exactly once. A 2xx answer whose content type is not `text/event-stream` (a
+ended the stream, exactly once. A response body chunk is answered first and accounted after (its
+first token, output tokens, the free at its end), when gRPC comes back for the next answer: Envoy
+forwards the chunk meanwhile, so the bookkeeping is off the client's path (benchmarks/README.md,
+`bench_extproc.py`). A stream that goes away right after an answer still accounts that chunk, first
+thing in the `finally`. A 2xx answer whose content type is not `text/event-stream` (a
 non-streamed request's JSON) comes whole, when generation is over: its first chunk still ends the
 prompt's load, but is marked as not the first token, so the learned pass-time model (the default
 `timing` prefill load model) does not take the whole answer's time for a time to first token.
@@ -149,6 +153,7 @@ class _Stream:
     output_reported: int = 0  # tokens per sequence told to the picker
     output_sequences: int = 1  # sequences told to the picker
     freed: bool = False
+    unaccounted: pb.HttpBody | None = None  # a response body chunk answered, not yet accounted
     end_cause: str = "stream_closed"
     notices: list[pb.ProcessingResponse] = field(default_factory=list)  # sent while a message waits
     notice: asyncio.Future[None] | None = None  # resolved when a notice waits to be sent
@@ -234,7 +239,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 # passes here) are answered without a coroutine or a list.
                 kind = message.WhichOneof("request")
                 if kind == "response_body":
-                    yield self._on_response_body(stream, message.response_body)
+                    # answer first, account after: Envoy forwards the chunk while the picker
+                    # books its first token, output and free (the stream's end settles a
+                    # chunk it answered and never came back for: `_settle_response_body`)
+                    stream.unaccounted = body = message.response_body
+                    yield self._response_body_answer(stream, body)
+                    self._settle_response_body(stream)
                 elif kind == "response_headers":
                     yield self._on_response_headers(stream, message.response_headers)
                 elif may_queue and _may_route(stream, kind, message):
@@ -250,6 +260,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             raise
         finally:
             self.open_streams -= 1
+            self._settle_response_body(stream)
             self._free(stream, stream.end_cause)
 
     async def _refuse(
@@ -303,7 +314,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if kind == "response_headers":
             return [self._on_response_headers(stream, message.response_headers)]
         if kind == "response_body":
-            return [self._on_response_body(stream, message.response_body)]
+            stream.unaccounted = message.response_body
+            answer = self._response_body_answer(stream, message.response_body)
+            self._settle_response_body(stream)
+            return [answer]
         if kind == "response_trailers":
             self._count_output(stream, b"", end=True)
             self._free(stream, "complete")
@@ -464,7 +478,19 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             self._served_answers[pick.endpoint] = answer
         return answer
 
-    def _on_response_body(self, stream: _Stream, body: pb.HttpBody) -> pb.ProcessingResponse:
+    @staticmethod
+    def _response_body_answer(stream: _Stream, body: pb.HttpBody) -> pb.ProcessingResponse:
+        if stream.response_body_mode == DUPLEX:
+            return epp.echo_response_chunk(body.body, body.end_of_stream)
+        return epp.CONTINUE_RESPONSE_BODY
+
+    def _settle_response_body(self, stream: _Stream) -> None:
+        """Account the response body chunk answered last, once (`_on_response_body`)."""
+        body, stream.unaccounted = stream.unaccounted, None
+        if body is not None:
+            self._on_response_body(stream, body)
+
+    def _on_response_body(self, stream: _Stream, body: pb.HttpBody) -> None:
         pick = stream.pick
         if stream.response_head is not None and pick is not None:
             self._read_response_id(stream, pick, body.body)
@@ -480,9 +506,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             self._count_output(stream, body.body, end=body.end_of_stream)
         if body.end_of_stream:
             self._free(stream, "complete")
-        if stream.response_body_mode == DUPLEX:
-            return epp.echo_response_chunk(body.body, body.end_of_stream)
-        return epp.CONTINUE_RESPONSE_BODY
 
     def _read_response_id(self, stream: _Stream, pick: Pick, data: bytes) -> None:
         """Look for a Responses API answer's id in its first bytes; tell the picker once found."""

@@ -28,6 +28,7 @@ from extproc.router import RouterConfig
 from extproc.runtime.server import RunningPicker, start_picker
 
 from ..certs import TestCa
+from ..replica_helpers import until
 from .harness import EchoWorker, start_echo_workers, start_envoy_variant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -172,7 +173,7 @@ async def test_envoy_gets_no_route_when_the_handshake_fails(mtls_picker, cas, lo
     answer = await through_envoy(mtls_picker, tls, log_dir)
     details = assert_picker_unavailable(answer, tls_named=envoy_side != "without a client certificate")
     assert logged in details, details
-    assert mtls_picker.picker.is_idle()
+    await until(mtls_picker.picker.is_idle, 5.0, "the picker freed every request")
 
 
 async def test_an_expired_picker_certificate_is_named(worker, cas, log_dir):

@@ -25,6 +25,7 @@ from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.router import RouterConfig
 from extproc.runtime.server import RunningPicker
 
+from ..replica_helpers import until
 from .harness import picker_behind_envoy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -93,7 +94,7 @@ async def test_whole_answers_end_their_prompts_load_and_teach_nothing(stack):
             assert chunks
 
     await asyncio.gather(*(whole(i) for i in range(REQUESTS)))
-    assert picker.picker.is_idle()  # every whole answer was freed
+    await until(picker.picker.is_idle, 5.0, "the picker freed every request")  # every whole answer
     before = await pass_times(picker)
     assert [p["samples"] for p in before] == [0, 0], before  # no answer passed for a first token
     assert [p["scale"] for p in before] == [1.0, 1.0]

@@ -73,13 +73,41 @@ async def test_full_lifecycle_marks_prefill_then_frees():
     served = await stream.__anext__()
     assert served.dynamic_metadata.fields["envoy.lb"].struct_value.fields[epp.SERVED_KEY].string_value
     messages.put_nowait(response_body())
+    await stream.__anext__()  # answered first; the chunk is booked before the next message is read
+    messages.put_nowait(response_body(b"data: more\n\n"))
     await stream.__anext__()
     assert router.sequences.prefill_tokens(worker) == 0 and not picker.is_idle()
     messages.put_nowait(response_body(b"data: [DONE]\n\n", end_of_stream=True))
     await stream.__anext__()
-    assert picker.is_idle()
     messages.put_nowait(None)
     assert [a async for a in stream] == []
+    assert picker.is_idle()
+    assert picker.metrics.requests.values["demo-model", "completed"] == 1
+
+
+async def test_a_stream_closed_right_after_its_last_answer_still_books_the_response_complete():
+    """The last chunk is answered before it is accounted (Envoy forwards it meanwhile); a stream
+    that goes away at that moment still books the first token and frees the request as completed."""
+    picker, service = make_service()
+    router = picker.pools["demo-model"].router
+    messages = [
+        request_headers(),
+        request_body(chat_body("x" * 200)),
+        response_headers(),
+        response_body(b"data: [DONE]\n\n", end_of_stream=True),
+    ]
+
+    async def feed():
+        for m in messages:
+            yield m
+
+    stream = service.Process(feed(), None)
+    for _ in messages:
+        await stream.__anext__()
+    await stream.aclose()  # gRPC closes the generator at its last yield
+    assert picker.is_idle() and all(router.sequences.prefill_tokens(w) == 0 for w in router.workers())
+    assert picker.metrics.requests.values["demo-model", "completed"] == 1
+    assert picker.metrics.requests.values["demo-model", "cancelled"] == 0
 
 
 @pytest.mark.parametrize(
