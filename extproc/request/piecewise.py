@@ -70,7 +70,7 @@ _FAST_PROBES = (
 
 
 def batch_encoder(backend: tokenizers.Tokenizer) -> BatchEncode:
-    """The backend's `encode_batch_fast` (tokenizers >= 0.21: the same ids without character offsets,
+    """The backend's `encode_batch_fast` (tokenizers >= 0.20: the same ids without character offsets,
     which nothing here reads; about 25-35 % less CPU on prose) when it gives `encode_batch`'s ids on a
     few probe texts, else `encode_batch`. Both release the GIL."""
     fast = getattr(backend, "encode_batch_fast", None)
