@@ -60,8 +60,9 @@ _ROUTER_TESTS = [
     "tests/router/test_radix.py::test_radix_tree_agrees_with_brute_force_and_rebuilds_from_its_dump",
 ]
 _ROUTER_MODULES = [
-    "__init__", "aic", "approx", "config", "device_share", "disagg", "errors", "hashing", "load_order",
-    "pass_time", "prefill_model", "queue", "radix", "radix_dump", "radix_lookup", "radix_names", "reported",
+    "__init__", "aic", "approx", "arrivals", "config", "device_share", "disagg", "errors", "hashing",
+    "load_order", "pass_time", "prefill_model", "queue", "radix", "radix_dump", "radix_lookup", "radix_names",
+    "reported",
     "router",
     "selection",
     "sequences", "sessions", "tiers", "types",

@@ -66,6 +66,8 @@ MAX_RATIO = 4.0  # one observation counts as at most 4x (or 1/4x) the prediction
 MAX_SCALE = 16.0  # a worker is at most 16x slower (or faster) than configured
 SIGNIFICANCE = 3.0  # standard errors of its own deviation a worker's scale does not follow
 PRIOR_NOISE = math.log(MAX_RATIO) / 2  # prior sd of one observation's log ratio: the clip is 2 sd
+DISTINCT_SPEED = 1.25  # a worker this many times slower or faster than the fleet makes it a mixed fleet
+_LOG_DISTINCT_SPEED = math.log(DISTINCT_SPEED)
 
 K = TypeVar("K", bound=Hashable)
 
@@ -104,6 +106,7 @@ class PassTimeLearner(Generic[K]):
 
     __slots__ = (
         "_base",
+        "_distinct",
         "_fleet_timing",
         "_fleet_used",
         "_observations",
@@ -118,6 +121,7 @@ class PassTimeLearner(Generic[K]):
         self._base = base
         self._stats: dict[K, _Stats] = {}
         self._timings: dict[K, PrefillTiming] = {}  # workers departed from the fleet
+        self._distinct: set[K] = set()  # of them, those DISTINCT_SPEED or more away from it
         self._fleet_timing = base
         self._fleet_used = 0.0  # the fleet's log scale `_fleet_timing` predicts with
         # fleet sums over workers: effective weights, weighted means, weighted variances
@@ -129,6 +133,13 @@ class PassTimeLearner(Generic[K]):
     @property
     def base(self) -> PrefillTiming:
         return self._base
+
+    @property
+    def mixed(self) -> bool:
+        """Whether some worker is learned at least `DISTINCT_SPEED` times faster or slower than the
+        fleet's model (as of its last first token): workers of different speeds, not noise (identical
+        workers that depart at all do so by a percent or two)."""
+        return bool(self._distinct)
 
     @staticmethod
     def measures(guess: PrefillEstimate) -> bool:
@@ -195,6 +206,13 @@ class PassTimeLearner(Generic[K]):
             self._fleet_timing = self._base.scaled(math.exp(fleet))
         return self._fleet_used
 
+    def _redistinct(self) -> None:
+        """The departed workers `DISTINCT_SPEED` or more away from the fleet's model in use."""
+        fleet = self._fleet_used
+        self._distinct = {
+            w for w in self._timings if abs(self._stats[w].applied - fleet) >= _LOG_DISTINCT_SPEED
+        }
+
     def _noise_var(self) -> float:
         """One observation's variance, pooled over the fleet (identical workers, identical noise)."""
         prior = self._prior()
@@ -248,13 +266,20 @@ class PassTimeLearner(Generic[K]):
         self._sum_w += w
         self._sum_wm += w * stats.mean
         self._sum_wv += w * stats.var
+        old_fleet = self._fleet_used
         fleet = self._settle_fleet()
         stats.applied = self._applied(stats, fleet)
         if stats.applied == fleet:
             self._timings.pop(worker, None)
-            return self._fleet_timing
-        timing = self._base.scaled(math.exp(stats.applied))
-        self._timings[worker] = timing
+            timing = self._fleet_timing
+        else:
+            timing = self._timings[worker] = self._base.scaled(math.exp(stats.applied))
+        if fleet != old_fleet:
+            self._redistinct()  # every departed worker is now that much nearer or farther
+        elif worker in self._timings and abs(stats.applied - fleet) >= _LOG_DISTINCT_SPEED:
+            self._distinct.add(worker)
+        else:
+            self._distinct.discard(worker)
         return timing
 
     def forget(self, worker: K) -> None:
@@ -273,3 +298,4 @@ class PassTimeLearner(Generic[K]):
                 self._sum_w = self._sum_wm = self._sum_wv = 0.0
                 self._observations = 0
                 self._fleet_timing, self._fleet_used = self._base, 0.0
+        self._redistinct()

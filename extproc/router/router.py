@@ -451,6 +451,8 @@ class KvRouter:
         worker order), or None when the full scan must decide (no eligible worker: its error).
         """
         if self.sequences.timed:
+            if self.sequences.counts_delay_behind:
+                return None  # costs that depend on each worker's arrivals: no idle classes, no bounds
             return self._timed_choice(cfg, block_keys, isl, overlaps)
         order = self._load_order()
         if not len(order):

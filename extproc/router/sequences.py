@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
 from extproc.router.aic import OldestPrefillDecay, admission_estimate, expected_prefill_ms
+from extproc.router.arrivals import ArrivalRates, delay_behind_ms
 from extproc.router.config import PrefillLoadModel
 from extproc.router.pass_time import LearnedPassTime, PassTimeLearner
 from extproc.router.prefill_model import PrefillEstimate, PrefillTimeline, PrefillTiming, estimate
@@ -115,6 +116,10 @@ class ActiveSequences:
             if (self._timed or self._aic) and learn_prefill_timing
             else None
         )
+        # timing model, learning: arrivals per worker, for the delay a prompt adds behind it
+        self._arrivals: ArrivalRates[Worker] | None = (
+            ArrivalRates() if self._timed and self._learner is not None else None
+        )
         self._holders: dict[int, set[Worker]] = {}  # first block key -> workers holding it in flight
         self.on_load_change: Callable[[Worker], None] | None = None
 
@@ -122,6 +127,14 @@ class ActiveSequences:
     def timed(self) -> bool:
         """Whether the timing model counts prefill (then loads also depend on the clock)."""
         return self._timed
+
+    @property
+    def counts_delay_behind(self) -> bool:
+        """Whether a worker's cost adds the delay the request's prompt imposes on the requests that
+        arrive there after it (`extproc.router.arrivals`): the timing model, learning, on a fleet
+        whose workers were learned to differ in speed (`PassTimeLearner.mixed`). The cost then
+        depends on each worker's recent arrivals too."""
+        return self._arrivals is not None and self._learner is not None and self._learner.mixed
 
     @property
     def loads_follow_clock(self) -> bool:
@@ -185,10 +198,12 @@ class ActiveSequences:
             return WorkerLoad(worker, active_prefill + uncached, decode, overlap_blocks)
         load = self._loads.get(worker)
         new = self.new_blocks(worker, block_keys, isl)
-        guess = self._estimate(worker, block_keys, isl, overlap_blocks, new, load, self._now_ms())
-        return WorkerLoad(
-            worker, round(guess.ttft_ms / self.prefill_timing.ms_per_token), 0.0, overlap_blocks
-        )
+        now = self._now_ms()
+        guess = self._estimate(worker, block_keys, isl, overlap_blocks, new, load, now)
+        ms = guess.ttft_ms
+        if self._arrivals is not None and self.counts_delay_behind:
+            ms += delay_behind_ms(self._arrivals.per_ms(worker, now), guess.prefill_ms, guess.wait_ms)
+        return WorkerLoad(worker, round(ms / self.prefill_timing.ms_per_token), 0.0, overlap_blocks)
 
     def timing(self, worker: Worker) -> PrefillTiming:
         """The pass-time model the timing model predicts `worker` with (learned, or the configured)."""
@@ -336,6 +351,8 @@ class ActiveSequences:
             if timeline is None:
                 timeline = self._timelines[worker] = PrefillTimeline(self.timing(worker))
             timeline.add(request_id, guess.uncached_tokens, now, guess.decode_ms)
+            if self._arrivals is not None:
+                self._arrivals.add(worker, now)
             if learn and self._learner is not None and self._learner.measures(guess):
                 request.routed_ms, request.predicted_ttft_ms = now, guess.ttft_ms
         self._requests[request_id] = request
@@ -489,4 +506,6 @@ class ActiveSequences:
             self.free(rid)
         if self._learner is not None:
             self._learner.forget(worker)
+        if self._arrivals is not None:
+            self._arrivals.forget(worker)
         return ids

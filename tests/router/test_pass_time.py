@@ -505,3 +505,30 @@ def test_the_learner_follows_the_documented_estimate(seed):
             assert math.log(learned.own_scale) == pytest.approx(s["mean"], rel=1e-9, abs=1e-12)
             assert math.log(learned.scale) == pytest.approx(model.used(w), rel=1e-9, abs=1e-12)
     assert any(s["departed"] for s in model.stats.values())  # the slow and fast workers departed
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_fleet_is_mixed_when_a_worker_is_learned_a_quarter_or_more_apart_from_it(seed):
+    """`mixed`: some worker learned `DISTINCT_SPEED` times slower or faster than the fleet's model;
+    identical workers (noise) and workers 10 % apart are not a mixed fleet."""
+    for scales, mixed in (([1.0] * 16, False), ([1.0] * 7 + [1.1], False), ([1.0] * 7 + [2.0], True)):
+        learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+        workers = noisy_fleet(learner, scales, 4 * WINDOW_SAMPLES, seed=seed)
+        assert learner.mixed is mixed, scales
+        if mixed:
+            learner.forget(workers[-1])  # the slow worker leaves: the fast ones are one fleet again
+            assert not learner.mixed
+
+
+def test_whether_a_fleet_is_mixed_follows_the_fleets_model_as_it_moves():
+    """Two workers, one twice as slow: both are a quarter or more from the fleet's model between them.
+    Once the slow one is gone the fleet settles on the fast one, and nothing is apart any more."""
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    fast, slow = noisy_fleet(learner, [1.0, 2.0], 4 * WINDOW_SAMPLES, sd=0.0)
+    assert learner.mixed
+    learner.forget(slow)
+    assert not learner.mixed and learner.learned(fast).scale == pytest.approx(1.0, rel=0.05)
+    # the same fleet taught the other way round: a fast worker joins slow ones
+    learner = PassTimeLearner(BASE)
+    noisy_fleet(learner, [2.0, 2.0, 2.0, 1.0], 4 * WINDOW_SAMPLES, sd=0.0)
+    assert learner.mixed
