@@ -106,9 +106,9 @@ class PassTimeLearner(Generic[K]):
 
     __slots__ = (
         "_base",
-        "_distinct",
         "_fleet_timing",
         "_fleet_used",
+        "_mixed",
         "_observations",
         "_stats",
         "_sum_w",
@@ -121,7 +121,7 @@ class PassTimeLearner(Generic[K]):
         self._base = base
         self._stats: dict[K, _Stats] = {}
         self._timings: dict[K, PrefillTiming] = {}  # workers departed from the fleet
-        self._distinct: set[K] = set()  # of them, those DISTINCT_SPEED or more away from it
+        self._mixed: bool | None = False  # whether one is DISTINCT_SPEED or more away (None: unknown)
         self._fleet_timing = base
         self._fleet_used = 0.0  # the fleet's log scale `_fleet_timing` predicts with
         # fleet sums over workers: effective weights, weighted means, weighted variances
@@ -139,7 +139,12 @@ class PassTimeLearner(Generic[K]):
         """Whether some worker is learned at least `DISTINCT_SPEED` times faster or slower than the
         fleet's model (as of its last first token): workers of different speeds, not noise (identical
         workers that depart at all do so by a percent or two)."""
-        return bool(self._distinct)
+        if self._mixed is None:  # found again after the first token or departure that changed it
+            fleet = self._fleet_used
+            self._mixed = any(
+                abs(self._stats[w].applied - fleet) >= _LOG_DISTINCT_SPEED for w in self._timings
+            )
+        return self._mixed
 
     @staticmethod
     def measures(guess: PrefillEstimate) -> bool:
@@ -206,13 +211,6 @@ class PassTimeLearner(Generic[K]):
             self._fleet_timing = self._base.scaled(math.exp(fleet))
         return self._fleet_used
 
-    def _redistinct(self) -> None:
-        """The departed workers `DISTINCT_SPEED` or more away from the fleet's model in use."""
-        fleet = self._fleet_used
-        self._distinct = {
-            w for w in self._timings if abs(self._stats[w].applied - fleet) >= _LOG_DISTINCT_SPEED
-        }
-
     def _noise_var(self) -> float:
         """One observation's variance, pooled over the fleet (identical workers, identical noise)."""
         prior = self._prior()
@@ -266,20 +264,14 @@ class PassTimeLearner(Generic[K]):
         self._sum_w += w
         self._sum_wm += w * stats.mean
         self._sum_wv += w * stats.var
-        old_fleet = self._fleet_used
         fleet = self._settle_fleet()
         stats.applied = self._applied(stats, fleet)
+        self._mixed = None  # the worker, or the fleet's model, may have moved
         if stats.applied == fleet:
             self._timings.pop(worker, None)
-            timing = self._fleet_timing
-        else:
-            timing = self._timings[worker] = self._base.scaled(math.exp(stats.applied))
-        if fleet != old_fleet:
-            self._redistinct()  # every departed worker is now that much nearer or farther
-        elif worker in self._timings and abs(stats.applied - fleet) >= _LOG_DISTINCT_SPEED:
-            self._distinct.add(worker)
-        else:
-            self._distinct.discard(worker)
+            return self._fleet_timing
+        timing = self._base.scaled(math.exp(stats.applied))
+        self._timings[worker] = timing
         return timing
 
     def forget(self, worker: K) -> None:
@@ -298,4 +290,4 @@ class PassTimeLearner(Generic[K]):
                 self._sum_w = self._sum_wm = self._sum_wv = 0.0
                 self._observations = 0
                 self._fleet_timing, self._fleet_used = self._base, 0.0
-        self._redistinct()
+        self._mixed = None

@@ -59,6 +59,7 @@ def test_a_forgotten_worker_has_no_arrivals():
 def test_the_window_must_be_positive(window_ms):
     with pytest.raises(ValueError, match="window_ms"):
         ArrivalRates(window_ms=window_ms)
+    assert ArrivalRates(window_ms=0.5).window_ms == 0.5  # any positive window
 
 
 def test_the_delay_behind_a_prompt():

@@ -510,7 +510,8 @@ def test_the_learner_follows_the_documented_estimate(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_a_fleet_is_mixed_when_a_worker_is_learned_a_quarter_or_more_apart_from_it(seed):
     """`mixed`: some worker learned `DISTINCT_SPEED` times slower or faster than the fleet's model;
-    identical workers (noise) and workers 10 % apart are not a mixed fleet."""
+    identical workers (noise) and workers 10 % apart are not a mixed fleet, nor is a fleet not seen yet."""
+    assert not PassTimeLearner(BASE).mixed
     for scales, mixed in (([1.0] * 16, False), ([1.0] * 7 + [1.1], False), ([1.0] * 7 + [2.0], True)):
         learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
         workers = noisy_fleet(learner, scales, 4 * WINDOW_SAMPLES, seed=seed)
@@ -532,3 +533,40 @@ def test_whether_a_fleet_is_mixed_follows_the_fleets_model_as_it_moves():
     learner = PassTimeLearner(BASE)
     noisy_fleet(learner, [2.0, 2.0, 2.0, 1.0], 4 * WINDOW_SAMPLES, sd=0.0)
     assert learner.mixed
+
+
+def test_a_fleet_configured_wrong_with_a_worker_ten_percent_slower_is_not_mixed():
+    """Apart is measured from the fleet's model in use (here twice the configured one), not from
+    the configured model."""
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    workers = noisy_fleet(learner, [2.0] * 7 + [2.2], 4 * WINDOW_SAMPLES, sd=0.0)
+    assert learner.fleet_scale == pytest.approx(2.0, rel=0.1) and not learner.mixed
+    learner.forget(workers[0])
+    assert not learner.mixed
+
+
+def test_a_worker_once_apart_is_not_counted_apart_after_the_fleet_caught_up_with_it():
+    """One worker at 1.5x among three at 1x is apart; then the three slow down to 1.5x too: the
+    fleet's model moves to theirs, and the first one, not observed since, is no longer apart."""
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    first, *others = noisy_fleet(learner, [1.5, 1.0, 1.0, 1.0], 4 * WINDOW_SAMPLES, sd=0.0)
+    assert learner.mixed
+    for _ in range(8 * WINDOW_SAMPLES):
+        for worker in others:
+            predicted = 100.0 * learner.timing(worker).prefill_linear_ms / BASE.prefill_linear_ms
+            learner.observe(worker, predicted, 150.0)
+    assert learner.learned(first).scale == pytest.approx(1.5, rel=0.1)
+    assert learner.fleet_scale == pytest.approx(1.5, rel=0.1)
+    assert not learner.mixed
+
+
+def test_a_worker_that_comes_back_to_the_fleets_speed_is_no_longer_apart():
+    learner: PassTimeLearner[Worker] = PassTimeLearner(BASE)
+    workers = noisy_fleet(learner, [1.0] * 7 + [2.0], 8 * WINDOW_SAMPLES, sd=0.0)
+    assert learner.mixed
+    slow = workers[-1]
+    for _ in range(8 * WINDOW_SAMPLES):  # its GPU was replaced: its first tokens are the fleet's now
+        predicted = 100.0 * learner.timing(slow).prefill_linear_ms / BASE.prefill_linear_ms
+        learner.observe(slow, predicted, 100.0)
+    assert learner.learned(slow).scale == pytest.approx(1.0, rel=0.1)
+    assert not learner.mixed
