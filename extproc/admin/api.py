@@ -415,4 +415,7 @@ def _pass_time(sequences: ActiveSequences, worker: Worker) -> dict[str, Any] | N
         "prefill_ms": [timing.prefill_quadratic_ms, timing.prefill_linear_ms, timing.prefill_constant_ms],
         "decode_ms": [timing.decode_quadratic_ms, timing.decode_linear_ms, timing.decode_constant_ms],
         "full_pass_ms": timing.prefill_ms(timing.max_num_batched_tokens),
+        # a fleet learned to mix speeds: costs add the delay a prompt imposes on later arrivals here
+        "mixed_fleet": sequences.counts_delay_behind,
+        "arrivals_per_s": round(sequences.arrivals_per_s(worker), 3),
     }

@@ -205,6 +205,11 @@ class ActiveSequences:
             ms += delay_behind_ms(self._arrivals.per_ms(worker, now), guess.prefill_ms, guess.wait_ms)
         return WorkerLoad(worker, round(ms / self.prefill_timing.ms_per_token), 0.0, overlap_blocks)
 
+    def arrivals_per_s(self, worker: Worker) -> float:
+        """Requests routed to `worker` per second lately (`extproc.router.arrivals`; the timing model
+        with learning, else 0): what the delay a prompt imposes behind it reads on a mixed fleet."""
+        return self._arrivals.per_ms(worker, self._now_ms()) * 1000.0 if self._arrivals is not None else 0.0
+
     def timing(self, worker: Worker) -> PrefillTiming:
         """The pass-time model the timing model predicts `worker` with (learned, or the configured)."""
         return self._learner.timing(worker) if self._learner is not None else self.prefill_timing

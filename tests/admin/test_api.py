@@ -165,6 +165,7 @@ async def test_health_readiness_and_debug_views(running, http) -> None:
         pass_time = worker["pass_time"]
         assert (pass_time["scale"], pass_time["samples"], pass_time["last_ratio"]) == (1.0, 0, None)
         assert pass_time["prefill_ms"] == [4.209989e-7, 0.01518344, 16.50142]
+        assert pass_time["mixed_fleet"] is False and pass_time["arrivals_per_s"] == 0.0
     status, by_tokens = await call(
         http, "POST", "/debug/potential_loads", json={"model": MODEL, "tokens": list(range(64))}
     )

@@ -101,6 +101,7 @@ def test_on_a_mixed_fleet_a_workers_cost_adds_the_delay_its_prompt_imposes_on_la
         seqs.free(f"a{i}")
         clock.advance(1 / 30)
     rate = 30 * math.exp(-0.5 / 60) / 60_000  # about 30 arrivals over the 60 s window, per ms
+    assert seqs.arrivals_per_s(fast) == pytest.approx(rate * 1000, rel=0.02)
     assert cost_ms(seqs, fast) == pytest.approx(own + rate * own * own, rel=0.02)
     assert cost_ms(seqs, slow) == pytest.approx(seqs.timing(slow).prompt_ms(4000), abs=1.0)
 
@@ -128,7 +129,7 @@ def test_without_learning_there_is_no_delay_behind():
     clock = FakeClock()
     seqs = ActiveSequences(16, prefill_load_model="timing", learn_prefill_timing=False, clock=clock)
     arrivals(seqs, clock, W, 300, 1.0)
-    assert not seqs.counts_delay_behind
+    assert not seqs.counts_delay_behind and seqs.arrivals_per_s(W) == 0.0
 
 
 def test_forgetting_the_slow_worker_makes_the_fleet_uniform_again():
