@@ -135,8 +135,10 @@ def test_without_learning_there_is_no_delay_behind():
 def test_forgetting_the_slow_worker_makes_the_fleet_uniform_again():
     clock = FakeClock()
     seqs, _, slow = mixed_sequences(clock, 2.0)
+    arrivals(seqs, clock, slow, 10, 1.0)
+    assert seqs.arrivals_per_s(slow) > 0
     seqs.remove_worker(slow)
-    assert not seqs.counts_delay_behind
+    assert not seqs.counts_delay_behind and seqs.arrivals_per_s(slow) == 0.0
 
 
 @pytest.mark.parametrize("busy", [True, False])
