@@ -17,7 +17,9 @@ re-anchored by every first token; `potential_load` then predicts a request's tim
 on each worker (the work ahead of it plus its own chunked prefill) and reports it as prefill-token
 equivalents of time, so the unchanged cost function compares time. Each worker's pass-time model
 starts as the configured one and is scaled by what its first tokens show against the predictions
-(`extproc.router.pass_time`): a slower GPU, or a model fitted elsewhere, is learned online.
+(`extproc.router.pass_time`): a slower GPU, or a model fitted elsewhere, is learned online. On a
+fleet learned to mix speeds, the time also counts the delay the request's prompt imposes on the
+requests that arrive at that worker after it (`extproc.router.arrivals`, `counts_delay_behind`).
 `aic` (Dynamo's, `extproc.router.aic`): a request's uncached tokens count in full, except on each
 worker the oldest active prefill's, which decay over the duration the pass-time model predicted for
 it at admission.
@@ -190,7 +192,8 @@ class ActiveSequences:
         token), and no decode blocks: decoding requests enter the prediction through what they add
         to every pass (the decode part, and half a pass of waiting when the worker has no prompt
         work). Blocks in flight on the worker count as cached: the engine matches a block as soon
-        as it is scheduled.
+        as it is scheduled. On a mixed fleet (`counts_delay_behind`) the time adds the delay the
+        prompt's own prefill imposes on the requests expected to arrive there before it is done.
         """
         if not self._timed:
             active_prefill, decode = self.potential(worker, block_keys, isl)
