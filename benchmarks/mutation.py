@@ -589,6 +589,11 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "the fleet's model moves also when its estimate is exactly SIGNIFICANCE standard errors "
             "away (se > 0: the prior's noise never vanishes)",
         ),
+        "xǁPassTimeLearnerǁ__init____mutmut_4": (
+            "self._mixed: bool | None = None  # whether one is DISTINCT_SPEED or more away (None: unknown)",
+            "same-value",
+            "a learner that has seen nothing has no departed worker: the first read finds False",
+        ),
         "xǁPassTimeLearnerǁobserve__mutmut_17": (
             "used = self._fleet_used if (stats is None) and False else self._used(worker, stats)",
             "same-value",
