@@ -167,3 +167,10 @@ def test_a_new_prompt_goes_to_an_idle_slow_worker_while_a_stream_of_arrivals_kee
         arrivals(seqs, clock, fast, round(3 * 60_000 / own), 60.0)  # three per own prefill time
     decision = router.best_worker([7] * 4000, request_id="new")
     assert decision.worker == (slow if busy else fast)
+
+
+def test_a_workers_arrivals_read_per_second():
+    clock = FakeClock(100.0)
+    seqs = ActiveSequences(16, prefill_load_model="timing", clock=clock)
+    seqs.add_request("a", W, [], 16, 0)
+    assert seqs.arrivals_per_s(W) == pytest.approx(1 / 60, rel=1e-9)  # one arrival, a 60 s window
