@@ -219,16 +219,21 @@ class PiecewiseEncoder:
     """Encodes a text as its pass-1 pieces, reusing the ids of pieces seen before (`TokenCache`)."""
 
     def __init__(
-        self, backend: tokenizers.Tokenizer, cache: TokenCache, prefixes: PromptPrefixes | None = None
+        self,
+        backend: tokenizers.Tokenizer,
+        cache: TokenCache,
+        prefixes: PromptPrefixes | None = None,
+        encode_batch: BatchEncode | None = None,
     ) -> None:
         """Raises `ValueError` naming the reason when `backend` cannot be encoded piecewise exactly.
 
         With `prefixes`, a text that begins with a stored prefix (an earlier turn's prompt up to its
-        last added token) takes that prefix's ids as they are and splits only the rest."""
+        last added token) takes that prefix's ids as they are and splits only the rest. `encode_batch`:
+        the backend's `batch_encoder`, when the caller has it already."""
         if (reason := inexact_reason(backend)) is not None:
             raise ValueError(reason)
         self._backend = backend
-        self._encode_batch = batch_encoder(backend)
+        self._encode_batch = encode_batch or batch_encoder(backend)
         self.cache = cache
         self.splitter = PieceSplitter(
             backend.get_added_tokens_decoder(), encode_special_tokens=backend.encode_special_tokens

@@ -174,7 +174,9 @@ class HfTokenizer:
         if cache_bytes == 0:
             return "the piece cache is off (0 bytes)"
         try:
-            pieces = PiecewiseEncoder(self._backend, TokenCache(cache_bytes), PromptPrefixes())
+            pieces = PiecewiseEncoder(
+                self._backend, TokenCache(cache_bytes), PromptPrefixes(), encode_batch=self._encode_batch
+            )
         except ValueError as e:
             return f"piecewise encoding would not be exact: {e}"
         probes = []
