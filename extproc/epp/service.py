@@ -314,9 +314,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if kind == "response_headers":
             return [self._on_response_headers(stream, message.response_headers)]
         if kind == "response_body":
-            stream.unaccounted = message.response_body
             answer = self._response_body_answer(stream, message.response_body)
-            self._settle_response_body(stream)
+            self._on_response_body(stream, message.response_body)
             return [answer]
         if kind == "response_trailers":
             self._count_output(stream, b"", end=True)
