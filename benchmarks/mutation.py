@@ -1533,6 +1533,21 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "no load means nothing decodes there: the usage is not read",
         ),
+        "xǁ_WorkerLoadǁrelease__mutmut_20": (
+            "deque(map(dict.pop, repeat(refs), keys[lo:]), maxlen=None)",
+            "performance",
+            "the deque only drives map (the pops) and is dropped: what it keeps is never read",
+        ),
+        "xǁ_WorkerLoadǁrelease__mutmut_22": (
+            "deque(map(dict.pop, repeat(refs), keys[lo:]), )",
+            "performance",
+            "the deque only drives map (the pops) and is dropped: what it keeps is never read",
+        ),
+        "xǁ_WorkerLoadǁrelease__mutmut_30": (
+            "deque(map(dict.pop, repeat(refs), keys[lo:]), maxlen=1)",
+            "performance",
+            "the deque only drives map (the pops) and is dropped: what it keeps is never read",
+        ),
         "xǁActiveSequencesǁfree__mutmut_18": (
             "self._timeline_done(request.worker, request_id, complete=None)",
             "same-value",

@@ -539,12 +539,9 @@ class ActiveSequences:
             self._aic_done(request.worker, request_id)
         load.own_blocks -= request.own_blocks + request.output_weight
         keys = request.block_keys
-        if not load.requests:  # its worker's last request: every block in flight there was its own
-            load.block_refs.clear()
-            load.solo = ()
-        elif keys:
+        if keys and load.requests:  # else its worker's last request: the load goes below
             load.release(keys)
-        if keys and not load.held_prefix(keys[:1]):
+        if keys and (not load.requests or not load.held_prefix(keys[:1])):
             first = keys[0]
             holders = self._holders[first]
             holders.discard(request.worker)
