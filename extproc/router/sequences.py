@@ -110,6 +110,10 @@ class _WorkerLoad:
                 hi = mid
         return lo
 
+    def holds_first(self, keys: Sequence[int]) -> bool:
+        """Whether a request here holds the first block of `keys` (non-empty)."""
+        return self.solo[0] == keys[0] if self.solo else keys[0] in self.block_refs
+
     def hold(self, keys: tuple[int, ...]) -> None:
         """Count a new request's blocks (`keys` non-empty)."""
         if self.solo:
@@ -422,7 +426,7 @@ class ActiveSequences:
         load.prefill_tokens += prefill
         load.own_blocks += own
         if keys:
-            if not load.held_prefix(keys[:1]):
+            if not load.holds_first(keys):
                 self._holders.setdefault(keys[0], set()).add(worker)
             load.hold(keys)
         if self.on_load_change is not None:
@@ -541,7 +545,7 @@ class ActiveSequences:
         keys = request.block_keys
         if keys and load.requests:  # else its worker's last request: the load goes below
             load.release(keys)
-        if keys and (not load.requests or not load.held_prefix(keys[:1])):
+        if keys and (not load.requests or not load.holds_first(keys)):
             first = keys[0]
             holders = self._holders[first]
             holders.discard(request.worker)
