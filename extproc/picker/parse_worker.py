@@ -81,6 +81,8 @@ def _count_down(value: object, budget: int) -> int:
     while stack and budget >= 0:
         item = stack.pop()
         budget -= 1
+        if type(item) is str:  # most values: skip the container checks
+            continue
         if isinstance(item, list | tuple):
             stack.extend(item)
         elif isinstance(item, Mapping):

@@ -155,12 +155,13 @@ async def test_a_worker_that_dies_mid_parse_costs_that_body_a_400_and_is_replace
     assert (await parser.request(chat_body("after " * 300), CHAT)).request.model == MODEL
 
 
-async def test_a_prompt_too_large_to_bring_back_is_dropped_and_the_request_routed_on_load() -> None:
+@pytest.mark.parametrize("junk", [[[i] for i in range(2000)], ["x"] * 2000], ids=["lists", "strings"])
+async def test_a_prompt_too_large_to_bring_back_is_dropped_and_the_request_routed_on_load(junk) -> None:
     """The prompt fields come back to the loop; beyond max_prompt_values JSON values they are left in
     the body (the worker gets them) and the picker routes on load alone, keeping session and hints."""
     parser = BodyParser(max_bytes=64 * MiB, workers=1, inline_max_bytes=1024, max_prompt_values=1000)
     try:
-        junk_message = {"role": "user", "content": "hi", "junk": [[i] for i in range(2000)]}
+        junk_message = {"role": "user", "content": "hi", "junk": junk}
         body = json.dumps(
             {
                 "model": MODEL,
