@@ -1533,6 +1533,11 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "no load means nothing decodes there: the usage is not read",
         ),
+        "xǁ_WorkerLoadǁholds_first__mutmut_1": (
+            "return self.solo[0] == keys[0] if (self.solo) and False else keys[0] in self.block_refs",
+            "performance",
+            "a solo worker's answer only spares add_request adding it again to its holders (a set)",
+        ),
         "xǁ_WorkerLoadǁrelease__mutmut_20": (
             "deque(map(dict.pop, repeat(refs), keys[lo:]), maxlen=None)",
             "performance",
