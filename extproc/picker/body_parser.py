@@ -306,7 +306,7 @@ def _worker_env(python_path: str) -> dict[str, str]:
     user's own MALLOC_* settings win; other C libraries ignore them). By default glibc maps each
     buffer over 128 KiB afresh and returns it at free, and the heap's top over 128 KiB too: a 400 kB
     body then costs its bytes, its text and its answer ~100 page faults each (about 1-2.5 us each on
-    a VM), about 0.5 ms of a 1.3 ms parse. Kept mapped, they cost nothing the next time."""
+    a VM), 0.25-0.5 ms of a 1.3-1.5 ms parse. Kept mapped, they cost nothing the next time."""
     return {
         "MALLOC_MMAP_THRESHOLD_": str(WORKER_MMAP_THRESHOLD),
         "MALLOC_TRIM_THRESHOLD_": str(WORKER_HEAP_KEEP),
