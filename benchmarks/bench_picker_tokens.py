@@ -391,17 +391,7 @@ def main() -> None:
     parser.add_argument("--throughput-requests", type=int, default=None, help="default 160 (--quick 96)")
     parser.add_argument("--no-throughput", action="store_true")
     parser.add_argument("--seed", type=int, default=21)
-    parser.add_argument(
-        "--tokenizer-threads",
-        type=int,
-        default=None,
-        help="threads of the tokenizer's rayon pool (RAYON_NUM_THREADS; default: one per CPU). 1 makes a "
-        "cold pick's CPU steady: its ~100 pieces encoded on two vCPUs at once cost 73-115 ms of CPU here, "
-        "on one 72-76 ms (and more wall time)",
-    )
     args = parser.parse_args()
-    if args.tokenizer_threads is not None:  # read when the pool starts: at the first parallel encode
-        os.environ["RAYON_NUM_THREADS"] = str(args.tokenizer_threads)
     args.throughput_requests = args.throughput_requests or (96 if args.quick else 160)
     report: dict[str, Any] = {
         "env": {
@@ -418,7 +408,6 @@ def main() -> None:
             "target_tokens": args.target_tokens,
             "turn_tokens": args.turn_tokens,
             "seed": args.seed,
-            "tokenizer_threads": os.environ.get("RAYON_NUM_THREADS", "one per CPU"),
         },
     }
     source = TextSource(args.seed)
