@@ -92,21 +92,15 @@ def main() -> None:
         ),
     }
     if args.requests is not None:
-        chosen, ttft = {}, []
-        for line in args.requests.read_text().splitlines():
-            record = json.loads(line)
-            chosen[record["index"]] = record["worker"]
-            ttft.append(record["ttft_ms"])
+        records = [json.loads(line) for line in args.requests.read_text().splitlines() if line.strip()]
+        chosen = {record["index"]: record["worker"] for record in records}
         worker_of = [chosen[i] for i in range(len(rows))]
         cached = cached_tokens(rows, per_worker, worker_of, max(worker_of) + 1, block)
         result["routed_lru"] = summary(rows, cached, timing)
+        tokens = sum(row["input_length"] for row in rows)
         result["replayed"] = {
-            "reuse": round(
-                sum(json.loads(line)["cached_tokens"] for line in args.requests.read_text().splitlines())
-                / max(1, sum(row["input_length"] for row in rows)),
-                4,
-            ),
-            "ttft_ms": round(sum(ttft) / max(1, len(ttft)), 1),
+            "reuse": round(sum(record["cached_tokens"] for record in records) / max(1, tokens), 4),
+            "ttft_ms": round(sum(record["ttft_ms"] for record in records) / max(1, len(records)), 1),
         }
     print(json.dumps(result, indent=1))
 
