@@ -34,6 +34,7 @@ keeps which workers hold a prompt's first block in flight (`holders_of`), and ca
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
@@ -88,27 +89,12 @@ class _WorkerLoad:
     def held_prefix(self, block_keys: Sequence[int]) -> int:
         """How many leading blocks of `block_keys` (chained) requests here hold: a request holding
         block i holds every block before it, so the held ones are a prefix, found by bisection."""
-        lo, hi = 0, len(block_keys)
         solo = self.solo
         if solo:  # key i matches only at position i: compare in place
-            hi = min(hi, len(solo))
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if solo[mid] == block_keys[mid]:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            return lo
+            reach = range(min(len(block_keys), len(solo)))
+            return bisect_left(reach, True, key=lambda i: solo[i] != block_keys[i])
         refs = self.block_refs
-        if not refs:
-            return 0
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if block_keys[mid] in refs:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return bisect_left(block_keys, True, key=lambda k: k not in refs) if refs else 0
 
     def holds_first(self, keys: Sequence[int]) -> bool:
         """Whether a request here holds the first block of `keys` (non-empty)."""
@@ -116,15 +102,14 @@ class _WorkerLoad:
 
     def hold(self, keys: tuple[int, ...]) -> None:
         """Count a new request's blocks (`keys` non-empty)."""
-        if self.solo:
-            refs = self.block_refs
-            refs.update(self.solo)  # counted in C (collections' _count_elements), not a Python loop
-            refs.update(keys)
-            self.solo = ()
-        elif self.block_refs:
-            self.block_refs.update(keys)
-        else:
+        refs = self.block_refs
+        if not (self.solo or refs):
             self.solo = keys
+            return
+        if self.solo:  # a second request: from now on, counts
+            refs.update(self.solo)  # counted in C (collections' _count_elements), not a Python loop
+            self.solo = ()
+        refs.update(keys)
 
     def release(self, keys: tuple[int, ...]) -> None:
         """Uncount a leaving request's blocks (`keys` non-empty, counted by `hold`)."""
@@ -134,16 +119,10 @@ class _WorkerLoad:
         refs = self.block_refs
         # the blocks other requests hold too (count >= 2) are a prefix of its path: those lose one
         # holder, the rest (its own) go, popped in C (9x the loop's speed at 6,300 blocks)
-        lo, hi = 0, len(keys)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if refs[keys[mid]] > 1:
-                lo = mid + 1
-            else:
-                hi = mid
-        for k in keys[:lo]:
+        shared = bisect_left(keys, True, key=lambda k: refs[k] < 2)
+        for k in keys[:shared]:
             refs[k] -= 1
-        deque(map(dict.pop, repeat(refs), keys[lo:]), maxlen=0)
+        deque(map(dict.pop, repeat(refs), keys[shared:]), maxlen=0)
 
 
 class ActiveSequences:
