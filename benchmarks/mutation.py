@@ -1538,20 +1538,25 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "a solo worker's answer only spares add_request adding it again to its holders (a set)",
         ),
+        "xǁ_WorkerLoadǁrelease__mutmut_18": (
+            "deque(map(dict.pop, repeat(refs), keys[shared:]), maxlen=None)",
+            "performance",
+            "the deque only drives map (the pops) and is dropped: what it keeps is never read",
+        ),
         "xǁ_WorkerLoadǁrelease__mutmut_20": (
-            "deque(map(dict.pop, repeat(refs), keys[lo:]), maxlen=None)",
+            "deque(map(dict.pop, repeat(refs), keys[shared:]), )",
             "performance",
             "the deque only drives map (the pops) and is dropped: what it keeps is never read",
         ),
-        "xǁ_WorkerLoadǁrelease__mutmut_22": (
-            "deque(map(dict.pop, repeat(refs), keys[lo:]), )",
+        "xǁ_WorkerLoadǁrelease__mutmut_28": (
+            "deque(map(dict.pop, repeat(refs), keys[shared:]), maxlen=1)",
             "performance",
             "the deque only drives map (the pops) and is dropped: what it keeps is never read",
         ),
-        "xǁ_WorkerLoadǁrelease__mutmut_30": (
-            "deque(map(dict.pop, repeat(refs), keys[lo:]), maxlen=1)",
+        "xǁ_WorkerLoadǁheld_prefix__mutmut_19": (
+            "return bisect_left(block_keys, True, key=lambda k: k not in refs) if (refs) or True else 0",
             "performance",
-            "the deque only drives map (the pops) and is dropped: what it keeps is never read",
+            "with no counts every key is missing: the bisection finds 0 too",
         ),
         "xǁActiveSequencesǁfree__mutmut_18": (
             "self._timeline_done(request.worker, request_id, complete=None)",
