@@ -29,11 +29,14 @@ from types import MappingProxyType
 from typing import Any, BinaryIO
 
 from extproc.errors import RequestInvalid
-from extproc.request.parse import ParsedRequest, parse_openai_body
+from extproc.request.parse import ParsedRequest, body_prefixes, parse_openai_body
 
 PROMPT_FIELDS = ("messages", "tools", "documents", "chat_template_kwargs", "nvext")
 _SCALARS = (str, int, float, bool, type(None))
 MAX_FRAME_BYTES = 2**31  # a frame's length is four bytes
+# A worker's recent bodies (`BodyPrefixes`): a chat's next turn parses only its new messages. Their
+# values are only marshalled here, never changed.
+BODY_PREFIXES = body_prefixes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +127,8 @@ def json_object(body: bytes, token_field: str | None, max_tokens: int) -> dict[s
 
 def answer_request(body: bytes, path: str, max_bytes: int, max_values: int) -> bytes:
     try:
-        parsed = limit_prompt(parse_openai_body(body, path, max_bytes=max_bytes), max_values)
+        request = parse_openai_body(body, path, max_bytes=max_bytes, prefixes=BODY_PREFIXES)
+        parsed = limit_prompt(request, max_values)
     except RequestInvalid as exc:
         return marshal.dumps(("invalid", exc.message))
     values = {}

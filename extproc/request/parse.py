@@ -41,6 +41,7 @@ from typing import Any, Final, Literal, NoReturn
 from extproc.errors import BodyTooLarge, RequestInvalid
 from extproc.request import anthropic
 from extproc.request.anthropic import MESSAGES_PATH
+from extproc.request.body_prefixes import DEFAULT_BODY_PREFIX_BYTES, BodyPrefixes
 from extproc.request.json_type import json_type
 from extproc.request.responses import RESPONSES_PATH, to_chat_fields
 
@@ -174,10 +175,14 @@ def _remove_dot_segments(path: str) -> str:
     return "/" + "/".join(output)
 
 
-def parse_openai_body(body: bytes, path: str, *, max_bytes: int) -> ParsedRequest:
+def parse_openai_body(
+    body: bytes, path: str, *, max_bytes: int, prefixes: BodyPrefixes | None = None
+) -> ParsedRequest:
     """Parse and validate one OpenAI request body sent to `path` (decided normalised: `normalize_path`).
 
     Raises `BodyTooLarge` when `len(body) > max_bytes`, `RequestInvalid` for anything else unroutable.
+    With `prefixes` (made with `body_prefixes()`), the JSON values a recent body shares with this one
+    are taken from it: the result is the same, and must not be changed (they are that body's too).
     """
     size = len(body)
     if size > max_bytes:
@@ -186,7 +191,7 @@ def parse_openai_body(body: bytes, path: str, *, max_bytes: int) -> ParsedReques
     if route not in ROUTABLE_PATHS:
         supported = ", ".join(sorted(ROUTABLE_PATHS))
         raise RequestInvalid(f"path {route[:200]!r} is not routable; supported paths: {supported}")
-    obj = _load_json(body)
+    obj = _load_json(body, prefixes)
     if not isinstance(obj, dict):
         raise RequestInvalid(f"request body must be a JSON object, not {json_type(obj)}")
     model = obj.get("model")
@@ -202,7 +207,12 @@ def parse_openai_body(body: bytes, path: str, *, max_bytes: int) -> ParsedReques
     return ParsedRequest(kind="completion", **common, **_parse_completion(obj))
 
 
-def _load_json(body: bytes) -> Any:
+def body_prefixes(max_bytes: int = DEFAULT_BODY_PREFIX_BYTES) -> BodyPrefixes:
+    """A store of recent bodies' values for `parse_openai_body`, parsing as it does."""
+    return BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, max_bytes)
+
+
+def _load_json(body: bytes, prefixes: BodyPrefixes | None = None) -> Any:
     if not body:
         raise RequestInvalid("request body is empty; send the request as a JSON object")
     try:
@@ -210,18 +220,25 @@ def _load_json(body: bytes) -> Any:
     except UnicodeDecodeError as e:
         raise RequestInvalid(f"request body is not valid UTF-8 (at byte {e.start})") from e
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        if prefixes is not None and not text.startswith("\ufeff"):  # json.loads refuses a BOM itself
+            value, escaped = prefixes.loads(text, body)
+        else:
+            value = json.loads(text, parse_constant=_reject_constant)
+            escaped = _SURROGATE_ESCAPE.search(text) is not None
     except RecursionError as e:
         raise RequestInvalid("request body is nested too deeply") from e
     except ValueError as e:  # JSONDecodeError, NaN/Infinity, integers over the int-digits limit
         raise RequestInvalid(f"request body is not valid JSON: {e}") from e
-    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+    if escaped and _has_lone_surrogate(value):
         raise RequestInvalid("request body contains an unpaired UTF-16 surrogate escape")
     return value
 
 
 def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON value")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)  # what json.loads above decodes with
 
 
 def _has_lone_surrogate(value: Any) -> bool:

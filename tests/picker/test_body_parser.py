@@ -65,6 +65,21 @@ async def test_a_body_parsed_in_a_worker_equals_one_parsed_on_the_loop(parser, b
     assert parser.stats.in_worker == 1 and on_loop.stats.on_loop == 1
 
 
+async def test_a_chat_growing_turn_by_turn_in_a_worker_parses_as_on_the_loop(parser) -> None:
+    """The worker takes each turn's earlier messages from the turn before (`BodyPrefixes`); the
+    answers stay those of a whole parse, including a turn that changes an earlier message."""
+    on_loop = BodyParser(max_bytes=64 * MiB, workers=0)
+    history: list[dict[str, str]] = []
+    for turn in range(6):
+        history.append({"role": "user", "content": f"question {turn} " + "word " * 4000})
+        if turn == 4:
+            history[1] = {"role": "assistant", "content": "an earlier answer, edited"}
+        body = json.dumps({"model": MODEL, "messages": history, "stream": True}).encode()
+        assert await parser.request(body, CHAT) == await on_loop.request(body, CHAT)
+        history.append({"role": "assistant", "content": f"answer {turn} é"})
+    assert parser.stats.in_worker == 6
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [

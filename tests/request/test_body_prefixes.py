@@ -1,0 +1,263 @@
+"""BodyPrefixes: a body that begins as a stored one parses to what `json.loads` gives, error for error."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extproc.errors import RequestInvalid
+from extproc.request import body_prefixes as bp
+from extproc.request.body_prefixes import BodyPrefixes
+from extproc.request.parse import _DECODER, _SURROGATE_ESCAPE, body_prefixes, parse_openai_body
+from tests.request.chat_generator import ChatGenerator
+
+CHAT = "/v1/chat/completions"
+STEP = 64  # small checkpoints: bodies of a few hundred bytes go through the walk
+
+
+def store(max_bytes: int = 1 << 20) -> BodyPrefixes:
+    return BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, max_bytes, checkpoint_bytes=STEP)
+
+
+def expected(text: str) -> tuple[str, Any]:
+    """What json.loads says: ("ok", value) or (error type, message)."""
+    try:
+        return "ok", json.loads(text, parse_constant=_reject)
+    except (ValueError, RecursionError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+def got(prefixes: BodyPrefixes, text: str) -> tuple[str, Any]:
+    try:
+        value, escaped = prefixes.loads(text, text.encode("utf-8", "surrogatepass"))
+    except (ValueError, RecursionError) as exc:
+        return type(exc).__name__, str(exc)
+    assert escaped == (_SURROGATE_ESCAPE.search(text) is not None), text
+    return "ok", value
+
+
+def _reject(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def assert_parses_alike(prefixes: BodyPrefixes, *texts: str) -> None:
+    for text in texts:
+        assert got(prefixes, text) == expected(text), text
+
+
+def chat_body(messages: list[Any], **fields: Any) -> str:
+    return json.dumps({"model": "m", "messages": messages, **fields})
+
+
+def test_a_growing_chat_parses_only_its_new_messages():
+    prefixes = body_prefixes()  # the parse worker's, at its real checkpoint size
+    conversation = ChatGenerator("llama3_1", seed=3).conversation(0)
+    words = [f"word{i}" for i in range(50)]
+    history: list[dict[str, Any]] = []
+    turns = 0
+    while len(json.dumps(history)) < 200_000:
+        history = [
+            *history,
+            {"role": "user", "content": " ".join(random.Random(turns).choices(words, k=2000))},
+        ]
+        history.append({"role": "assistant", "content": f"answer {turns} é ☃"})  # not ASCII
+        body = chat_body(history, tools=conversation.tools, stream=True).encode()
+        request = parse_openai_body(body, CHAT, max_bytes=1 << 30, prefixes=prefixes)
+        assert request == parse_openai_body(body, CHAT, max_bytes=1 << 30)
+        turns += 1
+    stats = prefixes.stats()
+    assert stats.hits >= stats.lookups - 1 > 5  # each turn from the one before
+    assert stats.reused_bytes > 0.8 * len(body) * (stats.hits / 2)  # most of each body, on average
+    assert stats.entries == 1  # each turn replaced the one it extends
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        # the character after a shared number extends it: parsed whole, same value
+        ('{"messages":[{"r":1}],"n":12,"pad":"%s"}', '{"messages":[{"r":1}],"n":123,"pad":"%s"}'),
+        ('{"messages":[1,2],"pad":"%s"}', '{"messages":[1,23],"pad":"%s"}'),
+        ('{"messages":[1,2.5],"pad":"%s"}', '{"messages":[1,2.5e3],"pad":"%s"}'),
+        ('{"messages":[true],"pad":"%s"}', '{"messages":[truex],"pad":"%s"}'),
+        ('{"pad":"%s","messages":[null,"a"]}', '{"pad":"%s","messages":[nullnull]}'),
+        # a value that differs only in its last characters is not taken
+        ('{"pad":"%s","x":"ab","messages":[]}', '{"pad":"%s","x":"ac","messages":[]}'),
+        ('{"pad":"%s","x":"ab","messages":[]}', '{"pad":"%s","x":"a","messages":[]}'),
+        ('{"pad":"%s","x":[1,2],"messages":[]}', '{"pad":"%s","x":[1,3],"messages":[]}'),
+        ('{"pad":"%s","x":1,"messages":[]}', '{"pad":"%s","x":2,"messages":[]}'),
+        ('{"pad":"%s","messages":["ab","c"]}', '{"pad":"%s","messages":["ac","c"]}'),
+        ('{"pad":"%s","messages":["a",1]}', '{"pad":"%s","messages":["a",2]}'),
+        ('{"pad":"%s","messages":[{"a":[1]}]}', '{"pad":"%s","messages":[{"a":[2]}]}'),
+        # the array moved: nothing of it is taken
+        (
+            '{"model":"a","pad":"%s","messages":[{"a":1},{"b":2}]}',
+            '{"model":"ab","pad":"%s","messages":[{"a":1}]}',
+        ),
+        # a second `messages`: the last wins, as in json.loads
+        ('{"pad":"%s","messages":[1,2],"messages":[3]}', '{"pad":"%s","messages":[1,2],"messages":[3,4]}'),
+        ('{"pad":"%s","messages":[{"x":1}]}', '{"pad":"%s","messages":[{"x":1}],"messages":{"y":2}}'),
+        # white space everywhere JSON allows it
+        (
+            ' {\n "pad" : "%s" ,\t"messages" : [ {"a" : 1} , {"b":2}\r] } ',
+            ' {\n "pad" : "%s" ,\t"messages" : [ {"a" : 1} , {"b":2} , [] ] }\n',
+        ),
+        # errors after the shared part, and at its edge
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[{"a":1}],}'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[{"a":1},]}'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[{"a":1}]} x'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[{"a":1}'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[{"a":1},NaN]}'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[{"a":1},-Infinity]}'),
+        (
+            '{"pad":"%s","messages":[{"a":1}]}',
+            '{"pad":"%s","messages":[{"a":1},' + "[" * 100_000 + "]" * 100_000 + "]}",
+        ),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[{"a":1},"\\x"]}'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[{"a":1}]}\ufeff'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '["pad","%s"]'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s"}'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[]}'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":"[]"}'),
+        ('{"pad":"%s","messages":[{"a":1}]}', '{"pad":"%s","messages":[{"a":1}],"n":1' + "0" * 5000 + "}"),
+        # not ASCII before, in and after the shared part (offsets in bytes differ from characters)
+        (
+            '{"pad":"%s","messages":[{"a":"é☃😀"},{"b":"ü"}]}',
+            '{"pad":"%s","messages":[{"a":"é☃😀"},{"b":"ü"},{"c":"ß"}]}',
+        ),
+        (
+            '{"pad":"%s","messages":[{"a":"é☃😀"},{"b":"ü"}]}',
+            '{"pad":"%s","messages":[{"a":"é☃😀"},{"b":"üü"}]}',
+        ),
+        # the surrogate-escape watch, with escapes before, across and after the shared part
+        ('{"pad":"%s","messages":["\\ud83d\\ude00"]}', '{"pad":"%s","messages":["\\ud83d\\ude00","x"]}'),
+        ('{"pad":"%s","messages":["a"]}', '{"pad":"%s","messages":["a","\\ud800"]}'),
+        ('{"pad":"%s","messages":["a\\\\"]}', '{"pad":"%s","messages":["a\\\\","\\udc00x"]}'),
+        ('{"pad":"%s","messages":["ab"],"x":"\\u"}', '{"pad":"%s","messages":["ab"],"x":"\\uD800"}'),
+    ],
+)
+def test_a_body_after_a_stored_one_parses_as_json_loads_does(first: str, second: str):
+    pad = "p" * (3 * STEP)
+    prefixes = store()
+    assert_parses_alike(prefixes, first.replace("%s", pad), second.replace("%s", pad))
+    assert_parses_alike(prefixes, second.replace("%s", pad), first.replace("%s", pad))
+
+
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=False), st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+messages = st.lists(
+    st.one_of(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": st.text()}),
+        json_values,
+    ),
+    max_size=8,
+)
+
+
+@st.composite
+def body_pairs(draw: st.DrawFn) -> tuple[str, str]:
+    """A body and a later one: more messages, a change somewhere, other white space, or bytes changed."""
+    first = draw(messages)
+    extra = draw(
+        st.dictionaries(st.sampled_from(["model", "tools", "stream", "n", "z"]), json_values, max_size=3)
+    )
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (",\n", " : ")]))
+    pad = "p" * draw(st.integers(0, 4 * STEP))
+    order = draw(st.booleans())
+
+    def dump(msgs: list[Any], fields: dict[str, Any]) -> str:
+        obj = {"pad": pad, "messages": msgs, **fields} if order else {**fields, "messages": msgs, "pad": pad}
+        return json.dumps(obj, separators=separators, ensure_ascii=draw(st.booleans()))
+
+    a = dump(first, extra)
+    kind = draw(st.sampled_from(["grow", "change", "fields", "bytes"]))
+    if kind == "grow":
+        b = dump(first + draw(messages), extra)
+    elif kind == "change" and first:
+        second = list(first)
+        second[draw(st.integers(0, len(first) - 1))] = draw(json_values)
+        b = dump(second, extra)
+    elif kind == "fields":
+        b = dump(first, {**extra, **draw(st.dictionaries(st.sampled_from(["model", "n", "q"]), json_values))})
+    else:
+        at = draw(st.integers(0, len(a)))
+        b = (
+            a[:at]
+            + draw(st.sampled_from(["", ",", "]", "}", "1", " ", '"', "\\", "é", "\\ud800", "[", "e5"]))
+            + a[at + draw(st.integers(0, 3)) :]
+        )
+    return a, b
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pairs=st.lists(body_pairs(), min_size=1, max_size=3))
+def test_random_bodies_after_stored_ones_parse_as_json_loads_does(pairs):
+    prefixes = store()
+    for a, b in pairs:
+        assert_parses_alike(prefixes, a, b, a)
+
+
+def test_a_long_messages_array_is_parsed_whole():
+    prefixes = store()
+    text = chat_body([{"role": "user", "content": "x"}] * (bp.MAX_ELEMENTS + 1))
+    assert_parses_alike(prefixes, text, text)
+    assert prefixes.stats().whole == 2 and prefixes.stats().entries == 0
+
+
+def test_the_store_stays_within_its_bytes_and_short_bodies_are_not_kept():
+    prefixes = store(max_bytes=20_000)
+    for i in range(50):
+        assert_parses_alike(prefixes, chat_body([{"role": "user", "content": f"{i} " * 300}]))
+        assert prefixes.stats().bytes <= 20_000
+    assert 0 < prefixes.stats().entries < 50
+    assert_parses_alike(prefixes, chat_body([{"role": "user", "content": "x" * 30_000}]))  # over the bound
+    assert_parses_alike(prefixes, '{"messages":[]}')  # under two checkpoints: parsed whole, not looked up
+    assert prefixes.stats().lookups == 51
+    with pytest.raises(ValueError):
+        BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, -1)
+
+
+def test_a_stored_bodys_unpaired_surrogate_is_refused_in_the_next_one_too():
+    prefixes = body_prefixes(max_bytes=1 << 20)
+    pad = "p" * 40_000
+    bad = chat_body([{"role": "user", "content": "\ud800" + pad}]).encode()  # json.dumps escapes it
+    for body in (
+        bad,
+        chat_body([{"role": "user", "content": "\ud800" + pad}, {"role": "user", "content": "x"}]).encode(),
+    ):
+        with pytest.raises(RequestInvalid, match="unpaired UTF-16 surrogate"):
+            parse_openai_body(body, CHAT, max_bytes=1 << 30, prefixes=prefixes)
+    fine = chat_body([{"role": "user", "content": "😀" + pad}])  # escaped as a pair
+    for body in (fine, fine[:-2] + ',{"role":"user","content":"\\udfff"}]}'):
+        want = "ok"
+        try:
+            parse_openai_body(body.encode(), CHAT, max_bytes=1 << 30)
+        except RequestInvalid as exc:
+            want = exc.message
+        try:
+            parse_openai_body(body.encode(), CHAT, max_bytes=1 << 30, prefixes=prefixes)
+            have = "ok"
+        except RequestInvalid as exc:
+            have = exc.message
+        assert have == want
+    assert prefixes.stats().hits >= 2
+
+
+def test_a_byte_order_mark_is_refused_as_json_loads_refuses_it():
+    prefixes = body_prefixes(max_bytes=1 << 20)
+    body = ("\ufeff" + chat_body([{"role": "user", "content": "x" * 40_000}])).encode()
+    with pytest.raises(RequestInvalid) as with_store:
+        parse_openai_body(body, CHAT, max_bytes=1 << 30, prefixes=prefixes)
+    with pytest.raises(RequestInvalid) as without:
+        parse_openai_body(body, CHAT, max_bytes=1 << 30)
+    assert with_store.value.message == without.value.message
