@@ -95,7 +95,7 @@ class _Record:
 
     __slots__ = ("data", "keys", "live", "local", "seq", "size")
 
-    def __init__(self, data: bytes, local: list[int], seq: list[int], keys: list[_Key]) -> None:
+    def __init__(self, data: bytearray, local: list[int], seq: list[int], keys: list[_Key]) -> None:
         self.data, self.local, self.seq, self.keys = data, local, seq, keys
         self.live = 0  # checkpoints that lead here (a later prompt takes over the ones it shares)
         self.size = 0
@@ -154,10 +154,20 @@ class BlockHashCache:
                 out = BlockHashes(found.local)
                 out._cache, out._record = self, found
                 return out
-            local = found.local[:blocks] if found is not None else []
-            seq = found.seq[:blocks] if found is not None else []
+            if found is not None and blocks == len(found.keys) * per:
+                # the prompt begins with all of `found` its checkpoints lead to (the previous turn
+                # of a chat): its ids and lists are taken over, not copied, and it is dropped (a list
+                # it gave out before chains from its sequence hashes only while the two are equal)
+                data, local, seq = found.data, found.local, found.seq
+                del data[blocks * step :], local[blocks:], seq[blocks:]
+                data += buf[blocks * step :]  # grown where it lies: no copy of the ids it kept
+                self._forget(found)
+            else:
+                data = bytearray(buf)
+                local = found.local[:blocks] if found is not None else []
+                seq = found.seq[:blocks] if found is not None else []
         local += _hash_blocks(buf[blocks * step :], step, seed)
-        record = _Record(bytes(buf), local[:], seq, keys)
+        record = _Record(data, local, seq, keys)
         with self._lock:
             self._hits += found is not None
             self._hit_blocks += blocks
@@ -210,6 +220,14 @@ class BlockHashCache:
                 if self._index.get(key) is record:
                     del self._index[key]
             record.live = 0
+
+    def _forget(self, record: _Record) -> None:
+        """`record` out of the index and the LRU (the caller holds the lock)."""
+        self._drop(record)
+        for key in record.keys:
+            if self._index.get(key) is record:
+                del self._index[key]
+        record.live = 0
 
     def _drop(self, record: _Record) -> None:
         if self._records.pop(id(record), None) is record:

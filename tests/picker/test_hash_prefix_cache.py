@@ -32,6 +32,7 @@ def test_cached_hashes_equal_uncached_over_random_growing_and_branching_prompts(
     rng = random.Random(block_size)
     cache = BlockHashCache(8 << 20, checkpoint_tokens=256)
     chats = [[rng.randrange(2**32) for _ in range(rng.randrange(0, 600))] for _ in range(6)]
+    earlier = []  # what the cache returned before: a later prompt may take its record's lists over
     for _ in range(300):
         chat = rng.choice(chats)
         action = rng.random()
@@ -47,6 +48,10 @@ def test_cached_hashes_equal_uncached_over_random_growing_and_branching_prompts(
         assert local == expected
         assert compute_sequence_hashes(local) == compute_sequence_hashes(expected)
         assert compute_sequence_hashes(local) == compute_sequence_hashes(expected)  # remembered
+        earlier.append((local, expected))
+        old_local, old_expected = rng.choice(earlier)
+        assert old_local == old_expected
+        assert compute_sequence_hashes(old_local) == compute_sequence_hashes(old_expected)
     stats = cache.stats()
     assert stats.hits > 50 and stats.hit_blocks > 0
 
