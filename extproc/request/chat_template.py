@@ -55,6 +55,9 @@ _MEDIA_TYPES = {
     "video_url": "video",
 }
 _BILLING_HEADER = "x-anthropic-billing-header"
+# roles whose {"role", "content": str} message the conversation keeps as it is (a system message's text
+# may lose a billing header; a developer message gains `tools`)
+_PLAIN_ROLES = ("user", "assistant", "tool")  # a tuple: `in` hashes nothing (a role may be any JSON)
 # Never taken from chat_template_kwargs: messages come from the request; vLLM rejects the others.
 _RESERVED_KWARGS = frozenset({"messages", "chat_template", "tokenize"})
 
@@ -156,9 +159,14 @@ def build_conversation(
     Raises `TokenizerUnavailable` for content vLLM would reject (unknown part types, malformed tool calls).
     """
     conversation = []
+    plain = content_format == "string"
     for message in messages:
         role = message.get("role")
-        parts = _parts(message.get("content"))
+        content = message.get("content")
+        if plain and type(content) is str and len(message) == 2 and role in _PLAIN_ROLES:
+            conversation.append({"role": role, "content": content})  # what the steps below give it
+            continue
+        parts = _parts(content)
         if role == "system":
             parts = _without_billing_header(parts)
         items = [item for part in parts if (item := _part(part, content_format))]
