@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from extproc.router.hashing import compute_sequence_hashes
 from extproc.router.radix import RadixTree
-from extproc.router.types import BlocksRemoved, BlocksStored, StoredBlock, Worker
+from extproc.router.types import BlocksRemoved, Worker
 
 PRUNE_SLICE = 2048  # predictions pruned per call at most, beyond a routing's own new blocks
 _PREDICTED_BASE = -(1 << 64)  # engines' ids are non-negative; dump_events' stand-ins are small negatives
@@ -180,10 +180,8 @@ class ApproxIndexer:
         if held < n:
             base = _PREDICTED_BASE
             parent = base - seq_hashes[held - 1] if held else None
-            blocks = tuple(
-                StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=True)
-            )
-            self.tree.apply_event(BlocksStored(worker, blocks, parent_hash=parent))
+            engine_ids = [base - s for s in seq_hashes[held:]]
+            self.tree.store_blocks(worker, parent, engine_ids, list(local_hashes[held:]))
         for run, end in cuts:  # the path's blocks are the new run's now
             del starts[run.hashes[run.lo - run.base]]
             if end == run.hi:

@@ -257,25 +257,29 @@ class RadixTree:
         return slot
 
     def _store(self, event: BlocksStored) -> bool:
-        """Walks the event along the runs in bulk; anything unusual goes block by block."""
+        blocks = event.blocks
+        es = [b.engine_hash for b in blocks]
+        return self.store_blocks(event.worker, event.parent_hash, es, [b.local_hash for b in blocks])
+
+    def store_blocks(self, worker: Worker, parent_hash: int | None, es: list[int], hs: list[int]) -> bool:
+        """`apply_event(BlocksStored(...))` for blocks given as engine ids `es` and local hashes `hs`
+        (equal lengths; no block objects: what the approximate indexer predicts). Walks them along
+        the runs in bulk; anything unusual goes block by block."""
         self.stats.stored_events += 1
-        slot = self._slot_of(event.worker)
+        slot = self._slot_of(worker)
         root = self._root
-        if event.parent_hash is None:
+        if parent_hash is None:
             node, end = root, 0
         else:
-            found = self._locate(slot, event.parent_hash)
+            found = self._locate(slot, parent_hash)
             if found is None:
                 self.stats.unknown_parent += 1
                 return False
             node, end = found
             end += 1
-        blocks = event.blocks
-        n = len(blocks)
+        n = len(hs)
         if not n:
             return True
-        hs = [b.local_hash for b in blocks]
-        es = [b.engine_hash for b in blocks]
         bit = 1 << slot
         touched: list[_Node] = []
         added = 0
@@ -359,7 +363,7 @@ class RadixTree:
         self.stats.stored_blocks += added
         self._counts[slot] += added
         if i < n:  # a reused or repeated engine id: the rest block by block, from a stable name
-            before = es[i - 1] if i else event.parent_hash
+            before = es[i - 1] if i else parent_hash
             for node in touched:
                 self._settle(node)
             self._store_slow(slot, before, hs, es, i)

@@ -222,6 +222,10 @@ class Recorder:
         self.events.append(event)
         return self.tree.apply_event(event)
 
+    def store_blocks(self, worker: Worker, parent_hash: int | None, es: list[int], hs: list[int]) -> bool:
+        blocks = tuple(StoredBlock(e, h) for e, h in zip(es, hs, strict=True))
+        return self.apply_event(BlocksStored(worker, blocks, parent_hash=parent_hash))
+
 
 def state(approx: ApproxIndexer | PerBlock) -> tuple:
     tables = approx.predictions() if isinstance(approx, ApproxIndexer) else approx._expiry
