@@ -121,11 +121,13 @@ class PickerCollector(Collector):
 def _body_parse_metrics(stats: ParseStats) -> Iterator[Metric]:
     parses = CounterMetricFamily(
         "extproc_body_parses",
-        "Request bodies parsed on the event loop (where=loop, up to --body-parse-inline-bytes) or in a "
-        "parse worker process (where=worker).",
+        "Request bodies parsed on the event loop (where=loop, up to --body-parse-inline-bytes), on the "
+        "loop from the messages of a recent body when at most that much of them is new (where=loop_shared: "
+        "a chat's next turn), or in a parse worker process (where=worker).",
         labels=["where"],
     )
     parses.add_metric(["loop"], stats.on_loop)
+    parses.add_metric(["loop_shared"], stats.shared_on_loop)
     parses.add_metric(["worker"], stats.in_worker)
     yield parses
     yield GaugeMetricFamily(

@@ -23,13 +23,14 @@ import marshal
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import astuple, dataclass, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, BinaryIO
 
 from extproc.errors import RequestInvalid
-from extproc.request.parse import ParsedRequest, body_prefixes, parse_openai_body
+from extproc.request.body_prefixes import MessagesSpans
+from extproc.request.parse import CHAT_PATH, ParsedRequest, body_prefixes, parse_openai_body, route_of
 
 PROMPT_FIELDS = ("messages", "tools", "documents", "chat_template_kwargs", "nvext")
 _SCALARS = (str, int, float, bool, type(None))
@@ -45,6 +46,7 @@ class ParsedBody:
 
     request: ParsedRequest
     prompt_dropped: int = 0
+    prompt_values: int = 0  # JSON values of the prompt fields (kept ones: up to the limit)
 
     @property
     def has_prompt(self) -> bool:
@@ -64,7 +66,7 @@ def limit_prompt(request: ParsedRequest, max_values: int) -> ParsedBody:
         if budget < 0:
             break
     if budget >= 0:
-        return ParsedBody(request)
+        return ParsedBody(request, prompt_values=max_values - budget)
     hints = {k: v for k, v in request.agent_hints.items() if isinstance(v, _SCALARS)}
     stripped = replace(
         request,
@@ -126,6 +128,8 @@ def json_object(body: bytes, token_field: str | None, max_tokens: int) -> dict[s
 
 
 def answer_request(body: bytes, path: str, max_bytes: int, max_values: int) -> bytes:
+    """The parsed request, and where a chat body's `messages` lie in it (`MessagesSpans` as a tuple,
+    or None): the picker's event loop may parse the next turn of the chat from them."""
     try:
         request = parse_openai_body(body, path, max_bytes=max_bytes, prefixes=BODY_PREFIXES)
         parsed = limit_prompt(request, max_values)
@@ -139,17 +143,22 @@ def answer_request(body: bytes, path: str, max_bytes: int, max_values: int) -> b
             value = dict(value)
             mappings.append(f.name)
         values[f.name] = value
-    return marshal.dumps(("ok", values, tuple(mappings), parsed.prompt_dropped))
+    spans = BODY_PREFIXES.last
+    raw_messages = route_of(path) == CHAT_PATH and parsed.request.messages is not None
+    where = astuple(spans) if spans is not None and raw_messages else None
+    return marshal.dumps(("ok", values, tuple(mappings), parsed.prompt_dropped, parsed.prompt_values, where))
 
 
-def read_request_answer(answer: Any) -> ParsedBody:
-    """`answer_request`'s answer (unmarshalled) back into a ParsedBody, or its RequestInvalid."""
+def read_request_answer(answer: Any) -> tuple[ParsedBody, MessagesSpans | None]:
+    """`answer_request`'s answer (unmarshalled) back into a ParsedBody and where its `messages` lie,
+    or its RequestInvalid."""
     if answer[0] != "ok":
         raise RequestInvalid(answer[1])
-    _, values, mappings, dropped = answer
+    _, values, mappings, dropped, prompt_values, where = answer
     for name in mappings:
         values[name] = MappingProxyType(values[name])
-    return ParsedBody(ParsedRequest(**values), prompt_dropped=dropped)
+    parsed = ParsedBody(ParsedRequest(**values), prompt_dropped=dropped, prompt_values=prompt_values)
+    return parsed, MessagesSpans(*where) if where is not None else None
 
 
 def answer_model(body: bytes) -> bytes:

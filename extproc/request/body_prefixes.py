@@ -30,7 +30,7 @@ import json
 import re
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,7 @@ class _Stored:
     """
 
     __slots__ = (
+        "array_byte_start",
         "array_start",
         "body",
         "clean",
@@ -92,13 +93,30 @@ class _Stored:
         self.body = body
         self.keys = keys
         self.members: list[tuple[int, int, int, Any]] = []
-        self.array_start = -1
+        self.array_start = self.array_byte_start = -1
         self.elements: list[Any] = []
         self.element_ends: list[int] = []
         self.element_byte_ends: list[int] = []
         self.clean = 0  # where the first match of `watch` begins in its text (its length: none)
         self.live = 0
         self.size = 0
+
+    def shared_elements_bytes(self, shared: int) -> int:
+        """The bytes of the `messages` elements that lie wholly in the first `shared` bytes."""
+        taken = bisect_right(self.element_byte_ends, shared)
+        return self.element_byte_ends[taken - 1] - self.array_byte_start if taken else 0
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesSpans:
+    """Where a body's `messages` array and its elements lie (character and byte offsets), and where
+    the first match of the `watch` pattern begins in its text (its length: none)."""
+
+    array_start: int
+    array_byte_start: int
+    element_ends: tuple[int, ...]
+    element_byte_ends: tuple[int, ...]
+    clean: int
 
 
 class BodyPrefixes:
@@ -115,9 +133,11 @@ class BodyPrefixes:
         max_bytes: int = DEFAULT_BODY_PREFIX_BYTES,
         *,
         checkpoint_bytes: int = CHECKPOINT_BYTES,
+        max_elements: int = MAX_ELEMENTS,
     ) -> None:
         """`max_bytes` >= 0 (0: nothing stored, every body parsed whole) and `checkpoint_bytes` > 0,
-        else `ValueError`. Bodies shorter than two checkpoints are parsed whole."""
+        else `ValueError`. Bodies shorter than two checkpoints, and those whose `messages` array has
+        more than `max_elements` elements, are parsed whole."""
         if max_bytes < 0 or checkpoint_bytes <= 0:
             raise ValueError(
                 f"need max_bytes >= 0 and checkpoint_bytes > 0, got {max_bytes!r}, {checkpoint_bytes!r}"
@@ -126,6 +146,8 @@ class BodyPrefixes:
         self.watch = watch
         self.max_bytes = max_bytes
         self.checkpoint_bytes = checkpoint_bytes
+        self.max_elements = max_elements
+        self.last: MessagesSpans | None = None  # where the `messages` of the last body walked lie
         self._index: dict[_Key, _Stored] = {}
         self._stored: OrderedDict[int, _Stored] = OrderedDict()  # by id(), least recent first
         self._bytes = 0
@@ -134,18 +156,35 @@ class BodyPrefixes:
     def loads(self, text: str, body: bytes) -> tuple[Any, bool]:
         """`decoder.decode(text)` (raising what it raises), and whether `watch` occurs in `text`;
         `body` is `text` as UTF-8 bytes."""
+        loaded = self._loads(text, body, None)
+        assert loaded is not None  # unbounded: parsed one way or the other
+        return loaded
+
+    def loads_shared(self, text: str, body: bytes, max_unshared: int) -> tuple[Any, bool] | None:
+        """As `loads` when a stored body's `messages` elements leave at most `max_unshared` bytes of
+        this one to parse; otherwise None, having parsed nothing beyond that, as where the walk fails
+        (an error, another shape): a bounded parse or none (the event loop's use)."""
+        return self._loads(text, body, max_unshared)
+
+    def _loads(self, text: str, body: bytes, max_unshared: int | None) -> tuple[Any, bool] | None:
+        self.last = None
+        bounded = max_unshared is not None
         if len(body) < 2 * self.checkpoint_bytes or not self.max_bytes:
-            return self.decoder.decode(text), self.watch.search(text) is not None
+            return None if bounded else (self.decoder.decode(text), self.watch.search(text) is not None)
         self._lookups += 1
         keys = _checkpoint_keys(body, self.checkpoint_bytes)
         found = self._find(keys)
         shared = _common_prefix(body, found.body) if found is not None else 0
-        walk = _Walk(self.decoder, text, found, shared, _Stored(body, keys))
+        if max_unshared is not None and (
+            found is None or len(body) - found.shared_elements_bytes(shared) > max_unshared
+        ):
+            return None
+        walk = _Walk(self, text, found, shared, _Stored(body, keys))
         try:
             value = walk.run()
         except (_NotSimple, ValueError, IndexError, RecursionError):
             self._whole += 1
-            return self.decoder.decode(text), self.watch.search(text) is not None
+            return None if bounded else (self.decoder.decode(text), self.watch.search(text) is not None)
         record = walk.record
         if walk.reused:
             self._hits += 1
@@ -155,7 +194,42 @@ class BodyPrefixes:
         match = self.watch.search(text, max(0, since - WATCH_CHARS))
         record.clean = match.start() if match is not None else len(text)
         self._store(record)
+        if record.array_start >= 0:
+            self.last = MessagesSpans(
+                record.array_start,
+                record.array_byte_start,
+                tuple(record.element_ends),
+                tuple(record.element_byte_ends),
+                record.clean,
+            )
         return value, match is not None
+
+    def remember(self, body: bytes, messages: Sequence[Any], spans: MessagesSpans) -> None:
+        """Store `body`, whose `messages` array another process parsed (`messages`, its elements, lie
+        at `spans`, which that process's `last` gave): a later body takes them from here."""
+        if (
+            len(body) < 2 * self.checkpoint_bytes
+            or len(messages) != len(spans.element_ends)
+            or len(messages) > self.max_elements
+        ):
+            return
+        record = _Stored(body, _checkpoint_keys(body, self.checkpoint_bytes))
+        record.array_start, record.array_byte_start = spans.array_start, spans.array_byte_start
+        record.elements = list(messages)
+        record.element_ends, record.element_byte_ends = (
+            list(spans.element_ends),
+            list(spans.element_byte_ends),
+        )
+        record.clean = spans.clean
+        self._store(record)
+
+    def forget(self, body: bytes) -> None:
+        """Drop the stored record of `body` (the same object), if any."""
+        for key in reversed(_checkpoint_keys(body, self.checkpoint_bytes)):
+            stored = self._index.get(key)
+            if stored is not None and stored.body is body:
+                self._drop(stored)
+                return
 
     def stats(self) -> BodyPrefixStats:
         return BodyPrefixStats(
@@ -194,21 +268,25 @@ class BodyPrefixes:
         self._stored[id(record)] = record
         self._bytes += record.size
         while self._bytes > self.max_bytes:
-            _, oldest = self._stored.popitem(last=False)
-            self._bytes -= oldest.size
-            for key in oldest.keys:
-                if self._index.get(key) is oldest:
-                    del self._index[key]
+            self._drop(next(iter(self._stored.values())))
+
+    def _drop(self, record: _Stored) -> None:
+        if self._stored.pop(id(record), None) is record:
+            self._bytes -= record.size
+        for key in record.keys:
+            if self._index.get(key) is record:
+                del self._index[key]
 
 
 class _Walk:
     """One parse of `text`: the top-level object member by member, `messages` element by element."""
 
     def __init__(
-        self, decoder: json.JSONDecoder, text: str, found: _Stored | None, shared: int, record: _Stored
+        self, store: BodyPrefixes, text: str, found: _Stored | None, shared: int, record: _Stored
     ) -> None:
-        self.scan: Callable[[str, int], tuple[Any, int]] = getattr(decoder, "scan_once")  # noqa: B009
-        self.strict = decoder.strict
+        self.scan: Callable[[str, int], tuple[Any, int]] = getattr(store.decoder, "scan_once")  # noqa: B009
+        self.strict = store.decoder.strict
+        self.max_elements = store.max_elements
         self.text = text
         self.found = found
         self.shared = shared  # leading bytes equal in this body and `found.body`
@@ -269,7 +347,7 @@ class _Walk:
         array shares (it began at the same place), then the rest scanned one by one."""
         text, ws = self.text, _skip_ws
         record, found = self.record, self.found
-        record.array_start = start
+        record.array_start, record.array_byte_start = start, self._byte_offset(start)
         elements, ends, byte_ends = record.elements, record.element_ends, record.element_byte_ends
         taken = 0
         if found is not None and found.array_start == start:
@@ -291,7 +369,7 @@ class _Walk:
             if text[i] == "]":
                 return elements, i + 1
         while True:
-            if len(elements) >= MAX_ELEMENTS:
+            if len(elements) >= self.max_elements:
                 raise _NotSimple
             value, i = self._scan(i)
             elements.append(value)

@@ -41,7 +41,7 @@ from typing import Any, Final, Literal, NoReturn
 from extproc.errors import BodyTooLarge, RequestInvalid
 from extproc.request import anthropic
 from extproc.request.anthropic import MESSAGES_PATH
-from extproc.request.body_prefixes import DEFAULT_BODY_PREFIX_BYTES, BodyPrefixes
+from extproc.request.body_prefixes import DEFAULT_BODY_PREFIX_BYTES, MAX_ELEMENTS, BodyPrefixes
 from extproc.request.json_type import json_type
 from extproc.request.responses import RESPONSES_PATH, to_chat_fields
 
@@ -191,7 +191,33 @@ def parse_openai_body(
     if route not in ROUTABLE_PATHS:
         supported = ", ".join(sorted(ROUTABLE_PATHS))
         raise RequestInvalid(f"path {route[:200]!r} is not routable; supported paths: {supported}")
-    obj = _load_json(body, prefixes)
+    return _request_of(_load_json(body, prefixes), route, size)
+
+
+def parse_shared_body(
+    body: bytes, path: str, *, max_bytes: int, prefixes: BodyPrefixes, max_unshared: int
+) -> ParsedRequest | None:
+    """`parse_openai_body` of a chat body when `prefixes` holds a recent body whose `messages` leave at
+    most `max_unshared` bytes of this one to parse (raising what it raises); None, having parsed
+    nothing, otherwise (another path, no such body, or anything the bounded walk does not take)."""
+    if len(body) > max_bytes or route_of(path) != CHAT_PATH:
+        return None
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if text.startswith("\ufeff"):
+        return None
+    loaded = prefixes.loads_shared(text, body, max_unshared)
+    if loaded is None:
+        return None
+    value, escaped = loaded
+    if escaped and _has_lone_surrogate(value):
+        raise RequestInvalid("request body contains an unpaired UTF-16 surrogate escape")
+    return _request_of(value, CHAT_PATH, len(body))
+
+
+def _request_of(obj: Any, route: str, size: int) -> ParsedRequest:
     if not isinstance(obj, dict):
         raise RequestInvalid(f"request body must be a JSON object, not {json_type(obj)}")
     model = obj.get("model")
@@ -207,9 +233,11 @@ def parse_openai_body(
     return ParsedRequest(kind="completion", **common, **_parse_completion(obj))
 
 
-def body_prefixes(max_bytes: int = DEFAULT_BODY_PREFIX_BYTES) -> BodyPrefixes:
+def body_prefixes(
+    max_bytes: int = DEFAULT_BODY_PREFIX_BYTES, *, max_elements: int = MAX_ELEMENTS
+) -> BodyPrefixes:
     """A store of recent bodies' values for `parse_openai_body`, parsing as it does."""
-    return BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, max_bytes)
+    return BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, max_bytes, max_elements=max_elements)
 
 
 def _load_json(body: bytes, prefixes: BodyPrefixes | None = None) -> Any:

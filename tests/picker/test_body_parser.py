@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from extproc.errors import BodyTooLarge, RequestInvalid
+from extproc.picker import body_parser as bp_limits
 from extproc.picker.body_parser import PIPE_BYTES, WORKER_MMAP_THRESHOLD, BodyParser
 from extproc.picker.pipeline import EndpointPicker
 
@@ -65,19 +66,89 @@ async def test_a_body_parsed_in_a_worker_equals_one_parsed_on_the_loop(parser, b
     assert parser.stats.in_worker == 1 and on_loop.stats.on_loop == 1
 
 
-async def test_a_chat_growing_turn_by_turn_in_a_worker_parses_as_on_the_loop(parser) -> None:
-    """The worker takes each turn's earlier messages from the turn before (`BodyPrefixes`); the
-    answers stay those of a whole parse, including a turn that changes an earlier message."""
+async def test_a_chat_growing_turn_by_turn_parses_as_on_the_loop_wherever_it_is_parsed(parser) -> None:
+    """Each turn takes the messages of the turn before: in the worker (`BodyPrefixes`), or on the loop
+    when at most `inline_max_bytes` of it are new. The answers stay those of a whole parse, including
+    turns that edit an earlier message or bring a long one."""
     on_loop = BodyParser(max_bytes=64 * MiB, workers=0)
-    history: list[dict[str, str]] = []
-    for turn in range(6):
-        history.append({"role": "user", "content": f"question {turn} " + "word " * 4000})
-        if turn == 4:
-            history[1] = {"role": "assistant", "content": "an earlier answer, edited"}
+    history = [{"role": "system", "content": "be brief " * 8000}]  # about 72 kB
+    for turn in range(12):
+        words = 4000 if turn in (3, 7) else 20  # a long message: beyond the loop's share
+        history.append({"role": "user", "content": f"question {turn} é " + "word " * words})
+        if turn == 9:
+            history[2] = {"role": "assistant", "content": "an earlier answer, edited"}
         body = json.dumps({"model": MODEL, "messages": history, "stream": True}).encode()
         assert await parser.request(body, CHAT) == await on_loop.request(body, CHAT)
-        history.append({"role": "assistant", "content": f"answer {turn} é"})
-    assert parser.stats.in_worker == 6
+        history.append({"role": "assistant", "content": f"answer {turn} \ud83d\ude00"})
+    stats = parser.stats
+    assert stats.in_worker + stats.shared_on_loop == 12
+    assert stats.in_worker >= 4  # the first turn, both long messages, the edit
+    assert stats.shared_on_loop >= 6
+
+
+async def test_what_the_loop_parses_from_a_recent_body_stays_bounded() -> None:
+    """Past SHARED_MAX_MESSAGES messages or SHARED_MAX_VALUES values, or with a new part larger than
+    `inline_max_bytes`, a chat's turns are parsed in a worker again; errors in the new part are the
+    worker's errors."""
+    parser = BodyParser(max_bytes=64 * MiB, workers=1, inline_max_bytes=1024)
+    on_loop = BodyParser(max_bytes=64 * MiB, workers=0)
+    try:
+        many = [{"role": "user", "content": "x" * 40}] * (bp_limits.SHARED_MAX_MESSAGES + 1)
+        pad = {"role": "system", "content": "p" * 40_000}
+        for grown in (1, 2):
+            body = json.dumps({"model": MODEL, "messages": [pad, *many[:-1], *many[:grown]]}).encode()
+            assert await parser.request(body, CHAT) == await on_loop.request(body, CHAT)
+        assert parser.stats.shared_on_loop == 0 and parser.stats.in_worker == 2
+
+        values = [{"role": "user", "content": [{"type": "text", "text": "v"}] * 3000}]  # ~9,000 values
+        for grown in range(3):
+            messages = [pad, *values, *[{"role": "user", "content": "y"}] * grown]
+            body = json.dumps({"model": MODEL, "messages": messages}).encode()
+            assert await parser.request(body, CHAT) == await on_loop.request(body, CHAT)
+        assert parser.stats.shared_on_loop == 0 and parser.stats.in_worker == 5
+
+        parts = {"role": "user", "content": [{"type": "text", "text": "v"}] * 300}  # ~900 values, 8 kB
+        growing: list[dict] = [pad]
+        roomy = BodyParser(max_bytes=64 * MiB, workers=1)  # new parts up to 16 KiB on the loop
+        try:
+            for turn in range(12):  # on the loop from the second turn until the values pass the bound
+                growing.append(parts)
+                body = json.dumps({"model": MODEL, "messages": growing}).encode()
+                before = roomy.stats.shared_on_loop
+                whole = await on_loop.request(body, CHAT)
+                assert await roomy.request(body, CHAT) == whole
+                on_the_loop = turn >= 1 and whole.prompt_values <= bp_limits.SHARED_MAX_VALUES
+                assert (roomy.stats.shared_on_loop > before) == on_the_loop, turn
+            assert 3 <= roomy.stats.shared_on_loop < 11
+        finally:
+            await roomy.close()
+        few = BodyParser(max_bytes=64 * MiB, workers=1, max_prompt_values=1000)
+        few_on_loop = BodyParser(max_bytes=64 * MiB, workers=0, max_prompt_values=1000)
+        try:  # under a lower limit the loop's answer is the limit's: the prompt dropped
+            small = {"role": "user", "content": [{"type": "text", "text": "v"}] * 100}  # ~500 values
+            for turn in range(3):
+                body = json.dumps({"model": MODEL, "messages": [pad, *[small] * (turn + 1)]}).encode()
+                assert await few.request(body, CHAT) == await few_on_loop.request(body, CHAT)
+            assert few.stats.shared_on_loop == 1 and few.stats.prompt_dropped == 2
+        finally:
+            await few.close()
+
+        base = [pad, {"role": "user", "content": "z"}]
+        body = json.dumps({"model": MODEL, "messages": base}).encode()
+        await parser.request(body, CHAT)
+        for tail, message in [
+            ('{"role":"user","content":"\\ud800"}', "unpaired UTF-16 surrogate"),
+            ('{"role":"user","content":NaN}', "not valid JSON"),
+            ('{"role":7}', r"messages\[2\]\.role must be a string"),
+            ("[" * 600 + "]" * 600, "must be a message object"),
+        ]:
+            bad = body[:-2] + b"," + tail.encode() + b"]}"
+            for side in (parser, on_loop):
+                with pytest.raises(RequestInvalid, match=message):
+                    await side.request(bad, CHAT)
+        assert parser.stats.shared_on_loop >= 2  # the surrogate and the role: found on the loop
+    finally:
+        await parser.close()
 
 
 @pytest.mark.parametrize(
