@@ -42,11 +42,13 @@ MiB = 1024 * 1024
 PROBE_EVERY_S = 0.05
 
 
-def big_body(size_bytes: int) -> bytes:
-    """A legal chat body of about `size_bytes`, its bulk many small nested arrays in an ignored field."""
+def big_body(size_bytes: int, tag: int = 0) -> bytes:
+    """A legal chat body of about `size_bytes`, its bulk many small nested arrays in an ignored field;
+    bodies of different `tag`s differ before it (a parse worker reuses what a recent body shares)."""
     unit = "[" * 20 + "]" * 20
     junk = "[" + ",".join([unit] * (size_bytes // len(unit))) + "]"
-    head = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "big"}], "max_tokens": 1})
+    message = {"role": "user", "content": f"big {tag}"}
+    head = json.dumps({"model": MODEL, "messages": [message], "max_tokens": 1})
     return (head[:-1] + ', "x": ' + junk + "}").encode()
 
 
@@ -124,7 +126,7 @@ def children(pid: int) -> list[int]:
 
 async def burst(url: str, picker_pid: int, *, count: int, size_bytes: int) -> dict[str, Any]:
     """Send `count` big bodies at once and a small request every PROBE_EVERY_S until they are answered."""
-    body = big_body(size_bytes)
+    bodies = [big_body(size_bytes, i) for i in range(count)]
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
@@ -141,7 +143,7 @@ async def burst(url: str, picker_pid: int, *, count: int, size_bytes: int) -> di
         # warm up: the parse worker starts with the first large body
         await send(big_body(64 * 1024))
         picker_peak = worker_peak = 0.0
-        bigs = [asyncio.ensure_future(send(body)) for _ in range(count)]
+        bigs = [asyncio.ensure_future(send(body)) for body in bodies]
         smalls: list[asyncio.Future[tuple[int, float]]] = []
         i = 0
         while not all(b.done() for b in bigs):

@@ -160,17 +160,20 @@ class BodyPrefixes:
         assert loaded is not None  # unbounded: parsed one way or the other
         return loaded
 
-    def loads_shared(self, text: str, body: bytes, max_unshared: int) -> tuple[Any, bool] | None:
-        """As `loads` when a stored body's `messages` elements leave at most `max_unshared` bytes of
-        this one to parse; otherwise None, having parsed nothing beyond that, as where the walk fails
-        (an error, another shape): a bounded parse or none (the event loop's use)."""
-        return self._loads(text, body, max_unshared)
+    def loads_shared(self, body: bytes, max_unshared: int) -> tuple[Any, bool] | None:
+        """As `loads` of `body` (strict UTF-8, no byte order mark) when a stored body's `messages`
+        elements leave at most `max_unshared` bytes of it to parse; otherwise None, having parsed
+        nothing beyond that (not even decoded it), as where the walk fails (an error, another shape,
+        not UTF-8): a bounded parse or none (the event loop's use)."""
+        return self._loads(None, body, max_unshared)
 
-    def _loads(self, text: str, body: bytes, max_unshared: int | None) -> tuple[Any, bool] | None:
+    def _loads(self, text: str | None, body: bytes, max_unshared: int | None) -> tuple[Any, bool] | None:
         self.last = None
         bounded = max_unshared is not None
         if len(body) < 2 * self.checkpoint_bytes or not self.max_bytes:
-            return None if bounded else (self.decoder.decode(text), self.watch.search(text) is not None)
+            if text is None:
+                return None
+            return self.decoder.decode(text), self.watch.search(text) is not None
         self._lookups += 1
         keys = _checkpoint_keys(body, self.checkpoint_bytes)
         found = self._find(keys)
@@ -179,12 +182,21 @@ class BodyPrefixes:
             found is None or len(body) - found.shared_elements_bytes(shared) > max_unshared
         ):
             return None
+        if text is None:
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            if text.startswith("\ufeff"):  # json.loads refuses it: the whole parse says so
+                return None
         walk = _Walk(self, text, found, shared, _Stored(body, keys))
         try:
             value = walk.run()
         except (_NotSimple, ValueError, IndexError, RecursionError):
             self._whole += 1
-            return None if bounded else (self.decoder.decode(text), self.watch.search(text) is not None)
+            if bounded:
+                return None
+            return self.decoder.decode(text), self.watch.search(text) is not None
         record = walk.record
         if walk.reused:
             self._hits += 1

@@ -202,13 +202,7 @@ def parse_shared_body(
     nothing, otherwise (another path, no such body, or anything the bounded walk does not take)."""
     if len(body) > max_bytes or route_of(path) != CHAT_PATH:
         return None
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    if text.startswith("\ufeff"):
-        return None
-    loaded = prefixes.loads_shared(text, body, max_unshared)
+    loaded = prefixes.loads_shared(body, max_unshared)
     if loaded is None:
         return None
     value, escaped = loaded

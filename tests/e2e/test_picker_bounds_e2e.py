@@ -46,12 +46,13 @@ def chat(text: str, **extra) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4, **extra}
 
 
-def big_body(size_bytes: int) -> bytes:
+def big_body(size_bytes: int, tag: int = 0) -> bytes:
     """A legal chat body of about `size_bytes`: its bulk many small nested arrays in an ignored field,
-    about 1 s of parsing per 4 MiB on an event loop."""
+    about 1 s of parsing per 4 MiB on an event loop. Bodies of different `tag`s differ before it: a
+    parse worker takes what a recent body shares from it (`BodyPrefixes`), and these must be parsed."""
     unit = "[" * 20 + "]" * 20
     junk = "[" + ",".join([unit] * (size_bytes // len(unit))) + "]"
-    return (json.dumps(chat("big"))[:-1] + ', "x": ' + junk + "}").encode()
+    return (json.dumps(chat(f"big {tag}"))[:-1] + ', "x": ' + junk + "}").encode()
 
 
 async def until(condition, what: str, timeout_s: float = 10.0) -> None:
@@ -109,7 +110,6 @@ async def test_small_requests_are_answered_at_once_while_big_bodies_are_parsed(v
     unrelated clients got 504 (measured before the fix with this burst: every small request waited
     5 s or more). Now the bodies are parsed in a worker process and the loop keeps answering."""
     url = f"{serve_stack[variant]}/v1/chat/completions"
-    body = big_body(int(3.9 * MiB))
     async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
 
         async def send(data: bytes) -> tuple[int, float]:
@@ -120,7 +120,7 @@ async def test_small_requests_are_answered_at_once_while_big_bodies_are_parsed(v
                 return r.status, time.perf_counter() - start
 
         assert (await send(big_body(64 * 1024)))[0] == 200  # the parse worker is running
-        bigs = [asyncio.ensure_future(send(body)) for _ in range(6)]
+        bigs = [asyncio.ensure_future(send(big_body(int(3.9 * MiB), i))) for i in range(6)]
         smalls = []
         while not all(b.done() for b in bigs):
             smalls.append(asyncio.ensure_future(send(json.dumps(chat(f"small {len(smalls)}")).encode())))

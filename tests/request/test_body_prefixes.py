@@ -267,22 +267,23 @@ def test_a_bounded_parse_parses_only_a_short_new_part_and_nothing_else():
     prefixes = store()
     pad = "p" * (3 * STEP)
     first = chat_body([{"role": "system", "content": pad}, {"role": "user", "content": "a"}])
-    assert prefixes.loads_shared(first, first.encode(), 100) is None  # nothing stored: not parsed
+    assert prefixes.loads_shared(first.encode(), 100) is None  # nothing stored: not parsed
     assert prefixes.stats().entries == 0
     assert_parses_alike(prefixes, first)
     grown = first[:-2] + ', {"role": "user", "content": "b"}]}'
     assert got_shared(prefixes, grown, 100) == expected(grown)
     longer = grown[:-2] + ', {"role": "user", "content": "' + "c" * 200 + '"}]}'
-    assert prefixes.loads_shared(longer, longer.encode(), 100) is None  # 200 bytes new: not here
+    assert prefixes.loads_shared(longer.encode(), 100) is None  # 200 bytes new: not here
     broken = grown[:-2] + ", NaN]}"
-    assert prefixes.loads_shared(broken, broken.encode(), 100) is None  # the error is the worker's
+    assert prefixes.loads_shared(broken.encode(), 100) is None  # the error is the worker's
+    assert prefixes.loads_shared(grown.encode()[:-3] + b'\xff"]}', 100) is None  # not UTF-8 either
     assert prefixes.stats().whole == 1
     moved = grown.replace('"model": "m"', '"model": "mm"')
-    assert prefixes.loads_shared(moved, moved.encode(), 100) is None  # the array moved: all of it new
+    assert prefixes.loads_shared(moved.encode(), 100) is None  # the array moved: all of it new
 
 
 def got_shared(prefixes: BodyPrefixes, text: str, max_unshared: int) -> tuple[str, Any]:
-    loaded = prefixes.loads_shared(text, text.encode(), max_unshared)
+    loaded = prefixes.loads_shared(text.encode(), max_unshared)
     assert loaded is not None
     assert loaded[1] == (_SURROGATE_ESCAPE.search(text) is not None)
     return "ok", loaded[0]
@@ -307,7 +308,7 @@ def test_messages_parsed_elsewhere_are_taken_where_they_lie_and_can_be_forgotten
     again = store()
     again.remember(body, value["messages"], worker.last)
     again.forget(body)
-    assert again.stats().entries == 0 and again.loads_shared(grown, grown.encode(), 100) is None
+    assert again.stats().entries == 0 and again.loads_shared(grown.encode(), 100) is None
     short = '{"messages": [1]}'
     worker.loads(short, short.encode())
     assert worker.last is None  # under two checkpoints: not walked
