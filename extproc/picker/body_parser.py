@@ -14,6 +14,12 @@ about 1 s either way). So bodies are parsed where their size says:
   peaks at about 50x the body for the worst shape (deep nesting); all but 32 MiB of its heap
   (`WORKER_HEAP_KEEP`, kept for the next body: `_worker_env`) is given back after each body.
 
+A chat client re-sends its whole conversation every turn. A worker parses only what a body adds
+to a recent one (`BodyPrefixes`) and says where the body's messages lie; the loop keeps those
+messages, and parses a chat's next turn itself when all but `inline_max_bytes` of it are messages
+it holds (`_shared_on_loop`: bounded, see there). Those message objects are then shared by the
+requests of one chat: nothing downstream changes them (the template builds its own conversation).
+
 What comes back is built on the loop, so its size is bounded too: the prompt fields (messages,
 tools, documents, chat_template_kwargs, nvext) may hold at most `max_prompt_values` JSON values
 (100,000: about 10 ms to build in the worst shape). A body beyond that comes back without them
