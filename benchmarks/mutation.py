@@ -71,7 +71,13 @@ MODULES: dict[str, list[str]] = {
     **{f"router/{name}.py": _ROUTER_TESTS for name in _ROUTER_MODULES},
     # the block-hash prefix cache's exactness tests live with the picker that feeds it PromptTokens
     "router/hashing.py": [*_ROUTER_TESTS, "tests/picker/test_hash_prefix_cache.py"],
-    "request/parse.py": ["tests/request/test_parse.py", "tests/request/test_parse_mutants.py"],
+    "request/parse.py": [
+        "tests/request/test_parse.py",
+        "tests/request/test_parse_mutants.py",
+        "tests/request/test_body_prefixes.py",
+    ],
+    # a body parsed past what a recent one shared: compared with json.loads, errors included
+    "request/body_prefixes.py": ["tests/request/test_body_prefixes.py"],
     # the Responses and Messages APIs as vLLM renders them (checked against vLLM's own code)
     "request/responses.py": ["tests/request/test_responses.py", "tests/request/test_responses_mutants.py"],
     "request/anthropic.py": ["tests/request/test_anthropic.py", "tests/request/test_anthropic_mutants.py"],
