@@ -406,11 +406,10 @@ class _Walk:
             raise _NotSimple from None
 
     def _byte_offset(self, chars: int) -> int:
-        """The byte offset of character offset `chars`, counted on from the last one asked."""
+        """The byte offset of character offset `chars`, counted on from the last one asked or taken
+        (the walk goes forward: each is at or after the one before)."""
         if self.ascii:
             return chars
-        if chars < self.chars_at:
-            self.chars_at = self.bytes_at = 0
         self.bytes_at += len(self.text[self.chars_at : chars].encode("utf-8", "surrogatepass"))
         self.chars_at = chars
         return self.bytes_at

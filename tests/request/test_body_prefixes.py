@@ -312,3 +312,95 @@ def test_messages_parsed_elsewhere_are_taken_where_they_lie_and_can_be_forgotten
     short = '{"messages": [1]}'
     worker.loads(short, short.encode())
     assert worker.last is None  # under two checkpoints: not walked
+
+
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_a_grown_body_takes_exactly_what_it_shares_and_the_store_counts_it(separators, ascii_only):
+    prefixes = store()
+    assert prefixes.last is None
+
+    def dump(messages: list[Any]) -> str:
+        obj = {"model": "m", "tools": [1, 2], "messages": messages, "stream": True}
+        return json.dumps(obj, separators=separators, ensure_ascii=ascii_only)
+
+    def ends(text: str, messages: list[Any]) -> tuple[list[int], list[int]]:
+        at, chars = 0, []
+        for m in messages:
+            piece = json.dumps(m, separators=separators, ensure_ascii=ascii_only)
+            at = text.index(piece, at) + len(piece)
+            chars.append(at)
+        return chars, [len(text[:c].encode()) for c in chars]
+
+    messages = [{"role": "system", "content": "p" * 3 * STEP + "é☃"}, {"role": "user", "content": "a"}]
+    first = dump(messages)
+    assert_parses_alike(prefixes, first)
+    assert prefixes.last is not None and prefixes.stats().whole == 0
+    chars, byte_ends = ends(first, messages)
+    assert list(prefixes.last.element_ends) == chars and list(prefixes.last.element_byte_ends) == byte_ends
+    assert prefixes.last.array_start == first.index("[", first.index('"messages"'))
+    assert prefixes.last.clean == len(first)
+
+    grown = [*messages, {"role": "user", "content": "b"}]
+    second = dump(grown)
+    body = second.encode()
+    assert ("ok", prefixes.loads(second, body)[0]) == expected(second)
+    chars2, byte_ends2 = ends(second, grown)
+    stats = prefixes.stats()
+    assert (stats.lookups, stats.hits, stats.whole) == (2, 1, 0)
+    assert stats.reused_bytes == byte_ends[-1]  # up to the last message they share, members included
+    assert list(prefixes.last.element_ends) == chars2 and list(prefixes.last.element_byte_ends) == byte_ends2
+
+    def size(data: bytes, elements: int) -> int:  # model, tools and stream are kept members too
+        return 3 * len(data) + (3 + elements) * 120 + 64 * (len(data) // STEP)
+
+    # the first body stays only if its last checkpoint lies past what the second shares with it
+    kept_first = len(first.encode()) // STEP * STEP > byte_ends[-1]
+    assert stats.entries == 1 + kept_first
+    assert stats.bytes == size(body, 3) + kept_first * size(first.encode(), 2)
+    assert stats.capacity_bytes == 1 << 20
+    prefixes.forget(second.encode())  # an equal body, not that one: kept
+    assert prefixes.stats().entries == 1 + kept_first
+    prefixes.forget(body)
+    assert prefixes.stats().entries == kept_first
+    assert prefixes.stats().bytes == kept_first * size(first.encode(), 2)
+
+
+def test_the_bounds_of_a_store_and_of_a_bounded_parse_are_exact():
+    with pytest.raises(ValueError, match="checkpoint_bytes"):
+        BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, 10, checkpoint_bytes=0)
+    off = BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, 0, checkpoint_bytes=STEP)  # nothing stored
+    text = chat_body([{"role": "user", "content": "x" * 4 * STEP}])
+    assert_parses_alike(off, text, text)
+    assert off.stats().lookups == 0 and off.loads_shared(text.encode(), 10**9) is None
+    exact = '{"messages": [' + '"' + "y" * (2 * STEP - 18) + '"]}'
+    assert len(exact) == 2 * STEP
+    prefixes = store()
+    assert_parses_alike(prefixes, exact, exact[:-3] + "]}")  # two checkpoints exactly: looked up
+    assert prefixes.stats().lookups == 1  # (the second is shorter: parsed whole)
+
+    base = chat_body([{"role": "system", "content": "p" * 3 * STEP}])
+    prefixes.loads(base, base.encode())
+    shared = prefixes.last.element_byte_ends[-1] - prefixes.last.array_byte_start
+    grown = base[:-2] + ', "z"]}'
+    unshared = len(grown.encode()) - shared
+    assert prefixes.loads_shared(grown.encode(), unshared - 1) is None
+    assert got_shared(prefixes, grown, unshared) == expected(grown)
+
+
+def test_messages_from_elsewhere_are_kept_only_when_they_fit():
+    worker, loop = store(), store()
+    text = chat_body([{"role": "system", "content": "p" * 3 * STEP}, {"role": "user", "content": "a"}])
+    value, _ = worker.loads(text, text.encode())
+    spans = worker.last
+    assert spans is not None
+    loop.remember(text.encode(), value["messages"][:1], spans)  # not the messages the spans name
+    small = BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, 1 << 20, checkpoint_bytes=STEP, max_elements=1)
+    small.remember(text.encode(), value["messages"], spans)  # more messages than it takes
+    short = chat_body([{"role": "user", "content": "a"}])
+    loop.remember(short.encode(), [{"role": "user", "content": "a"}], spans)  # under two checkpoints
+    assert loop.stats().entries == 0 and small.stats().entries == 0
+    loop.remember(text.encode(), value["messages"], spans)
+    exact = BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, 1 << 20, checkpoint_bytes=STEP, max_elements=2)
+    exact.remember(text.encode(), value["messages"], spans)
+    assert loop.stats().entries == 1 and exact.stats().entries == 1
