@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from extproc.errors import RequestInvalid
 from extproc.request import body_prefixes as bp
 from extproc.request.body_prefixes import BodyPrefixes
-from extproc.request.parse import _DECODER, _SURROGATE_ESCAPE, body_prefixes, parse_openai_body
+from extproc.request.parse import (
+    _DECODER,
+    _SURROGATE_ESCAPE,
+    body_prefixes,
+    parse_openai_body,
+    parse_shared_body,
+)
 from tests.request.chat_generator import ChatGenerator
 
 CHAT = "/v1/chat/completions"
@@ -404,3 +410,31 @@ def test_messages_from_elsewhere_are_kept_only_when_they_fit():
     exact = BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, 1 << 20, checkpoint_bytes=STEP, max_elements=2)
     exact.remember(text.encode(), value["messages"], spans)
     assert loop.stats().entries == 1 and exact.stats().entries == 1
+
+
+def test_a_shared_chat_body_parses_as_a_whole_one_or_not_at_all():
+    prefixes = body_prefixes(max_bytes=1 << 20, max_elements=3)
+    assert prefixes.stats().capacity_bytes == 1 << 20
+    pad = {"role": "system", "content": "p" * 40_000}
+    first = json.dumps({"model": "m", "messages": [pad, {"role": "user", "content": "a"}]}).encode()
+    assert parse_shared_body(first, CHAT, max_bytes=1 << 30, prefixes=prefixes, max_unshared=100) is None
+    whole = parse_openai_body(first, CHAT, max_bytes=1 << 30, prefixes=prefixes)
+    assert whole == parse_openai_body(first, CHAT, max_bytes=1 << 30)
+
+    def grown(message: str) -> bytes:
+        return first[:-2] + b", " + message.encode() + b"]}"
+
+    body = grown('{"role": "user", "content": "b"}')
+    shared = parse_shared_body(body, CHAT + "?x=1", max_bytes=1 << 30, prefixes=prefixes, max_unshared=100)
+    assert shared == parse_openai_body(body, CHAT, max_bytes=1 << 30)
+    for path, limit in (("/v1/completions", 1 << 30), (CHAT, len(body) - 1)):
+        assert parse_shared_body(body, path, max_bytes=limit, prefixes=prefixes, max_unshared=100) is None
+    for bad, message in (
+        (grown('{"role": "user", "content": "\\ud800"}'), "unpaired UTF-16 surrogate"),
+        (grown('{"role": 7}'), r"messages\[2\]\.role must be a string"),
+    ):
+        with pytest.raises(RequestInvalid, match=message):
+            parse_shared_body(bad, CHAT, max_bytes=1 << 30, prefixes=prefixes, max_unshared=100)
+    too_many = grown('{"role": "user", "content": "b"}, {"role": "user", "content": "c"}')
+    assert parse_shared_body(too_many, CHAT, max_bytes=1 << 30, prefixes=prefixes, max_unshared=100) is None
+    assert prefixes.stats().whole == 1  # four messages: more than the store walks
