@@ -175,22 +175,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "_pop_oldest(0) pops nothing and returns 0",
         ),
-        "xǁApproxIndexerǁrecord_routing__mutmut_54": (
-            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=None)",
-            "same-value",
-            "seq_hashes are the chained local_hashes: the lengths always agree",
-        ),
-        "xǁApproxIndexerǁrecord_routing__mutmut_57": (
-            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], )",
-            "same-value",
-            "seq_hashes are the chained local_hashes: the lengths always agree",
-        ),
-        "xǁApproxIndexerǁrecord_routing__mutmut_58": (
-            "StoredBlock(base - s, h) for s, h in zip(seq_hashes[held:], local_hashes[held:], strict=False)",
-            "same-value",
-            "seq_hashes are the chained local_hashes: the lengths always agree",
-        ),
-        "xǁApproxIndexerǁrecord_routing__mutmut_76": (
+        "xǁApproxIndexerǁrecord_routing__mutmut_66": (
             'table.runs[run] = ""',
             "same-value",
             "the runs' OrderedDict is an ordered set: its values are never read",

@@ -438,3 +438,23 @@ def test_a_shared_chat_body_parses_as_a_whole_one_or_not_at_all():
     too_many = grown('{"role": "user", "content": "b"}, {"role": "user", "content": "c"}')
     assert parse_shared_body(too_many, CHAT, max_bytes=1 << 30, prefixes=prefixes, max_unshared=100) is None
     assert prefixes.stats().whole == 1  # four messages: more than the store walks
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ("{" + " " * 3 * STEP + "}", "{" + " " * 3 * STEP + "}"),  # an empty object, white space around
+        ('{"pad":"%s","messages":[{"a":1},{"b":2},{"c":3}]}', '{"pad":"%s","messages":[{"a":1},{"b":2}]}'),
+        ('{"pad":"%s","messages":[{"a":1},{"b":2}]}', '{"pad":"%s","messages":[{"a":1},{"b":2}],"n":1}'),
+        ('{"pad":"%s","messages":[]}', '{"pad":"%s","messages":[ ],"n":[1]}'),
+        ('{ "pad" : "%s" , "messages" : [ {"a":1} ] }', '{ "pad" : "%s" , "messages" : [ {"a":1} , 2 ] }'),
+        ('{"messages":[{"a":"%s"}],"x":{"y":[1]}}', '{"messages":[{"a":"%s"}],"x":{"y":[1]},"z":1}'),
+    ],
+)
+def test_well_formed_bodies_are_walked_not_handed_to_the_decoder(first: str, second: str):
+    pad = "p" * (3 * STEP)
+    prefixes = store()
+    assert_parses_alike(prefixes, first.replace("%s", pad), second.replace("%s", pad))
+    assert prefixes.stats().whole == 0
+    if "messages" in first:
+        assert prefixes.stats().hits == 1
