@@ -130,6 +130,7 @@ def json_object(body: bytes, token_field: str | None, max_tokens: int) -> dict[s
 def answer_request(body: bytes, path: str, max_bytes: int, max_values: int) -> bytes:
     """The parsed request, and where a chat body's `messages` lie in it (`MessagesSpans` as a tuple,
     or None): the picker's event loop may parse the next turn of the chat from them."""
+    BODY_PREFIXES.last = None  # set by this body's parse, if it walks one
     try:
         request = parse_openai_body(body, path, max_bytes=max_bytes, prefixes=BODY_PREFIXES)
         parsed = limit_prompt(request, max_values)
