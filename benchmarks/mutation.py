@@ -1761,6 +1761,166 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "a string input's last character is never a dict: False whichever way it is reached",
         ),
     },
+    "request/body_prefixes.py": {
+        "xǁ_Storedǁ__init____mutmut_6": (
+            "self.array_start = self.array_byte_start = -2",
+            "same-value",
+            "array_start is only compared with 0 and with a '[' position (never negative)",
+        ),
+        "xǁ_Storedǁ__init____mutmut_10": (
+            "self.clean = None  # where the first match of `watch` begins in its text (its length: none)",
+            "same-value",
+            "clean is set before a record is stored (from the walk or the spans)",
+        ),
+        "xǁ_Storedǁ__init____mutmut_11": (
+            "self.clean = 1  # where the first match of `watch` begins in its text (its length: none)",
+            "same-value",
+            "clean is set before a record is stored (from the walk or the spans)",
+        ),
+        "xǁ_Storedǁ__init____mutmut_14": (
+            "self.size = None",
+            "same-value",
+            "size is set by _store before it is read",
+        ),
+        "xǁ_Storedǁ__init____mutmut_15": (
+            "self.size = 1",
+            "same-value",
+            "size is set by _store before it is read",
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_31": (
+            "shared = _common_prefix(body, found.body) if found is not None else 1",
+            "same-value",
+            "without a stored body nothing is taken, whatever the shared length",
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_43": (
+            'text = body.decode("UTF-8")',
+            "same-value",
+            '"UTF-8" and "utf-8" name the same codec',
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_45": (
+            'if text.startswith("XX\\ufeffXX"):  # json.loads refuses it: the whole parse says so',
+            "same-value",
+            "a text with a byte order mark shares no checkpoint with a stored body (none begins "
+            "with one): no candidate, None before the check",
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_75": (
+            "since = walk.reused_chars if (found is not None and found.clean >= walk.reused_chars) "
+            "and False else 0",
+            "performance",
+            "the watch is searched from the start: the same match, found later",
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_79": (
+            "since = walk.reused_chars if found is not None and found.clean > walk.reused_chars else 0",
+            "performance",
+            "equal offsets: the watch is searched from the start, the same match",
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_80": (
+            "since = walk.reused_chars if found is not None and found.clean >= walk.reused_chars else 1",
+            "same-value",
+            "the search starts at max(0, 1 - WATCH_CHARS) = 0 either way",
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_85": (
+            "match = self.watch.search(text, )",
+            "performance",
+            "the watch is searched from the start: the same match, found later",
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_90": (
+            "match = self.watch.search(text, max(1, since - WATCH_CHARS))",
+            "same-value",
+            "a walked text begins with white space or '{': no match can start at 0",
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_97": (
+            "if record.array_start > 0:",
+            "same-value",
+            "a '[' is never at offset 0 of a walked text (it begins with '{' or white space)",
+        ),
+        "xǁBodyPrefixesǁ_loads__mutmut_98": (
+            "if record.array_start >= 1:",
+            "same-value",
+            "a '[' is never at offset 0 of a walked text (it begins with '{' or white space)",
+        ),
+        "xǁBodyPrefixesǁ_store__mutmut_26": (
+            "if not old.live and self._stored.pop(id(old), ) is old:",
+            "same-value",
+            "a record the index leads to is in the LRU until it is dropped from both",
+        ),
+        "xǁBodyPrefixesǁ_drop__mutmut_3": (
+            "if self._stored.pop(id(record), ) is record:",
+            "same-value",
+            "a record is dropped once, from the index or the LRU that both hold it",
+        ),
+        "xǁ_Walkǁ__init____mutmut_16": (
+            "self.ascii = None  # else character offsets are counted in bytes, forward:",
+            "performance",
+            "byte offsets are counted by encoding even for ASCII text: the same offsets",
+        ),
+        "xǁ_Walkǁ__init____mutmut_18": (
+            "self.chars_at = self.bytes_at = 1",
+            "same-value",
+            "the first counted span starts at the text's first character, '{' or white space: "
+            "one byte either way",
+        ),
+        "xǁ_Walkǁrun__mutmut_6": (
+            "i = ws(text, ).end()",
+            "same-value",
+            "match() starts at 0 by default",
+        ),
+        "xǁ_Walkǁrun__mutmut_22": (
+            "i += 2",
+            "same-value",
+            "an empty object's text ends at '}' plus white space: a match past the end ends at the end",
+        ),
+        "xǁ_Walkǁrun__mutmut_32": (
+            "key, i = _scanstring(text, i + 1, )",
+            "same-value",
+            "scanstring is strict by default, as the decoder is",
+        ),
+        "xǁ_Walkǁrun__mutmut_56": (
+            'if key == "messages" and text[i] == "[" and self.record.array_start <= 0:',
+            "same-value",
+            "array_start is -1 or a '[' position, never 0",
+        ),
+        "xǁ_Walkǁrun__mutmut_57": (
+            'if key == "messages" and text[i] == "[" and self.record.array_start < 1:',
+            "same-value",
+            "array_start is -1 or a '[' position, never 0",
+        ),
+        "xǁ_Walkǁ_member__mutmut_6": (
+            "if member[0] == start and member[2] < self.shared:",
+            "performance",
+            "a member that ends exactly where the bodies part is scanned again: the same value",
+        ),
+        "xǁ_Walkǁ_array__mutmut_6": (
+            "taken = None",
+            "same-value",
+            "None and 0 are both false: nothing is taken",
+        ),
+        "xǁ_Walkǁ_took__mutmut_1": (
+            "if chars >= self.reused_chars:",
+            "same-value",
+            "an equal end sets the same offsets again",
+        ),
+        "x__checkpoint_keys__mutmut_13": (
+            "keys.append((k - 1, digest.intdigest()))",
+            "same-value",
+            "keys are made and looked up by this one function: a shifted index names the same checkpoints",
+        ),
+        "x__checkpoint_keys__mutmut_14": (
+            "keys.append((k + 2, digest.intdigest()))",
+            "same-value",
+            "keys are made and looked up by this one function: a shifted index names the same checkpoints",
+        ),
+        "x__common_prefix__mutmut_10": (
+            "lo, step = 0, 4097",
+            "performance",
+            "another first step of the gallop: the same length, other comparisons",
+        ),
+        "x__common_prefix__mutmut_27": (
+            "lo, step = hi, step * 3",
+            "performance",
+            "a faster-growing gallop: the same length, other comparisons",
+        ),
+    },
     "request/parse.py": {
         "x__load_json__mutmut_9": (
             'text = body.decode("UTF-8")',

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from extproc.errors import RequestInvalid
 from extproc.request import body_prefixes as bp
-from extproc.request.body_prefixes import BodyPrefixes
+from extproc.request.body_prefixes import BodyPrefixes, MessagesSpans, _common_prefix
 from extproc.request.parse import (
     _DECODER,
     _SURROGATE_ESCAPE,
@@ -138,6 +138,11 @@ def test_a_growing_chat_parses_only_its_new_messages():
         (
             '{"pad":"%s","messages":[{"a":"é☃😀"},{"b":"ü"}]}',
             '{"pad":"%s","messages":[{"a":"é☃😀"},{"b":"üü"}]}',
+        ),
+        # a member after the messages, taken, with multi-byte text before it and an escape after it
+        (
+            '{"messages":[{"a":"%s' + "é" * 40 + '"}],"x":"y","z":"' + "w" * 100 + '"}',
+            '{"messages":[{"a":"%s' + "é" * 40 + '"}],"x":"y","z":"\\ud800"}',
         ),
         # the surrogate-escape watch, with escapes before, across and after the shared part
         ('{"pad":"%s","messages":["\\ud83d\\ude00"]}', '{"pad":"%s","messages":["\\ud83d\\ude00","x"]}'),
@@ -449,6 +454,10 @@ def test_a_shared_chat_body_parses_as_a_whole_one_or_not_at_all():
         ('{"pad":"%s","messages":[]}', '{"pad":"%s","messages":[ ],"n":[1]}'),
         ('{ "pad" : "%s" , "messages" : [ {"a":1} ] }', '{ "pad" : "%s" , "messages" : [ {"a":1} , 2 ] }'),
         ('{"messages":[{"a":"%s"}],"x":{"y":[1]}}', '{"messages":[{"a":"%s"}],"x":{"y":[1]},"z":1}'),
+        (  # a member taken after text whose characters are several bytes each
+            '{"messages":[{"a":"%s' + "é" * 40 + '"}],"x":"y","z":"' + "w" * 100 + '"}',
+            '{"messages":[{"a":"%s' + "é" * 40 + '"}],"x":"y","z":"v"}',
+        ),
     ],
 )
 def test_well_formed_bodies_are_walked_not_handed_to_the_decoder(first: str, second: str):
@@ -458,3 +467,36 @@ def test_well_formed_bodies_are_walked_not_handed_to_the_decoder(first: str, sec
     assert prefixes.stats().whole == 0
     if "messages" in first:
         assert prefixes.stats().hits == 1
+
+
+def test_what_a_bounded_parse_counts_as_new_and_the_exact_edges_of_the_store():
+    prefixes = store()
+    base = chat_body([{"role": "system", "content": "p" * 3 * STEP}, {"role": "user", "content": "a"}])
+    prefixes.loads(base, base.encode())
+    edited = base.replace('"p', '"q', 1)  # the first message differs: no message is shared
+    assert prefixes.loads_shared(edited.encode(), len(edited.encode()) - 1) is None
+    members_only = '{"pad":"' + "p" * 3 * STEP + '","n":1}'
+    bare = store()
+    bare.loads(members_only, members_only.encode())  # no messages at all
+    assert bare.loads_shared((members_only[:-1] + ',"m":2}').encode(), 10) is None
+
+    BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, 10, checkpoint_bytes=1)  # one byte: allowed
+    one = '"' + "x" * (2 * STEP - 2) + '"'
+    spans = MessagesSpans(0, 0, (len(one),), (len(one),), len(one))
+    exact = store()
+    exact.remember(one.encode(), ["x" * (2 * STEP - 2)], spans)  # two checkpoints exactly: kept
+    assert exact.stats().entries == 1
+    size = exact.stats().bytes
+    tight = BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, size, checkpoint_bytes=STEP)
+    tight.remember(one.encode(), ["x" * (2 * STEP - 2)], spans)  # its size exactly the bound: kept
+    assert tight.stats().entries == 1 and tight.stats().bytes == size
+
+
+def test_common_prefix_counts_every_shared_byte():
+    rng = random.Random(11)
+    for _ in range(300):
+        n = rng.choice([0, 1, 5, 4095, 4096, 4097, 20_000])
+        a = bytes(rng.randrange(3) for _ in range(n))
+        b = bytearray(a[: rng.randrange(n + 1)]) + bytes(rng.randrange(3) for _ in range(rng.randrange(3)))
+        want = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        assert _common_prefix(a, bytes(b)) == want
