@@ -1922,6 +1922,11 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "request/parse.py": {
+        "x_parse_shared_body__mutmut_12": (
+            "if escaped or _has_lone_surrogate(value):",
+            "same-value",
+            "the text is strict UTF-8: a lone surrogate in a value can only come from an escape",
+        ),
         "x__load_json__mutmut_9": (
             'text = body.decode("UTF-8")',
             "same-value",

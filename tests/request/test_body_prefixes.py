@@ -434,8 +434,13 @@ def test_a_shared_chat_body_parses_as_a_whole_one_or_not_at_all():
     assert shared == parse_openai_body(body, CHAT, max_bytes=1 << 30)
     for path, limit in (("/v1/completions", 1 << 30), (CHAT, len(body) - 1)):
         assert parse_shared_body(body, path, max_bytes=limit, prefixes=prefixes, max_unshared=100) is None
+    at_limit = parse_shared_body(body, CHAT, max_bytes=len(body), prefixes=prefixes, max_unshared=100)
+    assert at_limit == shared
     for bad, message in (
-        (grown('{"role": "user", "content": "\\ud800"}'), "unpaired UTF-16 surrogate"),
+        (
+            grown('{"role": "user", "content": "\\ud800"}'),
+            "^request body contains an unpaired UTF-16 surrogate",
+        ),
         (grown('{"role": 7}'), r"messages\[2\]\.role must be a string"),
     ):
         with pytest.raises(RequestInvalid, match=message):
