@@ -478,7 +478,8 @@ def test_what_a_bounded_parse_counts_as_new_and_the_exact_edges_of_the_store():
     prefixes = store()
     base = chat_body([{"role": "system", "content": "p" * 3 * STEP}, {"role": "user", "content": "a"}])
     prefixes.loads(base, base.encode())
-    edited = base.replace('"p', '"q', 1)  # the first message differs: no message is shared
+    edited = base[:150] + "q" + base[151:]  # past the first checkpoint, inside the first message
+    assert base[150] == "p"
     assert prefixes.loads_shared(edited.encode(), len(edited.encode()) - 1) is None
     members_only = '{"pad":"' + "p" * 3 * STEP + '","n":1}'
     bare = store()
@@ -491,6 +492,9 @@ def test_what_a_bounded_parse_counts_as_new_and_the_exact_edges_of_the_store():
     exact = store()
     exact.remember(one.encode(), ["x" * (2 * STEP - 2)], spans)  # two checkpoints exactly: kept
     assert exact.stats().entries == 1
+    short = store()
+    short.remember(b"[1]", [1], MessagesSpans(0, 0, (3,), (3,), 3))  # under two checkpoints: not kept
+    assert short.stats().entries == 0
     size = exact.stats().bytes
     tight = BodyPrefixes(_DECODER, _SURROGATE_ESCAPE, size, checkpoint_bytes=STEP)
     tight.remember(one.encode(), ["x" * (2 * STEP - 2)], spans)  # its size exactly the bound: kept
