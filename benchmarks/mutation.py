@@ -418,6 +418,32 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/hashing.py": {
+        "xǁ_Recordǁ__init____mutmut_3": (
+            "self.live = 1  # checkpoints that lead here (a later prompt takes over the ones it shares)",
+            "performance",
+            "a record whose every checkpoint a later prompt extends is taken over and forgotten by it; "
+            "a count that never reaches 0 only leaves a record to the LRU's eviction",
+        ),
+        "xǁBlockHashCacheǁblock_hashes__mutmut_79": (
+            "if found is not None and blocks == len(found.keys) / per:",
+            "performance",
+            "the lists are copied instead of taken over: the same hashes",
+        ),
+        "xǁBlockHashCacheǁblock_hashes__mutmut_93": (
+            "seq = found.seq[:blocks] if (found is not None) and False else []",
+            "performance",
+            "the sequence hashes are chained again from the local ones when asked: the same values",
+        ),
+        "xǁBlockHashCacheǁ_forget__mutmut_4": (
+            "record.live = None",
+            "same-value",
+            "a forgotten record is in no index entry and no LRU slot: its count is never read again",
+        ),
+        "xǁBlockHashCacheǁ_forget__mutmut_5": (
+            "record.live = 1",
+            "same-value",
+            "a forgotten record is in no index entry and no LRU slot: its count is never read again",
+        ),
         "x_block_seed__mutmut_7": (
             'seed += _xxh3(lora_name.encode("utf-8"), )',
             "same-value",

@@ -49,6 +49,8 @@ def test_cached_hashes_equal_uncached_over_random_growing_and_branching_prompts(
         assert compute_sequence_hashes(local) == compute_sequence_hashes(expected)
         assert compute_sequence_hashes(local) == compute_sequence_hashes(expected)  # remembered
         earlier.append((local, expected))
+        held = {id(r) for r in cache._records.values()}
+        assert all(id(r) in held for r in cache._index.values())  # no key leads outside the bound
         old_local, old_expected = rng.choice(earlier)
         assert old_local == old_expected
         assert compute_sequence_hashes(old_local) == compute_sequence_hashes(old_expected)
@@ -118,3 +120,15 @@ def test_the_picker_exposes_the_cache_metrics():
     text = generate_latest(EndpointPicker(config).metrics.registry).decode()
     for name in ("lookups_total", "blocks_total", "evictions_total", "bytes", "entries", "capacity_bytes"):
         assert f"extproc_block_hash_cache_{name}" in text
+
+
+def test_a_turn_too_large_to_keep_leaves_no_key_to_the_turn_it_took_over():
+    rng = random.Random(5)
+    chat = [rng.randrange(2**32) for _ in range(1000)]
+    cache = BlockHashCache(1 << 20, checkpoint_tokens=64)
+    _cached(cache, chat, 16, 1337)
+    cache.max_bytes = cache.stats().bytes + 100  # the next turn, far longer, does not fit
+    longer = chat + [rng.randrange(2**32) for _ in range(5000)]
+    assert _cached(cache, longer, 16, 1337) == _uncached(longer, 16, 1337)
+    assert cache.stats().entries == 0 and not cache._index  # the turn it took over is gone, keys too
+    assert _cached(cache, chat, 16, 1337) == _uncached(chat, 16, 1337)
