@@ -98,6 +98,12 @@ EQUIVALENT_CLASSES = {
 }
 # module -> mutant (its name without the module's dotted path) -> (the line it writes, class, why it
 # cannot change behaviour)
+# BlockHashCache._store's live counts, since a prompt takes over the cached prompt it extends
+WHY_LIVE = (
+    "a prompt that extends all of a cached one takes it over and forgets it; no record is left by "
+    "every key otherwise in practice, so the live count only frees one before the LRU would, within "
+    "the same byte bound"
+)
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
     "router/aic.py": {
         "x_admission_estimate__mutmut_15": (
@@ -418,6 +424,41 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/hashing.py": {
+        "xǁBlockHashCacheǁ_store__mutmut_10": (
+            "old = None",
+            "performance",
+            WHY_LIVE,
+        ),
+        "xǁBlockHashCacheǁ_store__mutmut_11": (
+            "old = index.get(None)",
+            "performance",
+            WHY_LIVE,
+        ),
+        "xǁBlockHashCacheǁ_store__mutmut_14": (
+            "record.live -= 1",
+            "performance",
+            WHY_LIVE,
+        ),
+        "xǁBlockHashCacheǁ_store__mutmut_15": (
+            "record.live += 2",
+            "performance",
+            WHY_LIVE,
+        ),
+        "xǁBlockHashCacheǁ_store__mutmut_17": (
+            "old.live = 1",
+            "performance",
+            WHY_LIVE,
+        ),
+        "xǁBlockHashCacheǁ_store__mutmut_18": (
+            "old.live += 1",
+            "performance",
+            WHY_LIVE,
+        ),
+        "xǁBlockHashCacheǁ_store__mutmut_21": (
+            "self._drop(None)",
+            "performance",
+            WHY_LIVE,
+        ),
         "xǁ_Recordǁ__init____mutmut_3": (
             "self.live = 1  # checkpoints that lead here (a later prompt takes over the ones it shares)",
             "performance",
@@ -513,21 +554,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "if len(seq) < len(record.seq):",
             "performance",
             "a chain as long as the known one is the same hashes: an equal copy replaces it, 0 bytes grow",
-        ),
-        "xǁBlockHashCacheǁ_evict__mutmut_4": (
-            "_, record = self._records.popitem(last=None)",
-            "same-value",
-            "popitem reads last for its truth: None pops the oldest as False does",
-        ),
-        "xǁBlockHashCacheǁ_evict__mutmut_13": (
-            "record.live = None",
-            "same-value",
-            "an evicted record is unindexed (every key leading to it deleted): its live count is never read",
-        ),
-        "xǁBlockHashCacheǁ_evict__mutmut_14": (
-            "record.live = 1",
-            "same-value",
-            "an evicted record is unindexed (every key leading to it deleted): its live count is never read",
         ),
         "xǁBlockHashCacheǁ_drop__mutmut_3": (
             "if self._records.pop(id(record), ) is record:",
@@ -1948,7 +1974,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "request/parse.py": {
-        "x_parse_shared_body__mutmut_12": (
+        "x__refuse_lone_surrogates__mutmut_1": (
             "if escaped or _has_lone_surrogate(value):",
             "same-value",
             "the text is strict UTF-8: a lone surrogate in a value can only come from an escape",

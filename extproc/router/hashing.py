@@ -213,13 +213,8 @@ class BlockHashCache:
 
     def _evict(self) -> None:
         while self._bytes > self.max_bytes and self._records:
-            _, record = self._records.popitem(last=False)
-            self._bytes -= record.size
+            self._forget(next(iter(self._records.values())))  # the least recently used
             self._evictions += 1
-            for key in record.keys:
-                if self._index.get(key) is record:
-                    del self._index[key]
-            record.live = 0
 
     def _forget(self, record: _Record) -> None:
         """`record` out of the index and the LRU (the caller holds the lock)."""
