@@ -206,8 +206,7 @@ def parse_shared_body(
     if loaded is None:
         return None
     value, escaped = loaded
-    if escaped and _has_lone_surrogate(value):
-        raise RequestInvalid("request body contains an unpaired UTF-16 surrogate escape")
+    _refuse_lone_surrogates(value, escaped)
     return _request_of(value, CHAT_PATH, len(body))
 
 
@@ -251,9 +250,14 @@ def _load_json(body: bytes, prefixes: BodyPrefixes | None = None) -> Any:
         raise RequestInvalid("request body is nested too deeply") from e
     except ValueError as e:  # JSONDecodeError, NaN/Infinity, integers over the int-digits limit
         raise RequestInvalid(f"request body is not valid JSON: {e}") from e
+    _refuse_lone_surrogates(value, escaped)
+    return value
+
+
+def _refuse_lone_surrogates(value: Any, escaped: bool) -> None:
+    """`escaped`: whether the text holds a surrogate escape at all (a value can only get one so)."""
     if escaped and _has_lone_surrogate(value):
         raise RequestInvalid("request body contains an unpaired UTF-16 surrogate escape")
-    return value
 
 
 def _reject_constant(name: str) -> NoReturn:
