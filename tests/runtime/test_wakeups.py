@@ -1,0 +1,216 @@
+"""The picker's event loop holds sockets between reads (extproc/runtime/wakeups.py), on real sockets.
+
+A held socket must be read again when the loop wakes for anything else, at once when bytes already
+wait as the loop is about to sleep (a flood is never slowed to one read per delay), and by the
+delay at the latest; closing a held transport is harmless. Data that arrives "while the loop
+sleeps" is sent by a thread once the selector has checked for waiting bytes and computed its
+sleep (it reads its clock last), so no test depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from extproc.runtime import wakeups
+from extproc.runtime.wakeups import DeferringSelector, deferring_selector, new_event_loop
+
+BOUND_S = 20.0  # every wait of these tests ends well before this unless the selector is wrong
+
+
+class Received(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self._waiter: tuple[int, asyncio.Future[None]] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+        if self._waiter is not None and len(self.data) >= self._waiter[0] and not self._waiter[1].done():
+            self._waiter[1].set_result(None)
+
+    async def until(self, size: int) -> None:
+        if len(self.data) >= size:
+            return
+        self._waiter = (size, asyncio.get_running_loop().create_future())
+        await asyncio.wait_for(self._waiter[1], BOUND_S)
+
+
+async def _connected() -> tuple[Received, socket.socket]:
+    ours, peer = socket.socketpair()
+    _, protocol = await asyncio.get_running_loop().create_connection(Received, sock=ours)
+    return protocol, peer
+
+
+class SleepSignal:
+    """A selector clock that tells a thread when the selector is about to sleep (armed once)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.sleeping = threading.Event()
+
+    def __call__(self) -> float:
+        if self.armed:
+            self.armed = False
+            self.sleeping.set()
+        return time.monotonic()
+
+
+def _loop_with(clock: Callable[[], float]) -> asyncio.AbstractEventLoop:
+    selector = DeferringSelector(clock)
+    loop = asyncio.SelectorEventLoop(selector)
+    wakeups._SELECTORS[loop] = selector
+    return loop
+
+
+def _run(main: Callable[[], object], clock: Callable[[], float] = time.monotonic) -> None:
+    with asyncio.Runner(loop_factory=lambda: _loop_with(clock)) as runner:
+        runner.run(main())  # type: ignore[arg-type]
+
+
+def test_the_picker_loop_is_found_and_any_other_is_not() -> None:
+    async def ours() -> None:
+        assert isinstance(deferring_selector(), DeferringSelector)
+
+    async def theirs() -> None:
+        assert deferring_selector() is None
+
+    wakeups.run(ours())
+    asyncio.run(theirs())
+    loop = new_event_loop()
+    try:
+        assert deferring_selector(loop) is not None
+    finally:
+        loop.close()
+
+
+def test_bytes_that_arrive_while_held_wait_for_the_next_wake_up_for_something_else() -> None:
+    signal = SleepSignal()
+
+    async def main() -> None:
+        held, held_peer = await _connected()
+        other, other_peer = await _connected()
+        selector = deferring_selector()
+        assert selector is not None and held.transport is not None
+        assert selector.hold(held.transport, max_delay_s=3600.0)
+
+        def sender() -> None:
+            signal.sleeping.wait(BOUND_S)
+            held_peer.send(b"held")  # arrives while the loop sleeps: nothing wakes it for this
+            other_peer.send(b"wake")  # something else wakes it
+
+        signal.armed = True
+        thread = threading.Thread(target=sender)
+        thread.start()
+        await other.until(4)
+        await held.until(4)  # within an hour: read with the wake-up `other` caused
+        thread.join(BOUND_S)
+        assert held.data == b"held"
+        assert (selector.stats.on_wake, selector.stats.deadline, selector.stats.waiting) == (1, 0, 0)
+        held_peer.close()
+        other_peer.close()
+
+    _run(main, signal)
+
+
+def test_a_held_socket_wakes_the_loop_at_its_delay_when_nothing_else_does() -> None:
+    signal = SleepSignal()
+
+    async def main() -> None:
+        held, peer = await _connected()
+        selector = deferring_selector()
+        assert selector is not None and held.transport is not None
+        assert selector.hold(held.transport, max_delay_s=0.05)
+
+        def sender() -> None:
+            signal.sleeping.wait(BOUND_S)
+            peer.send(b"late")
+
+        signal.armed = True
+        thread = threading.Thread(target=sender)
+        thread.start()
+        await held.until(4)  # nothing else happens on this loop: only the delay ends its sleep
+        thread.join(BOUND_S)
+        assert held.data == b"late"
+        assert selector.stats.deadline == 1 and selector.stats.on_wake == 0
+        peer.close()
+
+    _run(main, signal)
+
+
+def test_bytes_already_waiting_when_the_loop_is_about_to_sleep_are_read_at_once() -> None:
+    async def main() -> None:
+        received, peer = await _connected()
+        selector = deferring_selector()
+        assert selector is not None and received.transport is not None
+        transport = received.transport
+        original = received.data_received
+
+        def hold_after_each_read(data: bytes) -> None:  # what nats_reads does after each read
+            original(data)
+            selector.hold(transport, max_delay_s=3600.0)
+
+        received.data_received = hold_after_each_read  # type: ignore[method-assign]
+        for n in range(1, 6):  # each chunk is in the socket before the loop would sleep, held
+            peer.send(b"x" * 1000)
+            await received.until(1000 * n)  # with an hour's delay, only reading what waits ends this
+        assert len(received.data) == 5000
+        assert (selector.stats.waiting, selector.stats.deadline) == (4, 0)  # the first read held nothing
+        peer.close()
+
+    _run(main)
+
+
+def test_a_loop_busy_with_callbacks_still_reads_a_held_socket_by_its_delay() -> None:
+    async def main() -> None:
+        held, peer = await _connected()
+        selector = deferring_selector()
+        assert selector is not None and held.transport is not None
+        assert selector.hold(held.transport, max_delay_s=0.02)
+        peer.send(b"busy")
+        deadline = time.monotonic() + BOUND_S
+        while not held.data and time.monotonic() < deadline:
+            await asyncio.sleep(0)  # never sleeps: every select of the loop is a poll
+        assert held.data == b"busy"
+        assert selector.stats.deadline == 1 and selector.stats.on_wake == 0
+        peer.close()
+
+    _run(main)
+
+
+def test_a_held_transport_that_closes_is_dropped_not_resumed() -> None:
+    async def main() -> None:
+        held, peer = await _connected()
+        selector = deferring_selector()
+        assert selector is not None and held.transport is not None
+        assert selector.hold(held.transport, max_delay_s=0.01)
+        held.transport.close()
+        deadline = time.monotonic() + BOUND_S
+        while selector.holding and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # a timer wake-up: what is held is let go
+        assert selector.holding == 0 and selector.stats.closed == 1
+        peer.close()
+
+    _run(main)
+
+
+@pytest.mark.parametrize("delay", [0.0, -1.0])
+def test_no_delay_holds_nothing(delay: float) -> None:
+    async def main() -> None:
+        held, peer = await _connected()
+        selector = deferring_selector()
+        assert selector is not None and held.transport is not None
+        assert not selector.hold(held.transport, max_delay_s=delay)
+        assert selector.holding == 0 and held.transport.is_reading()
+        peer.close()
+
+    _run(main)
