@@ -217,9 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from extproc.events.nats_security import NatsRefused
         from extproc.runtime.server import serve
         from extproc.runtime.tls import TlsError
+        from extproc.runtime.wakeups import run
 
         try:
-            asyncio.run(serve(config, ports_file=args.ports_file))
+            run(serve(config, ports_file=args.ports_file))
         except TlsError as exc:  # unusable certificate files
             print(f"extproc serve: {exc}", file=sys.stderr)
             return 2

@@ -47,6 +47,7 @@ class EventsConfig:
     replica_sync_lease_s: float = 5.0  # silence after which the others forget its requests
     replica_sync_batch_s: float = 0.01  # lifecycle messages gathered this long into one batch (0: none)
     queue_size: int = 10_000  # per subscription: ZMQ SUB high-water mark, NATS pending messages
+    nats_read_delay_s: float = 0.05  # NATS is read with the loop's next wake-up, or after this at most
     nats_tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)
     nats_creds_file: str | None = None  # a NATS .creds file (JWT + nkey seed)
     nats_user: str | None = None
@@ -159,6 +160,16 @@ EVENT_QUEUE_SIZE = Option(
     "the picker is busy. Beyond it messages are dropped, counted, and the worker resynchronised.",
 )
 
+NATS_READ_DELAY_MS = Option(
+    "--nats-read-delay-ms",
+    float,
+    50.0,
+    "NATS messages (KV events, replica sync, JetStream replies) are read when the picker wakes up "
+    "for anything else (an ext_proc message, a timer), or after this many milliseconds at most: a "
+    "wake-up costs the picker several times what handling a message does. Bytes already waiting "
+    "are read at once. 0 reads each message as it arrives.",
+)
+
 EVENT_OPTIONS: tuple[Option[Any], ...] = (
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
@@ -175,6 +186,7 @@ EVENT_OPTIONS: tuple[Option[Any], ...] = (
     REPLICA_SYNC_LEASE_SECS,
     REPLICA_SYNC_BATCH_MS,
     EVENT_QUEUE_SIZE,
+    NATS_READ_DELAY_MS,
 )
 
 NATS_CREDS_FILE: Option[str | None] = Option(
@@ -259,6 +271,7 @@ def read_events(reader: Reader) -> EventsConfig:
     lease_s = read(REPLICA_SYNC_LEASE_SECS)
     batch_ms = read(REPLICA_SYNC_BATCH_MS)
     queue_size = read(EVENT_QUEUE_SIZE)
+    read_delay_ms = read(NATS_READ_DELAY_MS)
     creds_file = read(NATS_CREDS_FILE)
     user = read(NATS_USER)
     password = read(NATS_PASSWORD)
@@ -296,6 +309,8 @@ def read_events(reader: Reader) -> EventsConfig:
         raise ConfigError(
             f"invalid replica-sync-batch-ms={batch_ms}: expected >= 0 and below the heartbeat interval"
         )
+    if not 0 <= read_delay_ms <= 1000:
+        raise ConfigError(f"invalid nats-read-delay-ms={read_delay_ms}: expected >= 0 and <= 1000")
     if snapshot_threshold < 1:
         raise ConfigError(f"invalid router-snapshot-threshold={snapshot_threshold}: expected >= 1")
     return EventsConfig(
@@ -314,6 +329,7 @@ def read_events(reader: Reader) -> EventsConfig:
         replica_sync_lease_s=lease_s,
         replica_sync_batch_s=batch_ms / 1000,
         queue_size=queue_size,
+        nats_read_delay_s=read_delay_ms / 1000,
         nats_tls=ClientTlsConfig(ca_file=tls_ca_file, cert_file=tls_cert_file, key_file=tls_key_file),
         nats_creds_file=creds_file,
         nats_user=user,

@@ -31,6 +31,7 @@ import nats.errors
 from extproc.config import EventsConfig
 from extproc.events.counters import EventCounters
 from extproc.events.nats_events import NatsLink
+from extproc.events.nats_reads import defer_reads
 from extproc.runtime.tls import client_ssl_context
 
 log = logging.getLogger("extproc.events.nats")
@@ -57,11 +58,15 @@ async def connect_nats(events: EventsConfig, *, name: str, counters: EventCounte
     options = nats_connect_options(events)
     await _first_attempt(url, events, options)
     link = await NatsLink.connect(url, name=name, counters=counters, **options)
+    not_deferred = defer_reads(link.nc, events.nats_read_delay_s)
     log.info(
-        "connected to NATS at %s (%s, %s)",
+        "connected to NATS at %s (%s, %s); %s",
         url,
         "TLS" if "tls" in options or url.startswith("tls://") else "plaintext",
         authentication(events),
+        f"messages read as they arrive: {not_deferred}"
+        if not_deferred
+        else f"messages read with the picker's next wake-up, within {1000 * events.nats_read_delay_s:g} ms",
     )
     return link
 

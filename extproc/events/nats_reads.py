@@ -1,0 +1,49 @@
+"""A NATS connection whose socket the picker reads when it is awake anyway (`--nats-read-delay-ms`).
+
+Every KV event and replica sync message used to wake the picker on its own, and the wake-up cost
+it several times what the message did (`extproc/runtime/wakeups.py`). Here, after each read of
+the connection's socket, the picker's loop holds the socket (`DeferringSelector.hold`) for at
+most the delay: what arrives meanwhile is read with the loop's next wake-up for anything else
+(an ext_proc message, a timer), at once if it is already waiting when the loop is about to sleep,
+and by the delay at the latest. While the picker is idle a NATS message is thus handled up to the
+delay later (a request/reply round trip, a `flush`, likewise); while it routes, with the next
+ext_proc message; a flood, as fast as before.
+
+This reaches into nats.py: it wraps the `read` of the client's `TcpTransport` (one object for the
+life of a client: nats.py reconnects it in place) and holds the asyncio transport under its
+current stream writer. With any other transport (websocket), a TLS connection, or a loop not made
+by `extproc.runtime.wakeups.new_event_loop`, nothing is held and `defer_reads` says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.transport import TcpTransport
+
+from extproc.runtime.wakeups import deferring_selector
+
+
+def defer_reads(nc: NatsClient, max_delay_s: float) -> str | None:
+    """Hold `nc`'s socket between reads for up to `max_delay_s`; None when done, else why not."""
+    if max_delay_s <= 0:
+        return "off (--nats-read-delay-ms 0)"
+    selector = deferring_selector()
+    if selector is None:
+        return "the event loop is not the picker's (extproc.runtime.wakeups)"
+    found = getattr(nc, "_transport", None)
+    if not isinstance(found, TcpTransport) or not hasattr(found, "_io_writer"):
+        return f"nats.py's transport is {type(found).__name__}, not the TcpTransport this knows"
+    transport: Any = found
+    read = transport.read
+
+    async def read_then_hold(size: int) -> bytes:
+        data: bytes = await read(size)
+        writer = transport._io_writer  # the current stream: replaced by a reconnect or a TLS upgrade
+        if data and writer is not None:
+            selector.hold(writer.transport, max_delay_s)
+        return data
+
+    transport.read = read_then_hold
+    return None
