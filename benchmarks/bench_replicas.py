@@ -174,17 +174,19 @@ def write_config(workers: Sequence[Proc], path: Path) -> Path:
 
 
 def start_picker(
-    name: str, config: Path, nats_url: str, tmp: Path, *, sync: bool, repo: Path, extra: Sequence[str] = ()
-) -> Proc:
+    name: str, config: Path, nats_url: str, tmp: Path, *, sync: bool, repo: Path, extra: Sequence[str] = (),
+    sync_extra: Sequence[str] = (),
+) -> Proc:  # fmt: skip
     ports_file = tmp / f"{name}.ports.json"
     argv = [
         sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", "0",
         "--health-port", "0", "--admin-port", "0", "--ports-file", str(ports_file),
         "--nats-url", nats_url, "--namespace", NAMESPACE, "--router-kv-events", "--log-level", "warning",
         "--shutdown-grace-secs", "0",
+        *extra,
     ]  # fmt: skip
     if sync:
-        argv += ["--router-replica-sync", "--router-id", name, *extra]
+        argv += ["--router-replica-sync", "--router-id", name, *sync_extra]
     env = {**os.environ, "PYTHONPATH": str(repo)}  # `-m extproc` from `repo` (a checkout to compare)
     process = ManagedProcess(argv, log_path=tmp / f"{name}.log", ports_file=ports_file, env=env, cwd=repo)
     return Proc(name, process.start())
@@ -456,7 +458,7 @@ async def transport_probe(nats_url: str, picker: Proc, seconds: float, idle_rate
 
 async def run_setup(
     name: str, replicas: int, observers: bool, nats_url: str, args: argparse.Namespace, tmp: Path,
-    prompts: Sequence[bytes], repo: Path, extra: Sequence[str],
+    prompts: Sequence[bytes], repo: Path, extra: Sequence[str], sync_extra: Sequence[str],
 ) -> dict[str, Any]:  # fmt: skip
     log(f"{name}: starting {args.workers} workers and {replicas} picker(s)")
     stage = tmp / name
@@ -468,13 +470,24 @@ async def run_setup(
         config = write_config(workers, stage / "picker.yaml")
         sync = replicas > 1
         pickers = [
-            start_picker(f"r{i}", config, nats_url, stage, sync=sync, repo=repo, extra=extra)
+            start_picker(
+                f"r{i}", config, nats_url, stage, sync=sync, repo=repo, extra=extra, sync_extra=sync_extra
+            )
             for i in range(replicas)
         ]
         if observers:
             observing = [
-                start_picker("observer_sync", config, nats_url, stage, sync=True, repo=repo, extra=extra),
-                start_picker("observer_kv", config, nats_url, stage, sync=False, repo=repo),
+                start_picker(
+                    "observer_sync",
+                    config,
+                    nats_url,
+                    stage,
+                    sync=True,
+                    repo=repo,
+                    extra=extra,
+                    sync_extra=sync_extra,
+                ),
+                start_picker("observer_kv", config, nats_url, stage, sync=False, repo=repo, extra=extra),
             ]
         everyone = pickers + observing
         for p in everyone:
@@ -566,7 +579,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--compare-batch-ms", type=float, metavar="MS",
                         help="`before`'s replicas with this --replica-sync-batch-ms (this checkout unless "
                         "--compare-repo)")  # fmt: skip
+    parser.add_argument("--read-delay-ms", type=float, default=None,
+                        help="every picker's --nats-read-delay-ms (default: theirs)")  # fmt: skip
+    parser.add_argument("--compare-read-delay-ms", type=float, metavar="MS",
+                        help="`before`'s pickers with this --nats-read-delay-ms (this checkout unless "
+                        "--compare-repo)")  # fmt: skip
     parser.add_argument("--gpu-blocks", type=int, default=4096, help="mock workers' KV blocks (evictions)")
+    parser.add_argument("--single-only", action="store_true", help="only the single picker (no ratio)")
     parser.add_argument("--no-observers", action="store_true", help="no observer pickers (no attribution)")
     parser.add_argument("--py-spy", metavar="PATH", help="profile observer_sync (or r0) over the window")
     parser.add_argument("--log-dir", type=Path, help="keep child logs here (default: a temporary directory)")
@@ -583,30 +602,50 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     prompts = make_prompts(4000, args.seed, args.max_tokens)
     variants = {"after": REPO_ROOT}
-    if args.compare_repo is not None or args.compare_batch_ms is not None:
+    if (
+        args.compare_repo is not None
+        or args.compare_batch_ms is not None
+        or args.compare_read_delay_ms is not None
+    ):
         before = REPO_ROOT if args.compare_repo is None else args.compare_repo.resolve()
         variants = {"before": before, "after": REPO_ROOT}
-    extra = [] if args.batch_ms is None else ["--replica-sync-batch-ms", str(args.batch_ms)]
-    extra_before = (
-        [] if args.compare_batch_ms is None else ["--replica-sync-batch-ms", str(args.compare_batch_ms)]
-    )
+    sync_flags = {
+        "after": [] if args.batch_ms is None else ["--replica-sync-batch-ms", str(args.batch_ms)],
+        "before": []
+        if args.compare_batch_ms is None
+        else ["--replica-sync-batch-ms", str(args.compare_batch_ms)],
+    }
+    flags = {
+        "after": [] if args.read_delay_ms is None else ["--nats-read-delay-ms", str(args.read_delay_ms)],
+        "before": []
+        if args.compare_read_delay_ms is None
+        else ["--nats-read-delay-ms", str(args.compare_read_delay_ms)],
+    }
     many_name = f"replicas{args.replicas}"
     nats = start_nats_server(None, jetstream=False, store_dir=tmp / "nats")
     results: dict[str, dict[str, Any]] = {v: {} for v in variants}
     try:
-        for setup in ("single", many_name):
+        for setup in ("single", many_name)[: 1 if args.single_only else 2]:
             for variant, repo in variants.items():
                 name = f"{setup}-{variant}" if len(variants) > 1 else setup
                 replicas = 1 if setup == "single" else args.replicas
                 observers = setup != "single" and not args.no_observers
-                flags = extra if variant == "after" else extra_before
                 results[variant][setup] = await run_setup(
-                    name, replicas, observers, nats.url, args, tmp, prompts, repo, flags
+                    name,
+                    replicas,
+                    observers,
+                    nats.url,
+                    args,
+                    tmp,
+                    prompts,
+                    repo,
+                    flags[variant],
+                    sync_flags[variant],
                 )
     finally:
         nats.stop(grace_s=2.0)
     ratios: dict[str, dict[str, float]] = {}
-    for variant, setups in results.items():
+    for variant, setups in results.items() if not args.single_only else ():
         single = setups["single"]["cpu_s"]["r0"]
         many = setups[many_name]["cpu_s"]
         ratios[variant] = {f"r{i}": round(many[f"r{i}"] / single, 3) for i in range(args.replicas)}
