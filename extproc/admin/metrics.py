@@ -14,6 +14,7 @@ large to bring back from one (routed on load alone), and parse workers lost.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import fields
 
@@ -24,6 +25,7 @@ from extproc.events.feed import EVENT_FED, PREDICTED, STALE
 from extproc.events.sources import EventSources
 from extproc.picker.body_parser import ParseStats
 from extproc.picker.pipeline import EndpointPicker
+from extproc.runtime.wakeups import DeferringSelector, HoldStats, deferring_selector
 
 SOURCES = (PREDICTED, EVENT_FED, STALE)
 
@@ -34,6 +36,9 @@ class PickerCollector(Collector):
     def __init__(self, picker: EndpointPicker, sources: EventSources) -> None:
         self.picker = picker
         self.sources = sources
+        self.selector: DeferringSelector | None = None  # the picker's loop holds NATS reads (wakeups.py)
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing is held
+            self.selector = deferring_selector()
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model", "worker", "dp_rank"]
@@ -116,6 +121,21 @@ class PickerCollector(Collector):
         for (source_name, worker_id, reason), value in sorted(self.sources.counters.drops.items()):
             dropped.add_metric([source_name, worker_id, reason], value)
         yield dropped
+        if self.selector is not None:
+            yield _held_read_metrics(self.selector.stats)
+
+
+def _held_read_metrics(stats: HoldStats) -> Metric:
+    held = CounterMetricFamily(
+        "extproc_held_reads",
+        "Reads of the NATS socket held after a read (--nats-read-delay-ms), by what let them go: the "
+        "loop woke for something else (on_wake), bytes were waiting as it was about to sleep "
+        "(waiting), the delay ran out (deadline), the connection closed (closed).",
+        labels=["released"],
+    )
+    for reason in ("on_wake", "waiting", "deadline", "closed"):
+        held.add_metric([reason], getattr(stats, reason))
+    return held
 
 
 def _body_parse_metrics(stats: ParseStats) -> Iterator[Metric]:

@@ -15,6 +15,7 @@ import random
 import signal
 import sys
 import threading
+import urllib.request
 
 import nats
 
@@ -177,11 +178,15 @@ def test_extproc_serve_runs_on_the_loop_that_holds_nats_reads(nats_server, tmp_p
     ports_file = tmp_path / "ports.json"
     argv = [
         sys.executable, "-m", "extproc", "serve", "--config", str(config), "--port", "0",
-        "--health-port", "0", "--ports-file", str(ports_file), "--nats-url", nats_server.url,
-        "--router-kv-events", "--nats-read-delay-ms", "15",
+        "--health-port", "0", "--admin-port", "0", "--ports-file", str(ports_file),
+        "--nats-url", nats_server.url, "--router-kv-events", "--nats-read-delay-ms", "15",
     ]  # fmt: skip
     log_path = tmp_path / "serve.log"
     with ManagedProcess(argv, log_path=log_path, ports_file=ports_file) as serve:
-        serve.ports(30.0)  # listening: NATS was connected before
+        admin = serve.ports(30.0)["admin_port"]  # listening: NATS was connected before
         text = log_path.read_text()
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
     assert "messages read with the picker's next wake-up, within 15 ms" in text, text[-2000:]
+    for reason in ("on_wake", "waiting", "deadline", "closed"):
+        assert f'extproc_held_reads_total{{released="{reason}"}}' in metrics
