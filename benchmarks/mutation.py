@@ -83,6 +83,8 @@ MODULES: dict[str, list[str]] = {
     "request/anthropic.py": ["tests/request/test_anthropic.py", "tests/request/test_anthropic_mutants.py"],
     "request/json_type.py": ["tests/request/test_parse.py", "tests/request/test_parse_mutants.py"],
     "epp/answers.py": ["tests/epp/test_answers.py", "tests/epp/test_answers_mutants.py"],
+    # the picker's loop: held sockets, on real sockets
+    "runtime/wakeups.py": ["tests/runtime/test_wakeups.py"],
 }
 
 EQUIVALENT_CLASSES = {
@@ -105,6 +107,33 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "runtime/wakeups.py": {
+        "x__waiting__mutmut_6": (
+            'return struct.unpack("I", fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_BUF))[0] > 0',
+            "same-value",
+            "FIONREAD's count of bytes is never negative: signed and unsigned read it alike",
+        ),
+        "xǁDeferringSelectorǁ_before_sleep__mutmut_11": (
+            "elif deadline is None or held.deadline <= deadline:",
+            "same-value",
+            "of two equal deadlines either is the earliest",
+        ),
+        "xǁDeferringSelectorǁ_before_sleep__mutmut_25": (
+            "return until if timeout is None or until <= timeout else timeout",
+            "same-value",
+            "when the delay left equals the loop's timeout, either is the same sleep",
+        ),
+        "xǁDeferringSelectorǁ_release_all__mutmut_4": (
+            "if woken or now <= held.deadline:",
+            "margin",
+            "only the reason a release is counted under changes, when the clock reads the deadline exactly",
+        ),
+        "xǁDeferringSelectorǁ_release_due__mutmut_3": (
+            "if held.deadline < now:",
+            "margin",
+            "a socket whose delay ends exactly now is read at the next poll instead",
+        ),
+    },
     "router/aic.py": {
         "x_admission_estimate__mutmut_15": (
             "return PrefillEstimate(wait + own_ms, own_ms, tokens, None)",

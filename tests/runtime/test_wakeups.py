@@ -10,10 +10,14 @@ sleep (it reads its clock last), so no test depends on timing.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,10 +49,24 @@ class Received(asyncio.Protocol):
         await asyncio.wait_for(self._waiter[1], BOUND_S)
 
 
+_OPEN: list[asyncio.BaseTransport] = []  # closed by `_closing` at the end of each test's coroutine
+
+
 async def _connected() -> tuple[Received, socket.socket]:
     ours, peer = socket.socketpair()
-    _, protocol = await asyncio.get_running_loop().create_connection(Received, sock=ours)
+    transport, protocol = await asyncio.get_running_loop().create_connection(Received, sock=ours)
+    _OPEN.append(transport)
     return protocol, peer
+
+
+async def _closing(main: Coroutine[Any, Any, None]) -> None:
+    try:
+        await main
+    finally:
+        for transport in _OPEN:
+            transport.close()
+        _OPEN.clear()
+        await asyncio.sleep(0)  # the transports' connection_lost callbacks run
 
 
 class SleepSignal:
@@ -74,7 +92,7 @@ def _loop_with(clock: Callable[[], float]) -> asyncio.AbstractEventLoop:
 
 def _run(main: Callable[[], object], clock: Callable[[], float] = time.monotonic) -> None:
     with asyncio.Runner(loop_factory=lambda: _loop_with(clock)) as runner:
-        runner.run(main())  # type: ignore[arg-type]
+        runner.run(_closing(main()))  # type: ignore[arg-type]
 
 
 def test_the_picker_loop_is_found_and_any_other_is_not() -> None:
@@ -175,13 +193,14 @@ def test_a_loop_busy_with_callbacks_still_reads_a_held_socket_by_its_delay() -> 
         held, peer = await _connected()
         selector = deferring_selector()
         assert selector is not None and held.transport is not None
-        assert selector.hold(held.transport, max_delay_s=0.02)
-        peer.send(b"busy")
         deadline = time.monotonic() + BOUND_S
-        while not held.data and time.monotonic() < deadline:
-            await asyncio.sleep(0)  # never sleeps: every select of the loop is a poll
-        assert held.data == b"busy"
-        assert selector.stats.deadline == 1 and selector.stats.on_wake == 0
+        for n in (1, 2):
+            assert selector.hold(held.transport, max_delay_s=0.02)
+            peer.send(b"busy")
+            while len(held.data) < 4 * n and time.monotonic() < deadline:
+                await asyncio.sleep(0)  # never sleeps: every select of the loop is a poll
+            assert held.data == b"busy" * n
+            assert selector.stats.deadline == n and selector.stats.on_wake == 0
         peer.close()
 
     _run(main)
@@ -198,6 +217,13 @@ def test_a_held_transport_that_closes_is_dropped_not_resumed() -> None:
         while selector.holding and time.monotonic() < deadline:
             await asyncio.sleep(0.01)  # a timer wake-up: what is held is let go
         assert selector.holding == 0 and selector.stats.closed == 1
+        other, other_peer = await _connected()
+        assert other.transport is not None and selector.hold(other.transport, max_delay_s=0.01)
+        other.transport.close()
+        while selector.holding and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert selector.stats.closed == 2
+        other_peer.close()
         peer.close()
 
     _run(main)
@@ -214,3 +240,102 @@ def test_no_delay_holds_nothing(delay: float) -> None:
         peer.close()
 
     _run(main)
+
+
+def test_a_timer_wake_up_reads_what_is_held_and_each_release_is_counted() -> None:
+    async def main() -> None:
+        held, peer = await _connected()
+        selector = deferring_selector()
+        assert selector is not None and held.transport is not None
+        for n in (1, 2):
+            assert selector.hold(held.transport, max_delay_s=3600.0)
+            assert selector.hold(held.transport, max_delay_s=3600.0)  # held already: nothing more
+            assert not held.transport.is_reading()
+            await asyncio.sleep(0.001)  # a timer, not the held socket, wakes the loop
+            assert selector.holding == 0 and held.transport.is_reading()
+            assert (selector.stats.held, selector.stats.on_wake, selector.stats.deadline) == (n, n, 0)
+        peer.close()
+
+    wakeups.run(_closing(main()))  # the loop `extproc serve` runs on
+
+
+def test_the_sleep_ends_by_the_earliest_delay_and_never_later_than_the_loop_asked() -> None:
+    loop = new_event_loop()
+    selector = deferring_selector(loop)
+    assert selector is not None
+    try:
+        held, peer = loop.run_until_complete(_connected())
+        assert held.transport is not None
+        assert selector.hold(held.transport, max_delay_s=0.05)
+        for timeout in (None, 30.0):  # the loop would sleep long or forever: the delay ends it
+            started = time.monotonic()
+            assert selector.select(timeout) == []
+            assert time.monotonic() - started < 15.0
+            assert selector.holding == 0 and selector.stats.deadline >= 1
+            assert selector.hold(held.transport, max_delay_s=0.05)
+        selector.select(0.05)  # let it go (the delay is due)
+        assert selector.hold(held.transport, max_delay_s=3600.0)
+        started = time.monotonic()
+        assert selector.select(0.01) == []  # a shorter sleep than the delay is kept
+        assert time.monotonic() - started < 15.0
+        peer.close()
+        loop.run_until_complete(_closing(asyncio.sleep(0)))
+    finally:
+        loop.close()
+
+
+def test_one_waiting_byte_is_enough_to_be_read_before_a_sleep() -> None:
+    async def main() -> None:
+        held, peer = await _connected()
+        selector = deferring_selector()
+        assert selector is not None and held.transport is not None
+        assert selector.hold(held.transport, max_delay_s=3600.0)
+        peer.send(b"1")
+        await held.until(1)
+        assert selector.stats.waiting == 1
+        peer.close()
+
+    _run(main)
+
+
+def test_tls_and_pipe_transports_are_not_held(tmp_path: Path) -> None:
+    from tests.certs import TestCa
+
+    ca = TestCa(tmp_path / "ca", "wakeups-ca")
+    issued = ca.issue("localhost")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(issued.cert_file, issued.key_file)
+    client_ctx = ssl.create_default_context(cafile=ca.ca_file)
+
+    async def main() -> None:
+        selector = deferring_selector()
+        assert selector is not None
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            _, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=client_ctx, server_hostname="localhost"
+            )
+            assert not selector.hold(writer.transport, max_delay_s=1.0)  # type: ignore[arg-type]
+            writer.close()
+        finally:
+            server.close()
+        read_fd, write_fd = os.pipe()
+        try:
+            pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
+                asyncio.Protocol, os.fdopen(read_fd, "rb")
+            )
+            assert not selector.hold(pipe, max_delay_s=1.0)  # type: ignore[arg-type]
+            assert selector.holding == 0 and selector.stats.held == 0
+            pipe.close()
+        finally:
+            os.close(write_fd)
+
+    _run(main)
+
+
+def test_a_socket_that_cannot_be_asked_counts_as_waiting() -> None:
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    os.close(write_fd)
+    assert wakeups._waiting(read_fd)  # closed: let its owner read and see why
