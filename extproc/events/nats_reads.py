@@ -7,7 +7,7 @@ most the delay: what arrives meanwhile is read with the loop's next wake-up for 
 (an ext_proc message, a timer), at once if it is already waiting when the loop is about to sleep,
 and by the delay at the latest. While the picker is idle a NATS message is thus handled up to the
 delay later (a request/reply round trip, a `flush`, likewise); while it routes, with the next
-ext_proc message; a flood, as fast as before.
+ext_proc message; bytes already waiting, at once.
 
 This reaches into nats.py: it wraps the `read` of the client's `TcpTransport` (one object for the
 life of a client: nats.py reconnects it in place) and holds the asyncio transport under its
@@ -36,6 +36,8 @@ def defer_reads(nc: NatsClient, max_delay_s: float) -> str | None:
     if not isinstance(found, TcpTransport) or not hasattr(found, "_io_writer"):
         return f"nats.py's transport is {type(found).__name__}, not the TcpTransport this knows"
     transport: Any = found
+    if transport._io_writer is not None and transport._io_writer.get_extra_info("sslcontext") is not None:
+        return "a TLS connection (its transport reads the socket into buffers of its own)"
     read = transport.read
 
     async def read_then_hold(size: int) -> bytes:

@@ -24,6 +24,7 @@ from extproc.events.nats_security import NatsRefused, connect_nats
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import BlocksStored, StoredBlock, Worker
 from extproc.runtime.server import start_picker
+from extproc.runtime.wakeups import run
 
 from ..certs import Issued, TestCa
 from .conftest import eventually
@@ -141,3 +142,27 @@ async def test_a_refused_picker_says_which_setting_to_fix(tmp_path, secure_nats,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+def test_a_tls_connection_is_read_as_it_arrives_and_says_why(tmp_path, secure_nats, ca, caplog):
+    client = ca.issue("picker", client=True)
+    config = picker_config(
+        tmp_path,
+        secure_nats,
+        *tls_flags(client, ca.ca_file),
+        "--nats-user",
+        USER,
+        "--nats-password",
+        PASSWORD,
+    )
+
+    async def main() -> None:
+        link = await connect_nats(config.events, name="tls-held-reads")
+        try:
+            await link.nc.flush(timeout=5)
+        finally:
+            await link.close()
+
+    with caplog.at_level(logging.INFO, logger="extproc.events.nats"):
+        run(main())  # the picker's own loop: it would hold a plaintext socket
+    assert "messages read as they arrive: a TLS connection" in caplog.text
