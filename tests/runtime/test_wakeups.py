@@ -30,7 +30,7 @@ BOUND_S = 20.0  # every wait of these tests ends well before this unless the sel
 class Received(asyncio.Protocol):
     def __init__(self) -> None:
         self.data = bytearray()
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # set when connected
         self._waiter: tuple[int, asyncio.Future[None]] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -67,6 +67,13 @@ async def _closing(main: Coroutine[Any, Any, None]) -> None:
             transport.close()
         _OPEN.clear()
         await asyncio.sleep(0)  # the transports' connection_lost callbacks run
+
+
+def _picker_selector() -> DeferringSelector:
+    """The running loop's selector (every test here runs on a loop that holds sockets)."""
+    selector = deferring_selector()
+    assert selector is not None
+    return selector
 
 
 class SleepSignal:
@@ -117,8 +124,7 @@ def test_bytes_that_arrive_while_held_wait_for_the_next_wake_up_for_something_el
     async def main() -> None:
         held, held_peer = await _connected()
         other, other_peer = await _connected()
-        selector = deferring_selector()
-        assert selector is not None and held.transport is not None
+        selector = _picker_selector()
         assert selector.hold(held.transport, max_delay_s=3600.0)
 
         def sender() -> None:
@@ -145,8 +151,7 @@ def test_a_held_socket_wakes_the_loop_at_its_delay_when_nothing_else_does() -> N
 
     async def main() -> None:
         held, peer = await _connected()
-        selector = deferring_selector()
-        assert selector is not None and held.transport is not None
+        selector = _picker_selector()
         assert selector.hold(held.transport, max_delay_s=0.05)
 
         def sender() -> None:
@@ -168,8 +173,7 @@ def test_a_held_socket_wakes_the_loop_at_its_delay_when_nothing_else_does() -> N
 def test_bytes_already_waiting_when_the_loop_is_about_to_sleep_are_read_at_once() -> None:
     async def main() -> None:
         received, peer = await _connected()
-        selector = deferring_selector()
-        assert selector is not None and received.transport is not None
+        selector = _picker_selector()
         transport = received.transport
         original = received.data_received
 
@@ -191,8 +195,7 @@ def test_bytes_already_waiting_when_the_loop_is_about_to_sleep_are_read_at_once(
 def test_a_loop_busy_with_callbacks_still_reads_a_held_socket_by_its_delay() -> None:
     async def main() -> None:
         held, peer = await _connected()
-        selector = deferring_selector()
-        assert selector is not None and held.transport is not None
+        selector = _picker_selector()
         deadline = time.monotonic() + BOUND_S
         for n in (1, 2):
             assert selector.hold(held.transport, max_delay_s=0.02)
@@ -209,8 +212,7 @@ def test_a_loop_busy_with_callbacks_still_reads_a_held_socket_by_its_delay() -> 
 def test_a_held_transport_that_closes_is_dropped_not_resumed() -> None:
     async def main() -> None:
         held, peer = await _connected()
-        selector = deferring_selector()
-        assert selector is not None and held.transport is not None
+        selector = _picker_selector()
         assert selector.hold(held.transport, max_delay_s=0.01)
         held.transport.close()
         deadline = time.monotonic() + BOUND_S
@@ -218,7 +220,7 @@ def test_a_held_transport_that_closes_is_dropped_not_resumed() -> None:
             await asyncio.sleep(0.01)  # a timer wake-up: what is held is let go
         assert selector.holding == 0 and selector.stats.closed == 1
         other, other_peer = await _connected()
-        assert other.transport is not None and selector.hold(other.transport, max_delay_s=0.01)
+        assert selector.hold(other.transport, max_delay_s=0.01)
         other.transport.close()
         while selector.holding and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -233,8 +235,7 @@ def test_a_held_transport_that_closes_is_dropped_not_resumed() -> None:
 def test_no_delay_holds_nothing(delay: float) -> None:
     async def main() -> None:
         held, peer = await _connected()
-        selector = deferring_selector()
-        assert selector is not None and held.transport is not None
+        selector = _picker_selector()
         assert not selector.hold(held.transport, max_delay_s=delay)
         assert selector.holding == 0 and held.transport.is_reading()
         peer.close()
@@ -245,8 +246,7 @@ def test_no_delay_holds_nothing(delay: float) -> None:
 def test_a_timer_wake_up_reads_what_is_held_and_each_release_is_counted() -> None:
     async def main() -> None:
         held, peer = await _connected()
-        selector = deferring_selector()
-        assert selector is not None and held.transport is not None
+        selector = _picker_selector()
         for n in (1, 2):
             assert selector.hold(held.transport, max_delay_s=3600.0)
             assert selector.hold(held.transport, max_delay_s=3600.0)  # held already: nothing more
@@ -265,7 +265,6 @@ def test_the_sleep_ends_by_the_earliest_delay_and_never_later_than_the_loop_aske
     assert selector is not None
     try:
         held, peer = loop.run_until_complete(_connected())
-        assert held.transport is not None
         assert selector.hold(held.transport, max_delay_s=0.05)
         for timeout in (None, 30.0):  # the loop would sleep long or forever: the delay ends it
             started = time.monotonic()
@@ -287,8 +286,7 @@ def test_the_sleep_ends_by_the_earliest_delay_and_never_later_than_the_loop_aske
 def test_one_waiting_byte_is_enough_to_be_read_before_a_sleep() -> None:
     async def main() -> None:
         held, peer = await _connected()
-        selector = deferring_selector()
-        assert selector is not None and held.transport is not None
+        selector = _picker_selector()
         assert selector.hold(held.transport, max_delay_s=3600.0)
         peer.send(b"1")
         await held.until(1)
@@ -308,8 +306,7 @@ def test_tls_and_pipe_transports_are_not_held(tmp_path: Path) -> None:
     client_ctx = ssl.create_default_context(cafile=ca.ca_file)
 
     async def main() -> None:
-        selector = deferring_selector()
-        assert selector is not None
+        selector = _picker_selector()
         server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0, ssl=server_ctx)
         port = server.sockets[0].getsockname()[1]
         try:
