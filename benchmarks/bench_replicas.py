@@ -625,7 +625,7 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     nats = start_nats_server(None, jetstream=False, store_dir=tmp / "nats")
     results: dict[str, dict[str, Any]] = {v: {} for v in variants}
     try:
-        for setup in ("single", many_name)[: 1 if args.single_only else 2]:
+        for setup in ["single"] if args.single_only else ["single", many_name]:
             for variant, repo in variants.items():
                 name = f"{setup}-{variant}" if len(variants) > 1 else setup
                 replicas = 1 if setup == "single" else args.replicas
@@ -645,9 +645,11 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     finally:
         nats.stop(grace_s=2.0)
     ratios: dict[str, dict[str, float]] = {}
-    for variant, setups in results.items() if not args.single_only else ():
-        single = setups["single"]["cpu_s"]["r0"]
-        many = setups[many_name]["cpu_s"]
+    for variant, by_setup in results.items():
+        if many_name not in by_setup:  # --single-only: no ratio
+            continue
+        single = by_setup["single"]["cpu_s"]["r0"]
+        many = by_setup[many_name]["cpu_s"]
         ratios[variant] = {f"r{i}": round(many[f"r{i}"] / single, 3) for i in range(args.replicas)}
     return {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
