@@ -274,9 +274,8 @@ class DurableKvEvents:
                 ", ".join(map(str, lossy)),
             )
             return False
-        try:
-            revision = await self._locks.create(LOCK_KEY, cfg.replica_id.encode(), msg_ttl=cfg.lock_ttl_s)
-        except nats.js.errors.KeyWrongLastSequenceError:
+        revision = await self._take_lock()
+        if revision is None:
             self.counters.add("durable.snapshot_lock_busy")
             return False
         try:
@@ -297,10 +296,34 @@ class DurableKvEvents:
             )
             return True
         finally:  # released even when cancelled (stop), or the others would wait out the TTL
-            release = asyncio.ensure_future(self._locks.delete(LOCK_KEY, last=revision))
-            release.add_done_callback(_ignore_result)
+            await self._release_lock(revision)
+
+    async def _take_lock(self) -> int | None:
+        """The snapshot lock's revision, or None when another replica holds it.
+
+        A cancel (stop) while the create is in flight does not leave the lock taken: the server may
+        already have granted it, so the create is awaited to its end and a granted lock released.
+        """
+        assert self._locks is not None
+        cfg = self.config
+        create = asyncio.ensure_future(
+            self._locks.create(LOCK_KEY, cfg.replica_id.encode(), msg_ttl=cfg.lock_ttl_s)
+        )
+        try:
+            return await asyncio.shield(create)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return None
+        except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await asyncio.shield(release)
+                await self._release_lock(await create)
+            raise
+
+    async def _release_lock(self, revision: int) -> None:
+        assert self._locks is not None
+        release = asyncio.ensure_future(self._locks.delete(LOCK_KEY, last=revision))
+        release.add_done_callback(_ignore_result)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(release)
 
     async def _warn_if_history_is_gone(self) -> None:
         """No snapshot: if the stream no longer starts at 1, the snapshot that covered its purged (or

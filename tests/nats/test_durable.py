@@ -1,5 +1,7 @@
 """Durable mode: JetStream stream + durable consumers + object-store snapshots, on a real nats-server."""
 
+import asyncio
+
 import pytest
 
 from extproc.events.durable import DurableConfig, DurableKvEvents
@@ -206,6 +208,42 @@ async def test_a_new_replica_recovers_everything_from_snapshot_and_stream(nats_s
         assert r3.answers(workers.queries) == before
     finally:
         await r3.stop()
+        await workers.stop()
+
+
+async def test_a_replica_stopped_while_taking_the_snapshot_lock_leaves_it_free(nats_server, worker_link):
+    """The server may grant the lock just as `stop` cancels the replica: the replica releases it
+    anyway, or every other replica would wait out its TTL (30 s) before its next snapshot."""
+    r1 = await Replica(nats_server, "r1", snapshot_threshold=1000).start()
+    r2 = await Replica(nats_server, "r2", snapshot_threshold=1000).start()
+    workers = Workers(worker_link)
+    try:
+        await workers.prime(CONFIG)
+        workers.publish_round()
+        last = await published_and_stored(workers, worker_link, r1.config)
+        await eventually(lambda: r1.durable.applied_seq == r2.durable.applied_seq == last, what="applied")
+        granted, reply_seen = asyncio.Event(), asyncio.Event()
+        create = r1.durable._locks.create
+
+        async def granted_before_the_reply_is_seen(*args, **kwargs):
+            revision = await create(*args, **kwargs)  # the real server grants the lock
+            granted.set()
+            await reply_seen.wait()  # the cancel comes before r1 has read the reply
+            return revision
+
+        r1.durable._locks.create = granted_before_the_reply_is_seen
+        taking = asyncio.create_task(r1.durable.snapshot_now())
+        await asyncio.wait_for(granted.wait(), 5.0)
+        taking.cancel()
+        reply_seen.set()
+        with pytest.raises(asyncio.CancelledError):
+            await taking
+        assert await r2.durable.snapshot_now()  # the lock is free at once
+        assert r1.durable.counters["durable.snapshot"] == 0
+        assert r2.durable.counters["durable.snapshot"] == 1
+    finally:
+        await r1.stop()
+        await r2.stop()
         await workers.stop()
 
 
