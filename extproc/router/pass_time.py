@@ -212,9 +212,12 @@ class PassTimeLearner(Generic[K]):
         return self._fleet_used
 
     def _noise_var(self) -> float:
-        """One observation's variance, pooled over the fleet (identical workers, identical noise)."""
+        """One observation's variance, pooled over the fleet (identical workers, identical noise).
+
+        At least 0: once the prior has faded, workers whose first tokens all come as predicted leave
+        the running sum a rounding error from 0, on either side."""
         prior = self._prior()
-        return (prior * PRIOR_NOISE**2 + self._sum_wv) / (prior + self._sum_w)
+        return max(0.0, (prior * PRIOR_NOISE**2 + self._sum_wv) / (prior + self._sum_w))
 
     def _applied(self, stats: _Stats, fleet_used: float) -> float:
         """The log scale to predict with: the fleet's in use when the worker's deviation is not
