@@ -16,7 +16,8 @@ not compete for the cores (rounds interleave them to spread drift over all setup
   filter stay identical, so the only difference left is the picker.
 - `noop/<mode>`: Envoy (`extproc/devstack/envoy/<mode>.yaml`) + `benchmarks/noop_picker.py` as a child process
   (round robin, no parsing): the floor of any Python ext_proc picker (REFERENCE section 2).
-- `picker/<mode>`: Envoy + `python -m extproc serve --no-router-kv-events --log-level warning`.
+- `picker/<mode>`: Envoy + `python -m extproc serve --no-router-kv-events --log-level warning`
+  (`--ext-proc-server h2`, serve's default, or `grpcio` with this script's `--ext-proc-server`).
 
 `<mode>` is `buffered` (request body BUFFERED) or `duplex` (FULL_DUPLEX_STREAMED); both configs send the
 response headers and stream the response body to the picker. Upstreams are 4 echo workers
@@ -1011,8 +1012,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--profile-seconds", type=int, default=6, help="py-spy duration (default: %(default)s)"
     )
     parser.add_argument("--skip-itl", action="store_true", help="leave out the inter-token latency part")
+    parser.add_argument(
+        "--ext-proc-server",
+        choices=("h2", "grpcio"),
+        default="h2",
+        help="the picker's ext_proc server (serve --ext-proc-server; default: %(default)s, serve's)",
+    )
     parser.add_argument("--log-dir", type=Path, help="child process logs (default: a temporary directory)")
     args = parser.parse_args(argv)
+    global PICKER_ARGS
+    PICKER_ARGS = (*PICKER_ARGS, "--ext-proc-server", args.ext_proc_server)
     defaults = (
         {"rounds": 2, "sequential": 200, "warmup": 30, "per_client": 40, "itl_requests": 3}
         if args.quick

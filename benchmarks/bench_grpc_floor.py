@@ -11,8 +11,11 @@ grpc.aio, `--concurrency` streams at a time:
 - `stub`: `ExtProcService` with a picker that answers a fixed worker at once (the stream handling
   and answers, no decision), or after burning `--burn-us` of CPU;
 - `picker`: `ExtProcService` with the real `EndpointPicker` (4 workers, no KV events).
-Reported per setup and body: CPU of the server process per stream (all threads, utime + stime),
-split by thread name, over `--rounds` rounds (setups alternate within a round).
+Each runs on every server of `--servers`: `grpcio` (grpc.aio, as `noop_picker.py` and
+`serve --ext-proc-server grpcio`) and `h2` (`extproc.runtime.h2_server`, serve's default); a setup
+is named `kind@server`. Reported per setup and body: CPU of the server process per stream (all
+threads, utime + stime), split by thread name, over `--rounds` rounds (setups alternate within a
+round), and each setup's CPU over the no-op's on grpcio (`over_noop_grpcio`).
 
 Why (issue 21): through Envoy the picker's CPU per request is 1.6-1.8x the no-op's at 1k tokens
 while its in-process stream costs about 185 us against the no-op's 13 us; this separates what gRPC
@@ -49,7 +52,7 @@ def log(message: str) -> None:
 # --- the server (a child process) ------------------------------------------------------------
 
 
-def serve(kind: str, ports_file: str, burn_us: int) -> None:
+def serve(kind: str, ports_file: str, burn_us: int, server_kind: str = "grpcio") -> None:
     import grpc
     import noop_picker
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -88,6 +91,15 @@ def serve(kind: str, ports_file: str, burn_us: int) -> None:
             servicer = ExtProcService(StubPicker(), max_body_bytes=16 << 20)
         else:
             servicer = ExtProcService(EndpointPicker(config), max_body_bytes=16 << 20)
+        if server_kind == "h2":
+            from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+            from extproc.runtime.h2_server import H2GrpcServer
+            from extproc.runtime.server import EXT_PROC_METHOD
+
+            h2 = H2GrpcServer(EXT_PROC_METHOD, servicer.Process, pb.ProcessingRequest.FromString)
+            write_ports_file(ports_file, {"port": await h2.start("127.0.0.1", 0)})
+            await asyncio.Event().wait()  # until the parent stops this process
         server = grpc.aio.server(options=noop_picker.GRPC_SERVER_OPTIONS)
         pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
         port = server.add_insecure_port("127.0.0.1:0")
@@ -138,11 +150,14 @@ def thread_cpu_ns(pid: int) -> dict[str, int]:
     return out
 
 
-def measure(kind: str, bodies: list[bytes], args: argparse.Namespace, log_dir: Path) -> dict[str, float]:
-    ports_file = log_dir / f"{kind}.ports.json"
+def measure(setup: str, bodies: list[bytes], args: argparse.Namespace, log_dir: Path) -> dict[str, float]:
+    """`setup` is `kind@server` (server: grpcio or h2)."""
+    kind, server_kind = setup.split("@")
+    ports_file = log_dir / f"{kind}-{server_kind}.ports.json"
     argv = [sys.executable, __file__, "--serve", kind, "--ports-file", str(ports_file)]
-    argv += ["--burn-us", str(args.burn_us)]
-    server = ManagedProcess(argv, log_path=log_dir / f"{kind}.log", ports_file=ports_file).start()
+    argv += ["--burn-us", str(args.burn_us), "--server", server_kind]
+    log_path = log_dir / f"{kind}-{server_kind}.log"
+    server = ManagedProcess(argv, log_path=log_path, ports_file=ports_file).start()
     try:
         port = server.ports(30.0)["port"]
         asyncio.run(drive(port, bodies, args.warmup, args.concurrency))
@@ -165,30 +180,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bodies", default="1k,8k", help="body sizes: 1k and/or 8k (bench_extproc's)")
     parser.add_argument("--burn-us", type=int, default=0, help="CPU the stub burns per pick (us)")
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/bench-grpc-floor"))
+    parser.add_argument(
+        "--servers",
+        default="grpcio,h2",
+        help="what serves the stream: grpcio (grpc.aio) and/or h2 (extproc.runtime.h2_server); "
+        "ratios are over the no-op servicer on grpcio",
+    )
     parser.add_argument("--serve", choices=SETUPS, help=argparse.SUPPRESS)
+    parser.add_argument("--server", choices=("grpcio", "h2"), default="grpcio", help=argparse.SUPPRESS)
     parser.add_argument("--ports-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.ports_file, args.burn_us)
+        serve(args.serve, args.ports_file, args.burn_us, args.server)
         return 0
+    servers = args.servers.split(",")
+    setups = [f"{kind}@{server}" for server in servers for kind in SETUPS]
+    if "noop@grpcio" not in setups:
+        setups.insert(0, "noop@grpcio")  # the baseline of every ratio
     args.log_dir.mkdir(parents=True, exist_ok=True)
     all_bodies = bx.make_bodies()
     result: dict[str, Any] = {"streams": args.streams, "concurrency": args.concurrency}
     result["burn_us"] = args.burn_us
     for size in args.bodies.split(","):
-        runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in SETUPS}
+        runs: dict[str, list[dict[str, float]]] = {setup: [] for setup in setups}
         for round_index in range(args.rounds):
-            order = SETUPS if round_index % 2 == 0 else SETUPS[::-1]
-            for kind in order:
-                log(f"{size} round {round_index + 1}/{args.rounds}: {kind}")
-                runs[kind].append(measure(kind, all_bodies[size], args, args.log_dir))
+            order = setups if round_index % 2 == 0 else setups[::-1]
+            for setup in order:
+                log(f"{size} round {round_index + 1}/{args.rounds}: {setup}")
+                runs[setup].append(measure(setup, all_bodies[size], args, args.log_dir))
         section: dict[str, Any] = {
-            kind: {"cpu_us_per_stream": [r["total_us"] for r in rs], "by_thread_us": rs}
-            for kind, rs in runs.items()
+            setup: {"cpu_us_per_stream": [r["total_us"] for r in rs], "by_thread_us": rs}
+            for setup, rs in runs.items()
         }
-        noop = statistics.mean(r["total_us"] for r in runs["noop"])
-        for kind in ("stub", "picker"):
-            section[f"{kind}_over_noop"] = round(statistics.mean(r["total_us"] for r in runs[kind]) / noop, 3)
+        noop = statistics.mean(r["total_us"] for r in runs["noop@grpcio"])
+        section["over_noop_grpcio"] = {
+            setup: round(statistics.mean(r["total_us"] for r in rs) / noop, 3) for setup, rs in runs.items()
+        }
         result[size] = section
     json.dump(result, sys.stdout, indent=1)
     print()

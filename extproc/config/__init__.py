@@ -129,6 +129,7 @@ class PickerConfig:
     tokenizer_cache_size: int = 1024  # remote /tokenize results kept
     tokenizer_cache_bytes: int = DEFAULT_PIECE_CACHE_BYTES  # per model, local chat piece ids; 0 = off
     conformance_hooks: bool = False
+    ext_proc_server: str = "h2"  # "h2" (extproc.runtime.h2_server) or "grpcio" (grpc.aio)
     seed: int | None = None
     log_level: str = "info"
     kv_events_source: bool = False  # whether any KV event source is configured
@@ -264,6 +265,7 @@ def load_config(
         tokenizer_cache_size=own.tokenizer_cache_size,
         tokenizer_cache_bytes=own.tokenizer_cache_bytes,
         conformance_hooks=own.conformance_hooks,
+        ext_proc_server=own.ext_proc_server,
         seed=own.seed,
         log_level=own.log_level,
         kv_events_source=kv_events_source,

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -56,9 +57,10 @@ from extproc.groups import GroupApiServer, start_group_api
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.discovery import WorkerDiscovery, start_discovery
 from extproc.runtime.engine_metrics import EngineMetricsScraper, start_engine_metrics
+from extproc.runtime.h2_server import DEFAULT_MAX_STREAMS, H2GrpcServer
 from extproc.runtime.ports_file import write_ports_file
 from extproc.runtime.readiness import Readiness
-from extproc.runtime.tls import describe, server_credentials, server_pair
+from extproc.runtime.tls import describe, server_credentials, server_pair, server_ssl_context
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.server")
@@ -70,9 +72,11 @@ HEALTH_SERVICES = (
     "envoy.service.ext_proc.v3.ExternalProcessor",
     "inference-extension",
 )
+EXT_PROC_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # grpcio's 4 MiB default is below Envoy's bodies
 GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),  # grpcio's 4 MiB default is below Envoy's bodies
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 ]
 
@@ -90,7 +94,7 @@ class DrainReport:
 class RunningPicker:
     picker: EndpointPicker
     service: ExtProcService
-    server: grpc.aio.Server
+    server: grpc.aio.Server | H2GrpcServer  # ext_proc's (--ext-proc-server)
     health_server: grpc.aio.Server
     health: health.aio.HealthServicer
     port: int
@@ -134,7 +138,8 @@ class RunningPicker:
         draining = self.service.open_streams
         if draining:
             log.info("draining %d ext_proc streams (grace %.0f s); new ones are refused", draining, grace_s)
-        servers = [self.server] + ([self.group_api.server] if self.group_api is not None else [])
+        servers: list[grpc.aio.Server | H2GrpcServer] = [self.server]
+        servers += [self.group_api.server] if self.group_api is not None else []
         # One stop per server at a time: grpc.aio can crash (SIGSEGV) when a second stop() overlaps
         # a pending one, so the grace is the stop's own; only a second signal stops again early.
         stopping = asyncio.ensure_future(self._stop_servers(servers, grace_s))
@@ -174,7 +179,7 @@ class RunningPicker:
             log.warning("second signal: the shutdown delay is cut short")
 
     @staticmethod
-    async def _stop_servers(servers: list[grpc.aio.Server], grace_s: float | None) -> None:
+    async def _stop_servers(servers: list[grpc.aio.Server | H2GrpcServer], grace_s: float | None) -> None:
         """Stop each (its listener closes at once), all at the same time: each server's grace is
         its in-flight calls', and no port waits for another server's drain."""
         await asyncio.gather(*(server.stop(grace_s) for server in servers))
@@ -213,17 +218,35 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
         max_concurrent_streams=config.max_concurrent_streams,
         conformance_hooks=config.conformance_hooks,
     )
-    server = grpc.aio.server(options=GRPC_OPTIONS)
-    pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
-    port = _bind(server, f"{config.host}:{config.port}", credentials)
     health_server = grpc.aio.server(options=GRPC_OPTIONS)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
     health_port = _bind(health_server, f"{config.host}:{config.health_port}", None)
+    server: grpc.aio.Server | H2GrpcServer
+    if config.ext_proc_server == "h2":
+        server = H2GrpcServer(
+            EXT_PROC_METHOD,
+            service.Process,
+            pb.ProcessingRequest.FromString,
+            max_message_bytes=max(MAX_MESSAGE_BYTES, config.max_body_bytes + (1 << 20)),
+            max_concurrent_streams=max(DEFAULT_MAX_STREAMS, 2 * (config.max_concurrent_streams or 0)),
+        )
+        try:
+            tls = server_ssl_context(config.tls, pair)
+            port = await server.start(config.host, config.port, ssl_context=tls)
+        except OSError:
+            port = 0
+    else:
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
+        port = _bind(server, f"{config.host}:{config.port}", credentials)
     if not port or not health_port:
+        if isinstance(server, H2GrpcServer):
+            await server.stop(None)
         await sources.stop()
         raise OSError(f"cannot listen on {config.host}:{config.port} / {config.health_port}")
-    await server.start()
+    if not isinstance(server, H2GrpcServer):
+        await server.start()
     await health_server.start()
     readiness = Readiness(picker, sources)
     for name in HEALTH_SERVICES:
@@ -314,11 +337,12 @@ async def serve(config: PickerConfig, *, ports_file: str | None = None) -> None:
         else ""
     )
     log.info(
-        "ext_proc on %s:%d (%s), health on %s:%d (plaintext)%s; %d workers over %d models; "
+        "ext_proc on %s:%d (%s, %s), health on %s:%d (plaintext)%s; %d workers over %d models; "
         "router mode %s, cache state %s",
         config.host,
         running.port,
         running.tls,
+        "own HTTP/2 server" if config.ext_proc_server == "h2" else "grpcio",
         config.host,
         running.health_port,
         group_api,

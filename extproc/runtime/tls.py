@@ -172,6 +172,28 @@ def server_credentials(tls: TlsConfig, pair: KeyPair | None) -> grpc.ServerCrede
     )
 
 
+def server_ssl_context(tls: TlsConfig, pair: KeyPair | None) -> ssl.SSLContext | None:
+    """The same as `server_credentials`, for the picker's own HTTP/2 server (ALPN h2); the key
+    pair goes to OpenSSL through memory files, so a self-signed key never touches the disk."""
+    if pair is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["h2"])
+    cert_fd, key_fd = os.memfd_create("extproc-cert"), os.memfd_create("extproc-key")
+    try:
+        os.write(cert_fd, pair.certificate_pem)
+        os.write(key_fd, pair.private_key_pem)
+        context.load_cert_chain(f"/proc/self/fd/{cert_fd}", f"/proc/self/fd/{key_fd}")
+    finally:
+        os.close(cert_fd)
+        os.close(key_fd)
+    if tls.client_ca_file is not None:
+        context.load_verify_locations(cadata=load_ca(tls.client_ca_file).decode())
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 def channel_credentials(tls: ClientTlsConfig) -> grpc.ChannelCredentials | None:
     """gRPC channel credentials for `tls` (the system's roots without a CA file); None when TLS is off."""
     if not tls.enabled:

@@ -15,6 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -104,11 +105,15 @@ async def mock_stack(mock_workers, log_dir) -> AsyncIterator[tuple[RunningPicker
         await picker.stop(0)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def echo_stack(log_dir) -> AsyncIterator[tuple[RunningPicker, dict[str, str], list[EchoWorker]]]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["h2", "grpcio"])
+async def echo_stack(
+    request: pytest.FixtureRequest, log_dir: Path
+) -> AsyncIterator[tuple[RunningPicker, dict[str, str], list[EchoWorker]]]:
+    """Both ext_proc servers (--ext-proc-server): the bodies, errors and hints tests run on each."""
     workers = await start_echo_workers(2)
     endpoints = [w.address for w in workers]
-    picker = await start_picker(picker_config(endpoints, max_body_bytes=6 * MiB))
+    config = replace(picker_config(endpoints, max_body_bytes=6 * MiB), ext_proc_server=request.param)
+    picker = await start_picker(config)
     envoys: dict[str, tuple[ManagedProcess, str]] = {}
     try:
         for mode in MODES:
