@@ -105,6 +105,10 @@ class ParsedRequest:
     truncate_prompt_tokens: int | None = None  # vLLM keeps this many prompt tokens (-1: up to its context)
     truncation_side: str | None = None  # "left" | "right": vLLM then cuts after tokenizing, from that side
     body_size: int = 0  # bytes
+    # at most this many bytes of the body are new to the picker (a chat's next turn, its earlier
+    # messages taken from the turn before: `parse_shared_body`); None: all of them may be. How it was
+    # parsed, not what it asks: left out of equality
+    new_bytes: int | None = field(default=None, compare=False)
     responses_api: bool = False  # POST /v1/responses
     previous_response_id: str | None = None  # Responses API: continues this stored response
     response_id: str | None = None  # Responses API: the id its answer will carry (vLLM's `request_id` field)
@@ -207,16 +211,16 @@ def parse_shared_body(
         return None
     value, escaped = loaded
     _refuse_lone_surrogates(value, escaped)
-    return _request_of(value, CHAT_PATH, len(body))
+    return _request_of(value, CHAT_PATH, len(body), new_bytes=max_unshared)
 
 
-def _request_of(obj: Any, route: str, size: int) -> ParsedRequest:
+def _request_of(obj: Any, route: str, size: int, *, new_bytes: int | None = None) -> ParsedRequest:
     if not isinstance(obj, dict):
         raise RequestInvalid(f"request body must be a JSON object, not {json_type(obj)}")
     model = obj.get("model")
     if not isinstance(model, str) or not model:
         _invalid("model", model, "a non-empty string")
-    common: dict[str, Any] = {"model": model, "body_size": size, **_parse_common(obj)}
+    common: dict[str, Any] = {"model": model, "body_size": size, "new_bytes": new_bytes, **_parse_common(obj)}
     if route == CHAT_PATH:
         return ParsedRequest(kind="chat", **common, **_parse_chat(obj))
     if route == RESPONSES_PATH:

@@ -275,16 +275,27 @@ class HfTokenizer:
         )
         add = add_special_tokens is True
         pieces = self.pieces
-        if (
-            pieces is not None
-            and self._template_name(tools, chat_template_kwargs) in self._piecewise_templates
-            and (pieces.can_add_special_tokens or not add)
-        ):
+        if pieces is not None and self.encodes_piecewise(tools, chat_template_kwargs, add):
             try:
                 return pieces.encode_array(text, add_special_tokens=add)
             except Exception as e:  # as `_encode`: the Rust side raises bare exceptions
                 raise TokenizerUnavailable(f"tokenizer {self.name} failed: {e}") from e
         return self._encode(text, add_special_tokens=add)
+
+    def encodes_piecewise(
+        self,
+        tools: Sequence[Mapping[str, Any]] | None,
+        chat_template_kwargs: Mapping[str, Any] | None,
+        add_special_tokens: bool,
+    ) -> bool:
+        """Whether `encode_chat_ids` encodes such a chat piece by piece from the piece cache (what a
+        conversation's earlier turns left there is not encoded again)."""
+        pieces = self.pieces
+        return (
+            pieces is not None
+            and self._template_name(tools, chat_template_kwargs) in self._piecewise_templates
+            and (pieces.can_add_special_tokens or not add_special_tokens)
+        )
 
     def truncated(self, text: str, *, add_special_tokens: bool, max_tokens: int) -> list[int]:
         """vLLM's `truncate_prompt_tokens` without a `truncation_side`: the tokenizer itself truncates, from
@@ -500,7 +511,7 @@ class RequestTokenizer:
                 async with asyncio.timeout(self._timeout_s):
                     ids = await self._remote(self.backend, request)
                 return _truncate(ids, request)
-            if request.body_size <= self._inline_max_bytes:
+            if request.body_size <= self._inline_max_bytes or self._mostly_cached(request):
                 return _tokenize_local(self.backend, request)
             work = asyncio.to_thread(_tokenize_local, self.backend, request)
             async with asyncio.timeout(self._timeout_s):
@@ -514,6 +525,23 @@ class RequestTokenizer:
         except Exception as e:
             log.exception("tokenizer %s failed on a %s request", self.name, request.kind)
             raise TokenizerUnavailable(f"tokenizer {self.name} failed: {type(e).__name__}: {e}") from e
+
+    def _mostly_cached(self, request: ParsedRequest) -> bool:
+        """A chat's next turn whose earlier messages the picker parsed from the turn before
+        (`new_bytes`, at most `--body-parse-inline-bytes`) and whose tokenizer encodes it piecewise:
+        the earlier turns' pieces come from the cache, so the work is the new text, the template's
+        render and the lookups (about 2-3 ms for a 100k-token chat), which a worker thread would
+        not take off the loop (all but the new text's encoding holds the GIL) and whose hand-off
+        costs two wake-ups. A tokenizer without its piece cache still gets the thread."""
+        backend = self.backend
+        return (
+            request.new_bytes is not None
+            and request.messages is not None
+            and isinstance(backend, HfTokenizer)
+            and backend.encodes_piecewise(
+                request.tools, template_kwargs(request), request.add_special_tokens is True
+            )
+        )
 
     async def close(self) -> None:
         """Release the remote backend's HTTP session, if any."""

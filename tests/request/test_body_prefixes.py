@@ -431,7 +431,8 @@ def test_a_shared_chat_body_parses_as_a_whole_one_or_not_at_all():
 
     body = grown('{"role": "user", "content": "b"}')
     shared = parse_shared_body(body, CHAT + "?x=1", max_bytes=1 << 30, prefixes=prefixes, max_unshared=100)
-    assert shared == parse_openai_body(body, CHAT, max_bytes=1 << 30)
+    assert shared is not None and shared.new_bytes == 100  # what the tokenizer then finds cached
+    assert shared == parse_openai_body(body, CHAT, max_bytes=1 << 30)  # how it was parsed aside
     for path, limit in (("/v1/completions", 1 << 30), (CHAT, len(body) - 1)):
         assert parse_shared_body(body, path, max_bytes=limit, prefixes=prefixes, max_unshared=100) is None
     at_limit = parse_shared_body(body, CHAT, max_bytes=len(body), prefixes=prefixes, max_unshared=100)

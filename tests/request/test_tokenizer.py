@@ -810,3 +810,49 @@ def test_from_settings_rejects_two_backends_and_bad_timeouts(tok_dir: Path):
         RequestTokenizer.from_settings(str(tok_dir), "http://h", "", timeout_s=1.0, cache_size=1)
     with pytest.raises(ValueError, match="timeout_s"):
         RequestTokenizer.from_settings(None, None, "", timeout_s=0, cache_size=1)
+
+
+class _ThreadRecordingHf(HfTokenizer):
+    """The real tokenizer, noting the thread each chat was encoded on."""
+
+    def __init__(self, path: Path, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.threads: list[int] = []
+
+    def encode_chat_ids(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        return super().encode_chat_ids(*args, **kwargs)
+
+
+@pytest.mark.parametrize("piece_cache_bytes", [1 << 20, 0])
+async def test_a_chats_next_turn_parsed_from_the_turn_before_is_tokenized_on_the_loop_when_cached(
+    tok_dir: Path, piece_cache_bytes: int
+):
+    """Its earlier turns' pieces come from the cache: a worker thread would cost two wake-ups and
+    free the loop of little (rendering and lookups hold the GIL). Without the piece cache the whole
+    prompt is encoded again, and that still goes to a thread."""
+    from extproc.request.parse import body_prefixes, parse_shared_body
+
+    backend = _ThreadRecordingHf(tok_dir, piece_cache_bytes=piece_cache_bytes)
+    tokenizer = RequestTokenizer(backend, timeout_s=5.0, inline_max_bytes=1000)
+    prefixes = body_prefixes()
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 400} for i in range(20)
+    ]
+    first = json.dumps({"model": "m", "messages": messages}).encode()
+    turn = parse_openai_body(first, "/v1/chat/completions", max_bytes=1 << 20, prefixes=prefixes)
+    assert turn.new_bytes is None and turn.body_size > 1000
+    ids = await tokenizer.token_ids(turn)  # the first turn: a worker thread
+    messages += [{"role": "assistant", "content": "more"}, {"role": "user", "content": "and the next"}]
+    second = json.dumps({"model": "m", "messages": messages}).encode()
+    shared = parse_shared_body(
+        second, "/v1/chat/completions", max_bytes=1 << 20, prefixes=prefixes, max_unshared=1000
+    )
+    assert shared is not None and shared.new_bytes == 1000
+    next_ids = await tokenizer.token_ids(shared)
+    whole = parse_openai_body(second, "/v1/chat/completions", max_bytes=1 << 20)
+    assert list(next_ids) == list(HfTokenizer(tok_dir, piece_cache_bytes=0).encode_chat(whole.messages or []))
+    assert len(next_ids) > len(ids)
+    loop = threading.get_ident()
+    assert backend.threads[0] != loop
+    assert (backend.threads[1] == loop) is (piece_cache_bytes > 0)
