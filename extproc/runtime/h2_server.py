@@ -32,7 +32,6 @@ connection is told GOAWAY, open streams get `grace` seconds, then they are cance
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 import struct
@@ -46,20 +45,20 @@ from google.protobuf.message import DecodeError
 log = logging.getLogger("extproc.h2")
 
 Req = TypeVar("Req")
-Resp = TypeVar("Resp")
 Handler = Callable[[AsyncIterator[Any], Any], AsyncIterator[Any]]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # frame types (RFC 9113 section 6)
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
+# (PRIORITY, 0x2, and unknown types are ignored: section 5.5)
+DATA, HEADERS, RST_STREAM, SETTINGS = 0x0, 0x1, 0x3, 0x4
 PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x5, 0x6, 0x7, 0x8, 0x9
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
 # error codes (section 7)
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
-REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x7, 0x8, 0x9
+REFUSED_STREAM, COMPRESSION_ERROR = 0x7, 0x9
 # settings
-SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x3
+SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 MAX_WINDOW = (1 << 31) - 1
@@ -69,7 +68,7 @@ MAX_HEADER_LIST = 64 << 10
 DEFAULT_MAX_STREAMS = 10_000
 
 # grpc status codes
-OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 3, 8, 12, 13
+OK, CANCELLED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 1, 3, 8, 12, 13
 
 _FRAME_HEAD = struct.Struct(">BHBBI")
 _MESSAGE_HEAD = struct.Struct(">BI")
@@ -80,33 +79,21 @@ def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes
     return _FRAME_HEAD.pack(n >> 16, n & 0xFFFF, kind, flags, stream_id) + payload
 
 
-def _literal(name: bytes, value: bytes) -> bytes:
-    """An HPACK literal field, not indexed, with a new name: nothing in either side's table moves."""
-    return b"\x00" + _hpack_int(len(name)) + name + _hpack_int(len(value)) + value
+def _header_block(*fields: tuple[bytes, bytes]) -> bytes:
+    """HPACK for `fields`, never indexed: the block neither refers to nor adds a dynamic table entry
+    (a static table match is still indexed), so it can be built once and sent on any connection."""
+    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in fields], huffman=False)
 
 
-def _hpack_int(n: int) -> bytes:
-    """A 7-bit-prefix HPACK integer (the string length of a literal, Huffman off)."""
-    if n < 127:
-        return bytes([n])
-    out = bytearray([127])
-    n -= 127
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+_RESPONSE_HEADERS = _header_block((b":status", b"200"), (b"content-type", b"application/grpc"))
+_UNSUPPORTED_MEDIA_TYPE = _header_block((b":status", b"415"))
+_TRAILERS_OK = _header_block((b"grpc-status", b"0"))
 
 
-# :status 200 (static index 8), content-type (static name 31) application/grpc: a fixed block
-_RESPONSE_HEADERS = b"\x88" + b"\x0f\x10" + _hpack_int(16) + b"application/grpc"
-
-
-def _trailers(status: int, message: str = "") -> bytes:
-    block = _literal(b"grpc-status", str(status).encode())
-    if message:
-        block += _literal(b"grpc-message", _percent_encode(message))
-    return block
+def _trailers(status: int, message: str) -> bytes:
+    if status == OK and not message:
+        return _TRAILERS_OK
+    return _header_block((b"grpc-status", str(status).encode()), (b"grpc-message", _percent_encode(message)))
 
 
 def _percent_encode(text: str) -> bytes:
@@ -243,7 +230,10 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.peer = f"ipv4:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if isinstance(peer, tuple):  # grpc's form: ipv4:host:port, ipv6:[host]:port
+            self.peer = f"ipv6:[{peer[0]}]:{peer[1]}" if ":" in peer[0] else f"ipv4:{peer[0]}:{peer[1]}"
+        else:
+            self.peer = str(peer)
         settings = b"".join(
             struct.pack(">HI", key, value)
             for key, value in (
@@ -275,11 +265,6 @@ class _Connection(asyncio.Protocol):
         except ConnectionError_ as exc:
             log.warning("HTTP/2 connection from %s closed: %s", self.peer, exc)
             self.go_away(exc.code, str(exc))
-            assert self.transport is not None
-            self.transport.close()
-        except hpack.HPACKError as exc:
-            log.warning("HTTP/2 connection from %s closed: bad header block (%s)", self.peer, exc)
-            self.go_away(COMPRESSION_ERROR, "bad header block")
             assert self.transport is not None
             self.transport.close()
 
@@ -364,13 +349,12 @@ class _Connection(asyncio.Protocol):
             if stream_id == 0 or stream_id > self.last_stream:
                 raise ConnectionError_(PROTOCOL_ERROR, f"DATA on stream {stream_id}, never opened")
             return  # a stream already closed or reset: dropped
-        wire = len(payload)
         data = _unpad(flags, payload)
-        stream.owed += wire
+        stream.owed += len(payload)  # padding included
         if stream.ended:
             raise ConnectionError_(PROTOCOL_ERROR, f"DATA on stream {stream_id} after its end")
         if stream.error is None:
-            self._collect(stream, data, wire)
+            self._collect(stream, data)
         if flags & END_STREAM:
             stream.ended = True
             if stream.inbound and stream.error is None:
@@ -379,7 +363,7 @@ class _Connection(asyncio.Protocol):
             self.credit(stream)
         stream.wake()
 
-    def _collect(self, stream: _Stream, data: bytes, wire: int) -> None:
+    def _collect(self, stream: _Stream, data: bytes) -> None:
         """Cut complete gRPC messages out of the stream's bytes."""
         inbound = stream.inbound
         inbound += data
@@ -415,7 +399,10 @@ class _Connection(asyncio.Protocol):
         assert self.header_block is not None
         stream_id, flags, block = self.header_block
         self.header_block = None
-        headers = self.decoder.decode(bytes(block), raw=True)
+        try:
+            headers = self.decoder.decode(bytes(block), raw=True)
+        except hpack.HPACKError as exc:
+            raise ConnectionError_(COMPRESSION_ERROR, f"bad header block ({exc})") from None
         known = self.streams.get(stream_id)
         if known is not None:  # trailers: the client's half of the stream ends
             if not flags & END_STREAM:
@@ -437,7 +424,7 @@ class _Connection(asyncio.Protocol):
         fields = dict(headers)
         content_type = fields.get(b"content-type", b"")
         if not content_type.startswith(b"application/grpc"):
-            self._write(_frame(HEADERS, END_HEADERS | END_STREAM, stream_id, b"\x00\x07:status\x03415"))
+            self._write(_frame(HEADERS, END_HEADERS | END_STREAM, stream_id, _UNSUPPORTED_MEDIA_TYPE))
             if not stream.ended:
                 self._write(_frame(RST_STREAM, 0, stream_id, struct.pack(">I", NO_ERROR)))
             return
@@ -498,7 +485,6 @@ class _Connection(asyncio.Protocol):
 
     async def _serve(self, stream: _Stream) -> None:
         server = self.server
-        server.open_streams += 1
         status, message = OK, ""
         try:
             if stream.error is not None:  # refused before the servicer sees it (an unknown method)
@@ -513,14 +499,10 @@ class _Connection(asyncio.Protocol):
         except asyncio.CancelledError:
             if stream.closed:  # reset by the client, or its connection went away
                 return
-            status, message = 1, "cancelled"  # the server stopped: CANCELLED
+            status, message = CANCELLED, "the server stopped"
         except Exception:
             log.exception("ext_proc stream %d failed", stream.id)
             status, message = INTERNAL, "internal error"
-        finally:
-            server.open_streams -= 1
-            if server.open_streams == 0:
-                server.idle.set()
         if stream.closed:
             return
         trailers = _frame(HEADERS, END_HEADERS | END_STREAM, stream.id, _trailers(status, message))
@@ -595,11 +577,21 @@ class H2GrpcServer:
         self.max_message_bytes = max_message_bytes
         self.max_concurrent_streams = max_concurrent_streams or DEFAULT_MAX_STREAMS
         self.connections: set[_Connection] = set()
-        self.open_streams = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
         self.stopping = False
         self._server: asyncio.Server | None = None
+
+    @property
+    def open_streams(self) -> int:
+        """Streams whose servicer is still running, over every connection."""
+        return len(self._running())
+
+    def _running(self) -> list[asyncio.Task[None]]:
+        return [
+            stream.task
+            for connection in self.connections
+            for stream in connection.streams.values()
+            if stream.task is not None and not stream.task.done()
+        ]
 
     async def start(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen on (host, port); returns the bound port (port 0 picks a free one)."""
@@ -615,21 +607,13 @@ class H2GrpcServer:
             self._server.close()
         for connection in list(self.connections):
             connection.go_away(NO_ERROR)
-        if self.open_streams:
-            self.idle.clear()
-            if grace:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.idle.wait(), grace)
-        tasks = [
-            stream.task
-            for connection in list(self.connections)
-            for stream in connection.streams.values()
-            if stream.task is not None and not stream.task.done()
-        ]
-        for task in tasks:
+        running = self._running()  # no stream starts from now on
+        if running and grace:
+            await asyncio.wait(running, timeout=grace)
+        for task in running:
             task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()
