@@ -11,6 +11,7 @@ import asyncio
 import socket
 import struct
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, closing
 from typing import Any
 
 import grpc
@@ -51,11 +52,20 @@ class Echo:
             raise
 
 
-async def start(handler: Any, **kwargs: Any) -> tuple[H2GrpcServer, int]:
+@asynccontextmanager
+async def serving(handler: Any, **kwargs: Any) -> AsyncIterator[tuple[H2GrpcServer, int]]:
+    """The server on 127.0.0.1 and a free port, stopped on the way out (again, if a test stopped it)."""
     ssl_context = kwargs.pop("ssl_context", None)
     server = H2GrpcServer(METHOD, handler, BytesValue.FromString, **kwargs)
     port = await server.start("127.0.0.1", 0, ssl_context=ssl_context)
-    return server, port
+    try:
+        yield server, port
+    finally:
+        await server.stop(None)
+
+
+def channel_to(port: int, **kwargs: Any) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(f"127.0.0.1:{port}", **kwargs)
 
 
 def call(channel: grpc.aio.Channel, method: str = METHOD) -> Any:
@@ -64,148 +74,116 @@ def call(channel: grpc.aio.Channel, method: str = METHOD) -> Any:
     )()
 
 
+async def assert_echoed(channel: grpc.aio.Channel, value: bytes) -> None:
+    """One stream on `channel`: `value` out and back, then a clean end."""
+    stream = call(channel)
+    await stream.write(BytesValue(value=value))
+    assert (await stream.read()).value == value
+    await stream.done_writing()
+    assert await stream.code() is grpc.StatusCode.OK
+
+
 async def eventually(predicate: Any, timeout_s: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # a bounded poll
 
 
 async def test_a_grpcio_client_streams_messages_back_and_forth():
     echo = Echo()
-    server, port = await start(echo)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stream = call(channel)
-            for i in range(20):
-                await stream.write(BytesValue(value=b"m%d" % i))
-                assert (await stream.read()).value == b"m%d" % i
-            await stream.done_writing()
-            assert await stream.read() is grpc.aio.EOF
-            assert await stream.code() is grpc.StatusCode.OK
-        assert echo.ended == ["complete"]
-    finally:
-        await server.stop(None)
+    async with serving(echo) as (_, port), channel_to(port) as channel:
+        stream = call(channel)
+        for i in range(20):
+            await stream.write(BytesValue(value=b"m%d" % i))
+            assert (await stream.read()).value == b"m%d" % i
+        await stream.done_writing()
+        assert await stream.read() is grpc.aio.EOF
+        assert await stream.code() is grpc.StatusCode.OK
+    assert echo.ended == ["complete"]
 
 
 async def test_many_concurrent_streams_on_one_connection_each_get_their_own_answers():
-    server, port = await start(Echo())
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with serving(Echo()) as (server, port), channel_to(port) as channel:
 
-            async def one(k: int) -> list[bytes]:
-                stream = call(channel)
-                got = []
-                for i in range(5):
-                    await stream.write(BytesValue(value=b"%d-%d" % (k, i)))
-                    got.append((await stream.read()).value)
-                await stream.done_writing()
-                assert await stream.code() is grpc.StatusCode.OK
-                return got
+        async def one(k: int) -> list[bytes]:
+            stream = call(channel)
+            got = []
+            for i in range(5):
+                await stream.write(BytesValue(value=b"%d-%d" % (k, i)))
+                got.append((await stream.read()).value)
+            await stream.done_writing()
+            assert await stream.code() is grpc.StatusCode.OK
+            return got
 
-            results = await asyncio.gather(*(one(k) for k in range(64)))
+        results = await asyncio.gather(*(one(k) for k in range(64)))
         assert results == [[b"%d-%d" % (k, i) for i in range(5)] for k in range(64)]
         assert server.open_streams == 0
-    finally:
-        await server.stop(None)
 
 
 async def test_messages_larger_than_every_window_and_frame_go_through_both_ways():
     """5 MiB up (the stream window is 1 MiB, a frame at most 1 MiB) and 15 MiB down (grpcio's
     windows are smaller still): both sides wait for WINDOW_UPDATEs and nothing is lost."""
-    server, port = await start(Echo(repeat=3))
     body = bytes(range(256)) * (5 * 4096)
-    try:
-        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-            stream = call(channel)
-            for _ in range(2):
-                await stream.write(BytesValue(value=body))
-                assert (await stream.read()).value == body * 3
-            await stream.done_writing()
-            assert await stream.code() is grpc.StatusCode.OK
-    finally:
-        await server.stop(None)
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    async with serving(Echo(repeat=3)) as (_, port), channel_to(port, options=options) as channel:
+        stream = call(channel)
+        for _ in range(2):
+            await stream.write(BytesValue(value=body))
+            assert (await stream.read()).value == body * 3
+        await stream.done_writing()
+        assert await stream.code() is grpc.StatusCode.OK
 
 
 async def test_a_message_over_the_limit_ends_the_stream_resource_exhausted():
-    echo = Echo()
-    server, port = await start(echo, max_message_bytes=1000)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stream = call(channel)
-            await stream.write(BytesValue(value=b"x" * 2000))
-            assert await stream.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "at most 1000" in await stream.details()
-            ok = call(channel)  # the connection serves the next stream as usual
-            await ok.write(BytesValue(value=b"fine"))
-            assert (await ok.read()).value == b"fine"
-            await ok.done_writing()
-            assert await ok.code() is grpc.StatusCode.OK
-    finally:
-        await server.stop(None)
+    async with serving(Echo(), max_message_bytes=1000) as (_, port), channel_to(port) as channel:
+        stream = call(channel)
+        await stream.write(BytesValue(value=b"x" * 2000))
+        assert await stream.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "at most 1000" in await stream.details()
+        await assert_echoed(channel, b"fine")  # the connection serves the next stream as usual
 
 
 async def test_an_unknown_method_is_unimplemented_and_never_reaches_the_servicer():
     echo = Echo()
-    server, port = await start(echo)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stream = call(channel, "/test.Echo/Other")  # answered at its headers
-            assert await stream.code() is grpc.StatusCode.UNIMPLEMENTED
-            assert "/test.Echo/Other" in await stream.details()
-        assert not echo.started.is_set()
-    finally:
-        await server.stop(None)
+    async with serving(echo) as (_, port), channel_to(port) as channel:
+        stream = call(channel, "/test.Echo/Other")  # answered at its headers
+        assert await stream.code() is grpc.StatusCode.UNIMPLEMENTED
+        assert "/test.Echo/Other" in await stream.details()
+    assert not echo.started.is_set()
 
 
 async def test_a_servicer_that_raises_ends_its_stream_internal_and_the_server_goes_on():
-    server, port = await start(Echo())
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stream = call(channel)
-            await stream.write(BytesValue(value=b"raise"))
-            assert await stream.code() is grpc.StatusCode.INTERNAL
-            ok = call(channel)
-            await ok.write(BytesValue(value=b"next"))
-            assert (await ok.read()).value == b"next"
-            await ok.done_writing()
-    finally:
-        await server.stop(None)
+    async with serving(Echo()) as (_, port), channel_to(port) as channel:
+        stream = call(channel)
+        await stream.write(BytesValue(value=b"raise"))
+        assert await stream.code() is grpc.StatusCode.INTERNAL
+        await assert_echoed(channel, b"next")
 
 
 async def test_a_message_that_does_not_parse_is_invalid_argument():
-    server, port = await start(Echo())
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            raw = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)()
-            await raw.write(b"\x0a\xff\xff\xff\xff")  # field 1, a length past the message's end
-            assert await raw.code() is grpc.StatusCode.INVALID_ARGUMENT
-    finally:
-        await server.stop(None)
+    async with serving(Echo()) as (_, port), channel_to(port) as channel:
+        raw = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)()
+        await raw.write(b"\x0a\xff\xff\xff\xff")  # field 1, a length past the message's end
+        assert await raw.code() is grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_a_stream_the_client_cancels_cancels_the_servicer():
     echo = Echo()
     echo.release.clear()  # the servicer holds its answer: the stream is open when cancelled
-    server, port = await start(echo)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stream = call(channel)
-            await stream.write(BytesValue(value=b"held"))
-            await asyncio.wait_for(echo.started.wait(), 5)
-            stream.cancel()
-            await eventually(lambda: echo.ended == ["cancelled"])
-            await eventually(lambda: server.open_streams == 0)
-    finally:
-        await server.stop(None)
+    async with serving(echo) as (server, port), channel_to(port) as channel:
+        stream = call(channel)
+        await stream.write(BytesValue(value=b"held"))
+        await asyncio.wait_for(echo.started.wait(), 5)
+        stream.cancel()
+        await eventually(lambda: echo.ended == ["cancelled"])
+        await eventually(lambda: server.open_streams == 0)
 
 
 async def test_stop_lets_open_streams_finish_within_the_grace_and_refuses_new_ones():
     echo = Echo()
     echo.release.clear()
-    server, port = await start(echo)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with serving(echo) as (server, port), channel_to(port) as channel:
         stream = call(channel)
         await stream.write(BytesValue(value=b"in flight"))
         await asyncio.wait_for(echo.started.wait(), 5)
@@ -224,8 +202,7 @@ async def test_stop_lets_open_streams_finish_within_the_grace_and_refuses_new_on
 async def test_stop_cancels_what_is_still_open_after_the_grace():
     echo = Echo()
     echo.release.clear()
-    server, port = await start(echo)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with serving(echo) as (server, port), channel_to(port) as channel:
         stream = call(channel)
         await stream.write(BytesValue(value=b"never answered"))
         await asyncio.wait_for(echo.started.wait(), 5)
@@ -237,18 +214,13 @@ async def test_stop_cancels_what_is_still_open_after_the_grace():
 async def test_tls_with_a_self_signed_certificate_and_alpn_h2():
     pair = self_signed_pair(["localhost"])
     context = server_ssl_context(TlsConfig(self_signed=True), pair)
-    server, port = await start(Echo(), ssl_context=context)
-    try:
-        credentials = grpc.ssl_channel_credentials(root_certificates=pair.certificate_pem)
-        options = [("grpc.ssl_target_name_override", "localhost")]
-        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials, options=options) as channel:
-            stream = call(channel)
-            await stream.write(BytesValue(value=b"secret"))
-            assert (await stream.read()).value == b"secret"
-            await stream.done_writing()
-            assert await stream.code() is grpc.StatusCode.OK
-    finally:
-        await server.stop(None)
+    credentials = grpc.ssl_channel_credentials(root_certificates=pair.certificate_pem)
+    options = [("grpc.ssl_target_name_override", "localhost")]
+    async with (
+        serving(Echo(), ssl_context=context) as (_, port),
+        grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials, options=options) as channel,
+    ):
+        await assert_echoed(channel, b"secret")
 
 
 # --- raw HTTP/2 with python-hyper's h2 (what grpcio never sends) -----------------------------------
@@ -301,56 +273,44 @@ def _status(events: list[Any], stream_id: int) -> str | None:
 
 
 async def test_a_compressed_message_is_unimplemented():
-    server, port = await start(Echo())
-    client = RawClient(port)
-    try:
-        client.open(1)
-        client.conn.send_data(1, struct.pack(">BI", 1, 3) + b"abc")
-        client.flush()
-        events = await asyncio.to_thread(client.read_until, lambda ev: _status(ev, 1) is not None)
-        assert _status(events, 1) == "12"
-    finally:
-        client.close()
-        await server.stop(None)
+    async with serving(Echo()) as (_, port):
+        with closing(RawClient(port)) as client:
+            client.open(1)
+            client.conn.send_data(1, struct.pack(">BI", 1, 3) + b"abc")
+            client.flush()
+            events = await asyncio.to_thread(client.read_until, lambda ev: _status(ev, 1) is not None)
+            assert _status(events, 1) == "12"
 
 
 async def test_a_content_type_that_is_not_grpc_is_answered_415():
     echo = Echo()
-    server, port = await start(echo)
-    client = RawClient(port)
-    try:
-        client.open(1, content_type="application/json")
-        events = await asyncio.to_thread(client.read_until, lambda ev: _status(ev, 1) is not None)
-        assert _status(events, 1) == "415"
-        assert not echo.started.is_set()
-    finally:
-        client.close()
-        await server.stop(None)
+    async with serving(echo) as (_, port):
+        with closing(RawClient(port)) as client:
+            client.open(1, content_type="application/json")
+            events = await asyncio.to_thread(client.read_until, lambda ev: _status(ev, 1) is not None)
+            assert _status(events, 1) == "415"
+    assert not echo.started.is_set()
 
 
 async def test_streams_past_the_limit_are_refused_and_a_ping_is_answered():
     echo = Echo()
     echo.release.clear()
-    server, port = await start(echo, max_concurrent_streams=2)
-    client = RawClient(port)
-    try:
-        for stream_id in (1, 3, 5):  # before the server's SETTINGS (its limit) reached the client
-            client.open(stream_id)
-        client.conn.ping(b"12345678")
-        client.flush()
 
-        def refused_and_pong(events: list[Any]) -> bool:
-            reset = any(isinstance(e, h2.events.StreamReset) and e.stream_id == 5 for e in events)
-            return reset and any(isinstance(e, h2.events.PingAckReceived) for e in events)
+    def refused_and_pong(events: list[Any]) -> bool:
+        reset = any(isinstance(e, h2.events.StreamReset) and e.stream_id == 5 for e in events)
+        return reset and any(isinstance(e, h2.events.PingAckReceived) for e in events)
 
-        events = await asyncio.to_thread(client.read_until, refused_and_pong)
-        assert refused_and_pong(events)
-        reset = next(e for e in events if isinstance(e, h2.events.StreamReset))
-        assert reset.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
-        await eventually(lambda: server.open_streams == 2)
-    finally:
-        client.close()
-        await server.stop(None)
+    async with serving(echo, max_concurrent_streams=2) as (server, port):
+        with closing(RawClient(port)) as client:
+            for stream_id in (1, 3, 5):  # before the server's SETTINGS (its limit) reached the client
+                client.open(stream_id)
+            client.conn.ping(b"12345678")
+            client.flush()
+            events = await asyncio.to_thread(client.read_until, refused_and_pong)
+            assert refused_and_pong(events)
+            reset = next(e for e in events if isinstance(e, h2.events.StreamReset))
+            assert reset.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+            await eventually(lambda: server.open_streams == 2)
     assert echo.ended == ["cancelled", "cancelled"]  # the connection's close cancelled both
 
 
@@ -365,21 +325,15 @@ async def test_streams_past_the_limit_are_refused_and_a_ping_is_answered():
     ids=["http1", "frame-too-large", "bad-hpack", "data-on-idle-stream"],
 )
 async def test_malformed_connections_are_closed_and_the_server_serves_the_next(garbage):
-    server, port = await start(Echo())
-    try:
+    async with serving(Echo()) as (server, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(garbage)
         await writer.drain()
         assert await asyncio.wait_for(_read_to_end(reader), 5)  # its SETTINGS, maybe a GOAWAY, then EOF
         writer.close()
         assert server.connections == set() or all(c.going_away for c in server.connections)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stream = call(channel)
-            await stream.write(BytesValue(value=b"still here"))
-            assert (await stream.read()).value == b"still here"
-            await stream.done_writing()
-    finally:
-        await server.stop(None)
+        async with channel_to(port) as channel:
+            await assert_echoed(channel, b"still here")
 
 
 async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
