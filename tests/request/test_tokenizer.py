@@ -18,7 +18,7 @@ from tokenizers import Tokenizer as RawTokenizer
 
 from extproc.errors import TokenizerUnavailable
 from extproc.request.chat_template import ChatTemplate, build_conversation
-from extproc.request.parse import ParsedRequest, parse_openai_body
+from extproc.request.parse import ParsedRequest, body_prefixes, parse_openai_body, parse_shared_body
 from extproc.request.tokenizer import (
     ByteTokenizer,
     HfTokenizer,
@@ -831,8 +831,6 @@ async def test_a_chats_next_turn_parsed_from_the_turn_before_is_tokenized_on_the
     """Its earlier turns' pieces come from the cache: a worker thread would cost two wake-ups and
     free the loop of little (rendering and lookups hold the GIL). Without the piece cache the whole
     prompt is encoded again, and that still goes to a thread."""
-    from extproc.request.parse import body_prefixes, parse_shared_body
-
     backend = _ThreadRecordingHf(tok_dir, piece_cache_bytes=piece_cache_bytes)
     tokenizer = RequestTokenizer(backend, timeout_s=5.0, inline_max_bytes=1000)
     prefixes = body_prefixes()
