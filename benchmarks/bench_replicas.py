@@ -90,6 +90,16 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15)
 
 
+def sleeps(pid: int) -> int:
+    """How often the main thread of `pid` went to sleep waiting (voluntary context switches): each
+    ends in a wake-up, the costly part of a message that does little."""
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    return 0
+
+
 # -- prompts ------------------------------------------------------------------------------------
 
 
@@ -323,7 +333,7 @@ async def wait_ready(http: aiohttp.ClientSession, p: Proc, timeout_s: float = 30
 def profile_start(py_spy: str | None, pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
     if py_spy is None:
         return None
-    argv = [py_spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
+    argv = [py_spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "1000",
             "--nonblocking", "--format", "raw", "--output", str(out)]  # fmt: skip
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -506,17 +516,19 @@ async def run_setup(
                 probe = None
                 if args.probe_s > 0 and replicas == 1:
                     probe = await transport_probe(nats_url, pickers[0], args.probe_s, idle_rate["r0"])
-                profile_target = next((p for p in observing if p.name == "observer_sync"), pickers[0])
+                profile_target = next((p for p in everyone if p.name == args.profile), pickers[0])
                 profiler = profile_start(args.py_spy, profile_target.pid, args.duration_s,
                                          stage / "profile.txt")  # fmt: skip
                 c0 = {p.name: await counters(http, p) for p in everyone}
                 t0 = {p.name: cpu_s(p.pid) for p in everyone}
+                s0 = {p.name: sleeps(p.pid) for p in everyone}
                 w0 = time.monotonic()
                 log(f"{name}: measuring {args.duration_s:.0f} s at {args.rate:g} req/s")
                 traffic = await client.run(args.rate, args.duration_s)
                 await asyncio.sleep(0.5)  # the frees and KV events of the last requests arrive
                 wall = time.monotonic() - w0
                 t1 = {p.name: cpu_s(p.pid) for p in everyone}
+                s1 = {p.name: sleeps(p.pid) for p in everyone}
                 c1 = {p.name: await counters(http, p) for p in everyone}
                 if profiler is not None:
                     profiler.wait(timeout=args.duration_s + 30)
@@ -533,6 +545,7 @@ async def run_setup(
             "cpu_s": {k: round(v, 3) for k, v in cpu.items()},
             "idle_cpu_pct": {k: round(100 * v, 2) for k, v in idle_rate.items()},
             "cpu_ms_per_cluster_request": {k: round(1e3 * v / max(requests, 1), 3) for k, v in cpu.items()},
+            "wakeups_per_s": {k: round((s1[k] - s0[k]) / wall, 1) for k in s0},
             "messages": {k: {c: v for c, v in d.items() if c in KEPT_COUNTERS} for k, d in delta.items()},
         }
         if probe is not None:
@@ -587,7 +600,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu-blocks", type=int, default=4096, help="mock workers' KV blocks (evictions)")
     parser.add_argument("--single-only", action="store_true", help="only the single picker (no ratio)")
     parser.add_argument("--no-observers", action="store_true", help="no observer pickers (no attribution)")
-    parser.add_argument("--py-spy", metavar="PATH", help="profile observer_sync (or r0) over the window")
+    parser.add_argument("--py-spy", metavar="PATH", help="profile a picker over the window (--profile)")
+    parser.add_argument("--profile", default="observer_sync", metavar="NAME",
+                        help="the picker --py-spy profiles: r0, r1, r2, observer_sync or observer_kv "
+                             "(r0 where the setup has no such picker)")  # fmt: skip
     parser.add_argument("--log-dir", type=Path, help="keep child logs here (default: a temporary directory)")
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument("--probe-s", type=float, default=6.0, help="transport probe on the single picker")

@@ -123,6 +123,24 @@ class PickerCollector(Collector):
         yield dropped
         if self.selector is not None:
             yield _held_read_metrics(self.selector.stats)
+            yield from _loop_metrics(self.selector.stats)
+
+
+def _loop_metrics(stats: HoldStats) -> Iterator[Metric]:
+    sleeps = CounterMetricFamily(
+        "extproc_event_loop_sleeps",
+        "Times the picker's event loop had nothing to run and waited for a socket or a timer; each "
+        "ends in a wake-up, which costs a picker more CPU than most messages it reads.",
+    )
+    sleeps.add_metric([], stats.sleeps)
+    yield sleeps
+    lazy = CounterMetricFamily(
+        "extproc_lazy_timers",
+        "Periodic tasks (heartbeats, scrapes, sweeps) and replica sync batches run with a wake-up the "
+        "event loop had anyway, or at their latest time.",
+    )
+    lazy.add_metric([], stats.lazy)
+    yield lazy
 
 
 def _held_read_metrics(stats: HoldStats) -> Metric:

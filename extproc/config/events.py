@@ -148,9 +148,9 @@ REPLICA_SYNC_BATCH_MS = Option(
     float,
     10.0,
     "Replica sync: this replica's request lifecycle messages (add, first token, free) are gathered "
-    "for up to this many milliseconds and sent as one batch (receiving a message costs more than "
-    "applying it); the other replicas see its load this much later. 0 sends each at once. Below the "
-    "heartbeat interval.",
+    "and sent as one batch when the picker has nothing else to run (receiving a message costs more "
+    "than applying it), or after this many milliseconds in a picker that never idles. 0 sends each "
+    "at once. Below the heartbeat interval.",
 )
 EVENT_QUEUE_SIZE = Option(
     "--event-queue-size",

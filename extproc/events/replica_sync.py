@@ -53,12 +53,15 @@ version-1 replica drops as malformed (counted there); batches are format 3 (belo
 Batches: receiving a message costs far more than applying one (a wake-up of the event loop and
 the NATS client's per-message machinery: 0.2-0.3 ms of a picker's CPU per message on a busy
 2-core host, against about 0.05 ms to apply an add; benchmarks/bench_replicas.py), so a replica's
-lifecycle messages are gathered for up to `batch_s` (`DEFAULT_BATCH_S`, 10 ms, from the first
-one) or `MAX_BATCH_OPS` ops / `BATCH_BYTES` and sent as one `batch`, whose ops are applied in
-order exactly as the single messages would be; block hashes travel packed (8 bytes each, decoded
-in one call, no per-hash checks). Any other message first sends the batch gathered so far, so a
-sender's order never changes (a heartbeat's digest counts every op sent before it). A batch is
-one message: its `seq` is checked, and a lost or repeated batch is healed as any message is.
+lifecycle messages are gathered until the sender's loop has nothing else to run (on the picker's
+loop, `extproc.runtime.wakeups.call_when_idle`: the ops of one wake-up go out together and cost
+no wake-up of their own), for up to `batch_s` (`DEFAULT_BATCH_S`, 10 ms, from the first one) in a
+loop that never sleeps, or until `MAX_BATCH_OPS` ops / `BATCH_BYTES`, and sent as one `batch`,
+whose ops are applied in order exactly as the single messages would be; block hashes travel
+packed (8 bytes each, decoded in one call, no per-hash checks). Any other message first sends the
+batch gathered so far, so a sender's order never changes (a heartbeat's digest counts every op
+sent before it). A batch is one message: its `seq` is checked, and a lost or repeated batch is
+healed as any message is.
 Heartbeats say `"batch": 1`. A replica sends batches only while every other replica it knows
 said so in its last heartbeat (none known yet counts as all), else single format-1 messages: a
 replica of the previous version drops a batch as malformed, so from its first message on (its
@@ -105,6 +108,7 @@ from nats.aio.msg import Msg
 from extproc.events.counters import EventCounters
 from extproc.events.nats_events import DEFAULT_QUEUE_SIZE, OrderedSender
 from extproc.router.types import Worker
+from extproc.runtime.wakeups import call_when_idle, lazy_sleep
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.events.replica_sync")
@@ -297,7 +301,7 @@ class ReplicaSync:
         self._batch: list[tuple[int, str, Record | None]] = []  # lifecycle ops not sent yet
         self._batch_size = 0
         self._batch_due = 0.0  # (clock) when the gathered ops must go at the latest
-        self._batch_timer: asyncio.TimerHandle | None = None
+        self._batch_timer: asyncio.Future[None] | asyncio.TimerHandle | None = None
 
     @property
     def subscription(self) -> Any:
@@ -362,7 +366,7 @@ class ReplicaSync:
         if not self._batch:
             self._batch_due = self._clock() + self.batch_s
             with contextlib.suppress(RuntimeError):  # no running loop: tick() or the next message sends it
-                self._batch_timer = asyncio.get_running_loop().call_later(self.batch_s, self.flush_batch)
+                self._batch_timer = call_when_idle(self.flush_batch, self.batch_s)
         self._batch.append((code, request_id, record))
         self._batch_size += size
         if len(self._batch) >= MAX_BATCH_OPS or self._batch_size >= BATCH_BYTES:
@@ -478,15 +482,30 @@ class ReplicaSync:
         self._want_all(reason)
         self._wake.set()
 
+    def _next_tick(self, now: float) -> tuple[float, float]:
+        """(delay, slack) of the next tick: a state wanted by another replica goes out within
+        `_TICK_MAX_S`; otherwise the tick comes with the next heartbeat, up to a quarter of the
+        period late if the loop has no other wake-up before (leases and wants need no more)."""
+        if self._dump_wanted:
+            return max(0.0, self._last_dump + min(self.heartbeat_s / 2, _TICK_MAX_S) - now), 0.0
+        if not self._link_up:  # no heartbeats are due: look again as often as before
+            return min(self.heartbeat_s / 4, _TICK_MAX_S), 0.0
+        return min(max(0.0, self._next_heartbeat - now), self.heartbeat_s), self.heartbeat_s / 4
+
     async def _run(self) -> None:
         while True:
             try:
                 self.tick(self._clock())
             except Exception:  # keep the heartbeats going
                 log.exception("replica sync tick failed")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(self.heartbeat_s / 4, _TICK_MAX_S)):
-                    await self._wake.wait()
+            delay, slack = self._next_tick(self._clock())
+            woken = asyncio.ensure_future(self._wake.wait())
+            slept = asyncio.ensure_future(lazy_sleep(delay, slack))
+            try:
+                await asyncio.wait((woken, slept), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                slept.cancel()
             self._wake.clear()
 
     # --- the others' requests --------------------------------------------------------------------

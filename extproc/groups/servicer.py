@@ -35,6 +35,7 @@ from extproc.groups.codec import (
 from extproc.groups.leases import LeaseTable
 from extproc.groups.types import GroupDecision, GroupLoads, GroupProbe, GroupRequest
 from extproc.router import AllWorkersBusy, InvalidConfig, NoWorkers, Worker
+from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.groups.servicer")
@@ -196,7 +197,7 @@ class GroupApiServer:
 
 async def _sweep_forever(servicer: RouterGroupServicer) -> None:
     while True:
-        await asyncio.sleep(SWEEP_S)  # a timer: leases run out with no event to wait for
+        await lazy_sleep(SWEEP_S, SWEEP_S)  # a timer: leases run out with no event to wait for
         servicer.sweep()
 
 

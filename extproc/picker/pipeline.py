@@ -67,6 +67,7 @@ from extproc.request.parse import ParsedRequest, is_routable, route_of
 from extproc.request.responses import RESPONSES_PATH
 from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, RouterError, SessionPins, Worker
 from extproc.router.hashing import CHECKPOINT_TOKENS, PREFIX_CACHE, PromptTokens
+from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.picker")
@@ -633,7 +634,9 @@ class EndpointPicker:
     async def _sweep_sessions(self) -> None:
         interval_s = min(max(self.config.session_ttl_s / 4, 0.05), MAX_SESSION_SWEEP_S)
         while any(len(sessions) for sessions in self._sessions.values()):
-            await asyncio.sleep(interval_s)  # a timer, not synchronisation: pins lapse with no event
+            await lazy_sleep(
+                interval_s, interval_s
+            )  # a timer: pins lapse with no event (lookups drop them too)
             now = self._clock()
             for sessions in self._sessions.values():
                 sessions.expire(now)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 
 import aiohttp
 
+from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.worker_health")
@@ -89,4 +90,4 @@ class WorkerHealth:
                 await self.probe_all()
             except Exception:  # never let one bad round stop probing
                 log.exception("prefill health probe round failed")
-            await asyncio.sleep(self.interval_s)
+            await lazy_sleep(self.interval_s, self.interval_s / 4)

@@ -50,6 +50,7 @@ from extproc.config import (
     worker_device,
     worker_role,
 )
+from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.discovery")
@@ -297,7 +298,7 @@ class WorkerDiscovery:
     def _every(self, interval_s: float, step: Callable[[], Awaitable[None]], what: str) -> asyncio.Task[None]:
         async def loop() -> None:
             while True:
-                await asyncio.sleep(interval_s)
+                await lazy_sleep(interval_s, interval_s / 4)
                 try:
                     await step()
                 except Exception:  # an edge loop: log and keep going

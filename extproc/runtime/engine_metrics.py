@@ -42,6 +42,7 @@ import aiohttp
 from extproc.config import EngineMetricsConfig, WorkerConfig
 from extproc.config.engine_metrics import MAX_CONCURRENT_SCRAPES
 from extproc.router import KvRouter, Worker
+from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.engine_metrics")
@@ -194,7 +195,8 @@ class EngineMetricsScraper:
                 await self.scrape_once()
             except Exception:  # an edge loop: one bad round must not end the scraping
                 log.exception("engine metrics: a scrape round failed")
-            await asyncio.sleep(max(0.0, self.config.interval_s - (loop.time() - started)))
+            interval_s = self.config.interval_s  # up to a quarter late, with a wake-up the loop has anyway
+            await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s / 4)
 
     async def scrape_once(self) -> None:
         """One round: every metrics URL once (at most MAX_CONCURRENT_SCRAPES at a time)."""

@@ -61,6 +61,7 @@ from extproc.runtime.h2_server import DEFAULT_MAX_STREAMS, H2GrpcServer
 from extproc.runtime.ports_file import write_ports_file
 from extproc.runtime.readiness import Readiness
 from extproc.runtime.tls import describe, server_credentials, server_pair, server_ssl_context
+from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.server")
@@ -310,7 +311,7 @@ async def _follow_readiness(servicer: health.aio.HealthServicer, readiness: Read
         if ready != last:
             log.info("readiness: %s (%s)", "ready" if ready else "not ready", readiness.check().reason)
             last = ready
-        await asyncio.sleep(0.5)  # a timer: readiness changes with no event to wait on
+        await lazy_sleep(0.5, 0.5)  # a timer: readiness changes with no event to wait on
 
 
 async def serve(config: PickerConfig, *, ports_file: str | None = None) -> None:

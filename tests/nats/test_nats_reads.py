@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -190,3 +191,7 @@ def test_extproc_serve_runs_on_the_loop_that_holds_nats_reads(nats_server, tmp_p
     assert "messages read with the picker's next wake-up, within 15 ms" in text, text[-2000:]
     for reason in ("on_wake", "waiting", "deadline", "closed"):
         assert f'extproc_held_reads_total{{released="{reason}"}}' in metrics
+    sleeps = re.search(r"^extproc_event_loop_sleeps_total (\S+)$", metrics, re.M)
+    lazy = re.search(r"^extproc_lazy_timers_total (\S+)$", metrics, re.M)
+    assert sleeps is not None and float(sleeps.group(1)) > 0  # it waited for its first connections
+    assert lazy is not None  # (readiness, scrapes: lazy timers, fired or not by now)

@@ -17,6 +17,7 @@ import pytest
 from extproc.events.counters import EventCounters
 from extproc.events.replica_sync import MAX_BATCH_OPS, VERSION, ReplicaSync, active_sequences_subject
 from extproc.router import Worker
+from extproc.runtime import wakeups
 
 from .conftest import make_router
 
@@ -247,3 +248,31 @@ async def test_on_an_event_loop_a_batch_leaves_after_its_window():
     assert a.wire.ops() == ["batch"]
     a.deliver(b)
     assert b.sync.tracked_remote() == {"a": 1}
+
+
+def test_on_the_pickers_loop_a_batch_leaves_when_the_wake_up_that_filled_it_ends():
+    async def main() -> None:
+        a, b = pair(batch_s=0.9)  # a window far longer than this test waits
+        a.sync.publish_added("r1", W7, [1, 2], 8, 0, None)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the loop is still busy: more ops may come
+            assert a.wire.sent == []
+        a.sync.publish_prefill_complete("r1")
+        await asyncio.sleep(0.001)  # the loop has nothing left to run: the batch goes before it sleeps
+        assert a.wire.ops() == ["batch"]
+        a.deliver(b)
+        assert b.sync.tracked_remote() == {"a": 1}
+
+    wakeups.run(main())
+
+
+def test_the_background_tick_comes_with_the_heartbeat_unless_a_state_is_wanted_or_the_link_is_down():
+    a = Node("a")
+    a.sync.tick(0.0)  # heartbeats; the next is due a period later
+    assert a.sync._next_tick(0.0) == (HEARTBEAT_S, HEARTBEAT_S / 4)  # up to a quarter late
+    assert a.sync._next_tick(0.6) == (pytest.approx(0.4), HEARTBEAT_S / 4)
+    a.sync._dump_wanted = True  # another replica asked for this one's state: soon, exactly
+    assert a.sync._next_tick(0.6) == (0.0, 0.0)
+    a.sync._dump_wanted = False
+    a.sync.connection_changed(False, "test")  # no heartbeats go out: look again often, as before
+    assert a.sync._next_tick(0.6) == (HEARTBEAT_S / 4, 0.0)

@@ -243,18 +243,28 @@ def test_no_delay_holds_nothing(delay: float) -> None:
     _run(main)
 
 
-def test_a_timer_wake_up_reads_what_is_held_and_each_release_is_counted() -> None:
+def test_a_wake_up_with_nothing_to_read_keeps_the_socket_held_until_its_delay() -> None:
     async def main() -> None:
         held, peer = await _connected()
         selector = _picker_selector()
-        for n in (1, 2):
-            assert selector.hold(held.transport, max_delay_s=3600.0)
-            assert selector.hold(held.transport, max_delay_s=3600.0)  # held already: nothing more
-            assert not held.transport.is_reading()
-            await asyncio.sleep(0.001)  # a timer, not the held socket, wakes the loop
-            assert selector.holding == 0 and held.transport.is_reading()
-            assert (selector.stats.held, selector.stats.on_wake, selector.stats.deadline) == (n, n, 0)
+        assert selector.hold(held.transport, max_delay_s=3600.0)
+        assert selector.hold(held.transport, max_delay_s=3600.0)  # held already: nothing more
+        for _ in range(3):
+            await asyncio.sleep(0.001)  # a timer wakes the loop; the socket has nothing to read
+            assert selector.holding == 1 and not held.transport.is_reading()
+        assert (selector.stats.held, selector.stats.on_wake, selector.stats.deadline) == (1, 0, 0)
+        held.transport.close()  # (let it go)
+        quiet, quiet_peer = await _connected()
+        assert selector.hold(quiet.transport, max_delay_s=0.02)
+        deadline = time.monotonic() + BOUND_S
+        while selector.holding and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # timer wake-ups, until its delay runs out
+        assert quiet.transport.is_reading()  # a quiet socket is listened to again at its delay
+        assert selector.stats.deadline == 1 and selector.stats.on_wake == 0
+        quiet_peer.send(b"later")
+        await quiet.until(5)
         peer.close()
+        quiet_peer.close()
 
     wakeups.run(_closing(main()))  # the loop `extproc serve` runs on
 
@@ -336,3 +346,77 @@ def test_a_socket_that_cannot_be_asked_counts_as_waiting() -> None:
     os.close(read_fd)
     os.close(write_fd)
     assert wakeups._waiting(read_fd)  # closed: let its owner read and see why
+
+
+def test_a_lazy_sleep_ends_with_the_next_wake_up_for_something_else_after_its_delay() -> None:
+    async def main() -> None:
+        selector = _picker_selector()
+        started = time.monotonic()
+        lazy = asyncio.create_task(wakeups.lazy_sleep(0.01, 3600.0))
+        await asyncio.sleep(0.05)  # a timer wakes the loop after the lazy delay: the sleep ends then
+        await asyncio.wait_for(lazy, BOUND_S)
+        assert time.monotonic() - started < BOUND_S and selector.stats.lazy == 1
+        started = time.monotonic()
+        await asyncio.wait_for(wakeups.lazy_sleep(0.02, 0.01), BOUND_S)  # nothing else: by its slack
+        assert time.monotonic() - started >= 0.02 and selector.stats.lazy == 2
+
+    _run(main)
+
+
+def test_a_lazy_sleep_never_ends_before_its_delay_however_often_the_loop_wakes() -> None:
+    async def main() -> None:
+        started = time.monotonic()
+        lazy = asyncio.create_task(wakeups.lazy_sleep(0.05, 1.0))
+        while not lazy.done() and time.monotonic() - started < BOUND_S:
+            await asyncio.sleep(0.001)  # the loop wakes every millisecond
+        assert lazy.done() and time.monotonic() - started >= 0.05
+
+    _run(main)
+
+
+def test_a_cancelled_lazy_sleep_is_dropped() -> None:
+    async def main() -> None:
+        selector = _picker_selector()
+        lazy = asyncio.create_task(wakeups.lazy_sleep(3600.0, 3600.0))
+        await asyncio.sleep(0)
+        lazy.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await lazy
+        await asyncio.sleep(0.001)  # the loop sleeps once more: the dead entry is dropped first
+        assert selector._lazy == [] and selector.stats.lazy == 0
+
+    _run(main)
+
+
+def test_a_callback_when_idle_runs_once_the_loop_has_nothing_else_to_run() -> None:
+    async def main() -> None:
+        calls: list[str] = []
+        wakeups.call_when_idle(lambda: calls.append("idle"), 3600.0)
+        for _ in range(5):
+            await asyncio.sleep(0)  # the loop is busy: this task is ready again at once
+            assert calls == []
+        cancelled = wakeups.call_when_idle(lambda: calls.append("cancelled"), 3600.0)
+        cancelled.cancel()
+        await asyncio.sleep(0.001)  # the loop would sleep: the callback runs first
+        assert calls == ["idle"]
+        busy_since = time.monotonic()
+        wakeups.call_when_idle(lambda: calls.append("busy"), 0.02)
+        while len(calls) < 2 and time.monotonic() - busy_since < BOUND_S:
+            await asyncio.sleep(0)  # a loop that never sleeps runs it by its latest
+        assert calls == ["idle", "busy"] and time.monotonic() - busy_since >= 0.02
+
+    _run(main)
+
+
+def test_lazy_sleeps_and_idle_callbacks_on_any_other_loop_are_timers() -> None:
+    async def main() -> None:
+        assert deferring_selector() is None
+        started = time.monotonic()
+        await wakeups.lazy_sleep(0.01, 3600.0)
+        assert time.monotonic() - started < BOUND_S
+        called = asyncio.Event()
+        handle = wakeups.call_when_idle(called.set, 0.01)
+        assert isinstance(handle, asyncio.TimerHandle)
+        await asyncio.wait_for(called.wait(), BOUND_S)
+
+    asyncio.run(main())
