@@ -430,10 +430,10 @@ def inprocess_costs(prompts: Sequence[bytes], requests: int = 400) -> dict[str, 
     feed = RouterFeed({f"w{i}": target for i in range(4)}, EventCounters())
     link: Any = type("Link", (), {"counters": EventCounters(), "watch": lambda self, w: lambda: None})()
     subscriber = NatsEventSubscriber(link, feed, "x", worker_id_of=lambda i: f"w{i}")
-    rng = random.Random(5)
     events = []
-    for i, t in enumerate(tokens):
-        blocks = tuple(StoredBlock(rng.getrandbits(63), h) for h in sender.block_hashes(t)[:64])
+    for i, t in enumerate(tokens):  # engine ids from the content, alike on every worker (as engines do)
+        hashes = sender.block_hashes(t)[:64]
+        blocks = tuple(StoredBlock((h * 0x9E3779B97F4A7C15) % (1 << 63), h) for h in hashes)
         events.append(encode_event(i % 4, BlocksStored(Worker(i % 4), blocks), i // 4, 0))
     started = time.process_time()
     for e in events:

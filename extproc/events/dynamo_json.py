@@ -129,21 +129,43 @@ def router_event_data(payload: Any, worker: Worker, event_id: int) -> KvEvent | 
         stored = _object(payload["stored"], "stored")
         parent = stored.get("parent_hash")
         parent_hash = None if parent is None else _uint(parent, U64_MAX, "parent_hash")
-        blocks = tuple(
-            StoredBlock(
-                _uint(b.get("block_hash"), U64_MAX, "block_hash"),
-                _uint(b.get("tokens_hash"), U64_MAX, "tokens_hash"),
-            )
-            for b in (_object(b, "block") for b in _list(stored.get("blocks"), "blocks"))
-        )
+        blocks = _stored_blocks(_list(stored.get("blocks"), "blocks"))
         return BlocksStored(worker, blocks, parent_hash, event_id)
     if isinstance(payload, dict) and len(payload) == 1 and "removed" in payload:
         removed = _object(payload["removed"], "removed")
-        hashes = tuple(
-            _uint(h, U64_MAX, "block_hash") for h in _list(removed.get("block_hashes"), "block_hashes")
-        )
-        return BlocksRemoved(worker, hashes, event_id)
+        hashes = _list(removed.get("block_hashes"), "block_hashes")
+        if not _all_u64(hashes):  # the first bad one, named
+            hashes = [_uint(h, U64_MAX, "block_hash") for h in hashes]
+        return BlocksRemoved(worker, tuple(hashes), event_id)
     return None
+
+
+def _stored_blocks(blocks: list[Any]) -> tuple[StoredBlock, ...]:
+    """The blocks of a `stored` event: checked a list at a time (most of an event's decoding cost was
+    checking each field in Python); any doubt goes field by field, for the error that names it."""
+    try:
+        engine = [b["block_hash"] for b in blocks]
+        local = [b["tokens_hash"] for b in blocks]
+    except (TypeError, KeyError, IndexError):  # not objects, or a field missing
+        engine = local = []
+    if len(engine) == len(blocks) and _all_u64(engine) and _all_u64(local) and _all_objects(blocks):
+        return tuple(map(StoredBlock, engine, local))
+    return tuple(
+        StoredBlock(
+            _uint(b.get("block_hash"), U64_MAX, "block_hash"),
+            _uint(b.get("tokens_hash"), U64_MAX, "tokens_hash"),
+        )
+        for b in (_object(b, "block") for b in blocks)
+    )
+
+
+def _all_u64(values: list[Any]) -> bool:
+    """Every value an int (not a bool) in [0, 2**64)."""
+    return not values or (set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= U64_MAX)
+
+
+def _all_objects(values: list[Any]) -> bool:
+    return set(map(type, values)) <= {dict}
 
 
 def count_unknown_variant(counters: EventCounters, worker: Worker, payload: Any) -> None:

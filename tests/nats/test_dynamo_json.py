@@ -97,6 +97,15 @@ def test_unknown_variants_are_counted_loudly_and_dropped(wire, caplog):
         b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"stored":{"parent_hash":null,"blocks":{}}}}}',
         b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"stored":{"blocks":[{"block_hash":1}]}}}}',
         b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"removed":{"block_hashes":["1"]}}}}',
+        # a list of blocks is checked at once; each of these falls back to naming the bad field
+        b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"stored":{"blocks":[{"block_hash":1,"tokens_hash":2},{"block_hash":true,"tokens_hash":2}]}}}}',
+        b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"stored":{"blocks":[{"block_hash":1,"tokens_hash":-2}]}}}}',
+        b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"stored":{"blocks":[{"block_hash":18446744073709551616,"tokens_hash":2}]}}}}',
+        b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"stored":{"blocks":[{"block_hash":1,"tokens_hash":2.0}]}}}}',
+        b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"stored":{"blocks":[{"block_hash":1,"tokens_hash":2},[1,2]]}}}}',
+        b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"stored":{"blocks":["ab"]}}}}',
+        b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"removed":{"block_hashes":[1,false]}}}}',
+        b'{"worker_id":7,"event":{"event_id":0,"dp_rank":0,"data":{"removed":{"block_hashes":[1,-1]}}}}',
         b'{"worker_id":7,"event":[]}',
     ],
 )
