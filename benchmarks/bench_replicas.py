@@ -75,7 +75,7 @@ STREAMED = processing_mode_pb2.ProcessingMode.STREAMED
 TICKS = os.sysconf("SC_CLK_TCK")
 GOAL = 0.45
 KEPT_COUNTERS = ("sync.applied", "sync.published", "sync.batch_ops", "nats.event", "feed.events", "sync.gap",
-                 "sync.resync", "sync.malformed")  # fmt: skip
+                 "sync.resync", "sync.malformed", "sync.catch_up", "sync.catch_up_turns")  # fmt: skip
 _T0 = time.monotonic()
 
 

@@ -13,16 +13,25 @@ This reaches into nats.py: it wraps the `read` of the client's `TcpTransport` (o
 life of a client: nats.py reconnects it in place) and holds the asyncio transport under its
 current stream writer. With any other transport (websocket), a TLS connection, or a loop not made
 by `extproc.runtime.wakeups.new_event_loop`, nothing is held and `defer_reads` says so.
+
+Held or not, bytes that reach the socket while the picker handles an ext_proc message are parsed
+by nats.py a few loop turns after that message, so a decision made on it would not see them.
+`catch_up` is for a reader that must: it lets the socket go and gives nats.py the turns it needs
+to read, parse and hand each message to its subscription, only when something waits.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.transport import TcpTransport
 
-from extproc.runtime.wakeups import deferring_selector
+from extproc.runtime.wakeups import bytes_waiting, deferring_selector
+
+CATCH_UP_TURNS = 8  # loop turns `catch_up` gives nats.py at most (it needs three: read, parse, hand over)
 
 
 def defer_reads(nc: NatsClient, max_delay_s: float) -> str | None:
@@ -49,3 +58,33 @@ def defer_reads(nc: NatsClient, max_delay_s: float) -> str | None:
 
     transport.read = read_then_hold
     return None
+
+
+async def catch_up(nc: NatsClient, pending: Callable[[], int], max_turns: int = CATCH_UP_TURNS) -> int:
+    """Read what already waits for `nc` before going on: if bytes wait in its socket or its
+    reader, or `pending()` (messages nats.py queued for a subscription) is not 0, let a held socket
+    go and yield to the loop until all of it was handed over, `max_turns` turns at most. Returns
+    the turns taken (0: nothing waited)."""
+    transport: Any = getattr(nc, "_transport", None)
+    writer: Any = getattr(transport, "_io_writer", None)
+    if writer is None or writer.transport.is_closing():  # reconnecting: nothing to read
+        return 0
+    sock = writer.get_extra_info("socket")
+    fd = -1 if sock is None else sock.fileno()
+    if fd < 0:
+        return 0
+    reader = getattr(transport, "_io_reader", None)
+
+    def behind() -> bool:
+        return pending() > 0 or bool(getattr(reader, "_buffer", b"")) or bytes_waiting(fd)
+
+    if not behind():
+        return 0
+    selector = deferring_selector()
+    if selector is not None:
+        selector.let_go(writer.transport)
+    for turn in range(1, max_turns + 1):
+        await asyncio.sleep(0)  # one loop turn: nats.py reads, parses, hands messages over
+        if not behind():
+            return turn
+    return max_turns

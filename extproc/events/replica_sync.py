@@ -23,6 +23,10 @@ shared view heals itself instead of trusting every message to arrive:
   it with what it tracks for that sender; a difference (`sync.digest_mismatch`) asks for a `state`.
 - Reconnect: when its NATS connection comes back a replica publishes its whole in-flight set and
   asks every other replica for theirs (`want` from `*`), as it does at start.
+- Catch-up: the picker awaits `catch_up` before each decision (`EndpointPicker.before_decision`):
+  messages that already reached this replica's socket, held there until its next wake-up
+  (`--nats-read-delay-ms`), are applied first, so a decision counts every request the others
+  announced before it (replay: other replicas' load 50 ms late costs 4-8 % of TTFT).
 
 Every applied `state` that changed something or was asked for is counted (`sync.resync`) and logged
 with what it added and forgot. Remote requests are tracked under `<router>:<id>`, so that two
@@ -107,6 +111,7 @@ from nats.aio.msg import Msg
 
 from extproc.events.counters import EventCounters
 from extproc.events.nats_events import DEFAULT_QUEUE_SIZE, OrderedSender
+from extproc.events.nats_reads import catch_up
 from extproc.router.types import Worker
 from extproc.runtime.wakeups import call_when_idle, lazy_sleep
 from extproc.tasks import cancel_and_wait
@@ -557,6 +562,21 @@ class ReplicaSync:
         log.warning("replica sync lost messages: asking every replica for its state%s",
                     f" (forgot {forgotten} requests of version-1 replicas)" if legacy else "")  # fmt: skip
         self._want_all("messages were dropped")
+
+    async def catch_up(self) -> None:
+        """Apply what other replicas said that already reached this one (a decision is about to
+        count their load): a held NATS socket is read now, not with a later wake-up."""
+        sub = self._sub
+        if self.nc is None or sub is None:
+            return
+        try:
+            turns = await catch_up(self.nc, lambda: sub.pending_msgs)
+        except Exception as exc:  # a decision never fails for it: it goes on with what it has
+            self.counters.loud("sync.catch_up_error", "replica sync: no catch-up before a decision: %r", exc)
+            return
+        if turns:
+            self.counters.add("sync.catch_up")
+            self.counters.add("sync.catch_up_turns", turns)
 
     async def _on_message(self, msg: Msg) -> None:
         self.handle(msg.data)

@@ -235,6 +235,12 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         listener = _SyncListener(sync, picker)
         picker.listeners.append(listener)
         sources.closers.append(listener.detach)
+        picker.before_decision = sync.catch_up  # a decision counts what already reached this replica
+
+        async def stop_catching_up() -> None:
+            picker.before_decision = None
+
+        sources.closers.append(stop_catching_up)
         log.info(
             "replica sync on %s as %s (in-flight load is shared; sticky-session pins and the workers "
             "storing Responses API answers stay with the replica that saw them)", subject, router_id,

@@ -35,7 +35,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Protocol
@@ -138,6 +138,8 @@ class EndpointPicker:
         self.metrics = PickMetrics()
         self.listeners: list[RouteListener] = []
         self.worker_listeners: list[WorkerSetListener] = []
+        # awaited before each decision: replica sync reads what other replicas said that already came
+        self.before_decision: Callable[[], Awaitable[None]] | None = None
         self._pools = build_pools(config, clock=clock, rng=self._rng)
         groups = self._groups(config)
         local = [g for g in groups if isinstance(g, LocalGroup)]
@@ -362,6 +364,8 @@ class EndpointPicker:
         if request.previous_response_id is not None:  # its history is stored where it was answered
             pinned = self._response_home(request, pinned)
         gate = self._gates[request.model]
+        if self.before_decision is not None:
+            await self.before_decision()
         routed_at = time.perf_counter_ns()
         if not gate.enabled:  # what admit does without a queue, minus its entry and callbacks
             waited_s = 0.0

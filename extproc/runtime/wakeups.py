@@ -115,6 +115,14 @@ class DeferringSelector(selectors.DefaultSelector):
     def holding(self) -> int:
         return len(self._held)
 
+    def let_go(self, transport: asyncio.ReadTransport) -> bool:
+        """Listen to `transport` again now if it is held (its owner needs what waits at once);
+        whether it was."""
+        if transport not in self._held:
+            return False
+        self._let_go(transport)
+        return True
+
     def resolve_lazily(self, future: asyncio.Future[None], earliest_s: float, latest_s: float) -> None:
         """Resolve `future` (with None) the first time the loop is idle or just woke `earliest_s`
         from now or later, waking the loop for it `latest_s` from now at the latest; a loop busy
@@ -151,7 +159,7 @@ class DeferringSelector(selectors.DefaultSelector):
         for transport, held in list(self._held.items()):
             if transport.is_closing():  # its fd may already be another socket's
                 self._let_go(transport)
-            elif _waiting(held.fd):
+            elif bytes_waiting(held.fd):
                 self.stats.waiting += 1
                 self._let_go(transport)
             elif held.deadline < deadline:
@@ -168,7 +176,7 @@ class DeferringSelector(selectors.DefaultSelector):
             if transport.is_closing() or held.deadline <= now:
                 self.stats.deadline += not transport.is_closing()
                 self._let_go(transport)
-            elif awake and _waiting(held.fd):
+            elif awake and bytes_waiting(held.fd):
                 self.stats.on_wake += 1
                 self._let_go(transport)
 
@@ -198,11 +206,11 @@ class DeferringSelector(selectors.DefaultSelector):
         return resolved
 
 
-def _waiting(fd: int) -> bool:
+def bytes_waiting(fd: int) -> bool:
     """Whether the socket has bytes to read (FIONREAD); an error counts as yes (let it be read)."""
     try:
         return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_BUF))[0] > 0
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a closed socket's fd is -1
         return True
 
 

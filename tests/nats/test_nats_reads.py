@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import urllib.request
 
 import nats
@@ -23,15 +24,17 @@ import nats
 from extproc.devstack.procs import ManagedProcess
 from extproc.events.dynamo_json import encode_event, kv_events_subject
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
-from extproc.events.nats_reads import defer_reads
+from extproc.events.nats_reads import catch_up, defer_reads
+from extproc.events.replica_sync import ReplicaSync, active_sequences_subject
 from extproc.router import KvRouter, Worker, compute_block_hashes
 from extproc.router.types import BlocksStored, StoredBlock
-from extproc.runtime.wakeups import deferring_selector, run
+from extproc.runtime.wakeups import bytes_waiting, deferring_selector, run
 
 from .conftest import BLOCK_SIZE, eventually, make_feed, make_router, matches, prime_events
 
 SUBJECT = kv_events_subject("dynamo", "backend")
 W7 = Worker("7")
+BOUND_S = 20.0
 
 
 def _stored_events(first_id: int, count: int, seed: int) -> tuple[list[bytes], list[int]]:
@@ -195,3 +198,58 @@ def test_extproc_serve_runs_on_the_loop_that_holds_nats_reads(nats_server, tmp_p
     lazy = re.search(r"^extproc_lazy_timers_total (\S+)$", metrics, re.M)
     assert sleeps is not None and float(sleeps.group(1)) > 0  # it waited for its first connections
     assert lazy is not None  # (readiness, scrapes: lazy timers, fired or not by now)
+
+
+def _publish_from_another_loop(url: str, subject: str, payloads: list[bytes]) -> None:
+    """Publishes and flushes from a thread of its own (this test's loop is blocked meanwhile)."""
+
+    async def publish() -> None:
+        nc = await nats.connect(url)
+        for payload in payloads:
+            await nc.publish(subject, payload)
+        await nc.flush()
+        await nc.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(publish(),), daemon=True)
+    thread.start()
+    thread.join(30.0)
+    assert not thread.is_alive()
+
+
+def test_a_replica_about_to_decide_applies_what_already_waits_in_its_held_socket(nats_server) -> None:
+    """Bytes that reached a held socket are read with the next wake-up, a few loop turns after the
+    ext_proc message that woke it: too late for the decision it asks for. `catch_up` reads them
+    before (EndpointPicker.before_decision with replica sync)."""
+    subject = active_sequences_subject("test", "backend")
+    other = ReplicaSync(None, make_router(), "a", subject, batch_s=0.0)  # type: ignore[arg-type]
+    wire: list[bytes] = []
+    other._sender = type("Wire", (), {"submit": lambda self, s, p: wire.append(p)})()  # type: ignore[assignment]
+    other.publish_added("r1", W7, [11, 12], 32, 0, 8)
+
+    async def main() -> None:
+        nc = await nats.connect(nats_server.url)
+        try:
+            assert defer_reads(nc, 3600.0) is None  # held for an hour after each read
+            sync = ReplicaSync(nc, make_router(), "b", subject)
+            await sync.start()
+            await sync.flush()  # its last read (the PONG) holds the socket
+            selector = deferring_selector()
+            assert selector is not None and selector.holding == 1
+            fd = nc._transport._io_writer.get_extra_info("socket").fileno()  # type: ignore[union-attr]
+            _publish_from_another_loop(nats_server.url, subject, wire)
+            deadline = time.monotonic() + BOUND_S
+            while not bytes_waiting(fd) and time.monotonic() < deadline:
+                time.sleep(0.005)  # the loop is blocked on purpose: nothing may read the socket
+            assert bytes_waiting(fd) and sync.tracked_remote() == {}
+            await sync.catch_up()
+            assert sync.tracked_remote() == {"a": 1}  # applied before going on, not a wake-up later
+            counts = sync.counters.snapshot()
+            assert counts.get("sync.catch_up") == 1 and 1 <= counts.get("sync.catch_up_turns", 0) < 8
+            await sync.catch_up()  # nothing waits: nothing to do
+            assert sync.counters.snapshot().get("sync.catch_up") == 1
+            await sync.stop()
+        finally:
+            await nc.close()
+        assert await catch_up(nc, lambda: 0) == 0  # a closed connection (its fd is -1): nothing
+
+    run(main())

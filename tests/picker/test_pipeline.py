@@ -153,3 +153,21 @@ async def test_a_path_is_decided_normalised_for_in_process_callers_too():
     assert chosen.tracked and chosen.request_blocks > 0
     picker.finish(chosen, "complete")
     assert picker.is_idle()
+
+
+async def test_each_decision_first_awaits_what_the_picker_must_hear_before_it():
+    """Replica sync hooks `before_decision` (other replicas' load that already came is applied
+    first); it runs once per routed request, before the router counts the request."""
+    picker = EndpointPicker(picker_config())
+    in_flight_seen: list[int] = []
+
+    async def before() -> None:
+        in_flight_seen.append(picker.selector.in_flight())
+
+    picker.before_decision = before
+    first = await pick(picker, chat_body("a " * 50), request_id="one")
+    second = await pick(picker, chat_body("b " * 50), request_id="two")
+    assert in_flight_seen == [0, 1]  # each before its own request was counted
+    picker.finish(first, "complete")
+    picker.finish(second, "complete")
+    assert picker.is_idle()

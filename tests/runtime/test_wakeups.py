@@ -345,7 +345,7 @@ def test_a_socket_that_cannot_be_asked_counts_as_waiting() -> None:
     read_fd, write_fd = os.pipe()
     os.close(read_fd)
     os.close(write_fd)
-    assert wakeups._waiting(read_fd)  # closed: let its owner read and see why
+    assert wakeups.bytes_waiting(read_fd)  # closed: let its owner read and see why
 
 
 def test_a_lazy_sleep_ends_with_the_next_wake_up_for_something_else_after_its_delay() -> None:
