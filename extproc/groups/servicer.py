@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol, TypeVar
 
@@ -78,18 +78,30 @@ class LeaseStats:
 class RouterGroupServicer(pb_grpc.RouterGroupServicer):
     """Serves this picker's local group to top-level pickers."""
 
-    def __init__(self, group: ServedGroup, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        group: ServedGroup,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        before_decision: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.group = group
         self.clock = clock
         self.leases = LeaseTable()
         self.lease_stats = LeaseStats()
+        self.before_decision = before_decision  # the picker's: replica sync's catch-up
 
     async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeResponse:
+        if self.before_decision is not None:
+            await self.before_decision()
         return await _answer(
             context, lambda: encode_probe(self.group.probe_now(decode_request(request.request)))
         )
 
     async def Commit(self, request: pb.CommitRequest, context: grpc.aio.ServicerContext) -> pb.CommitResponse:
+        if self.before_decision is not None:
+            await self.before_decision()
+
         def commit() -> pb.CommitResponse:
             probed = decode_worker(request.probed_worker) if request.HasField("probed_worker") else None
             decision = self.group.commit_now(decode_request(request.request), request.request_id, probed)
@@ -202,15 +214,21 @@ async def _sweep_forever(servicer: RouterGroupServicer) -> None:
 
 
 async def start_group_api(
-    group: ServedGroup, host: str, port: int, *, credentials: grpc.ServerCredentials | None = None
+    group: ServedGroup,
+    host: str,
+    port: int,
+    *,
+    credentials: grpc.ServerCredentials | None = None,
+    before_decision: Callable[[], Awaitable[None]] | None = None,
 ) -> GroupApiServer:
     """Serve `group` on host:port (0 picks a free port) in the running event loop; over TLS with
     `credentials` (the picker passes its ext_proc server's, see extproc/runtime/tls.py), else plaintext.
+    `before_decision` is awaited before each probe and commit, as the picker's own decisions do.
 
     Raises OSError when the port cannot be bound.
     """
     server = grpc.aio.server(options=GROUP_GRPC_OPTIONS)
-    servicer = RouterGroupServicer(group)
+    servicer = RouterGroupServicer(group, before_decision=before_decision)
     pb_grpc.add_RouterGroupServicer_to_server(servicer, server)
     address = f"{host}:{port}"
     try:

@@ -279,6 +279,12 @@ class EndpointPicker:
             await self._gates[model].close()
             await pool.tokenizer.close()
 
+    async def hear_before_deciding(self) -> None:
+        """Await `before_decision` if set: every decision of this process, its own and those it
+        makes for other pickers through the router-group API, first hears what already came."""
+        if self.before_decision is not None:
+            await self.before_decision()
+
     def is_idle(self) -> bool:
         """No request is tracked anywhere and every load counter is back at zero."""
         return self.selector.in_flight() == 0 and all(pool.disagg.is_idle() for pool in self._pools.values())
@@ -364,8 +370,7 @@ class EndpointPicker:
         if request.previous_response_id is not None:  # its history is stored where it was answered
             pinned = self._response_home(request, pinned)
         gate = self._gates[request.model]
-        if self.before_decision is not None:
-            await self.before_decision()
+        await self.hear_before_deciding()
         routed_at = time.perf_counter_ns()
         if not gate.enabled:  # what admit does without a queue, minus its entry and callbacks
             waited_s = 0.0

@@ -262,8 +262,9 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
         running.engine_metrics = await start_engine_metrics(picker, config.engine_metrics)
         if config.groups.api_port is not None:
             running.group_api = await start_group_api(
-                picker.local, config.host, config.groups.api_port, credentials=credentials
-            )
+                picker.local, config.host, config.groups.api_port, credentials=credentials,
+                before_decision=picker.hear_before_deciding,
+            )  # fmt: skip
         await _report_readiness(health_servicer, readiness)
         running.readiness_task = asyncio.get_running_loop().create_task(
             _follow_readiness(health_servicer, readiness)

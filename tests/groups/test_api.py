@@ -278,3 +278,25 @@ async def test_renewals_keep_an_owners_requests_alive_past_the_lease(served):
 
 def served_port(served) -> int:
     return int(served[2].address.rsplit(":", 1)[1])
+
+
+async def test_probes_and_commits_first_hear_what_the_serving_picker_must_hear_before_deciding():
+    """A replica serving its routers as a group catches up on replica sync before a remote
+    caller's probe or commit, as before its own decisions (EndpointPicker.hear_before_deciding)."""
+    picker = EndpointPicker(group_config("w", 3))
+    heard: list[int] = []
+
+    async def before() -> None:
+        heard.append(picker.local.in_flight())
+
+    picker.before_decision = before
+    api = await start_group_api(picker.local, "127.0.0.1", 0, before_decision=picker.hear_before_deciding)
+    remote = RemoteGroup("g", f"127.0.0.1:{api.port}")
+    try:
+        probed = await remote.probe(request(prompt(1)), timeout_s=1)
+        await remote.commit(request(prompt(1)), "r1", probed.choice.worker)
+        await remote.probe(request(prompt(2)), timeout_s=1)
+        assert heard == [0, 0, 1]  # before each decision, the commit's own request not yet counted
+    finally:
+        await remote.close()
+        await api.stop(0)
