@@ -47,7 +47,7 @@ class EventsConfig:
     replica_sync_lease_s: float = 5.0  # silence after which the others forget its requests
     replica_sync_batch_s: float = 0.01  # lifecycle messages gathered this long into one batch (0: none)
     queue_size: int = 10_000  # per subscription: ZMQ SUB high-water mark, NATS pending messages
-    nats_read_delay_s: float = 0.05  # NATS is read with the loop's next wake-up, or after this at most
+    nats_read_delay_s: float = 0.2  # NATS is read with the loop's next wake-up, or after this at most
     nats_tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)
     nats_creds_file: str | None = None  # a NATS .creds file (JWT + nkey seed)
     nats_user: str | None = None
@@ -160,14 +160,24 @@ EVENT_QUEUE_SIZE = Option(
     "the picker is busy. Beyond it messages are dropped, counted, and the worker resynchronised.",
 )
 
-NATS_READ_DELAY_MS = Option(
+DEFAULT_READ_DELAY_MS = 200.0  # decisions catch up on replica sync; KV events 200 ms late cost nothing
+DURABLE_READ_DELAY_MS = 50.0  # durable KV events: one JetStream fetch per delay while idle
+
+
+def _ms(text: Any) -> float | None:
+    return float(text)
+
+
+NATS_READ_DELAY_MS: Option[float | None] = Option(
     "--nats-read-delay-ms",
-    float,
-    50.0,
+    _ms,
+    None,
     "NATS messages (KV events, replica sync, JetStream replies) are read when the picker wakes up "
     "for anything else (an ext_proc message, a timer), or after this many milliseconds at most: a "
     "wake-up costs the picker several times what handling a message does. Bytes already waiting "
-    "are read at once. 0 reads each message as it arrives.",
+    "are read at once, and a replica about to decide first applies what other replicas said that "
+    "already came. 0 reads each message as it arrives. Default 200, or 50 with "
+    "--router-durable-kv-events (each JetStream fetch of an idle picker waits for the delay).",
 )
 
 EVENT_OPTIONS: tuple[Option[Any], ...] = (
@@ -272,6 +282,8 @@ def read_events(reader: Reader) -> EventsConfig:
     batch_ms = read(REPLICA_SYNC_BATCH_MS)
     queue_size = read(EVENT_QUEUE_SIZE)
     read_delay_ms = read(NATS_READ_DELAY_MS)
+    if read_delay_ms is None:
+        read_delay_ms = DURABLE_READ_DELAY_MS if durable else DEFAULT_READ_DELAY_MS
     creds_file = read(NATS_CREDS_FILE)
     user = read(NATS_USER)
     password = read(NATS_PASSWORD)
