@@ -83,7 +83,7 @@ MODULES: dict[str, list[str]] = {
     "request/anthropic.py": ["tests/request/test_anthropic.py", "tests/request/test_anthropic_mutants.py"],
     "request/json_type.py": ["tests/request/test_parse.py", "tests/request/test_parse_mutants.py"],
     "epp/answers.py": ["tests/epp/test_answers.py", "tests/epp/test_answers_mutants.py"],
-    # the picker's loop: held sockets, on real sockets
+    # the picker's loop: held sockets (real sockets), lazy timers, the selector's arithmetic
     "runtime/wakeups.py": ["tests/runtime/test_wakeups.py"],
 }
 
@@ -108,30 +108,75 @@ WHY_LIVE = (
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
     "runtime/wakeups.py": {
-        "x__waiting__mutmut_6": (
+        "x_bytes_waiting__mutmut_6": (
             'return struct.unpack("I", fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_BUF))[0] > 0',
             "same-value",
             "FIONREAD's count of bytes is never negative: signed and unsigned read it alike",
         ),
-        "xǁDeferringSelectorǁ_before_sleep__mutmut_11": (
-            "elif deadline is None or held.deadline <= deadline:",
+        "x_lazy_sleep__mutmut_6": (
+            "if selector is None or slack_s < 0:",
+            "same-value",
+            "with no slack the lazy entry's earliest and latest are its delay: it ends when the timer would",
+        ),
+        "xǁDeferringSelectorǁ_before_sleep__mutmut_16": (
+            "elif held.deadline <= deadline:",
             "same-value",
             "of two equal deadlines either is the earliest",
         ),
-        "xǁDeferringSelectorǁ_before_sleep__mutmut_25": (
+        "xǁDeferringSelectorǁ_before_sleep__mutmut_30": (
             "return until if timeout is None or until <= timeout else timeout",
             "same-value",
             "when the delay left equals the loop's timeout, either is the same sleep",
         ),
-        "xǁDeferringSelectorǁ_release_all__mutmut_4": (
-            "if woken or now <= held.deadline:",
-            "margin",
-            "only the reason a release is counted under changes, when the clock reads the deadline exactly",
-        ),
-        "xǁDeferringSelectorǁ_release_due__mutmut_3": (
-            "if held.deadline < now:",
+        "xǁDeferringSelectorǁ_release__mutmut_3": (
+            "if transport.is_closing() or held.deadline < now:",
             "margin",
             "a socket whose delay ends exactly now is read at the next poll instead",
+        ),
+        "xǁDeferringSelectorǁ_resolve__mutmut_1": (
+            "if not self._lazy and (not idle and now < self._lazy_latest):",
+            "performance",
+            "a busy poll scans the entries instead of returning early; it finds none due by its latest",
+        ),
+        "xǁDeferringSelectorǁ_resolve__mutmut_5": (
+            "if not self._lazy or (not idle and now <= self._lazy_latest):",
+            "margin",
+            "an entry whose latest is exactly now is resolved at the next poll instead",
+        ),
+        "xǁDeferringSelectorǁ_resolve__mutmut_6": (
+            "return True",
+            "same-value",
+            "that early return is never taken where the result is read (_before_sleep asks with idle=True)",
+        ),
+        "xǁDeferringSelectorǁ_resolve__mutmut_21": (
+            "resolved = None",
+            "same-value",
+            "None is falsy as False is: the result reads the same",
+        ),
+        "xǁDeferringSelectorǁ_resolve__mutmut_22": (
+            "resolved = True",
+            "performance",
+            "when only cancelled entries were dropped the loop polls once more before it sleeps",
+        ),
+        "xǁDeferringSelectorǁselect__mutmut_27": (
+            "self._resolve(now, idle=None)",
+            "performance",
+            "an entry due as the loop wakes is resolved before it sleeps again: in the same wake-up, later",
+        ),
+        "xǁDeferringSelectorǁselect__mutmut_30": (
+            "self._resolve(now, idle=False)",
+            "performance",
+            "an entry due as the loop wakes is resolved before it sleeps again: in the same wake-up, later",
+        ),
+        "xǁDeferringSelectorǁselect__mutmut_37": (
+            "self._resolve(now, idle=None)",
+            "same-value",
+            "None is falsy as False is: a poll resolves by the latest either way",
+        ),
+        "xǁDeferringSelectorǁ_resolve__mutmut_11": (
+            "due = [e for e in self._lazy if (e.earliest if idle else e.latest) < now or e.future.done()]",
+            "margin",
+            "an entry due exactly now is resolved at the next poll or wake-up instead",
         ),
     },
     "router/aic.py": {

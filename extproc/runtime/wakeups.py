@@ -152,8 +152,7 @@ class DeferringSelector(selectors.DefaultSelector):
     def _before_sleep(self, timeout: float | None) -> float | None:
         """Resolve the lazy futures that are due (then the loop does not sleep), release what has
         bytes waiting; the sleep ends by the earliest deadline of the rest."""
-        now = self._clock()
-        if self._lazy and self._resolve(now, idle=True):
+        if self._lazy and self._resolve(self._clock(), idle=True):
             return 0  # their callbacks run first; the loop comes back here to sleep
         deadline = self._lazy_latest
         for transport, held in list(self._held.items()):
@@ -166,7 +165,7 @@ class DeferringSelector(selectors.DefaultSelector):
                 deadline = held.deadline
         if deadline == math.inf:
             return timeout
-        until = max(0.0, deadline - now)
+        until = max(0.0, deadline - self._clock())  # the clock last: what comes after it waits
         return until if timeout is None or until < timeout else timeout
 
     def _release(self, now: float, *, awake: bool) -> None:

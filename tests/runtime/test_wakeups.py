@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import selectors
 import socket
 import ssl
 import threading
@@ -401,9 +402,15 @@ def test_a_callback_when_idle_runs_once_the_loop_has_nothing_else_to_run() -> No
         assert calls == ["idle"]
         busy_since = time.monotonic()
         wakeups.call_when_idle(lambda: calls.append("busy"), 0.02)
+        wakeups.call_when_idle(lambda: calls.append("when idle"), 3600.0)
         while len(calls) < 2 and time.monotonic() - busy_since < BOUND_S:
             await asyncio.sleep(0)  # a loop that never sleeps runs it by its latest
         assert calls == ["idle", "busy"] and time.monotonic() - busy_since >= 0.02
+        for _ in range(3):
+            await asyncio.sleep(0)  # still busy: the other one waits for the loop to be idle
+        assert calls == ["idle", "busy"]
+        await asyncio.sleep(0.001)
+        assert calls == ["idle", "busy", "when idle"]
 
     _run(main)
 
@@ -420,3 +427,157 @@ def test_lazy_sleeps_and_idle_callbacks_on_any_other_loop_are_timers() -> None:
         await asyncio.wait_for(called.wait(), BOUND_S)
 
     asyncio.run(main())
+
+
+# --- the selector's arithmetic, with a fake clock and the platform's select replaced -----------
+
+
+class FakeTransport:
+    """What `hold` needs of a socket transport; its socket is one end of a real socketpair."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.closing = False
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.sock if name == "socket" else None
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+class Arithmetic:
+    """A DeferringSelector at clock `now`, whose underlying select records the timeout it is given
+    (and runs `during`, as if while asleep) instead of sleeping."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 100.0
+        self.timeouts: list[float | None] = []
+        self.during: Callable[[], None] = lambda: None
+        self.selector = DeferringSelector(lambda: self.now)
+        self.pairs = [socket.socketpair() for _ in range(2)]
+        self.transports = [FakeTransport(ours) for ours, _ in self.pairs]
+
+        def select(selector: Any, timeout: float | None = None) -> list[Any]:
+            self.timeouts.append(timeout)
+            self.during()
+            return []
+
+        monkeypatch.setattr(selectors.DefaultSelector, "select", select)
+
+    def close(self) -> None:
+        for ours, peer in self.pairs:
+            ours.close()
+            peer.close()
+
+
+@pytest.fixture
+def arithmetic(monkeypatch: pytest.MonkeyPatch) -> Any:
+    made = Arithmetic(monkeypatch)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_the_sleep_ends_at_the_earliest_of_the_loops_timeout_a_held_delay_and_a_lazy_latest(
+    arithmetic,
+) -> None:
+    a, selector = arithmetic, arithmetic.selector
+    loop = asyncio.new_event_loop()
+    try:
+        assert selector.hold(a.transports[0], 0.05)  # held until 100.05
+        selector.select(10.0)
+        assert a.timeouts[-1] == pytest.approx(0.05)  # the held delay, not the loop's 10 s
+        selector.select(0.01)
+        assert a.timeouts[-1] == 0.01  # a shorter sleep the loop asked for is kept
+        later = loop.create_future()
+        selector.resolve_lazily(later, 1.0, 2.0)  # due from 101.0, by 102.0 at the latest
+        a.now = 100.2  # the held delay ran out: no sleep, and it is listened to again
+        selector.select(10.0)
+        assert a.timeouts[-1] == 0 and a.transports[0].reading and selector.stats.deadline == 1
+        selector.select(10.0)
+        assert a.timeouts[-1] == pytest.approx(1.8)  # until the lazy entry's latest
+        assert not later.done() and selector.stats.sleeps == 3
+        a.now = 101.5  # the lazy entry is due as the loop is about to sleep: it does not sleep
+        selector.select(10.0)
+        assert a.timeouts[-1] == 0 and later.done() and selector.stats.lazy == 1
+        assert selector.stats.sleeps == 3  # (a poll, not a sleep)
+        selector.select(10.0)  # nothing left: the loop's own timeout
+        assert a.timeouts[-1] == 10.0 and selector.stats.sleeps == 4
+    finally:
+        loop.close()
+
+
+def test_polls_and_sleeps_are_counted_apart_on_either_path(arithmetic) -> None:
+    a, selector = arithmetic, arithmetic.selector
+    selector.select(0)
+    selector.select(0)
+    selector.select(1.0)
+    assert selector.stats.sleeps == 1  # nothing held: the plain path counts too
+    assert selector.hold(a.transports[0], 3600.0)
+    selector.select(0)
+    selector.select(1.0)
+    selector.select(None)
+    assert selector.stats.sleeps == 3
+
+
+def test_holds_releases_and_let_go_are_counted_one_by_one(arithmetic) -> None:
+    a, selector = arithmetic, arithmetic.selector
+    first, second = a.transports
+    assert selector.hold(first, 3600.0) and selector.hold(second, 3600.0)
+    assert selector.stats.held == 2 and selector.holding == 2
+    a.during = lambda: [peer.send(b"x") for _, peer in a.pairs]  # bytes come while the loop sleeps
+    selector.select(1.0)
+    assert selector.stats.on_wake == 2 and selector.holding == 0 and first.reading and second.reading
+    assert selector.stats.waiting == 0  # nothing waited before the sleep
+    assert selector.hold(first, 3600.0)
+    assert selector.let_go(first) and first.reading and selector.holding == 0
+    assert not selector.let_go(first)  # not held (any more): nothing to do
+
+
+def test_a_held_transport_found_closing_before_a_sleep_is_dropped(arithmetic) -> None:
+    a, selector = arithmetic, arithmetic.selector
+    assert selector.hold(a.transports[0], 3600.0)
+    a.transports[0].closing = True
+    selector.select(1.0)
+    assert selector.holding == 0 and selector.stats.closed == 1 and selector.stats.deadline == 0
+
+
+def test_a_lazy_sleep_asks_to_be_resolved_between_its_delay_and_its_slack() -> None:
+    async def main() -> None:
+        selector = _picker_selector()
+        started = selector._clock()
+        sleeping = asyncio.create_task(wakeups.lazy_sleep(30.0, 60.0))
+        await asyncio.sleep(0)  # it registers
+        (entry,) = selector._lazy
+        assert entry.earliest - started == pytest.approx(30.0, abs=1.0)
+        assert entry.latest - started == pytest.approx(90.0, abs=1.0)
+        sleeping.cancel()
+
+    _run(main)
+
+
+def test_a_loop_busy_with_sockets_reads_a_held_socket_when_bytes_wait_not_at_its_delay() -> None:
+    async def main() -> None:
+        held, held_peer = await _connected()
+        other, other_peer = await _connected()
+        selector = _picker_selector()
+        assert selector.hold(held.transport, max_delay_s=3600.0)
+        held_peer.send(b"held")
+        other_peer.send(b"busy")  # a poll of the busy loop finds this socket ready
+        deadline = time.monotonic() + BOUND_S
+        while len(held.data) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0)  # never sleeps: every select of the loop is a poll
+        assert held.data == b"held" and other.data == b"busy" and selector.stats.on_wake == 1
+        held_peer.close()
+        other_peer.close()
+
+    _run(main)
