@@ -158,20 +158,10 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "when only cancelled entries were dropped the loop polls once more before it sleeps",
         ),
-        "xǁDeferringSelectorǁselect__mutmut_27": (
+        "xǁDeferringSelectorǁselect__mutmut_28": (
             "self._resolve(now, idle=None)",
             "performance",
             "an entry due as the loop wakes is resolved before it sleeps again: in the same wake-up, later",
-        ),
-        "xǁDeferringSelectorǁselect__mutmut_30": (
-            "self._resolve(now, idle=False)",
-            "performance",
-            "an entry due as the loop wakes is resolved before it sleeps again: in the same wake-up, later",
-        ),
-        "xǁDeferringSelectorǁselect__mutmut_37": (
-            "self._resolve(now, idle=None)",
-            "same-value",
-            "None is falsy as False is: a poll resolves by the latest either way",
         ),
         "xǁDeferringSelectorǁ_resolve__mutmut_11": (
             "due = [e for e in self._lazy if (e.earliest if idle else e.latest) < now or e.future.done()]",

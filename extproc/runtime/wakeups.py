@@ -140,13 +140,10 @@ class DeferringSelector(selectors.DefaultSelector):
             timeout = self._before_sleep(timeout)
         ready = super().select(timeout)
         now = self._clock()
-        if timeout != 0:  # the loop slept and woke: what is held with bytes waiting is read now
-            self.stats.sleeps += 1
-            self._release(now, awake=True)
-            self._resolve(now, idle=True)
-        else:  # a busy loop that only runs callbacks still reads what is due
-            self._release(now, awake=bool(ready))
-            self._resolve(now, idle=False)
+        slept = timeout != 0  # and woke: what is held with bytes waiting is read now
+        self.stats.sleeps += slept
+        self._release(now, awake=slept or bool(ready))  # a busy loop's poll still reads what is due
+        self._resolve(now, idle=slept)
         return ready
 
     def _before_sleep(self, timeout: float | None) -> float | None:
