@@ -146,9 +146,9 @@ def _stored_blocks(blocks: list[Any]) -> tuple[StoredBlock, ...]:
     try:
         engine = [b["block_hash"] for b in blocks]
         local = [b["tokens_hash"] for b in blocks]
-    except (TypeError, KeyError, IndexError):  # not objects, or a field missing
+    except (TypeError, KeyError):  # not objects (JSON and msgpack give no other indexable), a field missing
         engine = local = []
-    if len(engine) == len(blocks) and _all_u64(engine) and _all_u64(local) and _all_objects(blocks):
+    if len(engine) == len(blocks) and _all_u64(engine) and _all_u64(local):
         return tuple(map(StoredBlock, engine, local))
     return tuple(
         StoredBlock(
@@ -162,10 +162,6 @@ def _stored_blocks(blocks: list[Any]) -> tuple[StoredBlock, ...]:
 def _all_u64(values: list[Any]) -> bool:
     """Every value an int (not a bool) in [0, 2**64)."""
     return not values or (set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= U64_MAX)
-
-
-def _all_objects(values: list[Any]) -> bool:
-    return set(map(type, values)) <= {dict}
 
 
 def count_unknown_variant(counters: EventCounters, worker: Worker, payload: Any) -> None:
