@@ -31,12 +31,13 @@ METHOD = "/test.Echo/Stream"
 class Echo:
     """Answers every message with its bytes (times `repeat`); records how streams ended."""
 
-    def __init__(self, repeat: int = 1) -> None:
+    def __init__(self, repeat: int = 1, *, hold: bool = False) -> None:
         self.repeat = repeat
         self.ended: list[str] = []
         self.started = asyncio.Event()
-        self.release = asyncio.Event()
-        self.release.set()
+        self.release = asyncio.Event()  # `hold`: answers wait until it is set
+        if not hold:
+            self.release.set()
 
     async def __call__(self, requests: AsyncIterator[BytesValue], context: Any) -> AsyncIterator[BytesValue]:
         self.started.set()
@@ -168,25 +169,27 @@ async def test_a_message_that_does_not_parse_is_invalid_argument():
         assert await raw.code() is grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def in_flight(channel: grpc.aio.Channel, echo: Echo, value: bytes) -> Any:
+    """A stream whose message the servicer has and holds (an `Echo(hold=True)`)."""
+    stream = call(channel)
+    await stream.write(BytesValue(value=value))
+    await asyncio.wait_for(echo.started.wait(), 5)
+    return stream
+
+
 async def test_a_stream_the_client_cancels_cancels_the_servicer():
-    echo = Echo()
-    echo.release.clear()  # the servicer holds its answer: the stream is open when cancelled
+    echo = Echo(hold=True)  # the servicer holds its answer: the stream is open when cancelled
     async with serving(echo) as (server, port), channel_to(port) as channel:
-        stream = call(channel)
-        await stream.write(BytesValue(value=b"held"))
-        await asyncio.wait_for(echo.started.wait(), 5)
+        stream = await in_flight(channel, echo, b"held")
         stream.cancel()
         await eventually(lambda: echo.ended == ["cancelled"])
         await eventually(lambda: server.open_streams == 0)
 
 
 async def test_stop_lets_open_streams_finish_within_the_grace_and_refuses_new_ones():
-    echo = Echo()
-    echo.release.clear()
+    echo = Echo(hold=True)
     async with serving(echo) as (server, port), channel_to(port) as channel:
-        stream = call(channel)
-        await stream.write(BytesValue(value=b"in flight"))
-        await asyncio.wait_for(echo.started.wait(), 5)
+        stream = await in_flight(channel, echo, b"in flight")
         stopping = asyncio.ensure_future(server.stop(10.0))
         await eventually(lambda: server.stopping)
         with pytest.raises(OSError):  # the listener is closed at once
@@ -200,12 +203,9 @@ async def test_stop_lets_open_streams_finish_within_the_grace_and_refuses_new_on
 
 
 async def test_stop_cancels_what_is_still_open_after_the_grace():
-    echo = Echo()
-    echo.release.clear()
+    echo = Echo(hold=True)
     async with serving(echo) as (server, port), channel_to(port) as channel:
-        stream = call(channel)
-        await stream.write(BytesValue(value=b"never answered"))
-        await asyncio.wait_for(echo.started.wait(), 5)
+        stream = await in_flight(channel, echo, b"never answered")
         await server.stop(0.05)
         assert echo.ended == ["cancelled"]
         assert await stream.code() is grpc.StatusCode.CANCELLED
@@ -293,8 +293,7 @@ async def test_a_content_type_that_is_not_grpc_is_answered_415():
 
 
 async def test_streams_past_the_limit_are_refused_and_a_ping_is_answered():
-    echo = Echo()
-    echo.release.clear()
+    echo = Echo(hold=True)
 
     def refused_and_pong(events: list[Any]) -> bool:
         reset = any(isinstance(e, h2.events.StreamReset) and e.stream_id == 5 for e in events)

@@ -379,7 +379,7 @@ def test_a_cancelled_lazy_sleep_is_dropped() -> None:
     async def main() -> None:
         selector = _picker_selector()
         lazy = asyncio.create_task(wakeups.lazy_sleep(3600.0, 3600.0))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn: the task starts and registers its entry
         lazy.cancel()
         with pytest.raises(asyncio.CancelledError):
             await lazy
@@ -409,7 +409,7 @@ def test_a_callback_when_idle_runs_once_the_loop_has_nothing_else_to_run() -> No
         for _ in range(3):
             await asyncio.sleep(0)  # still busy: the other one waits for the loop to be idle
         assert calls == ["idle", "busy"]
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # the loop would sleep: the waiting one runs first
         assert calls == ["idle", "busy", "when idle"]
 
     _run(main)
