@@ -90,6 +90,13 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15)
 
 
+def sys_s(pid: int) -> float:
+    """System (kernel) CPU seconds of process `pid`: the part of `cpu_s` spent in system calls."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[12]) / TICKS
+
+
 def sleeps(pid: int) -> int:
     """How often the main thread of `pid` went to sleep waiting (voluntary context switches): each
     ends in a wake-up, the costly part of a message that does little."""
@@ -521,6 +528,7 @@ async def run_setup(
                                          stage / "profile.txt")  # fmt: skip
                 c0 = {p.name: await counters(http, p) for p in everyone}
                 t0 = {p.name: cpu_s(p.pid) for p in everyone}
+                k0 = {p.name: sys_s(p.pid) for p in everyone}
                 s0 = {p.name: sleeps(p.pid) for p in everyone}
                 w0 = time.monotonic()
                 log(f"{name}: measuring {args.duration_s:.0f} s at {args.rate:g} req/s")
@@ -528,6 +536,7 @@ async def run_setup(
                 await asyncio.sleep(0.5)  # the frees and KV events of the last requests arrive
                 wall = time.monotonic() - w0
                 t1 = {p.name: cpu_s(p.pid) for p in everyone}
+                k1 = {p.name: sys_s(p.pid) for p in everyone}
                 s1 = {p.name: sleeps(p.pid) for p in everyone}
                 c1 = {p.name: await counters(http, p) for p in everyone}
                 if profiler is not None:
@@ -543,6 +552,7 @@ async def run_setup(
             "per_picker_requests": dict(traffic.per_picker),
             "per_worker_requests": dict(traffic.per_worker),
             "cpu_s": {k: round(v, 3) for k, v in cpu.items()},
+            "kernel_share": {k: round((k1[k] - k0[k]) / v, 2) if v > 0 else None for k, v in cpu.items()},
             "idle_cpu_pct": {k: round(100 * v, 2) for k, v in idle_rate.items()},
             "cpu_ms_per_cluster_request": {k: round(1e3 * v / max(requests, 1), 3) for k, v in cpu.items()},
             "wakeups_per_s": {k: round((s1[k] - s0[k]) / wall, 1) for k in s0},

@@ -21,7 +21,8 @@ sum), and series repeated per tensor/pipeline rank count once (the highest value
 Bounds, whatever an endpoint does: one GET per endpoint per round, at most MAX_CONCURRENT_SCRAPES
 at once; each within `timeout_s` (connect, headers and body); a body over `max_bytes` is not read
 further; no redirects, no compression (Accept-Encoding: identity, nothing decompressed); only the
-six names above are looked at, by one regular-expression pass. An endpoint that fails (refused, a
+lines that start with the names above are parsed (found with `bytes.find`: a vLLM body of 50 KB in
+about 60 us, 170 with one pattern run over every line). An endpoint that fails (refused, a
 timeout, 404, a body without these gauges) is logged once, and once more when it recovers; its
 workers' reports go stale after STALE_AFTER_INTERVALS intervals and the router falls back to its
 own view.
@@ -63,6 +64,21 @@ _SAMPLE = re.compile(
     re.MULTILINE,
 )
 _LABEL = re.compile(rb'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
+_NAMES = tuple(name.encode() for name in METRICS)
+_LINE_STARTS = tuple(b"\n" + name for name in _NAMES)  # where a wanted sample line may start
+
+
+def _samples(body: bytes) -> list[re.Match[bytes]]:
+    """`_SAMPLE.finditer(body)`, in the same order, without running the pattern at every line of a
+    body whose few wanted lines sit among thousands (vLLM's histograms): each name is looked for with
+    `bytes.find`, at the start of the body and after a newline, and the pattern runs only there."""
+    starts = {0} if body.startswith(_NAMES) else set()
+    for needle in _LINE_STARTS:
+        at = body.find(needle)
+        while at >= 0:
+            starts.add(at + 1)
+            at = body.find(needle, at + len(needle))
+    return [m for m in (_SAMPLE.match(body, at) for at in sorted(starts)) if m is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +99,7 @@ def parse_engine_metrics(body: bytes) -> dict[str, EngineLoad]:
     """
     found: dict[tuple[str, str], dict[str, float]] = {}
     legacy_kv: dict[tuple[str, str], float] = {}
-    for match in _SAMPLE.finditer(body):
+    for match in _samples(body):
         name, labels_text, value_text = match.groups()
         try:
             value = float(value_text)

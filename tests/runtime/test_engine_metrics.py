@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -24,8 +25,10 @@ from extproc.events.sources import EventSources
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import AllWorkersBusy, KvRouter, RouterConfig, Worker, WorkerSpec
 from extproc.runtime.engine_metrics import (
+    _SAMPLE,
     EngineLoad,
     EngineMetricsScraper,
+    _samples,
     loads_by_dp_rank,
     parse_engine_metrics,
 )
@@ -63,6 +66,28 @@ def test_ranks_map_to_dp_ranks_or_combine() -> None:
     assert per_rank[1] == EngineLoad("vllm", 0.875, 11, 4) and per_rank[0].kv_usage == 0.25
     one = loads_by_dp_rank(parsed, (0,))  # one worker in front of both engines: mean usage, summed requests
     assert one == {0: EngineLoad("vllm", (0.25 + 0.875) / 2, 13, 4)}
+
+
+def test_wanted_lines_are_found_as_one_pass_of_the_pattern_finds_them() -> None:
+    """The parser looks only where a wanted name starts a line; it must find exactly the samples
+    one `finditer` pass over the whole body finds, in order, whatever surrounds them."""
+    rng = random.Random(24)
+    lines = [line for e, v, c, _ in CASES for line in fixture(e, v, c).split(b"\n")]
+    tricky = [
+        b"vllm:num_requests_running 3",  # at the very start of a body, no labels
+        b'vllm:num_requests_waiting_by_reason{reason="x"} 9',  # a wanted name's prefix
+        b"xvllm:kv_cache_usage_perc 0.5",  # not at a line start
+        b"# vllm:kv_cache_usage_perc 0.5",
+        b'sglang:token_usage{dp_rank="1"}\t0.25\r',
+        b"vllm:kv_cache_usage_perc",  # no value
+        b'sglang:num_queue_reqs{a="}"} 2',  # a brace inside a label value
+        b"",
+    ]
+    for _ in range(300):
+        pick = lambda: rng.choice(lines if rng.random() < 0.7 else tricky)  # noqa: E731
+        body = b"\n".join(pick() for _ in range(rng.randrange(12)))
+        expected = [m.span() for m in _SAMPLE.finditer(body)]
+        assert [m.span() for m in _samples(body)] == expected, body
 
 
 def test_older_vllm_name_other_metrics_and_garbage_are_handled() -> None:
