@@ -20,7 +20,8 @@ Sections of the JSON:
 2. `quality`: the shared Mooncake trace (`--trace`, REFERENCE section 6 mapping, 1x arrivals)
    replayed in virtual time through the simulated engines of `extproc.sim.replay` (the real
    `KvRouter`, KV events from the engines, no lag): one flat router over 8 workers against 2 groups
-   of 4 (workers 0-3 and 4-7), each group a `KvRouter` of its own, the top-level decision made as
+   of 4 (workers 0-3 and 4-7), each group a `KvRouter` of its own (for each of
+   `--prefill-load-models`: kv mode's default `timing` and Dynamo's `none`), the decision made as
    `LocalGroup` / `GroupSelector` make it: probe each group (a decision without a request id),
    order the probes with `extproc.groups.policy.rank`, commit to the first with its probed worker
    pinned (re-deciding if it became busy). Mean/p50/p90/p99 TTFT (ms), reuse (cached prompt tokens
@@ -329,7 +330,6 @@ def quality_section(args: argparse.Namespace) -> dict[str, Any]:
         return {"skipped": f"the replay simulator (extproc.sim.replay) is not importable: {exc}"}
     requests = load_mooncake([args.trace])
     engine = EngineConfig()
-    router_config = RouterConfig(block_size=engine.block_size)
     setups: dict[str, Any] = {"flat_8": kv_router_factory}
     for policy in (GroupPolicy.MAX_OVERLAP, GroupPolicy.MIN_COST):
 
@@ -338,28 +338,23 @@ def quality_section(args: argparse.Namespace) -> dict[str, Any]:
 
         setups[f"2_groups_of_4/{policy.value}"] = factory
     out: dict[str, Any] = {"trace": str(args.trace), "requests": len(requests), "workers": 8, "setups": {}}
-    for name, factory in setups.items():
-        runs = []
-        for seed in range(args.seeds):
-            log(f"quality: {name} seed {seed} ...")
-            replay = Replayer(
-                requests,
-                ReplayConfig(8, router=router_config, engine=engine, seed=seed),
-                router_factory=factory,
-            )
-            runs.append(replay_summary(replay.run()))
-        keys = (
-            "ttft_mean_ms",
-            "ttft_p50_ms",
-            "ttft_p90_ms",
-            "ttft_p99_ms",
-            "reuse",
-            "overlap_chosen_over_best",
-        )
-        out["setups"][name] = {
-            "mean_over_seeds": {k: round(statistics.fmean(r[k] for r in runs), 3) for k in keys},
-            "per_seed": runs,
-        }
+    keys = ("ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "reuse", "overlap_chosen_over_best")
+    for model in args.prefill_load_models:
+        router_config = RouterConfig(block_size=engine.block_size, prefill_load_model=model)
+        for name, factory in setups.items():
+            runs = []
+            for seed in range(args.seeds):
+                log(f"quality: {model} {name} seed {seed} ...")
+                replay = Replayer(
+                    requests,
+                    ReplayConfig(8, router=router_config, engine=engine, seed=seed),
+                    router_factory=factory,
+                )
+                runs.append(replay_summary(replay.run()))
+            out["setups"][f"{model}/{name}"] = {
+                "mean_over_seeds": {k: round(statistics.fmean(r[k] for r in runs), 3) for k in keys},
+                "per_seed": runs,
+            }
     return out
 
 
@@ -374,6 +369,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-groups", type=int, default=8)
     parser.add_argument("--seeds", type=int, help="replay seeds per setup (Dynamo-style random ties)")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument(
+        "--prefill-load-models",
+        default="timing,none",
+        type=lambda v: v.split(","),
+        help="quality: --router-prefill-load-model values, each replayed flat and grouped "
+        "(default: kv mode's default, timing, and Dynamo's none)",
+    )
     parser.add_argument("--skip", choices=("latency", "quality"), action="append", default=[])
     parser.add_argument("--log-dir", help="keep the group processes' logs here")
     args = parser.parse_args(argv)
