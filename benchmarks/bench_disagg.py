@@ -47,9 +47,14 @@ from extproc.sim.trace import load_mooncake
 from extproc.sim.transfer import KvTransferModel
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
-ROUTERS: dict[str, dict[str, Any]] = {
-    "kv": {"mode": RouterMode.KV},
-    "kv-timing": {"mode": RouterMode.KV, "prefill_load_model": PrefillLoadModel.TIMING},
+ROUTERS: dict[str, dict[str, Any]] = {  # as in bench_quality.py
+    "kv": {"mode": RouterMode.KV, "prefill_load_model": PrefillLoadModel.NONE},  # Dynamo's cost
+    "kv-timing": {
+        "mode": RouterMode.KV,
+        "prefill_load_model": PrefillLoadModel.TIMING,
+        "learn_prefill_timing": False,
+    },
+    "kv-timing-learn": {"mode": RouterMode.KV, "prefill_load_model": PrefillLoadModel.TIMING},  # kv's default
 }
 QUICK_REQUESTS = 300
 
@@ -171,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total", type=int, default=8, help="workers in every layout (default 8)")
     parser.add_argument("--prefill", default="2,3,4", help="prefill workers of the disaggregated layouts")
     parser.add_argument("--speedups", default="1,2")
-    parser.add_argument("--routers", default=",".join(ROUTERS), help="comma list of: " + ", ".join(ROUTERS))
+    parser.add_argument(
+        "--routers", default="kv,kv-timing-learn", help="comma list of: " + ", ".join(ROUTERS)
+    )
     parser.add_argument("--seeds", type=int, default=1, help="seeds per cell (default 1)")
     transfer = KvTransferModel()  # the simulator's defaults, the mock worker's too
     parser.add_argument(
