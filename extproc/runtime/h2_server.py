@@ -62,6 +62,7 @@ SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 MAX_WINDOW = (1 << 31) - 1
+CONNECTION_CREDIT_AT = MAX_WINDOW // 2  # received bytes credited back to the connection at once
 STREAM_WINDOW = 1 << 20  # what one stream may send ahead of the servicer reading it
 MAX_FRAME = 1 << 20  # the largest frame this server accepts (the client's own bound applies to ours)
 MAX_HEADER_LIST = 64 << 10
@@ -341,7 +342,7 @@ class _Connection(asyncio.Protocol):
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         self.owed += len(payload)  # padding included: it counts against the windows too
-        if self.owed >= MAX_WINDOW // 2:
+        if self.owed >= CONNECTION_CREDIT_AT:
             self._write(_frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.owed)))
             self.owed = 0
         stream = self.streams.get(stream_id)

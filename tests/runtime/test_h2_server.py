@@ -18,10 +18,12 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+import hpack
 import pytest
 from google.protobuf.wrappers_pb2 import BytesValue
 
 from extproc.config import TlsConfig
+from extproc.runtime import h2_server
 from extproc.runtime.h2_server import PREFACE, H2GrpcServer
 from extproc.runtime.tls import self_signed_pair, server_ssl_context
 
@@ -227,7 +229,8 @@ async def test_tls_with_a_self_signed_certificate_and_alpn_h2():
 
 
 class RawClient:
-    """An h2 client connection over a plain socket, read until a condition holds."""
+    """An h2 client connection over a plain socket, read until a condition holds (what it reads is
+    credited back to the server at once)."""
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -244,7 +247,10 @@ class RawClient:
             data = self.sock.recv(65536)
             if not data:
                 return self.events
-            self.events += self.conn.receive_data(data)
+            for event in self.conn.receive_data(data):
+                self.events.append(event)
+                if isinstance(event, h2.events.DataReceived):  # give the server its window back
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             self.flush()
         return self.events
 
@@ -340,3 +346,181 @@ async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
     while chunk := await reader.read(65536):
         data += chunk
     return data
+
+
+# --- every protocol violation gets its own GOAWAY code (the module's answers table) --------------
+
+
+def _raw_frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    n = len(payload)
+    return struct.pack(">BHBBI", n >> 16, n & 0xFFFF, kind, flags, stream_id) + payload
+
+
+_OPEN_BLOCK = hpack.Encoder().encode(
+    [(":method", "POST"), (":scheme", "http"), (":path", METHOD), (":authority", "x"),
+     ("content-type", "application/grpc"), ("te", "trailers")],
+)  # fmt: skip
+DATA_, HEADERS_, SETTINGS_, PUSH_PROMISE_, PING_, WINDOW_UPDATE_, CONTINUATION_ = 0, 1, 4, 5, 6, 8, 9
+END_STREAM_, END_HEADERS_, PADDED_ = 0x1, 0x4, 0x8
+PROTOCOL, FLOW_CONTROL, FRAME_SIZE, COMPRESSION = 0x1, 0x3, 0x6, 0x9
+
+
+def _open(stream_id: int, flags: int = END_HEADERS_) -> bytes:
+    return _raw_frame(HEADERS_, flags, stream_id, _OPEN_BLOCK)
+
+
+def _setting(key: int, value: int) -> bytes:
+    return _raw_frame(SETTINGS_, 0, 0, struct.pack(">HI", key, value))
+
+
+VIOLATIONS = {
+    "headers-on-stream-0": (_raw_frame(HEADERS_, END_HEADERS_, 0, _OPEN_BLOCK), PROTOCOL),
+    "continuation-without-headers": (_raw_frame(CONTINUATION_, END_HEADERS_, 1, _OPEN_BLOCK), PROTOCOL),
+    "continuation-of-another-stream": (_open(1, 0) + _raw_frame(CONTINUATION_, END_HEADERS_, 3), PROTOCOL),
+    "header-block-interrupted": (_open(1, 0) + _raw_frame(PING_, 0, 0, b"12345678"), PROTOCOL),
+    "header-block-over-64k": (
+        _open(1, 0)
+        + _raw_frame(CONTINUATION_, 0, 1, b"\0" * 40_000)
+        + _raw_frame(CONTINUATION_, 0, 1, b"\0" * 40_000),
+        PROTOCOL,
+    ),
+    "bad-hpack": (_raw_frame(HEADERS_, END_HEADERS_, 1, b"\xff\xff"), COMPRESSION),
+    "even-stream-id": (_open(2), PROTOCOL),
+    "stream-opened-out-of-order": (_open(3) + _open(1), PROTOCOL),
+    "second-header-block-without-end": (_open(1) + _open(1), PROTOCOL),
+    "data-after-end-of-stream": (
+        _open(1, END_HEADERS_ | END_STREAM_) + _raw_frame(DATA_, 0, 1, b"\0\0\0\0\0"),
+        PROTOCOL,
+    ),
+    "data-on-stream-0": (_raw_frame(DATA_, 0, 0, b"abcd"), PROTOCOL),
+    "padding-longer-than-frame": (_raw_frame(HEADERS_, END_HEADERS_ | PADDED_, 1, b"\x05abcd"), PROTOCOL),
+    "empty-padded-frame": (_raw_frame(HEADERS_, END_HEADERS_ | PADDED_, 1), PROTOCOL),
+    "ping-of-7-bytes": (_raw_frame(PING_, 0, 0, b"1234567"), FRAME_SIZE),
+    "ping-on-a-stream": (_raw_frame(PING_, 0, 1, b"12345678"), PROTOCOL),
+    "settings-on-a-stream": (_raw_frame(SETTINGS_, 0, 1), PROTOCOL),
+    "settings-not-6-byte-entries": (_raw_frame(SETTINGS_, 0, 0, b"\0\4\0\0\0"), FRAME_SIZE),
+    "initial-window-over-2^31-1": (_setting(0x4, 1 << 31), FLOW_CONTROL),
+    "max-frame-size-under-16k": (_setting(0x5, 16383), PROTOCOL),
+    "max-frame-size-over-16m": (_setting(0x5, 1 << 24), PROTOCOL),
+    "window-update-of-3-bytes": (_raw_frame(WINDOW_UPDATE_, 0, 0, b"\0\0\1"), FRAME_SIZE),
+    "connection-window-over-2^31-1": (
+        _raw_frame(WINDOW_UPDATE_, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65535 + 1)),
+        FLOW_CONTROL,
+    ),
+    "push-promise-from-a-client": (_raw_frame(PUSH_PROMISE_, END_HEADERS_, 1, b"\0\0\0\2"), PROTOCOL),
+    "frame-over-1-mib": (struct.pack(">BHBBI", 0x10, 1, DATA_, 0, 1), FRAME_SIZE),
+}
+
+
+def _goaway_code(data: bytes) -> int | None:
+    """The error code of the first GOAWAY among the server's frames in `data`."""
+    pos = 0
+    while len(data) - pos >= 9:
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        if data[pos + 3] == 0x7:
+            return int.from_bytes(data[pos + 13 : pos + 17], "big")
+        pos += 9 + length
+    return None
+
+
+@pytest.mark.parametrize(("frames", "code"), VIOLATIONS.values(), ids=VIOLATIONS.keys())
+async def test_each_protocol_violation_is_answered_with_its_goaway_code(frames, code):
+    async with serving(Echo()) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(PREFACE + frames)
+        await writer.drain()
+        answer = await asyncio.wait_for(_read_to_end(reader), 5)  # closed after the GOAWAY
+        writer.close()
+        assert _goaway_code(answer) == code
+        async with channel_to(port) as channel:
+            await assert_echoed(channel, b"the next connection is served")
+
+
+def _message(value: bytes) -> bytes:
+    """A gRPC message (5-byte prefix) carrying BytesValue(value)."""
+    payload = BytesValue(value=value).SerializeToString()
+    return struct.pack(">BI", 0, len(payload)) + payload
+
+
+def _send(client: RawClient, stream_id: int, data: bytes, *, end_stream: bool = False) -> None:
+    """`data` on the stream in frames the server's (or, before its SETTINGS, the default) size allows."""
+    step = client.conn.max_outbound_frame_size
+    for start in range(0, len(data), step):
+        last = start + step >= len(data)
+        client.conn.send_data(stream_id, data[start : start + step], end_stream=end_stream and last)
+    client.flush()
+
+
+def _server_windows_known(events: list[Any]) -> bool:
+    settings = any(isinstance(e, h2.events.RemoteSettingsChanged) for e in events)
+    return settings and any(isinstance(e, h2.events.WindowUpdated) and e.stream_id == 0 for e in events)
+
+
+async def test_the_connection_window_is_credited_back_so_a_long_lived_connection_never_stalls(monkeypatch):
+    """Envoy keeps one connection for every ext_proc stream: the server must hand the connection
+    window back as it receives, or after 2 GiB in all the client can send nothing more. At a lower
+    threshold (the real one is 1 GiB) 180 kB on one stream get one connection-level credit."""
+    monkeypatch.setattr(h2_server, "CONNECTION_CREDIT_AT", 100_000)
+    initial_increase = h2_server.MAX_WINDOW - 65535  # sent once at the connection's start
+
+    def credited(events: list[Any]) -> list[int]:
+        return [
+            e.delta
+            for e in events
+            if isinstance(e, h2.events.WindowUpdated) and e.stream_id == 0 and e.delta != initial_increase
+        ]
+
+    echo = Echo()
+    async with serving(echo) as (_, port):
+        with closing(RawClient(port)) as client:
+            await asyncio.to_thread(client.read_until, _server_windows_known)  # else 64 KiB in all
+            client.open(1)
+            for i in range(3):
+                _send(client, 1, _message(bytes([i]) * 60_000))
+            events = await asyncio.to_thread(client.read_until, lambda ev: credited(ev))
+            [delta] = credited(events)
+            sent = 3 * len(_message(bytes(60_000)))
+            assert 100_000 <= delta <= sent
+            client.conn.end_stream(1)
+            client.flush()
+            events = await asyncio.to_thread(client.read_until, lambda ev: _status(ev, 1) is not None)
+            assert _status(events, 1) == "0"
+            echoed = sum(len(e.data) for e in events if isinstance(e, h2.events.DataReceived))
+            assert echoed == sent
+    assert echo.ended == ["complete"]
+
+
+async def test_a_connection_that_drops_cancels_its_streams_servicers_at_once():
+    echo = Echo(hold=True)
+    async with serving(echo) as (server, port):
+        client = RawClient(port)
+        client.open(1)
+        client.conn.send_data(1, _message(b"held"))
+        client.flush()
+        await asyncio.wait_for(echo.started.wait(), 5)
+        await eventually(lambda: server.open_streams == 1)
+        client.close()
+        await eventually(lambda: echo.ended == ["cancelled"])  # the server is still running
+        assert server.open_streams == 0
+
+
+async def test_grpc_message_is_percent_encoded_and_a_clean_end_sends_only_grpc_status():
+    async with serving(Echo()) as (_, port):
+        with closing(RawClient(port)) as client:
+            client.open(1, path="/t%\u00fc")  # an unknown method, named with '%' and a non-ASCII letter
+            client.open(3)
+            client.conn.send_data(3, _message(b"hi"), end_stream=True)
+            client.flush()
+            done = lambda ev: _status(ev, 1) is not None and _status(ev, 3) is not None  # noqa: E731
+            events = await asyncio.to_thread(client.read_until, done)
+    blocks = {
+        (e.stream_id, type(e).__name__): [(bytes(n), bytes(v)) for n, v in e.headers]
+        for e in events
+        if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived))
+    }
+    assert blocks[(1, "TrailersReceived")] == [
+        (b"grpc-status", b"12"),
+        (b"grpc-message", b"unknown method /t%25%C3%BC"),
+    ]
+    assert blocks[(3, "ResponseReceived")] == [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    assert blocks[(3, "TrailersReceived")] == [(b"grpc-status", b"0")]
