@@ -319,28 +319,6 @@ async def test_streams_past_the_limit_are_refused_and_a_ping_is_answered():
     assert echo.ended == ["cancelled", "cancelled"]  # the connection's close cancelled both
 
 
-@pytest.mark.parametrize(
-    "garbage",
-    [
-        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # not HTTP/2
-        PREFACE + struct.pack(">BHBBI", 0x11, 0, 0x0, 0, 1),  # a frame over 1 MiB
-        PREFACE + struct.pack(">BHBBI", 0, 2, 0x1, 0x4, 1) + b"\xff\xff",  # bad HPACK
-        PREFACE + struct.pack(">BHBBI", 0, 4, 0x0, 0, 7) + b"abcd",  # DATA on a stream never opened
-    ],
-    ids=["http1", "frame-too-large", "bad-hpack", "data-on-idle-stream"],
-)
-async def test_malformed_connections_are_closed_and_the_server_serves_the_next(garbage):
-    async with serving(Echo()) as (server, port):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(garbage)
-        await writer.drain()
-        assert await asyncio.wait_for(_read_to_end(reader), 5)  # its SETTINGS, maybe a GOAWAY, then EOF
-        writer.close()
-        assert server.connections == set() or all(c.going_away for c in server.connections)
-        async with channel_to(port) as channel:
-            await assert_echoed(channel, b"still here")
-
-
 async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
     data = b""
     while chunk := await reader.read(65536):
@@ -373,7 +351,7 @@ def _setting(key: int, value: int) -> bytes:
     return _raw_frame(SETTINGS_, 0, 0, struct.pack(">HI", key, value))
 
 
-VIOLATIONS = {
+VIOLATIONS = {  # what follows the client's preface
     "headers-on-stream-0": (_raw_frame(HEADERS_, END_HEADERS_, 0, _OPEN_BLOCK), PROTOCOL),
     "continuation-without-headers": (_raw_frame(CONTINUATION_, END_HEADERS_, 1, _OPEN_BLOCK), PROTOCOL),
     "continuation-of-another-stream": (_open(1, 0) + _raw_frame(CONTINUATION_, END_HEADERS_, 3), PROTOCOL),
@@ -409,6 +387,12 @@ VIOLATIONS = {
     ),
     "push-promise-from-a-client": (_raw_frame(PUSH_PROMISE_, END_HEADERS_, 1, b"\0\0\0\2"), PROTOCOL),
     "frame-over-1-mib": (struct.pack(">BHBBI", 0x10, 1, DATA_, 0, 1), FRAME_SIZE),
+    "data-on-a-stream-never-opened": (_raw_frame(DATA_, 0, 7, b"abcd"), PROTOCOL),
+}
+NOT_HTTP2 = {  # a client that never sends the preface
+    "http1": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    "preface-cut-short-then-wrong": PREFACE[:10] + b"X",
+    "preface-wrong-at-its-last-byte": PREFACE[:-1] + b"X",
 }
 
 
@@ -423,11 +407,16 @@ def _goaway_code(data: bytes) -> int | None:
     return None
 
 
-@pytest.mark.parametrize(("frames", "code"), VIOLATIONS.values(), ids=VIOLATIONS.keys())
-async def test_each_protocol_violation_is_answered_with_its_goaway_code(frames, code):
+@pytest.mark.parametrize(
+    ("sent", "code"),
+    [(PREFACE + frames, code) for frames, code in VIOLATIONS.values()]
+    + [(garbage, PROTOCOL) for garbage in NOT_HTTP2.values()],
+    ids=[*VIOLATIONS, *NOT_HTTP2],
+)
+async def test_each_protocol_violation_is_answered_with_its_goaway_code(sent, code):
     async with serving(Echo()) as (_, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(PREFACE + frames)
+        writer.write(sent)
         await writer.drain()
         answer = await asyncio.wait_for(_read_to_end(reader), 5)  # closed after the GOAWAY
         writer.close()
@@ -524,3 +513,116 @@ async def test_grpc_message_is_percent_encoded_and_a_clean_end_sends_only_grpc_s
     ]
     assert blocks[(3, "ResponseReceived")] == [(b":status", b"200"), (b"content-type", b"application/grpc")]
     assert blocks[(3, "TrailersReceived")] == [(b"grpc-status", b"0")]
+
+
+async def _frames_until(reader: asyncio.StreamReader, done: Any) -> list[tuple[int, int, int, bytes]]:
+    """The server's frames as (type, flags, stream, payload), read until `done(frames)` holds."""
+    frames: list[tuple[int, int, int, bytes]] = []
+    while not done(frames):
+        head = await asyncio.wait_for(reader.readexactly(9), 5)
+        length = int.from_bytes(head[:3], "big")
+        payload = await asyncio.wait_for(reader.readexactly(length), 5)
+        frames.append((head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF, payload))
+    return frames
+
+
+def _ended(stream_id: int) -> Any:
+    return lambda frames: any(t == HEADERS_ and f & END_STREAM_ and s == stream_id for t, f, s, _ in frames)
+
+
+async def test_a_client_whose_bytes_arrive_one_at_a_time_is_served():
+    """Frames (and the preface) split anywhere across reads, as TCP may deliver them: a real h2
+    client's bytes handed to the server's connection one `data_received` at a time (a socket on
+    loopback would deliver them in one read), its answers read from the socket."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", METHOD), (":authority", "x"),
+                          ("content-type", "application/grpc"), ("te", "trailers")])  # fmt: skip
+    conn.send_data(1, _message(b"drip" * 100), end_stream=True)
+    sent = conn.data_to_send()
+    async with serving(Echo()) as (server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await eventually(lambda: len(server.connections) == 1)
+        [connection] = server.connections
+        for i in range(len(sent)):
+            connection.data_received(sent[i : i + 1])
+        frames = await _frames_until(reader, _ended(1))
+        writer.close()
+    assert not any(t == 0x7 for t, _, _, _ in frames)  # no GOAWAY
+    data = b"".join(p for t, _, s, p in frames if t == DATA_ and s == 1)
+    assert data == _message(b"drip" * 100)
+
+
+async def test_a_frame_of_exactly_the_largest_size_and_the_largest_stream_id_are_accepted():
+    """1 MiB frames (the server's SETTINGS_MAX_FRAME_SIZE) carrying a 3 MiB message on stream
+    2^31 - 1: the first frame fills the stream's whole window, which is credited back while the
+    message is still arriving."""
+    value = bytes(range(256)) * (3 * 4096)
+    top = (1 << 31) - 1
+    async with serving(Echo()) as (_, port):
+        with closing(RawClient(port)) as client:
+            await asyncio.to_thread(client.read_until, _server_windows_known)
+            assert client.conn.max_outbound_frame_size == 1 << 20
+            client.open(top)
+            frames_sent = 0
+
+            def send_what_the_window_allows(events: list[Any]) -> bool:
+                nonlocal frames_sent
+                if _status(events, top) is not None:
+                    return True
+                data = _message(value)
+                step = client.conn.max_outbound_frame_size
+                while frames_sent * step < len(data) and client.conn.local_flow_control_window(top) > 0:
+                    chunk = data[frames_sent * step : (frames_sent + 1) * step]
+                    if len(chunk) > client.conn.local_flow_control_window(top):
+                        break
+                    last = (frames_sent + 1) * step >= len(data)
+                    client.conn.send_data(top, chunk, end_stream=last)
+                    frames_sent += 1
+                client.flush()
+                return False
+
+            send_what_the_window_allows([])
+            events = await asyncio.to_thread(client.read_until, send_what_the_window_allows)
+    assert _status(events, top) == "0"
+    assert frames_sent == 4  # three full 1 MiB frames and the rest
+    echoed = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
+    assert echoed == _message(value)
+
+
+async def test_after_the_clients_goaway_new_streams_are_refused_and_open_ones_finish():
+    echo = Echo(hold=True)
+    goaway = _raw_frame(0x7, 0, 0, struct.pack(">II", 1, 0))
+    async with serving(echo) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            PREFACE + _open(1) + _raw_frame(DATA_, END_STREAM_, 1, _message(b"open")) + goaway + _open(3)
+        )
+        await writer.drain()
+        refused = lambda frames: any(t == 0x3 and s == 3 for t, _, s, _ in frames)  # noqa: E731
+        frames = await _frames_until(reader, refused)
+        [(_, _, _, code)] = [f for f in frames if f[0] == 0x3 and f[2] == 3]
+        assert int.from_bytes(code, "big") == 0x7  # REFUSED_STREAM
+        echo.release.set()
+        frames += await _frames_until(reader, _ended(1))
+        writer.close()
+    assert b"".join(p for t, _, s, p in frames if t == DATA_ and s == 1) == _message(b"open")
+    assert echo.ended == ["complete"]
+
+
+async def test_a_stream_the_client_resets_gets_nothing_more_and_the_next_one_is_served():
+    echo = Echo(hold=True)
+    rst = _raw_frame(0x3, 0, 1, struct.pack(">I", 0x8))  # CANCEL
+    async with serving(echo) as (server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(PREFACE + _open(1) + _raw_frame(DATA_, 0, 1, _message(b"first")))
+        await writer.drain()
+        await eventually(lambda: server.open_streams == 1)
+        writer.write(rst + _open(3) + _raw_frame(DATA_, END_STREAM_, 3, _message(b"second")))
+        await writer.drain()
+        await eventually(lambda: echo.ended == ["cancelled"])
+        echo.release.set()
+        frames = await _frames_until(reader, _ended(3))
+        writer.close()
+    assert [f for f in frames if f[2] == 1] == []  # no headers, data or trailers for the reset stream
+    assert b"".join(p for t, _, s, p in frames if t == DATA_ and s == 3) == _message(b"second")
