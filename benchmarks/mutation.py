@@ -85,6 +85,8 @@ MODULES: dict[str, list[str]] = {
     "epp/answers.py": ["tests/epp/test_answers.py", "tests/epp/test_answers_mutants.py"],
     # the picker's loop: held sockets (real sockets), lazy timers, the selector's arithmetic
     "runtime/wakeups.py": ["tests/runtime/test_wakeups.py"],
+    # the gRPC-over-HTTP/2 server Envoy's ext_proc streams reach (frames, flow control, limits)
+    "runtime/h2_server.py": ["tests/runtime/test_h2_server.py"],
 }
 
 EQUIVALENT_CLASSES = {

@@ -18,6 +18,7 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 import hpack
 import pytest
 from google.protobuf.wrappers_pb2 import BytesValue
@@ -232,9 +233,13 @@ class RawClient:
     """An h2 client connection over a plain socket, read until a condition holds (what it reads is
     credited back to the server at once)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, stream_window: int | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        if stream_window is not None:  # the client's SETTINGS_INITIAL_WINDOW_SIZE
+            self.conn.local_settings = h2.settings.Settings(
+                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: stream_window}
+            )
         self.conn.initiate_connection()
         self.flush()
         self.events: list[Any] = []
@@ -626,3 +631,87 @@ async def test_a_stream_the_client_resets_gets_nothing_more_and_the_next_one_is_
         writer.close()
     assert [f for f in frames if f[2] == 1] == []  # no headers, data or trailers for the reset stream
     assert b"".join(p for t, _, s, p in frames if t == DATA_ and s == 3) == _message(b"second")
+
+
+async def test_messages_packed_into_one_frame_split_over_frames_padded_or_empty_arrive_whole():
+    echo = Echo()
+    values = [b"one", b"", b"three" * 1000, b"four"]
+    async with serving(echo) as (_, port):
+        with closing(RawClient(port)) as client:
+            await asyncio.to_thread(client.read_until, _server_windows_known)
+            client.open(1)
+            client.conn.send_data(1, _message(values[0]) + _message(values[1]), pad_length=7)  # two in one
+            third = _message(values[2])
+            for part in (third[:3], third[3:2000], third[2000:]):  # a prefix cut, then the body in two
+                client.conn.send_data(1, part)
+            client.conn.send_data(1, _message(values[3]), end_stream=True, pad_length=0)
+            client.flush()
+            events = await asyncio.to_thread(client.read_until, lambda ev: _status(ev, 1) is not None)
+    assert _status(events, 1) == "0"
+    echoed = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
+    assert echoed == b"".join(_message(v) for v in values)
+
+
+async def test_answers_respect_the_clients_stream_and_connection_windows():
+    """The client's stream windows are 1 MiB but its connection window 64 KiB, then 1,000 bytes per
+    stream under a 64 KiB connection: h2 raises on any frame past a window, so a server that ignored
+    either window fails here."""
+    for stream_window in (1 << 20, 1000):
+        async with serving(Echo(repeat=4)) as (_, port):
+            with closing(RawClient(port, stream_window=stream_window)) as client:
+                await asyncio.to_thread(client.read_until, _server_windows_known)
+                for stream_id in (1, 3):
+                    client.open(stream_id)
+                    client.conn.send_data(stream_id, _message(b"%d" % stream_id * 50_000), end_stream=True)
+                client.flush()
+                both = lambda ev: _status(ev, 1) is not None and _status(ev, 3) is not None  # noqa: E731
+                events = await asyncio.to_thread(client.read_until, both)
+        for stream_id in (1, 3):
+            assert _status(events, stream_id) == "0"
+            got = b"".join(
+                e.data for e in events if isinstance(e, h2.events.DataReceived) and e.stream_id == stream_id
+            )
+            assert got == _message(b"%d" % stream_id * 200_000)
+
+
+class AnswerOnce:
+    """Answers the first message and ends the stream without waiting for the client's end."""
+
+    async def __call__(self, requests: AsyncIterator[BytesValue], context: Any) -> AsyncIterator[BytesValue]:
+        async for request in requests:
+            yield request
+            return
+
+
+async def test_a_stream_answered_before_the_clients_end_is_reset_with_no_error():
+    """Trailers, then RST_STREAM NO_ERROR, so the client need not send the rest (as grpc servers
+    do); a 415 answer likewise."""
+    async with serving(AnswerOnce()) as (_, port):
+        with closing(RawClient(port)) as client:
+            client.open(1)
+            client.conn.send_data(1, _message(b"only this"))
+            client.open(3, content_type="text/plain")
+            client.flush()
+            reset = lambda ev, s: [e for e in ev if isinstance(e, h2.events.StreamReset) and e.stream_id == s]  # noqa: E731
+            events = await asyncio.to_thread(client.read_until, lambda ev: reset(ev, 1) and reset(ev, 3))
+    assert _status(events, 1) == "0" and _status(events, 3) == "415"
+    for stream_id in (1, 3):
+        [r] = reset(events, stream_id)
+        assert r.error_code == h2.errors.ErrorCodes.NO_ERROR and r.remote_reset
+
+
+async def test_data_for_a_finished_stream_is_dropped_but_reopening_it_is_a_protocol_error():
+    async with serving(Echo()) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(PREFACE + _open(1, END_HEADERS_ | END_STREAM_))
+        await writer.drain()
+        frames = await _frames_until(reader, _ended(1))
+        writer.write(_raw_frame(DATA_, 0, 1, _message(b"late")) + _open(3, END_HEADERS_ | END_STREAM_))
+        await writer.drain()
+        frames += await _frames_until(reader, _ended(3))  # the late DATA cost no GOAWAY
+        assert not any(t == 0x7 for t, _, _, _ in frames)
+        writer.write(_open(3))  # stream 3 again
+        await writer.drain()
+        answer = await asyncio.wait_for(_read_to_end(reader), 5)
+        writer.close()
+    assert _goaway_code(answer) == PROTOCOL
