@@ -8,6 +8,7 @@ malformed frames, TLS and the graceful stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -715,3 +716,51 @@ async def test_data_for_a_finished_stream_is_dropped_but_reopening_it_is_a_proto
         answer = await asyncio.wait_for(_read_to_end(reader), 5)
         writer.close()
     assert _goaway_code(answer) == PROTOCOL
+
+
+async def test_a_servicer_that_does_not_read_holds_the_client_to_one_stream_window():
+    """Backpressure, the per-stream bound on what the server buffers: complete messages the servicer
+    has not taken are not credited back, so a client can queue at most one stream window (1 MiB)
+    of them; once the servicer takes them the window comes back and the rest flows."""
+    echo = Echo(hold=True)  # reads one message, then waits before answering and reading on
+    value = bytes(100_000)
+    count = 16
+    async with serving(echo) as (server, port):
+        with closing(RawClient(port)) as client:
+            await asyncio.to_thread(client.read_until, _server_windows_known)
+            client.open(1)
+            sent = bytearray(b"".join(_message(value) for _ in range(count)))
+            window = client.conn.local_flow_control_window(1)
+            _send(client, 1, bytes(sent[:window]))
+            del sent[:window]
+            [connection] = server.connections
+            read_all = lambda: 1 in connection.streams and connection.streams[1].owed == window  # noqa: E731
+            await eventually(read_all)
+            client.sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):  # what the server wrote while reading it
+                client.events += client.conn.receive_data(client.sock.recv(1 << 20))
+            client.sock.setblocking(True)
+            assert not [
+                e for e in client.events if isinstance(e, h2.events.WindowUpdated) and e.stream_id == 1
+            ]
+            assert client.conn.local_flow_control_window(1) == 0
+            stream = connection.streams[1]
+            assert stream.queued_bytes + len(stream.inbound) + len(_message(value)) >= window
+            echo.release.set()
+
+            def send_the_rest(events: list[Any]) -> bool:
+                while sent and client.conn.local_flow_control_window(1) > 0:
+                    n = min(
+                        len(sent),
+                        client.conn.local_flow_control_window(1),
+                        client.conn.max_outbound_frame_size,
+                    )
+                    client.conn.send_data(1, bytes(sent[:n]), end_stream=n == len(sent))
+                    del sent[:n]
+                client.flush()
+                return _status(events, 1) is not None
+
+            events = await asyncio.to_thread(client.read_until, send_the_rest)
+    assert _status(events, 1) == "0"
+    echoed = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
+    assert echoed == _message(value) * count
