@@ -764,3 +764,20 @@ async def test_a_servicer_that_does_not_read_holds_the_client_to_one_stream_wind
     assert _status(events, 1) == "0"
     echoed = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
     assert echoed == _message(value) * count
+
+
+async def test_streams_opened_and_reset_at_once_leave_nothing_behind():
+    """HTTP/2 "rapid reset": 2,000 streams each opened and reset in the same write. Each is cancelled
+    before its servicer runs or as it starts; none stays open, and the connection serves the next."""
+    echo = Echo(hold=True)
+    pairs = b"".join(_open(s) + _raw_frame(0x3, 0, s, struct.pack(">I", 0x8)) for s in range(1, 4001, 2))
+    async with serving(echo) as (server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(PREFACE + pairs + _open(4001, END_HEADERS_ | END_STREAM_))
+        await writer.drain()
+        frames = await _frames_until(reader, _ended(4001))
+        [connection] = server.connections
+        assert list(connection.streams) == [] and server.open_streams == 0
+        assert not any(t == 0x7 for t, _, _, _ in frames)  # no GOAWAY
+        assert {s for _, _, s, _ in frames if s} == {4001}  # nothing sent for the reset streams
+        writer.close()
