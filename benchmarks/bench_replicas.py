@@ -39,6 +39,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import string
 import subprocess
 import sys
@@ -610,6 +611,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu-blocks", type=int, default=4096, help="mock workers' KV blocks (evictions)")
     parser.add_argument("--single-only", action="store_true", help="only the single picker (no ratio)")
     parser.add_argument("--no-observers", action="store_true", help="no observer pickers (no attribution)")
+    parser.add_argument(
+        "--decompose",
+        action="store_true",
+        help="also one picker alone at rate / replicas (what one replica routes), and split a replica's "
+        "CPU into routing its share, KV events and sync (needs the observers)",
+    )
     parser.add_argument("--py-spy", metavar="PATH", help="profile a picker over the window (--profile)")
     parser.add_argument("--profile", default="observer_sync", metavar="NAME",
                         help="the picker --py-spy profiles: r0, r1, r2, observer_sync or observer_kv "
@@ -668,6 +675,11 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     flags[variant],
                     sync_flags[variant],
                 )
+        if args.decompose and not args.single_only and not args.no_observers:
+            share = argparse.Namespace(**{**vars(args), "rate": args.rate / args.replicas})
+            results["after"]["single_share"] = await run_setup(
+                "single_share", 1, False, nats.url, share, tmp, prompts, REPO_ROOT, flags["after"], []
+            )
     finally:
         nats.stop(grace_s=2.0)
     ratios: dict[str, dict[str, float]] = {}
@@ -677,13 +689,51 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         single = by_setup["single"]["cpu_s"]["r0"]
         many = by_setup[many_name]["cpu_s"]
         ratios[variant] = {f"r{i}": round(many[f"r{i}"] / single, 3) for i in range(args.replicas)}
+    out: dict[str, Any] = {}
+    if "single_share" in results["after"]:
+        out["decomposition"] = decompose(results["after"], many_name, args.replicas)
     return {
+        **out,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "host": {"loadavg": os.getloadavg(), "cpus": os.cpu_count()},
         "inprocess": inprocess_costs(prompts),
         "setups": results,
         "per_replica_vs_single": ratios,
         "goal": {"max_ratio": GOAL, "met": {v: max(r.values()) <= GOAL for v, r in ratios.items()}},
+    }
+
+
+def decompose(by_setup: dict[str, Any], many_name: str, replicas: int) -> dict[str, Any]:
+    """A replica's CPU per cluster request split into routing its share (the lone picker at rate /
+    replicas, less its KV events at the observers' cost per event), the fleet's KV events and other
+    replicas' sync (the observers); the single picker's into routing and KV events alike. `gap`: what
+    the parts leave unexplained. 0.45x needs 0.55 K + S + (R' - R) / 3 <= 0.117 R (three replicas)."""
+    many, single, share = by_setup[many_name], by_setup["single"], by_setup["single_share"]
+    att = many["attribution"]
+    kv_us = att["kv_event_us"] or 0.0
+
+    def routing_ms(setup: dict[str, Any]) -> float:  # per request it routes, KV events taken out
+        requests = max(setup["requests"], 1)
+        events = setup["messages"]["r0"].get("nats.event", 0)
+        return setup["cpu_ms_per_cluster_request"]["r0"] - events / requests * kv_us / 1e3
+
+    r_single, r_share = routing_ms(single), routing_ms(share)
+    replica = statistics.fmean(many["cpu_ms_per_cluster_request"][f"r{i}"] for i in range(replicas))
+    k, sync = att["kv_events_ms_per_cluster_request"], att["sync_apply_ms_per_cluster_request"]
+    own = r_share / replicas
+    return {
+        "replica_ms_per_cluster_request": round(replica, 3),
+        "own_share_routing_ms": round(own, 3),
+        "kv_events_ms": k,
+        "sync_apply_ms": sync,
+        "gap_ms": round(replica - own - k - sync, 3),
+        "single_ms_per_request": single["cpu_ms_per_cluster_request"]["r0"],
+        "single_routing_ms": round(r_single, 3),
+        "share_routing_ms_per_own_request": round(r_share, 3),
+        "condition_for_goal": {
+            "lhs_0.55K+S+(R'-R)/n": round((1 - GOAL) * k + sync + (r_share - r_single) / replicas, 3),
+            "rhs_(0.45-1/n)R": round((GOAL - 1 / replicas) * r_single, 3),
+        },
     }
 
 
