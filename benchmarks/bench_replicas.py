@@ -84,18 +84,21 @@ def log(message: str) -> None:
     print(f"[{time.monotonic() - _T0:7.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid`, all its threads (/proc/<pid>/stat)."""
+def _user_system_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process `pid`, all its threads (/proc/<pid>/stat)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15)
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS  # utime, stime (fields 14 and 15)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid`."""
+    return sum(_user_system_s(pid))
 
 
 def sys_s(pid: int) -> float:
     """System (kernel) CPU seconds of process `pid`: the part of `cpu_s` spent in system calls."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[12]) / TICKS
+    return _user_system_s(pid)[1]
 
 
 def sleeps(pid: int) -> int:

@@ -437,13 +437,21 @@ def _message(value: bytes) -> bytes:
     return struct.pack(">BI", 0, len(payload)) + payload
 
 
-def _send(client: RawClient, stream_id: int, data: bytes, *, end_stream: bool = False) -> None:
-    """`data` on the stream in frames the server's (or, before its SETTINGS, the default) size allows."""
-    step = client.conn.max_outbound_frame_size
-    for start in range(0, len(data), step):
-        last = start + step >= len(data)
-        client.conn.send_data(stream_id, data[start : start + step], end_stream=end_stream and last)
+def _send(client: RawClient, stream_id: int, rest: bytearray, *, end_stream: bool = False) -> int:
+    """Send from the front of `rest` what the stream's and the connection's windows and the frame
+    size allow (END_STREAM with its last byte if `end_stream`); returns the frames sent."""
+    frames = 0
+    while rest:
+        n = min(
+            len(rest), client.conn.local_flow_control_window(stream_id), client.conn.max_outbound_frame_size
+        )
+        if n <= 0:
+            break
+        client.conn.send_data(stream_id, bytes(rest[:n]), end_stream=end_stream and n == len(rest))
+        del rest[:n]
+        frames += 1
     client.flush()
+    return frames
 
 
 def _server_windows_known(events: list[Any]) -> bool:
@@ -470,8 +478,7 @@ async def test_the_connection_window_is_credited_back_so_a_long_lived_connection
         with closing(RawClient(port)) as client:
             await asyncio.to_thread(client.read_until, _server_windows_known)  # else 64 KiB in all
             client.open(1)
-            for i in range(3):
-                _send(client, 1, _message(bytes([i]) * 60_000))
+            _send(client, 1, bytearray(b"".join(_message(bytes([i]) * 60_000) for i in range(3))))
             events = await asyncio.to_thread(client.read_until, lambda ev: credited(ev))
             [delta] = credited(events)
             sent = 3 * len(_message(bytes(60_000)))
@@ -570,26 +577,15 @@ async def test_a_frame_of_exactly_the_largest_size_and_the_largest_stream_id_are
             await asyncio.to_thread(client.read_until, _server_windows_known)
             assert client.conn.max_outbound_frame_size == 1 << 20
             client.open(top)
+            rest = bytearray(_message(value))
             frames_sent = 0
 
-            def send_what_the_window_allows(events: list[Any]) -> bool:
+            def send_more(events: list[Any]) -> bool:  # as the window comes back
                 nonlocal frames_sent
-                if _status(events, top) is not None:
-                    return True
-                data = _message(value)
-                step = client.conn.max_outbound_frame_size
-                while frames_sent * step < len(data) and client.conn.local_flow_control_window(top) > 0:
-                    chunk = data[frames_sent * step : (frames_sent + 1) * step]
-                    if len(chunk) > client.conn.local_flow_control_window(top):
-                        break
-                    last = (frames_sent + 1) * step >= len(data)
-                    client.conn.send_data(top, chunk, end_stream=last)
-                    frames_sent += 1
-                client.flush()
-                return False
+                frames_sent += _send(client, top, rest, end_stream=True)
+                return _status(events, top) is not None
 
-            send_what_the_window_allows([])
-            events = await asyncio.to_thread(client.read_until, send_what_the_window_allows)
+            events = await asyncio.to_thread(client.read_until, send_more)
     assert _status(events, top) == "0"
     assert frames_sent == 4  # three full 1 MiB frames and the rest
     echoed = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
@@ -731,8 +727,7 @@ async def test_a_servicer_that_does_not_read_holds_the_client_to_one_stream_wind
             client.open(1)
             sent = bytearray(b"".join(_message(value) for _ in range(count)))
             window = client.conn.local_flow_control_window(1)
-            _send(client, 1, bytes(sent[:window]))
-            del sent[:window]
+            _send(client, 1, sent)  # until the window is used up
             [connection] = server.connections
             read_all = lambda: 1 in connection.streams and connection.streams[1].owed == window  # noqa: E731
             await eventually(read_all)
@@ -748,16 +743,8 @@ async def test_a_servicer_that_does_not_read_holds_the_client_to_one_stream_wind
             assert stream.queued_bytes + len(stream.inbound) + len(_message(value)) >= window
             echo.release.set()
 
-            def send_the_rest(events: list[Any]) -> bool:
-                while sent and client.conn.local_flow_control_window(1) > 0:
-                    n = min(
-                        len(sent),
-                        client.conn.local_flow_control_window(1),
-                        client.conn.max_outbound_frame_size,
-                    )
-                    client.conn.send_data(1, bytes(sent[:n]), end_stream=n == len(sent))
-                    del sent[:n]
-                client.flush()
+            def send_the_rest(events: list[Any]) -> bool:  # as the window comes back
+                _send(client, 1, sent, end_stream=True)
                 return _status(events, 1) is not None
 
             events = await asyncio.to_thread(client.read_until, send_the_rest)
