@@ -135,8 +135,21 @@ class NatsLink:
         return lambda: self._overflow.remove(entry) if entry in self._overflow else None
 
     async def close(self) -> None:
-        if self._nc is not None and not self._nc.is_closed:
-            await self._nc.close()
+        """Close the connection; never raises for a connection already lost.
+
+        nats.py's `close` first writes out what it buffered while disconnected; with the socket gone
+        that raises ConnectionError and skips the rest of its close (its subscriptions' tasks, the
+        socket, the closed callback). That rest is done here, and the loss is logged as what it is.
+        """
+        nc = self._nc
+        if nc is None or nc.is_closed:
+            return
+        try:
+            await nc.close()
+        except (ConnectionError, OSError) as exc:
+            log.info("NATS connection was already lost at close (%r): messages buffered since not sent", exc)
+            await _finish_close(nc)
+            self._set(False, "NATS connection closed")
 
     def _set(self, up: bool, reason: str) -> None:
         if up == self.up:
@@ -166,6 +179,26 @@ class NatsLink:
                     handler()
                     return
         self.counters.loud("nats.error", "NATS client error: %r", exc)
+
+
+async def _finish_close(nc: NatsClient) -> None:
+    """What nats.py's close skips when its last write fails: stop each subscription's delivery task
+    and close the socket (nats.py's own attributes, read defensively: a release without them has
+    nothing left to finish)."""
+    subs = getattr(nc, "_subs", None)
+    tasks = []
+    for sub in list(subs.values()) if isinstance(subs, dict) else ():
+        task = getattr(sub, "_wait_for_msgs_task", None)
+        if isinstance(task, asyncio.Task) and not task.done():
+            task.cancel()
+            tasks.append(task)
+    if isinstance(subs, dict):
+        subs.clear()
+    transport = getattr(nc, "_transport", None)
+    if transport is not None:
+        with contextlib.suppress(Exception):
+            transport.close()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _backoff(servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]:

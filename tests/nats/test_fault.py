@@ -100,3 +100,32 @@ async def test_killed_and_restarted_server_the_worker_is_resynchronised(nats_ser
         await pub_link.close()
         if restarted is not None:
             restarted.stop()
+
+
+async def test_closing_a_link_whose_server_is_gone_with_messages_buffered_ends_quietly(nats_server, caplog):
+    """nats.py's close first writes what it buffered while disconnected; with the socket gone that
+    raised ConnectionResetError out of the picker's shutdown ("stopping an event source failed", a
+    traceback) and left every subscription's delivery task running."""
+    link = await connect(nats_server, "closing")
+    received: list[bytes] = []
+
+    async def on_message(msg) -> None:
+        received.append(msg.data)
+
+    await link.nc.subscribe("probe.>", cb=on_message)
+    await link.nc.publish("probe.1", b"before")
+    await eventually(lambda: received == [b"before"], what="the subscription delivers")
+    tasks_before = {t for t in asyncio.all_tasks() if "_wait_for_msgs" in repr(t.get_coro())}
+    assert tasks_before, "the subscription has a delivery task"
+    os.kill(nats_server.pid, signal.SIGKILL)
+    await eventually(lambda: not link.up, what="the link sees the server gone")
+    await link.nc.publish("probe.2", b"buffered while disconnected")
+
+    with caplog.at_level("INFO", logger="extproc.events"):
+        await link.close()  # raised ConnectionResetError before
+
+    assert link.nc.is_closed
+    assert not any(not t.done() for t in tasks_before), "a subscription task outlived close"
+    assert "already lost at close" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    await link.close()  # again: nothing to do
