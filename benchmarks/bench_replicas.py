@@ -1,12 +1,15 @@
 """What a picker replica costs (issue 22): one picker against three replicas sharing their load.
 
 Real processes on 127.0.0.1, stopped by pid: a nats-server, mock workers (`extproc mock-worker
---kv-events nats`, Dynamo JSON KV events over NATS core), and `extproc serve` pickers with KV events
-from NATS, the replicas with `--router-replica-sync`. This script is the client (Envoy's part): per
-request it opens an ext_proc stream to a picker (round robin over the replicas), sends the request
-headers and body, reads the chosen worker from the answer, sends the request to that worker over
-HTTP (so the worker's prefix cache publishes its KV events), then hands the worker's answer back
-as response headers and one response body with end_of_stream (first token, then the free).
+--kv-events nats`, Dynamo JSON KV events over NATS core, one event per message; with `--kv-events
+dynamo-relay`, vLLM's ZMQ batches republished on Dynamo's event plane by ai-dynamo-runtime 1.6.1's
+own relay, `benchmarks/dynamo_relay.py`, as a Dynamo vLLM worker runs it), and `extproc serve`
+pickers with KV events from NATS, the replicas with `--router-replica-sync`. This script is the
+client (Envoy's part): per request it opens an ext_proc stream to a picker (round robin over the
+replicas), sends the request headers and body, reads the chosen worker from the answer, sends the
+request to that worker over HTTP (so the worker's prefix cache publishes its KV events), then hands
+the worker's answer back as response headers and one response body with end_of_stream (first
+token, then the free).
 
 Setups, one after the other, each with freshly started workers (empty caches) and pickers:
 
@@ -65,6 +68,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc  #
 
 from extproc.devstack.procs import ManagedProcess, start_nats_server, wait_http_ok  # noqa: E402
 from extproc.events.dynamo_json import encode_event, kv_events_subject  # noqa: E402
+from extproc.events.dynamo_plane import event_plane_subject  # noqa: E402
 from extproc.router.types import AllBlocksCleared, Worker  # noqa: E402
 
 MODEL = "demo-model"
@@ -161,22 +165,52 @@ class Proc:
         self.process.stop(grace_s=5.0)
 
 
-def start_workers(n: int, nats_url: str, tmp: Path, speedup: float, blocks: int) -> list[Proc]:
+def start_workers(
+    n: int, nats_url: str, tmp: Path, speedup: float, blocks: int, kv_events: str = "json"
+) -> list[Proc]:
+    """`n` mock workers. `kv_events` "json": each publishes Dynamo JSON on NATS itself (one event per
+    message); "dynamo-relay": each publishes vLLM's ZMQ batches (one per engine pass) and one process
+    of Dynamo 1.6.1's own relay (benchmarks/dynamo_relay.py, the last Proc returned) republishes them
+    on Dynamo's event plane, as a Dynamo vLLM worker does."""
     procs = []
+    relay = kv_events == "dynamo-relay"
     for i in range(n):
         ports_file = tmp / f"worker{i}.ports.json"
         argv = [
             sys.executable, "-m", "extproc", "mock-worker", "--port", "0", "--worker-id", f"w{i}",
             "--model", MODEL, "--block-size", str(BLOCK_SIZE), "--speedup", str(speedup),
-            "--num-gpu-blocks", str(blocks), "--kv-events", "nats", "--nats-url", nats_url,
-            "--instance-id", str(100 + i), "--namespace", NAMESPACE, "--ports-file", str(ports_file),
+            "--num-gpu-blocks", str(blocks), "--ports-file", str(ports_file),
         ]  # fmt: skip
+        if relay:
+            argv += ["--kv-events", "zmq", "--kv-events-port", "0", "--kv-replay-port", "0"]
+        else:
+            argv += ["--kv-events", "nats", "--nats-url", nats_url, "--instance-id", str(100 + i),
+                     "--namespace", NAMESPACE]  # fmt: skip
         process = ManagedProcess(argv, log_path=tmp / f"worker{i}.log", ports_file=ports_file).start()
         procs.append(Proc(f"w{i}", process))
     for p in procs:
         p.ports = p.process.ports(30.0)
         wait_http_ok(f"http://127.0.0.1:{p.ports['port']}/health", 30.0, process=p.process)
+    if relay:
+        procs.append(start_relay(procs, nats_url, tmp))
     return procs
+
+
+def start_relay(workers: Sequence[Proc], nats_url: str, tmp: Path) -> Proc:
+    """Dynamo's relay for `workers` (Dynamo worker id 100 + i, as `write_config` names them)."""
+    argv = [sys.executable, str(REPO_ROOT / "benchmarks" / "dynamo_relay.py"), "--endpoint",
+            f"{NAMESPACE}.backend.generate", "--block-size", str(BLOCK_SIZE)]  # fmt: skip
+    for i, w in enumerate(workers):
+        argv += ["--relay", f"{100 + i}=tcp://127.0.0.1:{w.ports['kv_events_port']}"]
+    log_path = tmp / "dynamo_relay.log"
+    process = ManagedProcess(argv, log_path=log_path, env={**os.environ, "NATS_SERVER": nats_url}).start()
+    deadline = time.monotonic() + 60.0
+    while b"ready" not in (log_path.read_bytes() if log_path.exists() else b""):
+        if process.returncode is not None or time.monotonic() > deadline:
+            process.stop(grace_s=2.0)
+            raise RuntimeError(f"Dynamo's relay did not start (needs the compat extra): see {log_path}")
+        time.sleep(0.05)
+    return Proc("dynamo_relay", process)
 
 
 def write_config(workers: Sequence[Proc], path: Path) -> Path:
@@ -322,6 +356,28 @@ class Client:
 
 
 # -- a setup ------------------------------------------------------------------------------------
+
+
+class WireCount:
+    """The KV event messages on NATS over the window, both formats (this process's own subscriber)."""
+
+    def __init__(self, nc: Any) -> None:
+        self.nc = nc
+        self.messages = 0
+
+    @classmethod
+    async def start(cls, nats_url: str) -> WireCount:
+        counter = cls(await nats.connect(nats_url))
+        for subject in (kv_events_subject(NAMESPACE, "backend"), event_plane_subject(NAMESPACE, "backend")):
+            await counter.nc.subscribe(subject, cb=counter._on_message)
+        return counter
+
+    async def _on_message(self, _msg: Any) -> None:
+        self.messages += 1
+
+    async def stop(self) -> dict[str, int]:
+        await self.nc.drain()
+        return {"messages": self.messages}
 
 
 async def counters(http: aiohttp.ClientSession, p: Proc) -> dict[str, int]:
@@ -479,12 +535,13 @@ async def transport_probe(nats_url: str, picker: Proc, seconds: float, idle_rate
 
 async def run_setup(
     name: str, replicas: int, observers: bool, nats_url: str, args: argparse.Namespace, tmp: Path,
-    prompts: Sequence[bytes], repo: Path, extra: Sequence[str], sync_extra: Sequence[str],
+    prompts: Sequence[bytes], repo: Path, extra: Sequence[str], sync_extra: Sequence[str], kv_events: str,
 ) -> dict[str, Any]:  # fmt: skip
     log(f"{name}: starting {args.workers} workers and {replicas} picker(s)")
     stage = tmp / name
     stage.mkdir()
-    workers = start_workers(args.workers, nats_url, stage, args.speedup, args.gpu_blocks)
+    started = start_workers(args.workers, nats_url, stage, args.speedup, args.gpu_blocks, kv_events)
+    workers = [p for p in started if p.name != "dynamo_relay"]
     pickers: list[Proc] = []
     observing: list[Proc] = []
     try:
@@ -530,6 +587,7 @@ async def run_setup(
                 profile_target = next((p for p in everyone if p.name == args.profile), pickers[0])
                 profiler = profile_start(args.py_spy, profile_target.pid, args.duration_s,
                                          stage / "profile.txt")  # fmt: skip
+                wire = await WireCount.start(nats_url)
                 c0 = {p.name: await counters(http, p) for p in everyone}
                 t0 = {p.name: cpu_s(p.pid) for p in everyone}
                 k0 = {p.name: sys_s(p.pid) for p in everyone}
@@ -543,6 +601,7 @@ async def run_setup(
                 k1 = {p.name: sys_s(p.pid) for p in everyone}
                 s1 = {p.name: sleeps(p.pid) for p in everyone}
                 c1 = {p.name: await counters(http, p) for p in everyone}
+                on_wire = await wire.stop()
                 if profiler is not None:
                     profiler.wait(timeout=args.duration_s + 30)
         cpu = {k: t1[k] - t0[k] for k in t0}
@@ -561,6 +620,7 @@ async def run_setup(
             "cpu_ms_per_cluster_request": {k: round(1e3 * v / max(requests, 1), 3) for k, v in cpu.items()},
             "wakeups_per_s": {k: round((s1[k] - s0[k]) / wall, 1) for k in s0},
             "messages": {k: {c: v for c, v in d.items() if c in KEPT_COUNTERS} for k, d in delta.items()},
+            "kv_events_on_wire": {**on_wire, "per_request": round(on_wire["messages"] / max(requests, 1), 2)},
         }
         if probe is not None:
             out["transport_probe"] = probe
@@ -583,7 +643,7 @@ async def run_setup(
             out["profile"] = summarise_profile(stage / "profile.txt")
         return out
     finally:
-        for p in observing + pickers + workers:
+        for p in observing + pickers + started:
             p.stop()
 
 
@@ -612,6 +672,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="`before`'s pickers with this --nats-read-delay-ms (this checkout unless "
                         "--compare-repo)")  # fmt: skip
     parser.add_argument("--gpu-blocks", type=int, default=4096, help="mock workers' KV blocks (evictions)")
+    parser.add_argument(
+        "--kv-events",
+        choices=("json", "dynamo-relay"),
+        default="json",
+        help="json: the workers publish Dynamo JSON on NATS, one event per message; "
+        "dynamo-relay: vLLM ZMQ batches republished by Dynamo 1.6.1's own relay on "
+        "its event plane (benchmarks/dynamo_relay.py, the compat extra)",
+    )
+    parser.add_argument("--compare-kv-events", choices=("json", "dynamo-relay"), metavar="MODE",
+                        help="both setups again (`before`) with the workers' KV events so")  # fmt: skip
     parser.add_argument("--single-only", action="store_true", help="only the single picker (no ratio)")
     parser.add_argument("--no-observers", action="store_true", help="no observer pickers (no attribution)")
     parser.add_argument(
@@ -642,6 +712,7 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         args.compare_repo is not None
         or args.compare_batch_ms is not None
         or args.compare_read_delay_ms is not None
+        or args.compare_kv_events is not None
     ):
         before = REPO_ROOT if args.compare_repo is None else args.compare_repo.resolve()
         variants = {"before": before, "after": REPO_ROOT}
@@ -657,6 +728,7 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if args.compare_read_delay_ms is None
         else ["--nats-read-delay-ms", str(args.compare_read_delay_ms)],
     }
+    kv_events = {"after": args.kv_events, "before": args.compare_kv_events or args.kv_events}
     many_name = f"replicas{args.replicas}"
     nats = start_nats_server(None, jetstream=False, store_dir=tmp / "nats")
     results: dict[str, dict[str, Any]] = {v: {} for v in variants}
@@ -677,11 +749,22 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     repo,
                     flags[variant],
                     sync_flags[variant],
+                    kv_events[variant],
                 )
         if args.decompose and not args.single_only and not args.no_observers:
             share = argparse.Namespace(**{**vars(args), "rate": args.rate / args.replicas})
             results["after"]["single_share"] = await run_setup(
-                "single_share", 1, False, nats.url, share, tmp, prompts, REPO_ROOT, flags["after"], []
+                "single_share",
+                1,
+                False,
+                nats.url,
+                share,
+                tmp,
+                prompts,
+                REPO_ROOT,
+                flags["after"],
+                [],
+                args.kv_events,
             )
     finally:
         nats.stop(grace_s=2.0)
