@@ -131,7 +131,6 @@ class _Stream:
         "messages",
         "owed",
         "pending",
-        "queued_bytes",
         "send_window",
         "started",
         "task",
@@ -143,7 +142,6 @@ class _Stream:
         self.id = stream_id
         self.inbound = bytearray()  # the message still arriving, with its 5-byte gRPC prefix
         self.messages: deque[bytes] = deque()  # complete messages the servicer has not taken
-        self.queued_bytes = 0  # their bytes on the wire (credited back as they are taken)
         self.owed = 0  # received bytes not credited back to the client yet
         self.waiter: asyncio.Future[None] | None = None
         self.ended = False  # the client half-closed
@@ -187,7 +185,6 @@ class _Requests(Generic[Req]):
             finally:
                 stream.waiter = None
         data = stream.messages.popleft()
-        stream.queued_bytes -= len(data) + 5
         if not stream.messages:
             self._connection.credit(stream)
         try:
@@ -380,20 +377,20 @@ class _Connection(asyncio.Protocol):
             if stream.error is not None:
                 inbound.clear()
                 stream.messages.clear()
-                stream.queued_bytes = 0
                 return
             if len(inbound) < 5 + length:
                 break
             stream.messages.append(bytes(inbound[5 : 5 + length]))
-            stream.queued_bytes += 5 + length
             del inbound[: 5 + length]
 
     def credit(self, stream: _Stream) -> None:
-        """Give the client back the stream's window for bytes that are not complete messages waiting
-        for the servicer, once that is half the window or more (small streams never need it)."""
-        give = stream.owed - stream.queued_bytes
+        """Give the client back the stream's window once that is half the window or more (small
+        streams never need it). Called only when no complete message waits for the servicer: every
+        byte received was then taken by it or belongs to the message still arriving, so all may go
+        back, and a servicer that does not read holds the client to one window."""
+        give = stream.owed
         if give >= STREAM_WINDOW // 2 and not stream.closed and not stream.ended:
-            stream.owed -= give
+            stream.owed = 0
             self._write(_frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">I", give)))
 
     def _header_block_done(self) -> None:
