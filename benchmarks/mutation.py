@@ -86,13 +86,18 @@ MODULES: dict[str, list[str]] = {
     # the picker's loop: held sockets (real sockets), lazy timers, the selector's arithmetic
     "runtime/wakeups.py": ["tests/runtime/test_wakeups.py"],
     # the gRPC-over-HTTP/2 server Envoy's ext_proc streams reach (frames, flow control, limits)
-    "runtime/h2_server.py": ["tests/runtime/test_h2_server.py"],
+    "runtime/h2_server.py": ["tests/runtime/test_h2_server.py", "tests/runtime/test_h2_server_edges.py"],
 }
 
 EQUIVALENT_CLASSES = {
     "message": "only the text of an exception message or log line changes (no test reads prose)",
     "same-value": "the mutated expression computes the same value for every input it can receive",
     "performance": "only the work done changes (a clean-up runs sooner, bytes are copied, not viewed)",
+    "wire": (
+        "the bytes sent change only where the protocol has every receiver read them alike: a flag the "
+        "frame type does not define (RFC 9113 4.1: ignored) or Huffman coding of a header literal "
+        "(RFC 7541 5.2)"
+    ),
     "margin": (
         "a safety margin against float rounding in a fleet-sized decision's bound moves by at most a "
         "microsecond or 2e-9 of the bound, or a comparison with a continuous threshold turns strict "
@@ -109,6 +114,721 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "runtime/h2_server.py": {
+        "x__header_block__mutmut_2": (
+            "return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in fields], huffman=None)",  # noqa: E501
+            "wire",
+            (
+                "huffman=None and True (hpack's default) Huffman-code the literals; any HPACK decoder reads"
+                " the same fields"
+            ),
+        ),
+        "x__header_block__mutmut_4": (
+            "return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in fields], )",
+            "wire",
+            "hpack's default Huffman-codes the literals; any HPACK decoder reads the same fields",
+        ),
+        "x__header_block__mutmut_9": (
+            "return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in fields], huffman=True)",  # noqa: E501
+            "wire",
+            "Huffman-coded literals; any HPACK decoder reads the same fields",
+        ),
+        "x__percent_encode__mutmut_18": (
+            'bytes([b]) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b for b in text.encode("UTF-8")',
+            "same-value",
+            "the same codec by another name",
+        ),
+        "x__trailers__mutmut_1": (
+            "if status == OK or not message:",
+            "same-value",
+            (
+                "OK never comes with a message and every other status with one, so both tests pick the same"
+                " trailers"
+            ),
+        ),
+        "x__unpad__mutmut_11": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "XXpadding longer than the frameXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__unpad__mutmut_12": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "PADDING LONGER THAN THE FRAME")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__unpad__mutmut_8": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁConnectionError_ǁ__init____mutmut_1": (
+            "super().__init__(None)",
+            "message",
+            "str() of the error is only the GOAWAY's debug text and a log line",
+        ),
+        "xǁH2GrpcServerǁ__init____mutmut_8": (
+            "self.stopping = None",
+            "same-value",
+            "None and False are both false where `stopping` is read",
+        ),
+        "xǁH2GrpcServerǁstop__mutmut_12": (
+            "await asyncio.gather(*running, return_exceptions=None)",
+            "same-value",
+            (
+                "`_serve` never raises (it catches every exception and its own cancellation), so gather has"
+                " none to return or raise"
+            ),
+        ),
+        "xǁH2GrpcServerǁstop__mutmut_14": (
+            "await asyncio.gather(*running, )",
+            "same-value",
+            (
+                "`_serve` never raises (it catches every exception and its own cancellation), so gather has"
+                " none to return or raise"
+            ),
+        ),
+        "xǁH2GrpcServerǁstop__mutmut_15": (
+            "await asyncio.gather(*running, return_exceptions=False)",
+            "same-value",
+            (
+                "`_serve` never raises (it catches every exception and its own cancellation), so gather has"
+                " none to return or raise"
+            ),
+        ),
+        "xǁ_Connectionǁ__init____mutmut_2": (
+            'self.transport: asyncio.Transport | None = ""',
+            "same-value",
+            "connection_made sets the transport before any other callback can read it",
+        ),
+        "xǁ_Connectionǁ__init____mutmut_20": (
+            "self.going_away = None",
+            "same-value",
+            "None and False are both false where `going_away` is read",
+        ),
+        "xǁ_Connectionǁ__init____mutmut_22": (
+            "self.peer = None",
+            "same-value",
+            "connection_made sets the peer before anything reads it",
+        ),
+        "xǁ_Connectionǁ__init____mutmut_23": (
+            'self.peer = "XXXX"',
+            "same-value",
+            "connection_made sets the peer before anything reads it",
+        ),
+        "xǁ_Connectionǁ__init____mutmut_4": (
+            "self.preface_seen = None",
+            "same-value",
+            "None and False are both false where `preface_seen` is read",
+        ),
+        "xǁ_Connectionǁ_collect__mutmut_14": (
+            'stream.error = _StreamEnd(UNIMPLEMENTED, "XXcompressed messages are not supportedXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_collect__mutmut_15": (
+            'stream.error = _StreamEnd(UNIMPLEMENTED, "COMPRESSED MESSAGES ARE NOT SUPPORTED")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_collect__mutmut_26": (
+            "return",
+            "same-value",
+            "the break leaves the loop at the function's end: returning there is the same",
+        ),
+        "xǁ_Connectionǁ_data__mutmut_13": (
+            'self._write(_frame(WINDOW_UPDATE, 1, 0, struct.pack(">I", self.owed)))',
+            "wire",
+            "WINDOW_UPDATE defines no flags",
+        ),
+        "xǁ_Connectionǁ_data__mutmut_20": (
+            'self._write(_frame(WINDOW_UPDATE, 0, 0, struct.pack(">i", self.owed)))',
+            "same-value",
+            (
+                "the values packed are below 2^31 (a setting's key below 2^15): signed and unsigned give "
+                "the same bytes"
+            ),
+        ),
+        "xǁ_Connectionǁ_data__mutmut_42": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_data__mutmut_60": (
+            'stream.error = _StreamEnd(INTERNAL, "XXthe stream ended inside a messageXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_flush__mutmut_31": (
+            'stream.trailers = ""',
+            "same-value",
+            "the stream leaves `streams` in the same step, so no later flush reaches it",
+        ),
+        "xǁ_Connectionǁ_flush__mutmut_32": (
+            "stream.closed = None",
+            "same-value",
+            (
+                "the stream leaves `streams` in the same step and its servicer is done: nothing reads "
+                "`closed` again"
+            ),
+        ),
+        "xǁ_Connectionǁ_flush__mutmut_33": (
+            "stream.closed = False",
+            "same-value",
+            (
+                "the stream leaves `streams` in the same step and its servicer is done: nothing reads "
+                "`closed` again"
+            ),
+        ),
+        "xǁ_Connectionǁ_flush__mutmut_36": (
+            "self.streams.pop(stream.id, )",
+            "same-value",
+            (
+                "a stream is in `streams` when its trailers go: a reset or a lost connection removes and "
+                "closes it, and a closed stream's servicer returns before trailers"
+            ),
+        ),
+        "xǁ_Connectionǁ_flush__mutmut_47": (
+            'self._write(_frame(RST_STREAM, 1, stream.id, struct.pack(">I", NO_ERROR)))',
+            "wire",
+            "RST_STREAM defines no flags",
+        ),
+        "xǁ_Connectionǁ_flush__mutmut_53": (
+            'self._write(_frame(RST_STREAM, 0, stream.id, struct.pack(">i", NO_ERROR)))',
+            "same-value",
+            (
+                "the values packed are below 2^31 (a setting's key below 2^15): signed and unsigned give "
+                "the same bytes"
+            ),
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_107": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_110": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "XXPUSH_PROMISE from a clientXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_111": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "push_promise from a client")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_112": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "PUSH_PROMISE FROM A CLIENT")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_12": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_15": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "XXHEADERS on stream 0XX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_16": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "headers on stream 0")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_17": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "HEADERS ON STREAM 0")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_35": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_38": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "XXCONTINUATION without its HEADERSXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_39": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "continuation without its headers")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_40": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION WITHOUT ITS HEADERS")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_45": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_48": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "XXa header block over 64 KiBXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_49": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "a header block over 64 kib")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_71": (
+            "raise ConnectionError_(FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_78": (
+            'raise ConnectionError_(FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR, "XXbad PINGXX")',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_frame_received__mutmut_79": (
+            'raise ConnectionError_(FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR, "bad ping")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_113": (
+            'self._write(_frame(RST_STREAM, 1, stream_id, struct.pack(">I", NO_ERROR)))',
+            "wire",
+            "RST_STREAM defines no flags",
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_119": (
+            'self._write(_frame(RST_STREAM, 0, stream_id, struct.pack(">i", NO_ERROR)))',
+            "same-value",
+            (
+                "the values packed are below 2^31 (a setting's key below 2^15): signed and unsigned give "
+                "the same bytes"
+            ),
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_12": (
+            "raise ConnectionError_(COMPRESSION_ERROR, None) from None",
+            "message",
+            "the GOAWAY's debug text and a log line",
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_21": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_33": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_47": (
+            'self._write(_frame(RST_STREAM, 1, stream_id, struct.pack(">I", REFUSED_STREAM)))',
+            "wire",
+            "RST_STREAM defines no flags",
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_53": (
+            'self._write(_frame(RST_STREAM, 0, stream_id, struct.pack(">i", REFUSED_STREAM)))',
+            "same-value",
+            (
+                "the values packed are below 2^31 (a setting's key below 2^15): signed and unsigned give "
+                "the same bytes"
+            ),
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_64": (
+            'self._write(_frame(RST_STREAM, 1, stream_id, struct.pack(">I", REFUSED_STREAM)))',
+            "wire",
+            "RST_STREAM defines no flags",
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_70": (
+            'self._write(_frame(RST_STREAM, 0, stream_id, struct.pack(">i", REFUSED_STREAM)))',
+            "same-value",
+            (
+                "the values packed are below 2^31 (a setting's key below 2^15): signed and unsigned give "
+                "the same bytes"
+            ),
+        ),
+        "xǁ_Connectionǁ_header_block_done__mutmut_88": (
+            'content_type = fields.get(b"content-type", b"XXXX")',
+            "same-value",
+            "neither default starts with application/grpc: the same 415",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_10": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_13": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "XXnot an HTTP/2 connection prefaceXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_14": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "not an http/2 connection preface")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_15": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "NOT AN HTTP/2 CONNECTION PREFACE")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_19": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_22": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "XXnot an HTTP/2 connection prefaceXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_23": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "not an http/2 connection preface")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_24": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "NOT AN HTTP/2 CONNECTION PREFACE")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_45": (
+            "raise ConnectionError_(FRAME_SIZE_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_5": (
+            "if len(buffer) <= len(PREFACE):",
+            "performance",
+            (
+                "a buffer of exactly the preface is checked with the client's next bytes instead (its "
+                "SETTINGS follow at once, RFC 9113 3.4); nothing answers the preface itself"
+            ),
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_52": (
+            "return",
+            "same-value",
+            "the finally clause runs either way, and nothing follows the loop",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_63": (
+            "stream_id = int.from_bytes(buffer[pos + 5 : pos + 9], ) & 0x7FFFFFFF",
+            "same-value",
+            "int.from_bytes reads big-endian by default (Python 3.11+, the oldest supported)",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_86": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_89": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "XXa header block interrupted by another frameXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_read_frames__mutmut_90": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "A HEADER BLOCK INTERRUPTED BY ANOTHER FRAME")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_send__mutmut_26": (
+            "if stream.pending or size >= stream.send_window or size > self.send_window or size > self.max_frame:",  # noqa: E501
+            "same-value",
+            "an answer that exactly fits goes through `_flush` instead, as the same single DATA frame",
+        ),
+        "xǁ_Connectionǁ_send__mutmut_27": (
+            "if stream.pending or size > stream.send_window or size >= self.send_window or size > self.max_frame:",  # noqa: E501
+            "same-value",
+            "an answer that exactly fits goes through `_flush` instead, as the same single DATA frame",
+        ),
+        "xǁ_Connectionǁ_send__mutmut_28": (
+            "if stream.pending or size > stream.send_window or size > self.send_window or size >= self.max_frame:",  # noqa: E501
+            "same-value",
+            "an answer that exactly fits goes through `_flush` instead, as the same single DATA frame",
+        ),
+        "xǁ_Connectionǁ_serve__mutmut_24": (
+            'status, message = CANCELLED, "XXthe server stoppedXX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_serve__mutmut_25": (
+            'status, message = CANCELLED, "THE SERVER STOPPED"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_serve__mutmut_28": (
+            "log.exception(stream.id)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁ_Connectionǁ_serve__mutmut_29": (
+            'log.exception("ext_proc stream %d failed", )',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁ_Connectionǁ_serve__mutmut_30": (
+            'log.exception("XXext_proc stream %d failedXX", stream.id)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_serve__mutmut_33": (
+            'status, message = INTERNAL, "XXinternal errorXX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_serve__mutmut_34": (
+            'status, message = INTERNAL, "INTERNAL ERROR"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_serve__mutmut_61": (
+            "stream.started = None",
+            "same-value",
+            "nothing is sent on the stream after its trailers, so `started` is not read again",
+        ),
+        "xǁ_Connectionǁ_serve__mutmut_62": (
+            "stream.started = False",
+            "same-value",
+            "nothing is sent on the stream after its trailers, so `started` is not read again",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_14": (
+            "raise ConnectionError_(FRAME_SIZE_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_17": (
+            'raise ConnectionError_(FRAME_SIZE_ERROR, "XXa SETTINGS frame not made of 6-byte settingsXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_18": (
+            'raise ConnectionError_(FRAME_SIZE_ERROR, "a settings frame not made of 6-byte settings")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_19": (
+            'raise ConnectionError_(FRAME_SIZE_ERROR, "A SETTINGS FRAME NOT MADE OF 6-BYTE SETTINGS")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_4": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_40": (
+            "raise ConnectionError_(FLOW_CONTROL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_43": (
+            'raise ConnectionError_(FLOW_CONTROL_ERROR, "XXan initial window over 2^31 - 1XX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_44": (
+            'raise ConnectionError_(FLOW_CONTROL_ERROR, "AN INITIAL WINDOW OVER 2^31 - 1")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_60": (
+            "raise ConnectionError_(PROTOCOL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_7": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "XXSETTINGS on a streamXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_8": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "settings on a stream")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_settings__mutmut_9": (
+            'raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS ON A STREAM")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_window_update__mutmut_15": (
+            "increment = int.from_bytes(payload, ) & 0x7FFFFFFF",
+            "same-value",
+            "int.from_bytes reads big-endian by default (Python 3.11+, the oldest supported)",
+        ),
+        "xǁ_Connectionǁ_window_update__mutmut_25": (
+            "raise ConnectionError_(FLOW_CONTROL_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_window_update__mutmut_28": (
+            'raise ConnectionError_(FLOW_CONTROL_ERROR, "XXthe connection window over 2^31 - 1XX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_window_update__mutmut_29": (
+            'raise ConnectionError_(FLOW_CONTROL_ERROR, "THE CONNECTION WINDOW OVER 2^31 - 1")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_window_update__mutmut_4": (
+            "raise ConnectionError_(FRAME_SIZE_ERROR, None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_window_update__mutmut_7": (
+            'raise ConnectionError_(FRAME_SIZE_ERROR, "XXa WINDOW_UPDATE not of 4 bytesXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_window_update__mutmut_8": (
+            'raise ConnectionError_(FRAME_SIZE_ERROR, "a window_update not of 4 bytes")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁ_window_update__mutmut_9": (
+            'raise ConnectionError_(FRAME_SIZE_ERROR, "A WINDOW_UPDATE NOT OF 4 BYTES")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁconnection_lost__mutmut_2": (
+            "stream.closed = None",
+            "same-value",
+            (
+                "the connection is gone: the cancelled servicer's trailers meet a closing transport, which "
+                "`_write` skips"
+            ),
+        ),
+        "xǁ_Connectionǁconnection_lost__mutmut_3": (
+            "stream.closed = False",
+            "same-value",
+            (
+                "the connection is gone: the cancelled servicer's trailers meet a closing transport, which "
+                "`_write` skips"
+            ),
+        ),
+        "xǁ_Connectionǁconnection_made__mutmut_16": (
+            "self.peer = None",
+            "same-value",
+            "the server listens on TCP only, whose peername is always a tuple",
+        ),
+        "xǁ_Connectionǁconnection_made__mutmut_17": (
+            "self.peer = str(None)",
+            "same-value",
+            "the server listens on TCP only, whose peername is always a tuple",
+        ),
+        "xǁ_Connectionǁconnection_made__mutmut_28": (
+            'struct.pack(">hi", key, value)',
+            "same-value",
+            (
+                "the values packed are below 2^31 (a setting's key below 2^15): signed and unsigned give "
+                "the same bytes"
+            ),
+        ),
+        "xǁ_Connectionǁconnection_made__mutmut_35": (
+            'increase = struct.pack(">i", MAX_WINDOW - 65535)',
+            "same-value",
+            (
+                "the values packed are below 2^31 (a setting's key below 2^15): signed and unsigned give "
+                "the same bytes"
+            ),
+        ),
+        "xǁ_Connectionǁcredit__mutmut_5": (
+            "if give >= STREAM_WINDOW / 2 and not stream.closed and not stream.ended:",
+            "same-value",
+            "STREAM_WINDOW is even: / 2 and // 2 compare alike",
+        ),
+        "xǁ_Connectionǁdata_received__mutmut_10": (
+            'log.warning("XXHTTP/2 connection from %s closed: %sXX", self.peer, exc)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁdata_received__mutmut_11": (
+            'log.warning("http/2 connection from %s closed: %s", self.peer, exc)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁdata_received__mutmut_16": (
+            "self.go_away(exc.code, )",
+            "message",
+            "the GOAWAY's debug text",
+        ),
+        "xǁ_Connectionǁdata_received__mutmut_17": (
+            "self.go_away(exc.code, str(None))",
+            "message",
+            "the GOAWAY's debug text",
+        ),
+        "xǁ_Connectionǁdata_received__mutmut_5": (
+            'log.warning("HTTP/2 connection from %s closed: %s", None, exc)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁ_Connectionǁdata_received__mutmut_6": (
+            'log.warning("HTTP/2 connection from %s closed: %s", self.peer, None)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁ_Connectionǁgo_away__mutmut_1": (
+            'def go_away(self, code: int, why: str = "XXXX") -> None:',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Connectionǁgo_away__mutmut_2": (
+            "self.going_away = None",
+            "same-value",
+            (
+                "the server says GOAWAY on stop (then `stopping` refuses new streams and stop closes the "
+                "connection once its streams end) or before closing the connection itself"
+            ),
+        ),
+        "xǁ_Connectionǁgo_away__mutmut_23": (
+            'self._write(_frame(GOAWAY, 0, 0, struct.pack(">ii", self.last_stream, code) + why.encode()[:200]))',  # noqa: E501
+            "same-value",
+            (
+                "the values packed are below 2^31 (a setting's key below 2^15): signed and unsigned give "
+                "the same bytes"
+            ),
+        ),
+        "xǁ_Connectionǁgo_away__mutmut_24": (
+            'self._write(_frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream, code) + why.encode()[:201]))',  # noqa: E501
+            "message",
+            "the GOAWAY's debug text, cut one byte later",
+        ),
+        "xǁ_Connectionǁgo_away__mutmut_3": (
+            "self.going_away = False",
+            "same-value",
+            (
+                "the server says GOAWAY on stop (then `stopping` refuses new streams and stop closes the "
+                "connection once its streams end) or before closing the connection itself"
+            ),
+        ),
+        "xǁ_StreamEndǁ__init____mutmut_1": (
+            "super().__init__(None)",
+            "message",
+            "the status and message are read from the attributes; str() of it is never used",
+        ),
+        "xǁ_Streamǁ__init____mutmut_10": (
+            'self.task: asyncio.Task[None] | None = ""',
+            "same-value",
+            "the task is set in the same step the stream is created, before anything can read it",
+        ),
+        "xǁ_Streamǁ__init____mutmut_12": (
+            "self.started = None  # response headers sent",
+            "same-value",
+            "None and False are both false where `started` is read",
+        ),
+        "xǁ_Streamǁ__init____mutmut_16": (
+            "self.closed = None",
+            "same-value",
+            "None and False are both false where `closed` is read",
+        ),
+        "xǁ_Streamǁ__init____mutmut_7": (
+            "self.ended = None  # the client half-closed",
+            "same-value",
+            "`ended` is set from the opening HEADERS' END_STREAM right after the stream is created",
+        ),
+        "xǁ_Streamǁ__init____mutmut_8": (
+            "self.ended = True  # the client half-closed",
+            "same-value",
+            "`ended` is set from the opening HEADERS' END_STREAM right after the stream is created",
+        ),
+    },
     "runtime/wakeups.py": {
         "x_bytes_waiting__mutmut_6": (
             'return struct.unpack("I", fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_BUF))[0] > 0',
