@@ -169,9 +169,8 @@ def start_workers(
     n: int, nats_url: str, tmp: Path, speedup: float, blocks: int, kv_events: str = "json"
 ) -> list[Proc]:
     """`n` mock workers. `kv_events` "json": each publishes Dynamo JSON on NATS itself (one event per
-    message); "dynamo-relay": each publishes vLLM's ZMQ batches (one per engine pass) and one process
-    of Dynamo 1.6.1's own relay (benchmarks/dynamo_relay.py, the last Proc returned) republishes them
-    on Dynamo's event plane, as a Dynamo vLLM worker does."""
+    message); "dynamo-relay": each publishes vLLM's ZMQ batches (one per engine pass) for
+    `start_relay` to republish."""
     procs = []
     relay = kv_events == "dynamo-relay"
     for i in range(n):
@@ -191,13 +190,13 @@ def start_workers(
     for p in procs:
         p.ports = p.process.ports(30.0)
         wait_http_ok(f"http://127.0.0.1:{p.ports['port']}/health", 30.0, process=p.process)
-    if relay:
-        procs.append(start_relay(procs, nats_url, tmp))
     return procs
 
 
 def start_relay(workers: Sequence[Proc], nats_url: str, tmp: Path) -> Proc:
-    """Dynamo's relay for `workers` (Dynamo worker id 100 + i, as `write_config` names them)."""
+    """One process of Dynamo 1.6.1's own relay (benchmarks/dynamo_relay.py) republishing the ZMQ
+    batches of `workers` on Dynamo's event plane, as a Dynamo vLLM worker does (Dynamo worker id
+    100 + i, as `write_config` names them)."""
     argv = [sys.executable, str(REPO_ROOT / "benchmarks" / "dynamo_relay.py"), "--endpoint",
             f"{NAMESPACE}.backend.generate", "--block-size", str(BLOCK_SIZE)]  # fmt: skip
     for i, w in enumerate(workers):
@@ -540,11 +539,13 @@ async def run_setup(
     log(f"{name}: starting {args.workers} workers and {replicas} picker(s)")
     stage = tmp / name
     stage.mkdir()
-    started = start_workers(args.workers, nats_url, stage, args.speedup, args.gpu_blocks, kv_events)
-    workers = [p for p in started if p.name != "dynamo_relay"]
+    workers = start_workers(args.workers, nats_url, stage, args.speedup, args.gpu_blocks, kv_events)
+    relays: list[Proc] = []
     pickers: list[Proc] = []
     observing: list[Proc] = []
     try:
+        if kv_events == "dynamo-relay":
+            relays.append(start_relay(workers, nats_url, stage))
         config = write_config(workers, stage / "picker.yaml")
         sync = replicas > 1
         pickers = [
@@ -643,7 +644,7 @@ async def run_setup(
             out["profile"] = summarise_profile(stage / "profile.txt")
         return out
     finally:
-        for p in observing + pickers + started:
+        for p in observing + pickers + relays + workers:
             p.stop()
 
 
