@@ -87,6 +87,13 @@ MODULES: dict[str, list[str]] = {
     "runtime/wakeups.py": ["tests/runtime/test_wakeups.py"],
     # the gRPC-over-HTTP/2 server Envoy's ext_proc streams reach (frames, flow control, limits)
     "runtime/h2_server.py": ["tests/runtime/test_h2_server.py", "tests/runtime/test_h2_server_edges.py"],
+    # the KV events of Dynamo deployments: its router guide's JSON and its 1.6.1 event plane
+    "events/dynamo_json.py": ["tests/nats/test_dynamo_json.py", "tests/fuzz/test_dynamo_fuzz.py"],
+    "events/dynamo_plane.py": [
+        "tests/nats/test_dynamo_plane.py",
+        "tests/events/test_tier_fixtures.py",
+        "tests/fuzz/test_dynamo_fuzz.py",
+    ],
 }
 
 EQUIVALENT_CLASSES = {
@@ -114,6 +121,775 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "events/dynamo_json.py": {
+        "x__all_u64__mutmut_1": (
+            "return not values and (set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= U64_MAX)",  # noqa: E501
+            "performance",
+            (
+                "a well-formed event then takes the field-by-field path, which reads the same values: the "
+                "fast path only declines more"
+            ),
+        ),
+        "x__all_u64__mutmut_12": (
+            "return not values or (set(map(type, values)) == {int} and min(values) > 0 and max(values) <= U64_MAX)",  # noqa: E501
+            "performance",
+            (
+                "a well-formed event then takes the field-by-field path, which reads the same values: the "
+                "fast path only declines more"
+            ),
+        ),
+        "x__all_u64__mutmut_13": (
+            "return not values or (set(map(type, values)) == {int} and min(values) >= 1 and max(values) <= U64_MAX)",  # noqa: E501
+            "performance",
+            (
+                "a well-formed event then takes the field-by-field path, which reads the same values: the "
+                "fast path only declines more"
+            ),
+        ),
+        "x__all_u64__mutmut_15": (
+            "return not values or (set(map(type, values)) == {int} and min(values) >= 0 and max(values) < U64_MAX)",  # noqa: E501
+            "performance",
+            (
+                "a well-formed event then takes the field-by-field path, which reads the same values: the "
+                "fast path only declines more"
+            ),
+        ),
+        "x__decode__mutmut_19": (
+            "count_unknown_variant(counters, None, payload)",
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x__decode__mutmut_20": (
+            "count_unknown_variant(counters, worker, None)",
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x__list__mutmut_2": (
+            "raise MalformedEvent(None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__list__mutmut_3": (
+            'raise MalformedEvent(f"{what} is {type(None).__name__}, not a list")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__object__mutmut_2": (
+            "raise MalformedEvent(None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__object__mutmut_3": (
+            'raise MalformedEvent(f"{what} is {type(None).__name__}, not an object")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__stored_blocks__mutmut_2": (
+            'engine = [b["XXblock_hashXX"] for b in blocks]',
+            "performance",
+            (
+                "a well-formed event then takes the field-by-field path, which reads the same values: the "
+                "fast path only declines more"
+            ),
+        ),
+        "x__stored_blocks__mutmut_25": (
+            '_uint(None, U64_MAX, "block_hash"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_27": (
+            '_uint(b.get("block_hash"), U64_MAX, None),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_3": (
+            'engine = [b["BLOCK_HASH"] for b in blocks]',
+            "performance",
+            (
+                "a well-formed event then takes the field-by-field path, which reads the same values: the "
+                "fast path only declines more"
+            ),
+        ),
+        "x__stored_blocks__mutmut_31": (
+            '_uint(b.get(None), U64_MAX, "block_hash"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_32": (
+            '_uint(b.get("XXblock_hashXX"), U64_MAX, "block_hash"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_33": (
+            '_uint(b.get("BLOCK_HASH"), U64_MAX, "block_hash"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_34": (
+            '_uint(b.get("block_hash"), U64_MAX, "XXblock_hashXX"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_35": (
+            '_uint(b.get("block_hash"), U64_MAX, "BLOCK_HASH"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_36": (
+            '_uint(None, U64_MAX, "tokens_hash"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_38": (
+            '_uint(b.get("tokens_hash"), U64_MAX, None),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_42": (
+            '_uint(b.get(None), U64_MAX, "tokens_hash"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_43": (
+            '_uint(b.get("XXtokens_hashXX"), U64_MAX, "tokens_hash"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_44": (
+            '_uint(b.get("TOKENS_HASH"), U64_MAX, "tokens_hash"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_45": (
+            '_uint(b.get("tokens_hash"), U64_MAX, "XXtokens_hashXX"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_46": (
+            '_uint(b.get("tokens_hash"), U64_MAX, "TOKENS_HASH"),',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_47": (
+            'for b in (_object(None, "block") for b in blocks)',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_48": (
+            "for b in (_object(b, None) for b in blocks)",
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_5": (
+            'local = [b["XXtokens_hashXX"] for b in blocks]',
+            "performance",
+            (
+                "a well-formed event then takes the field-by-field path, which reads the same values: the "
+                "fast path only declines more"
+            ),
+        ),
+        "x__stored_blocks__mutmut_51": (
+            'for b in (_object(b, "XXblockXX") for b in blocks)',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_52": (
+            'for b in (_object(b, "BLOCK") for b in blocks)',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x__stored_blocks__mutmut_6": (
+            'local = [b["TOKENS_HASH"] for b in blocks]',
+            "performance",
+            (
+                "a well-formed event then takes the field-by-field path, which reads the same values: the "
+                "fast path only declines more"
+            ),
+        ),
+        "x__uint__mutmut_8": (
+            "raise MalformedEvent(None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_count_unknown_variant__mutmut_1": (
+            "variant = None",
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x_count_unknown_variant__mutmut_15": (
+            '"XXDynamo KV event from worker %s with unknown data %.80r; droppedXX",',
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x_count_unknown_variant__mutmut_16": (
+            '"dynamo kv event from worker %s with unknown data %.80r; dropped",',
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x_count_unknown_variant__mutmut_2": (
+            "variant = sorted(payload) if (isinstance(payload, dict)) and False else payload",
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x_count_unknown_variant__mutmut_7": (
+            "None,",
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x_count_unknown_variant__mutmut_8": (
+            "None,",
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x_decode_event__mutmut_11": (
+            'counters.loud("dynamo.malformed", "XXDynamo KV event is not JSON (%s); droppedXX", exc)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_event__mutmut_12": (
+            'counters.loud("dynamo.malformed", "dynamo kv event is not json (%s); dropped", exc)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_event__mutmut_22": (
+            'counters.loud("dynamo.malformed", "malformed Dynamo KV event (%s); dropped", None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_event__mutmut_25": (
+            'counters.loud("dynamo.malformed", "malformed Dynamo KV event (%s); dropped", )',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_event__mutmut_28": (
+            'counters.loud("dynamo.malformed", "XXmalformed Dynamo KV event (%s); droppedXX", exc)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_event__mutmut_29": (
+            'counters.loud("dynamo.malformed", "malformed dynamo kv event (%s); dropped", exc)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_event__mutmut_5": (
+            'counters.loud("dynamo.malformed", "Dynamo KV event is not JSON (%s); dropped", None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_event__mutmut_8": (
+            'counters.loud("dynamo.malformed", "Dynamo KV event is not JSON (%s); dropped", )',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_11": (
+            "_check_uint(event_id, U64_MAX, None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_15": (
+            '_check_uint(event_id, U64_MAX, "XXevent_idXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_16": (
+            '_check_uint(event_id, U64_MAX, "EVENT_ID")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_23": (
+            '_check_uint(dp_rank, U32_MAX, "XXdp_rankXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_28": (
+            "_check_uint(event.parent_hash, U64_MAX, None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_3": (
+            "_check_uint(worker_id, U64_MAX, None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_32": (
+            '_check_uint(event.parent_hash, U64_MAX, "XXparent_hashXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_33": (
+            '_check_uint(event.parent_hash, U64_MAX, "PARENT_HASH")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_37": (
+            "_check_uint(b.engine_hash, U64_MAX, None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_41": (
+            '_check_uint(b.engine_hash, U64_MAX, "XXblock_hashXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_42": (
+            '_check_uint(b.engine_hash, U64_MAX, "BLOCK_HASH")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_45": (
+            "_check_uint(b.local_hash, U64_MAX, None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_49": (
+            '_check_uint(b.local_hash, U64_MAX, "XXtokens_hashXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_50": (
+            '_check_uint(b.local_hash, U64_MAX, "TOKENS_HASH")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_69": (
+            '_check_uint(h, U64_MAX, "XXblock_hashXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_7": (
+            '_check_uint(worker_id, U64_MAX, "XXworker_idXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_8": (
+            '_check_uint(worker_id, U64_MAX, "WORKER_ID")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_80": (
+            "raise TypeError(None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_encode_event__mutmut_81": (
+            'raise TypeError(f"not a KV event: {type(None).__name__}")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_17": (
+            'stored = _object(payload["stored"], None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_22": (
+            'stored = _object(payload["stored"], "XXstoredXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_23": (
+            'stored = _object(payload["stored"], "STORED")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_34": (
+            "parent_hash = None if parent is None else _uint(parent, U64_MAX, None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_38": (
+            'parent_hash = None if parent is None else _uint(parent, U64_MAX, "XXparent_hashXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_39": (
+            'parent_hash = None if parent is None else _uint(parent, U64_MAX, "PARENT_HASH")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_43": (
+            'blocks = _stored_blocks(_list(stored.get("blocks"), None))',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_49": (
+            'blocks = _stored_blocks(_list(stored.get("blocks"), "XXblocksXX"))',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_50": (
+            'blocks = _stored_blocks(_list(stored.get("blocks"), "BLOCKS"))',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_68": (
+            'removed = _object(payload["removed"], None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_73": (
+            'removed = _object(payload["removed"], "XXremovedXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_74": (
+            'removed = _object(payload["removed"], "REMOVED")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_77": (
+            'hashes = _list(removed.get("block_hashes"), None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_83": (
+            'hashes = _list(removed.get("block_hashes"), "XXblock_hashesXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_84": (
+            'hashes = _list(removed.get("block_hashes"), "BLOCK_HASHES")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_data__mutmut_88": (
+            'hashes = [_uint(None, U64_MAX, "block_hash") for h in hashes]',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x_router_event_data__mutmut_90": (
+            "hashes = [_uint(h, U64_MAX, None) for h in hashes]",
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x_router_event_data__mutmut_94": (
+            'hashes = [_uint(h, U64_MAX, "XXblock_hashXX") for h in hashes]',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x_router_event_data__mutmut_95": (
+            'hashes = [_uint(h, U64_MAX, "BLOCK_HASH") for h in hashes]',
+            "message",
+            (
+                "only invalid events reach the field-by-field path (the fast path takes every well-formed "
+                "one), and they are dropped as malformed either way: only the error's text changes"
+            ),
+        ),
+        "x_router_event_header__mutmut_11": (
+            'wire_worker = _uint(message.get("worker_id"), U64_MAX, None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_18": (
+            'wire_worker = _uint(message.get("worker_id"), U64_MAX, "XXworker_idXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_19": (
+            'wire_worker = _uint(message.get("worker_id"), U64_MAX, "WORKER_ID")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_22": (
+            'event = _object(message.get("event"), None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_28": (
+            'event = _object(message.get("event"), "XXeventXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_29": (
+            'event = _object(message.get("event"), "EVENT")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_3": (
+            "message = _object(message, None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_33": (
+            'event_id = _uint(event.get("event_id"), U64_MAX, None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_40": (
+            'event_id = _uint(event.get("event_id"), U64_MAX, "XXevent_idXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_41": (
+            'event_id = _uint(event.get("event_id"), U64_MAX, "EVENT_ID")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_45": (
+            'dp_rank = _uint(event.get("dp_rank", 0), U32_MAX, None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_56": (
+            'dp_rank = _uint(event.get("dp_rank", 0), U32_MAX, "XXdp_rankXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_57": (
+            'dp_rank = _uint(event.get("dp_rank", 0), U32_MAX, "DP_RANK")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_6": (
+            'message = _object(message, "XXmessageXX")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_router_event_header__mutmut_7": (
+            'message = _object(message, "MESSAGE")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+    },
+    "events/dynamo_plane.py": {
+        "x__payload__mutmut_12": (
+            "raise _WrongTopic(None)",
+            "message",
+            "the topic is only the log line's argument (the counter key is fixed)",
+        ),
+        "x__payload__mutmut_18": (
+            "raise MalformedEvent(None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__payload__mutmut_19": (
+            'raise MalformedEvent(f"payload is {type(None).__name__}, not bin")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__payload__mutmut_2": (
+            "raise MalformedEvent(None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__payload__mutmut_22": (
+            "events = msgpack.unpackb(payload, raw=None)",
+            "same-value",
+            "msgpack's raw defaults to False (1.0+); None is false alike",
+        ),
+        "x__payload__mutmut_24": (
+            "events = msgpack.unpackb(payload, )",
+            "same-value",
+            "msgpack's raw defaults to False (1.0+); None is false alike",
+        ),
+        "x__payload__mutmut_26": (
+            "raise MalformedEvent(None) from None",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__payload__mutmut_28": (
+            "raise MalformedEvent(None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__payload__mutmut_29": (
+            'raise MalformedEvent(f"payload is {type(None).__name__}, not an array of RouterEvents")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__payload__mutmut_3": (
+            'raise MalformedEvent(f"envelope is {type(None).__name__}, not a map")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__router_event__mutmut_24": (
+            "raise MalformedEvent(None)",
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__router_event__mutmut_25": (
+            'raise MalformedEvent(f"storage_tier is {type(None).__name__}, not a string")',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x__router_event__mutmut_35": (
+            "count_unknown_variant(counters, None, payload)",
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x__router_event__mutmut_36": (
+            "count_unknown_variant(counters, worker, None)",
+            "message",
+            "the worker and variant are only the log line's arguments (the counter key is fixed)",
+        ),
+        "x_decode_envelope__mutmut_12": (
+            'counters.loud("dynamo.malformed", "Dynamo event-plane message is not msgpack (%r); dropped", )',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_15": (
+            'counters.loud("dynamo.malformed", "XXDynamo event-plane message is not msgpack (%r); droppedXX", exc)',  # noqa: E501
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_16": (
+            'counters.loud("dynamo.malformed", "dynamo event-plane message is not msgpack (%r); dropped", exc)',  # noqa: E501
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_22": (
+            '"dynamo.unknown_topic", "Dynamo event-plane message with topic %.80r; dropped", None',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_24": (
+            '"dynamo.unknown_topic", exc.topic',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_25": (
+            '"dynamo.unknown_topic", "Dynamo event-plane message with topic %.80r; dropped", )',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_28": (
+            '"dynamo.unknown_topic", "XXDynamo event-plane message with topic %.80r; droppedXX", exc.topic',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_29": (
+            '"dynamo.unknown_topic", "dynamo event-plane message with topic %.80r; dropped", exc.topic',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_3": (
+            "envelope = msgpack.unpackb(data, raw=None)",
+            "same-value",
+            "msgpack's raw defaults to False (1.0+); None is false alike",
+        ),
+        "x_decode_envelope__mutmut_33": (
+            'counters.loud("dynamo.malformed", "malformed Dynamo event-plane message (%s); dropped", None)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_36": (
+            'counters.loud("dynamo.malformed", "malformed Dynamo event-plane message (%s); dropped", )',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_39": (
+            'counters.loud("dynamo.malformed", "XXmalformed Dynamo event-plane message (%s); droppedXX", exc)',  # noqa: E501
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_40": (
+            'counters.loud("dynamo.malformed", "malformed dynamo event-plane message (%s); dropped", exc)',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_5": (
+            "envelope = msgpack.unpackb(data, )",
+            "same-value",
+            "msgpack's raw defaults to False (1.0+); None is false alike",
+        ),
+        "x_decode_envelope__mutmut_52": (
+            '"dynamo.malformed", "malformed Dynamo KV event on the event plane (%s); dropped", None',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_55": (
+            '"dynamo.malformed", "malformed Dynamo KV event on the event plane (%s); dropped", )',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_58": (
+            '"dynamo.malformed", "XXmalformed Dynamo KV event on the event plane (%s); droppedXX", exc',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_59": (
+            '"dynamo.malformed", "malformed dynamo kv event on the event plane (%s); dropped", exc',
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "x_decode_envelope__mutmut_9": (
+            'counters.loud("dynamo.malformed", "Dynamo event-plane message is not msgpack (%r); dropped", None)',  # noqa: E501
+            "message",
+            "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+        "xǁ_WrongTopicǁ__init____mutmut_1": (
+            "super().__init__(None)",
+            "message",
+            "the topic is only the log line's argument (the counter key is fixed)",
+        ),
+        "xǁ_WrongTopicǁ__init____mutmut_2": (
+            "self.topic = None",
+            "message",
+            "the topic is only the log line's argument (the counter key is fixed)",
+        ),
+    },
     "runtime/h2_server.py": {
         "x__header_block__mutmut_2": (
             "return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in fields], huffman=None)",  # noqa: E501

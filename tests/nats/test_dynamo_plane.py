@@ -283,6 +283,16 @@ def test_another_topic_is_counted_and_dropped():
     assert counters.snapshot() == {"dynamo.unknown_topic": 1}
 
 
+def test_an_envelope_without_a_topic_is_read_as_kv_events():
+    """Only another topic is dropped: an envelope that names none (a publisher that leaves the
+    field out, as an older or leaner one may) is taken for what its subject says it is."""
+    envelope = {k: v for k, v in envelope_of("removed").items() if k != "topic"}
+    counters = EventCounters()
+    [decoded] = decode_envelope(repack(envelope), counters)
+    assert decoded.event == decode_envelope(fixture("removed"), EventCounters())[0].event
+    assert counters.snapshot() == {"dynamo.event": 1}
+
+
 def test_a_bad_router_event_is_dropped_alone_and_its_id_shows_as_a_gap():
     good, other = events_of("batch")
     bad = {**good, "event": {**good["event"], "event_id": -1}}
