@@ -94,6 +94,13 @@ MODULES: dict[str, list[str]] = {
         "tests/events/test_tier_fixtures.py",
         "tests/fuzz/test_dynamo_fuzz.py",
     ],
+    # vLLM's and SGLang's ZMQ KV events (golden fixtures from their published code)
+    "events/vllm.py": [
+        "tests/events/test_vllm_decode.py",
+        "tests/events/test_engine_fixtures.py",
+        "tests/events/test_tier_fixtures.py",
+        "tests/fuzz/test_vllm_fuzz.py",
+    ],
 }
 
 EQUIVALENT_CLASSES = {
@@ -121,6 +128,875 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "events/vllm.py": {
+        "x__pack_msgspec_event__mutmut_19": (
+            'return b"\\xde" + len(event).to_bytes(2, ) + body',
+            "same-value",
+            "big-endian is the default byte order (Python 3.11+, the oldest supported)",
+        ),
+        "x__wire_fields__mutmut_45": (
+            "raise TypeError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__wire_fields__mutmut_46": (
+            'raise TypeError(f"not a wire KV event: {type(None).__name__}")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_decode_seq__mutmut_5": (
+            "value = int.from_bytes(frame, )",
+            "same-value",
+            "big-endian is the default byte order (Python 3.11+, the oldest supported)",
+        ),
+        "x_encode_batch__mutmut_6": (
+            "raise ValueError(f\"layout must be one of {'XX, XX'.join(LAYOUTS)}, got {layout!r}\")",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_encode_batch__mutmut_65": (
+            "return msgpack.packb(batch, use_bin_type=None)",
+            "same-value",
+            (
+                "the encoder is given ints, strings, None and lists, never bytes: use_bin_type only changes"
+                " how bytes are packed"
+            ),
+        ),
+        "x_encode_batch__mutmut_67": (
+            "return msgpack.packb(batch, )",
+            "same-value",
+            "msgpack's use_bin_type defaults to True (1.0+)",
+        ),
+        "x_encode_batch__mutmut_68": (
+            "return msgpack.packb(batch, use_bin_type=False)",
+            "same-value",
+            (
+                "the encoder is given ints, strings, None and lists, never bytes: use_bin_type only changes"
+                " how bytes are packed"
+            ),
+        ),
+        "x_encode_seq__mutmut_10": (
+            'return seq.to_bytes(8, "big", signed=seq <= 0)',
+            "same-value",
+            "0 has the same 8 bytes signed or unsigned",
+        ),
+        "x_encode_seq__mutmut_11": (
+            'return seq.to_bytes(8, "big", signed=seq < 1)',
+            "same-value",
+            "0 has the same 8 bytes signed or unsigned",
+        ),
+        "x_encode_seq__mutmut_5": (
+            "return seq.to_bytes(8, signed=seq < 0)",
+            "same-value",
+            "big-endian is the default byte order (Python 3.11+, the oldest supported)",
+        ),
+        "x_normalize_hash__mutmut_6": (
+            "return int.from_bytes(value, ) & MASK64",
+            "same-value",
+            "big-endian is the default byte order (Python 3.11+, the oldest supported)",
+        ),
+        "x_parse_frames__mutmut_16": (
+            '"XXKV event message with %d frames (seq frame of %s bytes); expected [topic, 8-byte seq, payload]XX",',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_parse_frames__mutmut_17": (
+            '"kv event message with %d frames (seq frame of %s bytes); expected [topic, 8-byte seq, payload]",',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_parse_frames__mutmut_19": (
+            'len(frames[1]) if (len(frames) > 1) and False else "no",',
+            "message",
+            "the length shown in the malformed frames' log line",
+        ),
+        "x_parse_frames__mutmut_22": (
+            'len(frames[1]) if len(frames) > 2 else "no",',
+            "message",
+            "the length shown in the malformed frames' log line",
+        ),
+        "x_parse_frames__mutmut_23": (
+            'len(frames[1]) if len(frames) > 1 else "XXnoXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_parse_frames__mutmut_24": (
+            'len(frames[1]) if len(frames) > 1 else "NO",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_parse_frames__mutmut_30": (
+            "value = int.from_bytes(seq, )",
+            "same-value",
+            "big-endian is the default byte order (Python 3.11+, the oldest supported)",
+        ),
+        "x_parse_frames__mutmut_40": (
+            'counters.loud("vllm.malformed_frames", "XXKV event message with the end-of-replay marker as its seqXX")',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_parse_frames__mutmut_41": (
+            'counters.loud("vllm.malformed_frames", "kv event message with the end-of-replay marker as its seq")',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_parse_frames__mutmut_42": (
+            'counters.loud("vllm.malformed_frames", "KV EVENT MESSAGE WITH THE END-OF-REPLAY MARKER AS ITS SEQ")',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_parse_frames__mutmut_9": (
+            "None,",
+            "message",
+            "the length shown in the malformed frames' log line",
+        ),
+        "x_parse_replay_reply__mutmut_6": (
+            "if frames and not frames[0] and len(frames) in (4, 4):",
+            "same-value",
+            (
+                "an older reply kept with its empty delimiter reads as the current layout with an empty "
+                "topic, which is what it gives stripped"
+            ),
+        ),
+        "xǁVllmEventDecoderǁ__init____mutmut_18": (
+            'self._salts = _Tracked(max_tracked_blocks, counters, "vllm.salt_map_full", None)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ__init____mutmut_25": (
+            'self._salts = _Tracked(max_tracked_blocks, counters, "vllm.salt_map_full", "XXsalted blocksXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ__init____mutmut_26": (
+            'self._salts = _Tracked(max_tracked_blocks, counters, "vllm.salt_map_full", "SALTED BLOCKS")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ__init____mutmut_31": (
+            'max_tracked_blocks, counters, "vllm.unindexed_map_full", None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ__init____mutmut_38": (
+            'max_tracked_blocks, counters, "vllm.unindexed_map_full", "XXunindexed blocksXX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ__init____mutmut_39": (
+            'max_tracked_blocks, counters, "vllm.unindexed_map_full", "UNINDEXED BLOCKS"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ__init____mutmut_5": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ__init____mutmut_8": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_28": (
+            '"vllm.malformed_batch", "KV event batch is a %s, not [ts, events, ...]", None',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_30": (
+            '"vllm.malformed_batch", type(raw).__name__',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_31": (
+            '"vllm.malformed_batch", "KV event batch is a %s, not [ts, events, ...]", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_34": (
+            '"vllm.malformed_batch", "XXKV event batch is a %s, not [ts, events, ...]XX", type(raw).__name__',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_35": (
+            '"vllm.malformed_batch", "kv event batch is a %s, not [ts, events, ...]", type(raw).__name__',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_37": (
+            '"vllm.malformed_batch", "KV event batch is a %s, not [ts, events, ...]", type(None).__name__',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_45": (
+            'self.counters.loud("vllm.malformed_batch", "XXKV event batch\'s events is not a listXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_46": (
+            'self.counters.loud("vllm.malformed_batch", "kv event batch\'s events is not a list")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_47": (
+            'self.counters.loud("vllm.malformed_batch", "KV EVENT BATCH\'S EVENTS IS NOT A LIST")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_55": (
+            'self.counters.loud(None, "KV event batch has dp rank %r", dp_rank)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_57": (
+            'self.counters.loud("vllm.malformed_batch", "KV event batch has dp rank %r", None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_60": (
+            'self.counters.loud("vllm.malformed_batch", "KV event batch has dp rank %r", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_61": (
+            'self.counters.loud("XXvllm.malformed_batchXX", "KV event batch has dp rank %r", dp_rank)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_62": (
+            'self.counters.loud("VLLM.MALFORMED_BATCH", "KV event batch has dp rank %r", dp_rank)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_63": (
+            'self.counters.loud("vllm.malformed_batch", "XXKV event batch has dp rank %rXX", dp_rank)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_64": (
+            'self.counters.loud("vllm.malformed_batch", "kv event batch has dp rank %r", dp_rank)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_batch_parts__mutmut_65": (
+            'self.counters.loud("vllm.malformed_batch", "KV EVENT BATCH HAS DP RANK %R", dp_rank)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_20": (
+            "fields: Mapping[str, Any] = dict(zip(fields_of, raw[1:], strict=None))",
+            "same-value",
+            "zip's strict defaults to False; None is false alike",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_23": (
+            "fields: Mapping[str, Any] = dict(zip(fields_of, raw[1:], ))",
+            "same-value",
+            "zip's strict defaults to False; None is false alike",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_32": (
+            'self.counters.loud("vllm.malformed_event", "KV event is a %s without a tag", None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_34": (
+            'self.counters.loud("vllm.malformed_event", type(raw).__name__)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_38": (
+            'self.counters.loud("vllm.malformed_event", "XXKV event is a %s without a tagXX", type(raw).__name__)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_39": (
+            'self.counters.loud("vllm.malformed_event", "kv event is a %s without a tag", type(raw).__name__)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_41": (
+            'self.counters.loud("vllm.malformed_event", "KV event is a %s without a tag", type(None).__name__)',  # noqa: E501
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_76": (
+            'self.counters.loud("vllm.unknown_event", tag)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_80": (
+            'self.counters.loud("vllm.unknown_event", "XXunknown KV event type %r ignoredXX", tag)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_event__mutmut_81": (
+            'self.counters.loud("vllm.unknown_event", "unknown kv event type %r ignored", tag)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_extra_key_kind__mutmut_10": (
+            'raise self._malformed("BlockStored.extra_keys holds a %s", None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_extra_key_kind__mutmut_11": (
+            "raise self._malformed(type(item).__name__)",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_extra_key_kind__mutmut_12": (
+            'raise self._malformed("BlockStored.extra_keys holds a %s", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_extra_key_kind__mutmut_13": (
+            'raise self._malformed("XXBlockStored.extra_keys holds a %sXX", type(item).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_extra_key_kind__mutmut_14": (
+            'raise self._malformed("blockstored.extra_keys holds a %s", type(item).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_extra_key_kind__mutmut_16": (
+            'raise self._malformed("BlockStored.extra_keys holds a %s", type(None).__name__)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_11": (
+            'raise self._malformed("XXBlockStored.extra_keys is not one entry per blockXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_12": (
+            'raise self._malformed("blockstored.extra_keys is not one entry per block")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_13": (
+            'raise self._malformed("BLOCKSTORED.EXTRA_KEYS IS NOT ONE ENTRY PER BLOCK")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_21": (
+            'raise self._malformed("BlockStored.extra_keys entry is a %s", None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_22": (
+            "raise self._malformed(type(entry).__name__)",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_23": (
+            'raise self._malformed("BlockStored.extra_keys entry is a %s", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_24": (
+            'raise self._malformed("XXBlockStored.extra_keys entry is a %sXX", type(entry).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_25": (
+            'raise self._malformed("blockstored.extra_keys entry is a %s", type(entry).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_27": (
+            'raise self._malformed("BlockStored.extra_keys entry is a %s", type(None).__name__)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_41": (
+            "elif i <= cut:",
+            "same-value",
+            (
+                "i runs below the number of blocks, and once cut is lowered to an i every later i is above "
+                "it: never equal"
+            ),
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_48": (
+            'raise self._malformed("BlockStored.extra_keys name %d different salts", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_49": (
+            'raise self._malformed("XXBlockStored.extra_keys name %d different saltsXX", len(salts))',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_extra_keys__mutmut_50": (
+            'raise self._malformed("blockstored.extra_keys name %d different salts", len(salts))',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_full_blocks__mutmut_14": (
+            "self._mismatch(None, block_size, len(tokens), len(ids))",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_full_blocks__mutmut_24": (
+            "self._mismatch(None, block_size, len(tokens), len(ids))",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_full_blocks__mutmut_50": (
+            '"XXBlockStored with %d block hashes for %d tokens of block size %dXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_full_blocks__mutmut_51": (
+            '"blockstored with %d block hashes for %d tokens of block size %d",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_hashes__mutmut_13": (
+            'raise self._malformed("%s holds a %s", None, type(item).__name__)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_hashes__mutmut_14": (
+            'raise self._malformed("%s holds a %s", what, None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_hashes__mutmut_18": (
+            'raise self._malformed("XX%s holds a %sXX", what, type(item).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_hashes__mutmut_20": (
+            'raise self._malformed("%s holds a %s", what, type(None).__name__)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_hashes__mutmut_3": (
+            'raise self._malformed("%s is not a list", None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_hashes__mutmut_4": (
+            "raise self._malformed(what)",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_hashes__mutmut_5": (
+            'raise self._malformed("%s is not a list", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_hashes__mutmut_6": (
+            'raise self._malformed("XX%s is not a listXX", what)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_10": (
+            "raise self._malformed(type(lora_name).__name__)",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_11": (
+            'raise self._malformed("BlockStored.lora_name is a %s", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_12": (
+            'raise self._malformed("XXBlockStored.lora_name is a %sXX", type(lora_name).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_13": (
+            'raise self._malformed("blockstored.lora_name is a %s", type(lora_name).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_14": (
+            'raise self._malformed("BLOCKSTORED.LORA_NAME IS A %S", type(lora_name).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_15": (
+            'raise self._malformed("BlockStored.lora_name is a %s", type(None).__name__)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_24": (
+            "None,",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_25": (
+            "None,",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_32": (
+            '"XXBlockStored from %s names LoRA id %r but no lora_name: its blocks cannot be hashed XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_33": (
+            '"blockstored from %s names lora id %r but no lora_name: its blocks cannot be hashed "',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_35": (
+            '"XXas the router hashes requests; event droppedXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_36": (
+            '"AS THE ROUTER HASHES REQUESTS; EVENT DROPPED",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_37": (
+            "fields.get(None),",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_38": (
+            'fields.get("XXlora_idXX"),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_39": (
+            'fields.get("LORA_ID"),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_lora_name__mutmut_9": (
+            'raise self._malformed("BlockStored.lora_name is a %s", None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_malformed__mutmut_10": (
+            'self.counters.loud("vllm.malformed_event", "kv event dropped: " + message, *args)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_malformed__mutmut_11": (
+            'self.counters.loud("vllm.malformed_event", "KV EVENT DROPPED: " + message, *args)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_malformed__mutmut_5": (
+            'self.counters.loud("vllm.malformed_event", "KV event dropped: " + message, )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_malformed__mutmut_9": (
+            'self.counters.loud("vllm.malformed_event", "XXKV event dropped: XX" + message, *args)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_mismatch__mutmut_17": (
+            '"XXKV event from %s with block_size %d (%d tokens, %d blocks), the router\'s is %d: event XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_mismatch__mutmut_18": (
+            '"kv event from %s with block_size %d (%d tokens, %d blocks), the router\'s is %d: event "',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_mismatch__mutmut_20": (
+            "\"XXdropped (configure the router's block size to match the engine's)XX\",",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_mismatch__mutmut_21": (
+            "\"DROPPED (CONFIGURE THE ROUTER'S BLOCK SIZE TO MATCH THE ENGINE'S)\",",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_mismatch__mutmut_3": (
+            "None,",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_remember__mutmut_16": (
+            "return tuple(StoredBlock(e, h) for e, h in zip(ids, local, strict=None))",
+            "same-value",
+            "zip's strict defaults to False; None is false alike",
+        ),
+        "xǁVllmEventDecoderǁ_remember__mutmut_19": (
+            "return tuple(StoredBlock(e, h) for e, h in zip(ids, local, ))",
+            "same-value",
+            "zip's strict defaults to False; None is false alike",
+        ),
+        "xǁVllmEventDecoderǁ_remember__mutmut_20": (
+            "return tuple(StoredBlock(e, h) for e, h in zip(ids, local, strict=True))",
+            "same-value",
+            "the ids and their local hashes are always as many (both cut at the indexed blocks)",
+        ),
+        "xǁVllmEventDecoderǁ_removed__mutmut_12": (
+            'ids = self._hashes(fields.get("block_hashes"), "XXBlockRemoved.block_hashesXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_removed__mutmut_13": (
+            'ids = self._hashes(fields.get("block_hashes"), "blockremoved.block_hashes")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_removed__mutmut_14": (
+            'ids = self._hashes(fields.get("block_hashes"), "BLOCKREMOVED.BLOCK_HASHES")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_removed__mutmut_6": (
+            'ids = self._hashes(fields.get("block_hashes"), None)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_salt__mutmut_10": (
+            "raise self._malformed(type(salt).__name__)",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_salt__mutmut_11": (
+            'raise self._malformed("BlockStored.cache_salt is a %s", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_salt__mutmut_12": (
+            'raise self._malformed("XXBlockStored.cache_salt is a %sXX", type(salt).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_salt__mutmut_13": (
+            'raise self._malformed("blockstored.cache_salt is a %s", type(salt).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_salt__mutmut_15": (
+            'raise self._malformed("BlockStored.cache_salt is a %s", type(None).__name__)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_salt__mutmut_20": (
+            'raise self._malformed("XXBlockStored names two saltsXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_salt__mutmut_21": (
+            'raise self._malformed("blockstored names two salts")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_salt__mutmut_22": (
+            'raise self._malformed("BLOCKSTORED NAMES TWO SALTS")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_salt__mutmut_9": (
+            'raise self._malformed("BlockStored.cache_salt is a %s", None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_146": (
+            'raise self._malformed("BlockStored.token_ids: %s", None) from None',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_148": (
+            'raise self._malformed("BlockStored.token_ids: %s", ) from None',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_149": (
+            'raise self._malformed("XXBlockStored.token_ids: %sXX", exc) from None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_150": (
+            'raise self._malformed("blockstored.token_ids: %s", exc) from None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_151": (
+            'raise self._malformed("BLOCKSTORED.TOKEN_IDS: %S", exc) from None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_20": (
+            'ids = self._hashes(fields.get("block_hashes"), None)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_26": (
+            'ids = self._hashes(fields.get("block_hashes"), "XXBlockStored.block_hashesXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_27": (
+            'ids = self._hashes(fields.get("block_hashes"), "blockstored.block_hashes")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_28": (
+            'ids = self._hashes(fields.get("block_hashes"), "BLOCKSTORED.BLOCK_HASHES")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_34": (
+            "parent = None if (parent_raw is None) and False else normalize_hash(parent_raw)",
+            "same-value",
+            "normalize_hash(None) is None",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_42": (
+            'raise self._malformed("BlockStored.parent_block_hash is a %s", None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_43": (
+            "raise self._malformed(type(parent_raw).__name__)",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_44": (
+            'raise self._malformed("BlockStored.parent_block_hash is a %s", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_45": (
+            'raise self._malformed("XXBlockStored.parent_block_hash is a %sXX", type(parent_raw).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_46": (
+            'raise self._malformed("blockstored.parent_block_hash is a %s", type(parent_raw).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_47": (
+            'raise self._malformed("BLOCKSTORED.PARENT_BLOCK_HASH IS A %S", type(parent_raw).__name__)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_48": (
+            'raise self._malformed("BlockStored.parent_block_hash is a %s", type(None).__name__)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_51": (
+            "lineage = self._unindexed.items.get(parent) if (parent is not None) or True else None",
+            "same-value",
+            "None is never a key of the unindexed ids",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_75": (
+            'raise self._malformed("XXBlockStored without a positive block_sizeXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_76": (
+            'raise self._malformed("blockstored without a positive block_size")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_77": (
+            'raise self._malformed("BLOCKSTORED WITHOUT A POSITIVE BLOCK_SIZE")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_79": (
+            "full = self._full_blocks(None, ids, tokens, block_size)",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁ_stored__mutmut_90": (
+            "lora_name = self._lora_name(fields, None)",
+            "message",
+            "the worker is passed on only to name it in a log line",
+        ),
+        "xǁVllmEventDecoderǁ_tokens__mutmut_13": (
+            'raise self._malformed("XXBlockStored.token_ids mixes pairs and tokensXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_tokens__mutmut_14": (
+            'raise self._malformed("blockstored.token_ids mixes pairs and tokens")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_tokens__mutmut_15": (
+            'raise self._malformed("BLOCKSTORED.TOKEN_IDS MIXES PAIRS AND TOKENS")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_tokens__mutmut_3": (
+            'raise self._malformed("XXBlockStored without token_idsXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_tokens__mutmut_4": (
+            'raise self._malformed("blockstored without token_ids")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁ_tokens__mutmut_5": (
+            'raise self._malformed("BLOCKSTORED WITHOUT TOKEN_IDS")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁdecode__mutmut_12": (
+            "raw = msgpack.unpackb(payload, raw=None, strict_map_key=False)",
+            "same-value",
+            "msgpack's raw defaults to False (1.0+); None is false alike",
+        ),
+        "xǁVllmEventDecoderǁdecode__mutmut_13": (
+            "raw = msgpack.unpackb(payload, raw=False, strict_map_key=None)",
+            "same-value",
+            "None and False are both false for msgpack's strict_map_key",
+        ),
+        "xǁVllmEventDecoderǁdecode__mutmut_15": (
+            "raw = msgpack.unpackb(payload, strict_map_key=False)",
+            "same-value",
+            "msgpack's raw defaults to False (1.0+); None is false alike",
+        ),
+        "xǁVllmEventDecoderǁdecode__mutmut_21": (
+            'self.counters.loud("vllm.malformed_batch", "KV event batch is not msgpack: %r", None)',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁdecode__mutmut_24": (
+            'self.counters.loud("vllm.malformed_batch", "KV event batch is not msgpack: %r", )',
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁVllmEventDecoderǁdecode__mutmut_27": (
+            'self.counters.loud("vllm.malformed_batch", "XXKV event batch is not msgpack: %rXX", exc)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁVllmEventDecoderǁdecode__mutmut_28": (
+            'self.counters.loud("vllm.malformed_batch", "kv event batch is not msgpack: %r", exc)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Trackedǁ__init____mutmut_4": (
+            "self.what = None",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁ_Trackedǁput__mutmut_10": (
+            "None,",
+            "message",
+            "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
+        ),
+        "xǁ_Trackedǁput__mutmut_15": (
+            '"XXKV events: more than %d %s tracked; forgetting the oldestXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁ_Trackedǁput__mutmut_16": (
+            '"kv events: more than %d %s tracked; forgetting the oldest",',
+            "message",
+            "an error's or a log line's text",
+        ),
+    },
     "events/dynamo_json.py": {
         "x__all_u64__mutmut_1": (
             "return not values and (set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= U64_MAX)",  # noqa: E501

@@ -6,6 +6,7 @@ write them; the bytes are pinned here, so a decoder change that misreads any of 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import msgpack
@@ -554,3 +555,111 @@ def test_inconsistent_salts_and_extra_keys_are_malformed(extra):
     d = new_decoder()
     assert run(d, stored([1, 2], None, list(range(8)), **extra)) == []
     assert d.counters["vllm.malformed_event"] == 1
+
+
+# --- edges the first mutation run of this module showed untested ------------------------------------
+
+
+def test_under_strict_dp_rank_a_batch_of_another_rank_decodes_to_nothing_and_keeps_its_header():
+    d = new_decoder(strict_dp_rank=True, default_dp_rank=0)
+    batch = d.decode(msgpack.packb([2.5, [stored([1], None, [1] * BS)], 1]))
+    assert (batch.ts, batch.dp_rank, batch.events, batch.valid) == (2.5, 1, [], True)
+    assert d.counters["vllm.other_dp_rank"] == 1
+    assert [
+        e.worker for e in new_decoder().decode(msgpack.packb([2.5, [stored([1], None, [1] * BS)], 1])).events
+    ] == [Worker("w0", 1)]
+
+
+def test_a_payload_that_is_no_batch_is_invalid_and_names_the_default_rank():
+    d = new_decoder(default_dp_rank=3)
+    for payload in (b"\xc1", msgpack.packb({"not": "a batch"})):
+        batch = d.decode(payload)
+        assert (batch.ts, batch.dp_rank, batch.events, batch.valid) == (None, 3, [], False)
+
+
+def test_block_size_one_is_a_block_size_and_zero_or_a_bool_is_not():
+    """SGLang's default page is one token: a decoder for a router of block size 1 indexes each token."""
+    d = VllmEventDecoder("w0", 1, counters=EventCounters(), max_tracked_blocks=1)
+    [event] = d.decode(msgpack.packb([1.0, [stored([7, 8], None, [5, 6], block_size=1)], 0])).events
+    assert [b.local_hash for b in event.blocks] == compute_block_hashes([5, 6], 1)
+    for bad in (0, True):
+        d = new_decoder()
+        assert run(d, stored([1], None, [1] * BS, block_size=bad)) == []
+        assert d.counters["vllm.malformed_event"] == 1
+    for kwargs in ({"block_size": 0}, {"max_tracked_blocks": 0}):
+        with pytest.raises(ValueError):
+            VllmEventDecoder("w0", **{"block_size": BS, **kwargs}, counters=EventCounters())
+
+
+def test_the_unindexed_ids_are_bounded_and_what_overflows_is_counted():
+    """Partial pages are remembered as not indexed (what hangs under them is recognised); at most
+    `max_tracked_blocks` of them, the oldest forgotten first, each overflow counted."""
+    d = new_decoder(max_tracked_blocks=2)
+    for i in range(1, 4):  # a one-token page under a router block of BS tokens: remembered
+        assert run(d, stored([i], None, [i], block_size=1)) == []
+    assert d.tracked == (0, 2)
+    assert d.counters["vllm.unindexed_map_full"] == 1
+
+
+def test_a_tail_of_one_token_is_a_partial_block_of_the_store():
+    """Two full blocks and one token more come with three ids: the two full blocks are indexed."""
+    d = new_decoder()
+    [event] = run(d, stored([1, 2, 3], None, list(range(2 * BS + 1))))
+    assert [b.local_hash for b in event.blocks] == local(list(range(2 * BS)))
+
+
+def test_the_encoder_stamps_the_current_time_when_no_ts_is_given():
+    before = time.time()
+    [ts, *_] = msgpack.unpackb(encode_batch([WireBlockRemoved([1])]), raw=False)
+    assert isinstance(ts, float) and before <= ts <= time.time()
+
+
+def test_an_event_map_with_a_key_that_is_not_a_string_is_still_read():
+    """Unknown keys are ignored whatever their type (msgpack maps may have any keys)."""
+    [event] = run(new_decoder(), {**stored([1], None, [1] * BS), 7: "extra"})
+    assert [b.local_hash for b in event.blocks] == local([1] * BS)
+
+
+def test_an_offloaded_store_with_tokens_but_no_block_size_is_a_placeholder_not_malformed():
+    d = new_decoder()
+    assert run(d, {**stored([1], None, [1] * BS, medium="CPU"), "block_size": None}) == []
+    assert (d.counters["vllm.tier_placeholder"], d.counters["vllm.malformed_event"]) == (1, 0)
+
+
+def test_what_hangs_under_a_block_that_was_not_indexed_is_not_indexed_either():
+    """Under a store named only by its LoRA id, and under a store's partial last block."""
+    d = new_decoder()
+    assert run(d, stored([1], None, [1] * BS, lora_id=3)) == []  # no name: cannot be hashed
+    assert run(d, stored([2], 1, [2] * BS)) == []
+    assert d.counters["vllm.unindexed_parent"] == 1
+    [event] = run(d, stored([3, 4, 5], None, list(range(2 * BS + 1))))  # 5 is the partial tail
+    assert [b.engine_hash for b in event.blocks] == [3, 4]
+    assert run(d, stored([6], 5, [6] * BS)) == []
+    assert d.counters["vllm.partial_parent"] == 1
+
+
+def test_an_id_that_was_a_partial_page_and_is_then_stored_whole_is_indexed_with_its_children():
+    """Engines reuse ids: once an id is stored as an indexed block it leaves the unindexed ids."""
+    d = new_decoder()
+    assert run(d, stored([5], None, [1, 2], block_size=2)) == []  # a partial page
+    assert d.tracked == (0, 1)
+    assert len(run(d, stored([5], None, [1] * BS))) == 1  # the same id, a full block now
+    assert d.tracked == (0, 0)
+    [child] = run(d, stored([6], 5, [2] * BS))
+    assert [b.engine_hash for b in child.blocks] == [6]
+
+
+def test_a_live_message_whose_seq_is_the_end_marker_is_counted_malformed():
+    counters = EventCounters()
+    assert parse_frames([b"", encode_seq(END_SEQ), b"payload"], counters) is None
+    assert counters["vllm.malformed_frames"] == 1
+
+
+def test_extra_keys_edges_an_empty_entry_a_salt_not_led_by_the_lora_and_a_salt_under_an_unsalted_parent():
+    d = new_decoder()
+    [plain] = run(d, stored([1], None, [1] * BS, extra_keys=[[]]))  # an entry naming nothing
+    assert plain.blocks[0].local_hash == local([1] * BS)[0]
+    [lora] = run(d, stored([2], None, [2] * BS, lora_name="a", lora_id=1, extra_keys=[["s"]]))
+    assert lora.blocks[0].local_hash == salted([2] * BS, "s", lora_name="a")[0]  # the salt is kept
+    [child] = run(d, stored([3], 1, [3] * BS, cache_salt="t"))  # its own salt, not its parent's none
+    assert child.blocks[0].local_hash == salted([3] * BS, "t")[0]
