@@ -407,15 +407,28 @@ NOT_HTTP2 = {  # a client that never sends the preface
 }
 
 
-def _goaway_code(data: bytes) -> int | None:
-    """The error code of the first GOAWAY among the server's frames in `data`."""
+def _parse(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    """The server's frames in `data` (bytes read to the connection's end) as (type, flags, stream,
+    payload), as `_frames_until` gives them."""
+    frames = []
     pos = 0
     while len(data) - pos >= 9:
         length = int.from_bytes(data[pos : pos + 3], "big")
-        if data[pos + 3] == 0x7:
-            return int.from_bytes(data[pos + 13 : pos + 17], "big")
+        stream_id = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+        frames.append((data[pos + 3], data[pos + 4], stream_id, data[pos + 9 : pos + 9 + length]))
         pos += 9 + length
-    return None
+    return frames
+
+
+def _goaway_code(data: bytes) -> int | None:
+    """The error code of the first GOAWAY among the server's frames in `data`."""
+    codes = [int.from_bytes(p[4:8], "big") for t, _, _, p in _parse(data) if t == 0x7]
+    return codes[0] if codes else None
+
+
+def _data(frames: list[tuple[int, int, int, bytes]], stream_id: int) -> bytes:
+    """The DATA bytes the server sent on `stream_id`."""
+    return b"".join(p for t, _, s, p in frames if t == DATA_ and s == stream_id)
 
 
 @pytest.mark.parametrize(
@@ -570,7 +583,7 @@ async def test_a_client_whose_bytes_arrive_one_at_a_time_is_served():
         frames = await _frames_until(reader, _ended(1))
         writer.close()
     assert not any(t == 0x7 for t, _, _, _ in frames)  # no GOAWAY
-    data = b"".join(p for t, _, s, p in frames if t == DATA_ and s == 1)
+    data = _data(frames, 1)
     assert data == _message(b"drip" * 100)
 
 
@@ -616,7 +629,7 @@ async def test_after_the_clients_goaway_new_streams_are_refused_and_open_ones_fi
         echo.release.set()
         frames += await _frames_until(reader, _ended(1))
         writer.close()
-    assert b"".join(p for t, _, s, p in frames if t == DATA_ and s == 1) == _message(b"open")
+    assert _data(frames, 1) == _message(b"open")
     assert echo.ended == ["complete"]
 
 
@@ -635,7 +648,7 @@ async def test_a_stream_the_client_resets_gets_nothing_more_and_the_next_one_is_
         frames = await _frames_until(reader, _ended(3))
         writer.close()
     assert [f for f in frames if f[2] == 1] == []  # no headers, data or trailers for the reset stream
-    assert b"".join(p for t, _, s, p in frames if t == DATA_ and s == 3) == _message(b"second")
+    assert _data(frames, 3) == _message(b"second")
 
 
 async def test_messages_packed_into_one_frame_split_over_frames_padded_or_empty_arrive_whole():

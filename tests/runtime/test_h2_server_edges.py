@@ -36,10 +36,12 @@ from .test_h2_server import (
     WINDOW_UPDATE_,
     Echo,
     RawClient,
+    _data,
     _ended,
     _frames_until,
     _message,
     _open,
+    _parse,
     _raw_frame,
     _read_to_end,
     _send,
@@ -67,10 +69,6 @@ def _block(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 def _without(name: bytes) -> list[tuple[bytes, bytes]]:
     return [(n, v) for n, v in GRPC_HEADERS if n != name]
-
-
-def _data(frames: list[tuple[int, int, int, bytes]], stream_id: int) -> bytes:
-    return b"".join(p for t, _, s, p in frames if t == DATA_ and s == stream_id)
 
 
 def _trailers(frames: list[tuple[int, int, int, bytes]], stream_id: int) -> dict[bytes, bytes]:
@@ -190,11 +188,8 @@ async def test_a_goaway_is_sent_on_stream_0_without_flags():
         await writer.drain()
         answer = await asyncio.wait_for(_read_to_end(reader), 5)
         writer.close()
-    pos = 0
-    while answer[pos + 3] != GOAWAY_:
-        pos += 9 + int.from_bytes(answer[pos : pos + 3], "big")
-    assert answer[pos + 4] == 0  # flags
-    assert int.from_bytes(answer[pos + 5 : pos + 9], "big") == 0  # stream
+    [(_, flags, stream_id, _)] = [f for f in _parse(answer) if f[0] == GOAWAY_]
+    assert (flags, stream_id) == (0, 0)
 
 
 # --- windows ------------------------------------------------------------------------------------
@@ -442,18 +437,6 @@ async def test_when_the_client_goes_away_the_connection_closes_after_its_last_op
         writer.close()
     assert echo.ended == ["complete", "complete"]
     assert _all_ended(1, 3)(_parse(rest))
-
-
-def _parse(data: bytes) -> list[tuple[int, int, int, bytes]]:
-    """Frames as `_frames_until` gives them, from bytes read to the connection's end."""
-    frames = []
-    pos = 0
-    while pos + 9 <= len(data):
-        length = int.from_bytes(data[pos : pos + 3], "big")
-        stream_id = int.from_bytes(data[pos + 5 : pos + 9], "big")
-        frames.append((data[pos + 3], data[pos + 4], stream_id, data[pos + 9 : pos + 9 + length]))
-        pos += 9 + length
-    return frames
 
 
 # --- exact accounting ---------------------------------------------------------------------------
