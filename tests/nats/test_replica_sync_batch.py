@@ -14,69 +14,21 @@ import random
 import msgpack
 import pytest
 
-from extproc.events.counters import EventCounters
-from extproc.events.replica_sync import MAX_BATCH_OPS, VERSION, ReplicaSync, active_sequences_subject
+from extproc.events.replica_sync import MAX_BATCH_OPS, VERSION
 from extproc.router import Worker
 from extproc.runtime import wakeups
 
-from .conftest import make_router
+from . import sync_nodes
+from .sync_nodes import HEARTBEAT_S, W7, W8
 
-SUBJECT = active_sequences_subject("test", "backend")
-W7, W8 = Worker("7"), Worker("8")
-HEARTBEAT_S, LEASE_S, BATCH_S = 1.0, 5.0, 0.02
-
-
-class Wire:
-    """Stands in for the publishing queue: keeps every payload for the test to deliver."""
-
-    def __init__(self) -> None:
-        self.sent: list[bytes] = []
-
-    def submit(self, subject: str, payload: bytes) -> None:
-        self.sent.append(payload)
-
-    def take(self) -> list[bytes]:
-        out, self.sent = self.sent, []
-        return out
-
-    def ops(self) -> list[str]:
-        return [msgpack.unpackb(p)["op"] for p in self.sent]
+BATCH_S = 0.02
 
 
-class Node:
+class Node(sync_nodes.Node):
+    """A replica whose lifecycle messages are gathered for `BATCH_S` unless told otherwise."""
+
     def __init__(self, name: str, *, batch_s: float = BATCH_S, boot: int = 1) -> None:
-        self.name = name
-        self.router = make_router()
-        self.counters = EventCounters()
-        self.sync = ReplicaSync(None, self.router, name, SUBJECT, counters=self.counters,  # type: ignore[arg-type]
-                                heartbeat_s=HEARTBEAT_S, lease_s=LEASE_S, clock=lambda: 0.0, boot=boot,
-                                batch_s=batch_s)  # fmt: skip
-        self.wire = Wire()
-        self.sync._sender = self.wire  # type: ignore[assignment]
-
-    def deliver(self, *others: Node, lose: set[int] | None = None, twice: set[int] | None = None) -> None:
-        for i, payload in enumerate(self.wire.take()):
-            if i in (lose or set()):
-                continue
-            for _ in range(2 if i in (twice or set()) else 1):
-                for other in others:
-                    other.sync.handle(payload, now=0.0)
-
-    def hears(self, other: Node) -> None:
-        """`other`'s heartbeat reaches this replica (which then knows whether it reads batches)."""
-        other.sync.tick(0.0)
-        other.deliver(self)
-        other.sync._next_heartbeat = 0.0  # the next tick heartbeats again
-
-    def load(self) -> dict[Worker, tuple[int, float]]:
-        seqs = self.router.sequences
-        return {w: (seqs.prefill_tokens(w), seqs.decode_blocks(w)) for w in self.router.workers()}
-
-    def view(self) -> tuple[dict[Worker, tuple[int, float]], set[tuple[str, str, object]]]:
-        """The load its router counts and every remote request it tracks (records included)."""
-        remote = {(origin, request_id, (r.worker, r.hashes, r.isl, r.overlap, r.eot, r.prefilled))
-                  for origin, request_id, r in self.sync.remote_requests()}  # fmt: skip
-        return self.load(), remote
+        super().__init__(name, batch_s=batch_s, boot=boot)
 
 
 def script(seed: int, n: int = 60) -> list[tuple[str, str, Worker, list[int]]]:
@@ -221,6 +173,9 @@ def test_ops_gathered_before_an_old_replica_appeared_go_out_one_by_one():
                                  "from": "*"}), now=0.0)  # fmt: skip
     a.sync.flush_batch()
     assert a.wire.ops() == ["add", "free"]
+    old = Node("old")
+    a.deliver(old)
+    assert old.sync.tracked_remote() == {"a": 1} and old.counters["sync.apply_failed"] == 0
 
 
 def test_a_malformed_batch_is_not_applied_at_all():
@@ -262,6 +217,11 @@ def test_on_the_pickers_loop_a_batch_leaves_when_the_wake_up_that_filled_it_ends
         assert a.wire.ops() == ["batch"]
         a.deliver(b)
         assert b.sync.tracked_remote() == {"a": 1}
+        a.sync.publish_freed("r1")  # the next batch: its own wake-up
+        await asyncio.sleep(0.001)
+        assert a.wire.ops() == ["batch"]
+        a.deliver(b)
+        assert b.sync.tracked_remote() == {}
 
     wakeups.run(main())
 

@@ -1,125 +1,21 @@
 """Replica sync's self-healing, message by message (extproc/events/replica_sync.py), without NATS.
 
 Each replica's outgoing messages land on a `Wire` the test delivers by hand (or loses), and time
-is a number passed to `handle` and `tick`: sequence gaps, digests, state parts, leases and the
-reconnect are checked exactly, with no sleep. The same behaviour over a real nats-server is in
-test_replica_sync_faults.py.
+is a number passed to `handle` and `tick` (`sync_nodes`): sequence gaps, digests, state parts,
+leases and the reconnect are checked exactly, with no sleep. The same behaviour over a real
+nats-server is in test_replica_sync_faults.py.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
 
 import msgpack
 import pytest
 
-from extproc.events.counters import EventCounters
-from extproc.events.replica_sync import (
-    MAX_ORIGINS,
-    V1,
-    VERSION,
-    InFlight,
-    Record,
-    ReplicaSync,
-    active_sequences_subject,
-    id_hash,
-)
-from extproc.router import Worker
+from extproc.events.replica_sync import MAX_ORIGINS, V1, VERSION, InFlight, Record, id_hash
 
-from .conftest import make_router
-
-SUBJECT = active_sequences_subject("test", "backend")
-W7, W8 = Worker("7"), Worker("8")
-HEARTBEAT_S, LEASE_S = 1.0, 5.0
-
-
-class Wire:
-    """Stands in for the publishing queue: keeps every payload for the test to deliver."""
-
-    def __init__(self) -> None:
-        self.sent: list[bytes] = []
-
-    def submit(self, subject: str, payload: bytes) -> None:
-        assert subject == SUBJECT
-        self.sent.append(payload)
-
-    def take(self) -> list[bytes]:
-        out, self.sent = self.sent, []
-        return out
-
-    def ops(self) -> list[str]:
-        return [msgpack.unpackb(p)["op"] for p in self.sent]
-
-
-class Node:
-    """One replica: a router, its ReplicaSync and its outgoing wire."""
-
-    def __init__(self, name: str, *workers: str, boot: int = 1) -> None:
-        self.name = name
-        self.now = 0.0  # what the sync's clock says (handle and tick are also given times)
-        self.router = make_router(*workers)
-        self.counters = EventCounters()
-        self.sync = ReplicaSync(
-            None,  # nothing goes through a connection here
-            self.router,
-            name,
-            SUBJECT,
-            counters=self.counters,
-            heartbeat_s=HEARTBEAT_S,
-            lease_s=LEASE_S,
-            clock=lambda: self.now,
-            boot=boot,
-        )
-        self.wire = Wire()
-        self.sync._sender = self.wire
-        self.count = 0
-
-    def route(self, worker: Worker = W7, n_tokens: int = 9) -> str:
-        self.count += 1
-        request_id = f"req-{self.count}"
-        tokens = list(range(self.count * 100, self.count * 100 + n_tokens))
-        hashes = self.router.block_hashes(tokens)
-        self.router.add_request(request_id, worker, hashes, n_tokens, 0, expected_output_tokens=8)
-        self.sync.publish_added(request_id, worker, hashes, n_tokens, 0, 8)
-        return request_id
-
-    def finish(self, request_id: str) -> None:
-        self.router.free(request_id)
-        self.sync.publish_freed(request_id)
-
-    def deliver(self, *others: Node, now: float = 0.0, lose: Collection[int] = ()) -> None:
-        """Hand what this replica sent to the others (the message numbers in `lose` are lost)."""
-        for i, payload in enumerate(self.wire.take()):
-            if i not in lose:
-                for other in others:
-                    other.sync.handle(payload, now=now)
-
-    def load(self) -> dict[Worker, tuple[int, float]]:
-        seqs = self.router.sequences
-        return {w: (seqs.prefill_tokens(w), seqs.decode_blocks(w)) for w in self.router.workers()}
-
-
-def exchange(*nodes: Node, now: float = 0.0, rounds: int = 4) -> None:
-    """Deliver everything everybody sends, answers included, until the wires are quiet."""
-    for _ in range(rounds):
-        for node in nodes:
-            node.deliver(*(o for o in nodes if o is not node), now=now)
-
-
-def started(*names: str) -> list[Node]:
-    """Replicas that started at -1 s and exchanged their states: at 0 s everything is quiet."""
-    nodes = [Node(name) for name in names]
-    for node in nodes:
-        node.now = -1.0
-        node.sync._want_all("test start")
-    exchange(*nodes, now=-1.0)
-    for node in nodes:
-        node.sync.tick(-0.5)  # first heartbeats (the next at 0.5 s), the states asked for at start
-    exchange(*nodes, now=-0.5)
-    for node in nodes:
-        node.now = 0.0
-    return nodes
+from .sync_nodes import HEARTBEAT_S, LEASE_S, W7, W8, Node, exchange, started
 
 
 def test_a_lost_free_is_noticed_at_the_next_heartbeat_and_the_state_replaces_the_phantom():
@@ -250,13 +146,17 @@ def test_requests_on_a_worker_this_replica_does_not_know_count_once_it_comes_bac
     for node in (a, b):
         node.sync._want_all("start")
     exchange(a, b)
-    a.route(W8)
+    on_8 = [a.route(W8), a.route(W8)]
     a.route(W7)
     a.deliver(b)
-    assert b.router.sequences.num_requests(W7) == 1 and b.sync.tracked_remote() == {"a": 2}
+    assert b.router.sequences.num_requests(W7) == 1 and b.sync.tracked_remote() == {"a": 3}
     b.router.add_worker(a.router.spec("8"))  # worker 8 appears in b's discovery
-    assert b.sync.workers_added({"8"}) == 1
+    assert b.sync.workers_added({"8"}) == 2
     assert b.load() == a.load()
+    for request_id in on_8:
+        a.finish(request_id)
+    a.deliver(b)
+    assert b.router.sequences.num_requests(W8) == 0 and b.load() == a.load()
 
 
 def test_version_1_messages_are_applied_and_never_expire():
