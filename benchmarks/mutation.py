@@ -101,6 +101,17 @@ MODULES: dict[str, list[str]] = {
         "tests/events/test_tier_fixtures.py",
         "tests/fuzz/test_vllm_fuzz.py",
     ],
+    # replica sync: the wire format, sequences and gaps, leases, digests, batches, message by
+    # message; and over a real nats-server, start and stop, an overflow, a catch-up before a decision
+    "events/replica_sync.py": [
+        "tests/nats/test_replica_sync_protocol.py",
+        "tests/nats/test_replica_sync_batch.py",
+        "tests/nats/test_replica_sync_edges.py",
+        "tests/nats/test_replica_sync.py",
+        "tests/fuzz/test_replica_sync_fuzz.py",
+        "tests/nats/test_backpressure.py::test_dropped_replica_sync_messages_forget_the_other_replicas_requests",
+        "tests/nats/test_nats_reads.py::test_a_replica_about_to_decide_applies_what_already_waits_in_its_held_socket",
+    ],
 }
 
 EQUIVALENT_CLASSES = {
@@ -112,6 +123,7 @@ EQUIVALENT_CLASSES = {
         "frame type does not define (RFC 9113 4.1: ignored) or Huffman coding of a header literal "
         "(RFC 7541 5.2)"
     ),
+    "random": "a value drawn at random is drawn from another range, every value of which works alike",
     "margin": (
         "a safety margin against float rounding in a fleet-sized decision's bound moves by at most a "
         "microsecond or 2e-9 of the bound, or a comparison with a continuous threshold turns strict "
@@ -128,6 +140,797 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "events/replica_sync.py": {
+        "x__batch_op_from_wire__mutmut_1": (
+            "if not isinstance(item, list) and not item:",
+            "same-value",
+            (
+                "an op that is no list, or an empty one, fails at its code or fields anyway (msgpack "
+                "decodes arrays as lists): the batch is not applied either way"
+            ),
+        ),
+        "x__batch_op_from_wire__mutmut_35": (
+            "return OP_ADD, _text(request_id, None), record",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "x__batch_op_from_wire__mutmut_38": (
+            'return OP_ADD, _text(request_id, "XXrequest idXX"), record',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_39": (
+            'return OP_ADD, _text(request_id, "REQUEST ID"), record',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_4": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_48": (
+            "return code, _text(item[1], None), None",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "x__batch_op_from_wire__mutmut_52": (
+            'return code, _text(item[1], "XXrequest idXX"), None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_53": (
+            'return code, _text(item[1], "REQUEST ID"), None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_54": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__hashes__mutmut_17": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__hashes__mutmut_31": (
+            "if value and not (set(map(type, value)) <= _INT_ONLY and min(value) >= _MIN and max(value) <= _END):",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer of 2**64 or more",
+        ),
+        "x__hashes__mutmut_32": (
+            "raise TypeError(None)  # checked in C, not one by one",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__hashes__mutmut_33": (
+            'raise TypeError("XXhashes: expected integers in [-2**63, 2**64)XX")  # checked in C, not one by one',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__hashes__mutmut_34": (
+            'raise TypeError("HASHES: EXPECTED INTEGERS IN [-2**63, 2**64)")  # checked in C, not one by one',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__hashes__mutmut_7": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__int__mutmut_3": (
+            "raise TypeError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__is_int__mutmut_11": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (2 << 64)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer of 2**64 or more",
+        ),
+        "x__is_int__mutmut_12": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 65)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer of 2**64 or more",
+        ),
+        "x__is_int__mutmut_6": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(2 << 63) <= value < (1 << 64)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer below -2**63",
+        ),
+        "x__is_int__mutmut_7": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 64) <= value < (1 << 64)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer below -2**63",
+        ),
+        "x__is_int__mutmut_9": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value <= (1 << 64)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer of 2**64 or more",
+        ),
+        "x__packed__mutmut_3": (
+            'return struct.pack(f"<{len(hashes)}Q", )',
+            "performance",
+            "the hashes travel as a list instead of packed bytes, which receivers read alike (`_hashes`)",
+        ),
+        "x__text__mutmut_2": (
+            "raise TypeError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__worker__mutmut_5": (
+            "raise TypeError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_id_hash__mutmut_8": (
+            'data = request_id.encode("UTF-8", "surrogatepass") + (b"\\x001" if prefilled else b"\\x000")',
+            "same-value",
+            "codec names are case-insensitive",
+        ),
+        "xǁInFlightǁmark_prefilled__mutmut_11": (
+            "self.digest = (self.digest - id_hash(request_id, None) + id_hash(request_id, True)) & _MASK",
+            "same-value",
+            "None selects the same suffix as False",
+        ),
+        "xǁRecordǁfrom_wire__mutmut_1": (
+            "if not isinstance(item, list) and len(item) != 8:",
+            "same-value",
+            (
+                "a state entry that is no list (msgpack gives a map, a string or bytes) fails at its fields"
+                " anyway"
+            ),
+        ),
+        "xǁRecordǁfrom_wire__mutmut_11": (
+            'return _text(request_id, "XXrequest idXX"), cls(',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁRecordǁfrom_wire__mutmut_12": (
+            'return _text(request_id, "REQUEST ID"), cls(',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁRecordǁfrom_wire__mutmut_5": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁRecordǁfrom_wire__mutmut_8": (
+            "return _text(request_id, None), cls(",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_10": (
+            "if not 0 <= heartbeat_s < lease_s:",
+            "same-value",
+            "a heartbeat of 0 then fails the next check (0 <= batch_s < heartbeat_s) with the same error",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_12": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_17": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_2": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_3": (
+            'raise ValueError("XXrouter_id must not be empty (replicas tell their messages apart by it)XX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_31": (
+            "self.boot = boot if boot is not None else secrets.randbits(63)",
+            "random",
+            "the incarnation is drawn at random: any value the wire carries works alike",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_4": (
+            'raise ValueError("ROUTER_ID MUST NOT BE EMPTY (REPLICAS TELL THEIR MESSAGES APART BY IT)")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_41": (
+            'self._sender = OrderedSender(nc, self.counters, "sync", drop_while_down=None, max_queued=queue_size)',  # noqa: E501
+            "same-value",
+            "None is read as False",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_57": (
+            "self._handled = 1  # messages taken from the subscription so far",
+            "same-value",
+            "only differences of `_handled` are read (`_resync_at` is set relative to it)",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_63": (
+            "self._dump_wanted = None",
+            "same-value",
+            "None is read as False",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_68": (
+            'self._last_dump = float("-INF")',
+            "same-value",
+            "float() reads 'INF' as 'inf'",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_7": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_74": (
+            "self._batch_due = None  # (clock) when the gathered ops must go at the latest",
+            "same-value",
+            "read only while ops are gathered, and the first gathered op sets it",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_75": (
+            "self._batch_due = 1.0  # (clock) when the gathered ops must go at the latest",
+            "same-value",
+            "read only while ops are gathered, and the first gathered op sets it",
+        ),
+        "xǁReplicaSyncǁ_apply__mutmut_16": (
+            'self.counters.loud("sync.requests_full", "XXreplica sync: %.60s has more than %d requests in XX"',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_apply__mutmut_18": (
+            '"XXflight; droppedXX", origin, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_apply__mutmut_19": (
+            '"FLIGHT; DROPPED", origin, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_apply__mutmut_8": (
+            '"flight; dropped", None, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_heartbeat__mutmut_42": (
+            "self._want(origin, entry, now, None)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_heartbeat__mutmut_47": (
+            'self._want(origin, entry, now, f"its heartbeat says {theirs[1]} requests, we track "',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_3": (
+            'request_id = _text(message["id"], None)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_47": (
+            "self._apply(origin, entry, None, request_id, record)",
+            "same-value",
+            "an op with a record is applied as an add whatever its code",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_8": (
+            'request_id = _text(message["id"], "XXrequest idXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_9": (
+            'request_id = _text(message["id"], "REQUEST ID")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_14": (
+            "None)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_15": (
+            'log.warning(f" (forgot {forgotten} requests of version-1 replicas)" if legacy else "")  # fmt: skip',  # noqa: E501
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_16": (
+            ")  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_17": (
+            'log.warning("XXreplica sync lost messages: asking every replica for its state%sXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_19": (
+            'f" (forgot {forgotten} requests of version-1 replicas)" if (legacy) and False else "")  # fmt: skip',  # noqa: E501
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_20": (
+            'f" (forgot {forgotten} requests of version-1 replicas)" if (legacy) or True else "")  # fmt: skip',  # noqa: E501
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_21": (
+            'f" (forgot {forgotten} requests of version-1 replicas)" if legacy else "XXXX")  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_22": (
+            "self._want_all(None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_23": (
+            'self._want_all("XXmessages were droppedXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_maybe_resync__mutmut_24": (
+            'self._want_all("MESSAGES WERE DROPPED")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_publish__mutmut_1": (
+            "if self._batch or version != V3:",
+            "performance",
+            "flush_batch with nothing gathered does nothing (no timer is pending then)",
+        ),
+        "xǁReplicaSyncǁ_publish__mutmut_19": (
+            "payload = msgpack.packb({**head, **message}, )",
+            "same-value",
+            "use_bin_type=True is msgpack's default",
+        ),
+        "xǁReplicaSyncǁ_publish__mutmut_23": (
+            'self.counters.loud("sync.publish_failed", "cannot encode replica sync message: %r", None)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_publish__mutmut_26": (
+            'self.counters.loud("sync.publish_failed", "cannot encode replica sync message: %r", )',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_publish__mutmut_29": (
+            'self.counters.loud("sync.publish_failed", "XXcannot encode replica sync message: %rXX", exc)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_publish_state__mutmut_44": (
+            "self._dump_wanted = None",
+            "same-value",
+            "None is read as False",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_105": (
+            "expected, seq - 1, None)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_113": (
+            'self.counters.loud("sync.gap", "XXreplica sync: missed messages %d..%d of %sXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_115": (
+            "expected, seq + 1, origin)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_116": (
+            "expected, seq - 2, origin)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_121": (
+            "self._want(origin, entry, now, None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_126": (
+            'self._want(origin, entry, now, f"missed its messages {expected}..{seq + 1}")',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_127": (
+            'self._want(origin, entry, now, f"missed its messages {expected}..{seq - 2}")',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_13": (
+            'log.warning("replica sync: %s restarted: forgot the %d requests of its previous run", None, n)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_138": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_148": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_163": (
+            "None, origin, exc)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_164": (
+            "_OPS[code], None, exc)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_165": (
+            "_OPS[code], origin, None)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_173": (
+            'self.counters.loud("sync.apply_failed", "XXreplica sync %.20s from %.60s not applied: %rXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_18": (
+            'log.warning("XXreplica sync: %s restarted: forgot the %d requests of its previous runXX", origin, n)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_214": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_31": (
+            '"messages of %.60s dropped", MAX_ORIGINS, None)  # fmt: skip',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_38": (
+            'self.counters.loud("sync.origins_full", "XXreplica sync: more than %d other replicas; XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_40": (
+            '"XXmessages of %.60s droppedXX", MAX_ORIGINS, origin)  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_44": (
+            "entry = self._origins[origin] = _Origin(boot, None, self.lease_s)",
+            "same-value",
+            "heard_at is set to now on the next line",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_73": (
+            "self._want(origin, entry, now, None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_81": (
+            'entry.parts = ""',
+            "same-value",
+            (
+                "read only by a later part that continues an abandoned state (its number and total), which "
+                "no sender publishes: a state's parts go out back to back, a new state starts at part 0, "
+                "and the part that reports the gap resets it itself"
+            ),
+        ),
+        "xǁReplicaSyncǁ_replace__mutmut_24": (
+            "forgotten = 1",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_replace__mutmut_25": (
+            "forgotten -= 1",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_replace__mutmut_26": (
+            "forgotten += 2",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_replace__mutmut_40": (
+            "added = 1",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_run__mutmut_3": (
+            "log.exception(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_run__mutmut_4": (
+            'log.exception("XXreplica sync tick failedXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_run__mutmut_5": (
+            'log.exception("REPLICA SYNC TICK FAILED")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_state_part__mutmut_16": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_state_part__mutmut_29": (
+            'entry.parts = ""',
+            "same-value",
+            (
+                "after a state dropped for its size the next part never has the expected number (the "
+                "dropped part did not advance it): '' is read as None is"
+            ),
+        ),
+        "xǁReplicaSyncǁ_state_part__mutmut_32": (
+            '"requests; dropped", None, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_state_part__mutmut_40": (
+            'self.counters.loud("sync.requests_full", "XXreplica sync: the state of %.60s has more than %d XX"',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_state_part__mutmut_42": (
+            '"XXrequests; droppedXX", origin, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_state_part__mutmut_43": (
+            '"REQUESTS; DROPPED", origin, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_track__mutmut_12": (
+            "key, record.worker, record.hashes, record.isl, record.overlap, )",
+            "same-value",
+            (
+                "the router never reads a remote request's expected output tokens (only output tokens do, "
+                "which only this replica's own requests get)"
+            ),
+        ),
+        "xǁReplicaSyncǁ_track__mutmut_6": (
+            "key, record.worker, record.hashes, record.isl, record.overlap, expected_output_tokens=None",
+            "same-value",
+            (
+                "the router never reads a remote request's expected output tokens (only output tokens do, "
+                "which only this replica's own requests get)"
+            ),
+        ),
+        "xǁReplicaSyncǁ_want__mutmut_10": (
+            'log.info("replica sync: asking %s for its in-flight requests (%s)", origin, None)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_want__mutmut_11": (
+            "log.info(origin, reason)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_want__mutmut_12": (
+            'log.info("replica sync: asking %s for its in-flight requests (%s)", reason)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_want__mutmut_13": (
+            'log.info("replica sync: asking %s for its in-flight requests (%s)", origin, )',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_want__mutmut_14": (
+            'log.info("XXreplica sync: asking %s for its in-flight requests (%s)XX", origin, reason)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_want__mutmut_15": (
+            'log.info("REPLICA SYNC: ASKING %S FOR ITS IN-FLIGHT REQUESTS (%S)", origin, reason)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_want__mutmut_2": (
+            "entry.synced = None",
+            "same-value",
+            "None is read as False (`synced` is only read as a truth value)",
+        ),
+        "xǁReplicaSyncǁ_want__mutmut_8": (
+            "log.info(None, origin, reason)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_want__mutmut_9": (
+            'log.info("replica sync: asking %s for its in-flight requests (%s)", None, reason)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_want_all__mutmut_6": (
+            'self._want("*", None, None, reason)',
+            "same-value",
+            "`now` is read only with an entry, and '*' has none",
+        ),
+        "xǁReplicaSyncǁ_want_all__mutmut_7": (
+            'self._want("*", None, now, None)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁcatch_up__mutmut_13": (
+            'self.counters.loud("sync.catch_up_error", "replica sync: no catch-up before a decision: %r", None)',  # noqa: E501
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁcatch_up__mutmut_16": (
+            'self.counters.loud("sync.catch_up_error", "replica sync: no catch-up before a decision: %r", )',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁcatch_up__mutmut_19": (
+            'self.counters.loud("sync.catch_up_error", "XXreplica sync: no catch-up before a decision: %rXX", exc)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁconnection_changed__mutmut_5": (
+            "self._want_all(None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁflush_batch__mutmut_2": (
+            'self._batch_timer = ""',
+            "same-value",
+            "the timer is replaced before it is read again: the next gathered op sets a new one",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_20": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_3": (
+            "message = msgpack.unpackb(data, raw=None)",
+            "same-value",
+            "raw=False is msgpack's default",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_41": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_44": (
+            'self.counters.loud("sync.malformed", "malformed replica sync message (%r); dropped", None)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_47": (
+            'self.counters.loud("sync.malformed", "malformed replica sync message (%r); dropped", )',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_5": (
+            "message = msgpack.unpackb(data, )",
+            "same-value",
+            "raw=False is msgpack's default",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_50": (
+            'self.counters.loud("sync.malformed", "XXmalformed replica sync message (%r); droppedXX", exc)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_58": (
+            '"replica its own --router-id", None)  # fmt: skip',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_60": (
+            'self.counters.loud("sync.id_clash", origin)  # fmt: skip',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_61": (
+            '"replica its own --router-id", )  # fmt: skip',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_64": (
+            'self.counters.loud("sync.id_clash", "XXanother replica publishes as %r: give each XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_66": (
+            '"XXreplica its own --router-idXX", origin)  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_67": (
+            '"REPLICA ITS OWN --ROUTER-ID", origin)  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_85": (
+            '"sync.apply_failed", "replica sync %.20s from %.60s not applied: %r", None, origin, exc',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_86": (
+            '"sync.apply_failed", "replica sync %.20s from %.60s not applied: %r", op, None, exc',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_87": (
+            '"sync.apply_failed", "replica sync %.20s from %.60s not applied: %r", op, origin, None',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁhandle__mutmut_95": (
+            '"sync.apply_failed", "XXreplica sync %.20s from %.60s not applied: %rXX", op, origin, exc',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁoverflowed__mutmut_20": (
+            '"XXreplica sync messages arrive faster than they are applied (more than %d pending): XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁoverflowed__mutmut_22": (
+            '"XXdropping, then asking the other replicas for their stateXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁoverflowed__mutmut_23": (
+            '"DROPPING, THEN ASKING THE OTHER REPLICAS FOR THEIR STATE",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁoverflowed__mutmut_27": (
+            "self._resync_at = self._handled + (self._sub.pending_msgs if (self._sub is not None) or True else 0)",  # noqa: E501
+            "same-value",
+            "overflowed runs only for the subscription it watches: `_sub` is set",
+        ),
+        "xǁReplicaSyncǁoverflowed__mutmut_29": (
+            "self._resync_at = self._handled + (self._sub.pending_msgs if self._sub is not None else 1)",
+            "same-value",
+            "overflowed runs only for the subscription it watches: `_sub` is set",
+        ),
+        "xǁReplicaSyncǁstart__mutmut_10": (
+            'self._want_all("THIS REPLICA STARTED")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁstart__mutmut_8": (
+            "self._want_all(None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁstart__mutmut_9": (
+            'self._want_all("XXthis replica startedXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_37": (
+            'log.warning("XXreplica sync: %s silent for %.1f s (lease %.1f s): forgot its %d requestsXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_39": (
+            "origin, now + entry.heard_at, entry.lease_s, n)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_49": (
+            "self._want(origin, entry, now, None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_54": (
+            'self._want(origin, entry, now, "XXno state came yetXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_55": (
+            'self._want(origin, entry, now, "NO STATE CAME YET")',
+            "message",
+            "an error's or a log line's text",
+        ),
+    },
     "events/vllm.py": {
         "x__pack_msgspec_event__mutmut_19": (
             'return b"\\xde" + len(event).to_bytes(2, ) + body',

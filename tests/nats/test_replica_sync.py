@@ -1,5 +1,7 @@
 """Replica sync: router replicas, each with its own NATS connection, see each other's active load."""
 
+import asyncio
+
 import msgpack
 
 from extproc.events.counters import EventCounters
@@ -11,15 +13,16 @@ SUBJECT = active_sequences_subject("test", "backend")
 
 
 class Replica:
-    def __init__(self, server, router_id: str) -> None:
+    def __init__(self, server, router_id: str, **sync_options: float) -> None:
         self.server = server
         self.router_id = router_id
         self.router = make_router()
         self.count = 0
+        self.sync_options = sync_options
 
     async def start(self) -> "Replica":
         self.link = await connect(self.server, self.router_id)
-        self.sync = ReplicaSync(self.link.nc, self.router, self.router_id, SUBJECT)
+        self.sync = ReplicaSync(self.link.nc, self.router, self.router_id, SUBJECT, **self.sync_options)
         await self.sync.start()
         return self
 
@@ -148,6 +151,51 @@ async def test_a_stopping_replica_takes_its_requests_with_it(nats_server):
         await eventually(lambda: b.router.is_idle(), what="b forgot a's request")
     finally:
         await b.stop()
+
+
+def sync_tasks(router_id: str) -> list[asyncio.Task]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == f"replica-sync-{router_id}" and not t.done()]
+
+
+async def test_heartbeats_keep_a_replica_alive_past_many_leases_and_stop_leaves_nothing_running(nats_server):
+    fast = {"heartbeat_s": 0.05, "lease_s": 0.25}
+    a = await Replica(nats_server, "router-a", **fast).start()
+    b = await Replica(nats_server, "router-b", **fast).start()
+    try:
+        await primed(a, b)
+        a.route(list(range(20)))
+        await eventually(lambda: b.sync.tracked_remote() == {"router-a": 1})
+        heard = b.sync.counters["sync.applied"]
+        # 20 heartbeats later (a second, four leases): still tracked, nothing expired
+        await eventually(lambda: b.sync.counters["sync.applied"] >= heard + 20, what="20 more heartbeats")
+        assert b.sync.tracked_remote() == {"router-a": 1} and b.sync.counters["sync.lease_expired"] == 0
+        assert a.sync.counters["sync.published"] >= 20 and sync_tasks("router-a")
+        await a.sync.stop()
+        assert not sync_tasks("router-a") and a.sync.subscription is None
+        await a.sync.stop()  # again: nothing more to do, nothing raised
+        await eventually(lambda: b.router.is_idle(), what="b forgot a's request")
+        await a.link.close()
+    finally:
+        await b.stop()
+
+
+async def test_a_replica_whose_connection_closed_first_still_stops_cleanly(nats_server):
+    a = await Replica(nats_server, "router-a").start()
+    await a.link.close()
+    await a.sync.stop()  # its bye and its unsubscribe cannot go out: nothing raised
+    assert not sync_tasks("router-a") and a.sync.subscription is None
+
+
+async def test_a_replica_stopped_before_it_started_only_says_goodbye(nats_server):
+    link = await connect(nats_server, "early")
+    try:
+        sync = ReplicaSync(link.nc, make_router(), "early", SUBJECT)
+        await sync.catch_up()  # before start: nothing to catch up with
+        await sync.stop()
+        counts = sync.counters.snapshot()
+        assert counts.get("sync.published") == 1 and "sync.catch_up_error" not in counts
+    finally:
+        await link.close()
 
 
 def test_bad_and_own_messages_are_ignored():
