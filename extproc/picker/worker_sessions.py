@@ -166,8 +166,9 @@ class WorkerSessions:
 
 
 def _error_message(answer: bytes) -> str:
-    """SGLang's `{"error": {"message": ...}}`, else the answer's first 200 characters."""
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
+    """SGLang's `{"error": {"message": ...}}`, else the answer's first 200 characters (e.g. FastAPI's
+    `{"detail": "Not Found"}`, a vLLM worker's answer: no "error" key)."""
+    with contextlib.suppress(ValueError, LookupError, TypeError):  # not JSON, no such key, not a map
         message = json.loads(answer)["error"]["message"]
         if isinstance(message, str):
             return message[:500]
