@@ -120,15 +120,15 @@ class AdmissionGate:
             async with asyncio.timeout(self.max_wait_s):
                 result = await asyncio.shield(waiter.future)
         except TimeoutError:
-            if not self._withdraw(entry.request_id, waiter):
-                return waiter.future.result(), self.clock() - start  # decided at the last moment
-            waited = self.clock() - start
-            if entry.sheddable:
-                self.stats.shed += 1
-            else:
-                self.stats.timed_out += 1
-            log.warning("%s left the queue after %.1f s without capacity", entry.request_id, waited)
-            raise QueueTimeout(waited, sheddable=entry.sheddable) from None
+            if self._withdraw(entry.request_id, waiter):
+                waited = self.clock() - start
+                if entry.sheddable:
+                    self.stats.shed += 1
+                else:
+                    self.stats.timed_out += 1
+                log.warning("%s left the queue after %.1f s without capacity", entry.request_id, waited)
+                raise QueueTimeout(waited, sheddable=entry.sheddable) from None
+            result = waiter.future.result()  # decided at the last moment: released like any other
         except asyncio.CancelledError:
             if not self._withdraw(entry.request_id, waiter):
                 self._give_back(waiter)  # decided as the client left
@@ -163,9 +163,8 @@ class AdmissionGate:
             if not self._again:
                 return
 
-    async def _drain(self) -> int:
-        """Decide waiting requests, in policy order, while their workers have room; returns how many."""
-        decided = 0
+    async def _drain(self) -> None:
+        """Decide waiting requests, in policy order, while their workers have room."""
         no_room: set[Hashable] = set()  # candidate sets found saturated since the last decision
         for entry in self.queue.in_order():
             waiter: _Waiter[Any] = entry.handle
@@ -191,9 +190,7 @@ class AdmissionGate:
                         waiter.undo(result)
                 else:
                     waiter.future.set_result(result)
-            decided += 1
             no_room.clear()
-        return decided
 
     def _withdraw(self, request_id: str, waiter: _Waiter[Any]) -> bool:
         """Take a request out of the queue; False if it had already been decided."""
