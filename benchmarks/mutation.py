@@ -101,6 +101,13 @@ MODULES: dict[str, list[str]] = {
         "tests/events/test_tier_fixtures.py",
         "tests/fuzz/test_vllm_fuzz.py",
     ],
+    # SGLang's session calls on the worker a session uses (golden fixture from SGLang 0.5.23's code)
+    "picker/worker_sessions.py": [
+        "tests/picker/test_worker_sessions.py",
+        "tests/picker/test_worker_sessions_edges.py",
+    ],
+    # the admission queue's async edge: waiting requests decided when capacity frees, cancels undone
+    "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
     # replica sync: the wire format, sequences and gaps, leases, digests, batches, message by
     # message; and over a real nats-server, start and stop, an overflow, a catch-up before a decision
     "events/replica_sync.py": [
@@ -140,6 +147,437 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "picker/admission.py": {
+        "xǁAdmissionGateǁ__init____mutmut_10": (
+            "self._again = None",
+            "same-value",
+            "`_again` is read only in `_drain_rounds`, after that sets it to False",
+        ),
+        "xǁAdmissionGateǁ__init____mutmut_11": (
+            "self._again = True",
+            "same-value",
+            "`_again` is read only in `_drain_rounds`, after that sets it to False",
+        ),
+        "xǁAdmissionGateǁ_drain__mutmut_8": (
+            "room = None",
+            "same-value",
+            "None is read as False (`room` is only read as `not room`)",
+        ),
+        "xǁAdmissionGateǁ_drain_rounds__mutmut_2": (
+            "self._again = None",
+            "same-value",
+            "None is read as False (`not self._again`), and `kick` only sets True",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_28": (
+            "None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_29": (
+            "None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_30": (
+            "None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_31": (
+            "None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_32": (
+            "",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_33": (
+            "",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_34": (
+            "",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_35": (
+            ")",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_36": (
+            '"XXqueued %s: every eligible worker is saturated (%d waiting, policy %s)XX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_37": (
+            '"QUEUED %S: EVERY ELIGIBLE WORKER IS SATURATED (%D WAITING, POLICY %S)",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_56": (
+            'log.warning("%s left the queue after %.1f s without capacity", None, waited)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_61": (
+            'log.warning("XX%s left the queue after %.1f s without capacityXX", entry.request_id, waited)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_77": (
+            "log.info(None, entry.request_id)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_78": (
+            'log.info("%s left the queue: its client went away", None)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_79": (
+            "log.info(entry.request_id)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_80": (
+            'log.info("%s left the queue: its client went away", )',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_81": (
+            'log.info("XX%s left the queue: its client went awayXX", entry.request_id)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_82": (
+            'log.info("%S LEFT THE QUEUE: ITS CLIENT WENT AWAY", entry.request_id)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁAdmissionGateǁkick__mutmut_11": (
+            "self._drainer = asyncio.get_running_loop().create_task(self._drain_rounds(), )",
+            "performance",
+            "only the drain task's name changes",
+        ),
+        "xǁAdmissionGateǁkick__mutmut_12": (
+            'self._drainer = asyncio.get_running_loop().create_task(self._drain_rounds(), name="XXadmission-queueXX")',  # noqa: E501
+            "performance",
+            "only the drain task's name changes",
+        ),
+        "xǁAdmissionGateǁkick__mutmut_13": (
+            'self._drainer = asyncio.get_running_loop().create_task(self._drain_rounds(), name="ADMISSION-QUEUE")',  # noqa: E501
+            "performance",
+            "only the drain task's name changes",
+        ),
+        "xǁAdmissionGateǁkick__mutmut_9": (
+            "self._drainer = asyncio.get_running_loop().create_task(self._drain_rounds(), name=None)",
+            "performance",
+            "only the drain task's name changes",
+        ),
+    },
+    "picker/worker_sessions.py": {
+        "x__error_message__mutmut_20": (
+            'return answer[:200].decode("UTF-8", "replace")',
+            "same-value",
+            "codec names are case-insensitive",
+        ),
+        "xǁWorkerSessionCollectorǁcollect__mutmut_10": (
+            '"XXSGLang session calls made to workers (nvext.session_control actions, lapsed pins), by outcome.XX",',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁWorkerSessionCollectorǁcollect__mutmut_11": (
+            '"sglang session calls made to workers (nvext.session_control actions, lapsed pins), by outcome.",',  # noqa: E501
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionCollectorǁcollect__mutmut_12": (
+            '"SGLANG SESSION CALLS MADE TO WORKERS (NVEXT.SESSION_CONTROL ACTIONS, LAPSED PINS), BY OUTCOME.",',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁWorkerSessionCollectorǁcollect__mutmut_3": (
+            "None,",
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_101": (
+            "return self._count(action, endpoint, session_id, outcome, None)",
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_11": (
+            'action, endpoint, session_id, "failed", None',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_20": (
+            'return self._count(action, None, session_id, "failed", f"{type(exc).__name__}: {exc}")',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_23": (
+            'return self._count(action, endpoint, session_id, "failed", None)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_31": (
+            'return self._count(action, endpoint, session_id, "failed", f"{type(None).__name__}: {exc}")',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_40": (
+            'return self._count(action, endpoint, session_id, "ok", None)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_48": (
+            'return self._count(action, endpoint, session_id, "ok", "XXXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_55": (
+            'return self._count(action, None, session_id, "unsupported", f"HTTP {status}")',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_58": (
+            'return self._count(action, endpoint, session_id, "unsupported", None)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_75": (
+            'return self._count(action, None, session_id, "already_open", message)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_78": (
+            'return self._count(action, endpoint, session_id, "already_open", None)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_call__mutmut_8": (
+            'action, None, session_id, "failed", f"no answer within {self.timeout_s:g} s"',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_29": (
+            'log.debug("%s_session %s at %s: %s", None, loggable(session_id), endpoint, outcome)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_30": (
+            'log.debug("%s_session %s at %s: %s", action, None, endpoint, outcome)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_31": (
+            'log.debug("%s_session %s at %s: %s", action, loggable(session_id), None, outcome)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_32": (
+            'log.debug("%s_session %s at %s: %s", action, loggable(session_id), endpoint, None)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_38": (
+            'log.debug("XX%s_session %s at %s: %sXX", action, loggable(session_id), endpoint, outcome)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_44": (
+            "None, loggable(session_id), endpoint, outcome, detail,",
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_45": (
+            "action, None, endpoint, outcome, detail,",
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_46": (
+            "action, loggable(session_id), None, outcome, detail,",
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_48": (
+            "action, loggable(session_id), endpoint, outcome, None,",
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_count__mutmut_55": (
+            '"XX%s_session %s at %s: %s (%s); the request is routed all the sameXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁWorkerSessionsǁ_post__mutmut_11": (
+            "async with self._session.post(url, json=body, allow_redirects=None) as response:",
+            "same-value",
+            "aiohttp reads allow_redirects=None as False",
+        ),
+        "xǁWorkerSessionsǁ_post__mutmut_3": (
+            "auto_decompress=None, connector=aiohttp.TCPConnector(limit=MAX_CONCURRENT_CALLS)",
+            "same-value",
+            "aiohttp reads auto_decompress=None as False",
+        ),
+        "xǁWorkerSessionsǁ_post__mutmut_4": (
+            "auto_decompress=False, connector=None",
+            "same-value",
+            (
+                "the semaphore `_slots` already holds calls to MAX_CONCURRENT_CALLS at once, below any "
+                "connector's limit"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_post__mutmut_6": (
+            "auto_decompress=False, )",
+            "same-value",
+            (
+                "the semaphore `_slots` already holds calls to MAX_CONCURRENT_CALLS at once, below any "
+                "connector's limit"
+            ),
+        ),
+        "xǁWorkerSessionsǁ_post__mutmut_8": (
+            "auto_decompress=False, connector=aiohttp.TCPConnector(limit=None)",
+            "same-value",
+            (
+                "the semaphore `_slots` already holds calls to MAX_CONCURRENT_CALLS at once, below any "
+                "connector's limit"
+            ),
+        ),
+        "xǁWorkerSessionsǁclose_later__mutmut_18": (
+            'self._count("close", None, session_id, "dropped", "no event loop")',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁclose_later__mutmut_21": (
+            'self._count("close", endpoint, session_id, "dropped", None)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁclose_later__mutmut_3": (
+            'self._count("close", None, session_id, "dropped", f"{MAX_PENDING_CLOSES} closes pending")',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁclose_later__mutmut_31": (
+            'self._count("close", endpoint, session_id, "dropped", "XXno event loopXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁWorkerSessionsǁclose_later__mutmut_32": (
+            'self._count("close", endpoint, session_id, "dropped", "NO EVENT LOOP")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁWorkerSessionsǁclose_later__mutmut_37": (
+            'task = loop.create_task(self._call("close", endpoint, None, {"session_id": session_id}))',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁclose_later__mutmut_6": (
+            'self._count("close", endpoint, session_id, "dropped", None)',
+            "message",
+            (
+                "a log line's arguments, or the endpoint the log-on-change memory files an outcome under "
+                "(that memory only decides whether a log line repeats)"
+            ),
+        ),
+        "xǁWorkerSessionsǁdrain__mutmut_1": (
+            "await asyncio.gather(*list(self._closing), return_exceptions=None)",
+            "same-value",
+            "no close task raises (`_call` answers every failure with an outcome), so gather returns alike",
+        ),
+        "xǁWorkerSessionsǁdrain__mutmut_3": (
+            "await asyncio.gather(*list(self._closing), )",
+            "same-value",
+            "no close task raises (`_call` answers every failure with an outcome), so gather returns alike",
+        ),
+        "xǁWorkerSessionsǁdrain__mutmut_5": (
+            "await asyncio.gather(*list(self._closing), return_exceptions=False)",
+            "same-value",
+            "no close task raises (`_call` answers every failure with an outcome), so gather returns alike",
+        ),
+    },
     "events/replica_sync.py": {
         "x__batch_op_from_wire__mutmut_1": (
             "if not isinstance(item, list) and not item:",

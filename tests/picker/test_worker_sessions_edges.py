@@ -309,16 +309,30 @@ async def test_each_workers_failures_are_logged_once_per_change_and_its_recovery
                     await sessions.open(endpoint, "s", 60)
                 assert len(warnings(caplog)) == 2
                 up.status = 200
-                for _ in range(2):
+                for _ in range(2):  # said at the first success, not again
                     assert await sessions.open(b, "s", 60) == "ok"
-                again = [r for r in caplog.records if "works again" in r.getMessage()]
-                assert [(r.levelno, r.getMessage()) for r in again] == [
-                    (logging.INFO, f"worker sessions at {b}: open_session works again")
-                ]
+                    again = [r for r in caplog.records if "works again" in r.getMessage()]
+                    assert [(r.levelno, r.getMessage()) for r in again] == [
+                        (logging.INFO, f"worker sessions at {b}: open_session works again")
+                    ]
                 assert len(warnings(caplog)) == 2  # success is no warning
                 up.status = 500
                 await sessions.open(b, "s", 60)
                 assert len(warnings(caplog)) == 3  # failing again is a change
+    finally:
+        await sessions.close()
+
+
+async def test_a_session_already_open_is_no_failure_to_log(caplog: pytest.LogCaptureFixture) -> None:
+    answers = Answers(400, json.dumps({"error": {"message": STILL_OPEN}}).encode())
+    sessions = WorkerSessions(timeout_s=5.0)
+    try:
+        async with serving(answers) as endpoint:
+            with caplog.at_level(logging.INFO, logger="extproc.worker_sessions"):
+                assert await sessions.open(endpoint, "s", 60) == "already_open"
+                answers.status, answers.body = 200, b'"s"'
+                assert await sessions.open(endpoint, "s", 60) == "ok"
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
     finally:
         await sessions.close()
 
