@@ -108,6 +108,8 @@ MODULES: dict[str, list[str]] = {
     ],
     # the admission queue's async edge: waiting requests decided when capacity frees, cancels undone
     "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
+    # output tokens counted from responses as they stream (OpenAI SSE and JSON, Responses, Messages)
+    "epp/output_tokens.py": ["tests/epp/test_output_tokens.py", "tests/epp/test_output_tokens_edges.py"],
     # replica sync: the wire format, sequences and gaps, leases, digests, batches, message by
     # message; and over a real nats-server, start and stop, an overflow, a catch-up before a decision
     "events/replica_sync.py": [
@@ -147,6 +149,78 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "epp/output_tokens.py": {
+        "xǁOutputTokensǁ__init____mutmut_1": (
+            'content_type: str = "XXXX",',
+            "same-value",
+            "'XXXX' is no known media type: the mode is '' as with the '' default",
+        ),
+        "xǁOutputTokensǁ__init____mutmut_38": (
+            "self._skipping = None  # inside a line over the bound: dropped up to its newline",
+            "same-value",
+            "None is read as False (`_skipping` is only read as a truth value)",
+        ),
+        "xǁOutputTokensǁ_event__mutmut_14": (
+            "if _is_int(index) and 1 <= index < MAX_SEQUENCES and index >= self.sequences:",
+            "same-value",
+            (
+                "`sequences` starts at 1 and only grows, so index 0 never passes `index >= self.sequences` "
+                "either way"
+            ),
+        ),
+        "xǁOutputTokensǁ_event__mutmut_15": (
+            "if _is_int(index) and 0 < index < MAX_SEQUENCES and index >= self.sequences:",
+            "same-value",
+            (
+                "`sequences` starts at 1 and only grows, so index 0 never passes `index >= self.sequences` "
+                "either way"
+            ),
+        ),
+        "xǁOutputTokensǁ_feed_sse__mutmut_24": (
+            "self._skipping = None",
+            "same-value",
+            "None is read as False (`_skipping` is only read as a truth value)",
+        ),
+        "xǁOutputTokensǁfinish__mutmut_11": (
+            "self._event(obj, streamed=None)",
+            "same-value",
+            "None is read as False (`if streamed and ...`)",
+        ),
+        "xǁOutputTokensǁfinish__mutmut_15": (
+            "self.bad_events = 1",
+            "same-value",
+            (
+                "in JSON mode `bad_events` is 0 when `finish` runs (only the SSE path raises it, and the "
+                "mode never changes once set)"
+            ),
+        ),
+        "xǁOutputTokensǁfinish__mutmut_18": (
+            'elif self._mode == "sse" and buf or not self._skipping:',
+            "same-value",
+            (
+                "the extra cases call `_line(b'')`, which does nothing: the buffer is empty in mode '' and "
+                "while skipping"
+            ),
+        ),
+        "xǁOutputTokensǁfinish__mutmut_19": (
+            'elif self._mode == "sse" or buf and not self._skipping:',
+            "same-value",
+            "the extra case is SSE while skipping, whose buffer is empty: `_line(b'')` does nothing",
+        ),
+        "xǁOutputTokensǁfinish__mutmut_25": (
+            "self._skipping = None",
+            "same-value",
+            "None is read as False (`_skipping` is only read as a truth value)",
+        ),
+        "xǁOutputTokensǁfinish__mutmut_26": (
+            "self._skipping = True",
+            "same-value",
+            (
+                "read only by a `feed` after `finish`, which the service never makes (it drops the counter "
+                "at the body's end); a second `finish` finds an empty buffer either way"
+            ),
+        ),
+    },
     "picker/admission.py": {
         "xǁAdmissionGateǁ__init____mutmut_10": (
             "self._again = None",

@@ -48,13 +48,20 @@ def vllm_chat_stream(words, *, usage=False) -> bytes:
     return out + b"data: [DONE]\n\n"
 
 
-def count(body: bytes, *, content_type="text/event-stream", piece=None, **bounds) -> OutputTokens:
-    counter = OutputTokens(content_type, **bounds)
-    step = piece or len(body) or 1
-    for i in range(0, len(body), step):
-        counter.feed(body[i : i + step])
-    counter.finish()
+def fed(counter: OutputTokens, *chunks: bytes, finish: bool = True) -> OutputTokens:
+    """Feed the body chunk by chunk, the buffer within its bound after each; then end the body."""
+    for chunk in chunks:
+        counter.feed(chunk)
+        bound = counter.max_json_bytes if counter._mode == "json" else counter.max_line_bytes
+        assert len(counter._buf) <= bound
+    if finish:
+        counter.finish()
     return counter
+
+
+def count(body: bytes, *, content_type="text/event-stream", piece=None, **bounds) -> OutputTokens:
+    step = piece or len(body) or 1
+    return fed(OutputTokens(content_type, **bounds), *(body[i : i + step] for i in range(0, len(body), step)))
 
 
 def test_a_vllm_chat_stream_counts_one_token_per_content_delta():
@@ -120,7 +127,7 @@ def test_a_non_streamed_json_answer_reads_usage_and_choices():
 def test_a_json_body_over_its_bound_is_not_counted_and_not_kept():
     raw = json.dumps({"choices": [], "usage": {"completion_tokens": 5}, "pad": "x" * 200}).encode()
     counter = count(raw, content_type="application/json", piece=50, max_json_bytes=100)
-    assert counter.oversize and counter.tokens == 0 and not counter._buf
+    assert counter.oversize and counter.tokens == 0  # and nothing kept past the bound (`fed`)
 
 
 def test_an_sse_line_over_the_bound_is_skipped_counted_and_the_stream_goes_on():
@@ -128,8 +135,7 @@ def test_an_sse_line_over_the_bound_is_skipped_counted_and_the_stream_goes_on():
     body = chat_chunk("a") + long_line + chat_chunk("b") + long_line + chat_chunk("c")
     for piece in (1, 33, None):
         counter = count(body, piece=piece, max_line_bytes=200)
-        assert (counter.tokens, counter.skipped_lines) == (3, 2)
-        assert len(counter._buf) <= 200
+        assert (counter.tokens, counter.skipped_lines) == (3, 2)  # never more than 200 bytes kept (`fed`)
 
 
 def test_garbage_and_other_sse_fields_count_nothing_and_never_raise():
