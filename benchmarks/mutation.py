@@ -110,6 +110,14 @@ MODULES: dict[str, list[str]] = {
     "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
     # output tokens counted from responses as they stream (OpenAI SSE and JSON, Responses, Messages)
     "epp/output_tokens.py": ["tests/epp/test_output_tokens.py", "tests/epp/test_output_tokens_edges.py"],
+    # the local router group: candidates, disaggregated pairs, preferred workers, request ids, set_workers
+    "picker/local_group.py": [
+        "tests/picker/test_local_group.py",
+        "tests/picker/test_local_group_workers.py",
+        "tests/picker/test_local_group_decisions.py",
+        "tests/groups/test_selector.py",
+        "tests/groups/test_features_in_groups.py",
+    ],
     # replica sync: the wire format, sequences and gaps, leases, digests, batches, message by
     # message; and over a real nats-server, start and stop, an overflow, a catch-up before a decision
     "events/replica_sync.py": [
@@ -149,6 +157,331 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "picker/local_group.py": {
+        "xǁLocalGroupǁ_block_hashes__mutmut_1": (
+            "cached = None",
+            "performance",
+            (
+                "a probe and its commit hash the prompt once; the mutant breaks only that reuse, and the "
+                "hashes computed again are the same"
+            ),
+        ),
+        "xǁLocalGroupǁ_block_hashes__mutmut_2": (
+            "block_size = None",
+            "performance",
+            (
+                "a probe and its commit hash the prompt once; the mutant breaks only that reuse, and the "
+                "hashes computed again are the same"
+            ),
+        ),
+        "xǁLocalGroupǁ_block_hashes__mutmut_22": (
+            "self._hashes = None",
+            "performance",
+            "nothing is kept for reuse; the hashes computed again are the same",
+        ),
+        "xǁLocalGroupǁ_block_hashes__mutmut_6": (
+            "if cached is not None and cached[1] is request and cached[1] == block_size:",
+            "performance",
+            (
+                "a probe and its commit hash the prompt once; the mutant breaks only that reuse, and the "
+                "hashes computed again are the same"
+            ),
+        ),
+        "xǁLocalGroupǁ_block_hashes__mutmut_8": (
+            "if cached is not None and cached[0] is request and cached[2] == block_size:",
+            "performance",
+            (
+                "a probe and its commit hash the prompt once; the mutant breaks only that reuse, and the "
+                "hashes computed again are the same"
+            ),
+        ),
+        "xǁLocalGroupǁ_block_hashes__mutmut_9": (
+            "if cached is not None and cached[0] is request and cached[1] != block_size:",
+            "performance",
+            (
+                "one request always maps to one pool, whose routers share one block size: only 'never "
+                "reuse' can happen, and the hashes computed again are the same"
+            ),
+        ),
+        "xǁLocalGroupǁ_candidates__mutmut_11": (
+            'raise NoEligibleWorker("XXno worker of this model is in the allowed endpoint subsetXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_10": (
+            'log.info("%s prefills on its decode worker (%s)", split.local_reason)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_11": (
+            'log.info("%s prefills on its decode worker (%s)", request_id, )',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_12": (
+            'log.info("XX%s prefills on its decode worker (%s)XX", request_id, split.local_reason)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_13": (
+            'log.info("%S PREFILLS ON ITS DECODE WORKER (%S)", request_id, split.local_reason)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_17": (
+            "log.info(None, request_id, split.prefill.worker, endpoint,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_18": (
+            'log.info("%s prefills on %s (%s) overlap=%d/%d blocks", None, split.prefill.worker, endpoint,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_19": (
+            'log.info("%s prefills on %s (%s) overlap=%d/%d blocks", request_id, None, endpoint,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_20": (
+            'log.info("%s prefills on %s (%s) overlap=%d/%d blocks", request_id, split.prefill.worker, None,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_21": (
+            "None, split.prefill.request_blocks)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_22": (
+            "split.prefill.overlap_blocks, None)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_23": (
+            "log.info(request_id, split.prefill.worker, endpoint,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_24": (
+            'log.info("%s prefills on %s (%s) overlap=%d/%d blocks", split.prefill.worker, endpoint,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_25": (
+            'log.info("%s prefills on %s (%s) overlap=%d/%d blocks", request_id, endpoint,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_26": (
+            'log.info("%s prefills on %s (%s) overlap=%d/%d blocks", request_id, split.prefill.worker, split.prefill.overlap_blocks, split.prefill.request_blocks)  # fmt: skip',  # noqa: E501
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_27": (
+            "split.prefill.request_blocks)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_28": (
+            "split.prefill.overlap_blocks, )  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_29": (
+            'log.info("XX%s prefills on %s (%s) overlap=%d/%d blocksXX", request_id, split.prefill.worker, endpoint,',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_30": (
+            'log.info("%S PREFILLS ON %S (%S) OVERLAP=%D/%D BLOCKS", request_id, split.prefill.worker, endpoint,',  # noqa: E501
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_6": (
+            "log.info(None, request_id, split.local_reason)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_7": (
+            'log.info("%s prefills on its decode worker (%s)", None, split.local_reason)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_8": (
+            'log.info("%s prefills on its decode worker (%s)", request_id, None)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁ_name_prefill_worker__mutmut_9": (
+            "log.info(request_id, split.local_reason)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁanswered__mutmut_23": (
+            "None, pool.model, ejected_s, self.outliers.consecutive)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁanswered__mutmut_24": (
+            "wid, None, ejected_s, self.outliers.consecutive)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁanswered__mutmut_32": (
+            'log.warning("XXworker %s of %s ejected from routing for %.0f s after %d failed answers in a rowXX",',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁLocalGroupǁcommit_now__mutmut_77": (
+            "choice, prefill = self._name_prefill_worker(pool, choice, split, None)",
+            "message",
+            "the request id reaches only the log lines of `_name_prefill_worker`",
+        ),
+        "xǁLocalGroupǁfinish__mutmut_8": (
+            "self.answered(routed.model, None, routed.worker, status)",
+            "same-value",
+            "`answered` never reads the request id",
+        ),
+        "xǁLocalGroupǁprobe__mutmut_1": (
+            "async def probe(self, request: GroupRequest, *, timeout_s: float = 1.0) -> GroupProbe:",
+            "same-value",
+            "the local probe ignores `timeout_s` (it awaits nothing)",
+        ),
+        "xǁLocalGroupǁprobe_now__mutmut_14": (
+            "expected_output_tokens=None,",
+            "same-value",
+            "a probe tracks nothing: the router reads expected output tokens only when tracking a request",
+        ),
+        "xǁLocalGroupǁprobe_now__mutmut_19": (
+            ")",
+            "same-value",
+            (
+                "a probe tracks nothing: the router reads expected output tokens only when tracking a "
+                "request (and the default is None)"
+            ),
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_34": (
+            "if wid not in removed:",
+            "message",
+            "only which workers get the 'removed' log line changes",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_35": (
+            "log.info(None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_36": (
+            "None, model, len(dropped))  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_37": (
+            "wid, None, len(dropped))  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_38": (
+            "wid, model, None)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_39": (
+            "log.info(wid, model, len(dropped))  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_40": (
+            "model, len(dropped))  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_41": (
+            "wid, len(dropped))  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_42": (
+            "wid, model, )  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_43": (
+            'log.info("XXworker %s of %s removed (%d in-flight requests forgotten)XX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_44": (
+            'log.info("WORKER %S OF %S REMOVED (%D IN-FLIGHT REQUESTS FORGOTTEN)",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_55": (
+            "log.info(None, _ROLE_NAMES[w.role], w.id, model, w.endpoint)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_56": (
+            'log.info("%s worker %s of %s at %s added", None, w.id, model, w.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_57": (
+            'log.info("%s worker %s of %s at %s added", _ROLE_NAMES[w.role], None, model, w.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_58": (
+            'log.info("%s worker %s of %s at %s added", _ROLE_NAMES[w.role], w.id, None, w.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_59": (
+            'log.info("%s worker %s of %s at %s added", _ROLE_NAMES[w.role], w.id, model, None)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_60": (
+            "log.info(_ROLE_NAMES[w.role], w.id, model, w.endpoint)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_61": (
+            'log.info("%s worker %s of %s at %s added", w.id, model, w.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_62": (
+            'log.info("%s worker %s of %s at %s added", _ROLE_NAMES[w.role], model, w.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_63": (
+            'log.info("%s worker %s of %s at %s added", _ROLE_NAMES[w.role], w.id, w.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_64": (
+            'log.info("%s worker %s of %s at %s added", _ROLE_NAMES[w.role], w.id, model, )',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_65": (
+            'log.info("XX%s worker %s of %s at %s addedXX", _ROLE_NAMES[w.role], w.id, model, w.endpoint)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁLocalGroupǁset_workers__mutmut_66": (
+            'log.info("%S WORKER %S OF %S AT %S ADDED", _ROLE_NAMES[w.role], w.id, model, w.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁLocalGroupǁuncached_tokens__mutmut_11": (
+            "best = max(router.indexer.find_matches(hashes).values(), default=0) if (hashes) or True else 0",
+            "same-value",
+            "with no hashes `find_matches([])` is empty, so the max is its default 0 either way",
+        ),
+    },
     "epp/output_tokens.py": {
         "xǁOutputTokensǁ__init____mutmut_1": (
             'content_type: str = "XXXX",',
