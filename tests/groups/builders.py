@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
-from extproc.config import ModelConfig, PickerConfig, WorkerConfig
+from extproc.config import DisaggConfig, ModelConfig, PickerConfig, WorkerConfig
 from extproc.groups import GroupRequest
-from extproc.picker.local_group import LocalGroup
+from extproc.picker.local_group import LocalGroup, Routed
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
 
@@ -27,6 +28,43 @@ def group_config(
         for i in range(n_workers)
     )
     return PickerConfig(router=RouterConfig(**router), workers=workers, models=(ModelConfig(MODEL),), seed=7)
+
+
+def disagg_config(
+    n_decode: int = 2, prefill_endpoints: Sequence[str] = ("127.0.9.1:8000",), *, disagg=None, **router
+) -> PickerConfig:
+    """Decode workers `w0..` (as `group_config("w", n_decode)`) and prefill workers `p0..` at
+    `prefill_endpoints`; `disagg`: DisaggConfig's fields (no health probes unless said)."""
+    config = group_config("w", n_decode, **router)
+    decode = tuple(replace(w, role="decode") for w in config.workers)
+    prefill = tuple(
+        WorkerConfig(f"p{i}", endpoint, MODEL, role="prefill") for i, endpoint in enumerate(prefill_endpoints)
+    )
+    fields = {"prefill_health_interval_s": 0.0, **(disagg or {})}
+    return replace(config, workers=decode + prefill, disagg=DisaggConfig(**fields))
+
+
+@dataclass
+class RouteListener:
+    """A route listener (what replica sync is to a group) that records what it hears."""
+
+    routed: list[tuple[Routed, list[int], int, int | None]] = field(default_factory=list)
+    prefilled: list[Routed] = field(default_factory=list)
+    freed_routes: list[Routed] = field(default_factory=list)
+
+    def on_routed(
+        self, routed: Routed, local_hashes: Sequence[int], isl: int, expected_output_tokens: int | None
+    ) -> None:
+        self.routed.append((routed, list(local_hashes), isl, expected_output_tokens))
+
+    def on_prefill_complete(self, routed: Routed) -> None:
+        self.prefilled.append(routed)
+
+    def on_freed(self, routed: Routed) -> None:
+        self.freed_routes.append(routed)
+
+    def freed(self) -> list[str]:
+        return [routed.request_id for routed in self.freed_routes]
 
 
 def local_group(

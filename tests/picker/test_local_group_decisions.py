@@ -4,16 +4,15 @@ worker named for disaggregated models, what listeners hear, uncached tokens and 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
-from extproc.config import DisaggConfig, WorkerConfig
 from extproc.picker.local_group import LocalGroup, Routed, group_load
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfigOverride, Worker
-from tests.groups.builders import MODEL, group_config, prompt, request
+from tests.groups.builders import MODEL, RouteListener, disagg_config, prompt, request
 
 from .test_local_group import routers
 
@@ -25,13 +24,8 @@ ENDPOINTS = tuple(f"127.0.5.{i + 1}:8000" for i in range(3))  # of w0..w2 with s
 def disagg_group(n_decode: int = 1, n_prefill: int = 2, **router) -> LocalGroup:
     """Decode workers `w0..` (as `routers`) and prefill workers `p0..` at 127.0.9.<i+1>:8000; a
     prompt goes to a prefill worker from 64 uncached tokens on; no health probes."""
-    config = group_config("w", n_decode, **router)
-    decode = tuple(replace(w, role="decode") for w in config.workers)
-    prefill = tuple(
-        WorkerConfig(f"p{i}", f"127.0.9.{i + 1}:8000", MODEL, role="prefill") for i in range(n_prefill)
-    )
-    disagg = DisaggConfig(min_remote_prefill_tokens=64, prefill_health_interval_s=0.0)
-    config = replace(config, workers=decode + prefill, disagg=disagg)
+    endpoints = tuple(f"127.0.9.{i + 1}:8000" for i in range(n_prefill))
+    config = disagg_config(n_decode, endpoints, disagg={"min_remote_prefill_tokens": 64}, **router)
     picker = EndpointPicker(config)
     return LocalGroup(
         "g", picker.pools, config=config, clock=time.monotonic, metrics=picker.metrics, listeners=[]
@@ -39,25 +33,6 @@ def disagg_group(n_decode: int = 1, n_prefill: int = 2, **router) -> LocalGroup:
 
 
 GROUPS = pytest.mark.parametrize("make", [routers, disagg_group], ids=["aggregated", "disaggregated"])
-
-
-@dataclass
-class Recorder:
-    """A route listener that records what it hears."""
-
-    routed: list[tuple[Routed, list[int], int, int | None]] = field(default_factory=list)
-    prefilled: list[Routed] = field(default_factory=list)
-
-    def on_routed(
-        self, routed: Routed, local_hashes: Sequence[int], isl: int, expected_output_tokens: int | None
-    ) -> None:
-        self.routed.append((routed, list(local_hashes), isl, expected_output_tokens))
-
-    def on_prefill_complete(self, routed: Routed) -> None:
-        self.prefilled.append(routed)
-
-    def on_freed(self, routed: Routed) -> None:
-        pass
 
 
 def decisions(group: LocalGroup, model: str = MODEL) -> Callable[[str, str], float | None]:
@@ -140,7 +115,7 @@ def test_a_decision_reports_its_hash_match_and_select_times():
 
 def test_a_remote_prefill_is_named_in_the_choice_tracked_and_heard():
     group = disagg_group(1, 2)
-    heard = Recorder()
+    heard = RouteListener()
     group.listeners.append(heard)
     first = group.commit_now(request(prompt(1)), "r0", None)
     group.first_token("r0")
@@ -165,7 +140,7 @@ def test_a_remote_prefill_is_named_in_the_choice_tracked_and_heard():
 
 def test_a_short_uncached_prompt_is_prefilled_on_its_decode_worker():
     group = disagg_group(1, 2)
-    heard = Recorder()
+    heard = RouteListener()
     group.listeners.append(heard)
     decision = group.commit_now(request(prompt(1, 48)), "short", None)
     assert decision.choice.headers == {} and decision.choice.prefill_worker is None

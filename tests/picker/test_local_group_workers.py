@@ -8,69 +8,34 @@ from dataclasses import replace
 import pytest
 from aiohttp import web
 
-from extproc.config import DisaggConfig, PickerConfig, WorkerConfig
+from extproc.config import PickerConfig, WorkerConfig
 from extproc.errors import NoEligibleWorker, UnknownModel
 from extproc.groups import GroupRequest
-from extproc.picker.local_group import LocalGroup, Routed
+from extproc.picker.local_group import LocalGroup
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfigOverride, Worker
-from tests.groups.builders import MODEL, group_config, prompt, request
+from tests.groups.builders import MODEL, RouteListener, disagg_config, group_config, prompt, request
+from tests.router.clock import FakeClock
 
 from .test_local_group import routers
 
 LONG = 480  # prompt tokens: prefilled on a prefill worker (over disagg's 256)
 
 
-class Clock:
-    """A settable clock for outlier ejection times."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Listener:
-    """Records what a route listener (replica sync) hears."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, Routed]] = []
-
-    def on_routed(
-        self, routed: Routed, local_hashes: Sequence[int], isl: int, expected_output_tokens: int | None
-    ) -> None:
-        self.events.append(("routed", routed))
-
-    def on_prefill_complete(self, routed: Routed) -> None:
-        self.events.append(("prefill_complete", routed))
-
-    def on_freed(self, routed: Routed) -> None:
-        self.events.append(("freed", routed))
-
-    def freed(self) -> list[str]:
-        return [routed.request_id for what, routed in self.events if what == "freed"]
-
-
 def group_of(
-    config: PickerConfig, *, clock: Callable[[], float] | None = None, listener: Listener | None = None
+    config: PickerConfig, *, clock: Callable[[], float] | None = None, listener: RouteListener | None = None
 ) -> LocalGroup:
     """A LocalGroup over a real picker's pools, with its own clock and listener."""
     picker = EndpointPicker(config)
-    listeners: list[Listener] = [listener] if listener is not None else []
+    listeners: list[RouteListener] = [listener] if listener is not None else []
     return LocalGroup(
-        "g", picker.pools, config=config, clock=clock or Clock(), metrics=picker.metrics, listeners=listeners
+        "g",
+        picker.pools,
+        config=config,
+        clock=clock or FakeClock(1000.0),
+        metrics=picker.metrics,
+        listeners=listeners,
     )
-
-
-def disagg_config(n_decode: int = 2, prefill_endpoints: Sequence[str] = ("127.0.9.1:8000",)) -> PickerConfig:
-    """Decode workers w0.. and prefill workers p0.. at `prefill_endpoints` (no health checks)."""
-    config = group_config("w", n_decode)
-    decode = tuple(replace(w, role="decode") for w in config.workers)
-    prefill = tuple(
-        WorkerConfig(f"p{i}", endpoint, MODEL, role="prefill") for i, endpoint in enumerate(prefill_endpoints)
-    )
-    return replace(config, workers=decode + prefill, disagg=DisaggConfig(prefill_health_interval_s=0.0))
 
 
 def candidates(group: LocalGroup, tokens: Sequence[int] = prompt(1), **kwargs) -> set[str]:
@@ -97,7 +62,7 @@ def fail(group: LocalGroup, wid: str, times: int) -> None:
 
 
 def test_failed_answers_eject_a_worker_for_the_configured_run_and_time():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     config = replace(group_config("w", 3), outlier_consecutive_5xx=2, outlier_base_ejection_s=30.0)
     group = group_of(config, clock=clock)
     fail(group, "w1", 1)
@@ -330,7 +295,7 @@ def test_set_workers_returns_only_what_changed():
 
 
 def test_a_worker_changed_in_place_keeps_its_requests():
-    listener = Listener()
+    listener = RouteListener()
     config = group_config("w", 2)
     group = group_of(config, listener=listener)
     group.commit_now(request(prompt(1)), "r1", Worker("w0"))
@@ -344,7 +309,7 @@ def test_a_worker_changed_in_place_keeps_its_requests():
 
 
 def test_a_removed_worker_forgets_its_requests_and_listeners_hear_them_freed():
-    listener = Listener()
+    listener = RouteListener()
     config = group_config("w", 2)
     group = group_of(config, listener=listener)
     group.commit_now(request(prompt(1)), "r1", Worker("w0"))
@@ -352,7 +317,7 @@ def test_a_removed_worker_forgets_its_requests_and_listeners_hear_them_freed():
     group.pools[MODEL].router.add_request("remote", Worker("w0"), [], 160, 0)  # another replica's
     routed = group.tracked("r1")
     assert group.set_workers(MODEL, [config.workers[1]]) == ([], ["w0"])
-    assert [(what, r) for what, r in listener.events if what == "freed"] == [("freed", routed)]
+    assert listener.freed_routes == [routed]
     assert group.tracked("r1") is None and not group.finish("r1")
     assert group.tracked("r2") is not None and group.in_flight() == 1
     assert set(group.pools[MODEL].all_workers()) == {"w1"}
@@ -362,7 +327,7 @@ def test_a_removed_worker_forgets_its_requests_and_listeners_hear_them_freed():
 
 @pytest.mark.parametrize("first_token", [False, True], ids=["failed-before-first-token", "complete"])
 def test_a_disaggregated_requests_end_frees_both_workers(first_token: bool):
-    listener = Listener()
+    listener = RouteListener()
     group = group_of(disagg_config(), listener=listener)
     decision = group.commit_now(request(prompt(1, LONG)), "r1", None)
     pool = group.pools[MODEL]
@@ -374,7 +339,7 @@ def test_a_disaggregated_requests_end_frees_both_workers(first_token: bool):
 
 
 def test_a_removed_decode_worker_frees_its_requests_prefill_share():
-    listener = Listener()
+    listener = RouteListener()
     config = disagg_config()
     group = group_of(config, listener=listener)
     decision = group.commit_now(request(prompt(1, LONG)), "r1", Worker("w0"))
@@ -386,7 +351,7 @@ def test_a_removed_decode_worker_frees_its_requests_prefill_share():
 
 
 def test_a_removed_prefill_worker_leaves_its_requests_on_their_decode_worker():
-    listener = Listener()
+    listener = RouteListener()
     config = disagg_config()
     group = group_of(config, listener=listener)
     decision = group.commit_now(request(prompt(1, LONG)), "r1", None)
