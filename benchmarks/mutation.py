@@ -115,6 +115,8 @@ MODULES: dict[str, list[str]] = {
         "tests/picker/test_local_group.py",
         "tests/picker/test_local_group_workers.py",
         "tests/picker/test_local_group_decisions.py",
+        # prefill workers' health, through the picker's own LocalGroup
+        "tests/picker/test_disagg.py::test_an_unhealthy_prefill_worker_is_not_named_until_it_answers_again",
         "tests/groups/test_selector.py",
         "tests/groups/test_features_in_groups.py",
     ],

@@ -218,7 +218,7 @@ def test_on_the_pickers_loop_a_batch_leaves_when_the_wake_up_that_filled_it_ends
         a.deliver(b)
         assert b.sync.tracked_remote() == {"a": 1}
         a.sync.publish_freed("r1")  # the next batch: its own wake-up
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # as above: the loop idles, the batch goes before it sleeps (0.9 s window)
         assert a.wire.ops() == ["batch"]
         a.deliver(b)
         assert b.sync.tracked_remote() == {}

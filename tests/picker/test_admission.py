@@ -202,7 +202,8 @@ async def test_a_client_leaving_while_its_decision_is_made_gets_it_given_back() 
     saturate(router)
     deciding = asyncio.Event()
     release = asyncio.Event()
-    undone: list[str] = []
+    undone: list[object] = []
+    made: list[object] = []
 
     async def has_capacity() -> bool:
         return router.has_capacity()
@@ -210,14 +211,16 @@ async def test_a_client_leaving_while_its_decision_is_made_gets_it_given_back() 
     async def slow_decide():
         deciding.set()
         await release.wait()  # the round trip
-        return router.best_worker(prompt("r"), request_id="r")
+        made.append(router.best_worker(prompt("r"), request_id="r"))
+        return made[-1]
+
+    def undo(decision) -> None:
+        undone.append(decision)
+        router.free("r")
 
     task = asyncio.create_task(
-        AdmissionGate.admit(
-            gate, QueuedRequest("r", 0.0), slow_decide, has_capacity=has_capacity,
-            undo=lambda _: undone.append("r") or router.free("r"),
-        )
-    )  # fmt: skip
+        AdmissionGate.admit(gate, QueuedRequest("r", 0.0), slow_decide, has_capacity=has_capacity, undo=undo)
+    )
     await until(lambda: len(gate) == 1)
     router.free("bg-a")
     gate.kick()
@@ -226,6 +229,8 @@ async def test_a_client_leaving_while_its_decision_is_made_gets_it_given_back() 
     with pytest.raises(asyncio.CancelledError):
         await task
     release.set()
-    await until(lambda: undone == ["r"])
+    await until(lambda: undone != [])
+    assert undone == made  # given back once, with that very decision
+    assert (gate.stats.cancelled, gate.stats.released) == (1, 0)
     router.free("bg-b")
     assert router.is_idle() and len(gate) == 0

@@ -243,39 +243,27 @@ async def test_a_kick_while_a_round_runs_starts_another_round(new_gate: GateFact
 # --- what is undone when a client leaves -----------------------------------------------------------
 
 
-async def test_a_decision_finished_after_its_client_left_is_undone_with_that_decision(
-    new_gate: GateFactory,
+async def _failing() -> str:
+    raise RuntimeError("the group refused")
+
+
+@pytest.mark.parametrize(
+    "fails, undo, undone",
+    [
+        (False, True, ["decision-r"]),  # given back, with that decision
+        (False, False, []),  # nothing to give it back to
+        (True, True, []),  # a failed decision: nothing to undo
+    ],
+    ids=["undone", "no-undo", "failed"],
+)
+async def test_a_decision_racing_the_cancel_ends_cancelled_and_is_undone_only_if_made(
+    new_gate: GateFactory, fails: bool, undo: bool, undone: list[str]
 ) -> None:
-    gate, room = new_gate(), Room()
-    deciding, release = asyncio.Event(), asyncio.Event()
-    undone: list[str] = []
-
-    async def slow_decide() -> str:
-        deciding.set()
-        await release.wait()  # a remote group's round trip
-        return "decision-r"
-
-    task = asyncio.create_task(
-        gate.admit(QueuedRequest("r", 0.0), slow_decide, has_capacity=room.check(), undo=undone.append)
-    )
-    await until(lambda: len(gate) == 1)
-    room.free.add(None)
-    gate.kick()
-    await until(deciding.is_set)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    release.set()
-    await until(lambda: undone != [])
-    assert undone == ["decision-r"]
-    assert (gate.stats.cancelled, gate.stats.released) == (1, 0)
-
-
-async def test_a_decision_racing_the_cancel_is_undone_with_that_decision(new_gate: GateFactory) -> None:
-    gate, room, undone = new_gate(), Room(), []
+    gate, room, given_back = new_gate(), Room(), []
     entry = QueuedRequest("r", 0.0)
+    decide = _failing if fails else decider("r", [])
     task = asyncio.create_task(
-        gate.admit(entry, decider("r", []), has_capacity=room.check(), undo=undone.append)
+        gate.admit(entry, decide, has_capacity=room.check(), undo=given_back.append if undo else None)
     )
     await until(lambda: len(gate) == 1)
     entry.handle.future.add_done_callback(lambda _: task.cancel())  # leaves as the decision arrives
@@ -283,42 +271,8 @@ async def test_a_decision_racing_the_cancel_is_undone_with_that_decision(new_gat
     gate.kick()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert undone == ["decision-r"]
+    assert given_back == undone
     assert (gate.stats.cancelled, gate.stats.released) == (1, 0)
-
-
-async def test_a_decision_racing_the_cancel_with_nothing_to_undo_still_ends_cancelled(
-    new_gate: GateFactory,
-) -> None:
-    gate, room = new_gate(), Room()
-    entry = QueuedRequest("r", 0.0)
-    task = asyncio.create_task(gate.admit(entry, decider("r", []), has_capacity=room.check()))
-    await until(lambda: len(gate) == 1)
-    entry.handle.future.add_done_callback(lambda _: task.cancel())
-    room.free.add(None)
-    gate.kick()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert (gate.stats.cancelled, gate.stats.released) == (1, 0)
-
-
-async def test_a_failed_decision_racing_the_cancel_undoes_nothing_and_ends_cancelled(
-    new_gate: GateFactory,
-) -> None:
-    gate, room, undone = new_gate(), Room(), []
-
-    async def failing() -> str:
-        raise RuntimeError("the group refused")
-
-    entry = QueuedRequest("r", 0.0)
-    task = asyncio.create_task(gate.admit(entry, failing, has_capacity=room.check(), undo=undone.append))
-    await until(lambda: len(gate) == 1)
-    entry.handle.future.add_done_callback(lambda _: task.cancel())
-    room.free.add(None)
-    gate.kick()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert undone == [] and gate.stats.cancelled == 1
 
 
 # --- WSPT's token estimate ---------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import pytest
-from aiohttp import web
 
 from extproc.config import PickerConfig, WorkerConfig
 from extproc.errors import NoEligibleWorker, UnknownModel
@@ -121,26 +120,6 @@ def test_a_removed_workers_ejection_is_forgotten():
     group.set_workers(MODEL, [config.workers[0], config.workers[2]])
     group.set_workers(MODEL, config.workers)  # it comes back: a new worker, not an outlier
     assert candidates(group) == {"w0", "w1", "w2"}
-
-
-async def test_prefill_workers_whose_health_check_fails_are_not_named(refusing_port: Callable[[], int]):
-    app = web.Application()
-    app.router.add_get("/health", lambda _request: web.Response(text="ok"))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    healthy = f"127.0.0.1:{runner.addresses[0][1]}"
-    group = group_of(disagg_config(prefill_endpoints=(f"127.0.0.1:{refusing_port()}", healthy)))
-    try:
-        await group.prefill_health.probe_all()
-        assert group.prefill_health.unhealthy == {"p0"}
-        for i in range(4):
-            decision = group.commit_now(request(prompt(i, LONG)), f"r{i}", None)
-            assert decision.choice.prefill_endpoint == healthy
-    finally:
-        await runner.cleanup()
-        await group.close()
 
 
 # --- request ids -----------------------------------------------------------------------------------
