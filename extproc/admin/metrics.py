@@ -98,7 +98,7 @@ class PickerCollector(Collector):
             gate = self.picker.gate(model)
             queue_depth.add_metric([model], len(gate))
             gate_stats = gate.stats
-            for outcome in ("queued", "released", "timed_out", "shed", "cancelled"):
+            for outcome in ("queued", "released", "timed_out", "shed", "cancelled", "failed"):
                 queue_events.add_metric([model, outcome], getattr(gate_stats, outcome))
             sessions = self.picker.sessions(model)
             pinned.add_metric([model], len(sessions))

@@ -49,6 +49,7 @@ class AdmissionStats:
     timed_out: int = 0  # answered 503 after the bounded wait
     shed: int = 0  # sheddable requests answered 429 after the bounded wait
     cancelled: int = 0  # the client went away while waiting
+    failed: int = 0  # decided after waiting, and the decision raised (answered as an immediate one's)
     wait_s: list[float] = field(default_factory=list)  # recent waits, for the demo and tests
 
 
@@ -128,12 +129,17 @@ class AdmissionGate:
                     self.stats.timed_out += 1
                 log.warning("%s left the queue after %.1f s without capacity", entry.request_id, waited)
                 raise QueueTimeout(waited, sheddable=entry.sheddable) from None
-            result = waiter.future.result()  # decided at the last moment: released like any other
+            if waiter.future.exception() is not None:  # decided at the last moment, like any other
+                self.stats.failed += 1
+            result = waiter.future.result()
         except asyncio.CancelledError:
             if not self._withdraw(entry.request_id, waiter):
                 self._give_back(waiter)  # decided as the client left
             self.stats.cancelled += 1
             log.info("%s left the queue: its client went away", entry.request_id)
+            raise
+        except Exception:
+            self.stats.failed += 1
             raise
         waited = self.clock() - start
         self.stats.released += 1

@@ -212,6 +212,8 @@ async def test_metrics_are_present_and_move_with_traffic(running, http) -> None:
     assert value(after, "extproc_overlap_regret_blocks_count") == 3
     assert value(after, 'extproc_sessions_pinned{model="demo-model"}') == 3
     assert 'extproc_queue_depth{model="demo-model"} 0.0' in after
+    for outcome in ("queued", "released", "timed_out", "shed", "cancelled", "failed"):  # every way out
+        assert f'extproc_queue_requests_total{{model="demo-model",outcome="{outcome}"}} 0.0' in after
     assert "extproc_worker_active_prefill_tokens" in after and "extproc_indexer_events" in after
 
 

@@ -425,6 +425,29 @@ async def test_a_decision_made_as_the_bound_expires_is_counted_as_released(new_g
     assert (gate.stats.queued, gate.stats.released, gate.stats.wait_s) == (1, 1, [2.5])
 
 
+@pytest.mark.parametrize("max_wait_s", [30.0, 0.0], ids=["within-the-bound", "as-the-bound-expires"])
+async def test_a_decision_that_fails_after_waiting_is_counted_as_failed(
+    new_gate: GateFactory, max_wait_s: float
+) -> None:
+    """A request that waited and whose decision then raised (its group refused) gets that error, as
+    an immediate decision's would be answered, and leaves the queue counted as `failed`: every
+    queued request is counted under one outcome (until 2026-11-27 under none)."""
+    gate, room = new_gate(max_wait_s=max_wait_s), Room()
+    on_queued = (lambda _: room.free.add(None)) if max_wait_s == 0.0 else None
+    task = asyncio.create_task(
+        gate.admit(QueuedRequest("r", 0.0), _failing, has_capacity=room.check(), on_queued=on_queued)
+    )
+    if max_wait_s:
+        await until(lambda: len(gate) == 1)
+        room.free.add(None)
+        gate.kick()
+    with pytest.raises(RuntimeError, match="the group refused"):
+        await task
+    stats = gate.stats
+    assert (stats.queued, stats.failed, stats.released, stats.timed_out, stats.cancelled) == (1, 1, 0, 0, 0)
+    assert stats.wait_s == [] and len(gate) == 0
+
+
 async def test_each_client_that_leaves_is_counted(new_gate: GateFactory) -> None:
     gate, room, order = new_gate(), Room(), []
     tasks = [waiting(gate, f"r{i}", float(i), room.check(), order) for i in range(2)]
