@@ -335,7 +335,10 @@ def compute_sequence_hashes(local_hashes: Sequence[int]) -> list[int]:
 def _chain(local_hashes: Sequence[int], out: list[int]) -> list[int]:
     """`out` (the sequence hashes of the first `len(out)` blocks) continued over `local_hashes`."""
     if not out:
-        out.append(local_hashes[0])
+        first = local_hashes[0]
+        if not 0 <= first <= _MASK64:  # the chain checks every later one (as it packs it)
+            raise OverflowError(f"block hashes must be in [0, 2**64): the first is {first}")
+        out.append(first)
     prev = out[-1]
     append, pack, xxh3 = out.append, _pack_pair, _xxh3
     try:

@@ -123,3 +123,15 @@ def test_a_signed_token_array_with_a_negative_id_is_rejected():
 
 def test_a_uint32_token_array_is_viewed_as_unsigned_little_endian_bytes():
     assert list(tokens_as_u32le(array.array("I", [0xFFFFFFFF, 1]))) == [255, 255, 255, 255, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64], ids=["negative", "2**64"])
+@pytest.mark.parametrize("where", [0, 1], ids=["first", "chained"])
+def test_a_block_hash_outside_64_bits_is_refused_wherever_it_is(bad: int, where: int) -> None:
+    """Hashes that arrive as numbers (a remote group's, a replica's) are 64-bit: one outside is an
+    OverflowError, the first as well as a chained one (until 2026-11-27 a lone first passed)."""
+    hashes = [5, 6]
+    hashes[where] = bad
+    with pytest.raises(OverflowError, match=r"\[0, 2\*\*64\)"):
+        compute_sequence_hashes(hashes[: where + 1])
+    assert compute_sequence_hashes([0]) == [0] and compute_sequence_hashes([2**64 - 1]) == [2**64 - 1]
