@@ -7,7 +7,8 @@
     ├── UnknownModel            no worker serves the requested model (404, as OpenAI answers)
     ├── TokenizerUnavailable    the tokenizer backend failed; callers fall back to load-only routing
     ├── NoEligibleWorker        no worker may take the request (subset hint, all down) (503)
-    └── TooManyStreams          --max-concurrent-streams ext_proc streams are already open (429)
+    ├── TooManyStreams          --max-concurrent-streams ext_proc streams are already open (429)
+    └── ShuttingDown            the picker is stopping: a body still waiting for its parser (503)
 
 Router-core errors (all workers busy, queue full, ...) live in `extproc/router/errors.py`.
 """
@@ -71,3 +72,7 @@ class TooManyStreams(PickerError):
         super().__init__(f"the endpoint picker is at its limit of {limit} concurrent requests; retry later")
         self.open_streams = open_streams
         self.limit = limit
+
+
+class ShuttingDown(PickerError):
+    """The picker is stopping: what a request still needed (a body parse worker) is closed."""

@@ -59,18 +59,21 @@ ANSWERS: tuple[tuple[type[BaseException], int, str], ...] = (
     (errors.UnknownModel, 404, "unknown-model"),
     (errors.NoEligibleWorker, 503, "rejected-no-endpoints"),
     (errors.TooManyStreams, 429, "rejected-too-many-streams"),
+    (errors.ShuttingDown, 503, "rejected-shutting-down"),
     (router_errors.NoWorkers, 503, "rejected-no-endpoints"),
     (router_errors.AllWorkersBusy, 503, "rejected-saturated"),
     (router_errors.PinnedWorkerUnavailable, 503, "rejected-pinned-unavailable"),
     (router_errors.QueueTimeout, 503, "rejected-queue-timeout"),  # 429 when sheddable: see status_of
 )
 # Seconds a client should wait before retrying, by reason (`retry-after`): only where a retry soon
-# may be served. A stream slot or a busy worker frees as soon as requests end, so 1 s; a queue
+# may be served. A stream slot or a busy worker frees as soon as requests end, and a picker that
+# stops has replicas or a successor, so 1 s; a queue
 # timeout means the request already waited the whole queue bound without capacity freeing, so the
 # overload is not momentary: 5 s. The other reasons are the request's own fault or the deployment's.
 RETRY_AFTER_S: dict[str, int] = {
     "rejected-too-many-streams": 1,
     "rejected-saturated": 1,
+    "rejected-shutting-down": 1,
     "rejected-queue-timeout": 5,
     "shed-queue-timeout": 5,
 }

@@ -28,7 +28,8 @@ prompt, a chat request is routed on load alone, and the worker still gets the wh
 
 A worker that dies (out of memory, killed) is replaced on the next body; the body it was parsing is
 answered as invalid (400). A client that leaves does not stop its body's parse: the worker is busy
-until it is done, so at most `workers` bodies are ever being parsed.
+until it is done, so at most `workers` bodies are ever being parsed. After `close` no worker
+starts: a body that waits for one, or comes later, is answered `ShuttingDown` (503).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import extproc
-from extproc.errors import BodyTooLarge, RequestInvalid
+from extproc.errors import BodyTooLarge, RequestInvalid, ShuttingDown
 from extproc.picker.parse_worker import (
     MAX_FRAME_BYTES,
     ParsedBody,
@@ -211,11 +212,15 @@ class BodyParser:
         return value
 
     async def close(self) -> None:
-        """Stop the worker processes (each finishes the body it has, within STOP_GRACE_S)."""
+        """Stop the worker processes (each finishes the body it has, within STOP_GRACE_S); bodies
+        waiting for one are answered ShuttingDown."""
         self._closed = True
         for call in list(self._calls):
             call.cancel()
         workers, self._all, self._idle = list(self._all), set(), []
+        if self._freed is not None:
+            async with self._freed:
+                self._freed.notify_all()
         await asyncio.gather(*(w.stop() for w in workers))
 
     # --- internals ---------------------------------------------------------------------------
@@ -244,6 +249,8 @@ class BodyParser:
         try:
             async with self._freed:
                 while True:
+                    if self._closed:
+                        raise ShuttingDown("the endpoint picker is shutting down")
                     while self._idle and not self._idle[-1].running:  # died while idle (killed)
                         self._forget(self._idle.pop())
                     if self._idle:
@@ -260,6 +267,9 @@ class BodyParser:
         except BaseException:
             await self._lose(worker)
             raise
+        if self._closed:  # closed while it started: close() did not see its process
+            await worker.stop()
+            raise ShuttingDown("the endpoint picker is shutting down")
         return worker
 
     async def _call(self, worker: _Worker, request: bytes, body: bytes) -> bytes:

@@ -18,6 +18,7 @@ ERRORS = [
     (errors.UnknownModel("m", ["x"]), 404, "unknown-model", None),
     (errors.NoEligibleWorker("none"), 503, "rejected-no-endpoints", None),
     (errors.TooManyStreams(2, 2), 429, "rejected-too-many-streams", "1"),
+    (errors.ShuttingDown("stopping"), 503, "rejected-shutting-down", "1"),
     (router_errors.AllWorkersBusy("m"), 503, "rejected-saturated", "1"),
     (router_errors.QueueTimeout(30.0, sheddable=False), 503, "rejected-queue-timeout", "5"),
     (router_errors.QueueTimeout(30.0, sheddable=True), 429, "shed-queue-timeout", "5"),
