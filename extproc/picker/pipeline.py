@@ -549,7 +549,7 @@ class EndpointPicker:
             return None
         response_id = route[len(RESPONSES_PATH) + 1 :].partition("/")[0]
         home = self.response_homes.get(response_id, self._clock()) if response_id else None
-        if home is None or any(home.endpoint not in allowed for allowed in restrictions):
+        if home is None or not all(epp.endpoint_matches(home.endpoint, allowed) for allowed in restrictions):
             return None
         log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, 100), home.worker,
                  home.endpoint)  # fmt: skip
