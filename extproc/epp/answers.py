@@ -67,9 +67,9 @@ ANSWERS: tuple[tuple[type[BaseException], int, str], ...] = (
 )
 # Seconds a client should wait before retrying, by reason (`retry-after`): only where a retry soon
 # may be served. A stream slot or a busy worker frees as soon as requests end, and a picker that
-# stops has replicas or a successor, so 1 s; a queue
-# timeout means the request already waited the whole queue bound without capacity freeing, so the
-# overload is not momentary: 5 s. The other reasons are the request's own fault or the deployment's.
+# stops has replicas or a successor, so 1 s; a queue timeout means the request already waited the
+# whole queue bound without capacity freeing, so the overload is not momentary: 5 s. The other
+# reasons are the request's own fault or the deployment's.
 RETRY_AFTER_S: dict[str, int] = {
     "rejected-too-many-streams": 1,
     "rejected-saturated": 1,

@@ -813,6 +813,7 @@ def _worker(worker_id: Any, dp: Any) -> Worker:
 
 _INT_ONLY = {int}
 _MIN, _END = -(1 << 63), 1 << 64
+_U64_MASK = _END - 1
 
 
 def _hashes(value: Any) -> tuple[int, ...]:
@@ -823,9 +824,11 @@ def _hashes(value: Any) -> tuple[int, ...]:
         return struct.unpack(f"<{len(value) >> 3}Q", value)
     if not isinstance(value, list) or len(value) > MAX_HASHES:
         raise ValueError(f"hashes: expected a list of at most {MAX_HASHES} integers")
-    if value and not (set(map(type, value)) <= _INT_ONLY and min(value) >= _MIN and max(value) < _END):
+    if not value:
+        return ()
+    if not (set(map(type, value)) <= _INT_ONLY and (lo := min(value)) >= _MIN and max(value) < _END):
         raise TypeError("hashes: expected integers in [-2**63, 2**64)")  # checked in C, not one by one
-    return tuple(value)
+    return tuple(value) if lo >= 0 else tuple(h & _U64_MASK for h in value)  # signed: the same u64s
 
 
 def _packed(hashes: tuple[int, ...]) -> bytes | list[int]:

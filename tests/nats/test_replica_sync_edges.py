@@ -134,6 +134,17 @@ def test_an_adds_hashes_are_integers_as_a_list_or_packed(hashes, ok):
     assert b.sync.tracked_remote() == ({"a": 1} if ok else {})
 
 
+def test_signed_hashes_are_the_same_u64_hashes():
+    """A hash in its signed form (i64, as some encoders write u64s) is the same 64-bit hash: the
+    router is given the u64 (until 2026-11-27 it was given the negative number, which matched no
+    block, and a later negative hash failed the whole add)."""
+    b = Node("b")
+    b.sync.handle(add("a", None, "x", hashes=[-1, 5, -(1 << 63)]))
+    assert counts(b) == {}
+    [(_, _, record)] = b.sync.remote_requests()
+    assert record.hashes == ((1 << 64) - 1, 5, 1 << 63)
+
+
 @pytest.mark.parametrize("form", ["list", "packed"])
 def test_an_add_carries_at_most_max_hashes(form):
     b = Node("b")
@@ -195,9 +206,19 @@ def test_a_batch_op_needs_its_integer_code_and_exactly_its_fields(op):
 FREES = [[2, f"r{i}"] for i in range(MAX_BATCH_OPS + 1)]
 
 
-def test_a_batch_op_the_router_refuses_is_counted_and_the_others_are_applied():
+def test_a_batch_op_the_router_refuses_is_counted_and_the_others_are_applied(monkeypatch):
+    """No op that passes the wire's checks is refused by today's router (a signed hash was, until
+    2026-11-27), so the router is made to refuse one: the batch goes on with the next op."""
     b = Node("b")
-    refused = [0, "r1", "7", 0, [1, -1], 8, 0, None]  # the router takes no negative hash after the first
+    add_request = b.router.add_request
+
+    def refusing(key, *args, **kwargs):
+        if key.endswith(":r1"):
+            raise ValueError("refused")
+        return add_request(key, *args, **kwargs)
+
+    monkeypatch.setattr(b.router, "add_request", refusing)
+    refused = [0, "r1", "7", 0, [1, 2], 8, 0, None]
     b.sync.handle(batch("a", 1, [refused, [0, "r2", "7", 0, [1, 2], 8, 0, None]]))
     assert {r for _, r, _ in b.sync.remote_requests()} == {"r1", "r2"}  # tracked as the sender has them
     assert b.router.sequences.num_requests(W7) == 1
