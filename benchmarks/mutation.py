@@ -1951,11 +1951,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "x__hashes__mutmut_31": (
-            "if value and not (set(map(type, value)) <= _INT_ONLY and min(value) >= _MIN and max(value) <= _END):",  # noqa: E501
-            "same-value",
-            "msgpack carries no integer of 2**64 or more",
-        ),
         "x__hashes__mutmut_32": (
             "raise TypeError(None)  # checked in C, not one by one",
             "message",
@@ -1970,6 +1965,31 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'raise TypeError("HASHES: EXPECTED INTEGERS IN [-2**63, 2**64)")  # checked in C, not one by one',
             "message",
             "an error's or a log line's text",
+        ),
+        "x__hashes__mutmut_20": (
+            "if not (set(map(type, value)) <= _INT_ONLY and (lo := min(value)) >= _MIN or max(value) < _END):",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer below -2**63, and a non-integer fails either way (`lo` left unset)",
+        ),
+        "x__hashes__mutmut_31": (
+            "if not (set(map(type, value)) <= _INT_ONLY and (lo := min(value)) >= _MIN and max(value) <= _END):",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer of 2**64 or more",
+        ),
+        "x__hashes__mutmut_35": (
+            "return tuple(value) if (lo >= 0) and False else tuple(h & _U64_MASK for h in value)  # signed: the same u64s",  # noqa: E501
+            "performance",
+            "non-negative hashes masked to 64 bits: the same values",
+        ),
+        "x__hashes__mutmut_38": (
+            "return tuple(value) if lo > 0 else tuple(h & _U64_MASK for h in value)  # signed: the same u64s",
+            "performance",
+            "non-negative hashes masked to 64 bits: the same values",
+        ),
+        "x__hashes__mutmut_39": (
+            "return tuple(value) if lo >= 1 else tuple(h & _U64_MASK for h in value)  # signed: the same u64s",  # noqa: E501
+            "performance",
+            "non-negative hashes masked to 64 bits: the same values",
         ),
         "x__hashes__mutmut_7": (
             "raise ValueError(None)",
