@@ -41,10 +41,10 @@ from extproc.runtime import wakeups
 
 from ..groups.builders import disagg_config, group_config, prompt, request
 from ..picker_fixtures import MODEL, chat_body, picker_config
+from ..replica_helpers import until
 from ..router.clock import FakeClock
 from . import test_sessions as sticky
 from . import test_worker_sessions as sglang
-from .test_admission import until
 
 sglang_workers = sglang.workers  # three SGLang workers' session routes (a fixture)
 
@@ -208,7 +208,8 @@ def test_lapsed_pins_are_swept_on_the_pickers_own_event_loop() -> None:
         picker = EndpointPicker(replace(picker_config(2), session_ttl_s=0.2))
         try:
             await sticky.turn(picker, "hello " * 30, "s", "r0")
-            await until(lambda: not len(picker.sessions(MODEL)))  # no request: only the sweeper drops it
+            # no request: only the sweeper drops it
+            await until(lambda: not len(picker.sessions(MODEL)), 5.0, "the pin was never swept")
         finally:
             await picker.close()
 
@@ -423,9 +424,9 @@ async def test_the_queue_releases_by_the_configured_policy_and_counts_the_wait_o
         hog = await route(picker, body=chat_body("hog " * 100), rid="hog")  # in prefill: saturated
         gate = picker.gate(MODEL)
         long = asyncio.create_task(route(picker, body=chat_body("long " * 400), rid="long"))
-        await until(lambda: len(gate) == 1)
+        await until(lambda: len(gate) == 1, 5.0, "the first request never queued")
         short = asyncio.create_task(route(picker, body=chat_body("short " * 100), rid="short"))
-        await until(lambda: len(gate) == 2)
+        await until(lambda: len(gate) == 2, 5.0, "the second request never queued")
         clock.advance(2.0)
         picker.first_token(hog)  # room for one: the short one, which saturates the worker again
         released = await short

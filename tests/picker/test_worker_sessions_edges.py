@@ -68,6 +68,16 @@ async def serving(answers: Answers) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
+async def client(timeout_s: float = 5.0) -> AsyncIterator[WorkerSessions]:
+    """A WorkerSessions client, closed on exit."""
+    sessions = WorkerSessions(timeout_s=timeout_s)
+    try:
+        yield sessions
+    finally:
+        await sessions.close()
+
+
+@contextlib.asynccontextmanager
 async def fastapi_worker(app: FastAPI) -> AsyncIterator[str]:
     """`app` on uvicorn at 127.0.0.1 on a free port, stopped on exit."""
     server = uvicorn.Server(
@@ -130,8 +140,7 @@ def vllm_like() -> FastAPI:
 )
 async def test_each_answer_counts_as_its_outcome(action: str, status: int, body: bytes, outcome: str) -> None:
     answers = Answers(status, body)
-    sessions = WorkerSessions(timeout_s=5.0)
-    try:
+    async with client() as sessions:
         async with serving(answers) as endpoint:
             if action == "open":
                 assert await sessions.open(endpoint, "s", 60) == outcome
@@ -140,20 +149,15 @@ async def test_each_answer_counts_as_its_outcome(action: str, status: int, body:
                 await sessions.drain()
         assert answers.calls == [f"/{action}_session"]
         assert sessions.calls == {(action, outcome): 1}
-    finally:
-        await sessions.close()
 
 
 async def test_a_vllm_worker_answers_fastapis_404_and_405_which_count_as_unsupported() -> None:
-    sessions = WorkerSessions(timeout_s=5.0)
-    try:
+    async with client() as sessions:
         async with fastapi_worker(vllm_like()) as endpoint:
             assert await sessions.open(endpoint, "s", 60) == "unsupported"  # 405: POST on a GET route
             sessions.close_later(endpoint, "s")  # 404 {"detail": "Not Found"}
             await sessions.drain()
         assert sessions.calls == {("open", "unsupported"): 1, ("close", "unsupported"): 1}
-    finally:
-        await sessions.close()
 
 
 async def test_a_picker_in_front_of_vllm_workers_routes_session_opens_all_the_same() -> None:
@@ -173,12 +177,9 @@ async def test_a_picker_in_front_of_vllm_workers_routes_session_opens_all_the_sa
 async def test_a_refused_connection_counts_as_failed() -> None:
     async with serving(Answers()) as endpoint:
         pass  # closed: nothing listens there now
-    sessions = WorkerSessions(timeout_s=5.0)
-    try:
+    async with client() as sessions:
         assert await sessions.open(endpoint, "s", 60) == "failed"
         assert sessions.calls == {("open", "failed"): 1}
-    finally:
-        await sessions.close()
 
 
 async def test_a_silent_worker_fails_within_the_timeout_given() -> None:
@@ -205,36 +206,24 @@ async def test_a_redirect_is_not_followed() -> None:
     elsewhere = Answers(200)
     async with serving(elsewhere) as target:
         redirect = Answers(307, headers={"Location": f"http://{target}/open_session"})
-        sessions = WorkerSessions(timeout_s=5.0)
-        try:
-            async with serving(redirect) as endpoint:
-                assert await sessions.open(endpoint, "s", 60) == "failed"
-        finally:
-            await sessions.close()
+        async with client() as sessions, serving(redirect) as endpoint:
+            assert await sessions.open(endpoint, "s", 60) == "failed"
     assert redirect.calls == ["/open_session"] and elsewhere.calls == []
 
 
 async def test_a_compressed_answer_is_read_as_sent_never_inflated() -> None:
     body = gzip.compress(json.dumps({"error": {"message": STILL_OPEN}}).encode())
     answers = Answers(400, body, {"Content-Encoding": "gzip", "Content-Type": "application/json"})
-    sessions = WorkerSessions(timeout_s=5.0)
-    try:
-        async with serving(answers) as endpoint:
-            # the message is not read through the compression: refused, not already open
-            assert await sessions.open(endpoint, "s", 60) == "refused"
-    finally:
-        await sessions.close()
+    async with client() as sessions, serving(answers) as endpoint:
+        # the message is not read through the compression: refused, not already open
+        assert await sessions.open(endpoint, "s", 60) == "refused"
 
 
 async def test_calls_work_again_after_close() -> None:
-    sessions = WorkerSessions(timeout_s=5.0)
-    try:
-        async with serving(Answers(200)) as endpoint:
-            assert await sessions.open(endpoint, "a", 60) == "ok"
-            await sessions.close()
-            assert await sessions.open(endpoint, "b", 60) == "ok"
-    finally:
+    async with client() as sessions, serving(Answers(200)) as endpoint:
+        assert await sessions.open(endpoint, "a", 60) == "ok"
         await sessions.close()
+        assert await sessions.open(endpoint, "b", 60) == "ok"
 
 
 def test_a_close_without_an_event_loop_is_dropped_and_counted() -> None:
@@ -301,40 +290,33 @@ async def test_each_workers_failures_are_logged_once_per_change_and_its_recovery
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     down, up = Answers(500), Answers(500)
-    sessions = WorkerSessions(timeout_s=5.0)
-    try:
-        async with serving(down) as a, serving(up) as b:
-            with caplog.at_level(logging.DEBUG, logger="extproc.worker_sessions"):
-                for endpoint in (a, b, a, b):  # two failing workers, alternately
-                    await sessions.open(endpoint, "s", 60)
-                assert len(warnings(caplog)) == 2
-                up.status = 200
-                for _ in range(2):  # said at the first success, not again
-                    assert await sessions.open(b, "s", 60) == "ok"
-                    again = [r for r in caplog.records if "works again" in r.getMessage()]
-                    assert [(r.levelno, r.getMessage()) for r in again] == [
-                        (logging.INFO, f"worker sessions at {b}: open_session works again")
-                    ]
-                assert len(warnings(caplog)) == 2  # success is no warning
-                up.status = 500
-                await sessions.open(b, "s", 60)
-                assert len(warnings(caplog)) == 3  # failing again is a change
-    finally:
-        await sessions.close()
+    async with client() as sessions, serving(down) as a, serving(up) as b:
+        with caplog.at_level(logging.DEBUG, logger="extproc.worker_sessions"):
+            for endpoint in (a, b, a, b):  # two failing workers, alternately
+                await sessions.open(endpoint, "s", 60)
+            assert len(warnings(caplog)) == 2
+            up.status = 200
+            for _ in range(2):  # said at the first success, not again
+                assert await sessions.open(b, "s", 60) == "ok"
+                again = [r for r in caplog.records if "works again" in r.getMessage()]
+                assert [(r.levelno, r.getMessage()) for r in again] == [
+                    (logging.INFO, f"worker sessions at {b}: open_session works again")
+                ]
+            assert len(warnings(caplog)) == 2  # success is no warning
+            up.status = 500
+            await sessions.open(b, "s", 60)
+            assert len(warnings(caplog)) == 3  # failing again is a change
 
 
 async def test_a_session_already_open_is_no_failure_to_log(caplog: pytest.LogCaptureFixture) -> None:
     answers = Answers(400, json.dumps({"error": {"message": STILL_OPEN}}).encode())
-    sessions = WorkerSessions(timeout_s=5.0)
-    try:
+    async with client() as sessions:
         async with serving(answers) as endpoint:
             with caplog.at_level(logging.INFO, logger="extproc.worker_sessions"):
                 assert await sessions.open(endpoint, "s", 60) == "already_open"
                 answers.status, answers.body = 200, b'"s"'
                 assert await sessions.open(endpoint, "s", 60) == "ok"
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
-    finally:
-        await sessions.close()
 
 
 async def test_the_memory_of_workers_outcomes_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
