@@ -361,6 +361,7 @@ async def test_each_worker_that_dies_is_counted_once_and_logged_with_its_pid(
         await parser.request(sized_chat(4 * INLINE), CHAT)
         [pid] = parser.worker_pids()
         os.kill(pid, signal.SIGKILL)
+        # the parser's own view: /proc/<pid> is gone before asyncio records the exit
         await until(lambda: not parser._idle[-1].running, "the killed worker was never reaped")
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="extproc.picker"):
