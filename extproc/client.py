@@ -126,6 +126,7 @@ class RoutingClient:
         workers: Sequence[str | WorkerConfig],
         *,
         tokenizer: str | None = None,
+        lora_adapters: Sequence[str] = (),
         seed: int | None = None,
         kv_events: bool = True,
         timeout: aiohttp.ClientTimeout | None = None,
@@ -135,6 +136,7 @@ class RoutingClient:
         id) or as `WorkerConfig` (ids, dp ranks, roles, `kv_events` ZMQ endpoints).
 
         `tokenizer`: a Hugging Face tokenizer directory (default: UTF-8 bytes, as the mock worker).
+        `lora_adapters`: names of LoRA adapters the workers serve as models (vLLM's `--lora-modules`).
         `router_settings`: `RouterConfig` fields (`block_size=16`, `overlap_score_weight=2.0`,
         ...); `use_kv_events` defaults to whether any worker names a ZMQ event endpoint.
         Raises ValueError (`InvalidConfig`) for a bad setting or a worker of another model.
@@ -147,7 +149,7 @@ class RoutingClient:
         config = PickerConfig(
             router=RouterConfig(**router_settings),
             workers=configs,
-            models=(ModelConfig(model, tokenizer=tokenizer),),
+            models=(ModelConfig(model, tokenizer=tokenizer, lora_adapters=tuple(lora_adapters)),),
             seed=seed,
         )
         return cls(config, kv_events=kv_events, timeout=timeout)

@@ -15,7 +15,8 @@
     GET  /debug/dump_events       ?model=M: the KV events that rebuild M's indexer (engine-reported)
     POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens", "cache_salt"?}: loads if
                                   sent, the credited overlap and the matched blocks per tier; at most
-                                  MAX_POTENTIAL_LOADS_TOKENS tokens (400 beyond)
+                                  MAX_POTENTIAL_LOADS_TOKENS tokens (400 beyond); a LoRA adapter's
+                                  name as model matches its blocks on its base model's workers
 
 A busy-threshold record is {"model", "active_decode_blocks_threshold", "active_prefill_tokens_threshold",
 "active_prefill_tokens_threshold_frac"}, null when unset. Setting validates every value (fractions in
@@ -216,9 +217,12 @@ def make_admin_app(
         except PickerError as exc:
             raise _BadRequest(400, exc.message) from None
         model = body.get("model")
-        pool = picker.pools.get(model) if isinstance(model, str) else None
-        if pool is None:
-            raise _BadRequest(404 if isinstance(model, str) else 400, f"unknown or missing model {model!r}")
+        if not isinstance(model, str):
+            raise _BadRequest(400, f"unknown or missing model {model!r}")
+        try:
+            pool, lora_name = picker.resolve_model(model)
+        except UnknownModel:
+            raise _BadRequest(404, f"unknown or missing model {model!r}") from None
         tokens = body.get("tokens")
         cache_salt = body.get("cache_salt")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
@@ -239,8 +243,8 @@ def make_admin_app(
         elif tokens is None:
             raise _BadRequest(400, "give 'tokens', 'messages' or 'prompt'")
         router = pool.router
-        loads = router.get_potential_loads(tokens, cache_salt=cache_salt)
-        hashes = router.block_hashes(tokens, cache_salt=cache_salt)
+        loads = router.get_potential_loads(tokens, lora_name=lora_name, cache_salt=cache_salt)
+        hashes = router.block_hashes(tokens, lora_name=lora_name, cache_salt=cache_salt)
         tiers = router.tiers.match(router.indexer, hashes, router.find_matches(hashes))
         return web.json_response(
             {

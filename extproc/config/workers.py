@@ -6,6 +6,7 @@ discovery, extproc/runtime/discovery.py).
       - name: llama
         tokenizer: /models/llama # a Hugging Face tokenizer directory
         tokenize-url: worker     # or http://host:port: the engine's /tokenize
+        lora-adapters: [sql-lora] # LoRA adapters the workers serve as models (vLLM --lora-modules)
     workers:
       - id: w0
         endpoint: 10.0.0.5:8000
@@ -20,7 +21,7 @@ discovery, extproc/runtime/discovery.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,9 +55,17 @@ class WorkerConfig:
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
+    """A model the workers serve, and the LoRA adapters they serve on top of it.
+
+    A request names an adapter as its `model` (vLLM's `--lora-modules NAME=PATH`); it goes to the
+    base model's workers, tokenized by its tokenizer, and its blocks are hashed with the adapter's
+    name, as the engines hash them (their KV events carry `lora_name`).
+    """
+
     name: str
     tokenizer: str | None = None
     tokenize_url: str | None = None
+    lora_adapters: tuple[str, ...] = ()
 
 
 def worker_role(text: object, where: str) -> str:
@@ -138,13 +147,41 @@ def _zmq_endpoint(w: Mapping[str, Any], key: str, index: int) -> str | None:
 def read_models(raw: Any, workers: Sequence[WorkerConfig]) -> tuple[ModelConfig, ...]:
     """The file's `models:` list, plus a tokenizer-less entry for each model only workers name."""
     if raw and not isinstance(raw, list):
-        raise ConfigError("invalid models: expected a list of {name, tokenizer, tokenize-url}")
+        raise ConfigError("invalid models: expected a list of {name, tokenizer, tokenize-url, lora-adapters}")
     models: dict[str, ModelConfig] = {}
     for i, item in enumerate(raw or []):
         if not isinstance(item, Mapping) or not item.get("name"):
             raise ConfigError(f"invalid models[{i}]={item!r}: expected a mapping with a name")
         m = snake_keys(item)
-        models[str(m["name"])] = ModelConfig(str(m["name"]), m.get("tokenizer"), m.get("tokenize_url"))
+        name = str(m["name"])
+        adapters = _lora_adapters(m.get("lora_adapters"), i)
+        models[name] = ModelConfig(name, m.get("tokenizer"), m.get("tokenize_url"), adapters)
     for w in workers:
         models.setdefault(w.model, ModelConfig(w.model))
+    base_models(models.values())  # every name one model
     return tuple(models.values())
+
+
+def _lora_adapters(raw: Any, index: int) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(a, str) and a for a in raw):
+        raise ConfigError(f"invalid models[{index}].lora-adapters={raw!r}: expected a list of adapter names")
+    return tuple(raw)
+
+
+def base_models(models: Iterable[ModelConfig]) -> dict[str, str]:
+    """Each LoRA adapter's base model. Raises ConfigError when a name is two things: two models'
+    adapter, or an adapter and a model (a request's `model` would not say which it means)."""
+    models = list(models)
+    names = {m.name for m in models}
+    bases: dict[str, str] = {}
+    for model in models:
+        for adapter in model.lora_adapters:
+            if adapter in names:
+                raise ConfigError(f"invalid lora-adapters of {model.name}: {adapter!r} is also a model")
+            if bases.get(adapter, model.name) != model.name:
+                other = bases[adapter]
+                raise ConfigError(f"invalid lora-adapters of {model.name}: {adapter!r} is already {other}'s")
+            bases[adapter] = model.name
+    return bases

@@ -41,6 +41,7 @@ from itertools import count
 from typing import Protocol
 
 from extproc.config import PickerConfig, WorkerConfig
+from extproc.config.workers import base_models
 from extproc.epp import answers as epp
 from extproc.errors import (
     NoEligibleWorker,
@@ -141,6 +142,7 @@ class EndpointPicker:
         # awaited before each decision: replica sync reads what other replicas said that already came
         self.before_decision: Callable[[], Awaitable[None]] | None = None
         self._pools = build_pools(config, clock=clock, rng=self._rng)
+        self._base_models = base_models(config.models)  # LoRA adapter -> the model whose workers serve it
         groups = self._groups(config)
         local = [g for g in groups if isinstance(g, LocalGroup)]
         # this process's workers: routed to when configured as a group, served by --group-api-port
@@ -221,6 +223,27 @@ class EndpointPicker:
     @property
     def pools(self) -> Mapping[str, ModelPool]:
         return self._pools
+
+    def model_names(self) -> list[str]:
+        """The names a request's `model` may give: the models, then their LoRA adapters."""
+        return [*self._pools, *self._base_models]
+
+    def resolve_model(self, name: str) -> tuple[ModelPool, str | None]:
+        """The pool serving a request's `model`, and the LoRA adapter it names (else None): a
+        configured model; one of its `lora-adapters` (vLLM serves adapters as models); or SGLang's
+        `MODEL:ADAPTER` (the longest configured model before the colon; an empty adapter is none).
+        Raises UnknownModel."""
+        pool = self._pools.get(name)
+        if pool is not None:
+            return pool, None
+        base = self._base_models.get(name)
+        if base is not None:
+            return self._pools[base], name
+        bases = [m for m in self._pools if name.startswith(f"{m}:")]
+        if not bases:
+            raise UnknownModel(name, self.model_names())
+        base = max(bases, key=len)
+        return self._pools[base], name[len(base) + 1 :].strip() or None
 
     def gate(self, model: str) -> AdmissionGate:
         """The model's admission queue."""
@@ -316,9 +339,10 @@ class EndpointPicker:
         parsed = await self.bodies.request(body, path)
         request = parsed.request
         t1 = time.perf_counter_ns()
-        pool = self._pools.get(request.model)
-        if pool is None:
-            raise UnknownModel(request.model, list(self._pools))
+        pool, lora_name = self.resolve_model(request.model)
+        if pool.model != request.model:  # an adapter: its base model's workers, its blocks hashed with its
+            # name; one named by `model` wins over the body's `lora_path` (SGLang's order)
+            request = dataclasses.replace(request, model=pool.model, lora_name=lora_name or request.lora_name)
         session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
         worker_session = self._worker_session_action(request, session_id)
         tokens: Sequence[int] | None = None
@@ -424,8 +448,9 @@ class EndpointPicker:
         self.metrics.routed(request.model, choice.overlap_blocks, decision.best_overlap_blocks)
         if log.isEnabledFor(logging.INFO):  # its arguments cost more than a request's metrics
             log.info(
-                "routed %s model=%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
+                "routed %s model=%s%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
                 loggable(client_request_id), request.model,
+                f" lora={request.lora_name}" if request.lora_name else "",
                 f"group {decision.group} worker " if self.hierarchical else "",
                 choice.worker, choice.endpoint, choice.overlap_blocks, choice.request_blocks,
                 decision.best_overlap_blocks, choice.cost,
@@ -506,8 +531,8 @@ class EndpointPicker:
         stored = self._stored_response(path, restrictions)
         if stored is not None:
             return stored
-        if model is not None and model not in self._pools:
-            raise UnknownModel(model, list(self._pools))
+        if model is not None:
+            model = self.resolve_model(model)[0].model  # an adapter's: its base model's workers
         models = list(self._pools)
         if model is not None:
             models = [model]

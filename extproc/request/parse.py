@@ -20,7 +20,9 @@ Decisions:
 - JSON must be strict RFC 8259 (no NaN/Infinity) and UTF-8; unpaired UTF-16 surrogate escapes are rejected
   because no tokenizer can encode them.
 - `null` means "absent" for optional fields, as in the OpenAI schema.
-- `lora_name` stays None: vLLM serves LoRA adapters as model names, so `model` already identifies them.
+- `lora_name` is SGLang's `lora_path` (a string: the adapter's name; empty = none). vLLM serves adapters
+  as model names (`--lora-modules NAME=PATH`) and SGLang also as `model: "BASE:ADAPTER"`: only the
+  configured models say which, so the pipeline resolves `model` (`EndpointPicker.resolve_model`).
 - `n` (choices to generate, vLLM's for chat and completions) must be an integer in [1, 128] (Dynamo's
   frontend's bounds): the router counts the request's decode load as `n` sequences sharing one prefill.
 - `cache_salt` (vLLM's and SGLang's request field) must be a non-empty string when present, as vLLM
@@ -298,6 +300,7 @@ def _parse_common(obj: dict[str, Any]) -> dict[str, Any]:
     cache_salt = _opt_str(obj, "cache_salt", "cache_salt")
     if cache_salt == "":
         raise RequestInvalid("cache_salt must be a non-empty string when given")
+    lora_path = _opt_str(obj, "lora_path", "lora_path")  # SGLang's adapter field: a name, one per prompt
     add_special_tokens = obj.get("add_special_tokens")
     if add_special_tokens is not None and not isinstance(add_special_tokens, bool):
         _invalid("add_special_tokens", add_special_tokens, "a boolean")
@@ -310,6 +313,7 @@ def _parse_common(obj: dict[str, Any]) -> dict[str, Any]:
         "truncate_prompt_tokens": _opt_int(obj, "truncate_prompt_tokens", "truncate_prompt_tokens", -1, None),
         "truncation_side": truncation_side,
         "cache_salt": cache_salt,
+        "lora_name": lora_path.strip() or None if lora_path is not None else None,
         "stream": _opt_bool(obj, "stream", "stream", False),
         # vLLM's precedence: max_completion_tokens wins over the deprecated max_tokens.
         "max_tokens": max_completion_tokens if max_completion_tokens is not None else max_tokens,
