@@ -135,6 +135,7 @@ MODULES: dict[str, list[str]] = {
         "tests/picker/test_worker_sessions.py",
         "tests/picker/test_disagg.py",
         "tests/picker/test_hash_prefix_cache.py",
+        "tests/picker/test_lora_adapters.py",
         "tests/epp/test_service.py",
         "tests/epp/test_service_responses.py",
         "tests/epp/test_service_output_blocks.py",

@@ -99,6 +99,12 @@ def test_minimal_chat_request_has_defaults():
         ({"cache_salt": "tenant-a"}, "cache_salt", "tenant-a"),
         ({"cache_salt": None}, "cache_salt", None),
         ({}, "cache_salt", None),
+        ({"lora_path": "sql-lora"}, "lora_name", "sql-lora"),  # SGLang's adapter field
+        ({"lora_path": " sql-lora "}, "lora_name", "sql-lora"),
+        ({"lora_path": ""}, "lora_name", None),
+        ({"lora_path": "  "}, "lora_name", None),
+        ({"lora_path": None}, "lora_name", None),
+        ({}, "lora_name", None),
     ],
 )
 def test_chat_fields(fields: dict[str, Any], attribute: str, expected: Any):
@@ -295,6 +301,7 @@ def test_completion_prompt_forms(prompt: Any, text: str | None, token_ids: tuple
         (completion(stream=[]), COMPLETIONS, "stream must be a boolean"),
         (chat(cache_salt=""), CHAT, "cache_salt must be a non-empty string"),
         (completion(cache_salt=7), COMPLETIONS, "cache_salt must be a string, not the number 7"),
+        (chat(lora_path=["a", "b"]), CHAT, "lora_path must be a string"),
     ],
 )
 def test_rejections_name_the_problem(body: Any, path: str, message: str):
