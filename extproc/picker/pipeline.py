@@ -62,7 +62,7 @@ from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
 from extproc.picker.response_homes import ResponseHomes, ResponseHomesCollector
-from extproc.picker.worker_sessions import WorkerSessionCollector, WorkerSessions, session_timeout
+from extproc.picker.worker_sessions import Outcome, WorkerSessionCollector, WorkerSessions, session_timeout
 from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixCollector
 from extproc.request.parse import ParsedRequest, is_routable, route_of
 from extproc.request.responses import RESPONSES_PATH
@@ -100,7 +100,8 @@ class Pick:
     prefill_worker: Worker | None = None  # disaggregated: the worker that prefills the prompt
     prefill_endpoint: str | None = None  # its ip:port (also in `headers` under the prefill header)
     session_pin: str | None = None  # the session pinned to `worker` once it answers 2xx (not on close)
-    session_opened_on: str | None = None  # `endpoint`, when a worker session was opened there for it
+    session_opened_on: str | None = None  # `endpoint`, when a worker session is open there for it
+    session_opened_new: bool = False  # this request opened it (not already open): closed if refused
     session_close_on: str | None = None  # `endpoint`, when its session is closed there once it ends
     responses_api: bool = False  # POST /v1/responses: its answer's id is remembered (`response_stored`)
     response_id: str | None = None  # that id when the request named it (vLLM's `request_id` field)
@@ -432,15 +433,17 @@ class EndpointPicker:
             timings["groups"] = time.perf_counter_ns() - routed_at
         session_pin = self._session_route(request, session_id, pinned, decision) if session_id else None
         choice = decision.choice
-        opened_on = None
+        opened_on, opened_new = None, False
         if worker_session == "open" and session_id:
-            opened_on = await self._open_worker_session(choice.endpoint, session_id, request, request_id)
+            outcome = await self._open_worker_session(choice.endpoint, session_id, request, request_id)
+            opened_on = choice.endpoint if outcome in ("ok", "already_open") else None
+            opened_new = outcome == "ok"
         pick = Pick(
             request_id, request.model, choice.worker, choice.endpoint, dict(choice.headers),
             choice.overlap_blocks, choice.request_blocks, tracked=True, timings_ns=timings,
             session_id=session_id, queued_s=waited_s, group=decision.group,
             prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
-            session_pin=session_pin, session_opened_on=opened_on,
+            session_pin=session_pin, session_opened_on=opened_on, session_opened_new=opened_new,
             session_close_on=choice.endpoint if worker_session == "close" else None,
             responses_api=request.responses_api, response_id=request.response_id,
         )  # fmt: skip
@@ -500,8 +503,14 @@ class EndpointPicker:
             self.response_stored(pick, pick.response_id)
         if pick.session_pin is not None and 200 <= status < 300:
             self._pin_session(pick, pick.session_pin)
-        elif pick.session_opened_on is not None and pick.session_id and self.worker_sessions is not None:
-            # opened for a request the worker then refused: nothing pins it, close it now
+        elif (
+            pick.session_opened_new
+            and pick.session_opened_on
+            and pick.session_id
+            and self.worker_sessions is not None
+        ):
+            # opened for a request the worker then refused: nothing pins it, close it now. One that was
+            # already open stays: an earlier request opened it, and its pin may still name it
             self.worker_sessions.close_later(pick.session_opened_on, pick.session_id)
         worker = str(pick.worker.worker_id)
         before, after = self.metrics.upstream_answered(pick.model, worker, status)
@@ -628,8 +637,8 @@ class EndpointPicker:
 
     async def _open_worker_session(
         self, endpoint: str, session_id: str, request: ParsedRequest, request_id: str
-    ) -> str | None:
-        """Open the session on the chosen worker; the endpoint when it holds it (routed either way).
+    ) -> Outcome:
+        """Open the session on the chosen worker; the call's outcome (routed whatever it is).
         A cancel while waiting frees the request's load here: no Pick exists yet to free it."""
         assert self.worker_sessions is not None
         timeout_s = session_timeout(request.nvext)
@@ -639,7 +648,7 @@ class EndpointPicker:
         except BaseException:
             self.selector.finish(request_id, "cancelled while its worker session opened")
             raise
-        return endpoint if outcome in ("ok", "already_open") else None
+        return outcome
 
     def _pin_left(self, session_id: str, endpoint: str) -> None:
         """A pin whose worker holds an open session lapsed, was evicted or moved: close it there."""

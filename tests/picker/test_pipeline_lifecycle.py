@@ -612,6 +612,27 @@ async def test_a_session_opened_for_a_request_its_worker_refused_is_closed_there
         await picker.close()
 
 
+async def test_a_session_already_open_stays_open_when_its_worker_refuses_a_request(sglang_workers) -> None:
+    """A second open of a pinned session finds it already open (an earlier request opened it) and
+    the worker answers this request 503: the session stays open there, pinned, for its next turn."""
+    picker, clock = sglang.make([e for _, e in sglang_workers])
+    try:
+        first = await sglang.turn(picker, "r0", "s", "open")
+        picker.finish(first, "complete")
+        again = await route(picker, body=chat_body("again " * 20, **sglang.control("s", "open")))
+        assert picker.worker_sessions.calls == {("open", "ok"): 1, ("open", "already_open"): 1}
+        assert again.endpoint == first.endpoint and again.session_opened_on == first.endpoint
+        picker.answered(again, 503)
+        picker.finish(again, "upstream_status_503")
+        await picker.worker_sessions.drain()
+        served = sglang.served_by(sglang_workers, first.endpoint)
+        assert [path for path, _ in served.calls] == ["/open_session", "/open_session"]
+        assert served.open_sessions == {"s"}
+        assert picker.sessions(MODEL).get_pin("s", clock()) is not None
+    finally:
+        await picker.close()
+
+
 async def test_a_session_already_open_on_its_worker_is_closed_there_when_its_pin_lapses(
     sglang_workers,
 ) -> None:
