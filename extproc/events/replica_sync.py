@@ -84,12 +84,12 @@ a lost message of its can only be healed by forgetting its requests (below).
 
 Bounded: at most `MAX_ORIGINS` other replicas and `MAX_REQUESTS_PER_ORIGIN` requests of each are
 tracked (more is dropped and counted: `sync.origins_full`, `sync.requests_full`), an `add` holds at
-most `MAX_HASHES` block hashes, a `state` at most `MAX_STATE_PARTS` parts. The subscription holds
-at most `queue_size` (`--event-queue-size`) unhandled messages and the publishing queue as many
-unsent ones. A message nats.py drops from a full subscription (`overflowed()`) may have been a
-`free`: once every message received before the drop is applied, every replica is asked for its
-state and version-1 replicas' requests are forgotten (their load is under-counted until they
-end, never leaked).
+most `MAX_HASHES` block hashes (its counts in range: `_record`), a `state` at most `MAX_STATE_PARTS`
+parts. The subscription holds at most `queue_size` (`--event-queue-size`) unhandled messages and the
+publishing queue as many unsent ones. A message nats.py drops from a full subscription
+(`overflowed()`) may have been a `free`: once every message received before the drop is applied,
+every replica is asked for its state and version-1 replicas' requests are forgotten (their load is
+under-counted until they end, never leaked).
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ MIN_LEASE_S, MAX_LEASE_S = 0.1, 3600.0  # a lease_s from the wire is clamped int
 MAX_ORIGINS = 256  # other replicas tracked at once
 MAX_REQUESTS_PER_ORIGIN = 100_000
 MAX_HASHES = 1 << 17  # block hashes in one add: a 2M-token prompt at block size 16
+MAX_TOKENS = (1 << 32) - 1  # an add's prompt (isl) and expected output tokens (eot), as u32 token counts
 MAX_STATE_PARTS = 4096
 STATE_PART_BYTES = 256 * 1024  # below NATS's default max_payload of 1 MiB
 _MASK = (1 << 64) - 1
@@ -185,9 +186,9 @@ class Record:
         if not isinstance(item, list) or len(item) != 8:
             raise ValueError(f"state entry {item!r:.60} is not an 8-item list")
         request_id, worker_id, dp, hashes, isl, overlap, eot, prefilled = item
-        return _text(request_id, "request id"), cls(
-            _worker(worker_id, dp), _hashes(hashes), _int(isl), _int(overlap), _opt_int(eot), bool(prefilled)
-        )
+        record = _record(_worker(worker_id, dp), _hashes(hashes), isl, overlap, eot)
+        record.prefilled = bool(prefilled)
+        return _text(request_id, "request id"), record
 
 
 def id_hash(request_id: str, prefilled: bool) -> int:
@@ -676,12 +677,12 @@ class ReplicaSync:
     def _lifecycle(self, origin: str, entry: _Origin, op: str, message: dict[str, Any]) -> None:
         request_id = _text(message["id"], "request id")
         if op == "add":
-            record = Record(
+            record = _record(
                 _worker(message["worker"], message["dp"]),
                 _hashes(message["hashes"]),
-                _int(message["isl"]),
-                _int(message["overlap"]),
-                _opt_int(message.get("eot")),
+                message["isl"],
+                message["overlap"],
+                message.get("eot"),
             )
             self._apply(origin, entry, OP_ADD, request_id, record)
         else:
@@ -799,6 +800,17 @@ def _opt_int(value: Any) -> int | None:
     return None if value is None else _int(value)
 
 
+def _record(worker: Worker, hashes: tuple[int, ...], isl: Any, overlap: Any, eot: Any) -> Record:
+    """An add's record from the wire; raises ValueError or TypeError. A prompt of at most
+    MAX_TOKENS tokens, an overlap within its blocks and an output of at most MAX_TOKENS: a count out
+    of range would make its worker look less loaded than it is (or more) until the request ends."""
+    isl, overlap, eot = _int(isl), _int(overlap), _opt_int(eot)
+    in_range = 0 <= isl <= MAX_TOKENS and 0 <= overlap <= len(hashes)
+    if not (in_range and (eot is None or 0 <= eot <= MAX_TOKENS)):
+        raise ValueError(f"add: a count out of range: isl {isl}, overlap {overlap}/{len(hashes)}, eot {eot}")
+    return Record(worker, hashes, isl, overlap, eot)
+
+
 def _text(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{what} {value!r:.40} is not a string")
@@ -864,7 +876,7 @@ def _batch_op_from_wire(item: Any) -> tuple[int, str, Record | None]:
     code = item[0]
     if code == OP_ADD and len(item) == 8 and type(code) is int:
         _, request_id, worker_id, dp, hashes, isl, overlap, eot = item
-        record = Record(_worker(worker_id, dp), _hashes(hashes), _int(isl), _int(overlap), _opt_int(eot))
+        record = _record(_worker(worker_id, dp), _hashes(hashes), isl, overlap, eot)
         return OP_ADD, _text(request_id, "request id"), record
     if code in (OP_PREFILL, OP_FREE) and len(item) == 2 and type(code) is int:
         return code, _text(item[1], "request id"), None

@@ -26,6 +26,7 @@ from extproc.events.replica_sync import (
     MAX_HASHES,
     MAX_LEASE_S,
     MAX_STATE_PARTS,
+    MAX_TOKENS,
     MIN_LEASE_S,
     STATE_PART_BYTES,
     V1,
@@ -182,6 +183,39 @@ def test_an_add_with_a_field_of_the_wrong_type_is_not_applied(field, value):
 
 def batch(origin: str, seq: int, ops: Any) -> bytes:
     return packed(origin, "batch", seq, v=V3, ops=ops)
+
+
+COUNTS = [  # (isl, overlap, eot) of an add with two hashes; in range?
+    ((0, 0, None), True),
+    ((MAX_TOKENS, 2, MAX_TOKENS), True),
+    ((8, 0, 0), True),
+    ((-1, 0, None), False),
+    ((MAX_TOKENS + 1, 0, None), False),
+    ((8, -1, None), False),
+    ((8, 3, None), False),  # more cached blocks than the prompt has
+    ((8, 0, -1), False),
+    ((8, 0, MAX_TOKENS + 1), False),
+]
+
+
+@pytest.mark.parametrize("form", ["add", "batch", "state"])
+@pytest.mark.parametrize("values, ok", COUNTS)
+def test_an_adds_counts_out_of_range_are_refused_in_every_form(form, values, ok):
+    """A negative prompt or output, or an overlap beyond the prompt's blocks, would make the worker
+    look less loaded (or more) than it is until the request ended: refused like a wrong type."""
+    isl, overlap, eot = values
+    b = Node("b")
+    if form == "add":
+        b.sync.handle(add("a", None, "x", isl=isl, overlap=overlap, eot=eot))
+    elif form == "batch":
+        b.sync.handle(batch("a", 1, [[0, "x", "7", 0, [1, 2], isl, overlap, eot]]))
+    else:
+        reqs = [["x", "7", 0, [1, 2], isl, overlap, eot, False]]
+        b.sync.handle(packed("a", "state", 1, part=0, parts=1, reqs=reqs), now=0.0)
+    tracked = [(r.isl, r.overlap, r.eot) for _, _, r in b.sync.remote_requests()]
+    assert tracked == ([values] if ok else [])
+    assert b.router.sequences.num_requests(W7) == (1 if ok else 0)
+    assert ("sync.apply_failed" in counts(b)) is not ok
 
 
 @pytest.mark.parametrize(
