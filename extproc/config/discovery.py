@@ -1,7 +1,9 @@
 """Where workers come from besides the file's static list: a headless Service's DNS records, and the
-config file itself, re-read when it changes -> `DiscoveryConfig`. The file section is `discovery:`.
+config file itself, re-read when it changes; and which LoRA adapters they serve, read from their
+model lists -> `DiscoveryConfig`. The file section is `discovery:`.
 
-extproc/runtime/discovery.py does the looking up and the watching; this module only says what to watch.
+extproc/runtime/discovery.py does the looking up and the watching, extproc/runtime/lora_discovery.py
+the reading of model lists; this module only says what to watch.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.config.options import Option, Reader, check_positive
+from extproc.config.options import ConfigError, Option, Reader, check_positive
 
 SECTION = "discovery"
 
@@ -27,6 +29,8 @@ class DiscoveryConfig:
     role: str = "both"  # role of the workers behind dns_name
     device: str = "cuda"  # device class of the workers behind dns_name
     prefill_dns_name: str | None = None  # a second headless Service whose workers are prefill workers
+    lora_interval_s: float = 30.0  # each worker's /v1/models read this often for its LoRA adapters; 0 = off
+    lora_timeout_s: float = 2.0
 
 
 DISCOVERY_DNS: Option[str | None] = Option(
@@ -77,6 +81,19 @@ RELOAD_CONFIG = Option(
     "Watch the config file and apply changes to its worker list without a restart.",
 )
 
+LORA_DISCOVERY_INTERVAL_MS = Option(
+    "--lora-discovery-interval-ms",
+    int,
+    30_000,
+    "Read each worker's /v1/models this often: the LoRA adapters vLLM and SGLang list there (with "
+    "a parent) become model names requests may give, routed to that worker's model and matched "
+    "against the blocks cached under the adapter; adapters loaded at run time appear within an "
+    "interval. 0 turns it off (models[].lora-adapters in the file still names adapters).",
+)
+LORA_DISCOVERY_TIMEOUT_MS = Option(
+    "--lora-discovery-timeout-ms", int, 2000, "Time limit of one /v1/models read (connect, headers, body)."
+)
+
 DISCOVERY_OPTIONS: tuple[Option[Any], ...] = (
     DISCOVERY_DNS,
     DISCOVERY_PORT,
@@ -87,6 +104,8 @@ DISCOVERY_OPTIONS: tuple[Option[Any], ...] = (
     DISCOVERY_PREFILL_DNS,
     DISCOVERY_DEVICE,
     RELOAD_CONFIG,
+    LORA_DISCOVERY_INTERVAL_MS,
+    LORA_DISCOVERY_TIMEOUT_MS,
 )
 
 
@@ -104,6 +123,12 @@ def read_discovery(reader: Reader) -> DiscoveryConfig:
         prefill_dns_name=read(DISCOVERY_PREFILL_DNS),
         device=read(DISCOVERY_DEVICE),
         reload_config=read(RELOAD_CONFIG),
+        lora_interval_s=read(LORA_DISCOVERY_INTERVAL_MS) / 1000,
+        lora_timeout_s=read(LORA_DISCOVERY_TIMEOUT_MS) / 1000,
     )
     check_positive("discovery-refresh-secs", discovery.refresh_s)
+    if discovery.lora_interval_s < 0:
+        interval_ms = discovery.lora_interval_s * 1000
+        raise ConfigError(f"invalid lora-discovery-interval-ms={interval_ms:g}: expected >= 0 (0 = off)")
+    check_positive("lora-discovery-timeout-ms", discovery.lora_timeout_s)
     return discovery

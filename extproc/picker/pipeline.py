@@ -35,7 +35,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Protocol
@@ -143,7 +143,9 @@ class EndpointPicker:
         # awaited before each decision: replica sync reads what other replicas said that already came
         self.before_decision: Callable[[], Awaitable[None]] | None = None
         self._pools = build_pools(config, clock=clock, rng=self._rng)
-        self._base_models = base_models(config.models)  # LoRA adapter -> the model whose workers serve it
+        self._configured_adapters = base_models(config.models)  # LoRA adapter -> its base model
+        self._discovered_adapters: dict[str, frozenset[str]] = {}  # model -> what its workers list
+        self._base_models = dict(self._configured_adapters)  # both: what requests are resolved with
         groups = self._groups(config)
         local = [g for g in groups if isinstance(g, LocalGroup)]
         # this process's workers: routed to when configured as a group, served by --group-api-port
@@ -245,6 +247,34 @@ class EndpointPicker:
             raise UnknownModel(name, self.model_names())
         base = max(bases, key=len)
         return self._pools[base], name[len(base) + 1 :].strip() or None
+
+    def adapters(self, model: str) -> list[str]:
+        """The LoRA adapters requests for `model`'s workers may name, configured or discovered."""
+        return [name for name, base in self._base_models.items() if base == model]
+
+    def set_discovered_adapters(self, model: str, names: Iterable[str]) -> tuple[list[str], list[str]]:
+        """The adapters `model`'s workers now list (their /v1/models, `runtime.lora_discovery`): they
+        become names a request may give, on top of the configured ones. Returns the names added and
+        removed. A name that is a model or another model's adapter stays what it was (logged)."""
+        if model not in self._pools:
+            raise UnknownModel(model, list(self._pools))
+        before = set(self.adapters(model))
+        listed_before = self._discovered_adapters.get(model, frozenset())
+        self._discovered_adapters[model] = frozenset(names)
+        combined = dict(self._configured_adapters)
+        for other, listed in self._discovered_adapters.items():
+            for name in sorted(listed):
+                claimed = combined.get(name, other)
+                if name in self._pools or claimed != other:
+                    if other == model and name not in listed_before:  # once, as it appears
+                        what = "a model" if name in self._pools else f"{claimed}'s"
+                        log.warning("workers of %s list LoRA adapter %s, already %s: not theirs here",
+                                    model, loggable(name), what)  # fmt: skip
+                    continue
+                combined[name] = other
+        self._base_models = combined
+        after = set(self.adapters(model))
+        return sorted(after - before), sorted(before - after)
 
     def gate(self, model: str) -> AdmissionGate:
         """The model's admission queue."""

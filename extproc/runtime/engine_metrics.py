@@ -43,6 +43,7 @@ import aiohttp
 from extproc.config import EngineMetricsConfig, WorkerConfig
 from extproc.config.engine_metrics import MAX_CONCURRENT_SCRAPES
 from extproc.router import KvRouter, Worker
+from extproc.runtime.bounded_get import FetchFailed, bounded_get, bounded_session
 from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
 
@@ -150,8 +151,7 @@ def loads_by_dp_rank(parsed: Mapping[str, EngineLoad], dp_ranks: Sequence[int]) 
     return dict.fromkeys(dp_ranks, combined)
 
 
-class ScrapeFailed(Exception):
-    """One scrape got no usable load: the message says why (status, timeout, size, content)."""
+ScrapeFailed = FetchFailed  # a scrape got no usable load: the message says why (status, timeout, size)
 
 
 @dataclass
@@ -251,29 +251,10 @@ class EngineMetricsScraper:
     async def _fetch(self, url: str) -> bytes:
         """The body at `url`, at most max_bytes, within timeout_s. Raises ScrapeFailed."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s),
-                auto_decompress=False,  # nothing is inflated: a small gzip body cannot become a large one
-                connector=aiohttp.TCPConnector(limit=MAX_CONCURRENT_SCRAPES),
-            )
-        limit = self.config.max_bytes
-        headers = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
-        try:
-            async with self._session.get(url, headers=headers, allow_redirects=False) as response:
-                if response.status != 200:
-                    raise ScrapeFailed(f"HTTP {response.status} {response.reason or ''}".rstrip())
-                if response.content_length is not None and response.content_length > limit:
-                    raise ScrapeFailed(f"body of {response.content_length} bytes, over {limit}")
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(64 * 1024):
-                    body += chunk
-                    if len(body) > limit:
-                        raise ScrapeFailed(f"body over {limit} bytes")
-                return bytes(body)
-        except TimeoutError:
-            raise ScrapeFailed(f"no answer within {self.config.timeout_s:g} s") from None
-        except aiohttp.ClientError as exc:
-            raise ScrapeFailed(f"{type(exc).__name__}: {exc}") from exc
+            self._session = bounded_session(self.config.timeout_s, MAX_CONCURRENT_SCRAPES)
+        return await bounded_get(
+            self._session, url, max_bytes=self.config.max_bytes, accept="text/plain;version=0.0.4"
+        )
 
     def _failed(self, state: EndpointState, workers: list[tuple[WorkerConfig, KvRouter]], error: str) -> None:
         if state.ok is not False:  # once per failing spell, not once per scrape

@@ -58,6 +58,7 @@ from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.discovery import WorkerDiscovery, start_discovery
 from extproc.runtime.engine_metrics import EngineMetricsScraper, start_engine_metrics
 from extproc.runtime.h2_server import DEFAULT_MAX_STREAMS, H2GrpcServer
+from extproc.runtime.lora_discovery import AdapterDiscovery, start_lora_discovery
 from extproc.runtime.ports_file import write_ports_file
 from extproc.runtime.readiness import Readiness
 from extproc.runtime.tls import describe, server_credentials, server_pair, server_ssl_context
@@ -104,6 +105,7 @@ class RunningPicker:
     admin: AdminServer | None = None
     discovery: WorkerDiscovery | None = None  # DNS / config-file workers, when configured
     engine_metrics: EngineMetricsScraper | None = None  # the workers' own load, when scraped
+    lora_discovery: AdapterDiscovery | None = None  # the workers' LoRA adapters, when read
     readiness: Readiness | None = None
     readiness_task: asyncio.Task | None = None
     group_api: GroupApiServer | None = None  # --group-api-port: this picker's routers as a router group
@@ -115,8 +117,8 @@ class RunningPicker:
         """Stop gracefully: not ready at once; new ext_proc streams still routed for `delay_s`
         seconds (cut short by `cut_short`); then every listener closed at once, in-flight ext_proc
         streams given `grace_s` seconds (or until `cut_short` is set) to finish, the rest cancelled;
-        then the admin server, discovery, the engine metrics scraper, the event sources and the
-        picker stop."""
+        then the admin server, discovery, the engine metrics scraper, LoRA discovery, the event
+        sources and the picker stop."""
         started = time.monotonic()
         await self._report_draining()
         if delay_s > 0:
@@ -129,6 +131,8 @@ class RunningPicker:
             await self.discovery.stop()
         if self.engine_metrics is not None:
             await self.engine_metrics.stop()
+        if self.lora_discovery is not None:
+            await self.lora_discovery.stop()
         await self.sources.stop()
         await self.picker.close()
         return DrainReport(draining, cancelled, time.monotonic() - started)
@@ -260,6 +264,7 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
     try:
         running.discovery = await start_discovery(config, picker)
         running.engine_metrics = await start_engine_metrics(picker, config.engine_metrics)
+        running.lora_discovery = await start_lora_discovery(picker, config.discovery)
         if config.groups.api_port is not None:
             running.group_api = await start_group_api(
                 picker.local, config.host, config.groups.api_port, credentials=credentials,

@@ -122,6 +122,8 @@ async def test_potential_loads_of_an_adapter_show_its_blocks():
             assert overlap == {ADAPTER: {"w0": 2, "w1": 0}, MODEL: {"w0": 0, "w1": 0}}
             async with http.post("/debug/potential_loads", json={"model": "nope", "tokens": PROMPT}) as r:
                 assert r.status == 404
+            async with http.get("/debug/workers") as r:
+                assert (await r.json())["lora_adapters"] == {MODEL: [ADAPTER, OTHER]}
     finally:
         await running.stop(0)
 

@@ -1,0 +1,189 @@
+"""The LoRA adapters the workers serve, read from their model lists: each worker's `GET /v1/models`
+every `--lora-discovery-interval-ms` (30 s), its adapters handed to the picker
+(`EndpointPicker.set_discovered_adapters`), so a request naming one goes to its base model's workers
+and matches the blocks cached under it, without listing adapters in the config.
+
+What the engines answer, checked against their code (fixtures: tests/runtime/lora_models/):
+
+    vLLM 0.33.0   `{"object": "list", "data": [card, ...]}`: one card per served model name
+                  (`parent` null), one per adapter (`--lora-modules`, or loaded at run time by
+                  POST /v1/load_lora_adapter) whose `parent` is the base model's first served
+                  name, or the one its `--lora-modules` JSON named
+    SGLang 0.5.23 the same shape: adapters (`--lora-paths`, /load_lora_adapter) with `parent` the
+                  served model name, listed while `--enable-lora` is on
+
+A card with a `parent` is an adapter of the model the worker serves (its `parent` may be another of
+the worker's served names). A model's adapters are those any of its workers lists; a worker that
+cannot be read keeps its last answer (a slow engine does not take its adapters away), one that
+leaves takes its answer with it.
+
+Bounds, whatever a worker does: the GET is bounded (`bounded_get`: `--lora-discovery-timeout-ms`,
+MAX_MODELS_BYTES, no redirects, no compression), at most MAX_CONCURRENT_READS at once, at most
+MAX_ADAPTERS_PER_WORKER adapters of at most MAX_ADAPTER_NAME characters are taken from one answer
+(the rest are left out). A worker that fails is logged once, and once more when it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+from extproc.config import DiscoveryConfig, WorkerConfig
+from extproc.picker.client_ids import loggable
+from extproc.runtime.bounded_get import FetchFailed, bounded_get, bounded_session
+from extproc.runtime.wakeups import lazy_sleep
+from extproc.tasks import cancel_and_wait
+
+log = logging.getLogger("extproc.lora_discovery")
+
+MAX_MODELS_BYTES = 1 << 20  # a /v1/models body; vLLM's is about 500 bytes a card
+MAX_CONCURRENT_READS = 16
+MAX_ADAPTERS_PER_WORKER = 1024  # vLLM keeps --max-cpu-loras adapters loaded; SGLang --max-loaded-loras
+MAX_ADAPTER_NAME = 256  # characters
+
+
+class ModelsInvalid(FetchFailed):
+    """The body is not a model list."""
+
+
+def adapters_in(body: bytes) -> list[str]:
+    """The adapter names of a `/v1/models` body: the ids of the cards with a `parent`, in order, each
+    once, at most MAX_ADAPTERS_PER_WORKER of at most MAX_ADAPTER_NAME characters (longer ones and
+    cards past the bound are left out). Raises ModelsInvalid for a body that is no model list."""
+    try:
+        listed = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # ValueError: not JSON, not UTF-8
+        raise ModelsInvalid(f"not JSON: {str(exc)[:80]}") from None
+    cards = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(cards, list):
+        raise ModelsInvalid("not a model list: no `data` list")
+    names: dict[str, None] = {}
+    for card in cards:
+        if not isinstance(card, dict):
+            continue
+        name, parent = card.get("id"), card.get("parent")
+        if isinstance(name, str) and isinstance(parent, str) and 0 < len(name) <= MAX_ADAPTER_NAME:
+            names[name] = None
+            if len(names) == MAX_ADAPTERS_PER_WORKER:
+                break
+    return list(names)
+
+
+class AdapterTarget(Protocol):
+    """What discovery reads and feeds: `EndpointPicker` satisfies it."""
+
+    @property
+    def pools(self) -> Mapping[str, Any]: ...
+
+    def set_discovered_adapters(self, model: str, names: Iterable[str]) -> tuple[list[str], list[str]]: ...
+
+
+@dataclass
+class WorkerModels:
+    """What one worker's model list said last."""
+
+    url: str
+    adapters: tuple[str, ...] = ()
+    ok: bool | None = None  # None until the first read ends
+    error: str | None = None
+    workers: set[str] = field(default_factory=set)
+
+
+class AdapterDiscovery:
+    """Reads every worker's /v1/models each `config.lora_interval_s` and tells the picker its
+    models' adapters."""
+
+    def __init__(self, target: AdapterTarget, config: DiscoveryConfig) -> None:
+        self.config = config
+        self._target = target
+        self._states: dict[tuple[str, str], WorkerModels] = {}  # (model, url) -> its last answer
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT_READS)
+
+    @staticmethod
+    def url_of(worker: WorkerConfig) -> str:
+        return f"http://{worker.endpoint}/v1/models"
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="lora-discovery")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                await self.read_once()
+            except Exception:  # an edge loop: one bad round must not end the reading
+                log.exception("LoRA discovery: a round failed")
+            interval_s = self.config.lora_interval_s
+            await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s / 4)
+
+    async def read_once(self) -> None:
+        """One round: every worker's model list once, then each model's adapters to the picker."""
+        wanted: dict[tuple[str, str], set[str]] = {}
+        for model, pool in self._target.pools.items():
+            for worker in pool.all_workers().values():
+                wanted.setdefault((model, self.url_of(worker)), set()).add(worker.id)
+        for key in set(self._states) - set(wanted):
+            del self._states[key]  # its workers left
+        states = [self._states.setdefault(key, WorkerModels(key[1])) for key in wanted]
+        for state, key in zip(states, wanted, strict=True):
+            state.workers = wanted[key]
+        await asyncio.gather(*(self._read(state) for state in states))
+        for model in self._target.pools:
+            names = {name for (m, _), state in self._states.items() if m == model for name in state.adapters}
+            added, removed = self._target.set_discovered_adapters(model, names)
+            if added or removed:
+                log.info("LoRA adapters of %s: %d listed by its workers (+%s -%s)", model, len(names),
+                         _names(added), _names(removed))  # fmt: skip
+
+    async def _read(self, state: WorkerModels) -> None:
+        if self._session is None:
+            self._session = bounded_session(self.config.lora_timeout_s, MAX_CONCURRENT_READS)
+        async with self._slots:
+            try:
+                body = await bounded_get(
+                    self._session, state.url, max_bytes=MAX_MODELS_BYTES, accept="application/json"
+                )
+                adapters = adapters_in(body)
+            except FetchFailed as exc:
+                if state.ok is not False:  # once per failing spell
+                    log.warning("LoRA discovery: %s at %s: %s; its adapters as last read (%d) until it "
+                                "answers (logged again only when it does)", ", ".join(sorted(state.workers)),
+                                state.url, exc, len(state.adapters))  # fmt: skip
+                state.ok, state.error = False, str(exc)
+                return
+        if state.ok is False:
+            log.info("LoRA discovery: %s at %s answers again", ", ".join(sorted(state.workers)), state.url)
+        state.ok, state.error, state.adapters = True, None, tuple(adapters)
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(loggable(n) for n in names[:10])
+    return f"[{shown}{', ...' if len(names) > 10 else ''}]"
+
+
+async def start_lora_discovery(target: AdapterTarget, config: DiscoveryConfig) -> AdapterDiscovery | None:
+    """Start reading the workers' model lists when `config.lora_interval_s` > 0; None when it is off."""
+    if config.lora_interval_s <= 0:
+        return None
+    discovery = AdapterDiscovery(target, config)
+    discovery.start()
+    log.info("LoRA discovery: each worker's /v1/models every %g s (timeout %g s)", config.lora_interval_s,
+             config.lora_timeout_s)  # fmt: skip
+    return discovery
