@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from extproc.config import DiscoveryConfig, ModelConfig, WorkerConfig
+from extproc.config import ConfigError, DiscoveryConfig, ModelConfig, WorkerConfig, load_config
 from extproc.errors import UnknownModel
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime import lora_discovery
@@ -280,3 +280,31 @@ async def test_serve_reads_the_workers_lists_on_its_interval(workers):
     finally:
         await running.stop(0)
     assert running.lora_discovery is not None and running.lora_discovery._task is None
+
+
+def test_the_interval_and_time_limit_come_from_flags_environment_or_file(tmp_path):
+    assert (load_config([], environ={}).discovery.lora_interval_s, DiscoveryConfig().lora_timeout_s) == (
+        30.0,
+        2.0,
+    )
+    config = load_config(
+        ["--lora-discovery-interval-ms", "250"], environ={"DYN_LORA_DISCOVERY_TIMEOUT_MS": "500"}
+    ).discovery
+    assert (config.lora_interval_s, config.lora_timeout_s) == (0.25, 0.5)
+    path = tmp_path / "picker.yaml"
+    path.write_text("discovery:\n  lora-discovery-interval-ms: 0\n")
+    assert load_config(["--config", str(path)], environ={}).discovery.lora_interval_s == 0
+    for argv, name in (
+        (["--lora-discovery-interval-ms", "-1"], "lora-discovery-interval-ms=-1"),
+        (["--lora-discovery-timeout-ms", "0"], "lora-discovery-timeout-ms"),
+    ):
+        with pytest.raises(ConfigError, match=name):
+            load_config(argv, environ={})
+
+
+async def test_off_starts_nothing():
+    picker = picker_over([])
+    try:
+        assert await lora_discovery.start_lora_discovery(picker, DiscoveryConfig(lora_interval_s=0)) is None
+    finally:
+        await picker.close()
