@@ -107,6 +107,8 @@ MODULES: dict[str, list[str]] = {
         "tests/picker/test_worker_sessions_edges.py",
     ],
     # the admission queue's async edge: waiting requests decided when capacity frees, cancels undone
+    # LoRA adapters read from the workers' /v1/models (the engines' recorded answers)
+    "runtime/lora_discovery.py": ["tests/runtime/test_lora_discovery.py"],
     "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
     # output tokens counted from responses as they stream (OpenAI SSE and JSON, Responses, Messages)
     "epp/output_tokens.py": ["tests/epp/test_output_tokens.py", "tests/epp/test_output_tokens_edges.py"],
@@ -136,6 +138,7 @@ MODULES: dict[str, list[str]] = {
         "tests/picker/test_disagg.py",
         "tests/picker/test_hash_prefix_cache.py",
         "tests/picker/test_lora_adapters.py",
+        "tests/runtime/test_lora_discovery.py",
         "tests/epp/test_service.py",
         "tests/epp/test_service_responses.py",
         "tests/epp/test_service_output_blocks.py",
