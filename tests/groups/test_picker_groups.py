@@ -15,10 +15,13 @@ import pytest_asyncio
 from extproc.config import GroupConfig, GroupsConfig, ModelConfig, PickerConfig
 from extproc.epp import answers as epp
 from extproc.epp.service import ExtProcService
+from extproc.events.counters import EventCounters
+from extproc.events.vllm import VllmEventDecoder, parse_frames
 from extproc.groups import start_group_api
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
 
+from ..events.test_engine_fixtures import live
 from ..picker_fixtures import request_body, request_headers
 from .builders import BLOCK, MODEL, group_config
 
@@ -156,3 +159,39 @@ async def test_a_local_fallback_group_takes_over_when_no_remote_answers(refusing
     await top.selector.drain()
     assert top.is_idle()
     await top.close()
+
+
+async def test_an_adapters_request_reaches_a_remote_group_with_its_name_and_matches_its_blocks():
+    """The top picker knows `sql-lora` is an adapter (its config: it reads no worker's model list in
+    front of remote groups); the group gets the base model and the adapter's name, and its worker
+    that vLLM 0.33.0 told about sql-lora's blocks wins on them, in the west group over the east."""
+    groups = {
+        "east": EndpointPicker(group_config("e", 2, subnet=1)),
+        "west": EndpointPicker(group_config("w", 2, subnet=2)),
+    }
+    counters = EventCounters()
+    decoder = VllmEventDecoder("w1", BLOCK, counters=counters)
+    for message in live("vllm/standard"):  # ends holding sql-lora's first two blocks of 1000..1047
+        frame = parse_frames(message, counters)
+        assert frame is not None
+        for event in decoder.decode(frame.payload).events:
+            groups["west"].pools[MODEL].router.apply_event(event)
+    apis = [await start_group_api(p.local, "127.0.0.1", 0) for p in groups.values()]
+    config = top_config(
+        [GroupConfig(n, f"127.0.0.1:{api.port}") for n, api in zip(groups, apis, strict=True)]
+    )
+    top = EndpointPicker(replace(config, models=(ModelConfig(MODEL, lora_adapters=("sql-lora",)),)))
+    try:
+        body = json.dumps({"model": "sql-lora", "prompt": list(range(1000, 1048)), "max_tokens": 4}).encode()
+        chosen = await pick(top, body, "r1", path="/v1/completions")
+        assert (chosen.group, str(chosen.worker.worker_id), chosen.overlap_blocks) == ("west", "w1", 2)
+        assert chosen.model == MODEL
+        top.finish(chosen, "complete")
+        await top.selector.drain()
+        assert idle(top, groups)
+    finally:
+        await top.close()
+        for api in apis:
+            await api.stop(0)
+        for group in groups.values():
+            await group.close()
