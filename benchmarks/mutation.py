@@ -189,6 +189,339 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "runtime/lora_discovery.py": {
+        "x__names__mutmut_1": (
+            "shown = None",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x__names__mutmut_10": (
+            "return f\"[{shown}{', ...' if len(names) > 11 else ''}]\"",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x__names__mutmut_11": (
+            "return f\"[{shown}{', ...' if len(names) > 10 else 'XXXX'}]\"",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__names__mutmut_3": (
+            'shown = "XX, XX".join(loggable(n) for n in names[:10])',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__names__mutmut_5": (
+            'shown = ", ".join(loggable(n) for n in names[:11])',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x__names__mutmut_6": (
+            "return f\"[{shown}{', ...' if (len(names) > 10) and False else ''}]\"",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x__names__mutmut_7": (
+            "return f\"[{shown}{', ...' if (len(names) > 10) or True else ''}]\"",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x__names__mutmut_8": (
+            "return f\"[{shown}{'XX, ...XX' if len(names) > 10 else ''}]\"",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__names__mutmut_9": (
+            "return f\"[{shown}{', ...' if len(names) >= 10 else ''}]\"",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_adapters_in__mutmut_13": (
+            "raise ModelsInvalid(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_14": (
+            'raise ModelsInvalid("XXnot a model list: no `data` listXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_15": (
+            'raise ModelsInvalid("NOT A MODEL LIST: NO `DATA` LIST")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_3": (
+            "raise ModelsInvalid(None) from None",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_31": (
+            'names[name] = ""',
+            "same-value",
+            "the dict is an ordered set of names: only its keys are read",
+        ),
+        "x_adapters_in__mutmut_4": (
+            'raise ModelsInvalid(f"not JSON: {str(None)[:80]}") from None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_5": (
+            'raise ModelsInvalid(f"not JSON: {str(exc)[:81]}") from None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_start_lora_discovery__mutmut_10": (
+            "None)  # fmt: skip",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_11": (
+            "log.info(config.lora_interval_s,",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_12": (
+            'log.info("LoRA discovery: each worker\'s /v1/models every %g s (timeout %g s)", config.lora_timeout_s)  # fmt: skip',  # noqa: E501
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_13": (
+            ")  # fmt: skip",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_14": (
+            'log.info("XXLoRA discovery: each worker\'s /v1/models every %g s (timeout %g s)XX", config.lora_interval_s,',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_start_lora_discovery__mutmut_15": (
+            'log.info("lora discovery: each worker\'s /v1/models every %g s (timeout %g s)", config.lora_interval_s,',  # noqa: E501
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_16": (
+            'log.info("LORA DISCOVERY: EACH WORKER\'S /V1/MODELS EVERY %G S (TIMEOUT %G S)", config.lora_interval_s,',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_start_lora_discovery__mutmut_8": (
+            "log.info(None, config.lora_interval_s,",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_9": (
+            'log.info("LoRA discovery: each worker\'s /v1/models every %g s (timeout %g s)", None,',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_16": (
+            'self._session, state.url, max_bytes=MAX_MODELS_BYTES, accept="XXapplication/jsonXX"',
+            "message",
+            "the Accept header's text: the engines answer /v1/models with JSON whatever it says",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_17": (
+            'self._session, state.url, max_bytes=MAX_MODELS_BYTES, accept="APPLICATION/JSON"',
+            "message",
+            "the Accept header's text: the engines answer /v1/models with JSON whatever it says",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_23": (
+            '"answers (logged again only when it does)", None,',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_24": (
+            "None, exc, len(state.adapters))  # fmt: skip",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_32": (
+            'log.warning("XXLoRA discovery: %s at %s: %s; its adapters as last read (%d) until it XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_33": (
+            'log.warning("lora discovery: %s at %s: %s; its adapters as last read (%d) until it "',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_35": (
+            '"XXanswers (logged again only when it does)XX", ", ".join(sorted(state.workers)),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_36": (
+            '"ANSWERS (LOGGED AGAIN ONLY WHEN IT DOES)", ", ".join(sorted(state.workers)),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_38": (
+            '"answers (logged again only when it does)", "XX, XX".join(sorted(state.workers)),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_4": (
+            "self._session = bounded_session(self.config.lora_timeout_s, None)",
+            "same-value",
+            (
+                "the `_slots` semaphore already holds reads to MAX_CONCURRENT_READS at once; the connector's "
+                "limit is a second bound on the same number"
+            ),
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_46": (
+            'log.info("LoRA discovery: %s at %s answers again", None, state.url)',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_47": (
+            'log.info("LoRA discovery: %s at %s answers again", ", ".join(sorted(state.workers)), None)',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_51": (
+            'log.info("XXLoRA discovery: %s at %s answers againXX", ", ".join(sorted(state.workers)), state.url)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_52": (
+            'log.info("lora discovery: %s at %s answers again", ", ".join(sorted(state.workers)), state.url)',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_55": (
+            'log.info("LoRA discovery: %s at %s answers again", "XX, XX".join(sorted(state.workers)), state.url)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_run__mutmut_10": (
+            "await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), None)",
+            "performance",
+            (
+                "the slack of the sleep between rounds: only serve's own loop (wakeups._SELECTORS) sleeps "
+                "lazily, elsewhere `lazy_sleep` is asyncio.sleep; a round comes at most a quarter interval "
+                "later or sooner"
+            ),
+        ),
+        "xǁAdapterDiscoveryǁ_run__mutmut_18": (
+            "await lazy_sleep(max(0.0, interval_s + (loop.time() - started)), interval_s / 4)",
+            "performance",
+            (
+                "the next round waits the interval plus the last round's time instead of minus it: a round is"
+                " later by the time of one (milliseconds against 30 s)"
+            ),
+        ),
+        "xǁAdapterDiscoveryǁ_run__mutmut_20": (
+            "await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s * 4)",
+            "performance",
+            (
+                "the slack of the sleep between rounds: only serve's own loop (wakeups._SELECTORS) sleeps "
+                "lazily, elsewhere `lazy_sleep` is asyncio.sleep; a round comes at most a quarter interval "
+                "later or sooner"
+            ),
+        ),
+        "xǁAdapterDiscoveryǁ_run__mutmut_21": (
+            "await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s / 5)",
+            "performance",
+            (
+                "the slack of the sleep between rounds: only serve's own loop (wakeups._SELECTORS) sleeps "
+                "lazily, elsewhere `lazy_sleep` is asyncio.sleep; a round comes at most a quarter interval "
+                "later or sooner"
+            ),
+        ),
+        "xǁAdapterDiscoveryǁ_run__mutmut_4": (
+            "log.exception(None)",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_run__mutmut_5": (
+            'log.exception("XXLoRA discovery: a round failedXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_run__mutmut_6": (
+            'log.exception("lora discovery: a round failed")',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_run__mutmut_7": (
+            'log.exception("LORA DISCOVERY: A ROUND FAILED")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_20": (
+            "for state, key in zip(states, wanted, strict=None):",
+            "same-value",
+            "`states` is built from `wanted` one by one: the two always have the same length",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_23": (
+            "for state, key in zip(states, wanted, ):",
+            "same-value",
+            "`states` is built from `wanted` one by one: the two always have the same length",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_24": (
+            "for state, key in zip(states, wanted, strict=False):",
+            "same-value",
+            "`states` is built from `wanted` one by one: the two always have the same length",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_34": (
+            "if added and removed:",
+            "message",
+            "only whether the change is logged: the adapters were already handed to the picker",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_36": (
+            'log.info("LoRA adapters of %s: %d listed by its workers (+%s -%s)", None, len(names),',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_38": (
+            "None, _names(removed))  # fmt: skip",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_39": (
+            "_names(added), None)  # fmt: skip",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_45": (
+            'log.info("XXLoRA adapters of %s: %d listed by its workers (+%s -%s)XX", model, len(names),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_46": (
+            'log.info("lora adapters of %s: %d listed by its workers (+%s -%s)", model, len(names),',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁstart__mutmut_3": (
+            "self._task = asyncio.get_running_loop().create_task(self._run(), name=None)",
+            "message",
+            "the task's name, shown only in debugging output",
+        ),
+        "xǁAdapterDiscoveryǁstart__mutmut_5": (
+            "self._task = asyncio.get_running_loop().create_task(self._run(), )",
+            "message",
+            "the task's name, shown only in debugging output",
+        ),
+        "xǁAdapterDiscoveryǁstart__mutmut_6": (
+            'self._task = asyncio.get_running_loop().create_task(self._run(), name="XXlora-discoveryXX")',
+            "message",
+            "the task's name, shown only in debugging output",
+        ),
+        "xǁAdapterDiscoveryǁstart__mutmut_7": (
+            'self._task = asyncio.get_running_loop().create_task(self._run(), name="LORA-DISCOVERY")',
+            "message",
+            "the task's name, shown only in debugging output",
+        ),
+        "xǁAdapterDiscoveryǁstop__mutmut_5": (
+            'self._session = ""',
+            "same-value",
+            (
+                "after stop nothing reads the session: a stopped discovery is not started again (serve makes "
+                "one per run)"
+            ),
+        ),
+    },
     "picker/pipeline.py": {
         "x__non_negative__mutmut_6": (
             'if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= float("inf"):',  # noqa: E501

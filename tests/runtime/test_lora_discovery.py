@@ -7,6 +7,7 @@ are already something else stay what they were.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -71,6 +72,7 @@ def card(name: Any, parent: Any = "llama") -> dict[str, Any]:
     [
         ([card("a"), card("a"), card("b")], ["a", "b"]),  # each once, in order
         ([card("a", None), card("b", 7), card(7), "x", None, card("")], []),
+        (["x", None, card("a", None), card("b")], ["b"]),  # past cards that are not adapters
         ([card("x" * MAX_ADAPTER_NAME), card("y" * (MAX_ADAPTER_NAME + 1))], ["x" * MAX_ADAPTER_NAME]),
         (
             [card(f"a{i}") for i in range(MAX_ADAPTERS_PER_WORKER + 5)],
@@ -186,8 +188,9 @@ async def test_a_worker_that_cannot_be_read_keeps_its_last_answer_and_is_logged_
         discovery = await read(picker)
         w0.answer = 503
         with caplog.at_level(logging.INFO, logger="extproc.lora_discovery"):
-            for _ in range(2):
-                await read(picker, discovery)
+            await read(picker, discovery)
+            assert any("HTTP 503" in r.getMessage() for r in caplog.records)  # at the first failure
+            await read(picker, discovery)
             assert sorted(picker.adapters(MODEL)) == ["chat-lora", "sql-lora"]
             w0.answer = body("vllm", "base-only")
             await read(picker, discovery)
@@ -249,6 +252,31 @@ async def test_a_configured_adapter_stays_when_no_worker_lists_it(workers):
         await picker.close()
 
 
+async def test_a_worker_that_does_not_answer_is_given_up_at_the_time_limit():
+    """A worker that accepts the connection and never answers: the round ends at the time limit."""
+    held = asyncio.Event()
+
+    async def never(_: web.Request) -> web.Response:
+        await held.wait()
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", never)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    picker = picker_over([f"127.0.0.1:{server.port}"])
+    discovery = AdapterDiscovery(picker, DiscoveryConfig(lora_timeout_s=0.2))
+    try:
+        await asyncio.wait_for(discovery.read_once(), 5.0)
+        (state,) = [s for s in discovery._states.values() if str(server.port) in s.url]
+        assert state.ok is False and state.error == "no answer within 0.2 s"
+    finally:
+        held.set()
+        await discovery.stop()
+        await picker.close()
+        await server.close()
+
+
 async def test_a_model_list_over_its_bound_is_not_read(workers, monkeypatch):
     monkeypatch.setattr(lora_discovery, "MAX_MODELS_BYTES", 100)
     _, endpoints = await workers(body("sglang", "lora-paths"))
@@ -273,13 +301,22 @@ async def test_serve_reads_the_workers_lists_on_its_interval(workers):
         discovery=DiscoveryConfig(lora_interval_s=0.05),
     )
     running = await start_picker(config)
+    assert running.lora_discovery is not None
+    task = running.lora_discovery._task
     try:
         await until(lambda: w0.reads >= 1, 5.0, "the first read")
         w0.answer = body("vllm", "static-and-loaded")  # POST /v1/load_lora_adapter, say
         await until(lambda: len(running.picker.adapters(MODEL)) == 2, 5.0, "the loaded adapters appear")
+        # on its interval: 0.05 s between rounds, so ten rounds within seconds, and not hundreds
+        reads = w0.reads
+        await until(lambda: w0.reads >= reads + 10, 5.0, "ten more rounds")
+        started = asyncio.get_running_loop().time()
+        reads = w0.reads
+        await until(lambda: asyncio.get_running_loop().time() - started >= 0.3, 5.0, "0.3 s")
+        assert w0.reads - reads <= 0.3 / 0.05 + 5
     finally:
         await running.stop(0)
-    assert running.lora_discovery is not None and running.lora_discovery._task is None
+    assert task is not None and task.cancelled()
 
 
 def test_the_interval_and_time_limit_come_from_flags_environment_or_file(tmp_path):
