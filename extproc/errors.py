@@ -49,10 +49,13 @@ class PromptTooLong(PickerError):
 class UnknownModel(PickerError):
     """No configured worker serves the requested model."""
 
+    SHOWN = 20  # known names in the message; the rest are counted (discovered LoRA adapters can be many)
+
     def __init__(self, model: str, known: list[str]) -> None:
-        super().__init__(
-            f"model {model!r} is not served here; known models: {', '.join(sorted(known)) or 'none'}"
-        )
+        names = sorted(known)
+        shown = ", ".join(names[: self.SHOWN]) or "none"
+        more = f" and {len(names) - self.SHOWN} more" if len(names) > self.SHOWN else ""
+        super().__init__(f"model {model!r} is not served here; known models: {shown}{more}")
         self.model = model
         self.known = known
 

@@ -90,6 +90,13 @@ async def test_an_unknown_model_is_a_404_that_names_the_adapters_too(picker):
     assert f"known models: {OTHER}, {MODEL}, {ADAPTER}" in raised.value.message
 
 
+def test_an_unknown_models_answer_names_at_most_twenty_known_names():
+    many = UnknownModel("nope", [f"lora-{i:03}" for i in range(UnknownModel.SHOWN + 5)])
+    assert many.message.endswith("lora-018, lora-019 and 5 more") and "lora-020" not in many.message
+    assert UnknownModel("nope", [f"m{i}" for i in range(UnknownModel.SHOWN)]).message.endswith("m8, m9")
+    assert UnknownModel("nope", []).message.endswith("known models: none")
+
+
 async def test_an_adapters_request_on_another_path_goes_to_the_base_models_workers(picker):
     chosen = await picker.pick(
         body=json.dumps({"model": ADAPTER, "input": "embed me"}).encode(),
