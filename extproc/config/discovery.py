@@ -85,10 +85,11 @@ LORA_DISCOVERY_INTERVAL_MS = Option(
     "--lora-discovery-interval-ms",
     int,
     30_000,
-    "Read each worker's /v1/models this often: the LoRA adapters vLLM and SGLang list there (with "
-    "a parent) become model names requests may give, routed to that worker's model and matched "
-    "against the blocks cached under the adapter; adapters loaded at run time appear within an "
-    "interval. 0 turns it off (models[].lora-adapters in the file still names adapters).",
+    "Read each worker's /v1/models this often: the LoRA adapters vLLM lists there (with a parent) "
+    "become model names requests may give, routed to that worker's model and matched against the "
+    "blocks cached under the adapter; adapters loaded at run time appear within an interval. 0 "
+    "turns it off (models[].lora-adapters in the file still names adapters; SGLang's MODEL:ADAPTER "
+    "and lora_path need neither).",
 )
 LORA_DISCOVERY_TIMEOUT_MS = Option(
     "--lora-discovery-timeout-ms", int, 2000, "Time limit of one /v1/models read (connect, headers, body)."

@@ -10,12 +10,15 @@ What the engines answer, checked against their code (fixtures: tests/runtime/lor
                   POST /v1/load_lora_adapter) whose `parent` is the base model's first served
                   name, or the one its `--lora-modules` JSON named
     SGLang 0.5.23 the same shape: adapters (`--lora-paths`, /load_lora_adapter) with `parent` the
-                  served model name, listed while `--enable-lora` is on
+                  served model name, listed while `--enable-lora` is on; but SGLang serves an
+                  adapter only as `model: "BASE:ADAPTER"` or `lora_path` (the picker reads both
+                  from the request), while a bare adapter name gets the base model. So its cards
+                  (`owned_by` "sglang") name no model here
 
 A card with a `parent` is an adapter of the model the worker serves (its `parent` may be another of
-the worker's served names). A model's adapters are those any of its workers lists; a worker that
-cannot be read keeps its last answer (a slow engine does not take its adapters away), one that
-leaves takes its answer with it.
+the worker's served names), unless SGLang owns it. A model's adapters are those any of its workers
+lists; a worker that cannot be read keeps its last answer (a slow engine does not take its adapters
+away), one that leaves takes its answer with it.
 
 Bounds, whatever a worker does: the GET is bounded (`bounded_get`: `--lora-discovery-timeout-ms`,
 MAX_MODELS_BYTES, no redirects, no compression), at most MAX_CONCURRENT_READS at once, at most
@@ -53,9 +56,10 @@ class ModelsInvalid(FetchFailed):
 
 
 def adapters_in(body: bytes) -> list[str]:
-    """The adapter names of a `/v1/models` body: the ids of the cards with a `parent`, in order, each
-    once, at most MAX_ADAPTERS_PER_WORKER of at most MAX_ADAPTER_NAME characters (longer ones and
-    cards past the bound are left out). Raises ModelsInvalid for a body that is no model list."""
+    """The adapter names of a `/v1/models` body: the ids of the cards with a `parent` (not SGLang's),
+    in order, each once, at most MAX_ADAPTERS_PER_WORKER of at most MAX_ADAPTER_NAME characters
+    (longer ones and cards past the bound are left out). Raises ModelsInvalid for a body that is no
+    model list."""
     try:
         listed = json.loads(body)
     except (ValueError, RecursionError) as exc:  # ValueError: not JSON, not UTF-8
@@ -68,6 +72,8 @@ def adapters_in(body: bytes) -> list[str]:
         if not isinstance(card, dict):
             continue
         name, parent = card.get("id"), card.get("parent")
+        if card.get("owned_by") == "sglang":  # served as BASE:ADAPTER only
+            continue
         if isinstance(name, str) and isinstance(parent, str) and 0 < len(name) <= MAX_ADAPTER_NAME:
             names[name] = None
             if len(names) == MAX_ADAPTERS_PER_WORKER:
