@@ -523,6 +523,21 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "picker/pipeline.py": {
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_2": (
+            "raise NoEligibleWorker(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_3": (
+            'raise NoEligibleWorker("XXno worker is configuredXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_4": (
+            'raise NoEligibleWorker("NO WORKER IS CONFIGURED")',
+            "message",
+            "an error's or a log line's text",
+        ),
         "x__non_negative__mutmut_6": (
             'if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= float("inf"):',  # noqa: E501
             "same-value",
@@ -565,116 +580,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
         "xǁEndpointPickerǁ_open_worker_session__mutmut_17": (
             'self.selector.finish(request_id, "CANCELLED WHILE ITS WORKER SESSION OPENED")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_2": (
-            "raise NoEligibleWorker(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_3": (
-            'raise NoEligibleWorker("XXno worker is configuredXX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_37": (
-            "request = GroupRequest(name, [], restrictions=restricted, isl=None)",
-            "same-value",
-            "no token ids: isl None counts as 0 tokens, as isl 0 does",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_4": (
-            'raise NoEligibleWorker("NO WORKER IS CONFIGURED")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_41": (
-            "request = GroupRequest(name, [], restrictions=restricted, )",
-            "same-value",
-            "no token ids: isl None counts as 0 tokens, as isl 0 does",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_49": (
-            "log.info(None, loggable(path, 100), name, choice.worker,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_50": (
-            'log.info("routed %s (untracked, model %s) to %s (%s)", None, name, choice.worker,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_51": (
-            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 100), None, choice.worker,',  # noqa: E501
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_52": (
-            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 100), name, None,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_53": (
-            "None)  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_54": (
-            "log.info(loggable(path, 100), name, choice.worker,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_55": (
-            'log.info("routed %s (untracked, model %s) to %s (%s)", name, choice.worker,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_56": (
-            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 100), choice.worker,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_57": (
-            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 100), name, choice.endpoint)  # fmt: skip',  # noqa: E501
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_58": (
-            ")  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_59": (
-            'log.info("XXrouted %s (untracked, model %s) to %s (%s)XX", loggable(path, 100), name, choice.worker,',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_60": (
-            'log.info("ROUTED %S (UNTRACKED, MODEL %S) TO %S (%S)", loggable(path, 100), name, choice.worker,',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_64": (
-            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, ), name, choice.worker,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_65": (
-            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 101), name, choice.worker,',  # noqa: E501
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_80": (
-            "raise AssertionError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_81": (
-            'raise AssertionError("XXunreachable: the last model\'s failure is raisedXX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_pick_untracked__mutmut_82": (
-            'raise AssertionError("UNREACHABLE: THE LAST MODEL\'S FAILURE IS RAISED")',
             "message",
             "an error's or a log line's text",
         ),
@@ -988,231 +893,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "the cause given to `finish` only reaches the selector's debug line",
         ),
-        "xǁEndpointPickerǁpick__mutmut_115": (
-            "override = _override(None, load_only=True)",
-            "same-value",
-            "with load_only, `_override` answers before it reads the request",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_123": (
-            "override = _override(request, load_only=None)",
-            "same-value",
-            "None is read as False (`if load_only`)",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_128": (
-            "isl = len(tokens) if (tokens is not None) and False else max(1, request.body_size // 4)",
-            "same-value",
-            "a tokenized request's isl is only new_tokens, which `admit` sets afresh under wspt",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_135": (
-            "isl = len(tokens) if tokens is not None else max(2, request.body_size // 4)",
-            "same-value",
-            "differs only for a body under 8 bytes; a routed body (model and prompt) is longer",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_141": (
-            "lora_name=None,",
-            "same-value",
-            "ParsedRequest.lora_name is always None (the model names an adapter)",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_149": (
-            "",
-            "same-value",
-            "ParsedRequest.lora_name is always None (the model names an adapter)",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_187": (
-            "now = None",
-            "performance",
-            "every request goes through `selector.route`: for one local group, the same commit",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_207": (
-            "new_tokens=None,",
-            "same-value",
-            "new_tokens is read only under wspt, where `admit` sets it afresh",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_213": (
-            "",
-            "same-value",
-            "new_tokens is read only under wspt, where `admit` sets it afresh",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_248": (
-            "undo=lambda _: self.selector.finish(request_id, None),",
-            "message",
-            "the cause given to `finish` only reaches the selector's debug line",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_251": (
-            'undo=lambda _: self.selector.finish(request_id, "XXits client left the queueXX"),',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_252": (
-            'undo=lambda _: self.selector.finish(request_id, "ITS CLIENT LEFT THE QUEUE"),',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_259": (
-            "if request.n >= 1:  # n sequences decode from the one prompt, each holding its own blocks (any group)",  # noqa: E501
-            "performance",
-            "adds an `output_tokens(id, 0, 1)` call that does nothing",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_275": (
-            "session_pin = self._session_route(request, session_id, pinned, decision) if (session_id) or True else None",  # noqa: E501
-            "same-value",
-            "`_session_route` answers None for no session id, as the else branch does",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_278": (
-            "session_pin = self._session_route(request, session_id, None, decision) if session_id else None",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_364": (
-            "None,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_365": (
-            "None,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_382": (
-            'f"group {decision.group} worker " if (self.hierarchical) and False else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_388": (
-            'f" session={loggable(session_id)}" if session_id else "XXXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_389": (
-            'f" queued {waited_s * 1000:.0f} ms" if (waited_s) and False else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_390": (
-            'f" queued {waited_s * 1000:.0f} ms" if (waited_s) or True else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_391": (
-            'f" queued {waited_s / 1000:.0f} ms" if waited_s else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_392": (
-            'f" queued {waited_s * 1001:.0f} ms" if waited_s else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_393": (
-            'f" queued {waited_s * 1000:.0f} ms" if waited_s else "XXXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_394": (
-            '" (re-decided at commit)" if (decision.redecided and pinned is None) and False else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_395": (
-            '" (re-decided at commit)" if (decision.redecided and pinned is None) or True else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_396": (
-            '"XX (re-decided at commit)XX" if decision.redecided and pinned is None else "",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_397": (
-            '" (RE-DECIDED AT COMMIT)" if decision.redecided and pinned is None else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_398": (
-            '" (re-decided at commit)" if decision.redecided or pinned is None else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_399": (
-            '" (re-decided at commit)" if decision.redecided and pinned is not None else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_400": (
-            '" (re-decided at commit)" if decision.redecided and pinned is None else "XXXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_50": (
-            "log.info(None, loggable(client_request_id), request.load_only_reason)",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_51": (
-            'log.info("%s: %s: routing on load only", None, request.load_only_reason)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_52": (
-            'log.info("%s: %s: routing on load only", loggable(client_request_id), None)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_53": (
-            "log.info(loggable(client_request_id), request.load_only_reason)",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_54": (
-            'log.info("%s: %s: routing on load only", request.load_only_reason)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_55": (
-            'log.info("%s: %s: routing on load only", loggable(client_request_id), )',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_56": (
-            'log.info("XX%s: %s: routing on load onlyXX", loggable(client_request_id), request.load_only_reason)',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_57": (
-            'log.info("%S: %S: ROUTING ON LOAD ONLY", loggable(client_request_id), request.load_only_reason)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_61": (
-            "None, self.bodies.max_prompt_values,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_66": (
-            '"XX%s: its prompt holds more than %d JSON values: routing on load onlyXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_67": (
-            '"%s: its prompt holds more than %d json values: routing on load only",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_80": (
-            "None,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_81": (
-            "None,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_85": (
-            '"XXtokenizer failed for %s (%s): routing on load onlyXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
         "xǁEndpointPickerǁresponse_stored__mutmut_15": (
             'response_id, pick.model, pick.worker, pick.endpoint, pick.group or "XXXX", self._clock()',
             "same-value",
@@ -1305,6 +985,367 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
         "xǁEndpointPickerǁset_thresholds__mutmut_17": (
             'log.info("BUSY THRESHOLDS OF %S: %S", model, record)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_33": (
+            "request = GroupRequest(name, [], restrictions=restricted, isl=None)",
+            "same-value",
+            "no token ids: isl None counts as 0 tokens, as isl 0 does",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_37": (
+            "request = GroupRequest(name, [], restrictions=restricted, )",
+            "same-value",
+            "no token ids: isl None counts as 0 tokens, as isl 0 does",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_45": (
+            "log.info(None, loggable(path, 100), name, choice.worker,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_46": (
+            'log.info("routed %s (untracked, model %s) to %s (%s)", None, name, choice.worker,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_47": (
+            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 100), None, choice.worker,',  # noqa: E501
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_48": (
+            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 100), name, None,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_49": (
+            "None)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_50": (
+            "log.info(loggable(path, 100), name, choice.worker,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_51": (
+            'log.info("routed %s (untracked, model %s) to %s (%s)", name, choice.worker,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_52": (
+            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 100), choice.worker,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_53": (
+            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 100), name, choice.endpoint)  # fmt: skip',  # noqa: E501
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_54": (
+            ")  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_55": (
+            'log.info("XXrouted %s (untracked, model %s) to %s (%s)XX", loggable(path, 100), name, choice.worker,',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_56": (
+            'log.info("ROUTED %S (UNTRACKED, MODEL %S) TO %S (%S)", loggable(path, 100), name, choice.worker,',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_60": (
+            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, ), name, choice.worker,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_61": (
+            'log.info("routed %s (untracked, model %s) to %s (%s)", loggable(path, 101), name, choice.worker,',  # noqa: E501
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_76": (
+            "raise AssertionError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_77": (
+            'raise AssertionError("XXunreachable: the last model\'s failure is raisedXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_pick_untracked__mutmut_78": (
+            'raise AssertionError("UNREACHABLE: THE LAST MODEL\'S FAILURE IS RAISED")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_118": (
+            "override = _override(None, load_only=True)",
+            "same-value",
+            "with load_only, `_override` answers before it reads the request",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_126": (
+            "override = _override(request, load_only=None)",
+            "same-value",
+            "None is read as False (`if load_only`)",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_131": (
+            "isl = len(tokens) if (tokens is not None) and False else max(1, request.body_size // 4)",
+            "same-value",
+            "a tokenized request's isl is only new_tokens, which `admit` sets afresh under wspt",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_138": (
+            "isl = len(tokens) if tokens is not None else max(2, request.body_size // 4)",
+            "same-value",
+            "differs only for a body under 8 bytes; a routed body (model and prompt) is longer",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_190": (
+            "now = None",
+            "performance",
+            "every request goes through `selector.route`: for one local group, the same commit",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_210": (
+            "new_tokens=None,",
+            "same-value",
+            "new_tokens is read only under wspt, where `admit` sets it afresh",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_216": (
+            "",
+            "same-value",
+            "ParsedRequest.lora_name is always None (the model names an adapter)",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_251": (
+            "undo=lambda _: self.selector.finish(request_id, None),",
+            "message",
+            "the cause given to `finish` only reaches the selector's debug line",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_254": (
+            'undo=lambda _: self.selector.finish(request_id, "XXits client left the queueXX"),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_255": (
+            'undo=lambda _: self.selector.finish(request_id, "ITS CLIENT LEFT THE QUEUE"),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_262": (
+            "if request.n >= 1:  # n sequences decode from the one prompt, each holding its own blocks (any group)",  # noqa: E501
+            "performance",
+            "adds an `output_tokens(id, 0, 1)` call that does nothing",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_278": (
+            "session_pin = self._session_route(request, session_id, pinned, decision) if (session_id) or True else None",  # noqa: E501
+            "same-value",
+            "`_session_route` answers None for no session id, as the else branch does",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_281": (
+            "session_pin = self._session_route(request, session_id, None, decision) if session_id else None",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_289": (
+            "opened_on, opened_new = None, True",
+            "same-value",
+            "`opened_new` is read only with `opened_on`, which stays None unless the open sets both",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_383": (
+            "None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_384": (
+            "None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_402": (
+            'f" lora={request.lora_name}" if (request.lora_name) and False else "",',
+            "message",
+            "a log line's arguments (the adapter shown in the routed line)",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_405": (
+            'f"group {decision.group} worker " if (self.hierarchical) and False else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_411": (
+            'f" session={loggable(session_id)}" if session_id else "XXXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_412": (
+            'f" queued {waited_s * 1000:.0f} ms" if (waited_s) and False else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_413": (
+            'f" queued {waited_s * 1000:.0f} ms" if (waited_s) or True else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_414": (
+            'f" queued {waited_s / 1000:.0f} ms" if waited_s else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_415": (
+            'f" queued {waited_s * 1001:.0f} ms" if waited_s else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_416": (
+            'f" queued {waited_s * 1000:.0f} ms" if waited_s else "XXXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_417": (
+            '" (re-decided at commit)" if (decision.redecided and pinned is None) and False else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_418": (
+            '" (re-decided at commit)" if (decision.redecided and pinned is None) or True else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_419": (
+            '"XX (re-decided at commit)XX" if decision.redecided and pinned is None else "",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_420": (
+            '" (RE-DECIDED AT COMMIT)" if decision.redecided and pinned is None else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_421": (
+            '" (re-decided at commit)" if decision.redecided or pinned is None else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_422": (
+            '" (re-decided at commit)" if decision.redecided and pinned is not None else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_423": (
+            '" (re-decided at commit)" if decision.redecided and pinned is None else "XXXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_53": (
+            "log.info(None, loggable(client_request_id), request.load_only_reason)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_54": (
+            'log.info("%s: %s: routing on load only", None, request.load_only_reason)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_55": (
+            'log.info("%s: %s: routing on load only", loggable(client_request_id), None)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_56": (
+            "log.info(loggable(client_request_id), request.load_only_reason)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_57": (
+            'log.info("%s: %s: routing on load only", request.load_only_reason)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_58": (
+            'log.info("%s: %s: routing on load only", loggable(client_request_id), )',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_59": (
+            'log.info("XX%s: %s: routing on load onlyXX", loggable(client_request_id), request.load_only_reason)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_60": (
+            'log.info("%S: %S: ROUTING ON LOAD ONLY", loggable(client_request_id), request.load_only_reason)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_64": (
+            "None, self.bodies.max_prompt_values,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_69": (
+            '"XX%s: its prompt holds more than %d JSON values: routing on load onlyXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_70": (
+            '"%s: its prompt holds more than %d json values: routing on load only",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_83": (
+            "None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_84": (
+            "None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_88": (
+            '"XXtokenizer failed for %s (%s): routing on load onlyXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁresolve_model__mutmut_16": (
+            "base = max(bases, key=None)",
+            "same-value",
+            (
+                "every model the name starts with (before a colon) is a prefix of the name, so of the others "
+                "too: the longest is also the greatest"
+            ),
+        ),
+        "xǁEndpointPickerǁresolve_model__mutmut_18": (
+            "base = max(bases, )",
+            "same-value",
+            (
+                "every model the name starts with (before a colon) is a prefix of the name, so of the others "
+                "too: the longest is also the greatest"
+            ),
+        ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_34": (
+            'what = "XXa modelXX" if name in self._pools else f"{claimed}\'s"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_38": (
+            "None, loggable(name), what)  # fmt: skip",
+            "message",
+            "a log line's arguments (the model or the name shown)",
+        ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_39": (
+            "model, None, what)  # fmt: skip",
+            "message",
+            "a log line's arguments (the model or the name shown)",
+        ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_45": (
+            'log.warning("XXworkers of %s list LoRA adapter %s, already %s: not theirs hereXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_46": (
+            'log.warning("workers of %s list lora adapter %s, already %s: not theirs here",',
             "message",
             "an error's or a log line's text",
         ),

@@ -231,6 +231,7 @@ async def test_a_listed_name_that_is_a_model_or_another_models_adapter_stays_wha
     try:
         with caplog.at_level(logging.WARNING, logger="extproc.picker"):
             discovery = await read(picker)
+            assert sum("already" in r.getMessage() for r in caplog.records) == 2  # as they appear
             await read(picker, discovery)
         assert picker.adapters(MODEL) == ["mine"]
         assert (
@@ -242,6 +243,20 @@ async def test_a_listed_name_that_is_a_model_or_another_models_adapter_stays_wha
         )
     finally:
         await discovery.stop()
+        await picker.close()
+
+
+async def test_setting_a_models_adapters_says_which_came_and_went():
+    picker = picker_over([], **{MODEL: ("pinned-lora",)})
+    try:
+        assert picker.set_discovered_adapters(MODEL, ["a", "b", "pinned-lora"]) == (["a", "b"], [])
+        assert picker.set_discovered_adapters(MODEL, ["b", "c"]) == (["c"], ["a"])
+        assert picker.set_discovered_adapters(MODEL, []) == ([], ["b", "c"])
+        assert picker.adapters(MODEL) == ["pinned-lora"]
+        with pytest.raises(UnknownModel) as raised:
+            picker.set_discovered_adapters("nope", ["a"])
+        assert raised.value.model == "nope" and raised.value.known == [MODEL, "other"]
+    finally:
         await picker.close()
 
 
