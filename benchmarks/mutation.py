@@ -107,6 +107,14 @@ MODULES: dict[str, list[str]] = {
         "tests/picker/test_worker_sessions_edges.py",
     ],
     # the admission queue's async edge: waiting requests decided when capacity frees, cancels undone
+    # the ext_proc stream: phases, the one free per request, errors, cancelled streams, responses
+    "epp/service.py": [
+        "tests/epp/test_service.py",
+        "tests/epp/test_service_responses.py",
+        "tests/epp/test_service_output_blocks.py",
+        "tests/epp/test_limits.py",
+        "tests/fuzz/test_ext_proc_fuzz.py",
+    ],
     # LoRA adapters read from the workers' /v1/models (the engines' recorded answers)
     "runtime/lora_discovery.py": ["tests/runtime/test_lora_discovery.py"],
     "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
