@@ -2284,54 +2284,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "events/replica_sync.py": {
-        "x__batch_op_from_wire__mutmut_1": (
-            "if not isinstance(item, list) and not item:",
-            "same-value",
-            (
-                "an op that is no list, or an empty one, fails at its code or fields anyway (msgpack "
-                "decodes arrays as lists): the batch is not applied either way"
-            ),
-        ),
-        "x__batch_op_from_wire__mutmut_35": (
-            "return OP_ADD, _text(request_id, None), record",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "x__batch_op_from_wire__mutmut_38": (
-            'return OP_ADD, _text(request_id, "XXrequest idXX"), record',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__batch_op_from_wire__mutmut_39": (
-            'return OP_ADD, _text(request_id, "REQUEST ID"), record',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__batch_op_from_wire__mutmut_4": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__batch_op_from_wire__mutmut_48": (
-            "return code, _text(item[1], None), None",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "x__batch_op_from_wire__mutmut_52": (
-            'return code, _text(item[1], "XXrequest idXX"), None',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__batch_op_from_wire__mutmut_53": (
-            'return code, _text(item[1], "REQUEST ID"), None',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__batch_op_from_wire__mutmut_54": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
         "x__hashes__mutmut_17": (
             "raise ValueError(None)",
             "message",
@@ -2437,34 +2389,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "None selects the same suffix as False",
         ),
-        "xǁRecordǁfrom_wire__mutmut_1": (
-            "if not isinstance(item, list) and len(item) != 8:",
-            "same-value",
-            (
-                "a state entry that is no list (msgpack gives a map, a string or bytes) fails at its fields"
-                " anyway"
-            ),
-        ),
-        "xǁRecordǁfrom_wire__mutmut_11": (
-            'return _text(request_id, "XXrequest idXX"), cls(',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁRecordǁfrom_wire__mutmut_12": (
-            'return _text(request_id, "REQUEST ID"), cls(',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁRecordǁfrom_wire__mutmut_5": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁRecordǁfrom_wire__mutmut_8": (
-            "return _text(request_id, None), cls(",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
         "xǁReplicaSyncǁ__init____mutmut_10": (
             "if not 0 <= heartbeat_s < lease_s:",
             "same-value",
@@ -2564,26 +2488,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self._want(origin, entry, now, f"its heartbeat says {theirs[1]} requests, we track "',
             "message",
             "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_lifecycle__mutmut_3": (
-            'request_id = _text(message["id"], None)',
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_lifecycle__mutmut_47": (
-            "self._apply(origin, entry, None, request_id, record)",
-            "same-value",
-            "an op with a record is applied as an add whatever its code",
-        ),
-        "xǁReplicaSyncǁ_lifecycle__mutmut_8": (
-            'request_id = _text(message["id"], "XXrequest idXX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_lifecycle__mutmut_9": (
-            'request_id = _text(message["id"], "REQUEST ID")',
-            "message",
-            "an error's or a log line's text",
         ),
         "xǁReplicaSyncǁ_maybe_resync__mutmut_14": (
             "None)  # fmt: skip",
@@ -3090,6 +2994,107 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
         "xǁReplicaSyncǁtick__mutmut_55": (
             'self._want(origin, entry, now, "NO STATE CAME YET")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_1": (
+            "if not isinstance(item, list) and not item:",
+            "same-value",
+            (
+                "an op that is no list, or an empty one, fails at its code or fields anyway (msgpack decodes "
+                "arrays as lists): the batch is not applied either way"
+            ),
+        ),
+        "x__batch_op_from_wire__mutmut_32": (
+            "return OP_ADD, _text(request_id, None), record",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "x__batch_op_from_wire__mutmut_35": (
+            'return OP_ADD, _text(request_id, "XXrequest idXX"), record',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_36": (
+            'return OP_ADD, _text(request_id, "REQUEST ID"), record',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_4": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_45": (
+            "return code, _text(item[1], None), None",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "x__batch_op_from_wire__mutmut_49": (
+            'return code, _text(item[1], "XXrequest idXX"), None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_50": (
+            'return code, _text(item[1], "REQUEST ID"), None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__batch_op_from_wire__mutmut_51": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__record__mutmut_20": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁRecordǁfrom_wire__mutmut_1": (
+            "if not isinstance(item, list) and len(item) != 8:",
+            "same-value",
+            (
+                "a state entry that is no list (msgpack gives a map, a string or bytes) fails at its fields "
+                "anyway"
+            ),
+        ),
+        "xǁRecordǁfrom_wire__mutmut_26": (
+            "return _text(request_id, None), record",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁRecordǁfrom_wire__mutmut_29": (
+            'return _text(request_id, "XXrequest idXX"), record',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁRecordǁfrom_wire__mutmut_30": (
+            'return _text(request_id, "REQUEST ID"), record',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁRecordǁfrom_wire__mutmut_5": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_3": (
+            'request_id = _text(message["id"], None)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_44": (
+            "self._apply(origin, entry, None, request_id, record)",
+            "same-value",
+            "an op with a record is applied as an add whatever its code",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_8": (
+            'request_id = _text(message["id"], "XXrequest idXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_9": (
+            'request_id = _text(message["id"], "REQUEST ID")',
             "message",
             "an error's or a log line's text",
         ),

@@ -38,7 +38,10 @@ from extproc.events.replica_sync import (
     id_hash,
 )
 from extproc.router import Worker
+from extproc.runtime import wakeups
+from extproc.tasks import cancel_and_wait
 
+from ..replica_helpers import until
 from .conftest import make_router
 from .sync_nodes import HEARTBEAT_S, LEASE_S, SUBJECT, W7, W8, Node, started
 
@@ -889,3 +892,54 @@ def test_a_catch_up_before_start_does_nothing():
     b.sync.nc = SimpleNamespace()  # type: ignore[assignment]
     asyncio.run(b.sync.catch_up())
     assert counts(b) == {}
+
+
+def test_the_tick_loop_waits_a_heartbeat_between_ticks_on_serves_own_loop():
+    """On serve's own loop, where sleeps are lazy (`wakeups`), the tick loop still sleeps about a
+    heartbeat between ticks: a few ticks in 0.3 s at 50 ms, never a spin."""
+    node = Node("a", heartbeat_s=0.05, lease_s=1.0)
+    ticks: list[float] = []
+    tick = node.sync.tick
+
+    def counted(now: float) -> None:
+        ticks.append(now)
+        tick(now)
+
+    node.sync.tick = counted  # type: ignore[method-assign]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(node.sync._run())
+        try:
+            await until(lambda: len(ticks) >= 3, 5.0, "three ticks")
+            seen, started = len(ticks), loop.time()
+            await until(lambda: loop.time() - started >= 0.3, 5.0, "0.3 s")
+            assert len(ticks) - seen <= 0.3 / 0.05 + 5
+        finally:
+            await cancel_and_wait(task)
+
+    wakeups.run(main())
+
+
+async def test_stop_says_bye_and_stops_its_queue_when_nats_cannot_flush():
+    """The connection is gone as the picker stops: the flush fails, stop still ends the queue."""
+    node = Node("a")
+
+    class Gone:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+            self.stopped = False
+
+        def submit(self, subject: str, payload: bytes) -> None:
+            self.sent.append(payload)
+
+        async def flush(self, timeout_s: float) -> None:
+            raise ConnectionError("nats: connection closed")
+
+        async def stop(self) -> None:
+            self.stopped = True
+
+    gone = Gone()
+    node.sync._sender = gone  # type: ignore[assignment]
+    await node.sync.stop()
+    assert gone.stopped and [msgpack.unpackb(p)["op"] for p in gone.sent] == ["bye"]

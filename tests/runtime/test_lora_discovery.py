@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestServer
 from extproc.config import ConfigError, DiscoveryConfig, ModelConfig, WorkerConfig, load_config
 from extproc.errors import UnknownModel
 from extproc.picker.pipeline import EndpointPicker
-from extproc.runtime import lora_discovery
+from extproc.runtime import lora_discovery, wakeups
 from extproc.runtime.lora_discovery import (
     MAX_ADAPTER_NAME,
     MAX_ADAPTERS_PER_WORKER,
@@ -364,3 +364,23 @@ async def test_off_starts_nothing():
         assert await lora_discovery.start_lora_discovery(picker, DiscoveryConfig(lora_interval_s=0)) is None
     finally:
         await picker.close()
+
+
+def test_the_rounds_keep_their_interval_on_serves_own_loop():
+    """On serve's own loop, where sleeps between rounds are lazy (`wakeups`), rounds go on."""
+
+    async def main() -> None:
+        worker = ModelsWorker(body("vllm", "base-only"))
+        endpoint = await worker.start()
+        picker = picker_over([endpoint])
+        discovery = AdapterDiscovery(picker, DiscoveryConfig(lora_interval_s=0.05))
+        discovery.start()
+        try:
+            await until(lambda: worker.reads >= 4, 5.0, "four rounds")
+        finally:
+            await discovery.stop()
+            await picker.close()
+            assert worker.server is not None
+            await worker.server.close()
+
+    wakeups.run(main())
