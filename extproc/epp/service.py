@@ -97,10 +97,10 @@ class Picker(Protocol):
         headers: Mapping[str, str],
         subset: list[str] | None,
         client_request_id: str,
-        on_queued: Callable[[float], None] | None = None,
+        on_queued: Callable[[float], None] | None = None,  # pragma: no mutate
     ) -> Pick: ...
 
-    def first_token(self, pick: Pick, *, at_first_token: bool = True) -> None: ...
+    def first_token(self, pick: Pick, *, at_first_token: bool = True) -> None: ...  # pragma: no mutate
 
     def finish(self, pick: Pick, cause: str) -> None: ...
 
@@ -121,7 +121,7 @@ class OutputTracker(Protocol):
     @property
     def tracks_output_blocks(self) -> bool: ...
 
-    def output_tokens(self, pick: Pick, count: int, sequences: int = 1) -> None: ...
+    def output_tokens(self, pick: Pick, count: int, sequences: int = 1) -> None: ...  # pragma: no mutate
 
 
 class Phase(enum.Enum):
