@@ -243,41 +243,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "a log line's arguments (the workers, a count or the names shown)",
         ),
-        "x_adapters_in__mutmut_13": (
-            "raise ModelsInvalid(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_14": (
-            'raise ModelsInvalid("XXnot a model list: no `data` listXX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_15": (
-            'raise ModelsInvalid("NOT A MODEL LIST: NO `DATA` LIST")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_3": (
-            "raise ModelsInvalid(None) from None",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_31": (
-            'names[name] = ""',
-            "same-value",
-            "the dict is an ordered set of names: only its keys are read",
-        ),
-        "x_adapters_in__mutmut_4": (
-            'raise ModelsInvalid(f"not JSON: {str(None)[:80]}") from None',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_5": (
-            'raise ModelsInvalid(f"not JSON: {str(exc)[:81]}") from None',
-            "message",
-            "an error's or a log line's text",
-        ),
         "x_start_lora_discovery__mutmut_10": (
             "None)  # fmt: skip",
             "message",
@@ -401,15 +366,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁAdapterDiscoveryǁ_run__mutmut_10": (
-            "await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), None)",
-            "performance",
-            (
-                "the slack of the sleep between rounds: only serve's own loop (wakeups._SELECTORS) sleeps "
-                "lazily, elsewhere `lazy_sleep` is asyncio.sleep; a round comes at most a quarter interval "
-                "later or sooner"
-            ),
-        ),
         "xǁAdapterDiscoveryǁ_run__mutmut_18": (
             "await lazy_sleep(max(0.0, interval_s + (loop.time() - started)), interval_s / 4)",
             "performance",
@@ -528,6 +484,41 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "after stop nothing reads the session: a stopped discovery is not started again (serve makes "
                 "one per run)"
             ),
+        ),
+        "x_adapters_in__mutmut_13": (
+            "raise ModelsInvalid(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_14": (
+            'raise ModelsInvalid("XXnot a model list: no `data` listXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_15": (
+            'raise ModelsInvalid("NOT A MODEL LIST: NO `DATA` LIST")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_3": (
+            "raise ModelsInvalid(None) from None",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_38": (
+            'names[name] = ""',
+            "same-value",
+            "the dict is an ordered set of names: only its keys are read",
+        ),
+        "x_adapters_in__mutmut_4": (
+            'raise ModelsInvalid(f"not JSON: {str(None)[:80]}") from None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_adapters_in__mutmut_5": (
+            'raise ModelsInvalid(f"not JSON: {str(exc)[:81]}") from None',
+            "message",
+            "an error's or a log line's text",
         ),
     },
     "picker/pipeline.py": {
@@ -7378,11 +7369,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "request/parse.py": {
-        "x__refuse_lone_surrogates__mutmut_1": (
-            "if escaped or _has_lone_surrogate(value):",
-            "same-value",
-            "the text is strict UTF-8: a lone surrogate in a value can only come from an escape",
-        ),
         "x__load_json__mutmut_9": (
             'text = body.decode("UTF-8")',
             "same-value",

@@ -384,3 +384,15 @@ def test_the_rounds_keep_their_interval_on_serves_own_loop():
             await worker.server.close()
 
     wakeups.run(main())
+
+
+async def test_stopping_twice_is_stopping_once(workers):
+    _, endpoints = await workers(body("vllm", "base-only"))
+    picker = picker_over(endpoints)
+    discovery = AdapterDiscovery(picker, DiscoveryConfig(lora_interval_s=0.05))
+    discovery.start()
+    try:
+        await discovery.stop()
+        await discovery.stop()
+    finally:
+        await picker.close()
