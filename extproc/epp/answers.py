@@ -112,7 +112,14 @@ def status_of(exc: BaseException) -> tuple[int, str]:
 def error_answer(exc: BaseException) -> pb.ProcessingResponse:
     """An ImmediateResponse with an OpenAI-style JSON error body."""
     status, reason = status_of(exc)
-    message = getattr(exc, "message", None) or (str(exc) if status != 500 else "internal error in the picker")
+    # the picker's errors are written for clients, and the router's that have an answer; any other
+    # text (even a `message` attribute, as aiohttp's errors carry) stays in the log
+    if isinstance(exc, errors.PickerError):
+        message = exc.message
+    elif isinstance(exc, router_errors.RouterError) and status != 500:
+        message = str(exc)
+    else:
+        message = "internal error in the picker"
     return immediate_response(status, message, reason)
 
 

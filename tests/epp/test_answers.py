@@ -84,3 +84,24 @@ def test_a_routing_answer_sets_its_headers_and_removes_the_other_owned_ones():
     )
     body_answer = epp.route_in_body("10.0.0.1:8000", {}, owned={"x-a", epp.DESTINATION_HEADER})
     assert list(body_answer.request_body.response.header_mutation.remove_headers) == ["x-a"]
+
+
+class _WithMessage(Exception):
+    """An unexpected error that carries a `message` (as aiohttp's ClientResponseError does)."""
+
+    def __init__(self) -> None:
+        super().__init__("GET http://10.0.0.5:8000/tokenize: 500")
+        self.message = "Internal Server Error at http://10.0.0.5:8000/tokenize"
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom at /srv/secret"), _WithMessage()])
+def test_an_unexpected_errors_text_stays_in_the_log_not_in_the_answer(exc):
+    body = json.loads(epp.error_answer(exc).immediate_response.body)
+    assert body["error"]["message"] == "internal error in the picker"
+
+
+def test_the_routers_errors_with_an_answer_show_their_text_and_the_others_do_not():
+    busy = json.loads(epp.error_answer(router_errors.AllWorkersBusy(3)).immediate_response.body)
+    assert busy["error"]["message"] == "all 3 candidate workers are over a busy threshold"
+    unknown = json.loads(epp.error_answer(router_errors.UnknownRequest("r1")).immediate_response.body)
+    assert unknown["error"]["message"] == "internal error in the picker"
