@@ -200,6 +200,792 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "epp/service.py": {
+        "x__header__mutmut_15": (
+            'value = h.raw_value.decode("UTF-8", "replace") if h.raw_value else h.value',
+            "same-value",
+            (
+                "'UTF-8' and 'utf-8' name the same codec (codecs normalise the name): every raw value decodes"
+                " identically"
+            ),
+        ),
+        "x__may_route__mutmut_2": (
+            "return True",
+            "performance",
+            (
+                "messages after routing (request headers/body/trailers again, response trailers; response "
+                "headers/body never reach _may_route) go through _handle_with_notices, i.e. in a task of "
+                "their own, instead of being awaited directly; nothing in them routes, so no notice can come "
+                "and the answers are the same"
+            ),
+        ),
+        "x__may_route__mutmut_4": (
+            'if kind != "XXrequest_bodyXX":',
+            "performance",
+            (
+                "kind never equals 'XXrequest_bodyXX', so every request-phase message (also a duplex body "
+                "chunk that does not end the body) is handled through _handle_with_notices: one task more per"
+                " chunk, same answers (a non-final chunk never routes, so never queues)"
+            ),
+        ),
+        "x__may_route__mutmut_5": (
+            'if kind != "REQUEST_BODY":',
+            "performance",
+            (
+                "as _4: 'REQUEST_BODY' never equals a oneof name; every request-phase message takes the "
+                "notices path: one task more per non-final chunk, same answers"
+            ),
+        ),
+        "x__status__mutmut_19": (
+            'status = h.raw_value.decode("UTF-8", "replace") if h.raw_value else h.value',
+            "same-value",
+            (
+                "'UTF-8' and 'utf-8' name the same codec (codecs normalise the name): every raw :status "
+                "decodes identically"
+            ),
+        ),
+        "x__status__mutmut_5": (
+            'if h.key == "XX:statusXX" or h.key.lower() == ":status":',
+            "same-value",
+            (
+                "in `key == X or key.lower() == ':status'` the second operand alone decides for every key (a "
+                "key equal to ':status' also lower-cases to it); the exact compare is only a fast path, so a "
+                "never-true X changes nothing"
+            ),
+        ),
+        "x__status__mutmut_6": (
+            'if h.key == ":STATUS" or h.key.lower() == ":status":',
+            "same-value",
+            (
+                "as _5: `key == ':STATUS'` implies `key.lower() == ':status'`, which the `or` checks anyway; "
+                "the result is the same for every key"
+            ),
+        ),
+        "xǁExtProcServiceǁProcess__mutmut_12": (
+            "stream, request_iterator, TooManyStreams(None, limit)",
+            "message",
+            (
+                "only TooManyStreams.open_streams changes, an attribute nothing reads (grep: no reader in "
+                "extproc/); the 429 body, its reason header and the log line come from the exception's "
+                "message, which names only the limit"
+            ),
+        ),
+        "xǁExtProcServiceǁProcess__mutmut_34": (
+            'elif kind == "XXresponse_headersXX":',
+            "performance",
+            (
+                "response headers then fall to the _handle path (a coroutine and a list more per message; via"
+                " _handle_with_notices if they came before routing with a queue on), and _handle answers them"
+                " with the same _on_response_headers(stream, message.response_headers): same answer, same "
+                "bookkeeping"
+            ),
+        ),
+        "xǁExtProcServiceǁProcess__mutmut_35": (
+            'elif kind == "RESPONSE_HEADERS":',
+            "performance",
+            (
+                "as Process__mutmut_34: response headers reach _handle, which answers them with the same "
+                "_on_response_headers call"
+            ),
+        ),
+        "xǁExtProcServiceǁProcess__mutmut_40": (
+            "elif may_queue or _may_route(stream, kind, message):",
+            "performance",
+            (
+                "'or': with may_queue False, messages that may route go through _handle_with_notices (a task "
+                "and a future) instead of _handle; EndpointPicker.may_queue is False only when no admission "
+                "gate is enabled, and a disabled gate decides without calling on_queued, so no notice is ever"
+                " sent and the answers are the same; with may_queue True, messages that cannot route (middle "
+                "duplex chunks, trailers after routing, response trailers) take the same path with the same "
+                "answers"
+            ),
+        ),
+        "xǁExtProcServiceǁProcess__mutmut_42": (
+            "elif may_queue and _may_route(stream, None, message):",
+            "performance",
+            (
+                "_may_route(stream, None, ...) is True for every request-phase message, so with a queue on, "
+                "middle duplex body chunks also go through _handle_with_notices; _on_request_body only holds "
+                "them (no route, no pick, answers []), so only a task and a future per chunk are added"
+            ),
+        ),
+        "xǁExtProcServiceǁProcess__mutmut_62": (
+            "return",
+            "same-value",
+            (
+                "'return' instead of 'break': nothing follows the loop inside the try, so both leave it "
+                "straight to the finally (settle, free); the generator ends the same way"
+            ),
+        ),
+        "xǁExtProcServiceǁ_count_output__mutmut_3": (
+            "if counter is None or tracker is None and pick is None or stream.freed:",
+            "same-value",
+            (
+                "`tracker is None and pick is None` instead of `tracker is None or pick is None`: the two "
+                "differ only when a counter exists and exactly one of tracker/pick is None, and that state is"
+                " unreachable: stream.output is created only in _on_response_headers under `pick is not None`"
+                " and `self.output is not None`, stream.pick is never reset to None, and self.output is set "
+                "once in __init__"
+            ),
+        ),
+        "xǁExtProcServiceǁ_count_output__mutmut_37": (
+            'log.exception("counting output tokens of %s failed; not counted further", None)',
+            "message",
+            (
+                "log.exception's argument (the request id) becomes None: only the text of the error log line "
+                'changes ("... of None failed ..."); the except path still stops counting the same way'
+            ),
+        ),
+        "xǁExtProcServiceǁ_count_output__mutmut_38": (
+            "log.exception(stream.request_id)",
+            "message",
+            (
+                "log.exception(request_id) with no args: the error log line's text becomes the request id (no"
+                " %-formatting is done without args, so a client id with '%' cannot break it); behaviour "
+                "otherwise identical"
+            ),
+        ),
+        "xǁExtProcServiceǁ_count_output__mutmut_39": (
+            'log.exception("counting output tokens of %s failed; not counted further", )',
+            "message",
+            (
+                "the format without its argument: logging does no %-formatting without args, so the line "
+                "reads a literal '%s'; only the log text changes"
+            ),
+        ),
+        "xǁExtProcServiceǁ_count_output__mutmut_40": (
+            'log.exception("XXcounting output tokens of %s failed; not counted furtherXX", stream.request_id)',  # noqa: E501
+            "message",
+            "'XX' added around the error log line's text",
+        ),
+        "xǁExtProcServiceǁ_count_output__mutmut_48": (
+            "None, counter.max_line_bytes,",
+            "message",
+            (
+                "the warning's request-id argument becomes None ('response of None: ...'); '%s' formats None "
+                "fine, only the log text changes"
+            ),
+        ),
+        "xǁExtProcServiceǁ_count_output__mutmut_53": (
+            '"XXresponse of %s: an SSE line over %d bytes skipped (its tokens are not counted)XX",',
+            "message",
+            "'XX' added around the warning's text",
+        ),
+        "xǁExtProcServiceǁ_count_output__mutmut_54": (
+            '"response of %s: an sse line over %d bytes skipped (its tokens are not counted)",',
+            "message",
+            "'SSE' lower-cased in the warning's text",
+        ),
+        "xǁExtProcServiceǁ_count_output__mutmut_56": (
+            'stream.output = ""',
+            "performance",
+            (
+                'stream.output = "" instead of None after the body\'s end: the end is always followed by '
+                "_free (end=True comes only from the end_of_stream chunk and the trailers, both with a pick),"
+                " so the one later reader, _on_response_body (`stream.output is not None`), calls "
+                "_count_output, which returns at `stream.freed` before touching the counter: only a no-op "
+                "call per late chunk"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_20": (
+            'if kind == "XXresponse_headersXX":',
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_21": (
+            'if kind == "RESPONSE_HEADERS":',
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_22": (
+            "return [self._on_response_headers(None, message.response_headers)]",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_23": (
+            "return [self._on_response_headers(stream, None)]",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_24": (
+            "return [self._on_response_headers(message.response_headers)]",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_25": (
+            "return [self._on_response_headers(stream, )]",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_27": (
+            'if kind == "XXresponse_bodyXX":',
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_28": (
+            'if kind == "RESPONSE_BODY":',
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_29": (
+            "answer = None",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_30": (
+            "answer = self._response_body_answer(None, message.response_body)",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_31": (
+            "answer = self._response_body_answer(stream, None)",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_32": (
+            "answer = self._response_body_answer(message.response_body)",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_33": (
+            "answer = self._response_body_answer(stream, )",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_34": (
+            "self._on_response_body(None, message.response_body)",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_35": (
+            "self._on_response_body(stream, None)",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_36": (
+            "self._on_response_body(message.response_body)",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_37": (
+            "self._on_response_body(stream, )",
+            "same-value",
+            (
+                "unreachable: Process answers every response_headers and response_body message itself (the "
+                "first two branches of its dispatch) and never passes one to _handle; the only kinds that get"
+                " this far are response_trailers and a message without a oneof, for which the original test "
+                "is False just as the mutated one is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_42": (
+            "self._count_output(stream, None, end=True)",
+            "same-value",
+            (
+                "OutputTokens.feed returns at once for any falsy chunk ('if not data: return'), so feed(None)"
+                ' and feed(b"") do the same; finish() then runs as before'
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_55": (
+            "log.warning(None, kind)",
+            "message",
+            (
+                "only the warning logged for a message without a known phase (its format or argument) "
+                "changes; the answer ([]) is the same"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_56": (
+            'log.warning("ignoring ext_proc message without a known phase: %s", None)',
+            "message",
+            (
+                "only the warning logged for a message without a known phase (its format or argument) "
+                "changes; the answer ([]) is the same"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_57": (
+            "log.warning(kind)",
+            "message",
+            (
+                "only the warning logged for a message without a known phase (its format or argument) "
+                "changes; the answer ([]) is the same"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_58": (
+            'log.warning("ignoring ext_proc message without a known phase: %s", )',
+            "message",
+            (
+                "only the warning logged for a message without a known phase (its format or argument) "
+                "changes; the answer ([]) is the same"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_59": (
+            'log.warning("XXignoring ext_proc message without a known phase: %sXX", kind)',
+            "message",
+            (
+                "only the warning logged for a message without a known phase (its format or argument) "
+                "changes; the answer ([]) is the same"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle__mutmut_60": (
+            'log.warning("IGNORING EXT_PROC MESSAGE WITHOUT A KNOWN PHASE: %S", kind)',
+            "message",
+            (
+                "only the warning logged for a message without a known phase (its format or argument) "
+                "changes; the answer ([]) is the same"
+            ),
+        ),
+        "xǁExtProcServiceǁ_handle_with_notices__mutmut_20": (
+            'stream.notice = ""',
+            "same-value",
+            (
+                "stream.notice is read only by _route (to pass on_queued) and _queued (called by the gate "
+                "during a pick); with may_queue every message that can reach _route goes through "
+                "_handle_with_notices, which sets a fresh future before the pick, and _queued runs only "
+                "inside the pick's task, finished or cancelled before this finally; so the '' left after the "
+                "handling is never read (with may_queue False notice stays None)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_request_body__mutmut_20": (
+            "stream.body = None",
+            "same-value",
+            (
+                "stream.body is never read after the body completes: _route then sets the phase to UPSTREAM "
+                "or DONE, and both readers (_on_request_body, _on_request_trailers) first require phase "
+                "REQUEST_BODY; None and a fresh bytearray both drop the joined buffer"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_24": (
+            'stream.subset = epp.subset_hint(message) if (message.HasField("metadata_context")) or True else None',  # noqa: E501
+            "same-value",
+            (
+                "epp.subset_hint of a message without metadata_context returns None (filter_metadata.get of "
+                "the namespace is None), the same as the else branch"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_3": (
+            'log.warning("ignoring request headers sent again on the stream of %s", None)',
+            "message",
+            (
+                "only the argument of the 'ignoring request headers sent again' warning changes (None instead"
+                " of the request id)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_37": (
+            'stream.path = _normalized_path(stream.headers.get(":path", "XXXX"))',
+            "message",
+            (
+                "a request without :path gets path 'XXXX' instead of '': both normalise to themselves, "
+                "neither is routable nor a /v1/responses/{id} path, so EndpointPicker routes it untracked the"
+                " same way; the path only reaches its 'routed ... (untracked)' log line"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_4": (
+            "log.warning(stream.request_id)",
+            "message",
+            (
+                "only the text of the 'ignoring request headers sent again' warning changes (the request id "
+                "alone)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_5": (
+            'log.warning("ignoring request headers sent again on the stream of %s", )',
+            "message",
+            "only the warning changes: without arguments logging prints the format string as it is",
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_6": (
+            'log.warning("XXignoring request headers sent again on the stream of %sXX", stream.request_id)',
+            "message",
+            "only the text of the 'ignoring request headers sent again' warning changes",
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_61": (
+            'empty = b"" if routable and stream.headers.get(":method", "XXXX").upper() == "POST" else None',
+            "same-value",
+            (
+                "'XXXX'.upper() and ''.upper() both differ from 'POST': a request without :method is never "
+                "taken for a POST either way"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_67": (
+            "return [await self._route(stream, empty, in_body=None)]",
+            "same-value",
+            (
+                "in_body is only read for its truth (route_in_body if in_body else route_in_headers) and as "
+                "part of the answer cache key: None builds the same route_in_headers answer as False (at most"
+                " one more equal entry in the cache)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_74": (
+            "return [await self._route(stream, None, in_body=None)]",
+            "same-value",
+            (
+                "as _67: in_body None builds the same route_in_headers answer as False; only the cache key "
+                "differs"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_request_trailers__mutmut_27": (
+            "answers = await self._body_complete(stream, body, end_of_stream=None)",
+            "same-value",
+            (
+                "epp.streamed_body passes end_of_stream to StreamedBodyResponse (directly, or as "
+                "`end_of_stream and last`, also None); protobuf takes None for a bool field as unset, i.e. "
+                "False: the echoed chunks are identical (checked: StreamedBodyResponse(body=b'', "
+                "end_of_stream=None) == StreamedBodyResponse(body=b''))"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_44": (
+            "if pick.responses_api or pick.response_id is None:",
+            "performance",
+            (
+                "'or': the first 64 KB of the answer are also scanned for an id for chat/completions answers "
+                "and for a Responses request that named its id; EndpointPicker.response_stored ignores a pick"
+                " that is not responses_api, and a named id is the id the answer carries (vLLM's request_id "
+                "field), so the same home is remembered again; only the scan's work is added"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_50": (
+            "stream.phase = None",
+            "same-value",
+            (
+                "phase None instead of RESPONSE_BODY: every later read of phase is an identity test against "
+                "REQUEST_HEADERS, REQUEST_BODY or DONE (_may_route, _on_request_*, Process's break, "
+                "_Stream.done), which None fails exactly as RESPONSE_BODY does; phase is never logged or "
+                "answered"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_52": (
+            "answer = None",
+            "performance",
+            (
+                "the served-answer cache is never read: epp.served_answer(endpoint, conformance=...) is "
+                "rebuilt per response, an equal message (same endpoint metadata and conformance header)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_53": (
+            "answer = self._served_answers.get(None)",
+            "performance",
+            (
+                "the cache is looked up under None, never found: the served answer is rebuilt per response, "
+                "an equal message"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_55": (
+            "if len(self._served_answers) > MAX_CACHED_ANSWERS:",
+            "performance",
+            (
+                "'>' instead of '>=': the served-answer cache is cleared at 4097 entries instead of 4096; the"
+                " answers returned are the same"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_61": (
+            "self._served_answers[pick.endpoint] = None",
+            "performance",
+            (
+                "the cache keeps None, so every response rebuilds its served answer; the answer returned is "
+                "the freshly built local one, equal to the cached one"
+            ),
+        ),
+        "xǁExtProcServiceǁ_read_response_id__mutmut_16": (
+            "if response_id is not None or len(head) > responses_stream.MAX_ID_SCAN_BYTES:",
+            "performance",
+            (
+                "'>' instead of '>=': head never exceeds MAX_ID_SCAN_BYTES (each chunk adds data[:MAX - "
+                "len(head)]), so a full head with no id is kept and re-scanned per chunk while the slice adds"
+                " nothing; it can never yield an id the original missed"
+            ),
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_10": (
+            'stream.request_id = epp.header_map(message.request_headers).get("")',
+            "message",
+            ".get('') is None: only _reject's log line loses the request id",
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_11": (
+            'stream.request_id = epp.header_map(message.request_headers).get("x-request-id", )',
+            "message",
+            ".get('x-request-id') gives None instead of '' when absent: only read by _reject's log line",
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_13": (
+            'stream.request_id = epp.header_map(message.request_headers).get("XXx-request-idXX", "")',
+            "message",
+            "wrong header name: the id is ''; only _reject's log line loses it",
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_14": (
+            'stream.request_id = epp.header_map(message.request_headers).get("X-REQUEST-ID", "")',
+            "message",
+            (
+                "header_map lower-cases keys, so 'X-REQUEST-ID' is never found: the id is ''; only _reject's "
+                "log line loses it"
+            ),
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_15": (
+            'stream.request_id = epp.header_map(message.request_headers).get("x-request-id", "XXXX")',
+            "message",
+            "'XXXX' instead of '' when the header is absent: only read by _reject's log line",
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_4": (
+            'if message.WhichOneof("request") != "request_headers":',
+            "message",
+            (
+                "the request id set in _refuse is only read by _reject's log line; with != the refused stream"
+                " logs '' (a headers message) or '' from the unset request_headers of another message; the "
+                "429 answer and its counter are the same"
+            ),
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_5": (
+            'if message.WhichOneof("request") == "XXrequest_headersXX":',
+            "message",
+            (
+                "the oneof name never matches: the refused stream's request id stays '' and only _reject's "
+                "log line loses it"
+            ),
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_6": (
+            'if message.WhichOneof("request") == "REQUEST_HEADERS":',
+            "message",
+            "as _5: 'REQUEST_HEADERS' never matches; only _reject's log line loses the request id",
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_7": (
+            "stream.request_id = None",
+            "message",
+            "request id None instead of the client's: only read by _reject's log line",
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_8": (
+            'stream.request_id = epp.header_map(message.request_headers).get(None, "")',
+            "message",
+            "header_map(...).get(None, '') is '': only _reject's log line loses the request id",
+        ),
+        "xǁExtProcServiceǁ_refuse__mutmut_9": (
+            'stream.request_id = epp.header_map(message.request_headers).get("x-request-id", None)',
+            "message",
+            "None instead of '' when the header is absent: only read by _reject's log line",
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_10": (
+            'log.info("rejected %s with %d (%s): %s", stream.request_id, reason, exc)',
+            "message",
+            "only the 'rejected ...' INFO log line changes (an argument missing)",
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_11": (
+            'log.info("rejected %s with %d (%s): %s", stream.request_id, status, exc)',
+            "message",
+            "only the 'rejected ...' INFO log line changes (an argument missing)",
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_12": (
+            'log.info("rejected %s with %d (%s): %s", stream.request_id, status, reason, )',
+            "message",
+            "only the 'rejected ...' INFO log line changes (an argument missing)",
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_13": (
+            'log.info("XXrejected %s with %d (%s): %sXX", stream.request_id, status, reason, exc)',
+            "message",
+            "only the text of the 'rejected ...' INFO log line changes",
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_14": (
+            'log.info("REJECTED %S WITH %D (%S): %S", stream.request_id, status, reason, exc)',
+            "message",
+            (
+                "only the 'rejected ...' INFO log line changes (upper-case %S/%D do not format: a logging "
+                "formatting error on stderr, not raised)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_3": (
+            "log.info(None, stream.request_id, status, reason, exc)",
+            "message",
+            (
+                "only the 'rejected ...' INFO log line changes (format None: logging reports a formatting "
+                "error on stderr, the caller is unaffected); the answer, picker.rejected and the counter are "
+                "unchanged"
+            ),
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_4": (
+            'log.info("rejected %s with %d (%s): %s", None, status, reason, exc)',
+            "message",
+            "only an argument of the 'rejected ...' INFO log line changes",
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_5": (
+            'log.info("rejected %s with %d (%s): %s", stream.request_id, None, reason, exc)',
+            "message",
+            (
+                "only an argument of the 'rejected ...' INFO log line changes (%d of None: a logging "
+                "formatting error on stderr, not raised)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_6": (
+            'log.info("rejected %s with %d (%s): %s", stream.request_id, status, None, exc)',
+            "message",
+            "only an argument of the 'rejected ...' INFO log line changes",
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_7": (
+            'log.info("rejected %s with %d (%s): %s", stream.request_id, status, reason, None)',
+            "message",
+            "only an argument of the 'rejected ...' INFO log line changes",
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_8": (
+            "log.info(stream.request_id, status, reason, exc)",
+            "message",
+            (
+                "only the 'rejected ...' INFO log line changes (the request id as format with four arguments:"
+                " a logging formatting error on stderr, not raised)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_reject__mutmut_9": (
+            'log.info("rejected %s with %d (%s): %s", status, reason, exc)',
+            "message",
+            (
+                "only the 'rejected ...' INFO log line changes (an argument missing: a logging formatting "
+                "error on stderr, not raised)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_route__mutmut_15": (
+            "on_queued=functools.partial(self._queued, stream) if (stream.notice is not None) or True else None,",  # noqa: E501
+            "same-value",
+            (
+                "when stream.notice is None the callback given is partial(self._queued, stream), and _queued "
+                "does nothing without a notice future; notice is set before _route runs on the notices path "
+                "and stays None on the other, so the picker's on_queued call has no effect either way"
+            ),
+        ),
+        "xǁExtProcServiceǁ_route__mutmut_27": (
+            'log.exception("picker failed on %s", None)',
+            "message",
+            "only the argument of the 'picker failed on %s' exception log line changes",
+        ),
+        "xǁExtProcServiceǁ_route__mutmut_28": (
+            "log.exception(stream.request_id)",
+            "message",
+            "only the text of the 'picker failed on %s' exception log line changes (the request id alone)",
+        ),
+        "xǁExtProcServiceǁ_route__mutmut_29": (
+            'log.exception("picker failed on %s", )',
+            "message",
+            (
+                "only the exception log line changes: without arguments logging prints the format string as "
+                "it is"
+            ),
+        ),
+        "xǁExtProcServiceǁ_route__mutmut_30": (
+            'log.exception("XXpicker failed on %sXX", stream.request_id)',
+            "message",
+            "only the text of the 'picker failed on %s' exception log line changes",
+        ),
+        "xǁExtProcServiceǁ_route__mutmut_34": (
+            "return self._reject(stream, None)",
+            "message",
+            (
+                "only _reject's log line changes (None for the error): an unexpected error and None both "
+                "answer 500 'internal error in the picker' with reason internal-error (answers.error_answer "
+                "shows only the picker's and the router's own texts)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_route__mutmut_38": (
+            "stream.phase = None",
+            "same-value",
+            (
+                "Phase.UPSTREAM is never compared: every reader asks `is Phase.DONE`, `is (not) "
+                "Phase.REQUEST_HEADERS/REQUEST_BODY` or `not in (REQUEST_HEADERS, REQUEST_BODY)`, where None "
+                "answers as UPSTREAM does; response headers then set RESPONSE_BODY"
+            ),
+        ),
+        "xǁExtProcServiceǁ_routing_answer__mutmut_3": (
+            "answer = None",
+            "performance",
+            (
+                "the cache is never read: each routing answer is built again by "
+                "epp.route_in_body/route_in_headers, with the same content (and the dict still filled and "
+                "emptied at its bound)"
+            ),
+        ),
+        "xǁExtProcServiceǁ_routing_answer__mutmut_4": (
+            "answer = self._routing_answers.get(None)",
+            "performance",
+            "get(None) never hits (keys are tuples): each answer is built again, the same content",
+        ),
+        "xǁExtProcServiceǁ_routing_answer__mutmut_6": (
+            "if len(self._routing_answers) > MAX_CACHED_ANSWERS:",
+            "performance",
+            (
+                "the answer cache is emptied at 4097 entries instead of 4096: one cached answer more, the "
+                "answers are the same"
+            ),
+        ),
+    },
     "runtime/lora_discovery.py": {
         "x__names__mutmut_1": (
             "shown = None",
