@@ -8185,8 +8185,8 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             'an unset bytes field reads as b"": Envoy gets the same message',
         ),
-        "x_header_map__mutmut_11": (
-            'out[h.key.lower()] = h.raw_value.decode("UTF-8", "replace") if h.raw_value else h.value',
+        "x_header_map__mutmut_9": (
+            'h.key.lower(): raw.decode("UTF-8", "replace") if (raw := h.raw_value) else h.value',
             "same-value",
             '"UTF-8" and "utf-8" name the same codec',
         ),
