@@ -52,6 +52,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from extproc.admin.api import AdminServer, start_admin
 from extproc.config import PickerConfig
 from extproc.epp.service import ExtProcService
+from extproc.epp.service_metrics import ServiceCollector
 from extproc.events.sources import EventSources, start_event_sources
 from extproc.groups import GroupApiServer, start_group_api
 from extproc.picker.pipeline import EndpointPicker
@@ -223,6 +224,7 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
         max_concurrent_streams=config.max_concurrent_streams,
         conformance_hooks=config.conformance_hooks,
     )
+    picker.metrics.registry.register(ServiceCollector(service))
     health_server = grpc.aio.server(options=GRPC_OPTIONS)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)

@@ -215,6 +215,7 @@ async def test_metrics_are_present_and_move_with_traffic(running, http) -> None:
     for outcome in ("queued", "released", "timed_out", "shed", "cancelled", "failed"):  # every way out
         assert f'extproc_queue_requests_total{{model="demo-model",outcome="{outcome}"}} 0.0' in after
     assert "extproc_worker_active_prefill_tokens" in after and "extproc_indexer_events" in after
+    assert "extproc_streams_open 0.0" in after and "extproc_output_sse_lines_skipped_total 0.0" in after
 
 
 @pytest.fixture
