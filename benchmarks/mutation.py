@@ -118,6 +118,12 @@ MODULES: dict[str, list[str]] = {
         "tests/epp/test_limits.py",
         "tests/fuzz/test_ext_proc_fuzz.py",
     ],
+    # chat templates rendered as vLLM 0.33 renders them (message preparation, transformers' sandbox)
+    "request/chat_template.py": [
+        "tests/request/test_tokenizer.py",
+        "tests/request/test_tokenizer_conformance.py",
+        "tests/request/test_piecewise.py",
+    ],
     # LoRA adapters read from the workers' /v1/models (the engines' recorded answers)
     "runtime/lora_discovery.py": ["tests/runtime/test_lora_discovery.py"],
     "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
