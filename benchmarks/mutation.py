@@ -8261,6 +8261,9 @@ def _prepare(module: str, tests: list[str], fresh: bool, source: Path) -> Path:
             shutil.rmtree(workdir / tree)
         shutil.copytree(source / tree, workdir / tree, ignore=ignore)
     (workdir / "pyproject.toml").write_text(_pyproject_for(module, tests, source))
+    shared = ROOT.parent / "shared"  # the real tokenizers some tests read, found as ../shared from the copy
+    if shared.is_dir() and not (workdir / "shared").exists():
+        (workdir / "shared").symlink_to(shared)
     # mutmut keeps every verdict of a function that did not change, but tests may have been added
     # since: the survivors of the last run are tested again (the killed stay killed), against a fresh
     # record of which tests reach which function (mutmut records only new tests', so a function
