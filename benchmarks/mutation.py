@@ -120,6 +120,8 @@ MODULES: dict[str, list[str]] = {
     ],
     # chat templates rendered as vLLM 0.33 renders them (message preparation, transformers' sandbox)
     "request/chat_template.py": [
+        "tests/request/test_chat_template_messages.py",
+        "tests/request/test_chat_template_render.py",
         "tests/request/test_tokenizer.py",
         "tests/request/test_tokenizer_conformance.py",
         "tests/request/test_piecewise.py",
