@@ -208,6 +208,263 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "request/chat_template.py": {
+        "x__cut_at_tag__mutmut_5": (
+            'raise TokenizerUnavailable("XXcontinue_final_message is set but the template dropped the final messageXX")',  # noqa: E501
+            "message",
+            "only the TokenizerUnavailable text changes (XX-wrapped); the error and its type are the same",
+        ),
+        "x__part__mutmut_24": (
+            'raise TokenizerUnavailable(f"content part type must be a string, not {type(None).__name__}")',
+            "message",
+            (
+                "only the TokenizerUnavailable text for a non-string part type changes (NoneType instead of "
+                "its type name)"
+            ),
+        ),
+        "x__part__mutmut_36": (
+            "None",
+            "message",
+            "only the TokenizerUnavailable text for a non-string text field changes (None)",
+        ),
+        "x__part__mutmut_37": (
+            'f"content part {part_type!r} needs a string, not {type(None).__name__}"',
+            "message",
+            (
+                "only the TokenizerUnavailable text for a non-string text field changes (NoneType instead of "
+                "its type name)"
+            ),
+        ),
+        "x__parts__mutmut_8": (
+            "raise TokenizerUnavailable(None)",
+            "message",
+            "only the TokenizerUnavailable text for non-str/list/None message content changes (None)",
+        ),
+        "x__parts__mutmut_9": (
+            'raise TokenizerUnavailable(f"message content of type {type(None).__name__} cannot be rendered")',
+            "message",
+            "only the TokenizerUnavailable text changes (NoneType instead of the content's type name)",
+        ),
+        "x__plain_text__mutmut_2": (
+            'texts = [p if (isinstance(p, str)) and False else p["text"] for p in content if isinstance(p, str) or "text" in p]',  # noqa: E501
+            "same-value",
+            (
+                "_plain_text only receives lists built by build_conversation in the 'openai' format, whose "
+                "items are always dicts (_part wraps strings as {'type':'text',...}), so isinstance(p, str) "
+                "is always False and p['text'] is taken either way"
+            ),
+        ),
+        "x__tag_final_message__mutmut_16": (
+            'raise TokenizerUnavailable("XXcontinue_final_message is set but there is no final message contentXX")',  # noqa: E501
+            "message",
+            "only the TokenizerUnavailable text changes (XX-wrapped)",
+        ),
+        "x__tag_final_message__mutmut_33": (
+            "raise TokenizerUnavailable(None)",
+            "message",
+            (
+                "TokenizerUnavailable(None) instead of the 'final message has no text' text; same exception "
+                "type, raised in the same cases"
+            ),
+        ),
+        "x__tag_final_message__mutmut_34": (
+            'raise TokenizerUnavailable("XXcontinue_final_message is set but the final message has no textXX")',  # noqa: E501
+            "message",
+            "only the TokenizerUnavailable text changes (XX-wrapped)",
+        ),
+        "x__tag_final_message__mutmut_35": (
+            'raise TokenizerUnavailable("CONTINUE_FINAL_MESSAGE IS SET BUT THE FINAL MESSAGE HAS NO TEXT")',
+            "message",
+            "only the TokenizerUnavailable text changes (upper-cased)",
+        ),
+        "x__tool_calls__mutmut_10": (
+            'raise TokenizerUnavailable("XXeach tool call needs a `function` objectXX")',
+            "message",
+            (
+                "only the TokenizerUnavailable text for a tool call without a function object changes (XX-"
+                "wrapped; the test's match is a substring so it still matches)"
+            ),
+        ),
+        "x__tool_calls__mutmut_2": (
+            "raise TokenizerUnavailable(None)",
+            "message",
+            "only the TokenizerUnavailable text for non-list tool_calls changes (None)",
+        ),
+        "x__tool_calls__mutmut_23": (
+            'arguments = ""',
+            "same-value",
+            (
+                "invalid JSON arguments set to '' instead of None: the next line maps anything that is not a "
+                "dict to {}, so the template gets {} either way"
+            ),
+        ),
+        "x__tool_calls__mutmut_3": (
+            'raise TokenizerUnavailable("XXtool_calls must be a listXX")',
+            "message",
+            "only the TokenizerUnavailable text for non-list tool_calls changes (XX-wrapped)",
+        ),
+        "x__tool_calls__mutmut_4": (
+            'raise TokenizerUnavailable("TOOL_CALLS MUST BE A LIST")',
+            "message",
+            "only the TokenizerUnavailable text for non-list tool_calls changes (upper-cased)",
+        ),
+        "x__without_billing_header__mutmut_14": (
+            'text = ""',
+            "same-value",
+            (
+                "for a part that is neither a string nor a text part, text = '' behaves as None: '' is a str "
+                "that does not start with the billing header, so the part is appended unchanged either way"
+            ),
+        ),
+        "x__without_billing_header__mutmut_25": (
+            'out.append(rest if (isinstance(part, str)) or True else {**part, "text": rest})',
+            "same-value",
+            (
+                "only a Mapping part of type 'text' reaches this branch as a non-string; _part turns the bare"
+                " string `rest` and {**part, 'text': rest} into the same item in both formats (rest / "
+                "{'type': 'text', 'text': rest}) and ignores the part's other keys, so the conversation is "
+                "identical"
+            ),
+        ),
+        "x_build_conversation__mutmut_17": (
+            "if plain and type(None) is str and len(message) == 2 and role in _PLAIN_ROLES:",
+            "performance",
+            (
+                "type(None) is str is always False, so the fast path is never taken; the general path yields "
+                "the identical {role, content} dict for those two-key user/assistant/tool string messages"
+            ),
+        ),
+        "x_build_conversation__mutmut_2": (
+            "plain = None",
+            "performance",
+            (
+                "plain=None disables only the fast path for {role, content: str} user/assistant/tool messages"
+                " in the 'string' format; the general path builds the same {role, content} dict (a str "
+                "becomes one text part, joined back; '' gives '' ), so only extra work is done"
+            ),
+        ),
+        "x_build_conversation__mutmut_4": (
+            'plain = content_format == "XXstringXX"',
+            "performance",
+            (
+                "plain is always False: same as mutmut_2, only the fast path is skipped and the general path "
+                "yields an identical message"
+            ),
+        ),
+        "x_build_conversation__mutmut_5": (
+            'plain = content_format == "STRING"',
+            "performance",
+            (
+                "plain is always False: same as mutmut_2, only the fast path is skipped and the general path "
+                "yields an identical message"
+            ),
+        ),
+        "x_vllm_tool__mutmut_51": (
+            'out: dict[str, Any] = {"type": tool.get(None, "function"), "function": out_function}',
+            "same-value",
+            (
+                "type is always 'function' instead of the tool's own; vLLM's ChatCompletionToolsParam "
+                "declares `type: Literal['function'] = 'function'`, so every tool the engine accepts has type"
+                " 'function' or none (dumped as 'function'); it differs only for tools the engine rejects "
+                "with a 400, where no prompt is rendered"
+            ),
+        ),
+        "x_vllm_tool__mutmut_55": (
+            'out: dict[str, Any] = {"type": tool.get("XXtypeXX", "function"), "function": out_function}',
+            "same-value",
+            (
+                "reads key 'XXtypeXX' (never set) so type is always 'function'; same as mutmut_51: differs "
+                "only for a non-'function' type, which vLLM's Literal['function'] rejects"
+            ),
+        ),
+        "x_vllm_tool__mutmut_56": (
+            'out: dict[str, Any] = {"type": tool.get("TYPE", "function"), "function": out_function}',
+            "same-value",
+            (
+                "reads key 'TYPE' so type is always 'function' (barring a tool sending 'TYPE'); same as "
+                "mutmut_51: differs only for tools vLLM rejects"
+            ),
+        ),
+        "x_vllm_tool__mutmut_9": (
+            'raise TokenizerUnavailable("XXeach tool needs a `function` object with a string `name`XX")',
+            "message",
+            "only the TokenizerUnavailable text changes (XX-wrapped)",
+        ),
+        "xǁChatTemplateǁrender__mutmut_11": (
+            'context.pop("XXadd_generation_promptXX", None)',
+            "same-value",
+            (
+                "the kwargs' add_generation_prompt left in context is overwritten by "
+                "context.update(add_generation_prompt=...) before rendering"
+            ),
+        ),
+        "xǁChatTemplateǁrender__mutmut_12": (
+            'context.pop("ADD_GENERATION_PROMPT", None)',
+            "same-value",
+            (
+                "the kwargs' add_generation_prompt left in context is overwritten by "
+                "context.update(add_generation_prompt=...) before rendering"
+            ),
+        ),
+        "xǁChatTemplateǁrender__mutmut_15": (
+            'continue_final_message = context.pop("continue_final_message", None)',
+            "same-value",
+            (
+                "an absent continue_final_message becomes None instead of False; it is only used for "
+                "truthiness (the both-set check and the tag/cut conditionals)"
+            ),
+        ),
+        "xǁChatTemplateǁrender__mutmut_28": (
+            "raise TokenizerUnavailable(None)",
+            "message",
+            (
+                "TokenizerUnavailable(None) instead of the 'cannot both be set' text; same exception type in "
+                "the same case"
+            ),
+        ),
+        "xǁChatTemplateǁrender__mutmut_29": (
+            'raise TokenizerUnavailable("XXadd_generation_prompt and continue_final_message cannot both be setXX")',  # noqa: E501
+            "message",
+            "only the TokenizerUnavailable text changes (XX-wrapped)",
+        ),
+        "xǁChatTemplateǁrender__mutmut_30": (
+            'raise TokenizerUnavailable("ADD_GENERATION_PROMPT AND CONTINUE_FINAL_MESSAGE CANNOT BOTH BE SET")',  # noqa: E501
+            "message",
+            "only the TokenizerUnavailable text changes (upper-cased)",
+        ),
+        "xǁChatTemplateǁrender__mutmut_48": (
+            'context.setdefault("documents", )',
+            "same-value",
+            "dict.setdefault(key) with no default uses None, the same as setdefault(key, None)",
+        ),
+        "xǁChatTemplateǁrender__mutmut_8": (
+            "context.pop(None, None)",
+            "same-value",
+            (
+                "the popped add_generation_prompt is overwritten anyway by "
+                "context.update(add_generation_prompt=...) before rendering; pop(None) removes nothing "
+                "(kwargs keys are JSON strings); the context's key order is invisible to templates"
+            ),
+        ),
+        "xǁ_GenerationTagǁparse__mutmut_11": (
+            'return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(None)',
+            "message",
+            (
+                "only the {% generation %} CallBlock's line number (None) changes, used for Jinja's traceback"
+                " line mapping; rendered text and the TokenizerUnavailable text of an error raised inside the"
+                " block are unchanged (checked by hand)"
+            ),
+        ),
+        "xǁ_GenerationTagǁparse__mutmut_14": (
+            'return jinja2.nodes.CallBlock(self.call_method("_body"), [], None, body).set_lineno(lineno)',
+            "same-value",
+            (
+                "CallBlock defaults None instead of []: with no args, Jinja's codegen never indexes defaults "
+                "and iter_child_nodes skips None as it does an empty list; rendering inside loops, with set "
+                "and in macros is unchanged (checked by hand)"
+            ),
+        ),
+    },
     "epp/service.py": {
         "x__header__mutmut_15": (
             'value = h.raw_value.decode("UTF-8", "replace") if h.raw_value else h.value',
