@@ -128,6 +128,8 @@ MODULES: dict[str, list[str]] = {
     ],
     # LoRA adapters read from the workers' /v1/models (the engines' recorded answers)
     "runtime/lora_discovery.py": ["tests/runtime/test_lora_discovery.py"],
+    # the rounds engine metrics and LoRA discovery read the workers in
+    "runtime/rounds.py": ["tests/runtime/test_lora_discovery.py", "tests/runtime/test_engine_metrics.py"],
     "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
     # output tokens counted from responses as they stream (OpenAI SSE and JSON, Responses, Messages)
     "epp/output_tokens.py": ["tests/epp/test_output_tokens.py", "tests/epp/test_output_tokens_edges.py"],
@@ -208,6 +210,77 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "runtime/rounds.py": {
+        "xǁRoundsǁ__init____mutmut_1": (
+            "self._name = None",
+            "message",
+            "the rounds' name, shown only as the task's name and in the failed-round log line",
+        ),
+        "xǁRoundsǁ_run__mutmut_10": (
+            'self._log.exception("%S: A ROUND FAILED", self._name)',
+            "message",
+            "a log line's arguments (the rounds' name shown)",
+        ),
+        "xǁRoundsǁ_run__mutmut_20": (
+            "await lazy_sleep(max(0.0, interval_s + (loop.time() - started)), interval_s / 4)",
+            "performance",
+            (
+                "the next round waits the interval plus the last round's time instead of minus it: a round is"
+                " later by the time of one (milliseconds against seconds)"
+            ),
+        ),
+        "xǁRoundsǁ_run__mutmut_22": (
+            "await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s * 4)",
+            "performance",
+            (
+                "the slack of the sleep between rounds: only serve's own loop (wakeups._SELECTORS) sleeps "
+                "lazily; a round comes up to a whole interval later there, never sooner"
+            ),
+        ),
+        "xǁRoundsǁ_run__mutmut_23": (
+            "await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s / 5)",
+            "performance",
+            (
+                "the slack of the sleep between rounds: only serve's own loop (wakeups._SELECTORS) sleeps "
+                "lazily; a round comes at most a fifth instead of a quarter of an interval late"
+            ),
+        ),
+        "xǁRoundsǁ_run__mutmut_5": (
+            "self._log.exception(None, self._name)",
+            "message",
+            "a log line's arguments (the rounds' name shown)",
+        ),
+        "xǁRoundsǁ_run__mutmut_6": (
+            'self._log.exception("%s: a round failed", None)',
+            "message",
+            "a log line's arguments (the rounds' name shown)",
+        ),
+        "xǁRoundsǁ_run__mutmut_7": (
+            "self._log.exception(self._name)",
+            "message",
+            "a log line's arguments (the rounds' name shown)",
+        ),
+        "xǁRoundsǁ_run__mutmut_8": (
+            'self._log.exception("%s: a round failed", )',
+            "message",
+            "a log line's arguments (the rounds' name shown)",
+        ),
+        "xǁRoundsǁ_run__mutmut_9": (
+            'self._log.exception("XX%s: a round failedXX", self._name)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁRoundsǁstart__mutmut_3": (
+            "self._task = asyncio.get_running_loop().create_task(self._run(), name=None)",
+            "message",
+            "the task's name, shown only in debugging output",
+        ),
+        "xǁRoundsǁstart__mutmut_5": (
+            "self._task = asyncio.get_running_loop().create_task(self._run(), )",
+            "message",
+            "the task's name, shown only in debugging output",
+        ),
+    },
     "request/chat_template.py": {
         "x__cut_at_tag__mutmut_5": (
             'raise TokenizerUnavailable("XXcontinue_final_message is set but the template dropped the final messageXX")',  # noqa: E501
@@ -1252,6 +1325,21 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "runtime/lora_discovery.py": {
+        "xǁAdapterDiscoveryǁ__init____mutmut_1": (
+            "super().__init__(None, config.lora_interval_s, log)",
+            "message",
+            "the rounds' name, shown only as the task's name and in the failed-round log line",
+        ),
+        "xǁAdapterDiscoveryǁ__init____mutmut_7": (
+            'super().__init__("XXlora-discoveryXX", config.lora_interval_s, log)',
+            "message",
+            "the rounds' name, shown only as the task's name and in the failed-round log line",
+        ),
+        "xǁAdapterDiscoveryǁ__init____mutmut_8": (
+            'super().__init__("LORA-DISCOVERY", config.lora_interval_s, log)',
+            "message",
+            "the rounds' name, shown only as the task's name and in the failed-round log line",
+        ),
         "x__names__mutmut_1": (
             "shown = None",
             "message",
@@ -1420,52 +1508,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁAdapterDiscoveryǁ_run__mutmut_18": (
-            "await lazy_sleep(max(0.0, interval_s + (loop.time() - started)), interval_s / 4)",
-            "performance",
-            (
-                "the next round waits the interval plus the last round's time instead of minus it: a round is"
-                " later by the time of one (milliseconds against 30 s)"
-            ),
-        ),
-        "xǁAdapterDiscoveryǁ_run__mutmut_20": (
-            "await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s * 4)",
-            "performance",
-            (
-                "the slack of the sleep between rounds: only serve's own loop (wakeups._SELECTORS) sleeps "
-                "lazily, elsewhere `lazy_sleep` is asyncio.sleep; a round comes at most a quarter interval "
-                "later or sooner"
-            ),
-        ),
-        "xǁAdapterDiscoveryǁ_run__mutmut_21": (
-            "await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s / 5)",
-            "performance",
-            (
-                "the slack of the sleep between rounds: only serve's own loop (wakeups._SELECTORS) sleeps "
-                "lazily, elsewhere `lazy_sleep` is asyncio.sleep; a round comes at most a quarter interval "
-                "later or sooner"
-            ),
-        ),
-        "xǁAdapterDiscoveryǁ_run__mutmut_4": (
-            "log.exception(None)",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁ_run__mutmut_5": (
-            'log.exception("XXLoRA discovery: a round failedXX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁAdapterDiscoveryǁ_run__mutmut_6": (
-            'log.exception("lora discovery: a round failed")',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁ_run__mutmut_7": (
-            'log.exception("LORA DISCOVERY: A ROUND FAILED")',
-            "message",
-            "an error's or a log line's text",
-        ),
         "xǁAdapterDiscoveryǁread_once__mutmut_20": (
             "for state, key in zip(states, wanted, strict=None):",
             "same-value",
@@ -1510,34 +1552,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'log.info("lora adapters of %s: %d listed by its workers (+%s -%s)", model, len(names),',
             "message",
             "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁstart__mutmut_3": (
-            "self._task = asyncio.get_running_loop().create_task(self._run(), name=None)",
-            "message",
-            "the task's name, shown only in debugging output",
-        ),
-        "xǁAdapterDiscoveryǁstart__mutmut_5": (
-            "self._task = asyncio.get_running_loop().create_task(self._run(), )",
-            "message",
-            "the task's name, shown only in debugging output",
-        ),
-        "xǁAdapterDiscoveryǁstart__mutmut_6": (
-            'self._task = asyncio.get_running_loop().create_task(self._run(), name="XXlora-discoveryXX")',
-            "message",
-            "the task's name, shown only in debugging output",
-        ),
-        "xǁAdapterDiscoveryǁstart__mutmut_7": (
-            'self._task = asyncio.get_running_loop().create_task(self._run(), name="LORA-DISCOVERY")',
-            "message",
-            "the task's name, shown only in debugging output",
-        ),
-        "xǁAdapterDiscoveryǁstop__mutmut_5": (
-            'self._session = ""',
-            "same-value",
-            (
-                "after stop nothing reads the session: a stopped discovery is not started again (serve makes "
-                "one per run)"
-            ),
         ),
         "x_adapters_in__mutmut_13": (
             "raise ModelsInvalid(None)",

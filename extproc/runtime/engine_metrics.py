@@ -38,14 +38,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
-
 from extproc.config import EngineMetricsConfig, WorkerConfig
 from extproc.config.engine_metrics import MAX_CONCURRENT_SCRAPES
 from extproc.router import KvRouter, Worker
 from extproc.runtime.bounded_get import FetchFailed, bounded_get, bounded_session
-from extproc.runtime.wakeups import lazy_sleep
-from extproc.tasks import cancel_and_wait
+from extproc.runtime.rounds import Rounds
 
 log = logging.getLogger("extproc.engine_metrics")
 
@@ -172,15 +169,14 @@ class WorkerPools(Protocol):
     def pools(self) -> Mapping[str, Any]: ...
 
 
-class EngineMetricsScraper:
+class EngineMetricsScraper(Rounds):
     """Scrapes every worker's metrics endpoint each `config.interval_s` and reports to its router."""
 
     def __init__(self, target: WorkerPools, config: EngineMetricsConfig) -> None:
+        super().__init__("engine-metrics", config.interval_s, log)
         self.config = config
         self._target = target
         self._states: dict[str, EndpointState] = {}
-        self._session: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
 
     def url_of(self, worker: WorkerConfig) -> str:
@@ -192,27 +188,8 @@ class EngineMetricsScraper:
         """The scrape state of the worker's metrics URL (None before its first round)."""
         return self._states.get(self.url_of(worker))
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-metrics")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                await self.scrape_once()
-            except Exception:  # an edge loop: one bad round must not end the scraping
-                log.exception("engine metrics: a scrape round failed")
-            interval_s = self.config.interval_s  # up to a quarter late, with a wake-up the loop has anyway
-            await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s / 4)
+    async def one_round(self) -> None:
+        await self.scrape_once()
 
     async def scrape_once(self) -> None:
         """One round: every metrics URL once (at most MAX_CONCURRENT_SCRAPES at a time)."""

@@ -35,13 +35,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
-
 from extproc.config import DiscoveryConfig, WorkerConfig
 from extproc.picker.client_ids import loggable
 from extproc.runtime.bounded_get import FetchFailed, bounded_get, bounded_session
-from extproc.runtime.wakeups import lazy_sleep
-from extproc.tasks import cancel_and_wait
+from extproc.runtime.rounds import Rounds
 
 log = logging.getLogger("extproc.lora_discovery")
 
@@ -101,43 +98,23 @@ class WorkerModels:
     workers: set[str] = field(default_factory=set)
 
 
-class AdapterDiscovery:
+class AdapterDiscovery(Rounds):
     """Reads every worker's /v1/models each `config.lora_interval_s` and tells the picker its
     models' adapters."""
 
     def __init__(self, target: AdapterTarget, config: DiscoveryConfig) -> None:
+        super().__init__("lora-discovery", config.lora_interval_s, log)
         self.config = config
         self._target = target
         self._states: dict[tuple[str, str], WorkerModels] = {}  # (model, url) -> its last answer
-        self._session: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_READS)
 
     @staticmethod
     def url_of(worker: WorkerConfig) -> str:
         return f"http://{worker.endpoint}/v1/models"
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="lora-discovery")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                await self.read_once()
-            except Exception:  # an edge loop: one bad round must not end the reading
-                log.exception("LoRA discovery: a round failed")
-            interval_s = self.config.lora_interval_s
-            await lazy_sleep(max(0.0, interval_s - (loop.time() - started)), interval_s / 4)
+    async def one_round(self) -> None:
+        await self.read_once()
 
     async def read_once(self) -> None:
         """One round: every worker's model list once, then each model's adapters to the picker."""

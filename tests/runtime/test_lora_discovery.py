@@ -387,12 +387,37 @@ def test_the_rounds_keep_their_interval_on_serves_own_loop():
 
 
 async def test_stopping_twice_is_stopping_once(workers):
-    _, endpoints = await workers(body("vllm", "base-only"))
+    (worker,), endpoints = await workers(body("vllm", "base-only"))
     picker = picker_over(endpoints)
     discovery = AdapterDiscovery(picker, DiscoveryConfig(lora_interval_s=0.05))
     discovery.start()
     try:
+        await until(lambda: worker.reads >= 1, 5.0, "a first read (its session open)")
         await discovery.stop()
         await discovery.stop()
     finally:
+        await picker.close()
+
+
+async def test_a_round_that_fails_is_logged_and_the_rounds_go_on(workers, caplog):
+    _, endpoints = await workers(body("vllm", "static-and-loaded"))
+    picker = picker_over(endpoints)
+    discovery = AdapterDiscovery(picker, DiscoveryConfig(lora_interval_s=0.05))
+    set_adapters = picker.set_discovered_adapters
+    calls = 0
+
+    def failing_once(model, names):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug in a round")
+        return set_adapters(model, names)
+
+    picker.set_discovered_adapters = failing_once  # type: ignore[method-assign]
+    discovery.start()
+    try:
+        await until(lambda: len(picker.adapters(MODEL)) == 2, 5.0, "a later round's adapters")
+        assert any("lora-discovery: a round failed" in r.getMessage() for r in caplog.records)
+    finally:
+        await discovery.stop()
         await picker.close()
