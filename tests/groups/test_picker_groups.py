@@ -7,6 +7,7 @@ parse, tokenize, then the selector probes the groups, commits to one and owns th
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -20,6 +21,7 @@ from extproc.events.vllm import VllmEventDecoder, parse_frames
 from extproc.groups import start_group_api
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
+from extproc.runtime.server import start_picker
 
 from ..events.test_engine_fixtures import live
 from ..picker_fixtures import request_body, request_headers
@@ -195,3 +197,13 @@ async def test_an_adapters_request_reaches_a_remote_group_with_its_name_and_matc
             await api.stop(0)
         for group in groups.values():
             await group.close()
+
+
+async def test_serve_says_its_lora_discovery_does_not_see_the_groups_workers(refusing_port, caplog):
+    config = replace(top_config([GroupConfig("g", f"127.0.0.1:{refusing_port()}")]), port=0, health_port=0)
+    with caplog.at_level(logging.INFO, logger="extproc.server"):
+        running = await start_picker(config)
+        await running.stop(0)
+    assert any(
+        "LoRA discovery reads this picker's own workers only" in r.getMessage() for r in caplog.records
+    )
