@@ -127,6 +127,7 @@ class RoutingClient:
         *,
         tokenizer: str | None = None,
         lora_adapters: Sequence[str] = (),
+        aliases: Sequence[str] = (),
         seed: int | None = None,
         kv_events: bool = True,
         timeout: aiohttp.ClientTimeout | None = None,
@@ -137,6 +138,7 @@ class RoutingClient:
 
         `tokenizer`: a Hugging Face tokenizer directory (default: UTF-8 bytes, as the mock worker).
         `lora_adapters`: names of LoRA adapters the workers serve as models (vLLM's `--lora-modules`).
+        `aliases`: other names the workers serve the model as (vLLM's further `--served-model-name`s).
         `router_settings`: `RouterConfig` fields (`block_size=16`, `overlap_score_weight=2.0`,
         ...); `use_kv_events` defaults to whether any worker names a ZMQ event endpoint.
         Raises ValueError (`InvalidConfig`) for a bad setting or a worker of another model.
@@ -149,7 +151,9 @@ class RoutingClient:
         config = PickerConfig(
             router=RouterConfig(**router_settings),
             workers=configs,
-            models=(ModelConfig(model, tokenizer=tokenizer, lora_adapters=tuple(lora_adapters)),),
+            models=(
+                ModelConfig(model, tokenizer=tokenizer, lora_adapters=tuple(lora_adapters), aliases=tuple(aliases)),
+            ),
             seed=seed,
         )
         return cls(config, kv_events=kv_events, timeout=timeout)

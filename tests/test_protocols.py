@@ -55,7 +55,7 @@ PAIRS = [
     # runtime/
     Pair("extproc.runtime.discovery:WorkerSetTarget", "extproc.picker.pipeline:EndpointPicker"),
     Pair("extproc.runtime.engine_metrics:WorkerPools", "extproc.picker.pipeline:EndpointPicker"),
-    Pair("extproc.runtime.lora_discovery:AdapterTarget", "extproc.picker.pipeline:EndpointPicker"),
+    Pair("extproc.runtime.lora_discovery:NameTarget", "extproc.picker.pipeline:EndpointPicker"),
     # request/
     Pair("extproc.request.tokenizer:Tokenizer", "extproc.request.tokenizer:ByteTokenizer"),
     Pair("extproc.request.tokenizer:Tokenizer", "extproc.request.tokenizer:HfTokenizer"),
@@ -136,7 +136,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
     from extproc.router import KvRouter
     from extproc.runtime.discovery import WorkerSetTarget
     from extproc.runtime.engine_metrics import WorkerPools
-    from extproc.runtime.lora_discovery import AdapterTarget
+    from extproc.runtime.lora_discovery import NameTarget
     from extproc.sim.disagg import EngineClock
     from extproc.sim.kv_events import KvEventPublisher, NatsKvEvents, ZmqKvEvents, _Forward
     from extproc.sim.mock_responses import HandlerWorker, _Driver
@@ -184,13 +184,13 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         picker: Picker = endpoint_picker
         output_tracker: OutputTracker = endpoint_picker
         worker_pools: WorkerPools = endpoint_picker
-        adapter_target: AdapterTarget = endpoint_picker
+        name_target: NameTarget = endpoint_picker
         served: ServedGroup = local_group
         groups: list[RouterGroup] = [local_group, remote_group]
         del targets, tokenizers, listeners, replay_routers, worker_tokenizers, clock, publishers, sink
         del offload_listeners
         del trees, synced, worker_set_listener, route_listener, picker, served, groups, output_tracker
-        del worker_pools, adapter_target, responses_driver, handler_worker
+        del worker_pools, name_target, responses_driver, handler_worker
 
 
 # --- the structural check --------------------------------------------------------------------------

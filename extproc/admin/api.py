@@ -12,7 +12,8 @@
                                   engine's own load (scraped: KV usage, running, waiting, age, fresh),
                                   which view the busy thresholds use, and with the timing prefill
                                   load model its learned pass-time model; per model the LoRA
-                                  adapters requests may name (configured or listed by its workers)
+                                  adapters and aliases requests may name (configured or listed by
+                                  its workers)
     GET  /debug/dump_events       ?model=M: the KV events that rebuild M's indexer (engine-reported)
     POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens", "cache_salt"?}: loads if
                                   sent, the credited overlap and the matched blocks per tier; at most
@@ -196,11 +197,13 @@ def make_admin_app(
                 )
         queues = {model: len(picker.gate(model)) for model in picker.pools}
         adapters = {model: picker.adapters(model) for model in picker.pools}
+        aliases = {model: picker.aliases(model) for model in picker.pools}
         return web.json_response(
             {
                 "workers": out,
                 "queued": queues,
                 "lora_adapters": adapters,
+                "model_aliases": aliases,
                 "kv_event_counters": sources.counters.snapshot(),
             }
         )

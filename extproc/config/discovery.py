@@ -87,9 +87,10 @@ LORA_DISCOVERY_INTERVAL_MS = Option(
     30_000,
     "Read each worker's /v1/models this often: the LoRA adapters vLLM lists there (with a parent) "
     "become model names requests may give, routed to that worker's model and matched against the "
-    "blocks cached under the adapter; adapters loaded at run time appear within an interval. 0 "
-    "turns it off (models[].lora-adapters in the file still names adapters; SGLang's MODEL:ADAPTER "
-    "and lora_path need neither).",
+    "blocks cached under the adapter; adapters loaded at run time appear within an interval. The "
+    "model's other served names listed there (vLLM's --served-model-name llama llama-3.1) become "
+    "its aliases. 0 turns it off (models[].lora-adapters and models[].aliases in the file still name "
+    "them; SGLang's MODEL:ADAPTER and lora_path need neither).",
 )
 LORA_DISCOVERY_TIMEOUT_MS = Option(
     "--lora-discovery-timeout-ms", int, 2000, "Time limit of one /v1/models read (connect, headers, body)."

@@ -6,6 +6,7 @@ discovery, extproc/runtime/discovery.py).
       - name: llama
         tokenizer: /models/llama # a Hugging Face tokenizer directory
         tokenize-url: worker     # or http://host:port: the engine's /tokenize
+        aliases: [llama-3.1]     # other names the workers serve it as (vLLM --served-model-name)
         lora-adapters: [sql-lora] # LoRA adapters the workers serve as models (vLLM --lora-modules)
     workers:
       - id: w0
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from extproc.config.options import ConfigError, snake_keys
 
@@ -31,6 +32,7 @@ WORKER_ROLES = ("prefill", "decode", "both")
 WORKER_DEVICES = ("cuda", "cpu")
 _ROLE_ALIASES = {"aggregated": "both", "agg": "both"}
 _DEVICE_ALIASES = {"gpu": "cuda", "accelerator": "cuda", "xpu": "cuda", "npu": "cuda", "hpu": "cuda"}
+NameKind = Literal["alias", "adapter"]  # what a model's other name is: extproc/picker/model_names.py
 MAX_DP_SIZE = 1024  # data-parallel ranks per worker a config's dp_size may ask for
 
 
@@ -55,17 +57,20 @@ class WorkerConfig:
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """A model the workers serve, and the LoRA adapters they serve on top of it.
+    """A model the workers serve, the other names they serve it as, and the LoRA adapters they serve
+    on top of it.
 
-    A request names an adapter as its `model` (vLLM's `--lora-modules NAME=PATH`); it goes to the
-    base model's workers, tokenized by its tokenizer, and its blocks are hashed with the adapter's
-    name, as the engines hash them (their KV events carry `lora_name`).
+    A request naming an alias (vLLM's further `--served-model-name`s) is the model's. A request
+    naming an adapter (vLLM's `--lora-modules NAME=PATH`) goes to the model's workers, tokenized by
+    its tokenizer, and its blocks are hashed with the adapter's name, as the engines hash them
+    (their KV events carry `lora_name`).
     """
 
     name: str
     tokenizer: str | None = None
     tokenize_url: str | None = None
     lora_adapters: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
 
 
 def worker_role(text: object, where: str) -> str:
@@ -147,41 +152,50 @@ def _zmq_endpoint(w: Mapping[str, Any], key: str, index: int) -> str | None:
 def read_models(raw: Any, workers: Sequence[WorkerConfig]) -> tuple[ModelConfig, ...]:
     """The file's `models:` list, plus a tokenizer-less entry for each model only workers name."""
     if raw and not isinstance(raw, list):
-        raise ConfigError("invalid models: expected a list of {name, tokenizer, tokenize-url, lora-adapters}")
+        raise ConfigError(
+            "invalid models: expected a list of {name, tokenizer, tokenize-url, aliases, lora-adapters}"
+        )
     models: dict[str, ModelConfig] = {}
     for i, item in enumerate(raw or []):
         if not isinstance(item, Mapping) or not item.get("name"):
             raise ConfigError(f"invalid models[{i}]={item!r}: expected a mapping with a name")
         m = snake_keys(item)
         name = str(m["name"])
-        adapters = _lora_adapters(m.get("lora_adapters"), i)
-        models[name] = ModelConfig(name, m.get("tokenizer"), m.get("tokenize_url"), adapters)
+        adapters = _names(m.get("lora_adapters"), i, "lora-adapters")
+        aliases = _names(m.get("aliases"), i, "aliases")
+        models[name] = ModelConfig(name, m.get("tokenizer"), m.get("tokenize_url"), adapters, aliases)
     for w in workers:
         models.setdefault(w.model, ModelConfig(w.model))
-    base_models(models.values())  # every name one model
+    other_names(models.values())  # every name one thing
     return tuple(models.values())
 
 
-def _lora_adapters(raw: Any, index: int) -> tuple[str, ...]:
+def _names(raw: Any, index: int, key: str) -> tuple[str, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list) or not all(isinstance(a, str) and a for a in raw):
-        raise ConfigError(f"invalid models[{index}].lora-adapters={raw!r}: expected a list of adapter names")
+        raise ConfigError(f"invalid models[{index}].{key}={raw!r}: expected a list of names")
     return tuple(raw)
 
 
-def base_models(models: Iterable[ModelConfig]) -> dict[str, str]:
-    """Each LoRA adapter's base model. Raises ConfigError when a name is two things: two models'
-    adapter, or an adapter and a model (a request's `model` would not say which it means)."""
+def other_names(models: Iterable[ModelConfig]) -> dict[str, tuple[str, NameKind]]:
+    """Each alias's and LoRA adapter's model and kind ("alias" or "adapter"). Raises ConfigError
+    when a name is two things: a model and another's name, two models' names, or an alias and an
+    adapter (a request's `model` would not say which it means)."""
     models = list(models)
     names = {m.name for m in models}
-    bases: dict[str, str] = {}
+    meant: dict[str, tuple[str, NameKind]] = {}
     for model in models:
-        for adapter in model.lora_adapters:
-            if adapter in names:
-                raise ConfigError(f"invalid lora-adapters of {model.name}: {adapter!r} is also a model")
-            if bases.get(adapter, model.name) != model.name:
-                other = bases[adapter]
-                raise ConfigError(f"invalid lora-adapters of {model.name}: {adapter!r} is already {other}'s")
-            bases[adapter] = model.name
-    return bases
+        kinds: tuple[tuple[NameKind, str, tuple[str, ...]], ...] = (
+            ("alias", "aliases", model.aliases),
+            ("adapter", "lora-adapters", model.lora_adapters),
+        )
+        for kind, key, listed in kinds:
+            for name in listed:
+                if name in names:
+                    raise ConfigError(f"invalid {key} of {model.name}: {name!r} is also a model")
+                if meant.get(name, (model.name, kind)) != (model.name, kind):
+                    other, what = meant[name]
+                    raise ConfigError(f"invalid {key} of {model.name}: {name!r} is already {other}'s {what}")
+                meant[name] = (model.name, kind)
+    return meant

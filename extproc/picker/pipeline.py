@@ -41,7 +41,7 @@ from itertools import count
 from typing import Protocol
 
 from extproc.config import PickerConfig, WorkerConfig
-from extproc.config.workers import base_models
+from extproc.config.workers import other_names
 from extproc.epp import answers as epp
 from extproc.errors import (
     NoEligibleWorker,
@@ -60,6 +60,7 @@ from extproc.picker.body_parser import BodyParser
 from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
+from extproc.picker.model_names import ModelNames
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
 from extproc.picker.response_homes import ResponseHomes, ResponseHomesCollector
 from extproc.picker.worker_sessions import Outcome, WorkerSessionCollector, WorkerSessions, session_timeout
@@ -143,9 +144,8 @@ class EndpointPicker:
         # awaited before each decision: replica sync reads what other replicas said that already came
         self.before_decision: Callable[[], Awaitable[None]] | None = None
         self._pools = build_pools(config, clock=clock, rng=self._rng)
-        self._configured_adapters = base_models(config.models)  # LoRA adapter -> its base model
-        self._discovered_adapters: dict[str, frozenset[str]] = {}  # model -> what its workers list
-        self._base_models = dict(self._configured_adapters)  # both: what requests are resolved with
+        # aliases and LoRA adapters, configured and listed by the workers: what requests resolve with
+        self._names = ModelNames(self._pools, other_names(config.models))
         groups = self._groups(config)
         local = [g for g in groups if isinstance(g, LocalGroup)]
         # this process's workers: routed to when configured as a group, served by --group-api-port
@@ -228,20 +228,21 @@ class EndpointPicker:
         return self._pools
 
     def model_names(self) -> list[str]:
-        """The names a request's `model` may give: the models, then their LoRA adapters."""
-        return [*self._pools, *self._base_models]
+        """The names a request's `model` may give: the models, then their aliases and LoRA adapters."""
+        return [*self._pools, *self._names.names()]
 
     def resolve_model(self, name: str) -> tuple[ModelPool, str | None]:
         """The pool serving a request's `model`, and the LoRA adapter it names (else None): a
-        configured model; one of its `lora-adapters` (vLLM serves adapters as models); or SGLang's
+        configured model; one of its aliases (vLLM's further `--served-model-name`s) or LoRA adapters
+        (vLLM serves adapters as models), configured or listed by its workers; or SGLang's
         `MODEL:ADAPTER` (the longest configured model before the colon; an empty adapter is none).
         Raises UnknownModel."""
         pool = self._pools.get(name)
         if pool is not None:
             return pool, None
-        base = self._base_models.get(name)
-        if base is not None:
-            return self._pools[base], name
+        meant = self._names.get(name)
+        if meant is not None:
+            return self._pools[meant.model], name if meant.kind == "adapter" else None
         bases = [m for m in self._pools if name.startswith(f"{m}:")]
         if not bases:
             raise UnknownModel(name, self.model_names())
@@ -250,31 +251,21 @@ class EndpointPicker:
 
     def adapters(self, model: str) -> list[str]:
         """The LoRA adapters requests for `model`'s workers may name, configured or discovered."""
-        return [name for name, base in self._base_models.items() if base == model]
+        return self._names.of(model, "adapter")
 
-    def set_discovered_adapters(self, model: str, names: Iterable[str]) -> tuple[list[str], list[str]]:
-        """The adapters `model`'s workers now list (their /v1/models, `runtime.lora_discovery`): they
+    def aliases(self, model: str) -> list[str]:
+        """The other names requests for `model` may give, configured or discovered."""
+        return self._names.of(model, "alias")
+
+    def set_discovered_names(
+        self, model: str, aliases: Iterable[str], adapters: Iterable[str]
+    ) -> tuple[list[str], list[str]]:
+        """The names `model`'s workers now list (their /v1/models, `runtime.lora_discovery`): they
         become names a request may give, on top of the configured ones. Returns the names added and
-        removed. A name that is a model or another model's adapter stays what it was (logged)."""
+        removed. A name that is a model or another model's stays what it was (logged once)."""
         if model not in self._pools:
             raise UnknownModel(model, list(self._pools))
-        before = set(self.adapters(model))
-        listed_before = self._discovered_adapters.get(model, frozenset())
-        self._discovered_adapters[model] = frozenset(names)
-        combined = dict(self._configured_adapters)
-        for other, listed in self._discovered_adapters.items():
-            for name in sorted(listed):
-                claimed = combined.get(name, other)
-                if name in self._pools or claimed != other:
-                    if other == model and name not in listed_before:  # once, as it appears
-                        what = "a model" if name in self._pools else f"{claimed}'s"
-                        log.warning("workers of %s list LoRA adapter %s, already %s: not theirs here",
-                                    model, loggable(name), what)  # fmt: skip
-                    continue
-                combined[name] = other
-        self._base_models = combined
-        after = set(self.adapters(model))
-        return sorted(after - before), sorted(before - after)
+        return self._names.set_listed(model, {"alias": aliases, "adapter": adapters})
 
     def gate(self, model: str) -> AdmissionGate:
         """The model's admission queue."""

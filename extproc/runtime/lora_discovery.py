@@ -1,7 +1,8 @@
-"""The LoRA adapters the workers serve, read from their model lists: each worker's `GET /v1/models`
-every `--lora-discovery-interval-ms` (30 s), its adapters handed to the picker
-(`EndpointPicker.set_discovered_adapters`), so a request naming one goes to its base model's workers
-and matches the blocks cached under it, without listing adapters in the config.
+"""The LoRA adapters and other model names the workers serve, read from their model lists: each
+worker's `GET /v1/models` every `--lora-discovery-interval-ms` (30 s), its names handed to the picker
+(`EndpointPicker.set_discovered_names`), so a request naming an adapter goes to its base model's
+workers and matches the blocks cached under it, and one naming another of the model's served names
+goes to its workers, without listing either in the config.
 
 What the engines answer, checked against their code (fixtures: tests/runtime/lora_models/):
 
@@ -16,14 +17,17 @@ What the engines answer, checked against their code (fixtures: tests/runtime/lor
                   (`owned_by` "sglang") name no model here
 
 A card with a `parent` is an adapter of the model the worker serves (its `parent` may be another of
-the worker's served names), unless SGLang owns it. A model's adapters are those any of its workers
-lists; a worker that cannot be read keeps its last answer (a slow engine does not take its adapters
-away), one that leaves takes its answer with it.
+the worker's served names), unless SGLang owns it; a card without one is a name the worker serves
+its model as (vLLM's `--served-model-name llama llama-3.1` lists both), an alias of the picker's model
+when it is not the model's own name. A vLLM worker that does not list its model's name would answer
+its requests 404: logged once. A model's names are those any of its workers lists; a worker that
+cannot be read keeps its last answer (a slow engine does not take its names away), one that leaves
+takes its answer with it.
 
 Bounds, whatever a worker does: the GET is bounded (`bounded_get`: `--lora-discovery-timeout-ms`,
 MAX_MODELS_BYTES, no redirects, no compression), at most MAX_CONCURRENT_READS at once, at most
-MAX_ADAPTERS_PER_WORKER adapters of at most MAX_ADAPTER_NAME characters are taken from one answer
-(the rest are left out). A worker that fails is logged once, and once more when it answers again.
+MAX_NAMES_PER_WORKER names (adapters and aliases) of at most MAX_NAME characters are taken from one
+answer (the rest are left out). A worker that fails is logged once, and once more when it answers again.
 """
 
 from __future__ import annotations
@@ -44,19 +48,27 @@ log = logging.getLogger("extproc.lora_discovery")
 
 MAX_MODELS_BYTES = 1 << 20  # a /v1/models body; vLLM's is about 500 bytes a card
 MAX_CONCURRENT_READS = 16
-MAX_ADAPTERS_PER_WORKER = 1024  # vLLM keeps --max-cpu-loras adapters loaded; SGLang --max-loaded-loras
-MAX_ADAPTER_NAME = 256  # characters
+MAX_NAMES_PER_WORKER = 1024  # vLLM keeps --max-cpu-loras adapters loaded; SGLang --max-loaded-loras
+MAX_NAME = 256  # characters
 
 
 class ModelsInvalid(FetchFailed):
     """The body is not a model list."""
 
 
-def adapters_in(body: bytes) -> list[str]:
-    """The adapter names of a `/v1/models` body: the ids of the cards with a `parent` (not SGLang's),
-    in order, each once, at most MAX_ADAPTERS_PER_WORKER of at most MAX_ADAPTER_NAME characters
-    (longer ones and cards past the bound are left out). Raises ModelsInvalid for a body that is no
-    model list."""
+@dataclass(frozen=True, slots=True)
+class ListedNames:
+    """What one `/v1/models` body names: `served`, the cards without a `parent` (the worker's own
+    model's names), and `adapters`, those with one; SGLang's cards are left out of both."""
+
+    served: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()
+
+
+def names_in(body: bytes) -> ListedNames:
+    """The names a `/v1/models` body lists, in order, each once, at most MAX_NAMES_PER_WORKER of at
+    most MAX_NAME characters (longer ones and cards past the bound are left out). Raises
+    ModelsInvalid for a body that is no model list."""
     try:
         listed = json.loads(body)
     except (ValueError, RecursionError) as exc:  # ValueError: not JSON, not UTF-8
@@ -64,27 +76,39 @@ def adapters_in(body: bytes) -> list[str]:
     cards = listed.get("data") if isinstance(listed, dict) else None
     if not isinstance(cards, list):
         raise ModelsInvalid("not a model list: no `data` list")
-    names: dict[str, None] = {}
+    served: dict[str, None] = {}
+    adapters: dict[str, None] = {}
     for card in cards:
         if not isinstance(card, dict):
             continue
         name, parent = card.get("id"), card.get("parent")
-        if card.get("owned_by") == "sglang":  # served as BASE:ADAPTER only
+        if card.get("owned_by") == "sglang":  # one served name; adapters served as BASE:ADAPTER only
             continue
-        if isinstance(name, str) and isinstance(parent, str) and 0 < len(name) <= MAX_ADAPTER_NAME:
-            names[name] = None
-            if len(names) == MAX_ADAPTERS_PER_WORKER:
-                break
-    return list(names)
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or name in served or name in adapters:
+            continue
+        if isinstance(parent, str):
+            adapters[name] = None
+        elif parent is None:
+            served[name] = None
+        if len(served) + len(adapters) == MAX_NAMES_PER_WORKER:
+            break
+    return ListedNames(tuple(served), tuple(adapters))
 
 
-class AdapterTarget(Protocol):
+def adapters_in(body: bytes) -> list[str]:
+    """The adapter names of a `/v1/models` body (`names_in`)."""
+    return list(names_in(body).adapters)
+
+
+class NameTarget(Protocol):
     """What discovery reads and feeds: `EndpointPicker` satisfies it."""
 
     @property
     def pools(self) -> Mapping[str, Any]: ...
 
-    def set_discovered_adapters(self, model: str, names: Iterable[str]) -> tuple[list[str], list[str]]: ...
+    def set_discovered_names(
+        self, model: str, aliases: Iterable[str], adapters: Iterable[str]
+    ) -> tuple[list[str], list[str]]: ...
 
 
 @dataclass
@@ -92,7 +116,9 @@ class WorkerModels:
     """What one worker's model list said last."""
 
     url: str
-    adapters: tuple[str, ...] = ()
+    model: str
+    names: ListedNames = ListedNames()
+    serves_model: bool = True  # its last answer named its model (or named none: SGLang)
     ok: bool | None = None  # None until the first read ends
     error: str | None = None
     workers: set[str] = field(default_factory=set)
@@ -102,7 +128,7 @@ class AdapterDiscovery(Rounds):
     """Reads every worker's /v1/models each `config.lora_interval_s` and tells the picker its
     models' adapters."""
 
-    def __init__(self, target: AdapterTarget, config: DiscoveryConfig) -> None:
+    def __init__(self, target: NameTarget, config: DiscoveryConfig) -> None:
         super().__init__("lora-discovery", config.lora_interval_s, log)
         self.config = config
         self._target = target
@@ -124,16 +150,19 @@ class AdapterDiscovery(Rounds):
                 wanted.setdefault((model, self.url_of(worker)), set()).add(worker.id)
         for key in set(self._states) - set(wanted):
             del self._states[key]  # its workers left
-        states = [self._states.setdefault(key, WorkerModels(key[1])) for key in wanted]
+        states = [self._states.setdefault(key, WorkerModels(key[1], key[0])) for key in wanted]
         for state, key in zip(states, wanted, strict=True):
             state.workers = wanted[key]
         await asyncio.gather(*(self._read(state) for state in states))
         for model in self._target.pools:
-            names = {name for (m, _), state in self._states.items() if m == model for name in state.adapters}
-            added, removed = self._target.set_discovered_adapters(model, names)
+            states = [state for (m, _), state in self._states.items() if m == model]
+            aliases = {name for state in states for name in state.names.served}
+            adapters = {name for state in states for name in state.names.adapters}
+            added, removed = self._target.set_discovered_names(model, aliases, adapters)
             if added or removed:
-                log.info("LoRA adapters of %s: %d listed by its workers (+%s -%s)", model, len(names),
-                         _names(added), _names(removed))  # fmt: skip
+                log.info("names of %s listed by its workers: %d adapters, %d other served names "
+                         "(+%s -%s)", model, len(adapters), len(aliases - {model}), _names(added),
+                         _names(removed))  # fmt: skip
 
     async def _read(self, state: WorkerModels) -> None:
         if self._session is None:
@@ -143,17 +172,22 @@ class AdapterDiscovery(Rounds):
                 body = await bounded_get(
                     self._session, state.url, max_bytes=MAX_MODELS_BYTES, accept="application/json"
                 )
-                adapters = adapters_in(body)
+                names = names_in(body)
             except FetchFailed as exc:
                 if state.ok is not False:  # once per failing spell
-                    log.warning("LoRA discovery: %s at %s: %s; its adapters as last read (%d) until it "
+                    log.warning("LoRA discovery: %s at %s: %s; its names as last read (%d) until it "
                                 "answers (logged again only when it does)", ", ".join(sorted(state.workers)),
-                                state.url, exc, len(state.adapters))  # fmt: skip
+                                state.url, exc, len(state.names.served + state.names.adapters))  # fmt: skip
                 state.ok, state.error = False, str(exc)
                 return
         if state.ok is False:
             log.info("LoRA discovery: %s at %s answers again", ", ".join(sorted(state.workers)), state.url)
-        state.ok, state.error, state.adapters = True, None, tuple(adapters)
+        serves_model = not names.served or state.model in names.served
+        if state.serves_model and not serves_model:  # once, as it begins
+            log.warning("%s at %s serves %s, not %s: it would answer that model's requests 404 (its "
+                        "--served-model-name?)", ", ".join(sorted(state.workers)), state.url,
+                        ", ".join(loggable(n) for n in names.served[:5]), state.model)  # fmt: skip
+        state.ok, state.error, state.names, state.serves_model = True, None, names, serves_model
 
 
 def _names(names: list[str]) -> str:
@@ -161,7 +195,7 @@ def _names(names: list[str]) -> str:
     return f"[{shown}{', ...' if len(names) > 10 else ''}]"
 
 
-async def start_lora_discovery(target: AdapterTarget, config: DiscoveryConfig) -> AdapterDiscovery | None:
+async def start_lora_discovery(target: NameTarget, config: DiscoveryConfig) -> AdapterDiscovery | None:
     """Start reading the workers' model lists when `config.lora_interval_s` > 0; None when it is off."""
     if config.lora_interval_s <= 0:
         return None

@@ -52,6 +52,7 @@ class EchoWorker:
     it sends event i+1 only after `release(K)` (lock-step, so a test can prove that chunks pass
     one by one); with `&interval_ms=M` it paces events instead (for child-process workers).
 
+    `models`, when set: the body of its `GET /v1/models` (an engine's recorded model list).
     Port 0 (the default) binds a free port at `start`; `port` and `address` are known from then on.
     """
 
@@ -62,6 +63,7 @@ class EchoWorker:
         self.port = port
         self.hold_timeout_s = hold_timeout_s
         self.holding: set[str] = set()
+        self.models: bytes | None = None
         self._gates: dict[str, asyncio.Queue[None]] = {}
         self._runner: web.AppRunner | None = None
 
@@ -93,6 +95,8 @@ class EchoWorker:
 
     async def _echo(self, request: web.Request) -> web.Response:
         body = await request.read()
+        if self.models is not None and request.method == "GET" and request.path == "/v1/models":
+            return web.Response(body=self.models, content_type="application/json")
         hold = request.query.get("hold")
         if hold is not None:
             self.holding.add(hold)

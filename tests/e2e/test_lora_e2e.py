@@ -1,6 +1,8 @@
 """A LoRA adapter end to end: the `openai` client asks a real Envoy for model `sql-lora`, the picker
 rebuilds its router from vLLM 0.33.0's own replay bytes over ZMQ, and the request lands on the
 worker whose engine cached the prompt under that adapter, not on the one that cached it without.
+Likewise a second served name (`--served-model-name llama llama-3.1`) that the picker learned from
+the workers' model lists, vLLM 0.33.0's own `/v1/models` body: it is the base model's.
 
 Each engine is a scripted ZMQ endpoint serving a recorded vLLM replay verbatim
 (`tests/events/engines/vllm-0.33.0/standard.json`): `w0`'s engine the whole capture (sql-lora
@@ -18,20 +20,21 @@ import openai
 import pytest
 import pytest_asyncio
 
-from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
+from extproc.config import DiscoveryConfig, EventsConfig, ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import render_envoy_config
 from extproc.devstack.procs import start_envoy
-from extproc.devstack.stack import MODEL
 from extproc.router import RouterConfig, Worker
 from extproc.runtime.server import RunningPicker, start_picker
 
 from ..events.test_engine_fixtures import BS, Recorded, exchange
 from ..events.zmq_fakes import FakeEngine
 from ..replica_helpers import until
+from ..runtime.test_lora_discovery import body
 from .harness import EchoWorker, start_echo_workers
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+MODEL, ALIAS = "llama", "llama-3.1"  # the served names of vLLM's recorded model list
 ADAPTER = "sql-lora"
 PROMPT = list(range(1000, 1048))  # three blocks; vLLM cached the first two under sql-lora too
 
@@ -44,6 +47,8 @@ async def stack(tmp_path_factory) -> AsyncIterator[tuple[RunningPicker, str, lis
     for engine in engines.values():
         engine.start()
     workers = await start_echo_workers(2)
+    for worker in workers:
+        worker.models = body("vllm", "static-and-loaded")  # --served-model-name llama llama-3.1
     config = PickerConfig(
         router=RouterConfig(block_size=BS, use_kv_events=True, prefill_load_model="none"),
         workers=tuple(
@@ -54,6 +59,7 @@ async def stack(tmp_path_factory) -> AsyncIterator[tuple[RunningPicker, str, lis
         port=0,
         health_port=0,
         events=EventsConfig(),
+        discovery=DiscoveryConfig(lora_interval_s=0.2),
         seed=5,
     )
     picker = await start_picker(config)
@@ -69,6 +75,7 @@ async def stack(tmp_path_factory) -> AsyncIterator[tuple[RunningPicker, str, lis
             10.0,
             "both engines' replays applied",
         )
+        await until(lambda: picker.picker.aliases(MODEL) == [ALIAS], 10.0, "the workers' names read")
         yield picker, envoy.url, workers
     finally:
         envoy.stop()
@@ -104,3 +111,10 @@ async def test_an_adapter_nobody_serves_is_an_openai_404(stack):
     with pytest.raises(openai.NotFoundError) as raised:
         await complete(url, "sql-lora-v2")
     assert "known models" in str(raised.value) and ADAPTER in str(raised.value)
+
+
+async def test_another_served_name_read_from_the_workers_is_the_base_models(stack):
+    picker, url, workers = stack
+    before = chosen_overlap(picker)
+    assert await complete(url, ALIAS) == workers[1].address  # the base model's blocks, on w1
+    assert chosen_overlap(picker) - before == 3

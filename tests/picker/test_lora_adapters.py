@@ -20,7 +20,7 @@ import pytest
 
 from extproc.client import RoutingClient
 from extproc.config import ConfigError, ModelConfig, PickerConfig, load_config
-from extproc.config.workers import base_models, read_models
+from extproc.config.workers import other_names, read_models
 from extproc.errors import RequestInvalid, UnknownModel
 from extproc.events.counters import EventCounters
 from extproc.events.vllm import VllmEventDecoder, parse_frames
@@ -40,12 +40,16 @@ def lora_config(**router: object) -> PickerConfig:
 
 
 def replay_vllm(
-    picker: EndpointPicker, worker: str, batches: int | None = None, capture: str = "vllm/standard"
+    picker: EndpointPicker,
+    worker: str,
+    batches: int | None = None,
+    capture: str = "vllm/standard",
+    model: str = MODEL,
 ) -> None:
-    """`worker`'s engine published the capture's first `batches` batches (all: None)."""
+    """`worker`'s engine (serving `model`) published the capture's first `batches` batches (all: None)."""
     counters = EventCounters()
     decoder = VllmEventDecoder(worker, BS, counters=counters)
-    router = picker.pools[MODEL].router
+    router = picker.pools[model].router
     for message in live(capture)[:batches]:
         frame = parse_frames(message, counters)
         assert frame is not None
@@ -189,19 +193,23 @@ def test_the_file_names_a_models_adapters_in_either_spelling(tmp_path: Path):
         ("llama", ("sql-lora", "chat-lora")),
         ("qwen", ("qwen-sql",)),
     ]
-    assert base_models(models) == {"sql-lora": "llama", "chat-lora": "llama", "qwen-sql": "qwen"}
+    assert other_names(models) == {
+        "sql-lora": ("llama", "adapter"),
+        "chat-lora": ("llama", "adapter"),
+        "qwen-sql": ("qwen", "adapter"),
+    }
 
 
 @pytest.mark.parametrize(
     ("models", "message"),
     [
-        ([{"name": "llama", "lora-adapters": "sql-lora"}], "expected a list of adapter names"),
-        ([{"name": "llama", "lora-adapters": ["sql-lora", ""]}], "expected a list of adapter names"),
-        ([{"name": "llama", "lora-adapters": [7]}], "expected a list of adapter names"),
+        ([{"name": "llama", "lora-adapters": "sql-lora"}], "expected a list of names"),
+        ([{"name": "llama", "lora-adapters": ["sql-lora", ""]}], "expected a list of names"),
+        ([{"name": "llama", "lora-adapters": [7]}], "expected a list of names"),
         ([{"name": "llama", "lora-adapters": ["qwen"]}, {"name": "qwen"}], "'qwen' is also a model"),
         (
             [{"name": "llama", "lora-adapters": ["sql"]}, {"name": "qwen", "lora-adapters": ["sql"]}],
-            "'sql' is already llama's",
+            "'sql' is already llama's adapter",
         ),
     ],
 )

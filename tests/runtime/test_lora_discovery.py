@@ -25,8 +25,8 @@ from extproc.errors import UnknownModel
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime import lora_discovery, wakeups
 from extproc.runtime.lora_discovery import (
-    MAX_ADAPTER_NAME,
-    MAX_ADAPTERS_PER_WORKER,
+    MAX_NAME,
+    MAX_NAMES_PER_WORKER,
     AdapterDiscovery,
     ModelsInvalid,
     adapters_in,
@@ -36,7 +36,7 @@ from extproc.runtime.server import start_picker
 from ..picker_fixtures import MODEL, picker_config
 from ..replica_helpers import until
 
-MAX = MAX_ADAPTERS_PER_WORKER
+MAX = MAX_NAMES_PER_WORKER
 FIXTURES = Path(__file__).parent / "lora_models" / "models.json"
 CASES = [
     (engine, case)
@@ -77,10 +77,10 @@ def card(name: Any, parent: Any = "llama") -> dict[str, Any]:
         ([card("a", None), card("b", 7), card(7), "x", None, card("")], []),
         ([{**card("s"), "owned_by": "sglang"}, {**card("v"), "owned_by": "vllm"}, card("o")], ["v", "o"]),
         (["x", None, card("a", None), card("b")], ["b"]),  # past cards that are not adapters
-        ([card("x" * MAX_ADAPTER_NAME), card("y" * (MAX_ADAPTER_NAME + 1))], ["x" * MAX_ADAPTER_NAME]),
+        ([card("x" * MAX_NAME), card("y" * (MAX_NAME + 1))], ["x" * MAX_NAME]),
         (
-            [card(f"a{i}") for i in range(MAX_ADAPTERS_PER_WORKER + 5)],
-            [f"a{i}" for i in range(MAX_ADAPTERS_PER_WORKER)],
+            [card(f"a{i}") for i in range(MAX_NAMES_PER_WORKER + 5)],
+            [f"a{i}" for i in range(MAX_NAMES_PER_WORKER)],
         ),
     ],
 )
@@ -249,12 +249,12 @@ async def test_a_listed_name_that_is_a_model_or_another_models_adapter_stays_wha
 async def test_setting_a_models_adapters_says_which_came_and_went():
     picker = picker_over([], **{MODEL: ("pinned-lora",)})
     try:
-        assert picker.set_discovered_adapters(MODEL, ["a", "b", "pinned-lora"]) == (["a", "b"], [])
-        assert picker.set_discovered_adapters(MODEL, ["b", "c"]) == (["c"], ["a"])
-        assert picker.set_discovered_adapters(MODEL, []) == ([], ["b", "c"])
+        assert picker.set_discovered_names(MODEL, [], ["a", "b", "pinned-lora"]) == (["a", "b"], [])
+        assert picker.set_discovered_names(MODEL, [], ["b", "c"]) == (["c"], ["a"])
+        assert picker.set_discovered_names(MODEL, [], []) == ([], ["b", "c"])
         assert picker.adapters(MODEL) == ["pinned-lora"]
         with pytest.raises(UnknownModel) as raised:
-            picker.set_discovered_adapters("nope", ["a"])
+            picker.set_discovered_names("nope", [], ["a"])
         assert raised.value.model == "nope" and raised.value.known == [MODEL, "other"]
     finally:
         await picker.close()
@@ -403,17 +403,17 @@ async def test_a_round_that_fails_is_logged_and_the_rounds_go_on(workers, caplog
     _, endpoints = await workers(body("vllm", "static-and-loaded"))
     picker = picker_over(endpoints)
     discovery = AdapterDiscovery(picker, DiscoveryConfig(lora_interval_s=0.05))
-    set_adapters = picker.set_discovered_adapters
+    set_names = picker.set_discovered_names
     calls = 0
 
-    def failing_once(model, names):
+    def failing_once(model, aliases, adapters):
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("a bug in a round")
-        return set_adapters(model, names)
+        return set_names(model, aliases, adapters)
 
-    picker.set_discovered_adapters = failing_once  # type: ignore[method-assign]
+    picker.set_discovered_names = failing_once  # type: ignore[method-assign]
     discovery.start()
     try:
         await until(lambda: len(picker.adapters(MODEL)) == 2, 5.0, "a later round's adapters")
