@@ -17,6 +17,11 @@ nothing is added to the request path. Names and label names are Dynamo 1.6.1's, 
     dynamo_router_overhead_block_hashing_ms{router_id}                                histogram
     dynamo_router_overhead_indexer_find_matches_ms{router_id}                         histogram
     dynamo_router_overhead_scheduling_ms{router_id}                                   histogram
+    dynamo_component_router_time_to_first_token_seconds{model, router_id}             histogram
+    dynamo_component_router_inter_token_latency_seconds{model, router_id}             histogram
+    dynamo_component_router_input_sequence_tokens{model, router_id}                   histogram
+    dynamo_component_router_output_sequence_tokens{model, router_id}                  histogram
+    dynamo_component_router_kv_hit_rate{model, router_id}                             histogram
 
 Every series also carries `model` (Dynamo runs one router per model; a picker serves several, and
 worker ids are per model), and the `dynamo_component_*` ones `dynamo_component="router"` (Dynamo's
@@ -24,8 +29,11 @@ component name for the KV router). `router_id` is the host name (Dynamo: the fro
 instance id). `worker_type` is `decode` for decode and aggregated workers, `prefill` for prefill
 workers, as in Dynamo; `phase` is `aggregated`, or `decode` for a disaggregated model.
 
-Dynamo router metrics we cannot produce honestly are left out (the README lists them): TTFT, ITL,
-input and output sequence lengths, predicted KV hit rate (histograms we do not keep per request),
+The last five are the picker's own per-request histograms (`extproc_time_to_first_token_seconds`,
+...: what it sees of each answer as Envoy passes it on; ITL and output lengths only when it counts
+the answers' tokens, `--router-track-output-blocks`).
+
+Dynamo router metrics we cannot produce honestly are left out (the README lists them):
 sequence hashing and total overhead (our sequence hashing is inside the select stage; we keep no
 per-request total), shared-cache and remote-indexer metrics, backend-reported reused tokens, KV
 transfer latency, the router queue gauges (Dynamo's `policy_class` values) and the per-worker
@@ -62,6 +70,26 @@ WORKER_GAUGES = (
     "dynamo_frontend_worker_active_prefill_tokens",
 )
 COMPONENT = "router"  # Dynamo's component_names.ROUTER
+# Dynamo's per-request router histograms -> the `PickMetrics` attribute holding ours, and Dynamo's help
+REQUEST_HISTOGRAMS = {
+    "dynamo_component_router_time_to_first_token_seconds": (
+        "ttft",
+        "Time to first token observed at the router",
+    ),
+    "dynamo_component_router_inter_token_latency_seconds": (
+        "itl",
+        "Average inter-token latency observed at the router",
+    ),
+    "dynamo_component_router_input_sequence_tokens": (
+        "input_tokens",
+        "Input sequence length in tokens observed at the router",
+    ),
+    "dynamo_component_router_output_sequence_tokens": (
+        "output_tokens",
+        "Output sequence length in tokens observed at the router",
+    ),
+    "dynamo_component_router_kv_hit_rate": ("kv_hit_rate", "Predicted KV cache hit rate at routing time"),
+}
 
 
 def exported_names() -> list[str]:
@@ -76,6 +104,7 @@ def exported_names() -> list[str]:
         "dynamo_component_router_non_max_overlap_selections_total",
         "dynamo_component_router_overlap_blocks_lost",
         *(name for name, _ in OVERHEAD_STAGES.values()),
+        *REQUEST_HISTOGRAMS,
     ]
 
 
@@ -90,6 +119,7 @@ class DynamoMetricsCollector(Collector):
         yield from self._workers()
         yield from self._requests()
         yield from self._overhead()
+        yield from self._per_request()
 
     def _workers(self) -> Iterator[Metric]:
         labels = ["worker_id", "dp_rank", "worker_type", "model"]
@@ -181,19 +211,36 @@ class DynamoMetricsCollector(Collector):
             family.add_metric([self.router_id], buckets, total[0] * 1000)
             yield family
 
+    def _per_request(self) -> Iterator[Metric]:
+        labels = ["model", "router_id", "dynamo_component"]
+        for name, (attribute, documentation) in REQUEST_HISTOGRAMS.items():
+            ours: LabelledHistogram = getattr(self.picker.metrics, attribute)
+            family = HistogramMetricFamily(name, documentation, labels=labels)
+            for model in self.picker.pools:
+                buckets, total, _ = _cumulative(ours, (model,))
+                family.add_metric([model, self.router_id, COMPONENT], buckets, total)
+            yield family
+
+
+def _cumulative(
+    histogram: LabelledHistogram, key: tuple[str, ...], *, above_zero: bool = False
+) -> tuple[list[tuple[str, int]], float, int]:
+    """The histogram's series `key` (zeros when it has none): (cumulative buckets, sum, count); with
+    `above_zero`, its observations above zero only."""
+    counts, total = histogram.series.get(key) or ([0] * (len(histogram.bounds) + 1), [0.0])
+    bounds = [*histogram.bounds, float("inf")]
+    cumulative, buckets = 0, []
+    for bound, count in zip(bounds, list(counts), strict=True):
+        if above_zero and bound <= 0:
+            continue
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else floatToGoString(bound), cumulative))
+    return buckets, total[0], cumulative
+
 
 def _nonzero_buckets(
     histogram: LabelledHistogram, key: tuple[str, ...]
 ) -> tuple[list[tuple[str, int]], float, int]:
     """The histogram's observations above zero: (cumulative buckets, sum, count). Dynamo observes
     overlap lost only when it is positive; ours observes every request's (zero in the first bucket)."""
-    counts, total = histogram.series.get(key) or ([0] * (len(histogram.bounds) + 1), [0.0])
-    counts = list(counts)
-    bounds = [*histogram.bounds, float("inf")]
-    cumulative, buckets = 0, []
-    for bound, count in zip(bounds, counts, strict=True):
-        if bound <= 0:
-            continue
-        cumulative += count
-        buckets.append(("+Inf" if bound == float("inf") else floatToGoString(bound), cumulative))
-    return buckets, total[0], cumulative
+    return _cumulative(histogram, key, above_zero=True)

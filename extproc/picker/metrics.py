@@ -34,6 +34,12 @@ _STAGE_BUCKETS = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1, 5, 30,
 )  # fmt: skip
 _REGRET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+_TTFT_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60,
+)  # fmt: skip
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1)
+_TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+_RATE_BUCKETS = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1)
 
 OUTCOMES = {"complete": "completed", "cancelled": "cancelled", "stream_closed": "cancelled"}
 
@@ -136,9 +142,49 @@ class PickMetrics:
             "Response status of routed requests, per worker (Envoy's 503 for a failed connection included).",
             ["model", "worker", "status"],
         )
-        r.register(
-            _RequestPathCollector([self.requests, self.stage, self.overlap, self.regret, self.upstream])
+        # what a request saw, as the picker follows it: Dynamo's router keeps the same five
+        self.ttft = LabelledHistogram(
+            "extproc_time_to_first_token_seconds",
+            "Per streamed answer: from the start of its routing decision to its first token, as Envoy "
+            "passed it on (queueing in the picker included; a whole, non-streamed answer is left out).",
+            ["model"],
+            _TTFT_BUCKETS,
         )
+        self.itl = LabelledHistogram(
+            "extproc_inter_token_latency_seconds",
+            "Per completed streamed answer whose tokens were counted (--router-track-output-blocks): "
+            "the mean time between its tokens after the first.",
+            ["model"],
+            _ITL_BUCKETS,
+        )
+        self.input_tokens = LabelledHistogram(
+            "extproc_input_sequence_tokens",
+            "Per routed request: its prompt's tokens.",
+            ["model"],
+            _TOKEN_BUCKETS,
+        )
+        self.output_tokens = LabelledHistogram(
+            "extproc_output_sequence_tokens",
+            "Per completed answer whose tokens were counted (--router-track-output-blocks): the tokens "
+            "generated per sequence.",
+            ["model"],
+            _TOKEN_BUCKETS,
+        )
+        self.kv_hit_rate = LabelledHistogram(
+            "extproc_kv_hit_rate",
+            "Per routed request: the share of its prompt's blocks cached on the chosen worker, as "
+            "predicted when it was routed.",
+            ["model"],
+            _RATE_BUCKETS,
+        )
+        r.register(
+            _RequestPathCollector(
+                [
+                    self.requests, self.stage, self.overlap, self.regret, self.upstream, self.ttft,
+                    self.itl, self.input_tokens, self.output_tokens, self.kv_hit_rate,
+                ]
+            )
+        )  # fmt: skip
         self.consecutive_failures = Gauge(
             "extproc_worker_consecutive_failures",
             "5xx answers in a row from a worker (a 2xx answer resets it).",
@@ -169,8 +215,13 @@ class PickMetrics:
                 series[0][bisect.bisect_left(bounds, seconds)] += 1
                 series[1][0] += seconds
 
-    def routed(self, model: str, overlap: int, best: int) -> None:
+    def routed(self, model: str, overlap: int, best: int, prompt_tokens: int = 0, blocks: int = 0) -> None:
+        """A request routed: its overlap and the best one; its prompt's tokens and blocks when known."""
         self.requests.values[model, "routed"] += 1
+        if prompt_tokens:
+            self.input_tokens.observe((model,), prompt_tokens)
+        if blocks:
+            self.kv_hit_rate.observe((model,), overlap / blocks)
         if best:
             overlap_blocks = self.overlap.values
             overlap_blocks[model, "chosen"] += overlap
@@ -180,6 +231,13 @@ class PickMetrics:
     def finished(self, model: str, cause: str) -> None:
         outcome = OUTCOMES.get(cause, "upstream_error" if cause.startswith("upstream_status") else cause)
         self.requests.values[model, outcome] += 1
+
+    def answered(self, model: str, output_tokens: int, decode_s: float | None) -> None:
+        """A completed answer whose tokens were counted: `output_tokens` per sequence, generated in
+        `decode_s` after the first (None: not streamed, no first token seen)."""
+        self.output_tokens.observe((model,), output_tokens)
+        if decode_s is not None and output_tokens > 1:
+            self.itl.observe((model,), decode_s / (output_tokens - 1))
 
     def disagg(self, model: str, local_reason: str | None) -> None:
         """A disaggregated model's request: `local_reason` None when a prefill worker was named."""

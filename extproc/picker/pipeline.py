@@ -106,6 +106,9 @@ class Pick:
     session_close_on: str | None = None  # `endpoint`, when its session is closed there once it ends
     responses_api: bool = False  # POST /v1/responses: its answer's id is remembered (`response_stored`)
     response_id: str | None = None  # that id when the request named it (vLLM's `request_id` field)
+    started_ns: int = 0  # perf_counter_ns when its decision began (0: untracked)
+    first_token_ns: int = 0  # perf_counter_ns of its first streamed token (0: none yet)
+    output_tokens: int = 0  # tokens generated per sequence, as counted (--router-track-output-blocks)
 
 
 class WorkerSetListener(Protocol):
@@ -466,10 +469,13 @@ class EndpointPicker:
             prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
             session_pin=session_pin, session_opened_on=opened_on, session_opened_new=opened_new,
             session_close_on=choice.endpoint if worker_session == "close" else None,
-            responses_api=request.responses_api, response_id=request.response_id,
+            responses_api=request.responses_api, response_id=request.response_id, started_ns=t0,
         )  # fmt: skip
         self.metrics.observe_stages(timings)
-        self.metrics.routed(request.model, choice.overlap_blocks, decision.best_overlap_blocks)
+        self.metrics.routed(
+            request.model, choice.overlap_blocks, decision.best_overlap_blocks,
+            len(tokens) if tokens is not None else 0, choice.request_blocks if tokens is not None else 0,
+        )  # fmt: skip
         if log.isEnabledFor(logging.INFO):  # its arguments cost more than a request's metrics
             log.info(
                 "routed %s model=%s%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
@@ -488,6 +494,9 @@ class EndpointPicker:
         """The first response chunk arrived: the prompt is prefilled. `at_first_token` False when that
         chunk is not the first token (a non-streamed answer comes whole): its time is not learned from."""
         if pick.tracked:
+            if at_first_token and not pick.first_token_ns:
+                pick.first_token_ns = time.perf_counter_ns()
+                self.metrics.ttft.observe((pick.model,), (pick.first_token_ns - pick.started_ns) / 1e9)
             self.selector.first_token(pick.request_id, at_first_token=at_first_token)
             self._gates[pick.model].kick()
 
@@ -499,6 +508,7 @@ class EndpointPicker:
     def output_tokens(self, pick: Pick, count: int, sequences: int = 1) -> None:
         """`count` more tokens generated per sequence, of `sequences` (the request's `n`)."""
         if pick.tracked:
+            pick.output_tokens += count
             self.selector.output_tokens(pick.request_id, count, sequences)
 
     def finish(self, pick: Pick, cause: str) -> None:
@@ -508,6 +518,9 @@ class EndpointPicker:
                 self.worker_sessions.close_later(pick.session_close_on, pick.session_id)
             log.debug("freed %s (%s)", pick.request_id, cause)
             self.metrics.finished(pick.model, cause)
+            if cause == "complete" and self.tracks_output_blocks:
+                decode_ns = time.perf_counter_ns() - pick.first_token_ns if pick.first_token_ns else None
+                self.metrics.answered(pick.model, pick.output_tokens, decode_ns / 1e9 if decode_ns else None)
             self._gates[pick.model].kick()
 
     def response_stored(self, pick: Pick, response_id: str) -> None:

@@ -10,12 +10,15 @@ k token chunks the picker has counted at least k tokens.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
+import openai
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import render_envoy_config
@@ -149,3 +152,78 @@ async def test_a_non_streamed_answer_leaves_no_load(stack):
         assert r.status == 200
         assert (await r.json())["usage"]["completion_tokens"] == 40
     await until(lambda: picker.picker.is_idle() and decode_blocks(picker) == 0, 5.0, "every request freed")
+
+
+# --- what each request saw, on /metrics (Dynamo's router histograms beside ours) ------------------
+
+
+async def histograms(picker: RunningPicker) -> dict[str, tuple[float, float]]:
+    """(count, sum) of each per-request histogram of MODEL, ours and Dynamo's names, from /metrics."""
+    async with (
+        aiohttp.ClientSession(timeout=TIMEOUT) as client,
+        client.get(f"http://127.0.0.1:{picker.admin.port}/metrics") as r,
+    ):
+        text = await r.text()
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("model") == MODEL and sample.name.endswith(("_count", "_sum")):
+                name, _, which = sample.name.rpartition("_")
+                out.setdefault(name, [0.0, 0.0])[which == "sum"] = sample.value
+    return {name: (count, total) for name, (count, total) in out.items()}
+
+
+def grown(before: dict, after: dict, name: str) -> tuple[float, float]:
+    (c0, s0), (c1, s1) = before.get(name, (0.0, 0.0)), after[name]
+    return c1 - c0, s1 - s0
+
+
+async def test_a_streamed_answers_ttft_itl_and_lengths_as_the_picker_saw_them(stack):
+    picker, url = stack
+    before = await histograms(picker)
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        sent = time.perf_counter()
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "a long story " * 8}], stream=True
+        )
+        arrivals = [
+            time.perf_counter() async for chunk in stream if chunk.choices and chunk.choices[0].delta.content
+        ]
+    assert len(arrivals) == TOKENS
+    await until(lambda: picker.picker.is_idle(), 5.0, "the request freed")
+    after = await histograms(picker)
+    for ours, dynamo in [
+        ("extproc_time_to_first_token_seconds", "dynamo_component_router_time_to_first_token_seconds"),
+        ("extproc_inter_token_latency_seconds", "dynamo_component_router_inter_token_latency_seconds"),
+        ("extproc_output_sequence_tokens", "dynamo_component_router_output_sequence_tokens"),
+        ("extproc_input_sequence_tokens", "dynamo_component_router_input_sequence_tokens"),
+        ("extproc_kv_hit_rate", "dynamo_component_router_kv_hit_rate"),
+    ]:
+        assert grown(before, after, ours)[0] == 1, ours
+        assert after[dynamo] == after[ours], dynamo
+    # the picker saw the first token after its decision began and before the client did
+    ttft = grown(before, after, "extproc_time_to_first_token_seconds")[1]
+    assert 0 < ttft < arrivals[0] - sent
+    # its mean gap between tokens spans no more than the client's whole request did
+    itl = grown(before, after, "extproc_inter_token_latency_seconds")[1]
+    assert 0 < itl * (TOKENS - 1) < arrivals[-1] - sent
+    assert grown(before, after, "extproc_output_sequence_tokens")[1] == TOKENS
+    assert grown(before, after, "extproc_input_sequence_tokens")[1] > 0
+    assert 0 <= grown(before, after, "extproc_kv_hit_rate")[1] <= 1
+
+
+async def test_a_whole_answer_has_a_length_but_no_first_token_or_gaps(stack):
+    """A non-streamed answer reaches the picker whole, when generation is over: no TTFT, no ITL."""
+    picker, url = stack
+    before = await histograms(picker)
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        answer = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "short"}], max_tokens=40
+        )
+    assert answer.usage is not None and answer.usage.completion_tokens == 40
+    await until(lambda: picker.picker.is_idle(), 5.0, "the request freed")
+    after = await histograms(picker)
+    assert grown(before, after, "extproc_output_sequence_tokens") == (1, 40)
+    assert grown(before, after, "extproc_input_sequence_tokens")[0] == 1
+    for name in ("extproc_time_to_first_token_seconds", "extproc_inter_token_latency_seconds"):
+        assert grown(before, after, name)[0] == 0, name
