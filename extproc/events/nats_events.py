@@ -81,6 +81,7 @@ class NatsLink:
         self._nc: NatsClient | None = None
         self._watchers: list[StateWatcher] = []
         self._overflow: list[tuple[Any, Callable[[], None]]] = []  # (subscription, its drop handler)
+        self._closing = False  # `close` was called: the disconnect that follows is no loss
         self.up = False
 
     @classmethod
@@ -93,7 +94,9 @@ class NatsLink:
         connect_timeout_s: float = 2.0,
         **options: Any,
     ) -> NatsLink:
-        """Connect (the first attempt must succeed; later outages are retried without limit).
+        """Connect, retrying without limit: the first attempt too (a server not up yet is waited
+        for), every `connect_timeout_s` at most, and every outage after. `nats_security.connect_nats`
+        tries once first, so that a server refusing us (credentials, TLS) is reported, not retried.
 
         `options` go to `nats.connect` unchanged (credentials, TLS, pending_size, ...).
         """
@@ -144,6 +147,7 @@ class NatsLink:
         nc = self._nc
         if nc is None or nc.is_closed:
             return
+        self._closing = True
         try:
             await nc.close()
         except (ConnectionError, OSError) as exc:
@@ -162,6 +166,9 @@ class NatsLink:
                 log.exception("NATS connection watcher failed")
 
     async def _on_disconnected(self) -> None:
+        if self._closing:  # nats.py calls this before its closed callback
+            self._set(False, "NATS connection closed")
+            return
         self.counters.add("nats.disconnect")
         self._set(False, "NATS connection lost")
 
@@ -400,8 +407,10 @@ class OrderedSender:
     """Publishes (subject, payload) in submission order from one background task.
 
     `submit` never blocks and never raises: it may be called from the event loop that owns the
-    connection or from any other thread. Failures are counted under `<key>.publish_failed`, drops
-    under `<key>.publish_dropped` (queue full, or connection down with `drop_while_down`).
+    connection or from any other thread (the loop is the one running when the sender was made, else
+    the one of the first `submit`, which must then come from that loop). Failures are counted under
+    `<key>.publish_failed`, drops under `<key>.publish_dropped` (queue full, connection down with
+    `drop_while_down`, or still queued at `stop`).
     """
 
     def __init__(
@@ -420,6 +429,8 @@ class OrderedSender:
         self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(max_queued)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
+        with contextlib.suppress(RuntimeError):  # made outside a loop: the first `submit` tells it
+            self._loop, self._thread = asyncio.get_running_loop(), threading.get_ident()
         self._task: asyncio.Task[None] | None = None
 
     def submit(self, subject: str, payload: bytes) -> None:
@@ -454,10 +465,17 @@ class OrderedSender:
             await self._nc.flush(timeout=timeout_s)  # type: ignore[arg-type]
 
     async def stop(self) -> None:
-        """Stop publishing; what is still queued is dropped (flush first to deliver it)."""
+        """Stop publishing; what is still queued is dropped and counted (flush first to deliver it)."""
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
+        dropped = 0
+        while not self._queue.empty():
+            self._queue.get_nowait()
+            self._queue.task_done()
+            dropped += 1
+        if dropped:
+            self._counters.add(f"{self._key}.publish_dropped", dropped)
 
     async def _drain(self) -> None:
         queue, nc = self._queue, self._nc
