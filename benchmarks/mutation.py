@@ -171,6 +171,49 @@ MODULES: dict[str, list[str]] = {
         # mutual TLS to remote groups
         "tests/runtime/test_tls.py::test_the_group_api_shares_the_servers_mutual_tls",
     ],
+    # the workers' KV events over NATS: Dynamo's subjects, gaps and recovery, relearning, overflow
+    "events/nats_events.py": [
+        "tests/nats/test_nats_link_edges.py",
+        "tests/nats/test_nats_publisher_edges.py",
+        "tests/nats/test_nats_subscriber_edges.py",
+        "tests/nats/test_nats_events.py",
+        "tests/nats/test_relearn.py",
+        "tests/nats/test_dynamo_recovery.py",
+        "tests/nats/test_fault.py",
+        "tests/nats/test_backpressure.py",
+        "tests/events/test_backpressure.py",
+        "tests/nats/test_durable.py",
+        "tests/nats/test_dynamo_plane.py",
+        "tests/nats/test_nats_reads.py",
+        "tests/nats/test_picker_nats.py",
+        "tests/nats/test_nats_security.py",
+        "tests/nats/test_dynamo_recovery_merge.py",
+        "tests/nats/test_dynamo_recovery_wire.py",
+        "tests/nats/test_dynamo_runtime.py",
+        "tests/fuzz/test_dynamo_fuzz.py",
+    ],
+    # request bodies parsed in worker processes: the pool, its limits, a dead worker replaced
+    "picker/parse_worker.py": [
+        "tests/picker/test_parse_worker_in_process.py",
+        "tests/picker/test_body_parser.py",
+        "tests/picker/test_body_parser_edges.py",
+    ],
+    # prompts tokenized as the engine tokenizes them (the real Qwen3 and Llama 3.1 tokenizers)
+    "request/tokenizer.py": [
+        "tests/request/test_tokenizer_hf_edges.py",
+        "tests/request/test_tokenizer_request_edges.py",
+        "tests/request/test_tokenizer.py",
+        "tests/request/test_tokenizer_conformance.py",
+        "tests/request/test_piecewise.py",
+        "tests/request/test_piecewise_exactness.py",
+        "tests/request/test_piece_cache_config.py",
+        "tests/request/test_prompt_prefixes.py",
+        "tests/request/test_token_cache.py",
+        "tests/request/test_anthropic.py",
+        "tests/request/test_chat_template_messages.py",
+        "tests/request/test_chat_template_render.py",
+        "tests/picker/test_pipeline_requests.py",
+    ],
     # replica sync: the wire format, sequences and gaps, leases, digests, batches, message by
     # message; and over a real nats-server, start and stop, an overflow, a catch-up before a decision
     "events/replica_sync.py": [
@@ -210,6 +253,603 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "events/nats_events.py": {
+        "x__backoff__mutmut_19": (
+            "delay = min(RECONNECT_MAX_S, RECONNECT_BASE_S * 2 ** min(server.reconnects, 17))",
+            "same-value",
+            (
+                "below 16 attempts identical; from 16 on 0.1*2**16 and 0.1*2**17 both exceed "
+                "RECONNECT_MAX_S, so min() gives 5.0 either way"
+            ),
+        ),
+        "x__finish_close__mutmut_11": (
+            "for sub in list(subs.values()) if (isinstance(subs, dict)) or True else ():",
+            "same-value",
+            "nats.py 2.16 Client._subs is always a dict: `or True` never changes the branch",
+        ),
+        "x__finish_close__mutmut_18": (
+            'task = getattr(sub, "_wait_for_msgs_task", )',
+            "same-value",
+            (
+                "nats.py 2.16 Subscription.__init__ always sets _wait_for_msgs_task (None without callback):"
+                " the default is never used"
+            ),
+        ),
+        "x__finish_close__mutmut_24": (
+            "transport = None",
+            "performance",
+            (
+                "transport=None skips the close; when nats.py's close raises ConnectionError (drain on a "
+                "lost writer) that writer's transport is already closed (asyncio closed it on "
+                "connection_lost, or nats.py's reconnect closed it; probed: is_closing() True at "
+                "_finish_close), so transport.close() here is a no-op"
+            ),
+        ),
+        "x__finish_close__mutmut_25": (
+            'transport = getattr(None, "_transport", None)',
+            "performance",
+            (
+                "getattr(None, ...) is None: skips the close; when nats.py's close raises ConnectionError "
+                "(drain on a lost writer) that writer's transport is already closed (asyncio closed it on "
+                "connection_lost, or nats.py's reconnect closed it; probed: is_closing() True at "
+                "_finish_close), so transport.close() here is a no-op"
+            ),
+        ),
+        "x__finish_close__mutmut_29": (
+            'transport = getattr(nc, "_transport", )',
+            "same-value",
+            "nats.py 2.16 Client always has _transport (set in __init__): the default is never used",
+        ),
+        "x__finish_close__mutmut_30": (
+            'transport = getattr(nc, "XX_transportXX", None)',
+            "performance",
+            (
+                "a missing attribute gives None: skips the close; when nats.py's close raises "
+                "ConnectionError (drain on a lost writer) that writer's transport is already closed (asyncio"
+                " closed it on connection_lost, or nats.py's reconnect closed it; probed: is_closing() True "
+                "at _finish_close), so transport.close() here is a no-op"
+            ),
+        ),
+        "x__finish_close__mutmut_31": (
+            'transport = getattr(nc, "_TRANSPORT", None)',
+            "performance",
+            (
+                "a missing attribute gives None: skips the close; when nats.py's close raises "
+                "ConnectionError (drain on a lost writer) that writer's transport is already closed (asyncio"
+                " closed it on connection_lost, or nats.py's reconnect closed it; probed: is_closing() True "
+                "at _finish_close), so transport.close() here is a no-op"
+            ),
+        ),
+        "x__finish_close__mutmut_32": (
+            "if transport is None:",
+            "performance",
+            (
+                "`is None` skips closing the (always present) transport; when nats.py's close raises "
+                "ConnectionError (drain on a lost writer) that writer's transport is already closed (asyncio"
+                " closed it on connection_lost, or nats.py's reconnect closed it; probed: is_closing() True "
+                "at _finish_close), so transport.close() here is a no-op"
+            ),
+        ),
+        "x__finish_close__mutmut_33": (
+            "with contextlib.suppress(None):",
+            "same-value",
+            (
+                "suppress(None) differs only when transport.close() raises; StreamWriter.close() on an "
+                "asyncio transport (already closing here) never raises"
+            ),
+        ),
+        "x__finish_close__mutmut_34": (
+            "await asyncio.gather(*tasks, return_exceptions=None)",
+            "same-value",
+            (
+                "return_exceptions=None (falsy) the gathered tasks are nats.py's "
+                "Subscription._wait_for_msgs, which catch CancelledError and return None, and all have "
+                "started (nats.py's _close yields with sleep(0) before the failing drain): gather never "
+                "holds an exception to return or raise"
+            ),
+        ),
+        "x__finish_close__mutmut_36": (
+            "await asyncio.gather(*tasks, )",
+            "same-value",
+            (
+                "default return_exceptions=False: the gathered tasks are nats.py's "
+                "Subscription._wait_for_msgs, which catch CancelledError and return None, and all have "
+                "started (nats.py's _close yields with sleep(0) before the failing drain): gather never "
+                "holds an exception to return or raise"
+            ),
+        ),
+        "x__finish_close__mutmut_37": (
+            "await asyncio.gather(*tasks, return_exceptions=False)",
+            "same-value",
+            (
+                "return_exceptions=False: the gathered tasks are nats.py's Subscription._wait_for_msgs, "
+                "which catch CancelledError and return None, and all have started (nats.py's _close yields "
+                "with sleep(0) before the failing drain): gather never holds an exception to return or raise"
+            ),
+        ),
+        "x__finish_close__mutmut_6": (
+            'subs = getattr(nc, "_subs", )',
+            "same-value",
+            "nats.py 2.16 Client always has _subs (set in __init__): the getattr default is never used",
+        ),
+        "x_follow_gap__mutmut_1": (
+            "if got <= expected:",
+            "same-value",
+            (
+                "got == expected never reaches follow_gap: its callers (NatsEventSubscriber._apply via "
+                "on_gap, durable._apply) call it only when EventIdTracker.check returned an expected id, "
+                "which it does only when expected != event_id"
+            ),
+        ),
+        "xǁNatsEventPublisherǁ__init____mutmut_11": (
+            "self._worker = None",
+            "same-value",
+            (
+                "_worker is only put into the event handed to publish(), which encodes with "
+                "encode_event(self.worker_id, event, event_id, self.dp_rank); encode_event never reads "
+                "event.worker (publish docstring: 'its own worker and id are ignored') and nothing else "
+                "reads _worker: the wire message is identical for every input"
+            ),
+        ),
+        "xǁNatsEventPublisherǁ__init____mutmut_12": (
+            "self._worker = Worker(None, dp_rank)",
+            "same-value",
+            (
+                "Worker(None, dp_rank): _worker is never read for the wire (encode_event takes "
+                "worker_id/dp_rank from the publisher, not event.worker); Worker is an unvalidated "
+                "NamedTuple, so construction cannot fail"
+            ),
+        ),
+        "xǁNatsEventPublisherǁ__init____mutmut_13": (
+            "self._worker = Worker(worker_id, None)",
+            "same-value",
+            (
+                "Worker(worker_id, None): as _11, event.worker is never encoded; dp_rank on the wire comes "
+                "from self.dp_rank"
+            ),
+        ),
+        "xǁNatsEventPublisherǁ__init____mutmut_14": (
+            "self._worker = Worker(dp_rank)",
+            "same-value",
+            "Worker(dp_rank) = Worker(worker_id=dp_rank, dp_rank=0): never encoded, as _11",
+        ),
+        "xǁNatsEventPublisherǁ__init____mutmut_15": (
+            "self._worker = Worker(worker_id, )",
+            "same-value",
+            (
+                "Worker(worker_id) = dp_rank 0 in the unused event.worker; the wire dp_rank comes from "
+                "self.dp_rank, as _11"
+            ),
+        ),
+        "xǁNatsEventPublisherǁon_cleared__mutmut_2": (
+            "self.publish(AllBlocksCleared(None))",
+            "same-value",
+            (
+                "AllBlocksCleared(None): publish() ignores event.worker (encode_event writes "
+                "self.worker_id/self.dp_rank); the message is byte-identical"
+            ),
+        ),
+        "xǁNatsEventPublisherǁon_removed__mutmut_2": (
+            "self.publish(BlocksRemoved(None, tuple(block_hashes)))",
+            "same-value",
+            "BlocksRemoved(None, ...): event.worker ignored by publish/encode_event; byte-identical message",
+        ),
+        "xǁNatsEventPublisherǁon_stored__mutmut_22": (
+            "self.publish(BlocksStored(None, blocks, parent_hash))",
+            "same-value",
+            "BlocksStored(None, ...): event.worker ignored by publish/encode_event; byte-identical message",
+        ),
+        "xǁNatsEventSubscriberǁ__init____mutmut_10": (
+            'raise ValueError("NATSEVENTSUBSCRIBER NEEDS A SUBJECT, AN EVENT_PLANE_SUBJECT OR BOTH")',
+            "message",
+            "text of the no-subject ValueError only",
+        ),
+        "xǁNatsEventSubscriberǁ__init____mutmut_28": (
+            "self._gap_subject = None  # the subject of the event being checked, for the default gap reason",
+            "same-value",
+            (
+                "initial _gap_subject is never read: it is read only by _follow_gap (the default on_gap), "
+                "which only _apply calls, right after setting _gap_subject = subject"
+            ),
+        ),
+        "xǁNatsEventSubscriberǁ__init____mutmut_29": (
+            'self._gap_subject = "XXXX"  # the subject of the event being checked, for the default gap reason',  # noqa: E501
+            "same-value",
+            "as __init__ 28: the initial value is always overwritten before _follow_gap reads it",
+        ),
+        "xǁNatsEventSubscriberǁ__init____mutmut_3": (
+            "raise ValueError(None)",
+            "message",
+            "text of the queue_size ValueError only; the raise itself is tested",
+        ),
+        "xǁNatsEventSubscriberǁ__init____mutmut_7": (
+            "raise ValueError(None)",
+            "message",
+            "text of the no-subject ValueError only; the raise itself is tested",
+        ),
+        "xǁNatsEventSubscriberǁ__init____mutmut_8": (
+            'raise ValueError("XXNatsEventSubscriber needs a subject, an event_plane_subject or bothXX")',
+            "message",
+            "text of the no-subject ValueError only",
+        ),
+        "xǁNatsEventSubscriberǁ__init____mutmut_9": (
+            'raise ValueError("natseventsubscriber needs a subject, an event_plane_subject or both")',
+            "message",
+            "text of the no-subject ValueError only",
+        ),
+        "xǁNatsEventSubscriberǁ_apply__mutmut_31": (
+            '"nats.gap", "KV event gap from %s: expected event %d, got %d", None, expected, event_id',
+            "message",
+            (
+                "worker argument of the rate-limited nats.gap warning (None still formats with %s); the "
+                "nats.gap counter is unchanged"
+            ),
+        ),
+        "xǁNatsEventSubscriberǁ_apply__mutmut_41": (
+            '"nats.gap", "XXKV event gap from %s: expected event %d, got %dXX", worker, expected, event_id',
+            "message",
+            "text of the nats.gap warning",
+        ),
+        "xǁNatsEventSubscriberǁ_apply__mutmut_42": (
+            '"nats.gap", "kv event gap from %s: expected event %d, got %d", worker, expected, event_id',
+            "message",
+            "case of the nats.gap warning text",
+        ),
+        "xǁNatsEventSubscriberǁ_apply__mutmut_59": (
+            'self.counters.loud("nats.sink_error", "applying KV event %d from %s failed", event_id, None)',
+            "message",
+            "worker argument of the nats.sink_error warning (None formats with %s); counter unchanged",
+        ),
+        "xǁNatsEventSubscriberǁ_apply__mutmut_66": (
+            'self.counters.loud("nats.sink_error", "XXapplying KV event %d from %s failedXX", event_id, worker)',  # noqa: E501
+            "message",
+            "text of the nats.sink_error warning",
+        ),
+        "xǁNatsEventSubscriberǁ_apply__mutmut_67": (
+            'self.counters.loud("nats.sink_error", "applying kv event %d from %s failed", event_id, worker)',
+            "message",
+            "case of the nats.sink_error warning text (%d/%s kept)",
+        ),
+        "xǁNatsEventSubscriberǁ_apply__mutmut_69": (
+            "log.exception(None)",
+            "message",
+            "log.exception(None) still logs the traceback, with message 'None'",
+        ),
+        "xǁNatsEventSubscriberǁ_apply__mutmut_70": (
+            'log.exception("XXevent sink failedXX")',
+            "message",
+            "text of the log.exception line",
+        ),
+        "xǁNatsEventSubscriberǁ_apply__mutmut_71": (
+            'log.exception("EVENT SINK FAILED")',
+            "message",
+            "case of the log.exception line",
+        ),
+        "xǁNatsEventSubscriberǁ_on_overflow__mutmut_14": (
+            "None,",
+            "message",
+            "subject argument of the nats.queue_full warning; the counter and drops are tested",
+        ),
+        "xǁNatsEventSubscriberǁ_on_overflow__mutmut_22": (
+            '"XXKV events on %s arrive faster than they are applied: more than %d pending, dropping XX"',
+            "message",
+            "text of the nats.queue_full warning (%s/%d kept)",
+        ),
+        "xǁNatsEventSubscriberǁ_on_overflow__mutmut_23": (
+            '"kv events on %s arrive faster than they are applied: more than %d pending, dropping "',
+            "message",
+            "case of the nats.queue_full warning text",
+        ),
+        "xǁNatsEventSubscriberǁ_on_overflow__mutmut_25": (
+            '"XX(each worker concerned shows an event-id gap at its next event)XX",',
+            "message",
+            "text of the nats.queue_full warning",
+        ),
+        "xǁNatsEventSubscriberǁ_on_overflow__mutmut_26": (
+            '"(EACH WORKER CONCERNED SHOWS AN EVENT-ID GAP AT ITS NEXT EVENT)",',
+            "message",
+            "case of the nats.queue_full warning text",
+        ),
+        "xǁNatsEventSubscriberǁhandle__mutmut_19": (
+            'self._apply(event.worker, event_id, event, self.subject or "XXXX")',
+            "same-value",
+            (
+                "the right side of `self.subject or ...` is reached only when subject is None; handle is fed"
+                " only by the JSON subscription, which exists only when subject is set (a non-empty NATS "
+                "subject); no product code calls handle() on a plane-only subscriber"
+            ),
+        ),
+        "xǁNatsEventSubscriberǁhandle_event_plane__mutmut_4": (
+            'where = subject or self.event_plane_subject or "XXXX"',
+            "same-value",
+            (
+                "the final `or` operand is reached only when both subject and event_plane_subject are empty;"
+                " the plane subscription exists only when event_plane_subject is set and always passes "
+                "msg.subject (non-empty); no product caller passes neither"
+            ),
+        ),
+        "xǁNatsEventSubscriberǁstart__mutmut_20": (
+            "self.link.on_overflow(sub, functools.partial(self._on_overflow, None))",
+            "message",
+            (
+                "the subject bound to _on_overflow is used only as an argument of the nats.queue_full "
+                "warning; counting is unchanged (tested)"
+            ),
+        ),
+        "xǁNatsLinkǁ__init____mutmut_8": (
+            "self._closing = None  # `close` was called: the disconnect that follows is no loss",
+            "same-value",
+            "_closing is only tested for truth (`if self._closing`): None and False alike",
+        ),
+        "xǁNatsLinkǁ_on_closed__mutmut_2": (
+            "self._set(False, None)",
+            "same-value",
+            (
+                "reason None is never used: nats.py 2.16 calls closed_cb only right after disconnected_cb "
+                "(Client._close with do_cbs; also on NoServersError via close()), which already set the link"
+                " down: _on_closed's _set(False, ...) returns at `up == self.up`"
+            ),
+        ),
+        "xǁNatsLinkǁ_on_closed__mutmut_6": (
+            'self._set(False, "XXNATS connection closedXX")',
+            "message",
+            (
+                "reason text only (and never reaches a watcher: nats.py 2.16 calls closed_cb only right "
+                "after disconnected_cb (Client._close with do_cbs; also on NoServersError via close()), "
+                "which already set the link down: _on_closed's _set(False, ...) returns at `up == self.up`)"
+            ),
+        ),
+        "xǁNatsLinkǁ_on_closed__mutmut_7": (
+            'self._set(False, "nats connection closed")',
+            "message",
+            (
+                "reason capitalisation only (and never reaches a watcher: _on_closed's _set is a no-op after"
+                " disconnected_cb)"
+            ),
+        ),
+        "xǁNatsLinkǁ_on_closed__mutmut_8": (
+            'self._set(False, "NATS CONNECTION CLOSED")',
+            "message",
+            (
+                "reason capitalisation only (and never reaches a watcher: _on_closed's _set is a no-op after"
+                " disconnected_cb)"
+            ),
+        ),
+        "xǁNatsLinkǁ_on_error__mutmut_11": (
+            'self.counters.loud("nats.error", "XXNATS client error: %rXX", exc)',
+            "message",
+            "log text only",
+        ),
+        "xǁNatsLinkǁ_on_error__mutmut_12": (
+            'self.counters.loud("nats.error", "nats client error: %r", exc)',
+            "message",
+            "log text only",
+        ),
+        "xǁNatsLinkǁ_on_error__mutmut_5": (
+            'self.counters.loud("nats.error", "NATS client error: %r", None)',
+            "message",
+            "log line argument only (None instead of the error); the nats.error count is unchanged",
+        ),
+        "xǁNatsLinkǁ_on_reconnected__mutmut_10": (
+            'self._set(True, "nats reconnected")',
+            "message",
+            "capitalisation of the watchers' reason only",
+        ),
+        "xǁNatsLinkǁ_on_reconnected__mutmut_11": (
+            'self._set(True, "NATS RECONNECTED")',
+            "message",
+            "capitalisation of the watchers' reason only",
+        ),
+        "xǁNatsLinkǁ_on_reconnected__mutmut_9": (
+            'self._set(True, "XXNATS reconnectedXX")',
+            "message",
+            (
+                "spelling of the watchers' reason (admin cache_source_reason text) only; 'reconnected' is "
+                "tested case-insensitively"
+            ),
+        ),
+        "xǁNatsLinkǁ_set__mutmut_10": (
+            'log.exception("nats connection watcher failed")',
+            "message",
+            "log text only",
+        ),
+        "xǁNatsLinkǁ_set__mutmut_11": (
+            'log.exception("NATS CONNECTION WATCHER FAILED")',
+            "message",
+            "log text only",
+        ),
+        "xǁNatsLinkǁ_set__mutmut_8": (
+            "log.exception(None)",
+            "message",
+            "log.exception(None): the line reads 'None' (traceback still logged); watchers still all called",
+        ),
+        "xǁNatsLinkǁ_set__mutmut_9": (
+            'log.exception("XXNATS connection watcher failedXX")',
+            "message",
+            "log text only",
+        ),
+        "xǁNatsLinkǁclose__mutmut_10": (
+            'log.info("XXNATS connection was already lost at close (%r): messages buffered since not sentXX", exc)',  # noqa: E501
+            "message",
+            "log text only",
+        ),
+        "xǁNatsLinkǁclose__mutmut_11": (
+            'log.info("nats connection was already lost at close (%r): messages buffered since not sent", exc)',  # noqa: E501
+            "message",
+            "log text only",
+        ),
+        "xǁNatsLinkǁclose__mutmut_15": (
+            "self._set(False, None)",
+            "message",
+            (
+                "only the reason handed to watchers, where close fails after nats.py already reported the "
+                "loss (then _set is a no-op: the link is down)"
+            ),
+        ),
+        "xǁNatsLinkǁclose__mutmut_19": (
+            'self._set(False, "XXNATS connection closedXX")',
+            "message",
+            "only the reason text handed to watchers (a no-op _set in practice: the loss was reported first)",
+        ),
+        "xǁNatsLinkǁclose__mutmut_20": (
+            'self._set(False, "nats connection closed")',
+            "message",
+            "only the reason text handed to watchers (as close__mutmut_19)",
+        ),
+        "xǁNatsLinkǁclose__mutmut_21": (
+            'self._set(False, "NATS CONNECTION CLOSED")',
+            "message",
+            "only the reason text handed to watchers (as close__mutmut_19)",
+        ),
+        "xǁNatsLinkǁclose__mutmut_7": (
+            'log.info("NATS connection was already lost at close (%r): messages buffered since not sent", None)',  # noqa: E501
+            "message",
+            "the log line's argument is None instead of the exception: only its text changes",
+        ),
+        "xǁNatsLinkǁclose__mutmut_9": (
+            'log.info("NATS connection was already lost at close (%r): messages buffered since not sent", )',
+            "message",
+            "the log line's argument dropped: logging prints the literal %r, only its text changes",
+        ),
+        "xǁNatsLinkǁconnect__mutmut_16": (
+            "closed_cb=None,",
+            "performance",
+            (
+                "closed_cb=None only skips calling _on_closed, a no-op: nats.py 2.16 calls closed_cb only "
+                "right after disconnected_cb (Client._close with do_cbs; also on NoServersError via "
+                "close()), which already set the link down: _on_closed's _set(False, ...) returns at `up == "
+                "self.up`"
+            ),
+        ),
+        "xǁNatsLinkǁconnect__mutmut_20": (
+            "",
+            "same-value",
+            "allow_reconnect left out: nats.py 2.16's default is True",
+        ),
+        "xǁNatsLinkǁconnect__mutmut_28": (
+            "",
+            "performance",
+            (
+                "closed_cb left out (nats.py default None) only skips calling _on_closed, a no-op: nats.py "
+                "2.16 calls closed_cb only right after disconnected_cb (Client._close with do_cbs; also on "
+                "NoServersError via close()), which already set the link down: _on_closed's _set(False, ...)"
+                " returns at `up == self.up`"
+            ),
+        ),
+        "xǁNatsLinkǁconnect__mutmut_32": (
+            "max_reconnect_attempts=-2,",
+            "same-value",
+            (
+                "nats.py 2.16 only tests max_reconnect_attempts > 0 (limit) and < 0 (retry NoServersError at"
+                " first connect): -2 behaves as -1"
+            ),
+        ),
+        "xǁOrderedSenderǁ__init____mutmut_9": (
+            'self._thread: int | None = ""',
+            "same-value",
+            (
+                "initial _thread is never read: submit reads it only when _loop is not None, and _loop and "
+                "_thread are assigned together in one statement, so _thread is always overwritten first"
+            ),
+        ),
+        "xǁOrderedSenderǁ_drain__mutmut_14": (
+            'f"{self._key}.publish_failed", "NATS publish on %s failed: %r", None, exc',
+            "message",
+            "only the subject argument of the publish_failed warning becomes None; the counter is unchanged",
+        ),
+        "xǁOrderedSenderǁ_drain__mutmut_15": (
+            'f"{self._key}.publish_failed", "NATS publish on %s failed: %r", subject, None',
+            "message",
+            (
+                "only the exception argument of the publish_failed warning becomes None; the counter is "
+                "unchanged"
+            ),
+        ),
+        "xǁOrderedSenderǁ_drain__mutmut_20": (
+            'f"{self._key}.publish_failed", "XXNATS publish on %s failed: %rXX", subject, exc',
+            "message",
+            "publish_failed warning text gets XX..XX; same placeholders, counter unchanged",
+        ),
+        "xǁOrderedSenderǁ_drain__mutmut_21": (
+            'f"{self._key}.publish_failed", "nats publish on %s failed: %r", subject, exc',
+            "message",
+            "publish_failed warning text lower-cased; same placeholders, counter unchanged",
+        ),
+        "xǁOrderedSenderǁ_enqueue__mutmut_10": (
+            'self._counters.loud(f"{self._key}.publish_dropped", "PUBLISH QUEUE FULL; MESSAGE DROPPED")',
+            "message",
+            "queue-full warning text upper-cased (no placeholders); <key>.publish_dropped still counted",
+        ),
+        "xǁOrderedSenderǁ_enqueue__mutmut_9": (
+            'self._counters.loud(f"{self._key}.publish_dropped", "XXpublish queue full; message droppedXX")',
+            "message",
+            "queue-full warning text gets XX..XX; <key>.publish_dropped still counted",
+        ),
+        "xǁOrderedSenderǁsubmit__mutmut_8": (
+            'self._counters.loud(f"{self._key}.publish_failed", "XXpublish outside an event loop; droppedXX")',  # noqa: E501
+            "message",
+            "outside-a-loop warning text gets XX..XX; <key>.publish_failed still counted",
+        ),
+        "xǁOrderedSenderǁsubmit__mutmut_9": (
+            'self._counters.loud(f"{self._key}.publish_failed", "PUBLISH OUTSIDE AN EVENT LOOP; DROPPED")',
+            "message",
+            "outside-a-loop warning text upper-cased (no placeholders); <key>.publish_failed still counted",
+        ),
+    },
+    "picker/parse_worker.py": {
+        "x__count_down__mutmut_9": (
+            "if type(None) is str:  # most values: skip the container checks",
+            "performance",
+            (
+                "`type(None) is str` is always False: a string then goes through the list/tuple and Mapping "
+                "checks, matches neither and costs the same one value; only the fast path for strings is "
+                "lost"
+            ),
+        ),
+        "x__read_frame__mutmut_17": (
+            "return None if header is None else _read_exactly(stream, int.from_bytes(header, ))",
+            "same-value",
+            (
+                'int.from_bytes(header) without byteorder defaults to "big" since Python 3.11 '
+                "(requires-python >= 3.11)"
+            ),
+        ),
+        "x_answer_request__mutmut_1": (
+            'BODY_PREFIXES.last = ""  # set by this body\'s parse, if it walks one',
+            "same-value",
+            (
+                "BODY_PREFIXES.last is read only after a successful parse, and every successful parse goes "
+                "through BODY_PREFIXES.loads, whose _loads sets last = None before anything else; the parses"
+                " that skip it (empty, not UTF-8, BOM, unroutable path) all raise, so the value set here "
+                '(None or "") is never read'
+            ),
+        ),
+        "x_json_object__mutmut_14": (
+            "tokens = value.get(token_field) if (token_field is not None) or True else None",
+            "same-value",
+            (
+                "with token_field None the mutant reads value.get(None): keys of a JSON object are always "
+                "strings, so it is None, as the original's None"
+            ),
+        ),
+        "x_main__mutmut_17": (
+            "body = _read_frame(stdin) if (request is not None) or True else None",
+            "same-value",
+            (
+                "the mutant also reads a body frame when the request frame was short; a short read means end"
+                " of input (BufferedReader.read(n) returns fewer than n bytes only at EOF), so that read "
+                'returns b"" -> None and main returns as before; only one empty read more'
+            ),
+        ),
+        "x_main__mutmut_37": (
+            "stdout.write(len(answer).to_bytes(4, ))",
+            "same-value",
+            (
+                'len(answer).to_bytes(4) without byteorder defaults to "big" since Python 3.11 '
+                "(requires-python >= 3.11)"
+            ),
+        ),
+    },
     "runtime/rounds.py": {
         "xǁRoundsǁ__init____mutmut_1": (
             "self._name = None",

@@ -398,3 +398,14 @@ async def test_a_deliberate_close_is_reported_as_closed_and_not_counted_as_a_los
     await link.close()
     assert watcher.calls == [(False, "NATS connection closed")]
     assert counters["nats.disconnect"] == 0
+
+
+async def test_closing_a_link_that_lost_its_server_reports_nothing_more(nats_server):
+    """Down already: the close neither reports it up for a moment nor down a second time."""
+    link = await connect(nats_server, "lost")
+    watcher = Watcher()
+    link.watch(watcher)
+    kill(nats_server)
+    await eventually(lambda: watcher.calls, what="the link reports the loss")
+    await link.close()
+    assert watcher.calls == [(False, "NATS connection lost")] and link.up is False
