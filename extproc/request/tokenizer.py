@@ -600,7 +600,9 @@ def _tokenize_local(backend: Tokenizer, request: ParsedRequest) -> list[int] | a
         and request.truncation_side is None
         and isinstance(backend, HfTokenizer)
     ):
-        return _truncated_by_tokenizer(backend, request, keep)
+        # vLLM cuts again after the tokenizer did (`_token_truncation`): special tokens the tokenizer
+        # added past `keep` go too, and a `keep` of 0 leaves nothing
+        return _truncate(_truncated_by_tokenizer(backend, request, keep), request)
     ids: list[int] | array[int]
     if request.messages is not None:
         encode = backend.encode_chat_ids if isinstance(backend, HfTokenizer) else backend.encode_chat

@@ -286,12 +286,9 @@ async def test_a_next_turn_whose_tool_template_is_encoded_whole_goes_to_a_thread
 # --- truncate_prompt_tokens ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: truncate_prompt_tokens=0 without truncation_side keeps the post-processor's BOS ([BOS]); "
-    "vLLM's TokenizeParams._token_truncation then cuts to max_length 0 and keeps no token",
-)
 async def test_truncate_prompt_tokens_zero_keeps_no_token_as_vllm(tok_dir: Path):
+    """The tokenizer keeps the post-processor's BOS; vLLM 0.33's `_token_truncation` then cuts to
+    max_length 0 (`slice(0, 0)`) and keeps no token."""
     tokenizer = RequestTokenizer(HfTokenizer(tok_dir), timeout_s=5.0)
     request = parsed({"model": "m", "prompt": "hello world", "truncate_prompt_tokens": 0})
     assert await tokenizer.tokenize(request) == []
