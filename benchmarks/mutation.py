@@ -253,6 +253,282 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "request/tokenizer.py": {
+        "x__read_text__mutmut_3": (
+            'return path.read_text(encoding="UTF-8")',
+            "same-value",
+            'encoding "UTF-8" and "utf-8" name the same codec (Python normalizes codec names)',
+        ),
+        "x__special_tokens__mutmut_2": (
+            "tokens = {k: t for k in _SPECIAL_TOKEN_KEYS if (t := _token_content(None))}",
+            "same-value",
+            (
+                "the next statement adds every `*_token` entry holding a token, which includes all of "
+                "_SPECIAL_TOKEN_KEYS with the same values; only the dict's insertion order changes, and the "
+                "template context is a mapping looked up by name"
+            ),
+        ),
+        "x__special_tokens__mutmut_3": (
+            "tokens = {k: t for k in _SPECIAL_TOKEN_KEYS if (t := _token_content(config.get(None)))}",
+            "same-value",
+            (
+                "as mutmut_2: config.get(None) is None, so the first pass adds nothing and the `*_token` "
+                "pass adds the same named tokens"
+            ),
+        ),
+        "x__tokenize_local__mutmut_41": (
+            "raise TokenizerUnavailable(None)",
+            "message",
+            (
+                "only the text of the TokenizerUnavailable raised for a request with neither messages nor a "
+                "prompt changes; the type (what the picker acts on) is unchanged"
+            ),
+        ),
+        "x__tokenize_local__mutmut_42": (
+            'raise TokenizerUnavailable("XXrequest has neither messages nor a promptXX")',
+            "message",
+            (
+                "only the text of the TokenizerUnavailable raised for a request with neither messages nor a "
+                "prompt changes; the type (what the picker acts on) is unchanged"
+            ),
+        ),
+        "x__tokenize_local__mutmut_43": (
+            'raise TokenizerUnavailable("REQUEST HAS NEITHER MESSAGES NOR A PROMPT")',
+            "message",
+            (
+                "only the text of the TokenizerUnavailable raised for a request with neither messages nor a "
+                "prompt changes; the type (what the picker acts on) is unchanged"
+            ),
+        ),
+        "x__tokenize_local__mutmut_6": (
+            "and keep > 0",
+            "same-value",
+            (
+                "a truncate_prompt_tokens of 0 then takes the plain path instead of the tokenizer's "
+                "truncation; both end in `_truncate`, which keeps no id of 0 (vLLM's slice(0, 0)): [] either"
+                " way"
+            ),
+        ),
+        "x__tokenize_local__mutmut_7": (
+            "and keep >= 1",
+            "same-value",
+            (
+                "a truncate_prompt_tokens of 0 then takes the plain path instead of the tokenizer's "
+                "truncation; both end in `_truncate`, which keeps no id of 0 (vLLM's slice(0, 0)): [] either"
+                " way"
+            ),
+        ),
+        "x__truncate__mutmut_7": (
+            "if keep is None or keep < 0 or len(ids) < keep:",
+            "same-value",
+            (
+                "when len(ids) == keep the mutant slices ids[0:] (or ids[:keep]) instead of returning ids: "
+                "an equal list/array"
+            ),
+        ),
+        "x__truncated_by_tokenizer__mutmut_21": (
+            "raise TokenizerUnavailable(None)",
+            "message",
+            (
+                "only the text of the TokenizerUnavailable for a request with neither messages nor a prompt "
+                "changes (type unchanged)"
+            ),
+        ),
+        "x__truncated_by_tokenizer__mutmut_22": (
+            'raise TokenizerUnavailable("XXrequest has neither messages nor a promptXX")',
+            "message",
+            "as mutmut_21: XX-wrapped error text",
+        ),
+        "x__truncated_by_tokenizer__mutmut_23": (
+            'raise TokenizerUnavailable("REQUEST HAS NEITHER MESSAGES NOR A PROMPT")',
+            "message",
+            "as mutmut_21: upper-cased error text",
+        ),
+        "x_message_text__mutmut_19": (
+            "raise ValueError(None)",
+            "message",
+            (
+                "only the ValueError text for content that is neither a string nor a list changes "
+                "(RequestTokenizer wraps it as TokenizerUnavailable either way)"
+            ),
+        ),
+        "x_message_text__mutmut_20": (
+            'raise ValueError("XXmessage content must be a string or a list of partsXX")',
+            "message",
+            "only the ValueError text for content that is neither a string nor a list changes",
+        ),
+        "x_message_text__mutmut_21": (
+            'raise ValueError("MESSAGE CONTENT MUST BE A STRING OR A LIST OF PARTS")',
+            "message",
+            "only the ValueError text for content that is neither a string nor a list changes",
+        ),
+        "xǁByteTokenizerǁencode_text__mutmut_4": (
+            'return list(text.encode("UTF-8"))  # bytes have no special tokens to add',
+            "same-value",
+            "'UTF-8' and 'utf-8' name the same codec: str.encode gives the same bytes for every text",
+        ),
+        "xǁHfTokenizerǁ__init____mutmut_44": (
+            "self._piecewise_templates: frozenset[str] = None",
+            "same-value",
+            (
+                "_piecewise_templates is only read in encodes_piecewise after `pieces is not None`, and "
+                "_set_up_pieces sets both together; while pieces is None the initial value (frozenset() or "
+                "None) is never read"
+            ),
+        ),
+        "xǁHfTokenizerǁ__init____mutmut_54": (
+            '"XXtokenizer %s: chat prompts encoded piecewise, piece cache %d bytesXX",',
+            "message",
+            (
+                "XX-wrapped log text; the line still names the tokenizer and the cache size (tested), only "
+                "its wording changes"
+            ),
+        ),
+        "xǁHfTokenizerǁ__init____mutmut_62": (
+            'log.warning("XXtokenizer %s: chat prompts encoded whole: %sXX", self.name, self.piecewise_off_reason)',  # noqa: E501
+            "message",
+            "XX-wrapped log text; the warning still names the tokenizer and the reason (tested)",
+        ),
+        "xǁHfTokenizerǁ_encode__mutmut_6": (
+            "raise TokenizerUnavailable(None) from e",
+            "message",
+            (
+                "TokenizerUnavailable(None) instead of 'tokenizer <name> failed: <e>': same type, only the "
+                "text the picker logs changes; moreover a tokenizer whose encoding raises is refused at load"
+                " by batch_encoder's probes, so this is hard to reach"
+            ),
+        ),
+        "xǁHfTokenizerǁ_set_up_pieces__mutmut_13": (
+            "self._backend, TokenCache(cache_bytes), PromptPrefixes(), )",
+            "performance",
+            "as mutmut_9 (argument dropped, default None)",
+        ),
+        "xǁHfTokenizerǁ_set_up_pieces__mutmut_37": (
+            '"XXtokenizer %s: chat template %r encoded whole: no added token between messagesXX",',
+            "message",
+            "XX-wrapped log text; the line still names the tokenizer and the template (tested)",
+        ),
+        "xǁHfTokenizerǁ_set_up_pieces__mutmut_9": (
+            "self._backend, TokenCache(cache_bytes), PromptPrefixes(), encode_batch=None",
+            "performance",
+            (
+                "encode_batch=None makes PiecewiseEncoder call batch_encoder(backend) again, which "
+                "deterministically returns the same encoder: only the fast-path probe is redone at load"
+            ),
+        ),
+        "xǁHfTokenizerǁencode_chat_ids__mutmut_27": (
+            "raise TokenizerUnavailable(None) from e",
+            "message",
+            "as _encode__mutmut_6, for a piecewise encoding failure",
+        ),
+        "xǁHfTokenizerǁtruncated__mutmut_30": (
+            "raise TokenizerUnavailable(None) from e",
+            "message",
+            "as _encode__mutmut_6, for a truncated encoding failure",
+        ),
+        "xǁRequestTokenizerǁ__init____mutmut_2": (
+            "inline_max_bytes: int = 8193,",
+            "performance",
+            (
+                "constructor default threshold 8192 -> 8193 bytes: only whether a body of exactly 8193 bytes"
+                " is encoded on the event loop or in a worker thread changes; ids identical; production "
+                "builds through from_settings, which passes its own 8192"
+            ),
+        ),
+        "xǁRequestTokenizerǁ_mostly_cached__mutmut_14": (
+            "request.tools, template_kwargs(request), request.add_special_tokens is not True",
+            "performance",
+            (
+                "same as _9: the flag only matters when piecewise is on but can_add_special_tokens is False "
+                "(unprobeable post-processor); then only loop-vs-thread placement changes, not the ids"
+            ),
+        ),
+        "xǁRequestTokenizerǁ_mostly_cached__mutmut_15": (
+            "request.tools, template_kwargs(request), request.add_special_tokens is False",
+            "performance",
+            (
+                "same as _9: differs only for a tokenizer whose post-processor special ids cannot be probed,"
+                " and only in loop-vs-thread placement"
+            ),
+        ),
+        "xǁRequestTokenizerǁ_mostly_cached__mutmut_9": (
+            "request.tools, template_kwargs(request), None",
+            "performance",
+            (
+                "only loop-vs-thread placement of a next turn, and only when the request asks "
+                "add_special_tokens=true from a tokenizer whose post-processor ids cannot be probed "
+                "(can_add_special_tokens False); with the known post-processors that needs a template "
+                "repeating the text ('$A <bos> $A'), no real tokenizer; ids come from encode_chat_ids either"
+                " way"
+            ),
+        ),
+        "xǁRequestTokenizerǁ_remote__mutmut_26": (
+            "raise TokenizerUnavailable(None)",
+            "message",
+            (
+                "only the text of the TokenizerUnavailable raised for a request with neither messages nor a "
+                "prompt changes; the type (what the picker acts on) is unchanged"
+            ),
+        ),
+        "xǁRequestTokenizerǁ_remote__mutmut_27": (
+            'raise TokenizerUnavailable("XXrequest has neither messages nor a promptXX")',
+            "message",
+            (
+                "only the text of the TokenizerUnavailable raised for a request with neither messages nor a "
+                "prompt changes; the type (what the picker acts on) is unchanged"
+            ),
+        ),
+        "xǁRequestTokenizerǁ_remote__mutmut_28": (
+            'raise TokenizerUnavailable("REQUEST HAS NEITHER MESSAGES NOR A PROMPT")',
+            "message",
+            (
+                "only the text of the TokenizerUnavailable raised for a request with neither messages nor a "
+                "prompt changes; the type (what the picker acts on) is unchanged"
+            ),
+        ),
+        "xǁRequestTokenizerǁfrom_settings__mutmut_1": (
+            "inline_max_bytes: int = 8193,",
+            "performance",
+            (
+                "from_settings default threshold 8192 -> 8193 bytes: only where a body of exactly 8193 bytes"
+                " is encoded (loop vs thread); same ids"
+            ),
+        ),
+        "xǁRequestTokenizerǁfrom_settings__mutmut_4": (
+            'raise ValueError("XXset either a local tokenizer path or a remote /tokenize URL, not bothXX")',
+            "message",
+            (
+                "only the ValueError text for both a local path and a remote URL changes; existing test "
+                "matches 'not both', which the mutant keeps"
+            ),
+        ),
+        "xǁRequestTokenizerǁfrom_settings__mutmut_5": (
+            'raise ValueError("set either a local tokenizer path or a remote /tokenize url, not both")',
+            "message",
+            "only the ValueError text changes ('URL' -> 'url')",
+        ),
+        "xǁRequestTokenizerǁtoken_ids__mutmut_35": (
+            'log.exception("tokenizer %s failed on a %s request", self.name, None)',
+            "message",
+            (
+                "only the logged request kind of a backend failure (log.exception argument) changes; the "
+                "raised TokenizerUnavailable is the same"
+            ),
+        ),
+        "xǁRequestTokenizerǁtoken_ids__mutmut_39": (
+            'log.exception("XXtokenizer %s failed on a %s requestXX", self.name, request.kind)',
+            "message",
+            "only the log format text of a backend failure changes",
+        ),
+        "xǁTokenizerǁencode_chat__mutmut_1": (
+            "add_generation_prompt: bool = False,",
+            "same-value",
+            (
+                "a default in the Tokenizer Protocol's stub signature: never executed, each backend has its "
+                "own default (True)"
+            ),
+        ),
+    },
     "events/nats_events.py": {
         "x__backoff__mutmut_19": (
             "delay = min(RECONNECT_MAX_S, RECONNECT_BASE_S * 2 ** min(server.reconnects, 17))",
