@@ -152,7 +152,9 @@ class RoutingClient:
             router=RouterConfig(**router_settings),
             workers=configs,
             models=(
-                ModelConfig(model, tokenizer=tokenizer, lora_adapters=tuple(lora_adapters), aliases=tuple(aliases)),
+                ModelConfig(
+                    model, tokenizer=tokenizer, lora_adapters=tuple(lora_adapters), aliases=tuple(aliases)
+                ),
             ),
             seed=seed,
         )
