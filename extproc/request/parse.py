@@ -54,7 +54,8 @@ MAX_TOKEN_ID: Final = 2**32 - 1  # token ids are u32 everywhere downstream (bloc
 MAX_CHOICES: Final = 128  # `n`: Dynamo's frontend accepts 1..128 (its validate.rs MAX_N)
 
 _UNRESERVED: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})?")  # an escape, or a `%` that starts none
+_HEX_PAIR = re.compile(r"[0-9A-Fa-f]{2}")
 _REJECTED_ESCAPE = re.compile(r"%(?:2[fF]|5[cC]|00)")
 _SLASHES = re.compile(r"/{2,}")
 
@@ -123,7 +124,9 @@ class ParsedRequest:
 def normalize_path(path: str) -> str:
     """`path` (a `:path`, query string included) as Envoy 1.40 forwards it with `normalize_path: true`,
     `merge_slashes: true` and escaped slashes rejected: percent-encoded unreserved characters
-    (RFC 3986: letters, digits, `-._~`) decoded and other escapes left as they are, backslashes made
+    (RFC 3986: letters, digits, `-._~`) decoded and other escapes left as they are, a `%` that starts
+    no escape kept unless what follows it decodes to two hex digits (then it is `%25`: `%%32%65` is
+    `%252e`, never an encoded dot a second pass would resolve), backslashes made
     slashes, `.` and `..` segments resolved (RFC 3986 5.2.4, never above the root), runs of slashes
     merged; the query string is left as it is. `tests/e2e/test_envoy_configs.py` checks the two agree.
 
@@ -139,7 +142,7 @@ def normalize_path(path: str) -> str:
             f"path {route[:200]!r} contains {bad.group(0)!r} (an encoded slash, backslash or NUL), "
             "which is not accepted"
         )
-    route = _ESCAPE.sub(_unescape_unreserved, route).replace("\\", "/")
+    route = _unescape_unreserved(route).replace("\\", "/")
     if route.startswith("/"):
         route = _remove_dot_segments(route)
     return _SLASHES.sub("/", route) + sep + query
@@ -156,9 +159,40 @@ def is_routable(path: str) -> bool:
     return route_of(path) in ROUTABLE_PATHS
 
 
-def _unescape_unreserved(match: re.Match[str]) -> str:
-    char = chr(int(match.group(1), 16))
-    return char if char in _UNRESERVED else match.group(0)
+def _unescape_unreserved(route: str) -> str:
+    """The escapes of unreserved characters decoded, others kept. A `%` that starts no escape stays,
+    unless the decoding puts two hex digits after it: it would read as an escape, so it becomes `%25`
+    (as Envoy's canonicalizer does: `%%32%65` is `%252e`, `%%41` is `%A`, `100%` stays)."""
+    if "%" not in route:
+        return route
+    pieces: list[str] = []
+    strays: list[int] = []  # where each stray `%` lands in the decoded text
+    length = start = 0
+    for match in _PERCENT.finditer(route):
+        pieces.append(route[start : match.start()])
+        length += match.start() - start
+        code = match.group(1)
+        if code is None:
+            strays.append(length)
+            piece = "%"
+        else:
+            char = chr(int(code, 16))
+            piece = char if char in _UNRESERVED else match.group(0)
+        pieces.append(piece)
+        length += len(piece)
+        start = match.end()
+    pieces.append(route[start:])
+    text = "".join(pieces)
+    marked = [at for at in strays if _HEX_PAIR.fullmatch(text, at + 1, at + 3)]
+    if not marked:
+        return text
+    out: list[str] = []
+    start = 0
+    for at in marked:
+        out += (text[start:at], "%25")
+        start = at + 1
+    out.append(text[start:])
+    return "".join(out)
 
 
 def _remove_dot_segments(path: str) -> str:

@@ -146,8 +146,9 @@ _STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 def check_normal(path: str) -> str | None:
     """`normalize_path(path)` held to its promise; None when it refused the path. Compared with the
     reference exactly, except for two cases where real Envoy 1.40 does not do what the reference
-    (and the docstring) say: a `%` that starts no escape (Envoy forwards it as `%25`) and a route of
-    slashes only (Envoy's merge_slashes forwards `//`); there only the invariants are checked."""
+    says: a `%` that starts no escape (Envoy, and the picker, write it `%25` when the decoding puts
+    two hex digits after it: tests/e2e/test_envoy_configs.py) and a route of slashes only (Envoy's
+    merge_slashes forwards `//`); there only the invariants are checked."""
     try:
         normal = normalize_path(path)
     except RequestInvalid:
