@@ -193,6 +193,7 @@ class SilentServer:
     def __init__(self) -> None:
         self.writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.Server | None = None
+        self._closing = False
         self.url = ""
 
     async def __aenter__(self) -> SilentServer:
@@ -202,9 +203,12 @@ class SilentServer:
 
     async def _accept(self, _reader, writer) -> None:
         self.writers.append(writer)
+        if self._closing:  # accepted as the server closed: no socket left behind
+            writer.close()
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
+        self._closing = True
         self._server.close()
         for writer in self.writers:
             writer.close()
@@ -289,6 +293,7 @@ class HalfOpenProxy:
         self._writers: list[asyncio.StreamWriter] = []
         self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.Server | None = None
+        self._closing = False
 
     async def __aenter__(self) -> HalfOpenProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -307,6 +312,10 @@ class HalfOpenProxy:
         self._open.append(conn)
         server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
         self._writers += [client_w, server_w]
+        if self._closing:  # accepted as the proxy closed: no socket left behind
+            for writer in (client_w, server_w):
+                writer.close()
+            return
         pumps = [
             asyncio.create_task(self._pump(conn, client_r, server_w, upstream=True)),
             asyncio.create_task(self._pump(conn, server_r, client_w, upstream=False)),
@@ -327,6 +336,7 @@ class HalfOpenProxy:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
+        self._closing = True
         self._server.close()
         for writer in self._writers:
             writer.close()
