@@ -9353,6 +9353,11 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "request/parse.py": {
+        "x__unescape_unreserved__mutmut_53": (
+            "start = None",
+            "same-value",
+            "text[None:at] is text[:at], as text[0:at]: the first piece starts at the beginning either way",
+        ),
         "x__load_json__mutmut_9": (
             'text = body.decode("UTF-8")',
             "same-value",

@@ -503,6 +503,7 @@ def test_fuzz_bases_parse():
         # Envoy 1.40's answers, tests/e2e/test_envoy_configs.py): never an encoded dot left over
         ("/%%32%65/v1/./com%70%6c%65%74ions", "/%252e/v1/completions"),
         ("/v1/%2%65/x", "/v1/%252e/x"),
+        ("/%41/%%32%65/x", "/A/%252e/x"),  # a stray after decoded text
         ("/v1/%4%31", "/v1/%2541"),
         ("/v1/%%41", "/v1/%A"),
         ("/v1/%%2e%2e/x", "/v1/%../x"),
