@@ -15,25 +15,23 @@ from collections.abc import Callable, Mapping
 
 import aiohttp
 
-from extproc.runtime.wakeups import lazy_sleep
-from extproc.tasks import cancel_and_wait
+from extproc.runtime.rounds import Rounds
 
 log = logging.getLogger("extproc.worker_health")
 
 
-class WorkerHealth:
-    """The set of workers whose last health probe failed, kept fresh by a background task."""
+class WorkerHealth(Rounds):
+    """The set of workers whose last health probe failed, kept fresh by rounds in a task of their own."""
 
     def __init__(
         self, targets: Callable[[], Mapping[str, str]], *, interval_s: float, timeout_s: float = 1.0
     ) -> None:
         """`targets()`: worker id -> ip:port of the workers to probe now."""
+        super().__init__("prefill-health", interval_s, log)
         self._targets = targets
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.unhealthy: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
-        self._session: aiohttp.ClientSession | None = None
         self._round = asyncio.Lock()  # one round at a time: a slow round must not undo a newer one
 
     @property
@@ -43,15 +41,10 @@ class WorkerHealth:
     def start(self) -> None:
         """Start probing (idempotent; needs a running event loop)."""
         if self.enabled and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            super().start()
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+    async def one_round(self) -> None:
+        await self.probe_all()
 
     async def probe_all(self) -> None:
         """One round: probe every target concurrently and update `unhealthy`."""
@@ -83,11 +76,3 @@ class WorkerHealth:
                 return (200 <= response.status < 300), f"status {response.status}"
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.probe_all()
-            except Exception:  # never let one bad round stop probing
-                log.exception("prefill health probe round failed")
-            await lazy_sleep(self.interval_s, self.interval_s / 4)
