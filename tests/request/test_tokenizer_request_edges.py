@@ -8,17 +8,13 @@ cache stats for backends without caches, and `truncate_prompt_tokens: 0`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from extproc.errors import TokenizerUnavailable
 from extproc.request.parse import ParsedRequest, parse_openai_body
@@ -31,6 +27,8 @@ from extproc.request.tokenizer import (
     template_kwargs,
 )
 from tests.tokenizer_files import LLAMA_TEMPLATE, write_tokenizer_dir
+
+from .test_tokenizer import FakeEngine, engine  # noqa: F401 (a fixture)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 # A template with no added token between messages: a chat rendered with it cannot be encoded piecewise.
@@ -108,45 +106,8 @@ def test_template_kwargs_carry_the_requests_add_generation_prompt_over_the_kwarg
 # --- RequestTokenizer over the engine's /tokenize --------------------------------------------------------
 
 
-class VllmTokenize:
-    """vLLM's `POST /tokenize` on 127.0.0.1: records each payload, answers `{tokens, count, max_model_len}`
-    (one id per message, or per prompt character); `hang` holds answers until the test ends."""
-
-    def __init__(self) -> None:
-        self.payloads: list[dict[str, Any]] = []
-        self.hang = False
-        self.release = asyncio.Event()
-        self.url = ""
-
-    async def tokenize(self, request: web.Request) -> web.Response:
-        payload = await request.json()
-        self.payloads.append(payload)
-        if self.hang:
-            await self.release.wait()
-        if "prompt" in payload:
-            tokens = [ord(c) for c in payload["prompt"]]
-        else:
-            tokens = list(range(100, 100 + len(payload["messages"])))
-        return web.json_response({"tokens": tokens, "count": len(tokens), "max_model_len": 4096})
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[VllmTokenize]:
-    fake = VllmTokenize()
-    app = web.Application()
-    app.router.add_post("/tokenize", fake.tokenize)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    fake.url = str(server.make_url("")).rstrip("/")
-    try:
-        yield fake
-    finally:
-        fake.release.set()
-        await server.close()
-
-
 async def test_remote_chat_sends_tools_generation_prompt_and_continue_final_message_to_the_engine(
-    engine: VllmTokenize,
+    engine: FakeEngine,  # noqa: F811 (the fixture)
 ):
     """Without a configured model name each request's own model is sent; the prefill asks the engine to
     continue the final message (a `chat_template_kwargs` entry: /tokenize has no such field)."""
@@ -163,11 +124,12 @@ async def test_remote_chat_sends_tools_generation_prompt_and_continue_final_mess
         }
     )
     try:
-        assert await tokenizer.tokenize(request) == [100, 101]
-        assert await tokenizer.tokenize(parsed({"model": "alias", "messages": messages[:1]})) == [100]
+        # the engine's ids as it answered ([message count, add_generation_prompt]: test_tokenizer's fake)
+        assert await tokenizer.tokenize(request) == [2, 0]
+        assert await tokenizer.tokenize(parsed({"model": "alias", "messages": messages[:1]})) == [1, 1]
     finally:
         await tokenizer.close()
-    assert engine.payloads == [
+    assert engine.requests == [
         {
             "model": "alias",
             "messages": messages,
@@ -179,9 +141,9 @@ async def test_remote_chat_sends_tools_generation_prompt_and_continue_final_mess
     ]
 
 
-async def test_a_remote_wait_is_bounded_by_the_request_tokenizers_own_timeout(engine: VllmTokenize):
+async def test_a_remote_wait_is_bounded_by_the_request_tokenizers_own_timeout(engine: FakeEngine):  # noqa: F811
     """The picker's bound applies even when the backend's HTTP client would wait longer."""
-    engine.hang = True
+    engine.mode = "hang"
     tokenizer = RequestTokenizer(RemoteTokenizer(engine.url, timeout_s=3.0, cache_size=0), timeout_s=0.05)
     start = time.monotonic()
     try:
