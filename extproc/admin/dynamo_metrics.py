@@ -193,7 +193,8 @@ class DynamoMetricsCollector(Collector):
             selected.add_metric(
                 [phase, model, rid, COMPONENT], overlap.get((model, "chosen"), 0) * block_size
             )
-            buckets, total, n = _nonzero_buckets(regret, (model,))
+            # Dynamo observes overlap lost only when positive; ours observes every request's
+            buckets, total, n = _cumulative(regret, (model,), above_zero=True)
             non_max.add_metric(["decode", model, rid, COMPONENT], n)
             lost.add_metric(["decode", model, rid, COMPONENT], buckets, total)
         yield from (started, finished, best, selected, non_max, lost)
@@ -236,11 +237,3 @@ def _cumulative(
         cumulative += count
         buckets.append(("+Inf" if bound == float("inf") else floatToGoString(bound), cumulative))
     return buckets, total[0], cumulative
-
-
-def _nonzero_buckets(
-    histogram: LabelledHistogram, key: tuple[str, ...]
-) -> tuple[list[tuple[str, int]], float, int]:
-    """The histogram's observations above zero: (cumulative buckets, sum, count). Dynamo observes
-    overlap lost only when it is positive; ours observes every request's (zero in the first bucket)."""
-    return _cumulative(histogram, key, above_zero=True)

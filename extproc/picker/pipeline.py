@@ -519,8 +519,9 @@ class EndpointPicker:
             log.debug("freed %s (%s)", pick.request_id, cause)
             self.metrics.finished(pick.model, cause)
             if cause == "complete" and self.tracks_output_blocks:
-                decode_ns = time.perf_counter_ns() - pick.first_token_ns if pick.first_token_ns else None
-                self.metrics.answered(pick.model, pick.output_tokens, decode_ns / 1e9 if decode_ns else None)
+                first = pick.first_token_ns  # 0: a whole answer, no first token seen
+                decode_s = (time.perf_counter_ns() - first) / 1e9 if first else None
+                self.metrics.answered(pick.model, pick.output_tokens, decode_s)
             self._gates[pick.model].kick()
 
     def response_stored(self, pick: Pick, response_id: str) -> None:

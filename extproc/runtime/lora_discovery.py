@@ -95,11 +95,6 @@ def names_in(body: bytes) -> ListedNames:
     return ListedNames(tuple(served), tuple(adapters))
 
 
-def adapters_in(body: bytes) -> list[str]:
-    """The adapter names of a `/v1/models` body (`names_in`)."""
-    return list(names_in(body).adapters)
-
-
 class NameTarget(Protocol):
     """What discovery reads and feeds: `EndpointPicker` satisfies it."""
 

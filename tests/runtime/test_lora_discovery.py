@@ -29,7 +29,7 @@ from extproc.runtime.lora_discovery import (
     MAX_NAMES_PER_WORKER,
     AdapterDiscovery,
     ModelsInvalid,
-    adapters_in,
+    names_in,
 )
 from extproc.runtime.server import start_picker
 
@@ -63,7 +63,7 @@ def test_the_adapters_of_each_engines_model_list_are_the_ones_it_was_given(engin
     """vLLM's: each adapter it was given. SGLang's: none, though it lists them: it serves an adapter
     only as `MODEL:ADAPTER` or `lora_path` (a bare adapter name gets the base model there)."""
     given = list(recorded()[engine]["cases"][case]["adapters"])
-    assert adapters_in(body(engine, case)) == (given if engine == "vllm" else [])
+    assert list(names_in(body(engine, case)).adapters) == (given if engine == "vllm" else [])
 
 
 def card(name: Any, parent: Any = "llama") -> dict[str, Any]:
@@ -85,7 +85,7 @@ def card(name: Any, parent: Any = "llama") -> dict[str, Any]:
     ],
 )
 def test_only_cards_with_a_parent_are_adapters_each_once_and_bounded(data, adapters):
-    assert adapters_in(json.dumps({"object": "list", "data": data}).encode()) == adapters
+    assert list(names_in(json.dumps({"object": "list", "data": data}).encode()).adapters) == adapters
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_only_cards_with_a_parent_are_adapters_each_once_and_bounded(data, adapt
 )
 def test_a_body_that_is_no_model_list_is_refused(raw):
     with pytest.raises(ModelsInvalid):
-        adapters_in(raw)
+        names_in(raw)
 
 
 # --- against workers serving the engines' answers --------------------------------------------------
