@@ -127,7 +127,10 @@ MODULES: dict[str, list[str]] = {
         "tests/request/test_piecewise.py",
     ],
     # LoRA adapters read from the workers' /v1/models (the engines' recorded answers)
-    "runtime/lora_discovery.py": ["tests/runtime/test_lora_discovery.py"],
+    "runtime/lora_discovery.py": [
+        "tests/runtime/test_lora_discovery.py",
+        "tests/picker/test_model_aliases.py",
+    ],
     # the rounds engine metrics and LoRA discovery read the workers in
     "runtime/rounds.py": ["tests/runtime/test_lora_discovery.py", "tests/runtime/test_engine_metrics.py"],
     "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
@@ -159,6 +162,8 @@ MODULES: dict[str, list[str]] = {
         "tests/picker/test_disagg.py",
         "tests/picker/test_hash_prefix_cache.py",
         "tests/picker/test_lora_adapters.py",
+        "tests/picker/test_model_aliases.py",
+        "tests/picker/test_request_histograms.py",
         "tests/runtime/test_lora_discovery.py",
         "tests/epp/test_service.py",
         "tests/epp/test_service_responses.py",
@@ -253,6 +258,286 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "runtime/lora_discovery.py": {
+        "x__names__mutmut_10": (
+            "return f\"[{shown}{', ...' if len(names) > 11 else ''}]\"",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x__names__mutmut_11": (
+            "return f\"[{shown}{', ...' if len(names) > 10 else 'XXXX'}]\"",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__names__mutmut_3": (
+            'shown = "XX, XX".join(loggable(n) for n in names[:10])',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__names__mutmut_5": (
+            'shown = ", ".join(loggable(n) for n in names[:11])',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x__names__mutmut_6": (
+            "return f\"[{shown}{', ...' if (len(names) > 10) and False else ''}]\"",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x__names__mutmut_7": (
+            "return f\"[{shown}{', ...' if (len(names) > 10) or True else ''}]\"",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x__names__mutmut_8": (
+            "return f\"[{shown}{'XX, ...XX' if len(names) > 10 else ''}]\"",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x__names__mutmut_9": (
+            "return f\"[{shown}{', ...' if len(names) >= 10 else ''}]\"",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_names_in__mutmut_13": (
+            "raise ModelsInvalid(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_names_in__mutmut_14": (
+            'raise ModelsInvalid("XXnot a model list: no `data` listXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_names_in__mutmut_15": (
+            'raise ModelsInvalid("NOT A MODEL LIST: NO `DATA` LIST")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_names_in__mutmut_3": (
+            "raise ModelsInvalid(None) from None",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_names_in__mutmut_4": (
+            'raise ModelsInvalid(f"not JSON: {str(None)[:80]}") from None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_names_in__mutmut_45": (
+            'adapters[name] = ""',
+            "same-value",
+            "`names` and `adapters` are ordered sets: only their keys are read, never the values",
+        ),
+        "x_names_in__mutmut_47": (
+            'served[name] = ""',
+            "same-value",
+            "`names` and `adapters` are ordered sets: only their keys are read, never the values",
+        ),
+        "x_names_in__mutmut_5": (
+            'raise ModelsInvalid(f"not JSON: {str(exc)[:81]}") from None',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_start_lora_discovery__mutmut_10": (
+            "None)  # fmt: skip",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_11": (
+            "log.info(config.lora_interval_s,",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_12": (
+            'log.info("LoRA discovery: each worker\'s /v1/models every %g s (timeout %g s)", config.lora_timeout_s)  # fmt: skip',  # noqa: E501
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_13": (
+            ")  # fmt: skip",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_14": (
+            'log.info("XXLoRA discovery: each worker\'s /v1/models every %g s (timeout %g s)XX", config.lora_interval_s,',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_start_lora_discovery__mutmut_15": (
+            'log.info("lora discovery: each worker\'s /v1/models every %g s (timeout %g s)", config.lora_interval_s,',  # noqa: E501
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_16": (
+            'log.info("LORA DISCOVERY: EACH WORKER\'S /V1/MODELS EVERY %G S (TIMEOUT %G S)", config.lora_interval_s,',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_start_lora_discovery__mutmut_8": (
+            "log.info(None, config.lora_interval_s,",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "x_start_lora_discovery__mutmut_9": (
+            'log.info("LoRA discovery: each worker\'s /v1/models every %g s (timeout %g s)", None,',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_16": (
+            'self._session, state.url, max_bytes=MAX_MODELS_BYTES, accept="XXapplication/jsonXX"',
+            "message",
+            "the Accept header's text: the engines answer /v1/models with JSON whatever it says",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_17": (
+            'self._session, state.url, max_bytes=MAX_MODELS_BYTES, accept="APPLICATION/JSON"',
+            "message",
+            "the Accept header's text: the engines answer /v1/models with JSON whatever it says",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_23": (
+            '"answers (logged again only when it does)", None,',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_24": (
+            "None, exc, len(state.names.served + state.names.adapters))  # fmt: skip",
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_32": (
+            'log.warning("XXLoRA discovery: %s at %s: %s; its names as last read (%d) until it XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_33": (
+            'log.warning("lora discovery: %s at %s: %s; its names as last read (%d) until it "',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_35": (
+            '"XXanswers (logged again only when it does)XX", ", ".join(sorted(state.workers)),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_36": (
+            '"ANSWERS (LOGGED AGAIN ONLY WHEN IT DOES)", ", ".join(sorted(state.workers)),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_38": (
+            '"answers (logged again only when it does)", "XX, XX".join(sorted(state.workers)),',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_4": (
+            "self._session = bounded_session(self.config.lora_timeout_s, None)",
+            "same-value",
+            (
+                "the `_slots` semaphore already holds reads to MAX_CONCURRENT_READS at once; the connector's"
+                " limit is a second bound on the same number"
+            ),
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_46": (
+            'log.info("LoRA discovery: %s at %s answers again", None, state.url)',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_47": (
+            'log.info("LoRA discovery: %s at %s answers again", ", ".join(sorted(state.workers)), None)',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_51": (
+            'log.info("XXLoRA discovery: %s at %s answers againXX", ", ".join(sorted(state.workers)), state.url)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_52": (
+            'log.info("lora discovery: %s at %s answers again", ", ".join(sorted(state.workers)), state.url)',
+            "message",
+            "a log line's arguments (the workers, a count or the names shown)",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_55": (
+            'log.info("LoRA discovery: %s at %s answers again", "XX, XX".join(sorted(state.workers)), state.url)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_64": (
+            '"--served-model-name?)", None, state.url,',
+            "message",
+            "a log line's or an error's arguments",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_65": (
+            '"--served-model-name?)", ", ".join(sorted(state.workers)), None,',
+            "message",
+            "a log line's or an error's arguments",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_73": (
+            'log.warning("XX%s at %s serves %s, not %s: it would answer that model\'s requests 404 (its XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_75": (
+            '"XX--served-model-name?)XX", ", ".join(sorted(state.workers)), state.url,',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_76": (
+            '"--SERVED-MODEL-NAME?)", ", ".join(sorted(state.workers)), state.url,',
+            "message",
+            "a log line's or an error's arguments",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_78": (
+            '"--served-model-name?)", "XX, XX".join(sorted(state.workers)), state.url,',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_81": (
+            '"XX, XX".join(loggable(n) for n in names.served[:5]), state.model)  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁ_read__mutmut_83": (
+            '", ".join(loggable(n) for n in names.served[:6]), state.model)  # fmt: skip',
+            "message",
+            "how many of a worker's served names the warning shows (5 or 6)",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_24": (
+            "for state, key in zip(states, wanted, strict=None):",
+            "same-value",
+            "`states` is built from `wanted` one by one: the two always have the same length",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_27": (
+            "for state, key in zip(states, wanted, ):",
+            "same-value",
+            "`states` is built from `wanted` one by one: the two always have the same length",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_28": (
+            "for state, key in zip(states, wanted, strict=False):",
+            "same-value",
+            "`states` is built from `wanted` one by one: the two always have the same length",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_44": (
+            '"(+%s -%s)", None, len(adapters), len(aliases - {model}), _names(added),',
+            "message",
+            "a log line's or an error's arguments",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_48": (
+            "None)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_55": (
+            'log.info("XXnames of %s listed by its workers: %d adapters, %d other served names XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁAdapterDiscoveryǁread_once__mutmut_57": (
+            '"XX(+%s -%s)XX", model, len(adapters), len(aliases - {model}), _names(added),',
+            "message",
+            "an error's or a log line's text",
+        ),
+    },
     "request/tokenizer.py": {
         "x__read_text__mutmut_3": (
             'return path.read_text(encoding="UTF-8")',
@@ -2238,271 +2523,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "the answer cache is emptied at 4097 entries instead of 4096: one cached answer more, the "
                 "answers are the same"
             ),
-        ),
-    },
-    "runtime/lora_discovery.py": {
-        "xǁAdapterDiscoveryǁ__init____mutmut_1": (
-            "super().__init__(None, config.lora_interval_s, log)",
-            "message",
-            "the rounds' name, shown only as the task's name and in the failed-round log line",
-        ),
-        "xǁAdapterDiscoveryǁ__init____mutmut_7": (
-            'super().__init__("XXlora-discoveryXX", config.lora_interval_s, log)',
-            "message",
-            "the rounds' name, shown only as the task's name and in the failed-round log line",
-        ),
-        "xǁAdapterDiscoveryǁ__init____mutmut_8": (
-            'super().__init__("LORA-DISCOVERY", config.lora_interval_s, log)',
-            "message",
-            "the rounds' name, shown only as the task's name and in the failed-round log line",
-        ),
-        "x__names__mutmut_1": (
-            "shown = None",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x__names__mutmut_10": (
-            "return f\"[{shown}{', ...' if len(names) > 11 else ''}]\"",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x__names__mutmut_11": (
-            "return f\"[{shown}{', ...' if len(names) > 10 else 'XXXX'}]\"",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__names__mutmut_3": (
-            'shown = "XX, XX".join(loggable(n) for n in names[:10])',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__names__mutmut_5": (
-            'shown = ", ".join(loggable(n) for n in names[:11])',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x__names__mutmut_6": (
-            "return f\"[{shown}{', ...' if (len(names) > 10) and False else ''}]\"",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x__names__mutmut_7": (
-            "return f\"[{shown}{', ...' if (len(names) > 10) or True else ''}]\"",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x__names__mutmut_8": (
-            "return f\"[{shown}{'XX, ...XX' if len(names) > 10 else ''}]\"",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__names__mutmut_9": (
-            "return f\"[{shown}{', ...' if len(names) >= 10 else ''}]\"",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x_start_lora_discovery__mutmut_10": (
-            "None)  # fmt: skip",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x_start_lora_discovery__mutmut_11": (
-            "log.info(config.lora_interval_s,",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x_start_lora_discovery__mutmut_12": (
-            'log.info("LoRA discovery: each worker\'s /v1/models every %g s (timeout %g s)", config.lora_timeout_s)  # fmt: skip',  # noqa: E501
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x_start_lora_discovery__mutmut_13": (
-            ")  # fmt: skip",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x_start_lora_discovery__mutmut_14": (
-            'log.info("XXLoRA discovery: each worker\'s /v1/models every %g s (timeout %g s)XX", config.lora_interval_s,',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_start_lora_discovery__mutmut_15": (
-            'log.info("lora discovery: each worker\'s /v1/models every %g s (timeout %g s)", config.lora_interval_s,',  # noqa: E501
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x_start_lora_discovery__mutmut_16": (
-            'log.info("LORA DISCOVERY: EACH WORKER\'S /V1/MODELS EVERY %G S (TIMEOUT %G S)", config.lora_interval_s,',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_start_lora_discovery__mutmut_8": (
-            "log.info(None, config.lora_interval_s,",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x_start_lora_discovery__mutmut_9": (
-            'log.info("LoRA discovery: each worker\'s /v1/models every %g s (timeout %g s)", None,',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_16": (
-            'self._session, state.url, max_bytes=MAX_MODELS_BYTES, accept="XXapplication/jsonXX"',
-            "message",
-            "the Accept header's text: the engines answer /v1/models with JSON whatever it says",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_17": (
-            'self._session, state.url, max_bytes=MAX_MODELS_BYTES, accept="APPLICATION/JSON"',
-            "message",
-            "the Accept header's text: the engines answer /v1/models with JSON whatever it says",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_23": (
-            '"answers (logged again only when it does)", None,',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_24": (
-            "None, exc, len(state.adapters))  # fmt: skip",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_32": (
-            'log.warning("XXLoRA discovery: %s at %s: %s; its adapters as last read (%d) until it XX"',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_33": (
-            'log.warning("lora discovery: %s at %s: %s; its adapters as last read (%d) until it "',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_35": (
-            '"XXanswers (logged again only when it does)XX", ", ".join(sorted(state.workers)),',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_36": (
-            '"ANSWERS (LOGGED AGAIN ONLY WHEN IT DOES)", ", ".join(sorted(state.workers)),',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_38": (
-            '"answers (logged again only when it does)", "XX, XX".join(sorted(state.workers)),',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_4": (
-            "self._session = bounded_session(self.config.lora_timeout_s, None)",
-            "same-value",
-            (
-                "the `_slots` semaphore already holds reads to MAX_CONCURRENT_READS at once; the connector's "
-                "limit is a second bound on the same number"
-            ),
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_46": (
-            'log.info("LoRA discovery: %s at %s answers again", None, state.url)',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_47": (
-            'log.info("LoRA discovery: %s at %s answers again", ", ".join(sorted(state.workers)), None)',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_51": (
-            'log.info("XXLoRA discovery: %s at %s answers againXX", ", ".join(sorted(state.workers)), state.url)',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_52": (
-            'log.info("lora discovery: %s at %s answers again", ", ".join(sorted(state.workers)), state.url)',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁ_read__mutmut_55": (
-            'log.info("LoRA discovery: %s at %s answers again", "XX, XX".join(sorted(state.workers)), state.url)',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁAdapterDiscoveryǁread_once__mutmut_20": (
-            "for state, key in zip(states, wanted, strict=None):",
-            "same-value",
-            "`states` is built from `wanted` one by one: the two always have the same length",
-        ),
-        "xǁAdapterDiscoveryǁread_once__mutmut_23": (
-            "for state, key in zip(states, wanted, ):",
-            "same-value",
-            "`states` is built from `wanted` one by one: the two always have the same length",
-        ),
-        "xǁAdapterDiscoveryǁread_once__mutmut_24": (
-            "for state, key in zip(states, wanted, strict=False):",
-            "same-value",
-            "`states` is built from `wanted` one by one: the two always have the same length",
-        ),
-        "xǁAdapterDiscoveryǁread_once__mutmut_34": (
-            "if added and removed:",
-            "message",
-            "only whether the change is logged: the adapters were already handed to the picker",
-        ),
-        "xǁAdapterDiscoveryǁread_once__mutmut_36": (
-            'log.info("LoRA adapters of %s: %d listed by its workers (+%s -%s)", None, len(names),',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁread_once__mutmut_38": (
-            "None, _names(removed))  # fmt: skip",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁread_once__mutmut_39": (
-            "_names(added), None)  # fmt: skip",
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "xǁAdapterDiscoveryǁread_once__mutmut_45": (
-            'log.info("XXLoRA adapters of %s: %d listed by its workers (+%s -%s)XX", model, len(names),',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁAdapterDiscoveryǁread_once__mutmut_46": (
-            'log.info("lora adapters of %s: %d listed by its workers (+%s -%s)", model, len(names),',
-            "message",
-            "a log line's arguments (the workers, a count or the names shown)",
-        ),
-        "x_adapters_in__mutmut_13": (
-            "raise ModelsInvalid(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_14": (
-            'raise ModelsInvalid("XXnot a model list: no `data` listXX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_15": (
-            'raise ModelsInvalid("NOT A MODEL LIST: NO `DATA` LIST")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_3": (
-            "raise ModelsInvalid(None) from None",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_38": (
-            'names[name] = ""',
-            "same-value",
-            "the dict is an ordered set of names: only its keys are read",
-        ),
-        "x_adapters_in__mutmut_4": (
-            'raise ModelsInvalid(f"not JSON: {str(None)[:80]}") from None',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_adapters_in__mutmut_5": (
-            'raise ModelsInvalid(f"not JSON: {str(exc)[:81]}") from None',
-            "message",
-            "an error's or a log line's text",
         ),
     },
     "picker/pipeline.py": {

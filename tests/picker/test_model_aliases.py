@@ -268,3 +268,15 @@ async def test_the_python_client_takes_a_models_aliases():
         assert (pool.model, adapter) == (LLAMA, None)
     finally:
         await client.close()
+
+
+async def test_names_that_only_came_are_logged(workers, caplog):  # noqa: F811
+    _, endpoints = await workers(body("vllm", "static-and-loaded"))
+    picker = llama_picker(endpoints)
+    try:
+        with caplog.at_level(logging.INFO, logger="extproc.lora_discovery"):
+            await read_names(picker)
+        (line,) = [r.getMessage() for r in caplog.records if "listed by its workers" in r.getMessage()]
+        assert "2 adapters, 1 other served names" in line and ALIAS in line
+    finally:
+        await picker.close()
