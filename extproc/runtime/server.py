@@ -268,8 +268,9 @@ async def start_picker(config: PickerConfig) -> RunningPicker:
         running.engine_metrics = await start_engine_metrics(picker, config.engine_metrics)
         running.lora_discovery = await start_lora_discovery(picker, config.discovery)
         if running.lora_discovery is not None and picker.hierarchical:
-            log.info("LoRA discovery reads this picker's own workers only: the adapters of the router "
-                     "groups' workers are names here only when listed in models[].lora-adapters")  # fmt: skip
+            log.info("LoRA discovery reads this picker's own workers only: the adapters and other served "
+                     "names of the router groups' workers are names here only when listed in "
+                     "models[].lora-adapters or models[].aliases")  # fmt: skip
         if config.groups.api_port is not None:
             running.group_api = await start_group_api(
                 picker.local, config.host, config.groups.api_port, credentials=credentials,
