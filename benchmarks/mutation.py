@@ -227,8 +227,14 @@ MODULES: dict[str, list[str]] = {
         "tests/nats/test_replica_sync_edges.py",
         "tests/nats/test_replica_sync.py",
         "tests/fuzz/test_replica_sync_fuzz.py",
-        "tests/nats/test_backpressure.py::test_dropped_replica_sync_messages_forget_the_other_replicas_requests",
-        "tests/nats/test_nats_reads.py::test_a_replica_about_to_decide_applies_what_already_waits_in_its_held_socket",
+        (
+            "tests/nats/test_backpressure.py::test_dropped_replica_sync_messages_forget_the_other_replicas_r"
+            "equests"
+        ),
+        (
+            "tests/nats/test_nats_reads.py::test_a_replica_about_to_decide_applies_what_already_waits_in_its"
+            "_held_socket"
+        ),
     ],
 }
 
@@ -2551,11 +2557,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "float('INF') == float('inf')",
         ),
-        "xǁEndpointPickerǁ__init____mutmut_16": (
-            "self.owner_id = None  # names this picker's requests in remote groups (leases)",
-            "random",
-            "each remote group draws its own random owner id, not the picker's (read nowhere else)",
-        ),
         "xǁEndpointPickerǁ_groups__mutmut_15": (
             "g.name, g.address, weight=g.weight, tls=config.groups.tls, owner=None,",
             "random",
@@ -2851,51 +2852,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁEndpointPickerǁfinish__mutmut_14": (
-            "log.debug(None, pick.request_id, cause)",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁfinish__mutmut_15": (
-            'log.debug("freed %s (%s)", None, cause)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁfinish__mutmut_16": (
-            'log.debug("freed %s (%s)", pick.request_id, None)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁfinish__mutmut_17": (
-            "log.debug(pick.request_id, cause)",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁfinish__mutmut_18": (
-            'log.debug("freed %s (%s)", cause)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁfinish__mutmut_19": (
-            'log.debug("freed %s (%s)", pick.request_id, )',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁfinish__mutmut_20": (
-            'log.debug("XXfreed %s (%s)XX", pick.request_id, cause)',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁfinish__mutmut_21": (
-            'log.debug("FREED %S (%S)", pick.request_id, cause)',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁfinish__mutmut_3": (
-            "if pick.tracked and self.selector.finish(pick.request_id, None):",
-            "message",
-            "the cause given to `finish` only reaches the selector's debug line",
-        ),
         "xǁEndpointPickerǁresponse_stored__mutmut_15": (
             'response_id, pick.model, pick.worker, pick.endpoint, pick.group or "XXXX", self._clock()',
             "same-value",
@@ -3086,6 +3042,97 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_34": (
+            'what = "XXa modelXX" if name in self._pools else f"{claimed}\'s"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_38": (
+            "None, loggable(name), what)  # fmt: skip",
+            "message",
+            "a log line's arguments (the model or the name shown)",
+        ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_39": (
+            "model, None, what)  # fmt: skip",
+            "message",
+            "a log line's arguments (the model or the name shown)",
+        ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_45": (
+            'log.warning("XXworkers of %s list LoRA adapter %s, already %s: not theirs hereXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁset_discovered_adapters__mutmut_46": (
+            'log.warning("workers of %s list lora adapter %s, already %s: not theirs here",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ__init____mutmut_16": (
+            "self.owner_id = None  # names this picker's requests in remote groups (leases)",
+            "random",
+            "each remote group draws its own random owner id, not the picker's (read nowhere else)",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_14": (
+            "log.debug(None, pick.request_id, cause)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_15": (
+            'log.debug("freed %s (%s)", None, cause)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_16": (
+            'log.debug("freed %s (%s)", pick.request_id, None)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_17": (
+            "log.debug(pick.request_id, cause)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_18": (
+            'log.debug("freed %s (%s)", cause)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_19": (
+            'log.debug("freed %s (%s)", pick.request_id, )',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_20": (
+            'log.debug("XXfreed %s (%s)XX", pick.request_id, cause)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_21": (
+            'log.debug("FREED %S (%S)", pick.request_id, cause)',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_3": (
+            "if pick.tracked and self.selector.finish(pick.request_id, None):",
+            "message",
+            "the cause given to `finish` only reaches the selector's debug line",
+        ),
+        "xǁEndpointPickerǁfinish__mutmut_36": (
+            "decode_s = (time.perf_counter_ns() - first) / 1000000001.0 if first else None",
+            "margin",
+            (
+                "a decode time divided by 1,000,000,001 instead of 1e9: one part in a billion, which moves "
+                "an observation only where it lands that close to a bucket bound"
+            ),
+        ),
+        "xǁEndpointPickerǁfirst_token__mutmut_11": (
+            "self.metrics.ttft.observe((pick.model,), (pick.first_token_ns - pick.started_ns) / 1000000001.0)",  # noqa: E501
+            "margin",
+            (
+                "a time to first token divided by 1,000,000,001 instead of 1e9: one part in a billion, which"
+                " moves an observation only where it lands that close to a bucket bound"
+            ),
+        ),
         "xǁEndpointPickerǁpick__mutmut_118": (
             "override = _override(None, load_only=True)",
             "same-value",
@@ -3156,87 +3203,95 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "`opened_new` is read only with `opened_on`, which stays None unless the open sets both",
         ),
-        "xǁEndpointPickerǁpick__mutmut_383": (
+        "xǁEndpointPickerǁpick__mutmut_381": (
+            "len(tokens) if tokens is not None else 0, choice.request_blocks if (tokens is not None) or True else 0,",  # noqa: E501
+            "same-value",
+            (
+                "a request routed on load only has no prompt blocks: its request_blocks is 0 either way "
+                "(test_a_request_routed_on_load_only_gives_no_length_and_no_hit_rate)"
+            ),
+        ),
+        "xǁEndpointPickerǁpick__mutmut_397": (
             "None,",
             "message",
             "a log line's arguments",
         ),
-        "xǁEndpointPickerǁpick__mutmut_384": (
+        "xǁEndpointPickerǁpick__mutmut_398": (
             "None,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_402": (
-            'f" lora={request.lora_name}" if (request.lora_name) and False else "",',
-            "message",
-            "a log line's arguments (the adapter shown in the routed line)",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_405": (
-            'f"group {decision.group} worker " if (self.hierarchical) and False else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_411": (
-            'f" session={loggable(session_id)}" if session_id else "XXXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_412": (
-            'f" queued {waited_s * 1000:.0f} ms" if (waited_s) and False else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_413": (
-            'f" queued {waited_s * 1000:.0f} ms" if (waited_s) or True else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_414": (
-            'f" queued {waited_s / 1000:.0f} ms" if waited_s else "",',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_415": (
-            'f" queued {waited_s * 1001:.0f} ms" if waited_s else "",',
             "message",
             "a log line's arguments",
         ),
         "xǁEndpointPickerǁpick__mutmut_416": (
+            'f" lora={request.lora_name}" if (request.lora_name) and False else "",',
+            "message",
+            "a log line's arguments (the adapter shown in the routed line)",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_419": (
+            'f"group {decision.group} worker " if (self.hierarchical) and False else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_425": (
+            'f" session={loggable(session_id)}" if session_id else "XXXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_426": (
+            'f" queued {waited_s * 1000:.0f} ms" if (waited_s) and False else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_427": (
+            'f" queued {waited_s * 1000:.0f} ms" if (waited_s) or True else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_428": (
+            'f" queued {waited_s / 1000:.0f} ms" if waited_s else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_429": (
+            'f" queued {waited_s * 1001:.0f} ms" if waited_s else "",',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁpick__mutmut_430": (
             'f" queued {waited_s * 1000:.0f} ms" if waited_s else "XXXX",',
             "message",
             "an error's or a log line's text",
         ),
-        "xǁEndpointPickerǁpick__mutmut_417": (
+        "xǁEndpointPickerǁpick__mutmut_431": (
             '" (re-decided at commit)" if (decision.redecided and pinned is None) and False else "",',
             "message",
             "a log line's arguments",
         ),
-        "xǁEndpointPickerǁpick__mutmut_418": (
+        "xǁEndpointPickerǁpick__mutmut_432": (
             '" (re-decided at commit)" if (decision.redecided and pinned is None) or True else "",',
             "message",
             "a log line's arguments",
         ),
-        "xǁEndpointPickerǁpick__mutmut_419": (
+        "xǁEndpointPickerǁpick__mutmut_433": (
             '"XX (re-decided at commit)XX" if decision.redecided and pinned is None else "",',
             "message",
             "an error's or a log line's text",
         ),
-        "xǁEndpointPickerǁpick__mutmut_420": (
+        "xǁEndpointPickerǁpick__mutmut_434": (
             '" (RE-DECIDED AT COMMIT)" if decision.redecided and pinned is None else "",',
             "message",
             "a log line's arguments",
         ),
-        "xǁEndpointPickerǁpick__mutmut_421": (
+        "xǁEndpointPickerǁpick__mutmut_435": (
             '" (re-decided at commit)" if decision.redecided or pinned is None else "",',
             "message",
             "a log line's arguments",
         ),
-        "xǁEndpointPickerǁpick__mutmut_422": (
+        "xǁEndpointPickerǁpick__mutmut_436": (
             '" (re-decided at commit)" if decision.redecided and pinned is not None else "",',
             "message",
             "a log line's arguments",
         ),
-        "xǁEndpointPickerǁpick__mutmut_423": (
+        "xǁEndpointPickerǁpick__mutmut_437": (
             '" (re-decided at commit)" if decision.redecided and pinned is None else "XXXX",',
             "message",
             "an error's or a log line's text",
@@ -3311,46 +3366,21 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁEndpointPickerǁresolve_model__mutmut_16": (
+        "xǁEndpointPickerǁresolve_model__mutmut_21": (
             "base = max(bases, key=None)",
             "same-value",
             (
-                "every model the name starts with (before a colon) is a prefix of the name, so of the others "
-                "too: the longest is also the greatest"
+                "every model the name starts with (before a colon) is a prefix of the name, so of the others"
+                " too: the longest is also the greatest"
             ),
         ),
-        "xǁEndpointPickerǁresolve_model__mutmut_18": (
+        "xǁEndpointPickerǁresolve_model__mutmut_23": (
             "base = max(bases, )",
             "same-value",
             (
-                "every model the name starts with (before a colon) is a prefix of the name, so of the others "
-                "too: the longest is also the greatest"
+                "every model the name starts with (before a colon) is a prefix of the name, so of the others"
+                " too: the longest is also the greatest"
             ),
-        ),
-        "xǁEndpointPickerǁset_discovered_adapters__mutmut_34": (
-            'what = "XXa modelXX" if name in self._pools else f"{claimed}\'s"',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁset_discovered_adapters__mutmut_38": (
-            "None, loggable(name), what)  # fmt: skip",
-            "message",
-            "a log line's arguments (the model or the name shown)",
-        ),
-        "xǁEndpointPickerǁset_discovered_adapters__mutmut_39": (
-            "model, None, what)  # fmt: skip",
-            "message",
-            "a log line's arguments (the model or the name shown)",
-        ),
-        "xǁEndpointPickerǁset_discovered_adapters__mutmut_45": (
-            'log.warning("XXworkers of %s list LoRA adapter %s, already %s: not theirs hereXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁset_discovered_adapters__mutmut_46": (
-            'log.warning("workers of %s list lora adapter %s, already %s: not theirs here",',
-            "message",
-            "an error's or a log line's text",
         ),
     },
     "picker/body_parser.py": {
