@@ -35,24 +35,8 @@ requests are kept here as well as in the router: a worker this replica does not 
 know is skipped by the router, and its requests are applied again when the worker comes back
 (`workers_added`), so a worker flapping in one replica's discovery leaves no hole in its view.
 
-Messages are msgpack maps; `v` is the format. Lifecycle messages keep format 1, which a version-1
-replica still reads (it ignores `boot` and `seq`); control messages are format 2, which a
-version-1 replica drops as malformed (counted there); batches are format 3 (below):
-
-    {"v": 1, "router": str, "boot": int, "seq": int, "op": "add", "id": str, "worker": int | str,
-     "dp": int, "hashes": [local block hash, ...], "isl": int, "overlap": int, "eot": int | nil}
-    {"v": 1, "router": str, "boot": int, "seq": int, "op": "prefill" | "free", "id": str}
-    {"v": 1, "router": str, "boot": int, "seq": int, "op": "bye"}   # stopping: forget my requests
-    {"v": 2, "router": str, "boot": int, "seq": int, "op": "hb", "n": int, "digest": int,
-     "lease_s": float}
-    {"v": 2, "router": str, "boot": int, "seq": int, "op": "want", "from": str}  # router id or "*"
-    {"v": 2, "router": str, "boot": int, "seq": int, "op": "state", "part": int, "parts": int,
-     "reqs": [[id, worker, dp, [hashes], isl, overlap, eot | nil, prefilled], ...]}
-
-    {"v": 3, "router": str, "boot": int, "seq": int, "op": "batch", "ops": [op, ...]}
-    op = [0, id, worker, dp, hashes, isl, overlap, eot | nil]   # add; hashes: bytes, u64 little
-         | [1, id] | [2, id]                                    # endian each (or a list of ints)
-                                                                # prefill complete, free
+The messages, their format versions, the digest and the checks of values from the wire are
+`extproc.events.replica_wire`'s.
 
 Batches: receiving a message costs far more than applying one (a wake-up of the event loop and
 the NATS client's per-message machinery: 0.2-0.3 ms of a picker's CPU per message on a busy
@@ -72,34 +56,26 @@ replica of the previous version drops a batch as malformed, so from its first me
 `want` at start) it gets single messages, and a batch it missed before shows as a sequence gap
 that its `want` heals.
 
-`digest` is the sum, modulo 2**64, over the sender's in-flight requests of the first 8 bytes
-(little endian) of BLAKE2b(id UTF-8, NUL, "1" if its prefill completed else "0"). A `state` is one
-snapshot cut into parts of at most `STATE_PART_BYTES`, published back to back (consecutive `seq`),
-so no lifecycle message of its sender falls between its parts; `parts` is at least 1 (an empty set
-is a state too). A receiver applies it once every part arrived in order.
-
 Messages of a version-1 replica (format 1 without `seq`) are applied as before: it sends no
 heartbeat, so it has no lease and no digest (its requests end with its frees or its `bye`), and
 a lost message of its can only be healed by forgetting its requests (below).
 
 Bounded: at most `MAX_ORIGINS` other replicas and `MAX_REQUESTS_PER_ORIGIN` requests of each are
 tracked (more is dropped and counted: `sync.origins_full`, `sync.requests_full`), an `add` holds at
-most `MAX_HASHES` block hashes (its counts in range: `_record`), a `state` at most `MAX_STATE_PARTS`
-parts. The subscription holds at most `queue_size` (`--event-queue-size`) unhandled messages and the
-publishing queue as many unsent ones. A message nats.py drops from a full subscription
-(`overflowed()`) may have been a `free`: once every message received before the drop is applied,
-every replica is asked for its state and version-1 replicas' requests are forgotten (their load is
-under-counted until they end, never leaked).
+most `MAX_HASHES` block hashes (its counts in range: `replica_wire.add_record`), a `state` at most
+`MAX_STATE_PARTS` parts. The subscription holds at most `queue_size` (`--event-queue-size`)
+unhandled messages and the publishing queue as many unsent ones. A message nats.py drops from a full
+subscription (`overflowed()`) may have been a `free`: once every message received before the drop is
+applied, every replica is asked for its state and version-1 replicas' requests are forgotten (their
+load is under-counted until they end, never leaked).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
-import struct
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -112,31 +88,43 @@ from nats.aio.msg import Msg
 from extproc.events.counters import EventCounters
 from extproc.events.nats_events import DEFAULT_QUEUE_SIZE, OrderedSender
 from extproc.events.nats_reads import catch_up
+from extproc.events.replica_wire import (
+    MAX_BATCH_OPS,
+    OP_ADD,
+    OP_FREE,
+    OP_NAMES,
+    OP_PREFILL,
+    V1,
+    V3,
+    VERSION,
+    InFlight,
+    Record,
+    add_record,
+    batch_op,
+    batch_op_from_wire,
+    is_int,
+    single_message,
+    wire_hashes,
+    wire_int,
+    wire_text,
+    wire_worker,
+)
 from extproc.router.types import Worker
 from extproc.runtime.wakeups import call_when_idle, lazy_sleep
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.events.replica_sync")
 
-VERSION = 2  # control messages; lifecycle messages are still written as V1 when not batched
-V1 = 1
-V3 = 3  # batches of lifecycle messages
-OP_ADD, OP_PREFILL, OP_FREE = 0, 1, 2  # op codes in a batch
-_OPS = ("add", "prefill", "free")
 
 DEFAULT_HEARTBEAT_S = 1.0  # --replica-sync-heartbeat-secs
 DEFAULT_LEASE_S = 5.0  # --replica-sync-lease-secs
 MIN_LEASE_S, MAX_LEASE_S = 0.1, 3600.0  # a lease_s from the wire is clamped into this range
 MAX_ORIGINS = 256  # other replicas tracked at once
 MAX_REQUESTS_PER_ORIGIN = 100_000
-MAX_HASHES = 1 << 17  # block hashes in one add: a 2M-token prompt at block size 16
-MAX_TOKENS = (1 << 32) - 1  # an add's prompt (isl) and expected output tokens (eot), as u32 token counts
 MAX_STATE_PARTS = 4096
 STATE_PART_BYTES = 256 * 1024  # below NATS's default max_payload of 1 MiB
-_MASK = (1 << 64) - 1
 _TICK_MAX_S = 0.25  # the background task looks at heartbeats, leases and wants at least this often
 DEFAULT_BATCH_S = 0.01  # lifecycle messages gathered into one batch for at most this long
-MAX_BATCH_OPS = 4096
 BATCH_BYTES = 128 * 1024  # sent at once past this (estimated) size
 
 
@@ -162,73 +150,6 @@ class SyncedRouter(Protocol):
     def mark_prefill_complete(self, request_id: str) -> bool: ...
 
     def free(self, request_id: str) -> bool: ...
-
-
-@dataclass(slots=True)
-class Record:
-    """One in-flight request as replicas share it."""
-
-    worker: Worker
-    hashes: tuple[int, ...]
-    isl: int
-    overlap: int
-    eot: int | None
-    prefilled: bool = False
-
-    def wire(self, request_id: str) -> list[Any]:
-        w = self.worker
-        return [request_id, w.worker_id, w.dp_rank, list(self.hashes), self.isl, self.overlap, self.eot,
-                self.prefilled]  # fmt: skip
-
-    @classmethod
-    def from_wire(cls, item: Any) -> tuple[str, Record]:
-        """(id, record) from a `state` entry; raises ValueError or TypeError."""
-        if not isinstance(item, list) or len(item) != 8:
-            raise ValueError(f"state entry {item!r:.60} is not an 8-item list")
-        request_id, worker_id, dp, hashes, isl, overlap, eot, prefilled = item
-        record = _record(_worker(worker_id, dp), _hashes(hashes), isl, overlap, eot)
-        record.prefilled = bool(prefilled)
-        return _text(request_id, "request id"), record
-
-
-def id_hash(request_id: str, prefilled: bool) -> int:
-    """A request's share of the digest (see the module docstring)."""
-    data = request_id.encode("utf-8", "surrogatepass") + (b"\x001" if prefilled else b"\x000")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-class InFlight:
-    """Request id -> Record, with the count and digest heartbeats carry, kept up to date."""
-
-    def __init__(self) -> None:
-        self.requests: dict[str, Record] = {}
-        self.digest = 0
-
-    def __len__(self) -> int:
-        return len(self.requests)
-
-    def summary(self) -> tuple[int, int]:
-        return len(self.requests), self.digest
-
-    def put(self, request_id: str, record: Record) -> Record | None:
-        old = self.pop(request_id)
-        self.requests[request_id] = record
-        self.digest = (self.digest + id_hash(request_id, record.prefilled)) & _MASK
-        return old
-
-    def mark_prefilled(self, request_id: str) -> bool:
-        record = self.requests.get(request_id)
-        if record is None or record.prefilled:
-            return False
-        self.digest = (self.digest - id_hash(request_id, False) + id_hash(request_id, True)) & _MASK
-        record.prefilled = True
-        return True
-
-    def pop(self, request_id: str) -> Record | None:
-        record = self.requests.pop(request_id, None)
-        if record is not None:
-            self.digest = (self.digest - id_hash(request_id, record.prefilled)) & _MASK
-        return record
 
 
 @dataclass(slots=True)
@@ -367,7 +288,7 @@ class ReplicaSync:
 
     def _lifecycle_out(self, code: int, request_id: str, record: Record | None, size: int) -> None:
         if not self.batching():
-            self._publish(V1, _single(code, request_id, record))
+            self._publish(V1, single_message(code, request_id, record))
             return
         if not self._batch:
             self._batch_due = self._clock() + self.batch_s
@@ -389,9 +310,9 @@ class ReplicaSync:
             return
         if not self.batching():
             for code, request_id, record in ops:
-                self._publish(V1, _single(code, request_id, record))
+                self._publish(V1, single_message(code, request_id, record))
             return
-        self._publish(V3, {"op": "batch", "ops": [_batch_op(*op) for op in ops]})
+        self._publish(V3, {"op": "batch", "ops": [batch_op(*op) for op in ops]})
 
     def own_summary(self) -> tuple[int, int]:
         """(requests in flight, digest) of this replica, as its heartbeats say."""
@@ -593,7 +514,7 @@ class ReplicaSync:
                 raise ValueError(f"version {version!r:.20}, router {origin!r:.40}, op {op!r:.20}")
             boot, seq = message.get("boot"), message.get("seq")
             if (version != V1 or seq is not None or boot is not None) and not (
-                _is_int(boot) and _is_int(seq) and seq > 0
+                is_int(boot) and is_int(seq) and seq > 0
             ):
                 raise ValueError(f"boot {boot!r:.30} and seq {seq!r:.30} must be integers")
         except Exception as exc:
@@ -645,7 +566,7 @@ class ReplicaSync:
                                    expected, seq - 1, origin)  # fmt: skip
                 if not starts_state:
                     self._want(origin, entry, now, f"missed its messages {expected}..{seq - 1}")
-        if op in _OPS:
+        if op in OP_NAMES:
             self._lifecycle(origin, entry, op, message)
         elif seq is None:
             raise ValueError(f"op {op!r:.20} needs format {VERSION}")
@@ -653,13 +574,13 @@ class ReplicaSync:
             ops = message["ops"]
             if not isinstance(ops, list) or len(ops) > MAX_BATCH_OPS:
                 raise ValueError(f"a batch is a list of at most {MAX_BATCH_OPS} ops")
-            decoded = [_batch_op_from_wire(item) for item in ops]  # a malformed op: none applied
+            decoded = [batch_op_from_wire(item) for item in ops]  # a malformed op: none applied
             for code, request_id, record in decoded:
                 try:
                     self._apply(origin, entry, code, request_id, record)
                 except Exception as exc:  # as for a single message: this op only
                     self.counters.loud("sync.apply_failed", "replica sync %.20s from %.60s not applied: %r",
-                                       _OPS[code], origin, exc)  # fmt: skip
+                                       OP_NAMES[code], origin, exc)  # fmt: skip
             self.counters.add("sync.batch_ops", len(decoded))
         elif op == "hb":
             self._heartbeat(origin, entry, message, now)
@@ -675,11 +596,11 @@ class ReplicaSync:
             raise ValueError(f"unknown op {op!r:.20}")
 
     def _lifecycle(self, origin: str, entry: _Origin, op: str, message: dict[str, Any]) -> None:
-        request_id = _text(message["id"], "request id")
+        request_id = wire_text(message["id"], "request id")
         if op == "add":
-            record = _record(
-                _worker(message["worker"], message["dp"]),
-                _hashes(message["hashes"]),
+            record = add_record(
+                wire_worker(message["worker"], message["dp"]),
+                wire_hashes(message["hashes"]),
                 message["isl"],
                 message["overlap"],
                 message.get("eot"),
@@ -711,14 +632,14 @@ class ReplicaSync:
         lease = message.get("lease_s")
         if isinstance(lease, int | float) and not isinstance(lease, bool) and lease == lease:
             entry.lease_s = min(max(float(lease), MIN_LEASE_S), MAX_LEASE_S)
-        theirs = (_int(message["n"]), _int(message["digest"]))
+        theirs = (wire_int(message["n"]), wire_int(message["digest"]))
         if entry.synced and entry.parts is None and theirs != entry.in_flight.summary():
             self.counters.add("sync.digest_mismatch")
             self._want(origin, entry, now, f"its heartbeat says {theirs[0]} requests, we track "
                        f"{len(entry.in_flight)} (or different ones)")  # fmt: skip
 
     def _state_part(self, origin: str, entry: _Origin, message: dict[str, Any]) -> None:
-        part, total, items = _int(message["part"]), _int(message["parts"]), message["reqs"]
+        part, total, items = wire_int(message["part"]), wire_int(message["parts"]), message["reqs"]
         if not 1 <= total <= MAX_STATE_PARTS or not isinstance(items, list):
             raise ValueError(f"state part {part} of {total}: bad shape")
         if part == 0:
@@ -781,103 +702,3 @@ class ReplicaSync:
         for request_id in entry.in_flight.requests:
             self.router.free(f"{origin}:{request_id}")
         return len(entry.in_flight)
-
-
-# --- checks of values from the wire ---------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 64)
-
-
-def _int(value: Any) -> int:
-    if not _is_int(value):
-        raise TypeError(f"{value!r:.40} is not an integer")
-    return int(value)
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else _int(value)
-
-
-def _record(worker: Worker, hashes: tuple[int, ...], isl: Any, overlap: Any, eot: Any) -> Record:
-    """An add's record from the wire; raises ValueError or TypeError. A prompt of at most
-    MAX_TOKENS tokens, an overlap within its blocks and an output of at most MAX_TOKENS: a count out
-    of range would make its worker look less loaded than it is (or more) until the request ends."""
-    isl, overlap, eot = _int(isl), _int(overlap), _opt_int(eot)
-    in_range = 0 <= isl <= MAX_TOKENS and 0 <= overlap <= len(hashes)
-    if not (in_range and (eot is None or 0 <= eot <= MAX_TOKENS)):
-        raise ValueError(f"add: a count out of range: isl {isl}, overlap {overlap}/{len(hashes)}, eot {eot}")
-    return Record(worker, hashes, isl, overlap, eot)
-
-
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} {value!r:.40} is not a string")
-    return value
-
-
-def _worker(worker_id: Any, dp: Any) -> Worker:
-    if not isinstance(worker_id, str) and not _is_int(worker_id):
-        raise TypeError(f"worker {worker_id!r:.40} is neither a string nor an integer")
-    return Worker(worker_id, _int(dp))
-
-
-_INT_ONLY = {int}
-_MIN, _END = -(1 << 63), 1 << 64
-_U64_MASK = _END - 1
-
-
-def _hashes(value: Any) -> tuple[int, ...]:
-    """Block hashes from the wire: a list of integers, or bytes (8 per hash, u64 little endian)."""
-    if isinstance(value, bytes):
-        if len(value) % 8 or len(value) > 8 * MAX_HASHES:
-            raise ValueError(f"packed hashes: {len(value)} bytes, expected 8 per hash, at most {MAX_HASHES}")
-        return struct.unpack(f"<{len(value) >> 3}Q", value)
-    if not isinstance(value, list) or len(value) > MAX_HASHES:
-        raise ValueError(f"hashes: expected a list of at most {MAX_HASHES} integers")
-    if not value:
-        return ()
-    if not (set(map(type, value)) <= _INT_ONLY and (lo := min(value)) >= _MIN and max(value) < _END):
-        raise TypeError("hashes: expected integers in [-2**63, 2**64)")  # checked in C, not one by one
-    return tuple(value) if lo >= 0 else tuple(h & _U64_MASK for h in value)  # signed: the same u64s
-
-
-def _packed(hashes: tuple[int, ...]) -> bytes | list[int]:
-    """Hashes for a batch: packed when every one is a u64 (local hashes are), else the list."""
-    try:
-        return struct.pack(f"<{len(hashes)}Q", *hashes)
-    except struct.error:
-        return list(hashes)
-
-
-def _single(code: int, request_id: str, record: Record | None) -> dict[str, Any]:
-    """A lifecycle op as its own format-1 message (without the head)."""
-    if record is None:
-        return {"op": _OPS[code], "id": request_id}
-    w = record.worker
-    return {"op": "add", "id": request_id, "worker": w.worker_id, "dp": w.dp_rank,
-            "hashes": list(record.hashes), "isl": record.isl, "overlap": record.overlap,
-            "eot": record.eot}  # fmt: skip
-
-
-def _batch_op(code: int, request_id: str, record: Record | None) -> list[Any]:
-    if record is None:
-        return [code, request_id]
-    w = record.worker
-    return [code, request_id, w.worker_id, w.dp_rank, _packed(record.hashes), record.isl, record.overlap,
-            record.eot]  # fmt: skip
-
-
-def _batch_op_from_wire(item: Any) -> tuple[int, str, Record | None]:
-    """(code, request id, record of an add) from a batch's op; raises ValueError or TypeError."""
-    if not isinstance(item, list) or not item:
-        raise ValueError(f"batch op {item!r:.60} is not a list")
-    code = item[0]
-    if code == OP_ADD and len(item) == 8 and type(code) is int:
-        _, request_id, worker_id, dp, hashes, isl, overlap, eot = item
-        record = _record(_worker(worker_id, dp), _hashes(hashes), isl, overlap, eot)
-        return OP_ADD, _text(request_id, "request id"), record
-    if code in (OP_PREFILL, OP_FREE) and len(item) == 2 and type(code) is int:
-        return code, _text(item[1], "request id"), None
-    raise ValueError(f"batch op {item!r:.60}: unknown code or length")

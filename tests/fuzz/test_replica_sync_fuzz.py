@@ -19,7 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extproc.events.counters import EventCounters
-from extproc.events.replica_sync import V1, V3, VERSION, ReplicaSync
+from extproc.events.replica_sync import ReplicaSync
+from extproc.events.replica_wire import V1, V3, VERSION
 from extproc.router import KvRouter, WorkerSpec
 from tests.fuzz.gen import chance, integer, msgpack_value, mutate, pack, pick
 from tests.fuzz.harness import (

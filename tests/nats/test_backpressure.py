@@ -24,7 +24,8 @@ import nats
 from extproc.devstack.procs import NatsServer
 from extproc.events.dynamo_json import encode_event, kv_events_subject
 from extproc.events.nats_events import NatsEventSubscriber
-from extproc.events.replica_sync import V1, ReplicaSync, active_sequences_subject
+from extproc.events.replica_sync import ReplicaSync, active_sequences_subject
+from extproc.events.replica_wire import V1
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.router.types import BlocksRemoved, BlocksStored, StoredBlock, Worker
 from tests.events.test_backpressure import RecordingSink, chain_tokens, held_for

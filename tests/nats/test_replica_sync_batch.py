@@ -14,7 +14,7 @@ import random
 import msgpack
 import pytest
 
-from extproc.events.replica_sync import MAX_BATCH_OPS, VERSION
+from extproc.events.replica_wire import MAX_BATCH_OPS, VERSION
 from extproc.router import Worker
 from extproc.runtime import wakeups
 

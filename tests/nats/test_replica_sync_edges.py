@@ -22,19 +22,21 @@ from nats.aio.msg import Msg
 from extproc.events import replica_sync
 from extproc.events.replica_sync import (
     BATCH_BYTES,
-    MAX_BATCH_OPS,
-    MAX_HASHES,
     MAX_LEASE_S,
     MAX_STATE_PARTS,
-    MAX_TOKENS,
     MIN_LEASE_S,
     STATE_PART_BYTES,
+    ReplicaSync,
+)
+from extproc.events.replica_wire import (
+    MAX_BATCH_OPS,
+    MAX_HASHES,
+    MAX_TOKENS,
     V1,
     V3,
     VERSION,
     InFlight,
     Record,
-    ReplicaSync,
     id_hash,
 )
 from extproc.router import Worker
@@ -678,7 +680,7 @@ def test_an_unasked_state_is_applied_only_where_it_differs(caplog):
         a.sync._publish_state()  # someone else asked: b gets it too, and it agrees
         a.deliver(b)
         assert resynced(caplog) == [] and b.counters["sync.resync"] == 0
-        a.sync._own.put("req-9", replica_sync.Record(W8, (5,), 4, 0, None))  # b missed this add
+        a.sync._own.put("req-9", Record(W8, (5,), 4, 0, None))  # b missed this add
         a.sync._publish_state()
         a.deliver(b)
     assert b.sync.tracked_remote() == {"a": 2} and b.router.sequences.num_requests(W8) == 1
@@ -704,7 +706,7 @@ def test_a_state_moves_a_request_to_the_worker_it_names_and_marks_its_first_toke
     a.deliver(b)
     assert b.load()[W7][0] == 18 and b.load()[W8] == (0, 0)
     record = a.sync._own.requests[moved]
-    a.sync._own.put(moved, replica_sync.Record(W8, record.hashes, record.isl, 0, 8))  # b missed it
+    a.sync._own.put(moved, Record(W8, record.hashes, record.isl, 0, 8))  # b missed it
     a.sync._own.mark_prefilled(prefilled)  # and this first token
     asked_for_state(a, b)
     seqs = b.router.sequences
@@ -718,7 +720,7 @@ def test_a_state_forgets_a_request_whose_hashes_changed_and_tracks_the_new_one()
     request_id = a.route(W7)
     a.deliver(b)
     record = a.sync._own.requests[request_id]
-    a.sync._own.put(request_id, replica_sync.Record(W7, (*record.hashes, 123), record.isl + 4, 0, 8))
+    a.sync._own.put(request_id, Record(W7, (*record.hashes, 123), record.isl + 4, 0, 8))
     asked_for_state(a, b)
     assert b.load()[W7][0] == record.isl + 4 and b.router.sequences.num_requests(W7) == 1
 

@@ -13,7 +13,8 @@ import logging
 import msgpack
 import pytest
 
-from extproc.events.replica_sync import MAX_ORIGINS, V1, VERSION, InFlight, Record, id_hash
+from extproc.events.replica_sync import MAX_ORIGINS
+from extproc.events.replica_wire import V1, VERSION, InFlight, Record, id_hash
 
 from .sync_nodes import HEARTBEAT_S, LEASE_S, W7, W8, Node, exchange, started
 

@@ -1,0 +1,217 @@
+"""Replica sync's messages on the wire: their formats, the digest, and checks of what arrives.
+
+Messages are msgpack maps; `v` is the format. Lifecycle messages keep format 1, which a version-1
+replica still reads (it ignores `boot` and `seq`); control messages are format 2, which a
+version-1 replica drops as malformed (counted there); batches are format 3:
+
+    {"v": 1, "router": str, "boot": int, "seq": int, "op": "add", "id": str, "worker": int | str,
+     "dp": int, "hashes": [local block hash, ...], "isl": int, "overlap": int, "eot": int | nil}
+    {"v": 1, "router": str, "boot": int, "seq": int, "op": "prefill" | "free", "id": str}
+    {"v": 1, "router": str, "boot": int, "seq": int, "op": "bye"}   # stopping: forget my requests
+    {"v": 2, "router": str, "boot": int, "seq": int, "op": "hb", "n": int, "digest": int,
+     "lease_s": float}
+    {"v": 2, "router": str, "boot": int, "seq": int, "op": "want", "from": str}  # router id or "*"
+    {"v": 2, "router": str, "boot": int, "seq": int, "op": "state", "part": int, "parts": int,
+     "reqs": [[id, worker, dp, [hashes], isl, overlap, eot | nil, prefilled], ...]}
+
+    {"v": 3, "router": str, "boot": int, "seq": int, "op": "batch", "ops": [op, ...]}
+    op = [0, id, worker, dp, hashes, isl, overlap, eot | nil]   # add; hashes: bytes, u64 little
+         | [1, id] | [2, id]                                    # endian each (or a list of ints)
+                                                                # prefill complete, free
+
+`digest` is the sum, modulo 2**64, over the sender's in-flight requests of the first 8 bytes
+(little endian) of BLAKE2b(id UTF-8, NUL, "1" if its prefill completed else "0"). A `state` is one
+snapshot cut into parts (of at most `replica_sync.STATE_PART_BYTES`), published back to back
+(consecutive `seq`), so no lifecycle message of its sender falls between its parts; `parts` is at
+least 1 (an empty set is a state too). A receiver applies it once every part arrived in order.
+
+Every value read from the wire is checked here (`add_record`, `wire_hashes`, ...): a message that
+fails a check raises ValueError or TypeError, and the receiver drops it (counted) rather than let a
+count out of range make a worker look more or less loaded than it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from extproc.router.types import Worker
+
+VERSION = 2  # control messages; lifecycle messages are still written as V1 when not batched
+V1 = 1
+V3 = 3  # batches of lifecycle messages
+OP_ADD, OP_PREFILL, OP_FREE = 0, 1, 2  # op codes in a batch
+OP_NAMES = ("add", "prefill", "free")
+MAX_HASHES = 1 << 17  # block hashes in one add: a 2M-token prompt at block size 16
+MAX_TOKENS = (1 << 32) - 1  # an add's prompt (isl) and expected output tokens (eot), as u32 token counts
+MAX_BATCH_OPS = 4096  # ops in one batch
+_MASK = (1 << 64) - 1
+
+
+@dataclass(slots=True)
+class Record:
+    """One in-flight request as replicas share it."""
+
+    worker: Worker
+    hashes: tuple[int, ...]
+    isl: int
+    overlap: int
+    eot: int | None
+    prefilled: bool = False
+
+    def wire(self, request_id: str) -> list[Any]:
+        w = self.worker
+        return [request_id, w.worker_id, w.dp_rank, list(self.hashes), self.isl, self.overlap, self.eot,
+                self.prefilled]  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, item: Any) -> tuple[str, Record]:
+        """(id, record) from a `state` entry; raises ValueError or TypeError."""
+        if not isinstance(item, list) or len(item) != 8:
+            raise ValueError(f"state entry {item!r:.60} is not an 8-item list")
+        request_id, worker_id, dp, hashes, isl, overlap, eot, prefilled = item
+        record = add_record(wire_worker(worker_id, dp), wire_hashes(hashes), isl, overlap, eot)
+        record.prefilled = bool(prefilled)
+        return wire_text(request_id, "request id"), record
+
+
+def id_hash(request_id: str, prefilled: bool) -> int:
+    """A request's share of the digest (see the module docstring)."""
+    data = request_id.encode("utf-8", "surrogatepass") + (b"\x001" if prefilled else b"\x000")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+class InFlight:
+    """Request id -> Record, with the count and digest heartbeats carry, kept up to date."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, Record] = {}
+        self.digest = 0
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def summary(self) -> tuple[int, int]:
+        return len(self.requests), self.digest
+
+    def put(self, request_id: str, record: Record) -> Record | None:
+        old = self.pop(request_id)
+        self.requests[request_id] = record
+        self.digest = (self.digest + id_hash(request_id, record.prefilled)) & _MASK
+        return old
+
+    def mark_prefilled(self, request_id: str) -> bool:
+        record = self.requests.get(request_id)
+        if record is None or record.prefilled:
+            return False
+        self.digest = (self.digest - id_hash(request_id, False) + id_hash(request_id, True)) & _MASK
+        record.prefilled = True
+        return True
+
+    def pop(self, request_id: str) -> Record | None:
+        record = self.requests.pop(request_id, None)
+        if record is not None:
+            self.digest = (self.digest - id_hash(request_id, record.prefilled)) & _MASK
+        return record
+
+
+# --- checks of values from the wire ---------------------------------------------------------------
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 64)
+
+
+def wire_int(value: Any) -> int:
+    if not is_int(value):
+        raise TypeError(f"{value!r:.40} is not an integer")
+    return int(value)
+
+
+def wire_opt_int(value: Any) -> int | None:
+    return None if value is None else wire_int(value)
+
+
+def add_record(worker: Worker, hashes: tuple[int, ...], isl: Any, overlap: Any, eot: Any) -> Record:
+    """An add's record from the wire; raises ValueError or TypeError. A prompt of at most
+    MAX_TOKENS tokens, an overlap within its blocks and an output of at most MAX_TOKENS: a count out
+    of range would make its worker look less loaded than it is (or more) until the request ends."""
+    isl, overlap, eot = wire_int(isl), wire_int(overlap), wire_opt_int(eot)
+    in_range = 0 <= isl <= MAX_TOKENS and 0 <= overlap <= len(hashes)
+    if not (in_range and (eot is None or 0 <= eot <= MAX_TOKENS)):
+        raise ValueError(f"add: a count out of range: isl {isl}, overlap {overlap}/{len(hashes)}, eot {eot}")
+    return Record(worker, hashes, isl, overlap, eot)
+
+
+def wire_text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} {value!r:.40} is not a string")
+    return value
+
+
+def wire_worker(worker_id: Any, dp: Any) -> Worker:
+    if not isinstance(worker_id, str) and not is_int(worker_id):
+        raise TypeError(f"worker {worker_id!r:.40} is neither a string nor an integer")
+    return Worker(worker_id, wire_int(dp))
+
+
+_INT_ONLY = {int}
+_MIN, _END = -(1 << 63), 1 << 64
+_U64_MASK = _END - 1
+
+
+def wire_hashes(value: Any) -> tuple[int, ...]:
+    """Block hashes from the wire: a list of integers, or bytes (8 per hash, u64 little endian)."""
+    if isinstance(value, bytes):
+        if len(value) % 8 or len(value) > 8 * MAX_HASHES:
+            raise ValueError(f"packed hashes: {len(value)} bytes, expected 8 per hash, at most {MAX_HASHES}")
+        return struct.unpack(f"<{len(value) >> 3}Q", value)
+    if not isinstance(value, list) or len(value) > MAX_HASHES:
+        raise ValueError(f"hashes: expected a list of at most {MAX_HASHES} integers")
+    if not value:
+        return ()
+    if not (set(map(type, value)) <= _INT_ONLY and (lo := min(value)) >= _MIN and max(value) < _END):
+        raise TypeError("hashes: expected integers in [-2**63, 2**64)")  # checked in C, not one by one
+    return tuple(value) if lo >= 0 else tuple(h & _U64_MASK for h in value)  # signed: the same u64s
+
+
+def packed_hashes(hashes: tuple[int, ...]) -> bytes | list[int]:
+    """Hashes for a batch: packed when every one is a u64 (local hashes are), else the list."""
+    try:
+        return struct.pack(f"<{len(hashes)}Q", *hashes)
+    except struct.error:
+        return list(hashes)
+
+
+def single_message(code: int, request_id: str, record: Record | None) -> dict[str, Any]:
+    """A lifecycle op as its own format-1 message (without the head)."""
+    if record is None:
+        return {"op": OP_NAMES[code], "id": request_id}
+    w = record.worker
+    return {"op": "add", "id": request_id, "worker": w.worker_id, "dp": w.dp_rank,
+            "hashes": list(record.hashes), "isl": record.isl, "overlap": record.overlap,
+            "eot": record.eot}  # fmt: skip
+
+
+def batch_op(code: int, request_id: str, record: Record | None) -> list[Any]:
+    if record is None:
+        return [code, request_id]
+    w = record.worker
+    return [code, request_id, w.worker_id, w.dp_rank, packed_hashes(record.hashes), record.isl,
+            record.overlap, record.eot]  # fmt: skip
+
+
+def batch_op_from_wire(item: Any) -> tuple[int, str, Record | None]:
+    """(code, request id, record of an add) from a batch's op; raises ValueError or TypeError."""
+    if not isinstance(item, list) or not item:
+        raise ValueError(f"batch op {item!r:.60} is not a list")
+    code = item[0]
+    if code == OP_ADD and len(item) == 8 and type(code) is int:
+        _, request_id, worker_id, dp, hashes, isl, overlap, eot = item
+        record = add_record(wire_worker(worker_id, dp), wire_hashes(hashes), isl, overlap, eot)
+        return OP_ADD, wire_text(request_id, "request id"), record
+    if code in (OP_PREFILL, OP_FREE) and len(item) == 2 and type(code) is int:
+        return code, wire_text(item[1], "request id"), None
+    raise ValueError(f"batch op {item!r:.60}: unknown code or length")
