@@ -314,6 +314,10 @@ class ReplicaSync:
             return
         self._publish(V3, {"op": "batch", "ops": [batch_op(*op) for op in ops]})
 
+    def publishes(self, request_id: str) -> bool:
+        """Whether this replica announced `request_id` and has not freed it yet."""
+        return request_id in self._own.requests
+
     def own_summary(self) -> tuple[int, int]:
         """(requests in flight, digest) of this replica, as its heartbeats say."""
         return self._own.summary()

@@ -19,6 +19,12 @@ version-1 replica drops as malformed (counted there); batches are format 3:
          | [1, id] | [2, id]                                    # endian each (or a list of ints)
                                                                 # prefill complete, free
 
+A request prefilled on a prefill worker (disaggregated serving) is shared as two: its decode
+request under its id, on its decode worker, prefill complete at once; and its prompt under
+`prefill_leg_id(id)` (the id, NUL, "prefill"), on the prefill worker, freed at its first token or
+its end. A receiver applies each add to the router of the worker it names, so a replica that
+predates the prompt's share applies it too. NUL cannot come in a request id from an HTTP header.
+
 `digest` is the sum, modulo 2**64, over the sender's in-flight requests of the first 8 bytes
 (little endian) of BLAKE2b(id UTF-8, NUL, "1" if its prefill completed else "0"). A `state` is one
 snapshot cut into parts (of at most `replica_sync.STATE_PART_BYTES`), published back to back
@@ -48,6 +54,12 @@ MAX_HASHES = 1 << 17  # block hashes in one add: a 2M-token prompt at block size
 MAX_TOKENS = (1 << 32) - 1  # an add's prompt (isl) and expected output tokens (eot), as u32 token counts
 MAX_BATCH_OPS = 4096  # ops in one batch
 _MASK = (1 << 64) - 1
+_PREFILL_LEG = "\x00prefill"
+
+
+def prefill_leg_id(request_id: str) -> str:
+    """The id under which a disaggregated request's prompt on its prefill worker is shared."""
+    return request_id + _PREFILL_LEG
 
 
 @dataclass(slots=True)

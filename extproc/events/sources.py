@@ -41,6 +41,7 @@ from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
 from extproc.events.nats_security import connect_nats
 from extproc.events.replica_sync import ReplicaSync, active_sequences_subject
+from extproc.events.replica_wire import prefill_leg_id
 from extproc.events.zmq_subscriber import (
     SubscriberTimings,
     ZmqEndpoint,
@@ -423,12 +424,28 @@ class _SyncListener:
     def on_routed(
         self, routed: Routed, local_hashes: Sequence[int], isl: int, expected_output_tokens: int | None
     ) -> None:
-        self.sync.publish_added(
-            routed.request_id, routed.worker, local_hashes, isl, routed.overlap_blocks, expected_output_tokens
+        sync, request_id = self.sync, routed.request_id
+        sync.publish_added(
+            request_id, routed.worker, local_hashes, isl, routed.overlap_blocks, expected_output_tokens
         )
+        if routed.prefill_worker is not None:  # its prompt is the prefill worker's work, not the decode's
+            sync.publish_prefill_complete(request_id)
+            sync.publish_added(
+                prefill_leg_id(request_id),
+                routed.prefill_worker,
+                local_hashes,
+                isl,
+                routed.prefill_overlap_blocks,
+            )
 
     def on_prefill_complete(self, routed: Routed) -> None:
-        self.sync.publish_prefill_complete(routed.request_id)
+        if routed.prefill_worker is None:
+            self.sync.publish_prefill_complete(routed.request_id)
+        else:  # the first token: the prompt left its prefill worker
+            self.sync.publish_freed(prefill_leg_id(routed.request_id))
 
     def on_freed(self, routed: Routed) -> None:
         self.sync.publish_freed(routed.request_id)
+        leg = prefill_leg_id(routed.request_id)
+        if routed.prefill_worker is not None and self.sync.publishes(leg):  # ended before its first token
+            self.sync.publish_freed(leg)

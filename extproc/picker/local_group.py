@@ -59,11 +59,17 @@ class Routed:
     model: str
     worker: Worker
     overlap_blocks: int
-    prefill_worker: Worker | None = None
+    prefill_worker: Worker | None = None  # set: the prompt is prefilled there, not on `worker`
+    prefill_overlap_blocks: int = 0  # the prompt's blocks cached on the prefill worker
 
 
 class RouteListener(Protocol):
-    """Told about every tracked request's lifecycle (replica sync publishes these to other replicas)."""
+    """Told about every tracked request's lifecycle (replica sync publishes these to other replicas).
+
+    A request prefilled on a prefill worker (`Routed.prefill_worker` set) is two loads from its
+    routing on: its prompt on the prefill worker, and its decode on `worker`, where the prompt is not
+    work. `on_prefill_complete` then means its prompt left the prefill worker (the first token).
+    """
 
     def on_routed(
         self, routed: Routed, local_hashes: Sequence[int], isl: int, expected_output_tokens: int | None
@@ -181,15 +187,16 @@ class LocalGroup:
             )
         self._hashes = None
         choice = _choice(pool, decision)
-        prefill = None
+        prefill, prefill_overlap = None, 0
         if split is not None:
             choice, prefill = self._name_prefill_worker(pool, choice, split, tracked_id)
-        routed = Routed(tracked_id, request.model, decision.worker, decision.overlap_blocks, prefill)
+            prefill_overlap = split.prefill.overlap_blocks if split.prefill is not None else 0
+        routed = Routed(
+            tracked_id, request.model, decision.worker, decision.overlap_blocks, prefill, prefill_overlap
+        )
         self._tracked[tracked_id] = routed
         for listener in self.listeners:
             listener.on_routed(routed, hashes, request.input_tokens, request.expected_output_tokens)
-            if prefill is not None:  # its prompt is not the decode worker's work
-                listener.on_prefill_complete(routed)
         timings = {"hash": hashed, "match": decision.match_ns, "select": decision.select_ns}
         redecided = worker is not None and decision.worker != preferred
         return GroupDecision(self._name, tracked_id, choice, redecided, choice.best_overlap_blocks, timings)
@@ -416,9 +423,11 @@ class LocalGroup:
         return named, split.prefill.worker
 
     def _unique_id(self, router: KvRouter, request_id: str) -> str:
-        tracked = request_id or "req"
+        # no NUL: replica sync shares a prompt on its prefill worker under the id, NUL, "prefill"
+        base = request_id.replace("\x00", "\ufffd") or "req"
+        tracked = base
         while tracked in self._tracked or tracked in router.sequences:  # replica sync's ids too
-            tracked = f"{request_id or 'req'}@{next(self._ids)}"
+            tracked = f"{base}@{next(self._ids)}"
         return tracked
 
 

@@ -143,25 +143,26 @@ async def test_an_unhealthy_prefill_worker_is_not_named_until_it_answers_again(r
         await picker.close()
 
 
-async def test_replica_listeners_learn_a_remote_prompt_is_not_the_decode_workers_work():
-    events: list[tuple[str, str]] = []
+async def test_replica_listeners_hear_a_remote_prompt_on_its_prefill_worker_until_its_first_token():
+    events: list[tuple[str, str, object]] = []
 
     class Listener:
         def on_routed(self, pick, local_hashes, isl, expected_output_tokens):
-            events.append(("routed", pick.request_id))
+            events.append(("routed", pick.request_id, (pick.prefill_worker, pick.prefill_overlap_blocks)))
 
         def on_prefill_complete(self, pick):
-            events.append(("prefill_complete", pick.request_id))
+            events.append(("prefill_complete", pick.request_id, None))
 
         def on_freed(self, pick):
-            events.append(("freed", pick.request_id))
+            events.append(("freed", pick.request_id, None))
 
     picker = EndpointPicker(disagg_config())
     picker.listeners.append(Listener())
     remote = await pick(picker, LONG, request_id="remote")
     assert remote.prefill_worker is not None
-    # other replicas track the decode worker without this prompt's prefill tokens, as this one does
-    assert events == [("routed", "remote"), ("prefill_complete", "remote")]
-    picker.first_token(remote)
+    # the routing says where the prompt is prefilled: other replicas count it there, not on the decode worker
+    assert events == [("routed", "remote", (remote.prefill_worker, 0))]
+    picker.first_token(remote)  # the prompt left the prefill worker
+    assert events[-1] == ("prefill_complete", "remote", None)
     picker.finish(remote, "complete")
-    assert events[-1] == ("freed", "remote") and picker.is_idle()
+    assert events[-1] == ("freed", "remote", None) and picker.is_idle()

@@ -130,11 +130,13 @@ def test_a_remote_prefill_is_named_in_the_choice_tracked_and_heard():
     assert decision.choice == replace(
         probe.choice, headers={HEADER: endpoint}, prefill_worker=prefiller, prefill_endpoint=endpoint
     )  # the decode worker's choice, with the prefill worker that caches the first half
-    routed = Routed("r1", MODEL, Worker("w0"), 10, prefiller)
+    routed = Routed("r1", MODEL, Worker("w0"), 10, prefiller, 10)  # the prefill worker caches 10 blocks too
     assert group.tracked("r1") == routed
     hashes = group.pools[MODEL].router.block_hashes(prompt(1) + prompt(2))
     assert heard.routed[-1] == (routed, hashes, 320, 64)
-    assert heard.prefilled[-1] == routed  # the decode worker has no prompt to prefill
+    assert [p.request_id for p in heard.prefilled] == ["r0"]  # r1's prompt is on its prefill worker
+    group.first_token("r1")
+    assert heard.prefilled[-1] == routed  # now it has left the prefill worker
     assert decisions(group)("remote", "") == 2
 
 
