@@ -12,12 +12,19 @@ disaggregation: a prompt is prefilled remotely only when at least --min-remote-p
 are uncached on the decode worker and that worker caches less than --max-decode-prefix-frac of
 it) and a simulated transfer of base + per-block ms (--transfers, several to compare).
 
+With --replicas N (N > 1) every disaggregated layout is also replayed through N router replicas
+kept in step by the replica-sync model (`extproc.sim.replay_replicas`, --replica-sync-lag-ms of
+lag), twice: sharing the prefill workers' in-flight prompts as serve does, and not sharing them (each
+replica sees only its own prefill load: serve before 2026-11-27). The three variants of a layout are
+shown side by side.
+
 Prints one JSON object on stdout, a table on stderr (progress too) and writes `disagg.json` and
 `disagg.md` under --out-dir.
 
     .venv/bin/python benchmarks/bench_disagg.py                 # 16 replays, about 3 minutes on 2 CPUs
     .venv/bin/python benchmarks/bench_disagg.py --quick         # a smoke test: seconds
     .venv/bin/python benchmarks/bench_disagg.py --prefill 3 --transfers 2:0.2,0:0 --speedups 2
+    .venv/bin/python benchmarks/bench_disagg.py --prefill 2,3 --replicas 3 --jobs 2   # replica sync
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from extproc.sim.engine import EngineConfig
 from extproc.sim.replay import ReplayConfig, Replayer
 from extproc.sim.replay_disagg import DisaggReplayer, DisaggSetup
 from extproc.sim.replay_metrics import summarize
+from extproc.sim.replay_replicas import ReplicaSetup
 from extproc.sim.trace import load_mooncake
 from extproc.sim.transfer import KvTransferModel
 
@@ -73,7 +81,8 @@ def replay_one(job: dict[str, Any]) -> dict[str, Any]:
     else:
         base, per_block = job["transfer"]
         setup = DisaggSetup(prefill, DisaggPolicy(*job["policy"]), KvTransferModel(base, per_block))
-        result = DisaggReplayer(requests, config, setup).run()
+        replicas = ReplicaSetup(job["replicas"], job["sync_lag_ms"], share_prefill=job["share_prefill"])
+        result = DisaggReplayer(requests, config, setup, replicas=replicas).run()
     return {**job, "summary": summarize(result)}
 
 
@@ -81,7 +90,17 @@ def layout(job: dict[str, Any]) -> str:
     if job["aggregated"]:
         return f"aggregated {job['total']}"
     base, per_block = job["transfer"]
-    return f"{job['prefill']}P:{job['total'] - job['prefill']}D, transfer {base:g}+{per_block:g}/block ms"
+    name = f"{job['prefill']}P:{job['total'] - job['prefill']}D, transfer {base:g}+{per_block:g}/block ms"
+    if job["replicas"] > 1:
+        name += f", {job['replicas']} routers {replica_sync(job)} prefill"
+    return name
+
+
+def replica_sync(job: dict[str, Any]) -> str | None:
+    """What the replicas share of the prefill side: "shared", "own", or None with one router."""
+    if job["replicas"] == 1:
+        return None
+    return "shared" if job["share_prefill"] else "own"
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -155,6 +174,53 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+COMPARED = ("ttft_mean_ms", "ttft_p99_ms", "reuse", "prefill_reuse", "remote_frac")
+
+
+def replica_comparison(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per disaggregated layout, speed and router: one router, replicas sharing the prefill side and
+    replicas not sharing it, side by side."""
+    rows: dict[tuple[float, str, str], dict[str, Any]] = {}
+    for c in cells:
+        if c["aggregated"]:
+            continue
+        base = layout(c | {"replicas": 1})  # the layout with one router
+        row = rows.setdefault((c["speedup"], c["router"], base), {})
+        row |= {"speedup": c["speedup"], "router": c["router"], "layout": base}
+        row[c["replica_sync"] or "one_router"] = {k: c[k] for k in COMPARED}
+    return list(rows.values())
+
+
+def replica_table(doc: dict[str, Any]) -> str:
+    """The side-by-side markdown of `replica_comparison`: one router / N shared / N own."""
+    n = doc["replicas"]
+    lines = [
+        f"Router replicas: 1 router / {n} sharing the prefill side / {n} not sharing it"
+        f" (sync lag {doc['replica_sync_lag_ms']:g} ms)",
+        "",
+        "| speed | router | layout | TTFT mean | TTFT p99 | reuse | prefill reuse | remote prefill |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in doc["replica_comparison"]:
+        figures = [
+            f"{row['speedup']:g}x",
+            row["router"],
+            row["layout"],
+            _side(row, "ttft_mean_ms", ".1f"),
+            _side(row, "ttft_p99_ms", ".1f"),
+            _side(row, "reuse", ".3f"),
+            _side(row, "prefill_reuse", ".3f"),
+            _side(row, "remote_frac", ".0%"),
+        ]
+        lines.append("| " + " | ".join(figures) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _side(row: dict[str, Any], key: str, fmt: str) -> str:
+    """One figure of the three variants: one router / shared / own ("-" for one not run)."""
+    return " / ".join(format(row[v][key], fmt) if v in row else "-" for v in ("one_router", "shared", "own"))
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
@@ -195,6 +261,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="decode stage's weight (default: the router's)",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="N > 1: also replay each disaggregated layout through N router replicas, sharing the "
+        "prefill side and not (default 1: one router)",
+    )
+    parser.add_argument(
+        "--replica-sync-lag-ms",
+        type=float,
+        default=10.0,
+        help="with --replicas: the replica-sync lag in ms (default 10)",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="replays in parallel")
     parser.add_argument(
         "--quick",
@@ -216,17 +295,25 @@ def main(argv: list[str] | None = None) -> int:
         transfers = transfers[:1]
     if any(not 0 < p < total for p in prefills):
         parser.error(f"--prefill values must be between 1 and {total - 1}")
+    if args.replicas < 1 or args.replica_sync_lag_ms < 0:
+        parser.error("--replicas must be >= 1 and --replica-sync-lag-ms >= 0")
     policy = (args.min_remote_prefill_tokens, args.max_decode_prefix_frac, args.decode_overlap_weight)
 
+    # one router, then (with --replicas N) N replicas sharing the prefill side and N not sharing it
+    variants = [(1, True)] + ([(args.replicas, True), (args.replicas, False)] if args.replicas > 1 else [])
     jobs: list[dict[str, Any]] = []
     for speedup, router, seed in itertools.product(speedups, routers, range(args.seeds)):
         common = {"trace": args.trace, "total": total, "speedup": speedup, "router": router, "seed": seed}
-        common["limit"] = limit
+        common |= {
+            "limit": limit,
+            "replicas": 1,
+            "share_prefill": True,
+            "sync_lag_ms": args.replica_sync_lag_ms,
+        }
         jobs.append({**common, "aggregated": True, "prefill": 0, "transfer": None, "policy": None})
-        for prefill, transfer in itertools.product(prefills, transfers):
-            jobs.append(
-                {**common, "aggregated": False, "prefill": prefill, "transfer": transfer, "policy": policy}
-            )
+        for prefill, transfer, (replicas, share) in itertools.product(prefills, transfers, variants):
+            disagg = {"aggregated": False, "prefill": prefill, "transfer": transfer, "policy": policy}
+            jobs.append({**common, **disagg, "replicas": replicas, "share_prefill": share})
     started = time.perf_counter()
     print(f"{len(jobs)} replays on {min(args.jobs, len(jobs))} processes", file=sys.stderr)
     runs: list[dict[str, Any]] = []
@@ -257,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         first = group[0]
         cell = {"speedup": speedup, "router": router, "layout": name}
         cell |= {k: first[k] for k in ("total", "prefill", "aggregated", "transfer")}
+        if args.replicas > 1:
+            cell |= {"replicas": first["replicas"], "replica_sync": replica_sync(first)}
         cells.append(cell | aggregate(group))
     doc: dict[str, Any] = {
         "benchmark": "bench_disagg",
@@ -272,11 +361,16 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - started, 1),
         "cells": cells,
     }
+    markdown = table(doc)
+    if args.replicas > 1:
+        doc |= {"replicas": args.replicas, "replica_sync_lag_ms": args.replica_sync_lag_ms}
+        doc["replica_comparison"] = replica_comparison(cells)
+        markdown += "\n" + replica_table(doc)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "disagg.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out / "disagg.md").write_text(table(doc))
-    print(table(doc), file=sys.stderr)
+    (out / "disagg.md").write_text(markdown)
+    print(markdown, file=sys.stderr)
     print(json.dumps(doc, indent=2))
     return 0
 

@@ -7,7 +7,8 @@ several routers on the same trace. The router's block size defaults to the engin
 `--disagg P:D` replays P prefill and D decode workers (`extproc.sim.replay_disagg`) with serve's
 `--disagg-*` policy flags and a simulated KV transfer time. `--worker-speed` makes a mixed fleet;
 `--router-replicas N` spreads arrivals over N routers synced with `--replica-sync-lag-ms` of lag
-(`extproc.sim.replay_replicas`).
+(`extproc.sim.replay_replicas`), disaggregated ones too (`--replica-sync-prefill`: prefill legs
+shared as serve shares them, or not).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from extproc.sim.engine import EngineConfig
 from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult
 from extproc.sim.replay_disagg import DisaggReplayer, DisaggSetup
 from extproc.sim.replay_metrics import format_summary, summarize
-from extproc.sim.replay_replicas import ReplicaAssignment, replicated_router_factory
+from extproc.sim.replay_replicas import ReplicaAssignment, ReplicaSetup, replicated_router_factory
 from extproc.sim.trace import TraceError, load_mooncake
 from extproc.sim.transfer import add_kv_transfer_arguments, kv_transfer_from_args
 
 ROUTERS = tuple(m.value for m in RouterMode)
+SYNC_PREFILL = ("shared", "own")  # --replica-sync-prefill: the prefill legs published, or not
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +85,13 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         choices=[a.value for a in ReplicaAssignment],
         default=ReplicaAssignment.ROUND_ROBIN.value,
         help="with --router-replicas: how arrivals are spread (session: by the prompt's first block)",
+    )
+    parser.add_argument(
+        "--replica-sync-prefill",
+        choices=SYNC_PREFILL,
+        default="shared",
+        help="with --router-replicas and --disagg: whether replicas share prefill workers' in-flight "
+        "prompts (serve does) or each sees only its own (serve before 2026-11-27) (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON on stdout")
     parser.add_argument("--requests-out", metavar="FILE.jsonl", help="write one JSON line per request")
@@ -189,6 +198,16 @@ def disagg_setup(args: argparse.Namespace, environ: Mapping[str, str]) -> Disagg
     return DisaggSetup(args.disagg[0], policy, kv_transfer_from_args(args))
 
 
+def replica_setup(args: argparse.Namespace) -> ReplicaSetup:
+    """The router replicas of `--router-replicas` and the `--replica-sync-*` flags."""
+    return ReplicaSetup(
+        args.router_replicas,
+        args.replica_sync_lag_ms,
+        ReplicaAssignment(args.router_replica_assignment),
+        share_prefill=args.replica_sync_prefill == "shared",
+    )
+
+
 def _routers(args: argparse.Namespace) -> list[str]:
     names = [n.strip() for value in (args.router or ["kv"]) for n in value.split(",") if n.strip()]
     for name in names:
@@ -237,8 +256,7 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
         routers = _routers(args)
         if args.router_replicas < 1 or args.replica_sync_lag_ms < 0:
             raise ValueError("--router-replicas must be >= 1 and --replica-sync-lag-ms >= 0")
-        if args.router_replicas > 1 and setup is not None:
-            raise ValueError("--router-replicas is not modelled with --disagg")
+        replicas = replica_setup(args)
         requests = load_mooncake(args.traces, trace_block_size=args.trace_block_size, speedup=args.speedup)
     except (ConfigError, ValueError, TraceError, OSError) as exc:
         print(f"extproc replay: {exc}", file=sys.stderr)
@@ -280,7 +298,8 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
         elif setup is None:
             results[name] = Replayer(requests, config, progress=progress).run()
         else:
-            results[name] = DisaggReplayer(requests, config, setup, progress=progress).run()
+            replayer = DisaggReplayer(requests, config, setup, replicas=replicas, progress=progress)
+            results[name] = replayer.run()
         summaries[name] = summarize(results[name])
     timed = base.prefill_load_model is PrefillLoadModel.TIMING
     labels = {name: f"{name} (timing)" if name == "kv" and timed else name for name in results}
@@ -305,6 +324,9 @@ def run_replay(args: argparse.Namespace, *, environ: Mapping[str, str] | None = 
             "worker_speeds": list(args.worker_speed or ()),
             "router_replicas": args.router_replicas,
             "replica_sync_lag_ms": args.replica_sync_lag_ms if args.router_replicas > 1 else None,
+            "replica_sync_prefill": (
+                args.replica_sync_prefill if args.router_replicas > 1 and setup is not None else None
+            ),
             "prefill_load_model": str(base.prefill_load_model),
             "routers": summaries,
         }

@@ -20,6 +20,10 @@ Per request:
 - Lifecycle to the router: `first_token` when the decode engine emits the first token, `free` at
   the end (or when an engine refuses the request).
 
+With `replicas` (`extproc.sim.replay_replicas.ReplicaSetup`) of more than one, arrivals are spread
+over that many disaggregated routers kept in step by the replica-sync model, the prefill legs shared
+or not (`share_prefill`).
+
 A transfer the decode pool cannot take (all its blocks held by running requests) is counted and the
 request prefills its whole prompt on the decode worker. With no prefill worker every request is
 local and the replay equals the aggregated one request by request.
@@ -37,6 +41,7 @@ from extproc.router.hashing import compute_sequence_hashes
 from extproc.router.types import WorkerSpec
 from extproc.sim.engine import PassEntry, RequestTooLarge
 from extproc.sim.replay import ReplayConfig, Replayer, ReplayResult, _Worker
+from extproc.sim.replay_replicas import PrefillFleet, ReplicaSetup, ReplicatedRouter
 from extproc.sim.replay_router import DisaggRouterAdapter, ReplayRouter, RouteResult
 from extproc.sim.trace import TraceRequest
 from extproc.sim.transfer import KvTransferModel
@@ -77,9 +82,11 @@ class DisaggReplayer(Replayer):
         config: ReplayConfig,
         setup: DisaggSetup,
         *,
+        replicas: ReplicaSetup | None = None,
         progress: Callable[[int, int, float], None] | None = None,
     ) -> None:
         self.setup = setup
+        self.replica_setup = replicas or ReplicaSetup()
         self.num_decode = config.num_workers
         super().__init__(requests, config, router_factory=self._router_factory, progress=progress)
         self._workers += [self._make_worker(config.num_workers + j) for j in range(setup.prefill_workers)]
@@ -102,6 +109,19 @@ class DisaggReplayer(Replayer):
             )
             for j in range(self.setup.prefill_workers)
         ]
+        r = self.replica_setup
+        if r.replicas > 1:
+            return ReplicatedRouter(
+                config,
+                decode,
+                clock_s=clock_s,
+                rng=rng,
+                replicas=r.replicas,
+                sync_lag_ms=r.sync_lag_ms,
+                assignment=r.assignment,
+                disagg=PrefillFleet(prefill, self.setup.policy),
+                share_prefill=r.share_prefill,
+            )
         # the prefill router's rng is its own, so the decode router draws as an aggregated one would
         prefill_rng = random.Random(f"prefill-{self.config.seed}")
         return DisaggRouterAdapter(

@@ -48,6 +48,7 @@ class RouteResult:
     # disaggregated routing: the worker that prefills the prompt (None: `worker` does), or why not
     prefill_worker: Worker | None = None
     local_reason: str | None = None
+    prefill_overlap_blocks: int = 0  # the prefill decision's overlap (what replica sync shares)
 
 
 class ReplayRouter(Protocol):
@@ -203,7 +204,10 @@ class DisaggRouterAdapter(KvRouterAdapter):
         weight = self.disagg.policy.decode_overlap_weight
         looked = bool(d.decode.costs) and weight != 0  # None: the decode router's own weight
         chosen, best = _overlaps(self.router, d.decode, local_hashes, looked)
-        return RouteResult(request_id, d.decode.worker, chosen, best, d.prefill_worker, d.local_reason)
+        prefill_overlap = d.prefill.overlap_blocks if d.prefill is not None else 0  # as serve shares it
+        return RouteResult(
+            request_id, d.decode.worker, chosen, best, d.prefill_worker, d.local_reason, prefill_overlap
+        )
 
     def on_first_token(self, request_id: str) -> None:
         self.disagg.first_token(request_id)
