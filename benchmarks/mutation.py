@@ -235,6 +235,15 @@ MODULES: dict[str, list[str]] = {
             "tests/nats/test_nats_reads.py::test_a_replica_about_to_decide_applies_what_already_waits_in_its"
             "_held_socket"
         ),
+        "tests/nats/test_replica_sync_disagg.py",
+    ],
+    # replica sync's messages on the wire: formats, the digest, checks of values read
+    "events/replica_wire.py": [
+        "tests/nats/test_replica_sync_protocol.py",
+        "tests/nats/test_replica_sync_batch.py",
+        "tests/nats/test_replica_sync_edges.py",
+        "tests/fuzz/test_replica_sync_fuzz.py",
+        "tests/nats/test_replica_sync_disagg.py",
     ],
 }
 
@@ -3656,7 +3665,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁLocalGroupǁcommit_now__mutmut_77": (
+        "xǁLocalGroupǁcommit_now__mutmut_78": (
             "choice, prefill = self._name_prefill_worker(pool, choice, split, None)",
             "message",
             "the request id reaches only the log lines of `_name_prefill_worker`",
@@ -4309,111 +4318,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "events/replica_sync.py": {
-        "x__hashes__mutmut_17": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__hashes__mutmut_32": (
-            "raise TypeError(None)  # checked in C, not one by one",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__hashes__mutmut_33": (
-            'raise TypeError("XXhashes: expected integers in [-2**63, 2**64)XX")  # checked in C, not one by one',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__hashes__mutmut_34": (
-            'raise TypeError("HASHES: EXPECTED INTEGERS IN [-2**63, 2**64)")  # checked in C, not one by one',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__hashes__mutmut_20": (
-            "if not (set(map(type, value)) <= _INT_ONLY and (lo := min(value)) >= _MIN or max(value) < _END):",  # noqa: E501
-            "same-value",
-            "msgpack carries no integer below -2**63, and a non-integer fails either way (`lo` left unset)",
-        ),
-        "x__hashes__mutmut_31": (
-            "if not (set(map(type, value)) <= _INT_ONLY and (lo := min(value)) >= _MIN and max(value) <= _END):",  # noqa: E501
-            "same-value",
-            "msgpack carries no integer of 2**64 or more",
-        ),
-        "x__hashes__mutmut_35": (
-            "return tuple(value) if (lo >= 0) and False else tuple(h & _U64_MASK for h in value)  # signed: the same u64s",  # noqa: E501
-            "performance",
-            "non-negative hashes masked to 64 bits: the same values",
-        ),
-        "x__hashes__mutmut_38": (
-            "return tuple(value) if lo > 0 else tuple(h & _U64_MASK for h in value)  # signed: the same u64s",
-            "performance",
-            "non-negative hashes masked to 64 bits: the same values",
-        ),
-        "x__hashes__mutmut_39": (
-            "return tuple(value) if lo >= 1 else tuple(h & _U64_MASK for h in value)  # signed: the same u64s",  # noqa: E501
-            "performance",
-            "non-negative hashes masked to 64 bits: the same values",
-        ),
-        "x__hashes__mutmut_7": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__int__mutmut_3": (
-            "raise TypeError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__is_int__mutmut_11": (
-            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (2 << 64)",  # noqa: E501
-            "same-value",
-            "msgpack carries no integer of 2**64 or more",
-        ),
-        "x__is_int__mutmut_12": (
-            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 65)",  # noqa: E501
-            "same-value",
-            "msgpack carries no integer of 2**64 or more",
-        ),
-        "x__is_int__mutmut_6": (
-            "return isinstance(value, int) and not isinstance(value, bool) and -(2 << 63) <= value < (1 << 64)",  # noqa: E501
-            "same-value",
-            "msgpack carries no integer below -2**63",
-        ),
-        "x__is_int__mutmut_7": (
-            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 64) <= value < (1 << 64)",  # noqa: E501
-            "same-value",
-            "msgpack carries no integer below -2**63",
-        ),
-        "x__is_int__mutmut_9": (
-            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value <= (1 << 64)",  # noqa: E501
-            "same-value",
-            "msgpack carries no integer of 2**64 or more",
-        ),
-        "x__packed__mutmut_3": (
-            'return struct.pack(f"<{len(hashes)}Q", )',
-            "performance",
-            "the hashes travel as a list instead of packed bytes, which receivers read alike (`_hashes`)",
-        ),
-        "x__text__mutmut_2": (
-            "raise TypeError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x__worker__mutmut_5": (
-            "raise TypeError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "x_id_hash__mutmut_8": (
-            'data = request_id.encode("UTF-8", "surrogatepass") + (b"\\x001" if prefilled else b"\\x000")',
-            "same-value",
-            "codec names are case-insensitive",
-        ),
-        "xǁInFlightǁmark_prefilled__mutmut_11": (
-            "self.digest = (self.digest - id_hash(request_id, None) + id_hash(request_id, True)) & _MASK",
-            "same-value",
-            "None selects the same suffix as False",
-        ),
         "xǁReplicaSyncǁ__init____mutmut_10": (
             "if not 0 <= heartbeat_s < lease_s:",
             "same-value",
@@ -4650,12 +4554,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "a log line's or an error's arguments (the replica, a count or a value shown)",
         ),
         "xǁReplicaSyncǁ_receive__mutmut_164": (
-            "_OPS[code], None, exc)  # fmt: skip",
+            "OP_NAMES[code], None, exc)  # fmt: skip",
             "message",
             "a log line's or an error's arguments (the replica, a count or a value shown)",
         ),
         "xǁReplicaSyncǁ_receive__mutmut_165": (
-            "_OPS[code], origin, None)  # fmt: skip",
+            "OP_NAMES[code], origin, None)  # fmt: skip",
             "message",
             "a log line's or an error's arguments (the replica, a count or a value shown)",
         ),
@@ -5022,7 +4926,134 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "x__batch_op_from_wire__mutmut_1": (
+        "xǁReplicaSyncǁ_lifecycle__mutmut_3": (
+            'request_id = wire_text(message["id"], None)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_44": (
+            "self._apply(origin, entry, None, request_id, record)",
+            "same-value",
+            "an op with a record is applied as an add whatever its code",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_8": (
+            'request_id = wire_text(message["id"], "XXrequest idXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_lifecycle__mutmut_9": (
+            'request_id = wire_text(message["id"], "REQUEST ID")',
+            "message",
+            "an error's or a log line's text",
+        ),
+    },
+    "events/replica_wire.py": {
+        "x_wire_hashes__mutmut_17": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_wire_hashes__mutmut_32": (
+            "raise TypeError(None)  # checked in C, not one by one",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_wire_hashes__mutmut_33": (
+            'raise TypeError("XXhashes: expected integers in [-2**63, 2**64)XX")  # checked in C, not one by one',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_wire_hashes__mutmut_34": (
+            'raise TypeError("HASHES: EXPECTED INTEGERS IN [-2**63, 2**64)")  # checked in C, not one by one',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_wire_hashes__mutmut_20": (
+            "if not (set(map(type, value)) <= _INT_ONLY and (lo := min(value)) >= _MIN or max(value) < _END):",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer below -2**63, and a non-integer fails either way (`lo` left unset)",
+        ),
+        "x_wire_hashes__mutmut_31": (
+            "if not (set(map(type, value)) <= _INT_ONLY and (lo := min(value)) >= _MIN and max(value) <= _END):",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer of 2**64 or more",
+        ),
+        "x_wire_hashes__mutmut_35": (
+            "return tuple(value) if (lo >= 0) and False else tuple(h & _U64_MASK for h in value)  # signed: the same u64s",  # noqa: E501
+            "performance",
+            "non-negative hashes masked to 64 bits: the same values",
+        ),
+        "x_wire_hashes__mutmut_38": (
+            "return tuple(value) if lo > 0 else tuple(h & _U64_MASK for h in value)  # signed: the same u64s",
+            "performance",
+            "non-negative hashes masked to 64 bits: the same values",
+        ),
+        "x_wire_hashes__mutmut_39": (
+            "return tuple(value) if lo >= 1 else tuple(h & _U64_MASK for h in value)  # signed: the same u64s",  # noqa: E501
+            "performance",
+            "non-negative hashes masked to 64 bits: the same values",
+        ),
+        "x_wire_hashes__mutmut_7": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_wire_int__mutmut_3": (
+            "raise TypeError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_is_int__mutmut_11": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (2 << 64)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer of 2**64 or more",
+        ),
+        "x_is_int__mutmut_12": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 65)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer of 2**64 or more",
+        ),
+        "x_is_int__mutmut_6": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(2 << 63) <= value < (1 << 64)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer below -2**63",
+        ),
+        "x_is_int__mutmut_7": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 64) <= value < (1 << 64)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer below -2**63",
+        ),
+        "x_is_int__mutmut_9": (
+            "return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value <= (1 << 64)",  # noqa: E501
+            "same-value",
+            "msgpack carries no integer of 2**64 or more",
+        ),
+        "x_packed_hashes__mutmut_3": (
+            'return struct.pack(f"<{len(hashes)}Q", )',
+            "performance",
+            "the hashes travel as a list instead of packed bytes, which receivers read alike (`_hashes`)",
+        ),
+        "x_wire_text__mutmut_2": (
+            "raise TypeError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_wire_worker__mutmut_5": (
+            "raise TypeError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "x_id_hash__mutmut_8": (
+            'data = request_id.encode("UTF-8", "surrogatepass") + (b"\\x001" if prefilled else b"\\x000")',
+            "same-value",
+            "codec names are case-insensitive",
+        ),
+        "xǁInFlightǁmark_prefilled__mutmut_11": (
+            "self.digest = (self.digest - id_hash(request_id, None) + id_hash(request_id, True)) & _MASK",
+            "same-value",
+            "None selects the same suffix as False",
+        ),
+        "x_batch_op_from_wire__mutmut_1": (
             "if not isinstance(item, list) and not item:",
             "same-value",
             (
@@ -5030,47 +5061,47 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "arrays as lists): the batch is not applied either way"
             ),
         ),
-        "x__batch_op_from_wire__mutmut_32": (
-            "return OP_ADD, _text(request_id, None), record",
+        "x_batch_op_from_wire__mutmut_32": (
+            "return OP_ADD, wire_text(request_id, None), record",
             "message",
             "a log line's or an error's arguments (the replica, a count or a value shown)",
         ),
-        "x__batch_op_from_wire__mutmut_35": (
-            'return OP_ADD, _text(request_id, "XXrequest idXX"), record',
+        "x_batch_op_from_wire__mutmut_35": (
+            'return OP_ADD, wire_text(request_id, "XXrequest idXX"), record',
             "message",
             "an error's or a log line's text",
         ),
-        "x__batch_op_from_wire__mutmut_36": (
-            'return OP_ADD, _text(request_id, "REQUEST ID"), record',
+        "x_batch_op_from_wire__mutmut_36": (
+            'return OP_ADD, wire_text(request_id, "REQUEST ID"), record',
             "message",
             "an error's or a log line's text",
         ),
-        "x__batch_op_from_wire__mutmut_4": (
+        "x_batch_op_from_wire__mutmut_4": (
             "raise ValueError(None)",
             "message",
             "an error's or a log line's text",
         ),
-        "x__batch_op_from_wire__mutmut_45": (
-            "return code, _text(item[1], None), None",
+        "x_batch_op_from_wire__mutmut_45": (
+            "return code, wire_text(item[1], None), None",
             "message",
             "a log line's or an error's arguments (the replica, a count or a value shown)",
         ),
-        "x__batch_op_from_wire__mutmut_49": (
-            'return code, _text(item[1], "XXrequest idXX"), None',
+        "x_batch_op_from_wire__mutmut_49": (
+            'return code, wire_text(item[1], "XXrequest idXX"), None',
             "message",
             "an error's or a log line's text",
         ),
-        "x__batch_op_from_wire__mutmut_50": (
-            'return code, _text(item[1], "REQUEST ID"), None',
+        "x_batch_op_from_wire__mutmut_50": (
+            'return code, wire_text(item[1], "REQUEST ID"), None',
             "message",
             "an error's or a log line's text",
         ),
-        "x__batch_op_from_wire__mutmut_51": (
+        "x_batch_op_from_wire__mutmut_51": (
             "raise ValueError(None)",
             "message",
             "an error's or a log line's text",
         ),
-        "x__record__mutmut_20": (
+        "x_add_record__mutmut_20": (
             "raise ValueError(None)",
             "message",
             "an error's or a log line's text",
@@ -5084,42 +5115,22 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             ),
         ),
         "xǁRecordǁfrom_wire__mutmut_26": (
-            "return _text(request_id, None), record",
+            "return wire_text(request_id, None), record",
             "message",
             "an error's or a log line's text",
         ),
         "xǁRecordǁfrom_wire__mutmut_29": (
-            'return _text(request_id, "XXrequest idXX"), record',
+            'return wire_text(request_id, "XXrequest idXX"), record',
             "message",
             "an error's or a log line's text",
         ),
         "xǁRecordǁfrom_wire__mutmut_30": (
-            'return _text(request_id, "REQUEST ID"), record',
+            'return wire_text(request_id, "REQUEST ID"), record',
             "message",
             "an error's or a log line's text",
         ),
         "xǁRecordǁfrom_wire__mutmut_5": (
             "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_lifecycle__mutmut_3": (
-            'request_id = _text(message["id"], None)',
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_lifecycle__mutmut_44": (
-            "self._apply(origin, entry, None, request_id, record)",
-            "same-value",
-            "an op with a record is applied as an add whatever its code",
-        ),
-        "xǁReplicaSyncǁ_lifecycle__mutmut_8": (
-            'request_id = _text(message["id"], "XXrequest idXX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_lifecycle__mutmut_9": (
-            'request_id = _text(message["id"], "REQUEST ID")',
             "message",
             "an error's or a log line's text",
         ),

@@ -100,6 +100,23 @@ def test_expected_output_tokens_reach_the_decode_router(
     assert group.pools[MODEL].router.sequences.decode_blocks(decision.choice.worker) == decode_blocks
 
 
+def test_an_aggregated_request_is_heard_without_a_prefill_worker():
+    group = routers(2)
+    heard = RouteListener()
+    group.listeners.append(heard)
+    decision = group.commit_now(request(prompt(1)), "r1", None)
+    routed = Routed("r1", MODEL, decision.choice.worker, 0)  # no prefill worker, nothing cached there
+    assert group.tracked("r1") == routed and heard.routed[0][0] == routed
+
+
+def test_a_request_id_with_a_nul_is_tracked_without_it():
+    """Replica sync shares a prompt on its prefill worker as the id, NUL, "prefill": no tracked id
+    may take that form."""
+    group = routers(2)
+    decision = group.commit_now(request(prompt(1)), "r1\x00prefill", None)
+    assert decision.request_id == "r1\ufffdprefill" and group.tracked("r1\ufffdprefill") is not None
+
+
 def test_a_decision_reports_its_hash_match_and_select_times():
     group = routers(2)
     before = time.perf_counter_ns()
