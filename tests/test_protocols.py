@@ -56,6 +56,7 @@ PAIRS = [
     Pair("extproc.runtime.discovery:WorkerSetTarget", "extproc.picker.pipeline:EndpointPicker"),
     Pair("extproc.runtime.engine_metrics:WorkerPools", "extproc.picker.pipeline:EndpointPicker"),
     Pair("extproc.runtime.lora_discovery:NameTarget", "extproc.picker.pipeline:EndpointPicker"),
+    Pair("extproc.events.replica_sync:ResponseHomeSink", "extproc.picker.pipeline:EndpointPicker"),
     # request/
     Pair("extproc.request.tokenizer:Tokenizer", "extproc.request.tokenizer:ByteTokenizer"),
     Pair("extproc.request.tokenizer:Tokenizer", "extproc.request.tokenizer:HfTokenizer"),
@@ -123,7 +124,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
     from extproc.events.durable import TreeSource
     from extproc.events.feed import RouterFeed
     from extproc.events.nats_events import NatsEventPublisher
-    from extproc.events.replica_sync import SyncedRouter
+    from extproc.events.replica_sync import ResponseHomeSink, SyncedRouter
     from extproc.events.sink import EventSink
     from extproc.events.sources import WorkerSetFollower, _AllRouters, _SyncListener
     from extproc.events.zmq_publisher import VllmEventListener
@@ -185,12 +186,13 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         output_tracker: OutputTracker = endpoint_picker
         worker_pools: WorkerPools = endpoint_picker
         name_target: NameTarget = endpoint_picker
+        home_sink: ResponseHomeSink = endpoint_picker
         served: ServedGroup = local_group
         groups: list[RouterGroup] = [local_group, remote_group]
         del targets, tokenizers, listeners, replay_routers, worker_tokenizers, clock, publishers, sink
         del offload_listeners
         del trees, synced, worker_set_listener, route_listener, picker, served, groups, output_tracker
-        del worker_pools, name_target, responses_driver, handler_worker
+        del worker_pools, name_target, responses_driver, handler_worker, home_sink
 
 
 # --- the structural check --------------------------------------------------------------------------

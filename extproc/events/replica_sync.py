@@ -92,6 +92,7 @@ from extproc.events.replica_wire import (
     MAX_BATCH_OPS,
     OP_ADD,
     OP_FREE,
+    OP_HOME,
     OP_NAMES,
     OP_PREFILL,
     V1,
@@ -99,9 +100,13 @@ from extproc.events.replica_wire import (
     VERSION,
     InFlight,
     Record,
+    SharedHome,
     add_record,
     batch_op,
     batch_op_from_wire,
+    home_from_wire,
+    home_message,
+    home_op,
     is_int,
     single_message,
     wire_hashes,
@@ -152,6 +157,14 @@ class SyncedRouter(Protocol):
     def free(self, request_id: str) -> bool: ...
 
 
+class ResponseHomeSink(Protocol):
+    """Where the homes other replicas share land (`EndpointPicker.remember_response_home`)."""
+
+    def remember_response_home(
+        self, response_id: str, model: str, worker: Worker, endpoint: str, group: str
+    ) -> bool: ...
+
+
 @dataclass(slots=True)
 class _Origin:
     """What this replica knows of another one."""
@@ -167,6 +180,7 @@ class _Origin:
     parts_next: int = 0
     parts_total: int = 0
     batch: bool = False  # its last heartbeat said it reads batches
+    homes: bool = False  # its last heartbeat said it keeps the homes of Responses API answers
 
 
 class ReplicaSync:
@@ -192,6 +206,7 @@ class ReplicaSync:
         clock: Callable[[], float] = time.monotonic,
         boot: int | None = None,
         batch_s: float = DEFAULT_BATCH_S,
+        homes: ResponseHomeSink | None = None,
     ) -> None:
         if not router_id:
             raise ValueError("router_id must not be empty (replicas tell their messages apart by it)")
@@ -209,6 +224,7 @@ class ReplicaSync:
         self.heartbeat_s = heartbeat_s
         self.lease_s = lease_s
         self.batch_s = batch_s  # 0: every lifecycle message on its own
+        self.homes = homes  # None: other replicas' homes are not kept (and this one says so)
         self.boot = boot if boot is not None else secrets.randbits(62)
         self.counters = counters if counters is not None else EventCounters()
         self._clock = clock
@@ -225,7 +241,7 @@ class ReplicaSync:
         self._last_dump = float("-inf")
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._batch: list[tuple[int, str, Record | None]] = []  # lifecycle ops not sent yet
+        self._batch: list[tuple[int, str, Record | SharedHome | None]] = []  # ops not sent yet
         self._batch_size = 0
         self._batch_due = 0.0  # (clock) when the gathered ops must go at the latest
         self._batch_timer: asyncio.Future[None] | asyncio.TimerHandle | None = None
@@ -272,47 +288,69 @@ class ReplicaSync:
     ) -> None:
         record = Record(worker, tuple(local_hashes), isl, overlap, expected_output_tokens)
         self._own.put(request_id, record)
-        self._lifecycle_out(OP_ADD, request_id, record, 48 + len(request_id) + 8 * len(record.hashes))
+        self._op_out(OP_ADD, request_id, record, 48 + len(request_id) + 8 * len(record.hashes))
 
     def publish_prefill_complete(self, request_id: str) -> None:
         self._own.mark_prefilled(request_id)
-        self._lifecycle_out(OP_PREFILL, request_id, None, 8 + len(request_id))
+        self._op_out(OP_PREFILL, request_id, None, 8 + len(request_id))
 
     def publish_freed(self, request_id: str) -> None:
         self._own.pop(request_id)
-        self._lifecycle_out(OP_FREE, request_id, None, 8 + len(request_id))
+        self._op_out(OP_FREE, request_id, None, 8 + len(request_id))
 
     def batching(self) -> bool:
         """Whether lifecycle messages go out in batches now: on, and every replica heard reads them."""
         return self.batch_s > 0 and all(entry.batch for entry in self._origins.values())
 
-    def _lifecycle_out(self, code: int, request_id: str, record: Record | None, size: int) -> None:
+    def publish_response_home(self, response_id: str, home: SharedHome) -> None:
+        """Tell the others which worker stores a Responses API answer, when every one keeps homes."""
+        if not self.shares_homes():
+            self.counters.add("sync.homes_unshared")
+            return
+        size = 40 + len(response_id) + len(home.model) + len(home.endpoint) + len(home.group)
+        self._op_out(OP_HOME, response_id, home, size)
+
+    def shares_homes(self) -> bool:
+        """Whether homes go out now: some replica is known and every one said it keeps them."""
+        return bool(self._origins) and all(entry.homes for entry in self._origins.values())
+
+    def _op_out(self, code: int, key: str, payload: Record | SharedHome | None, size: int) -> None:
         if not self.batching():
-            self._publish(V1, single_message(code, request_id, record))
+            self._single_out(code, key, payload)
             return
         if not self._batch:
             self._batch_due = self._clock() + self.batch_s
             with contextlib.suppress(RuntimeError):  # no running loop: tick() or the next message sends it
                 self._batch_timer = call_when_idle(self.flush_batch, self.batch_s)
-        self._batch.append((code, request_id, record))
+        self._batch.append((code, key, payload))
         self._batch_size += size
         if len(self._batch) >= MAX_BATCH_OPS or self._batch_size >= BATCH_BYTES:
             self.flush_batch()
 
     def flush_batch(self) -> None:
-        """Send the lifecycle messages gathered so far: one batch, or single messages if a replica
-        that does not read batches appeared meanwhile."""
+        """Send the ops gathered so far: one batch, or single messages if a replica that does not read
+        batches appeared meanwhile (homes only while every replica still keeps them)."""
         if self._batch_timer is not None:
             self._batch_timer.cancel()
             self._batch_timer = None
         ops, self._batch, self._batch_size = self._batch, [], 0
+        if not self.shares_homes() and any(op[0] == OP_HOME for op in ops):
+            kept = [op for op in ops if op[0] != OP_HOME]
+            self.counters.add("sync.homes_unshared", len(ops) - len(kept))
+            ops = kept
         if not ops:
             return
         if not self.batching():
-            for code, request_id, record in ops:
-                self._publish(V1, single_message(code, request_id, record))
+            for op in ops:
+                self._single_out(*op)
             return
-        self._publish(V3, {"op": "batch", "ops": [batch_op(*op) for op in ops]})
+        self._publish(V3, {"op": "batch", "ops": [_batch_op(*op) for op in ops]})
+
+    def _single_out(self, code: int, key: str, payload: Record | SharedHome | None) -> None:
+        if isinstance(payload, SharedHome):
+            self._publish(VERSION, home_message(key, payload))
+        else:
+            self._publish(V1, single_message(code, key, payload))
 
     def publishes(self, request_id: str) -> bool:
         """Whether this replica announced `request_id` and has not freed it yet."""
@@ -340,8 +378,10 @@ class ReplicaSync:
 
     def _publish_heartbeat(self) -> None:
         n, digest = self._own.summary()
-        self._publish(VERSION, {"op": "hb", "n": n, "digest": digest, "lease_s": self.lease_s,
-                                "batch": 1})  # fmt: skip
+        heartbeat = {"op": "hb", "n": n, "digest": digest, "lease_s": self.lease_s, "batch": 1}
+        if self.homes is not None:  # it keeps the homes others share
+            heartbeat["homes"] = 1
+        self._publish(VERSION, heartbeat)
 
     def _publish_state(self) -> None:
         """Our whole in-flight set, in parts of at most STATE_PART_BYTES, back to back."""
@@ -579,12 +619,15 @@ class ReplicaSync:
             if not isinstance(ops, list) or len(ops) > MAX_BATCH_OPS:
                 raise ValueError(f"a batch is a list of at most {MAX_BATCH_OPS} ops")
             decoded = [batch_op_from_wire(item) for item in ops]  # a malformed op: none applied
-            for code, request_id, record in decoded:
+            for code, key, payload in decoded:
                 try:
-                    self._apply(origin, entry, code, request_id, record)
+                    if isinstance(payload, SharedHome):
+                        self._home(key, payload)
+                    else:
+                        self._apply(origin, entry, code, key, payload)
                 except Exception as exc:  # as for a single message: this op only
                     self.counters.loud("sync.apply_failed", "replica sync %.20s from %.60s not applied: %r",
-                                       OP_NAMES[code], origin, exc)  # fmt: skip
+                                       _op_name(code), origin, exc)  # fmt: skip
             self.counters.add("sync.batch_ops", len(decoded))
         elif op == "hb":
             self._heartbeat(origin, entry, message, now)
@@ -596,6 +639,9 @@ class ReplicaSync:
                 self._wake.set()
         elif op == "state":
             self._state_part(origin, entry, message)
+        elif op == "home":
+            fields = ("id", "model", "worker", "dp", "endpoint", "group")
+            self._home(*home_from_wire(*(message[f] for f in fields)))
         else:
             raise ValueError(f"unknown op {op!r:.20}")
 
@@ -631,8 +677,16 @@ class ReplicaSync:
             entry.in_flight.pop(request_id)
             self.router.free(key)
 
+    def _home(self, response_id: str, home: SharedHome) -> None:
+        """Another replica's Responses API answer: what names it goes to its worker from here too."""
+        if self.homes is None:
+            return  # this replica said it keeps none: the sender knows
+        self.homes.remember_response_home(response_id, home.model, home.worker, home.endpoint, home.group)
+        self.counters.add("sync.homes")
+
     def _heartbeat(self, origin: str, entry: _Origin, message: dict[str, Any], now: float) -> None:
         entry.batch = message.get("batch") == 1
+        entry.homes = message.get("homes") == 1
         lease = message.get("lease_s")
         if isinstance(lease, int | float) and not isinstance(lease, bool) and lease == lease:
             entry.lease_s = min(max(float(lease), MIN_LEASE_S), MAX_LEASE_S)
@@ -706,3 +760,11 @@ class ReplicaSync:
         for request_id in entry.in_flight.requests:
             self.router.free(f"{origin}:{request_id}")
         return len(entry.in_flight)
+
+
+def _batch_op(code: int, key: str, payload: Record | SharedHome | None) -> list[Any]:
+    return home_op(key, payload) if isinstance(payload, SharedHome) else batch_op(code, key, payload)
+
+
+def _op_name(code: int) -> str:
+    return "home" if code == OP_HOME else OP_NAMES[code]

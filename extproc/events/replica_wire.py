@@ -14,10 +14,21 @@ version-1 replica drops as malformed (counted there); batches are format 3:
     {"v": 2, "router": str, "boot": int, "seq": int, "op": "state", "part": int, "parts": int,
      "reqs": [[id, worker, dp, [hashes], isl, overlap, eot | nil, prefilled], ...]}
 
+    {"v": 2, "router": str, "boot": int, "seq": int, "op": "home", "id": str, "model": str,
+     "worker": int | str, "dp": int, "endpoint": str, "group": str}
+
     {"v": 3, "router": str, "boot": int, "seq": int, "op": "batch", "ops": [op, ...]}
     op = [0, id, worker, dp, hashes, isl, overlap, eot | nil]   # add; hashes: bytes, u64 little
          | [1, id] | [2, id]                                    # endian each (or a list of ints)
                                                                 # prefill complete, free
+         | [3, id, model, worker, dp, endpoint, group]          # home
+
+A `home` says which worker stored a Responses API answer (`id` is the response id), so that a
+follow-up naming it (`previous_response_id`) or its retrieval reaches that worker through any
+replica (`extproc.picker.response_homes`). It is not a request: no digest or `state` counts it, and
+a lost one costs what the answer's worker would have been told by it. A replica sends homes only
+while every other replica it knows said `"homes": 1` in its last heartbeat (a replica that does not
+keep them, or of a version before them, would drop a batch holding one as malformed).
 
 A request prefilled on a prefill worker (disaggregated serving) is shared as two: its decode
 request under its id, on its decode worker, prefill complete at once; and its prompt under
@@ -50,6 +61,8 @@ V1 = 1
 V3 = 3  # batches of lifecycle messages
 OP_ADD, OP_PREFILL, OP_FREE = 0, 1, 2  # op codes in a batch
 OP_NAMES = ("add", "prefill", "free")
+OP_HOME = 3  # a Responses API answer and the worker storing it (not a lifecycle op)
+MAX_HOME_TEXT = 512  # characters of a home's response id, model, endpoint or group
 MAX_HASHES = 1 << 17  # block hashes in one add: a 2M-token prompt at block size 16
 MAX_TOKENS = (1 << 32) - 1  # an add's prompt (isl) and expected output tokens (eot), as u32 token counts
 MAX_BATCH_OPS = 4096  # ops in one batch
@@ -87,6 +100,16 @@ class Record:
         record = add_record(wire_worker(worker_id, dp), wire_hashes(hashes), isl, overlap, eot)
         record.prefilled = bool(prefilled)
         return wire_text(request_id, "request id"), record
+
+
+@dataclass(frozen=True, slots=True)
+class SharedHome:
+    """Where a Responses API answer is stored, as replicas share it (see the module docstring)."""
+
+    model: str
+    worker: Worker
+    endpoint: str  # ip:port, where what names the answer goes
+    group: str  # the router group that owns the worker
 
 
 def id_hash(request_id: str, prefilled: bool) -> int:
@@ -215,8 +238,9 @@ def batch_op(code: int, request_id: str, record: Record | None) -> list[Any]:
             record.overlap, record.eot]  # fmt: skip
 
 
-def batch_op_from_wire(item: Any) -> tuple[int, str, Record | None]:
-    """(code, request id, record of an add) from a batch's op; raises ValueError or TypeError."""
+def batch_op_from_wire(item: Any) -> tuple[int, str, Record | SharedHome | None]:
+    """(code, request or response id, the add's record or the home) from a batch's op; raises
+    ValueError or TypeError."""
     if not isinstance(item, list) or not item:
         raise ValueError(f"batch op {item!r:.60} is not a list")
     code = item[0]
@@ -226,4 +250,35 @@ def batch_op_from_wire(item: Any) -> tuple[int, str, Record | None]:
         return OP_ADD, wire_text(request_id, "request id"), record
     if code in (OP_PREFILL, OP_FREE) and len(item) == 2 and type(code) is int:
         return code, wire_text(item[1], "request id"), None
+    if code == OP_HOME and len(item) == 7 and type(code) is int:
+        return (OP_HOME, *home_from_wire(*item[1:]))
     raise ValueError(f"batch op {item!r:.60}: unknown code or length")
+
+
+def home_message(response_id: str, home: SharedHome) -> dict[str, Any]:
+    """A home as its own format-2 message (without the head)."""
+    w = home.worker
+    return {"op": "home", "id": response_id, "model": home.model, "worker": w.worker_id, "dp": w.dp_rank,
+            "endpoint": home.endpoint, "group": home.group}  # fmt: skip
+
+
+def home_op(response_id: str, home: SharedHome) -> list[Any]:
+    """A home as an op of a batch."""
+    w = home.worker
+    return [OP_HOME, response_id, home.model, w.worker_id, w.dp_rank, home.endpoint, home.group]
+
+
+def home_from_wire(
+    response_id: Any, model: Any, worker_id: Any, dp: Any, endpoint: Any, group: Any
+) -> tuple[str, SharedHome]:
+    """(response id, home) from a home's fields; raises ValueError or TypeError. Every text is
+    bounded (`MAX_HOME_TEXT`): the ids come from clients and engines, the table they land in is kept
+    for an hour."""
+    fields = ((response_id, "response id"), (model, "model"), (endpoint, "endpoint"), (group, "group"))
+    texts = [wire_text(value, what) for value, what in fields]
+    if not texts[0] or any(len(text) > MAX_HOME_TEXT for text in texts):
+        raise ValueError(
+            f"home: a response id of 1 to {MAX_HOME_TEXT} characters and texts of at most as many"
+        )
+    rid, model_name, where, group_name = texts
+    return rid, SharedHome(model_name, wire_worker(worker_id, dp), where, group_name)

@@ -41,7 +41,7 @@ from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
 from extproc.events.nats_security import connect_nats
 from extproc.events.replica_sync import ReplicaSync, active_sequences_subject
-from extproc.events.replica_wire import prefill_leg_id
+from extproc.events.replica_wire import SharedHome, prefill_leg_id
 from extproc.events.zmq_subscriber import (
     SubscriberTimings,
     ZmqEndpoint,
@@ -221,6 +221,7 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             heartbeat_s=events.replica_sync_heartbeat_s,
             lease_s=events.replica_sync_lease_s,
             batch_s=events.replica_sync_batch_s,
+            homes=picker,
         )
         await sync.start()
         sources.replica_sync = sync
@@ -237,14 +238,18 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         picker.listeners.append(listener)
         sources.closers.append(listener.detach)
         picker.before_decision = sync.catch_up  # a decision counts what already reached this replica
+        picker.on_response_stored = lambda rid, model, worker, endpoint, group: sync.publish_response_home(
+            rid, SharedHome(model, worker, endpoint, group)
+        )
 
         async def stop_catching_up() -> None:
             picker.before_decision = None
+            picker.on_response_stored = None
 
         sources.closers.append(stop_catching_up)
         log.info(
-            "replica sync on %s as %s (in-flight load is shared; sticky-session pins and the workers "
-            "storing Responses API answers stay with the replica that saw them)", subject, router_id,
+            "replica sync on %s as %s (in-flight load and the workers storing Responses API answers are "
+            "shared; sticky-session pins stay with the replica that saw them)", subject, router_id,
         )  # fmt: skip
 
 

@@ -146,6 +146,9 @@ class EndpointPicker:
         self.worker_listeners: list[WorkerSetListener] = []
         # awaited before each decision: replica sync reads what other replicas said that already came
         self.before_decision: Callable[[], Awaitable[None]] | None = None
+        # told (response id, model, worker, endpoint, group) of every answer whose home is remembered:
+        # replica sync shares it (`extproc.events.sources`)
+        self.on_response_stored: Callable[[str, str, Worker, str, str], None] | None = None
         self._pools = build_pools(config, clock=clock, rng=self._rng)
         # aliases and LoRA adapters, configured and listed by the workers: what requests resolve with
         self._names = ModelNames(self._pools, other_names(config.models))
@@ -526,10 +529,20 @@ class EndpointPicker:
 
     def response_stored(self, pick: Pick, response_id: str) -> None:
         """A Responses API answer of `pick`'s worker carries `response_id`: what names it later goes there."""
+        group = pick.group or ""
         if pick.responses_api and self.response_homes.remember(
-            response_id, pick.model, pick.worker, pick.endpoint, pick.group or "", self._clock()
+            response_id, pick.model, pick.worker, pick.endpoint, group, self._clock()
         ):
             log.debug("response %s is stored on %s (%s)", loggable(response_id), pick.worker, pick.endpoint)
+            if self.on_response_stored is not None:
+                self.on_response_stored(response_id, pick.model, pick.worker, pick.endpoint, group)
+
+    def remember_response_home(
+        self, response_id: str, model: str, worker: Worker, endpoint: str, group: str
+    ) -> bool:
+        """Another replica's answer `response_id` is stored on `worker` (replica sync): remember it here
+        too. False when the id is unusable (empty or too long)."""
+        return self.response_homes.remember(response_id, model, worker, endpoint, group, self._clock())
 
     def answered(self, pick: Pick, status: int) -> None:
         """The worker's response status arrived: count it, feed outlier ejection with it, and pin the

@@ -1,0 +1,142 @@
+"""The Responses API behind two picker replicas: follow-ups and retrievals reach the worker that stored
+the answer whichever replica Envoy gives their ext_proc stream.
+
+Workers keep each stored answer in their own memory, as vLLM does with
+`VLLM_ENABLE_RESPONSES_API_STORE=1` (three mock workers whose `/v1/responses` answers as vLLM 0.33.0
+does); a follow-up (`previous_response_id`) or a retrieval that reaches another worker gets a 404.
+Two `python -m extproc serve --router-replica-sync` processes share a real nats-server; a real Envoy
+spreads the ext_proc streams over them (round robin); the real `openai` client talks to Envoy.
+Before replica sync shared the answers' workers, a replica sent the follow-ups of conversations that
+began on the other one to a worker chosen on load: most of them met 404s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+import pytest_asyncio
+
+from extproc.devstack.envoy_config import PickerHealth
+from extproc.devstack.procs import ManagedProcess, NatsServer, reserve_port, start_nats_server
+from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
+
+from ..replica_helpers import until
+from .harness import EnvoyUnderTest, start_envoy_over_replicas
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+REPLICAS = 2
+CONVERSATIONS = 6
+FOLLOW_UPS = 3
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("responses-replicas-e2e")
+
+
+@pytest.fixture(scope="module")
+def nats(log_dir: Path) -> Iterator[NatsServer]:
+    with reserve_port() as port:
+        server = start_nats_server(port.port, store_dir=log_dir / "jetstream")
+        try:
+            yield server
+        finally:
+            server.stop(grace_s=2.0)
+
+
+@pytest.fixture(scope="module")
+def workers(log_dir: Path) -> Iterator[list[WorkerProcess]]:
+    started = start_workers(3, log_dir, speedup=20.0, kv_events=False)
+    yield started
+    for w in started:
+        w.process.stop()
+
+
+@pytest.fixture(scope="module")
+def replicas(workers: list[WorkerProcess], nats: NatsServer, log_dir: Path) -> Iterator[list[ManagedProcess]]:
+    config = log_dir / "picker.yaml"
+    listed = [{"id": w.worker_id, "endpoint": w.endpoint, "model": MODEL} for w in workers]
+    config.write_text(json.dumps({"workers": listed}))
+    started: list[ManagedProcess] = []
+    try:
+        for index in range(REPLICAS):
+            ports = log_dir / f"replica-{index}.ports.json"
+            argv = [
+                sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
+                "--port", "0", "--health-port", "0", "--admin-port", "0", "--ports-file", str(ports),
+                "--nats-url", nats.url, "--router-replica-sync", "--router-id", f"r{index}",
+                "--replica-sync-heartbeat-secs", "0.2", "--replica-sync-lease-secs", "2",
+            ]  # fmt: skip
+            started.append(ManagedProcess(argv, log_path=log_dir / f"replica-{index}.log", ports_file=ports))
+            started[-1].start()
+        for replica in started:
+            replica.ports(30.0)
+        yield started
+    finally:
+        for replica in started:
+            replica.stop()
+
+
+@pytest.fixture(scope="module")
+def envoy(replicas: list[ManagedProcess], log_dir: Path) -> Iterator[EnvoyUnderTest]:
+    started = start_envoy_over_replicas(replicas, PickerHealth(), log_dir)
+    yield started
+    started.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(envoy: EnvoyUnderTest) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(
+        base_url=f"{envoy.url}/v1", api_key="unused", max_retries=0, timeout=30
+    ) as started:
+        yield started
+
+
+async def counters(http: aiohttp.ClientSession, replica: ManagedProcess) -> dict[str, int]:
+    async with http.get(f"http://127.0.0.1:{replica.ports()['admin_port']}/debug/workers") as r:
+        return (await r.json())["kv_event_counters"]
+
+
+async def test_follow_ups_through_either_replica_reach_the_worker_that_stored_the_answer(
+    client: openai.AsyncOpenAI, replicas: list[ManagedProcess]
+):
+    async with aiohttp.ClientSession() as http:
+        # each replica has heard the other's heartbeats (they say it keeps homes) before any answer
+        await until(
+            lambda: _all_applied(http, replicas, 3), 15.0, "the replicas hear each other's heartbeats"
+        )
+
+        async def conversation(i: int) -> list[str]:
+            answer = await client.responses.create(
+                model=MODEL, instructions="Be brief.", input=f"conversation {i}: tell me about caches",
+                max_output_tokens=4,
+            )  # fmt: skip
+            ids = [answer.id]
+            for turn in range(FOLLOW_UPS):  # each a 404 on any other worker
+                answer = await client.responses.create(
+                    model=MODEL, input=f"and then? ({turn})", previous_response_id=ids[-1],
+                    max_output_tokens=4,
+                )  # fmt: skip
+                ids.append(answer.id)
+            for rid in ids:
+                assert (await client.responses.retrieve(rid)).id == rid
+            return ids
+
+        chains = await asyncio.gather(*(conversation(i) for i in range(CONVERSATIONS)))
+        assert all(len(ids) == FOLLOW_UPS + 1 for ids in chains)
+        shared = [(await counters(http, r)).get("sync.homes", 0) for r in replicas]
+    # both replicas routed answers and learned the other's: without it most follow-ups met 404s
+    assert all(n > 0 for n in shared), shared
+
+
+async def _all_applied(http: aiohttp.ClientSession, replicas: list[ManagedProcess], at_least: int) -> bool:
+    applied = [(await counters(http, r)).get("sync.applied", 0) for r in replicas]
+    return all(n >= at_least for n in applied)
