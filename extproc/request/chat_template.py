@@ -3,8 +3,9 @@
 Mirrors two upstream steps as vLLM 0.33 runs them (with transformers 5.20), because the router's tokens must
 equal the engine's; `tests/request/test_tokenizer_conformance.py` checks the result on real tokenizers:
 - vLLM's message preparation (`vllm/renderers/chat_utils/chat_message.py`, `vllm/renderers/hf.py`): content
-  parts become one "\\n"-joined string, or a list of `{"type": "text"|"image"|...}` items when the template
-  loops over `message['content']` (the "openai" content format, detected from the template AST as vLLM does);
+  parts become one "\\n"-joined string, or a list of `{"type": "text"|"image"|...}` items (keeping a part's
+  undeclared keys) when the template loops over a message's content (the "openai" content format, detected
+  from the template AST as vLLM does: through `{% set %}` and namespace aliases, macros handed the content);
   only role, content, name, tool_calls (arguments parsed to an object), tool_call_id and reasoning (or the
   older reasoning_content) are kept; a system text's leading Claude Code billing-header line is dropped;
   templates without a developer role get developer messages as system ones; tools are dumped as vLLM's
@@ -15,9 +16,10 @@ equal the engine's; `tests/request/test_tokenizer_conformance.py` checks the res
   template variables; `continue_final_message` cutting the prompt where its tag for the final text lands.
 
 Known gap (use the engine's /tokenize backend when it matters): multimodal placeholders are model-specific
-and dropped in the "string" format. transformers 5.21+ also drops null-valued message keys and copies the
-reasoning to a `thinking` key; this follows 5.20, as vLLM 0.33 pins `transformers<5.21` (on the goldens the
-two agree).
+and dropped in the "string" format; in the "openai" one the template's marker (Gemma 3's `<start_of_image>`)
+is rendered, but not the image tokens the engine's processor expands it to. transformers 5.21+ also drops
+null-valued message keys and copies the reasoning to a `thinking` key; this follows 5.20, as vLLM 0.33 pins
+`transformers<5.21` (on the goldens the two agree).
 """
 
 from __future__ import annotations
@@ -54,6 +56,22 @@ _MEDIA_TYPES = {
     "audio_embeds": "audio",
     "video_url": "video",
 }
+# The fields vLLM 0.33 takes an untyped part's type from, in its order (`parse_chat_message_content_mm_part`);
+# it reads a part with a `uuid` this way too, whatever its type. `input_image` is not among them.
+_UNTYPED_PART_FIELDS = (
+    "image_url", "image_pil", "image_embeds", "audio_embeds", "audio_url", "input_audio", "video_url",
+    "tool_reference",
+)  # fmt: skip
+# vLLM 0.33's `_KNOWN_CONTENT_PART_FIELDS` (`renderers/chat_utils/chat_message.py`): the keys of its
+# content-part types. In the "openai" format a text or media item keeps a part's other keys (`cache_control`,
+# `signature`, ...), which a template that dumps its items shows.
+_KNOWN_PART_FIELDS = frozenset(
+    {
+        "audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil", "image_url",
+        "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text", "thinking", "type", "uuid",
+        "video_embeds", "video_url",
+    }
+)  # fmt: skip
 _BILLING_HEADER = "x-anthropic-billing-header"
 # roles whose {"role", "content": str} message the conversation keeps as it is (a system message's text
 # may lose a billing header; a developer message gains `tools`)
@@ -262,8 +280,8 @@ def _part(part: Any, content_format: ContentFormat) -> Any:
     part_type = part.get("type")
     if part_type is not None and not isinstance(part_type, str):
         raise TokenizerUnavailable(f"content part type must be a string, not {type(part_type).__name__}")
-    if part_type is None:  # vLLM accepts untyped parts that carry a media field
-        part_type = next((key for key in _MEDIA_TYPES if key in part), None)
+    if part_type is None or part.get("uuid") is not None:  # vLLM reads these parts by their fields
+        part_type = next((key for key in _UNTYPED_PART_FIELDS if key in part), None)
     if part_type in _TEXT_KEYS:
         text = part.get(_TEXT_KEYS[part_type])
         if text is None:
@@ -272,12 +290,17 @@ def _part(part: Any, content_format: ContentFormat) -> Any:
             raise TokenizerUnavailable(
                 f"content part {part_type!r} needs a string, not {type(text).__name__}"
             )
-        return {"type": "text", "text": text} if wrap else text
+        return {"type": "text", "text": text, **_extra_fields(part)} if wrap else text
     if part_type in _MEDIA_TYPES:
-        return {"type": _MEDIA_TYPES[part_type]} if wrap else None
+        return {"type": _MEDIA_TYPES[part_type], **_extra_fields(part)} if wrap else None
     if part_type == "tool_reference":
         return {"type": "tool_reference", "name": part.get("name")} if wrap else part.get("name")
     raise TokenizerUnavailable(f"unsupported chat content part type {part_type!r}")
+
+
+def _extra_fields(part: Mapping[str, Any]) -> dict[str, Any]:
+    """A part's keys that are no field of vLLM's content-part types (its `_collect_extra_fields`)."""
+    return {key: value for key, value in part.items() if key not in _KNOWN_PART_FIELDS}
 
 
 def _tool_calls(tool_calls: Any) -> list[dict[str, Any]]:
@@ -375,57 +398,168 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-# Content-format detection, after vLLM's `_detect_content_format`: the template uses the "openai" format
-# when it loops over `message['content']` (or `.content`) of a loop variable drawn from `messages`.
+# Content-format detection, after vLLM 0.33's `_detect_content_format` (`vllm/renderers/hf.py`): the template
+# gets the "openai" format when it loops over the content of a message (a loop variable drawn from `messages`
+# or an alias of it), over a macro parameter that some call passes such a content, or over a variable named
+# `content` outside any macro. Aliases are `{% set %}` variables and namespace attributes
+# (`namespace(rest=messages)`, `{% set ns.rest = messages %}`), which vLLM names "ns.rest".
 class _Undetectable(Exception):
-    """A construct vLLM's detector gives up on; it then falls back to "string"."""
+    """A construct vLLM's detector gives up on (an assertion fails there); it then falls back to "string"."""
 
 
 def _detect_content_format(ast: jinja2.nodes.Template) -> ContentFormat:
     try:
-        message_names = [name for _, name in _loops_over(ast, list(_aliases(ast, "messages")), None)]
-        next(_loops_over(ast, message_names, "content"))
+        next(_content_loops(ast))
     except (StopIteration, _Undetectable):
         return "string"
     return "openai"
 
 
-def _accesses(node: jinja2.nodes.Node, name: str, key: str | None) -> bool:
+def _is_var(node: jinja2.nodes.Node, name: str) -> bool:
+    """vLLM's `_is_var_access`: a load of `name`, or of the dotted namespace attribute it names."""
+    if isinstance(node, jinja2.nodes.Name):
+        return node.ctx == "load" and node.name == name
+    if isinstance(node, jinja2.nodes.Getattr) and "." in name:
+        base, _, attr = name.rpartition(".")
+        return node.attr == attr and _is_var(node.node, base)
+    return False
+
+
+def _is_key_of(node: jinja2.nodes.Node, name: str, key: str) -> bool:
+    """vLLM's `_is_attr_access`: `name[key]` with a constant key, or `name.key`."""
+    if isinstance(node, jinja2.nodes.Getitem):
+        is_key = isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key
+        return is_key and _is_var(node.node, name)
+    return isinstance(node, jinja2.nodes.Getattr) and node.attr == key and _is_var(node.node, name)
+
+
+def _accesses(node: jinja2.nodes.Node, name: str, key: str | None = None) -> bool:
+    """vLLM's `_is_var_or_elems_access`: `name` (or its `key`), through filters, tests and slices."""
     if isinstance(node, jinja2.nodes.Filter | jinja2.nodes.Test):
         return node.node is not None and _accesses(node.node, name, key)
     if isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice):
         return _accesses(node.node, name, key)
-    if key is None:
-        return _is_name(node, name)
-    if isinstance(node, jinja2.nodes.Getitem):
-        is_key = isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key
-        return is_key and _is_name(node.node, name)
-    return isinstance(node, jinja2.nodes.Getattr) and _is_name(node.node, name) and node.attr == key
+    return _is_key_of(node, name, key) if key else _is_var(node, name)
 
 
-def _is_name(node: jinja2.nodes.Node, name: str) -> bool:
-    return isinstance(node, jinja2.nodes.Name) and node.ctx == "load" and node.name == name
+def _dotted_name(node: jinja2.nodes.Node) -> str | None:
+    """vLLM's `_attr_dotted_name`: an attribute assignment target (`ns.rest`) as "ns.rest"."""
+    if isinstance(node, jinja2.nodes.NSRef):
+        return f"{node.name}.{node.attr}"
+    attrs = []
+    while isinstance(node, jinja2.nodes.Getattr):
+        attrs.append(node.attr)
+        node = node.node
+    if isinstance(node, jinja2.nodes.Name):
+        return ".".join([node.name, *reversed(attrs)])
+    return None
 
 
-def _aliases(ast: jinja2.nodes.Template, name: str) -> Iterator[str]:
-    """`name` and every variable `{% set %}` from it (transitively, through filters and slices)."""
-    yield name
-    pending, seen = [name], {name}
+def _assigned_aliases(assign: jinja2.nodes.Assign, name: str) -> list[str]:
+    """The names one `{% set %}` makes aliases of `name`: its plain target, or namespace attributes."""
+    target, value = assign.target, assign.node
+    aliases = []
+    if isinstance(target, jinja2.nodes.Name) and _accesses(value, name):
+        aliases.append(target.name)
+    if (
+        isinstance(target, jinja2.nodes.Name)
+        and isinstance(value, jinja2.nodes.Call)
+        and isinstance(value.node, jinja2.nodes.Name)
+        and value.node.name == "namespace"
+    ):
+        aliases += [f"{target.name}.{kwarg.key}" for kwarg in value.kwargs if _accesses(kwarg.value, name)]
+    elif isinstance(target, jinja2.nodes.Getattr | jinja2.nodes.NSRef) and _accesses(value, name):
+        dotted = _dotted_name(target)
+        aliases += [dotted] if dotted is not None else []
+    return aliases  # other targets (tuples) are no aliases
+
+
+def _aliases(ast: jinja2.nodes.Template, name: str) -> list[str]:
+    """`name` and every alias of it, transitively (vLLM's `_iter_nodes_assign_var_or_elems`)."""
+    found, pending, seen = [name], [name], {name}
     while pending:
         current = pending.pop(0)
         for assign in ast.find_all(jinja2.nodes.Assign):
-            if _accesses(assign.node, current, None):
-                if not isinstance(assign.target, jinja2.nodes.Name):
-                    raise _Undetectable
-                yield assign.target.name
-                if assign.target.name not in seen:
-                    seen.add(assign.target.name)
-                    pending.append(assign.target.name)
+            for alias in _assigned_aliases(assign, current):
+                if alias not in seen:
+                    seen.add(alias)
+                    found.append(alias)
+                    pending.append(alias)
+    return found
 
 
-def _loops_over(ast: jinja2.nodes.Template, names: list[str], key: str | None) -> Iterator[tuple[Any, str]]:
+def _loop_target(loop: jinja2.nodes.For) -> str:
+    if not isinstance(loop.target, jinja2.nodes.Name):  # `for a, b in ...`: vLLM's assertion fails
+        raise _Undetectable
+    return loop.target.name
+
+
+def _message_names(ast: jinja2.nodes.Template) -> list[str]:
+    """Loop variables drawn from `messages` or an alias of it (vLLM's `_iter_nodes_assign_messages_item`)."""
+    names = _aliases(ast, "messages")
+    return [
+        _loop_target(loop)
+        for loop in ast.find_all(jinja2.nodes.For)
+        if any(_accesses(loop.iter, name) for name in names)
+    ]
+
+
+def _content_loops(ast: jinja2.nodes.Template) -> Iterator[str]:
+    """The loop variables of loops over message content, in template order
+    (vLLM's `_iter_nodes_assign_content_item`)."""
+    message_names = _message_names(ast)
+    params_by_loop, loops_in_macros = _macro_content_params(ast, message_names)
     for loop in ast.find_all(jinja2.nodes.For):
-        if any(_accesses(loop.iter, name, key) for name in names):
-            if not isinstance(loop.target, jinja2.nodes.Name):
-                raise _Undetectable
-            yield loop, loop.target.name
+        if _over_content(loop, message_names, params_by_loop.get(id(loop)), id(loop) in loops_in_macros):
+            yield _loop_target(loop)
+
+
+def _over_content(
+    loop: jinja2.nodes.For, message_names: list[str], macro_params: set[str] | None, in_macro: bool
+) -> bool:
+    """Whether `loop` iterates over a message's content, a macro parameter given one, or a bare `content`
+    outside macros."""
+    iterable = loop.iter
+    if any(_accesses(iterable, name, "content") for name in message_names):
+        return True
+    if not isinstance(iterable, jinja2.nodes.Name):
+        return False
+    if macro_params is not None and iterable.name in macro_params:
+        return True
+    return not in_macro and iterable.name == "content"
+
+
+def _macro_content_params(
+    ast: jinja2.nodes.Template, message_names: list[str]
+) -> tuple[dict[int, set[str]], set[int]]:
+    """Per loop inside a macro (by node id), the macro's parameters that some call passes a message's
+    content; and the ids of every loop inside a macro. A loop in nested macros takes the innermost macro's
+    parameters when it has any, as vLLM's walk does."""
+    params_by_loop: dict[int, set[str]] = {}
+    loops_in_macros: set[int] = set()
+    for macro in ast.find_all(jinja2.nodes.Macro):
+        params = _content_params(ast, macro, message_names)
+        for loop in macro.find_all(jinja2.nodes.For):
+            loops_in_macros.add(id(loop))
+            if params:
+                params_by_loop[id(loop)] = params
+    return params_by_loop, loops_in_macros
+
+
+def _content_params(
+    ast: jinja2.nodes.Template, macro: jinja2.nodes.Macro, message_names: list[str]
+) -> set[str]:
+    """The parameters of `macro` that a call passes `message.content` (positionally or by keyword)."""
+    names = [arg.name for arg in macro.args]
+    params = set()
+    for call in ast.find_all(jinja2.nodes.Call):
+        if not (isinstance(call.node, jinja2.nodes.Name) and call.node.name == macro.name):
+            continue
+        passed = [(names[i], arg) for i, arg in enumerate(call.args[: len(names)])]
+        passed += [(kwarg.key, kwarg.value) for kwarg in call.kwargs if kwarg.key in names]
+        params |= {
+            param
+            for param, value in passed
+            if any(_accesses(value, name, "content") for name in message_names)
+        }
+    return params

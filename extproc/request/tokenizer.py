@@ -115,10 +115,16 @@ class HfTokenizer:
     `additional_chat_templates/*.jinja` replace `tokenizer_config.json`'s `chat_template` (a string, or a list
     of {name, template}), which wins over `chat_template.json`; "tool_use" is chosen when the request has
     tools, else "default". Not reproduced: transformers 5's model-specific classes (`tokenizer_class`) that
-    rebuild the normalizer and pre-tokenizer from the vocabulary instead of reading them from tokenizer.json;
-    Qwen2Tokenizer's rebuild encodes as tokenizer.json does (tests/request/test_tokenizer_conformance.py),
-    other families may not. Beside a tokenizer.json, transformers 5 ignores the config's `add_bos_token` and
-    `add_eos_token`, as this does.
+    rebuild the normalizer and pre-tokenizer from the vocabulary instead of reading them from tokenizer.json.
+    Those of Qwen2.5 and Qwen3 (Qwen2Tokenizer) and Gemma 3 (GemmaTokenizer) encode as tokenizer.json does,
+    and Llama 3.x, Mistral Nemo and DeepSeek-V3 load as saved (tests/request/test_tokenizer_conformance.py);
+    DeepSeek-V3 only because its config.json's model_type is one transformers exempts: a `LlamaTokenizerFast`
+    whose directory's config.json names another model_type (a DeepSeek-R1-Distill-Llama, "llama") gets a
+    Metaspace pre-tokenizer in place of its ByteLevel one, in vLLM too, and this does not follow it. Models
+    vLLM serves through mistral_common (a Mistral directory with consolidated weights and tekken.json, or
+    `--tokenizer-mode mistral`) are not rendered by a Jinja template at all. For both, use the engine's
+    `/tokenize` (`tokenize-url`). Beside a tokenizer.json, transformers 5 ignores the config's
+    `add_bos_token` and `add_eos_token`, as this does.
 
     Chat prompts are encoded piecewise (`piecewise.py`): the text between added tokens is encoded once and
     its ids kept in a cache of `piece_cache_bytes` (0: none), so a conversation's earlier turns cost a

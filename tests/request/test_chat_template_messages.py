@@ -41,7 +41,8 @@ def test_a_bare_string_part_stays_text_in_the_string_format():
     "part, item",
     [
         ({"image_url": {"url": "u"}}, {"type": "image"}),
-        ({"input_image": "u"}, {"type": "image"}),
+        ({"image_embeds": "e"}, {"type": "image"}),
+        ({"type": "image_url", "image_url": {"url": "u"}, "uuid": "id"}, {"type": "image"}),
         ({"audio_url": {"url": "u"}}, {"type": "audio"}),
         ({"video_url": {"url": "u"}}, {"type": "video"}),
     ],
@@ -51,7 +52,16 @@ def test_an_untyped_part_takes_its_type_from_its_media_field(part: dict[str, Any
     assert _user([part, "t"], "string") == "t"  # media placeholders are dropped in the string format
 
 
-@pytest.mark.parametrize("part", [{"foo": 1}, {}, {"type": None, "text": "t"}])
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"foo": 1},
+        {},
+        {"type": None, "text": "t"},
+        {"input_image": "u"},  # a field vLLM reads only under its type
+        {"type": "text", "text": "t", "uuid": "id"},  # a uuid makes vLLM look for a media field
+    ],
+)
 def test_an_untyped_part_without_a_media_field_is_rejected(part: dict[str, Any]):
     for content_format in ("openai", "string"):
         with pytest.raises(TokenizerUnavailable, match="unsupported chat content part type None"):
@@ -62,6 +72,43 @@ def test_an_untyped_part_without_a_media_field_is_rejected(part: dict[str, Any])
 def test_a_part_type_that_is_not_a_string_is_rejected(part_type: Any):
     with pytest.raises(TokenizerUnavailable, match="content part type must be a string"):
         _user([{"type": part_type, "text": "t"}], "openai")
+
+
+# vLLM 0.33's `_collect_extra_fields`: an "openai"-format item keeps the part's keys that no content-part type
+# declares (Anthropic's `cache_control`, a thinking block's `signature`); declared ones (`name`, `uuid`) go.
+@pytest.mark.parametrize(
+    "part, item",
+    [
+        (
+            {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+        ),
+        (
+            {"type": "thinking", "thinking": "t", "signature": "s"},
+            {"type": "text", "text": "t", "signature": "s"},
+        ),
+        ({"type": "refusal", "refusal": "r", "extra": 1}, {"type": "text", "text": "r", "extra": 1}),
+        ({"type": "text", "text": "a", "name": "n", "uuid": None}, {"type": "text", "text": "a"}),
+        (
+            {"type": "image_url", "image_url": {"url": "u"}, "detail": "low"},
+            {"type": "image", "detail": "low"},
+        ),
+    ],
+)
+def test_an_openai_format_item_keeps_the_parts_undeclared_keys(part: dict[str, Any], item: dict[str, Any]):
+    assert _user([part], "openai") == [item]
+
+
+def test_undeclared_part_keys_reach_a_template_that_dumps_the_content():
+    source = "{% for m in messages %}{% for c in m.content %}{{ c | tojson }}{% endfor %}{% endfor %}"
+    part = {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}
+    rendered = ChatTemplate(source).render([{"role": "user", "content": [part]}], add_generation_prompt=False)
+    assert rendered == '{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}'
+
+
+def test_undeclared_part_keys_do_not_change_the_string_format():
+    part = {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}
+    assert _user([part, "b"], "string") == "a\nb"
 
 
 def test_a_tool_reference_part_is_a_typed_item_in_the_openai_format():

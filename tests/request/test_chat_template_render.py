@@ -176,6 +176,95 @@ def test_content_format_detection_follows_vllms_ast_walk(source: str, expected: 
     assert ChatTemplate(source).content_format == expected
 
 
+# vLLM 0.33 also follows namespace aliases, macros handed a message's content and a bare `content` loop
+# (`vllm/renderers/hf.py` `_iter_nodes_assign_var_or_elems`, `_iter_nodes_assign_content_item`).
+LOOP_CONTENT = "{% for m in ns.rest %}{% for c in m.content %}{% endfor %}{% endfor %}"
+RENDER_MACRO = (
+    "{% macro render(parts, prefix='') %}{% for p in parts %}{{ p.text }}{% endfor %}{% endmacro %}"
+)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{% set ns = namespace(rest=messages) %}" + LOOP_CONTENT,
+        "{% set ns = namespace(rest=messages[1:], other=1) %}" + LOOP_CONTENT,
+        "{% set ns = namespace(rest=[]) %}{% set ns.rest = messages %}" + LOOP_CONTENT,
+        "{% set a = messages | list %}{% set ns = namespace(rest=a) %}" + LOOP_CONTENT,
+        "{% set ns = namespace(x=messages) %}{% set b = ns.x %}"
+        "{% for m in b %}{% for c in m['content'] %}{% endfor %}{% endfor %}",
+    ],
+)
+def test_a_namespace_attribute_set_from_messages_is_a_messages_alias(source: str):
+    assert ChatTemplate(source).content_format == "openai"
+
+
+def test_a_namespace_attribute_set_from_something_else_is_not():
+    source = "{% set ns = namespace(rest=tools) %}{% set ns.other = messages %}" + LOOP_CONTENT
+    assert ChatTemplate(source).content_format == "string"
+
+
+def test_an_assignment_to_a_tuple_is_no_alias_and_no_reason_to_give_up():
+    source = (
+        "{% set first, second = messages %}"
+        "{% for m in messages %}{% for c in m.content %}{% endfor %}{% endfor %}"
+    )
+    assert ChatTemplate(source).content_format == "openai"
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["render(m.content)", "render(m['content'] | list)", "render(prefix='x', parts=m.content)"],
+)
+def test_a_macro_looping_over_a_parameter_given_message_content_means_openai(call: str):
+    source = RENDER_MACRO + "{% for m in messages %}{{ " + call + " }}{% endfor %}"
+    assert ChatTemplate(source).content_format == "openai"
+
+
+@pytest.mark.parametrize(
+    "macros, call",
+    [
+        (RENDER_MACRO, "render(m.role)"),  # another key of the message
+        (RENDER_MACRO, "render(tools)"),
+        (RENDER_MACRO, "render(other.content)"),  # the content of something that is no message
+        (RENDER_MACRO, "render(m.role, content=m.content)"),  # a keyword that names no parameter
+        ("{% macro other(parts) %}{{ parts }}{% endmacro %}", "other(m.content)"),  # no loop in the macro
+    ],
+)
+def test_a_macro_loop_over_anything_else_means_string(macros: str, call: str):
+    source = macros + "{% for m in messages %}{{ " + call + " }}{% endfor %}"
+    assert ChatTemplate(source).content_format == "string"
+
+
+def test_a_loop_over_a_variable_named_content_means_openai_outside_macros_only():
+    outside = (
+        "{% for m in messages %}{% set content = m.content %}{% for c in content %}{% endfor %}{% endfor %}"
+    )
+    inside = "{% macro f(content) %}{% for c in content %}{% endfor %}{% endmacro %}{{ f(tools) }}"
+    assert ChatTemplate(outside).content_format == "openai"
+    assert ChatTemplate(inside).content_format == "string"
+
+
+def test_the_first_content_loop_decides_when_its_target_is_a_tuple():
+    tuple_first = (
+        "{% for m in messages %}{% for k, v in m.content %}{% endfor %}{% for c in m.content %}{% endfor %}"
+    )
+    name_first = (
+        "{% for m in messages %}{% for c in m.content %}{% endfor %}{% for k, v in m.content %}{% endfor %}"
+    )
+    assert ChatTemplate(tuple_first + "{% endfor %}").content_format == "string"  # vLLM's assertion fails
+    assert ChatTemplate(name_first + "{% endfor %}").content_format == "openai"
+
+
+def test_a_macro_handed_message_content_renders_its_parts():
+    source = (
+        RENDER_MACRO
+        + "{% set ns = namespace(rest=messages) %}{% for m in ns.rest %}{{ render(m.content) }}{% endfor %}"
+    )
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, "b"]}]
+    assert ChatTemplate(source).render(messages, add_generation_prompt=False) == "ab"
+
+
 @pytest.mark.timeout(10)
 def test_content_format_detection_terminates_on_aliases_set_from_each_other():
     source = (
