@@ -236,7 +236,7 @@ MODULES: dict[str, list[str]] = {
             "_held_socket"
         ),
         "tests/nats/test_replica_sync_disagg.py",
-        "tests/nats/test_replica_sync_homes.py",
+        "tests/nats/test_replica_sync_routes.py",
     ],
     # replica sync's messages on the wire: formats, the digest, checks of values read
     "events/replica_wire.py": [
@@ -245,7 +245,7 @@ MODULES: dict[str, list[str]] = {
         "tests/nats/test_replica_sync_edges.py",
         "tests/fuzz/test_replica_sync_fuzz.py",
         "tests/nats/test_replica_sync_disagg.py",
-        "tests/nats/test_replica_sync_homes.py",
+        "tests/nats/test_replica_sync_routes.py",
     ],
 }
 

@@ -56,7 +56,8 @@ PAIRS = [
     Pair("extproc.runtime.discovery:WorkerSetTarget", "extproc.picker.pipeline:EndpointPicker"),
     Pair("extproc.runtime.engine_metrics:WorkerPools", "extproc.picker.pipeline:EndpointPicker"),
     Pair("extproc.runtime.lora_discovery:NameTarget", "extproc.picker.pipeline:EndpointPicker"),
-    Pair("extproc.events.replica_sync:ResponseHomeSink", "extproc.picker.pipeline:EndpointPicker"),
+    Pair("extproc.events.replica_sync:RouteSink", "extproc.picker.pipeline:EndpointPicker"),
+    Pair("extproc.picker.pipeline:RouteShare", "extproc.events.sources:_RouteShare"),
     # request/
     Pair("extproc.request.tokenizer:Tokenizer", "extproc.request.tokenizer:ByteTokenizer"),
     Pair("extproc.request.tokenizer:Tokenizer", "extproc.request.tokenizer:HfTokenizer"),
@@ -124,15 +125,15 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
     from extproc.events.durable import TreeSource
     from extproc.events.feed import RouterFeed
     from extproc.events.nats_events import NatsEventPublisher
-    from extproc.events.replica_sync import ResponseHomeSink, SyncedRouter
+    from extproc.events.replica_sync import RouteSink, SyncedRouter
     from extproc.events.sink import EventSink
-    from extproc.events.sources import WorkerSetFollower, _AllRouters, _SyncListener
+    from extproc.events.sources import WorkerSetFollower, _AllRouters, _RouteShare, _SyncListener
     from extproc.events.zmq_publisher import VllmEventListener
     from extproc.groups.remote import RemoteGroup
     from extproc.groups.servicer import ServedGroup
     from extproc.groups.types import RouterGroup
     from extproc.picker.local_group import LocalGroup, RouteListener
-    from extproc.picker.pipeline import EndpointPicker, WorkerSetListener
+    from extproc.picker.pipeline import EndpointPicker, RouteShare, WorkerSetListener
     from extproc.request.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
     from extproc.router import KvRouter
     from extproc.runtime.discovery import WorkerSetTarget
@@ -166,6 +167,7 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         local_group: LocalGroup,
         remote_group: RemoteGroup,
         mock_worker: MockWorker,
+        route_share_impl: _RouteShare,
     ) -> None:
         targets: list[WorkerSetTarget] = [endpoint_picker]
         tokenizers: list[Tokenizer] = [byte_tokenizer, hf_tokenizer]
@@ -186,13 +188,14 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         output_tracker: OutputTracker = endpoint_picker
         worker_pools: WorkerPools = endpoint_picker
         name_target: NameTarget = endpoint_picker
-        home_sink: ResponseHomeSink = endpoint_picker
+        route_sink: RouteSink = endpoint_picker
+        route_share: RouteShare = route_share_impl
         served: ServedGroup = local_group
         groups: list[RouterGroup] = [local_group, remote_group]
         del targets, tokenizers, listeners, replay_routers, worker_tokenizers, clock, publishers, sink
         del offload_listeners
         del trees, synced, worker_set_listener, route_listener, picker, served, groups, output_tracker
-        del worker_pools, name_target, responses_driver, handler_worker, home_sink
+        del worker_pools, name_target, responses_driver, handler_worker, route_sink, route_share
 
 
 # --- the structural check --------------------------------------------------------------------------

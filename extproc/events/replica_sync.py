@@ -94,20 +94,25 @@ from extproc.events.replica_wire import (
     OP_FREE,
     OP_HOME,
     OP_NAMES,
+    OP_PIN,
     OP_PREFILL,
+    OP_UNPIN,
     V1,
     V3,
     VERSION,
     InFlight,
     Record,
     SharedHome,
+    SharedPin,
+    SharedRoute,
+    SharedUnpin,
     add_record,
     batch_op,
     batch_op_from_wire,
-    home_from_wire,
-    home_message,
-    home_op,
     is_int,
+    route_from_message,
+    route_message,
+    route_op,
     single_message,
     wire_hashes,
     wire_int,
@@ -157,12 +162,17 @@ class SyncedRouter(Protocol):
     def free(self, request_id: str) -> bool: ...
 
 
-class ResponseHomeSink(Protocol):
-    """Where the homes other replicas share land (`EndpointPicker.remember_response_home`)."""
+class RouteSink(Protocol):
+    """Where the routes other replicas share land (`EndpointPicker`): Responses API answers' workers
+    and sticky sessions' pins."""
 
     def remember_response_home(
         self, response_id: str, model: str, worker: Worker, endpoint: str, group: str
     ) -> bool: ...
+
+    def remember_session_pin(self, session_id: str, model: str, worker: Worker, group: str) -> bool: ...
+
+    def forget_session_pin(self, session_id: str, model: str) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -180,7 +190,7 @@ class _Origin:
     parts_next: int = 0
     parts_total: int = 0
     batch: bool = False  # its last heartbeat said it reads batches
-    homes: bool = False  # its last heartbeat said it keeps the homes of Responses API answers
+    routes: bool = False  # its last heartbeat said it keeps the routes others share
 
 
 class ReplicaSync:
@@ -206,7 +216,7 @@ class ReplicaSync:
         clock: Callable[[], float] = time.monotonic,
         boot: int | None = None,
         batch_s: float = DEFAULT_BATCH_S,
-        homes: ResponseHomeSink | None = None,
+        routes: RouteSink | None = None,
     ) -> None:
         if not router_id:
             raise ValueError("router_id must not be empty (replicas tell their messages apart by it)")
@@ -224,7 +234,7 @@ class ReplicaSync:
         self.heartbeat_s = heartbeat_s
         self.lease_s = lease_s
         self.batch_s = batch_s  # 0: every lifecycle message on its own
-        self.homes = homes  # None: other replicas' homes are not kept (and this one says so)
+        self.routes = routes  # None: other replicas' routes are not kept (and this one says so)
         self.boot = boot if boot is not None else secrets.randbits(62)
         self.counters = counters if counters is not None else EventCounters()
         self._clock = clock
@@ -241,7 +251,7 @@ class ReplicaSync:
         self._last_dump = float("-inf")
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._batch: list[tuple[int, str, Record | SharedHome | None]] = []  # ops not sent yet
+        self._batch: list[tuple[int, str, Record | SharedRoute | None]] = []  # ops not sent yet
         self._batch_size = 0
         self._batch_due = 0.0  # (clock) when the gathered ops must go at the latest
         self._batch_timer: asyncio.Future[None] | asyncio.TimerHandle | None = None
@@ -302,19 +312,19 @@ class ReplicaSync:
         """Whether lifecycle messages go out in batches now: on, and every replica heard reads them."""
         return self.batch_s > 0 and all(entry.batch for entry in self._origins.values())
 
-    def publish_response_home(self, response_id: str, home: SharedHome) -> None:
-        """Tell the others which worker stores a Responses API answer, when every one keeps homes."""
-        if not self.shares_homes():
-            self.counters.add("sync.homes_unshared")
+    def publish_route(self, key: str, route: SharedRoute) -> None:
+        """Tell the others a route clients name (a Responses API answer's worker, a session's pin or
+        its close), when every one keeps routes."""
+        if not self.shares_routes():
+            self.counters.add("sync.routes_unshared")
             return
-        size = 40 + len(response_id) + len(home.model) + len(home.endpoint) + len(home.group)
-        self._op_out(OP_HOME, response_id, home, size)
+        self._op_out(_route_code(route), key, route, 80 + len(key) + 2 * len(route.model))
 
-    def shares_homes(self) -> bool:
-        """Whether homes go out now: some replica is known and every one said it keeps them."""
-        return bool(self._origins) and all(entry.homes for entry in self._origins.values())
+    def shares_routes(self) -> bool:
+        """Whether routes go out now: some replica is known and every one said it keeps them."""
+        return bool(self._origins) and all(entry.routes for entry in self._origins.values())
 
-    def _op_out(self, code: int, key: str, payload: Record | SharedHome | None, size: int) -> None:
+    def _op_out(self, code: int, key: str, payload: Record | SharedRoute | None, size: int) -> None:
         if not self.batching():
             self._single_out(code, key, payload)
             return
@@ -329,14 +339,14 @@ class ReplicaSync:
 
     def flush_batch(self) -> None:
         """Send the ops gathered so far: one batch, or single messages if a replica that does not read
-        batches appeared meanwhile (homes only while every replica still keeps them)."""
+        batches appeared meanwhile (routes only while every replica still keeps them)."""
         if self._batch_timer is not None:
             self._batch_timer.cancel()
             self._batch_timer = None
         ops, self._batch, self._batch_size = self._batch, [], 0
-        if not self.shares_homes() and any(op[0] == OP_HOME for op in ops):
-            kept = [op for op in ops if op[0] != OP_HOME]
-            self.counters.add("sync.homes_unshared", len(ops) - len(kept))
+        if not self.shares_routes() and any(op[0] >= OP_HOME for op in ops):
+            kept = [op for op in ops if op[0] < OP_HOME]
+            self.counters.add("sync.routes_unshared", len(ops) - len(kept))
             ops = kept
         if not ops:
             return
@@ -346,9 +356,9 @@ class ReplicaSync:
             return
         self._publish(V3, {"op": "batch", "ops": [_batch_op(*op) for op in ops]})
 
-    def _single_out(self, code: int, key: str, payload: Record | SharedHome | None) -> None:
-        if isinstance(payload, SharedHome):
-            self._publish(VERSION, home_message(key, payload))
+    def _single_out(self, code: int, key: str, payload: Record | SharedRoute | None) -> None:
+        if isinstance(payload, SharedHome | SharedPin | SharedUnpin):
+            self._publish(VERSION, route_message(key, payload))
         else:
             self._publish(V1, single_message(code, key, payload))
 
@@ -379,8 +389,8 @@ class ReplicaSync:
     def _publish_heartbeat(self) -> None:
         n, digest = self._own.summary()
         heartbeat = {"op": "hb", "n": n, "digest": digest, "lease_s": self.lease_s, "batch": 1}
-        if self.homes is not None:  # it keeps the homes others share
-            heartbeat["homes"] = 1
+        if self.routes is not None:  # it keeps the routes others share
+            heartbeat["routes"] = 1
         self._publish(VERSION, heartbeat)
 
     def _publish_state(self) -> None:
@@ -621,8 +631,8 @@ class ReplicaSync:
             decoded = [batch_op_from_wire(item) for item in ops]  # a malformed op: none applied
             for code, key, payload in decoded:
                 try:
-                    if isinstance(payload, SharedHome):
-                        self._home(key, payload)
+                    if isinstance(payload, SharedHome | SharedPin | SharedUnpin):
+                        self._route(key, payload)
                     else:
                         self._apply(origin, entry, code, key, payload)
                 except Exception as exc:  # as for a single message: this op only
@@ -639,9 +649,8 @@ class ReplicaSync:
                 self._wake.set()
         elif op == "state":
             self._state_part(origin, entry, message)
-        elif op == "home":
-            fields = ("id", "model", "worker", "dp", "endpoint", "group")
-            self._home(*home_from_wire(*(message[f] for f in fields)))
+        elif (route := route_from_message(op, message)) is not None:
+            self._route(*route)
         else:
             raise ValueError(f"unknown op {op!r:.20}")
 
@@ -677,16 +686,22 @@ class ReplicaSync:
             entry.in_flight.pop(request_id)
             self.router.free(key)
 
-    def _home(self, response_id: str, home: SharedHome) -> None:
-        """Another replica's Responses API answer: what names it goes to its worker from here too."""
-        if self.homes is None:
+    def _route(self, key: str, route: SharedRoute) -> None:
+        """Another replica's route: what names `key` goes where it said, from here too."""
+        sink = self.routes
+        if sink is None:
             return  # this replica said it keeps none: the sender knows
-        self.homes.remember_response_home(response_id, home.model, home.worker, home.endpoint, home.group)
-        self.counters.add("sync.homes")
+        if isinstance(route, SharedHome):
+            sink.remember_response_home(key, route.model, route.worker, route.endpoint, route.group)
+        elif isinstance(route, SharedPin):
+            sink.remember_session_pin(key, route.model, route.worker, route.group)
+        else:
+            sink.forget_session_pin(key, route.model)
+        self.counters.add("sync.routes")
 
     def _heartbeat(self, origin: str, entry: _Origin, message: dict[str, Any], now: float) -> None:
         entry.batch = message.get("batch") == 1
-        entry.homes = message.get("homes") == 1
+        entry.routes = message.get("routes") == 1
         lease = message.get("lease_s")
         if isinstance(lease, int | float) and not isinstance(lease, bool) and lease == lease:
             entry.lease_s = min(max(float(lease), MIN_LEASE_S), MAX_LEASE_S)
@@ -762,9 +777,17 @@ class ReplicaSync:
         return len(entry.in_flight)
 
 
-def _batch_op(code: int, key: str, payload: Record | SharedHome | None) -> list[Any]:
-    return home_op(key, payload) if isinstance(payload, SharedHome) else batch_op(code, key, payload)
+def _batch_op(code: int, key: str, payload: Record | SharedRoute | None) -> list[Any]:
+    if isinstance(payload, SharedHome | SharedPin | SharedUnpin):
+        return route_op(key, payload)
+    return batch_op(code, key, payload)
 
 
 def _op_name(code: int) -> str:
-    return "home" if code == OP_HOME else OP_NAMES[code]
+    return ("home", "pin", "unpin")[code - OP_HOME] if code >= OP_HOME else OP_NAMES[code]
+
+
+def _route_code(route: SharedRoute) -> int:
+    if isinstance(route, SharedHome):
+        return OP_HOME
+    return OP_PIN if isinstance(route, SharedPin) else OP_UNPIN

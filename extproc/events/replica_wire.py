@@ -16,19 +16,28 @@ version-1 replica drops as malformed (counted there); batches are format 3:
 
     {"v": 2, "router": str, "boot": int, "seq": int, "op": "home", "id": str, "model": str,
      "worker": int | str, "dp": int, "endpoint": str, "group": str}
+    {"v": 2, "router": str, "boot": int, "seq": int, "op": "pin", "id": str, "model": str,
+     "worker": int | str, "dp": int, "group": str}
+    {"v": 2, "router": str, "boot": int, "seq": int, "op": "unpin", "id": str, "model": str}
 
     {"v": 3, "router": str, "boot": int, "seq": int, "op": "batch", "ops": [op, ...]}
     op = [0, id, worker, dp, hashes, isl, overlap, eot | nil]   # add; hashes: bytes, u64 little
          | [1, id] | [2, id]                                    # endian each (or a list of ints)
                                                                 # prefill complete, free
          | [3, id, model, worker, dp, endpoint, group]          # home
+         | [4, id, model, worker, dp, group] | [5, id, model]   # pin, unpin
 
-A `home` says which worker stored a Responses API answer (`id` is the response id), so that a
-follow-up naming it (`previous_response_id`) or its retrieval reaches that worker through any
-replica (`extproc.picker.response_homes`). It is not a request: no digest or `state` counts it, and
-a lost one costs what the answer's worker would have been told by it. A replica sends homes only
-while every other replica it knows said `"homes": 1` in its last heartbeat (a replica that does not
-keep them, or of a version before them, would drop a batch holding one as malformed).
+Routes that clients name, shared so that any replica sends them where the first one did:
+- a `home` says which worker stored a Responses API answer (`id` is the response id), so that a
+  follow-up naming it (`previous_response_id`) or its retrieval reaches that worker
+  (`extproc.picker.response_homes`);
+- a `pin` says which worker a sticky session (`id` is the session id) is pinned to: sent when it is
+  pinned or moves, and again while it is used (at most once a quarter of the session TTL), so that
+  every replica keeps it alive; an `unpin` says the session was closed (`extproc.router.sessions`).
+They are not requests: no digest or `state` counts them, and a lost one costs what the receiver would
+have been told by it (a route on load). A replica sends them only while every other replica it knows
+said `"routes": 1` in its last heartbeat (a replica that does not keep them, or of a version before
+them, would drop a batch holding one as malformed).
 
 A request prefilled on a prefill worker (disaggregated serving) is shared as two: its decode
 request under its id, on its decode worker, prefill complete at once; and its prompt under
@@ -61,8 +70,8 @@ V1 = 1
 V3 = 3  # batches of lifecycle messages
 OP_ADD, OP_PREFILL, OP_FREE = 0, 1, 2  # op codes in a batch
 OP_NAMES = ("add", "prefill", "free")
-OP_HOME = 3  # a Responses API answer and the worker storing it (not a lifecycle op)
-MAX_HOME_TEXT = 512  # characters of a home's response id, model, endpoint or group
+OP_HOME, OP_PIN, OP_UNPIN = 3, 4, 5  # routes clients name (not lifecycle ops): see the docstring
+MAX_ROUTE_TEXT = 512  # characters of a route's id, model, endpoint or group
 MAX_HASHES = 1 << 17  # block hashes in one add: a 2M-token prompt at block size 16
 MAX_TOKENS = (1 << 32) - 1  # an add's prompt (isl) and expected output tokens (eot), as u32 token counts
 MAX_BATCH_OPS = 4096  # ops in one batch
@@ -110,6 +119,25 @@ class SharedHome:
     worker: Worker
     endpoint: str  # ip:port, where what names the answer goes
     group: str  # the router group that owns the worker
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPin:
+    """The worker a sticky session is pinned to, as replicas share it."""
+
+    model: str
+    worker: Worker
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class SharedUnpin:
+    """A sticky session closed."""
+
+    model: str
+
+
+SharedRoute = SharedHome | SharedPin | SharedUnpin
 
 
 def id_hash(request_id: str, prefilled: bool) -> int:
@@ -238,9 +266,9 @@ def batch_op(code: int, request_id: str, record: Record | None) -> list[Any]:
             record.overlap, record.eot]  # fmt: skip
 
 
-def batch_op_from_wire(item: Any) -> tuple[int, str, Record | SharedHome | None]:
-    """(code, request or response id, the add's record or the home) from a batch's op; raises
-    ValueError or TypeError."""
+def batch_op_from_wire(item: Any) -> tuple[int, str, Record | SharedRoute | None]:
+    """(code, request, response or session id, the add's record or the route) from a batch's op;
+    raises ValueError or TypeError."""
     if not isinstance(item, list) or not item:
         raise ValueError(f"batch op {item!r:.60} is not a list")
     code = item[0]
@@ -250,35 +278,66 @@ def batch_op_from_wire(item: Any) -> tuple[int, str, Record | SharedHome | None]
         return OP_ADD, wire_text(request_id, "request id"), record
     if code in (OP_PREFILL, OP_FREE) and len(item) == 2 and type(code) is int:
         return code, wire_text(item[1], "request id"), None
-    if code == OP_HOME and len(item) == 7 and type(code) is int:
-        return (OP_HOME, *home_from_wire(*item[1:]))
+    if code in _ROUTE_OPS and type(code) is int:
+        return (code, *route_from_wire(code, item[1:]))
     raise ValueError(f"batch op {item!r:.60}: unknown code or length")
 
 
-def home_message(response_id: str, home: SharedHome) -> dict[str, Any]:
-    """A home as its own format-2 message (without the head)."""
-    w = home.worker
-    return {"op": "home", "id": response_id, "model": home.model, "worker": w.worker_id, "dp": w.dp_rank,
-            "endpoint": home.endpoint, "group": home.group}  # fmt: skip
+def route_message(key: str, route: SharedRoute) -> dict[str, Any]:
+    """A route as its own format-2 message (without the head)."""
+    if isinstance(route, SharedUnpin):
+        return {"op": "unpin", "id": key, "model": route.model}
+    w = route.worker
+    message = {"op": "pin", "id": key, "model": route.model, "worker": w.worker_id, "dp": w.dp_rank,
+               "group": route.group}  # fmt: skip
+    if isinstance(route, SharedHome):
+        message |= {"op": "home", "endpoint": route.endpoint}
+    return message
 
 
-def home_op(response_id: str, home: SharedHome) -> list[Any]:
-    """A home as an op of a batch."""
-    w = home.worker
-    return [OP_HOME, response_id, home.model, w.worker_id, w.dp_rank, home.endpoint, home.group]
+def route_op(key: str, route: SharedRoute) -> list[Any]:
+    """A route as an op of a batch."""
+    if isinstance(route, SharedUnpin):
+        return [OP_UNPIN, key, route.model]
+    w = route.worker
+    if isinstance(route, SharedHome):
+        return [OP_HOME, key, route.model, w.worker_id, w.dp_rank, route.endpoint, route.group]
+    return [OP_PIN, key, route.model, w.worker_id, w.dp_rank, route.group]
 
 
-def home_from_wire(
-    response_id: Any, model: Any, worker_id: Any, dp: Any, endpoint: Any, group: Any
-) -> tuple[str, SharedHome]:
-    """(response id, home) from a home's fields; raises ValueError or TypeError. Every text is
-    bounded (`MAX_HOME_TEXT`): the ids come from clients and engines, the table they land in is kept
-    for an hour."""
-    fields = ((response_id, "response id"), (model, "model"), (endpoint, "endpoint"), (group, "group"))
-    texts = [wire_text(value, what) for value, what in fields]
-    if not texts[0] or any(len(text) > MAX_HOME_TEXT for text in texts):
-        raise ValueError(
-            f"home: a response id of 1 to {MAX_HOME_TEXT} characters and texts of at most as many"
-        )
-    rid, model_name, where, group_name = texts
-    return rid, SharedHome(model_name, wire_worker(worker_id, dp), where, group_name)
+_ROUTE_FIELDS = {  # op: (code, its fields after the id, as in a single message)
+    "home": (OP_HOME, ("model", "worker", "dp", "endpoint", "group")),
+    "pin": (OP_PIN, ("model", "worker", "dp", "group")),
+    "unpin": (OP_UNPIN, ("model",)),
+}
+_ROUTE_OPS = {code: (op, fields) for op, (code, fields) in _ROUTE_FIELDS.items()}
+
+
+def route_from_message(op: str, message: dict[str, Any]) -> tuple[str, SharedRoute] | None:
+    """(id, route) from a single message whose op is a route's, None for any other op; raises
+    ValueError, TypeError or KeyError."""
+    entry = _ROUTE_FIELDS.get(op)
+    if entry is None:
+        return None
+    code, fields = entry
+    return route_from_wire(code, [message["id"], *(message[f] for f in fields)])
+
+
+def route_from_wire(code: int, items: list[Any]) -> tuple[str, SharedRoute]:
+    """(id, route) from a route op's items after its code; raises ValueError or TypeError. Every
+    text is bounded (`MAX_ROUTE_TEXT`): the ids come from clients and engines, and the tables they
+    land in are kept for minutes to an hour."""
+    op, fields = _ROUTE_OPS[code]
+    if len(items) != 1 + len(fields):
+        raise ValueError(f"{op}: {len(items)} items, expected {1 + len(fields)}")
+    named = dict(zip(("id", *fields), items, strict=True))
+    texts = {name: wire_text(value, name) for name, value in named.items() if name not in ("worker", "dp")}
+    if not texts["id"] or any(len(text) > MAX_ROUTE_TEXT for text in texts.values()):
+        raise ValueError(f"{op}: an id of 1 to {MAX_ROUTE_TEXT} characters and texts of at most as many")
+    key, model = texts["id"], texts["model"]
+    if code == OP_UNPIN:
+        return key, SharedUnpin(model)
+    worker = wire_worker(named["worker"], named["dp"])
+    if code == OP_HOME:
+        return key, SharedHome(model, worker, texts["endpoint"], texts["group"])
+    return key, SharedPin(model, worker, texts["group"])

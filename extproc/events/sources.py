@@ -41,7 +41,7 @@ from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
 from extproc.events.nats_security import connect_nats
 from extproc.events.replica_sync import ReplicaSync, active_sequences_subject
-from extproc.events.replica_wire import SharedHome, prefill_leg_id
+from extproc.events.replica_wire import SharedHome, SharedPin, SharedUnpin, prefill_leg_id
 from extproc.events.zmq_subscriber import (
     SubscriberTimings,
     ZmqEndpoint,
@@ -221,7 +221,7 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             heartbeat_s=events.replica_sync_heartbeat_s,
             lease_s=events.replica_sync_lease_s,
             batch_s=events.replica_sync_batch_s,
-            homes=picker,
+            routes=picker,
         )
         await sync.start()
         sources.replica_sync = sync
@@ -238,18 +238,16 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         picker.listeners.append(listener)
         sources.closers.append(listener.detach)
         picker.before_decision = sync.catch_up  # a decision counts what already reached this replica
-        picker.on_response_stored = lambda rid, model, worker, endpoint, group: sync.publish_response_home(
-            rid, SharedHome(model, worker, endpoint, group)
-        )
+        picker.route_share = _RouteShare(sync)
 
         async def stop_catching_up() -> None:
             picker.before_decision = None
-            picker.on_response_stored = None
+            picker.route_share = None
 
         sources.closers.append(stop_catching_up)
         log.info(
-            "replica sync on %s as %s (in-flight load and the workers storing Responses API answers are "
-            "shared; sticky-session pins stay with the replica that saw them)", subject, router_id,
+            "replica sync on %s as %s (shared: in-flight load, the workers storing Responses API answers "
+            "and sticky-session pins)", subject, router_id,
         )  # fmt: skip
 
 
@@ -454,3 +452,19 @@ class _SyncListener:
         leg = prefill_leg_id(routed.request_id)
         if routed.prefill_worker is not None and self.sync.publishes(leg):  # ended before its first token
             self.sync.publish_freed(leg)
+
+
+class _RouteShare:
+    """The routes clients name, as the picker learns them, published to the other replicas."""
+
+    def __init__(self, sync: ReplicaSync) -> None:
+        self.sync = sync
+
+    def response_home(self, response_id: str, model: str, worker: Worker, endpoint: str, group: str) -> None:
+        self.sync.publish_route(response_id, SharedHome(model, worker, endpoint, group))
+
+    def session_pinned(self, session_id: str, model: str, worker: Worker, group: str) -> None:
+        self.sync.publish_route(session_id, SharedPin(model, worker, group))
+
+    def session_closed(self, session_id: str, model: str) -> None:
+        self.sync.publish_route(session_id, SharedUnpin(model))

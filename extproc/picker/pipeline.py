@@ -119,6 +119,19 @@ class WorkerSetListener(Protocol):
     ) -> None: ...
 
 
+class RouteShare(Protocol):
+    """Told the routes clients name as this picker learns them, for other replicas (replica sync):
+    which worker stored a Responses API answer, where a sticky session is pinned, a session closed."""
+
+    def response_home(
+        self, response_id: str, model: str, worker: Worker, endpoint: str, group: str
+    ) -> None: ...
+
+    def session_pinned(self, session_id: str, model: str, worker: Worker, group: str) -> None: ...
+
+    def session_closed(self, session_id: str, model: str) -> None: ...
+
+
 class EndpointPicker:
     """Chooses a worker for each request and keeps the routers' load picture true."""
 
@@ -146,9 +159,7 @@ class EndpointPicker:
         self.worker_listeners: list[WorkerSetListener] = []
         # awaited before each decision: replica sync reads what other replicas said that already came
         self.before_decision: Callable[[], Awaitable[None]] | None = None
-        # told (response id, model, worker, endpoint, group) of every answer whose home is remembered:
-        # replica sync shares it (`extproc.events.sources`)
-        self.on_response_stored: Callable[[str, str, Worker, str, str], None] | None = None
+        self.route_share: RouteShare | None = None  # replica sync (`extproc.events.sources`)
         self._pools = build_pools(config, clock=clock, rng=self._rng)
         # aliases and LoRA adapters, configured and listed by the workers: what requests resolve with
         self._names = ModelNames(self._pools, other_names(config.models))
@@ -534,8 +545,8 @@ class EndpointPicker:
             response_id, pick.model, pick.worker, pick.endpoint, group, self._clock()
         ):
             log.debug("response %s is stored on %s (%s)", loggable(response_id), pick.worker, pick.endpoint)
-            if self.on_response_stored is not None:
-                self.on_response_stored(response_id, pick.model, pick.worker, pick.endpoint, group)
+            if self.route_share is not None:
+                self.route_share.response_home(response_id, pick.model, pick.worker, pick.endpoint, group)
 
     def remember_response_home(
         self, response_id: str, model: str, worker: Worker, endpoint: str, group: str
@@ -543,6 +554,25 @@ class EndpointPicker:
         """Another replica's answer `response_id` is stored on `worker` (replica sync): remember it here
         too. False when the id is unusable (empty or too long)."""
         return self.response_homes.remember(response_id, model, worker, endpoint, group, self._clock())
+
+    def remember_session_pin(self, session_id: str, model: str, worker: Worker, group: str) -> bool:
+        """Another replica pinned (or moved, or used) a sticky session: pin it here too. False for a
+        model this picker does not serve. A move closes a worker session opened here for it, as a
+        move here does."""
+        sessions = self._sessions.get(model)
+        if sessions is None:
+            return False
+        now = self._clock()
+        sessions.pin(session_id, worker, now, group)
+        sessions.share_due(session_id, now, 0.0)  # told everywhere just now: no echo
+        self._sweep_sessions_later()
+        return True
+
+    def forget_session_pin(self, session_id: str, model: str) -> bool:
+        """Another replica closed a sticky session: unpin it here too (its request closes the worker's
+        session, if any). False when nothing was pinned."""
+        sessions = self._sessions.get(model)
+        return sessions is not None and sessions.close(session_id)
 
     def answered(self, pick: Pick, status: int) -> None:
         """The worker's response status arrived: count it, feed outlier ejection with it, and pin the
@@ -666,6 +696,8 @@ class EndpointPicker:
             if self._sessions[request.model].close(session_id):
                 self.metrics.sessions.labels(request.model, "closed").inc()
                 log.info("session %s closed", loggable(session_id))
+            if self.route_share is not None:
+                self.route_share.session_closed(session_id, request.model)
             return None
         if pinned is not None and pinned != (decision.group, decision.choice.worker):
             log.info("session %s leaves %s for %s (gone, busy or not allowed); pinned there once it answers",
@@ -705,11 +737,17 @@ class EndpointPicker:
 
     def _pin_session(self, pick: Pick, session_id: str) -> None:
         sessions = self._sessions[pick.model]
-        event = sessions.pin(session_id, pick.worker, self._clock(), pick.group or "")
+        now, group = self._clock(), pick.group or ""
+        event = sessions.pin(session_id, pick.worker, now, group)
         if pick.session_opened_on is not None:
             sessions.mark_opened(session_id, pick.session_opened_on)
         if event != "refreshed":
             self.metrics.sessions.labels(pick.model, event).inc()
+        # other replicas hear a new pin or a move at once, and a use while it lasts (their TTL restarts)
+        # at most once a quarter of the TTL
+        every_s = 0.0 if event != "refreshed" else self.config.session_ttl_s / 4
+        if self.route_share is not None and sessions.share_due(session_id, now, every_s):
+            self.route_share.session_pinned(session_id, pick.model, pick.worker, group)
         self._sweep_sessions_later()
 
     def _sweep_sessions_later(self) -> None:

@@ -35,6 +35,7 @@ class Pin:
     requests: int = 0
     group: str = ""  # the router group that owns the worker (hierarchical routing)
     opened_on: str | None = None  # the endpoint whose worker holds an open session for it, if any
+    shared_s: float = float("-inf")  # when it was last told to other replicas (replica sync)
 
 
 class SessionPins:
@@ -97,6 +98,15 @@ class SessionPins:
         pin.requests += 1
         self._pins.move_to_end(session_id)
         return event
+
+    def share_due(self, session_id: str, now: float, every_s: float) -> bool:
+        """Whether the pin is to be told to other replicas now (not told for `every_s`); if so, it
+        counts as told. False for a session without a pin."""
+        pin = self._pins.get(session_id)
+        if pin is None or now - pin.shared_s < every_s:
+            return False
+        pin.shared_s = now
+        return True
 
     def mark_opened(self, session_id: str, endpoint: str) -> bool:
         """Record that the pinned worker, at `endpoint`, holds an open session for `session_id`."""

@@ -132,7 +132,7 @@ async def test_follow_ups_through_either_replica_reach_the_worker_that_stored_th
 
         chains = await asyncio.gather(*(conversation(i) for i in range(CONVERSATIONS)))
         assert all(len(ids) == FOLLOW_UPS + 1 for ids in chains)
-        shared = [(await counters(http, r)).get("sync.homes", 0) for r in replicas]
+        shared = [(await counters(http, r)).get("sync.routes", 0) for r in replicas]
     # both replicas routed answers and learned the other's: without it most follow-ups met 404s
     assert all(n > 0 for n in shared), shared
 

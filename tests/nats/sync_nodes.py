@@ -17,7 +17,7 @@ from extproc.events.counters import EventCounters
 from extproc.events.replica_sync import (
     DEFAULT_BATCH_S,
     ReplicaSync,
-    ResponseHomeSink,
+    RouteSink,
     active_sequences_subject,
 )
 from extproc.router import Worker
@@ -61,7 +61,7 @@ class Node:
         batch_s: float = DEFAULT_BATCH_S,
         heartbeat_s: float = HEARTBEAT_S,
         lease_s: float = LEASE_S,
-        homes: ResponseHomeSink | None = None,
+        routes: RouteSink | None = None,
     ) -> None:
         self.name = name
         self.now = 0.0  # what the sync's clock says (handle and tick are also given times)
@@ -78,7 +78,7 @@ class Node:
             clock=lambda: self.now,
             boot=boot,
             batch_s=batch_s,
-            homes=homes,
+            routes=routes,
         )
         self.wire = Wire()
         self.sync._sender = self.wire  # type: ignore[assignment]

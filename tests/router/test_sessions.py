@@ -179,3 +179,13 @@ def test_a_moved_pin_is_not_opened_on_its_new_worker_until_marked() -> None:
     assert pins.get_pin("s", 1.0).opened_on is None
     pins.expire(11.0)  # the new worker never opened it: nothing more to close
     assert left == [("s", "10.0.0.1:8000")]
+
+
+def test_a_pin_is_due_to_be_shared_once_per_interval() -> None:
+    pins = SessionPins(ttl_s=60.0)
+    assert not pins.share_due("s", 0.0, 0.0)  # no pin: nothing to share
+    pins.pin("s", Worker("w0"), 10.0)
+    assert pins.share_due("s", 10.0, 15.0)  # never shared
+    assert not pins.share_due("s", 24.9, 15.0)
+    assert pins.share_due("s", 25.0, 15.0)
+    assert pins.share_due("s", 25.0, 0.0)  # a new pin or a move: at once
