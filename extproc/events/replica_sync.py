@@ -3,8 +3,10 @@
 Each replica publishes what it routes (add, prefill complete, free) on a NATS core subject,
 `namespace.<ns>.component.<component>.active_sequences`, and applies the other replicas'
 messages to its own `KvRouter`, so that every replica's active load (prefill tokens, decode
-blocks per worker) counts the requests the others sent there. NATS core is at most once, so the
-shared view heals itself instead of trusting every message to arrive:
+blocks per worker) counts the requests the others sent there. Replicas given a `RouteSink` (the
+picker) also share the routes clients name, Responses API answers' workers and sticky sessions'
+pins (`publish_route`; `replica_wire` says when they go). NATS core is at most once, so the shared
+view of the requests in flight heals itself instead of trusting every message to arrive:
 
 - Sequence: every message carries its sender's incarnation (`boot`, random at start) and number
   (`seq`, 1, 2, ... in publishing order; NATS keeps one connection's order). A receiver that sees
