@@ -4950,6 +4950,54 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "events/replica_wire.py": {
+        "x_batch_op_from_wire__mutmut_51": (
+            "if code in _ROUTE_OPS or type(code) is int:",
+            "message",
+            (
+                "an unknown integer code then raises KeyError in route_from_wire instead of ValueError here: "
+                "either drops the batch, counted as sync.apply_failed"
+            ),
+        ),
+        "x_route_from_wire__mutmut_5": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x_route_from_wire__mutmut_6": (
+            'raise ValueError(f"{op}: {len(items)} items, expected {1 - len(fields)}")',
+            "message",
+            "an error's text",
+        ),
+        "x_route_from_wire__mutmut_7": (
+            'raise ValueError(f"{op}: {len(items)} items, expected {2 + len(fields)}")',
+            "message",
+            "an error's text",
+        ),
+        "x_route_from_wire__mutmut_12": (
+            'named = dict(zip(("id", *fields), items, strict=None))',
+            "same-value",
+            "the length is checked just before: zip never meets items of unequal lengths",
+        ),
+        "x_route_from_wire__mutmut_15": (
+            'named = dict(zip(("id", *fields), items, ))',
+            "same-value",
+            "the length is checked just before: zip never meets items of unequal lengths",
+        ),
+        "x_route_from_wire__mutmut_18": (
+            'named = dict(zip(("id", *fields), items, strict=False))',
+            "same-value",
+            "the length is checked just before: zip never meets items of unequal lengths",
+        ),
+        "x_route_from_wire__mutmut_21": (
+            'texts = {name: wire_text(value, None) for name, value in named.items() if name not in ("worker", "dp")}',  # noqa: E501
+            "message",
+            "an error's text (the field named in wire_text's TypeError)",
+        ),
+        "x_route_from_wire__mutmut_35": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
         "x_wire_hashes__mutmut_17": (
             "raise ValueError(None)",
             "message",
@@ -5098,7 +5146,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "x_batch_op_from_wire__mutmut_51": (
+        "x_batch_op_from_wire__mutmut_60": (
             "raise ValueError(None)",
             "message",
             "an error's or a log line's text",

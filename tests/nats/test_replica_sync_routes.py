@@ -192,6 +192,18 @@ def test_a_malformed_home_is_dropped_and_counted(fields):
     assert homes.kept == {} and b.counters["sync.malformed"] + b.counters["sync.apply_failed"] == 2
 
 
+def test_routes_take_integer_worker_ids_and_texts_up_to_the_bound():
+    """Dynamo's workers have integer ids; every text may be exactly MAX_ROUTE_TEXT characters."""
+    a, b, routes = pair()
+    long_id, long_text = "r" * MAX_ROUTE_TEXT, "t" * MAX_ROUTE_TEXT
+    a.sync.publish_route(long_id, SharedHome(long_text, Worker(7, 1), long_text, long_text))
+    a.sync.publish_route("s1", SharedPin(MODEL, Worker(8), "g"))
+    a.sync.flush_batch()
+    a.deliver(b)
+    assert routes.kept == {long_id: (long_text, Worker(7, 1), long_text, long_text)}
+    assert routes.pins == {"s1": (MODEL, Worker(8), "g")} and b.counters["sync.apply_failed"] == 0
+
+
 @pytest.mark.parametrize(
     "op",
     [
