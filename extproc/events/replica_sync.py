@@ -96,9 +96,8 @@ from extproc.events.replica_wire import (
     OP_FREE,
     OP_HOME,
     OP_NAMES,
-    OP_PIN,
     OP_PREFILL,
-    OP_UNPIN,
+    ROUTE_NAMES,
     V1,
     V3,
     VERSION,
@@ -136,6 +135,7 @@ MAX_REQUESTS_PER_ORIGIN = 100_000
 MAX_STATE_PARTS = 4096
 STATE_PART_BYTES = 256 * 1024  # below NATS's default max_payload of 1 MiB
 _TICK_MAX_S = 0.25  # the background task looks at heartbeats, leases and wants at least this often
+_ROUTE = -1  # what a route is gathered as in a batch (route_op and route_message write its own code)
 DEFAULT_BATCH_S = 0.01  # lifecycle messages gathered into one batch for at most this long
 BATCH_BYTES = 128 * 1024  # sent at once past this (estimated) size
 
@@ -320,7 +320,7 @@ class ReplicaSync:
         if not self.shares_routes():
             self.counters.add("sync.routes_unshared")
             return
-        self._op_out(_route_code(route), key, route, 80 + len(key) + 2 * len(route.model))
+        self._op_out(_ROUTE, key, route, 80 + len(key) + 2 * len(route.model))
 
     def shares_routes(self) -> bool:
         """Whether routes go out now: some replica is known and every one said it keeps them."""
@@ -346,8 +346,8 @@ class ReplicaSync:
             self._batch_timer.cancel()
             self._batch_timer = None
         ops, self._batch, self._batch_size = self._batch, [], 0
-        if not self.shares_routes() and any(op[0] >= OP_HOME for op in ops):
-            kept = [op for op in ops if op[0] < OP_HOME]
+        if not self.shares_routes() and any(op[0] == _ROUTE for op in ops):
+            kept = [op for op in ops if op[0] != _ROUTE]
             self.counters.add("sync.routes_unshared", len(ops) - len(kept))
             ops = kept
         if not ops:
@@ -786,10 +786,4 @@ def _batch_op(code: int, key: str, payload: Record | SharedRoute | None) -> list
 
 
 def _op_name(code: int) -> str:
-    return ("home", "pin", "unpin")[code - OP_HOME] if code >= OP_HOME else OP_NAMES[code]
-
-
-def _route_code(route: SharedRoute) -> int:
-    if isinstance(route, SharedHome):
-        return OP_HOME
-    return OP_PIN if isinstance(route, SharedPin) else OP_UNPIN
+    return ROUTE_NAMES[code - OP_HOME] if code >= OP_HOME else OP_NAMES[code]

@@ -71,6 +71,7 @@ V3 = 3  # batches of lifecycle messages
 OP_ADD, OP_PREFILL, OP_FREE = 0, 1, 2  # op codes in a batch
 OP_NAMES = ("add", "prefill", "free")
 OP_HOME, OP_PIN, OP_UNPIN = 3, 4, 5  # routes clients name (not lifecycle ops): see the docstring
+ROUTE_NAMES = ("home", "pin", "unpin")  # the ops of OP_HOME, OP_PIN and OP_UNPIN
 MAX_ROUTE_TEXT = 512  # characters of a route's id, model, endpoint or group
 MAX_HASHES = 1 << 17  # block hashes in one add: a 2M-token prompt at block size 16
 MAX_TOKENS = (1 << 32) - 1  # an add's prompt (isl) and expected output tokens (eot), as u32 token counts

@@ -151,14 +151,33 @@ def test_no_home_goes_out_before_any_replica_is_heard():
     assert a.wire.sent == [] and a.counters["sync.routes_unshared"] == 1
 
 
-def test_a_home_gathered_before_a_replica_that_keeps_none_appeared_is_not_sent():
+def test_routes_gathered_before_a_replica_that_keeps_none_appeared_are_not_sent():
     a, _, _ = pair()
     a.sync.publish_route("resp_1", HOME)
+    request_id = a.route(W7)
+    a.sync.publish_route("s1", SharedPin(MODEL, W7, "g"))
     old = Node("old", "7")
     a.hears(old)  # before the batch leaves
     a.sync.flush_batch()
-    assert all(op[0] != OP_HOME for m in a.wire.messages() for op in m.get("ops", []))
-    assert a.counters["sync.routes_unshared"] == 1
+    (message,) = [m for m in a.wire.messages() if m["op"] == "batch"]
+    assert [op[:2] for op in message["ops"]] == [[0, request_id]]  # the request's add still goes
+    assert a.counters["sync.routes_unshared"] == 2
+
+
+class FailingRoutes(Homes):
+    def remember_response_home(self, *args: object) -> bool:
+        raise RuntimeError("the sink broke")
+
+
+def test_a_route_that_cannot_be_kept_costs_that_op_only():
+    a, b, _ = pair()
+    b.sync.routes = FailingRoutes()
+    a.sync.publish_route("resp_1", HOME)
+    request_id = a.route(W8)
+    a.sync.flush_batch()
+    a.deliver(b)
+    assert b.counters["sync.apply_failed"] == 1  # the home; the add after it is applied
+    assert {rid for _, rid, _ in b.sync.remote_requests()} == {request_id}
 
 
 def test_heartbeats_say_whether_the_replica_keeps_homes():
