@@ -120,7 +120,8 @@ ROUTER_REPLICA_SYNC = Option(
     bool,
     False,
     "Share active requests with other picker replicas over NATS so every replica sees the whole "
-    "load of each worker.",
+    "load of each worker (prefill workers' too), and share which worker stored each Responses API "
+    "answer and where each sticky session is pinned, so that a follow-up may reach any replica.",
 )
 ROUTER_ID: Option[str | None] = Option(
     "--router-id",
