@@ -1500,6 +1500,91 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "request/chat_template.py": {
+        "x__dotted_name__mutmut_1": (
+            "attrs = None",
+            "same-value",
+            (
+                "Jinja2 parses a {% set %} target only as a Name, a Tuple or an NSRef (ns.x): the Getattr "
+                "walk after the NSRef case (vLLM keeps it too) is never reached"
+            ),
+        ),
+        "x__dotted_name__mutmut_2": (
+            "attrs.append(None)",
+            "same-value",
+            (
+                "Jinja2 parses a {% set %} target only as a Name, a Tuple or an NSRef (ns.x): the Getattr "
+                "walk after the NSRef case (vLLM keeps it too) is never reached"
+            ),
+        ),
+        "x__dotted_name__mutmut_3": (
+            "node = None",
+            "same-value",
+            (
+                "Jinja2 parses a {% set %} target only as a Name, a Tuple or an NSRef (ns.x): the Getattr "
+                "walk after the NSRef case (vLLM keeps it too) is never reached"
+            ),
+        ),
+        "x__dotted_name__mutmut_4": (
+            'return ".".join(None)',
+            "same-value",
+            (
+                "Jinja2 parses a {% set %} target only as a Name, a Tuple or an NSRef (ns.x): the Getattr "
+                "walk after the NSRef case (vLLM keeps it too) is never reached"
+            ),
+        ),
+        "x__dotted_name__mutmut_5": (
+            'return "XX.XX".join([node.name, *reversed(attrs)])',
+            "same-value",
+            (
+                "Jinja2 parses a {% set %} target only as a Name, a Tuple or an NSRef (ns.x): the Getattr "
+                "walk after the NSRef case (vLLM keeps it too) is never reached"
+            ),
+        ),
+        "x__dotted_name__mutmut_6": (
+            'return ".".join([node.name, *reversed(None)])',
+            "same-value",
+            (
+                "Jinja2 parses a {% set %} target only as a Name, a Tuple or an NSRef (ns.x): the Getattr "
+                "walk after the NSRef case (vLLM keeps it too) is never reached"
+            ),
+        ),
+        "x__assigned_aliases__mutmut_15": (
+            (
+                'aliases = [f"{target.name}.{kwarg.key}" for kwarg in value.kwargs if _accesses(kwarg.value,'
+                " name)]"
+            ),
+            "same-value",
+            (
+                "the list is empty there: a namespace(...) call is no access of any name, so the first "
+                "branch added nothing"
+            ),
+        ),
+        "x__assigned_aliases__mutmut_21": (
+            "elif isinstance(target, jinja2.nodes.Getattr | jinja2.nodes.NSRef) or _accesses(value, name):",
+            "same-value",
+            (
+                "a Name target reaching the branch gives its own name again (already listed; _aliases keeps "
+                "each name once); a Tuple gives none"
+            ),
+        ),
+        "x__assigned_aliases__mutmut_28": (
+            "aliases = [dotted] if dotted is not None else []",
+            "same-value",
+            "the list is empty there: the target is no Name",
+        ),
+        "x__assigned_aliases__mutmut_31": (
+            "aliases += [dotted] if (dotted is not None) or True else []",
+            "same-value",
+            "dotted is None only for a Getattr target not rooted in a name, which Jinja2 never parses",
+        ),
+        "x__is_var__mutmut_11": (
+            'base, _, attr = name.partition(".")',
+            "same-value",
+            (
+                "dotted names hold one dot (an NSRef's ns.attr, a namespace call's name.key): partition and "
+                "rpartition split them alike"
+            ),
+        ),
         "x__cut_at_tag__mutmut_5": (
             'raise TokenizerUnavailable("XXcontinue_final_message is set but the template dropped the final messageXX")',  # noqa: E501
             "message",

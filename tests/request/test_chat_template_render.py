@@ -236,6 +236,15 @@ def test_a_macro_loop_over_anything_else_means_string(macros: str, call: str):
     assert ChatTemplate(source).content_format == "string"
 
 
+def test_every_call_of_a_macro_counts_and_calls_of_other_names_do_not():
+    # the call that hands it the content comes first; a later call with something else keeps it
+    both = RENDER_MACRO + "{% for m in messages %}{{ render(m.content) }}{{ render(m.role) }}{% endfor %}"
+    # a call of another name handing message content does not make `render`'s parameter content
+    other = RENDER_MACRO + "{% for m in messages %}{{ render(m.role) }}{{ shout(m.content) }}{% endfor %}"
+    assert ChatTemplate(both).content_format == "openai"
+    assert ChatTemplate(other).content_format == "string"
+
+
 def test_a_loop_over_a_variable_named_content_means_openai_outside_macros_only():
     outside = (
         "{% for m in messages %}{% set content = m.content %}{% for c in content %}{% endfor %}{% endfor %}"
