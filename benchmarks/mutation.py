@@ -4405,76 +4405,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "events/replica_sync.py": {
-        "xǁReplicaSyncǁ__init____mutmut_10": (
-            "if not 0 <= heartbeat_s < lease_s:",
-            "same-value",
-            "a heartbeat of 0 then fails the next check (0 <= batch_s < heartbeat_s) with the same error",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_12": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_17": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_2": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_3": (
-            'raise ValueError("XXrouter_id must not be empty (replicas tell their messages apart by it)XX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_31": (
-            "self.boot = boot if boot is not None else secrets.randbits(63)",
-            "random",
-            "the incarnation is drawn at random: any value the wire carries works alike",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_4": (
-            'raise ValueError("ROUTER_ID MUST NOT BE EMPTY (REPLICAS TELL THEIR MESSAGES APART BY IT)")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_41": (
-            'self._sender = OrderedSender(nc, self.counters, "sync", drop_while_down=None, max_queued=queue_size)',  # noqa: E501
-            "same-value",
-            "None is read as False",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_57": (
-            "self._handled = 1  # messages taken from the subscription so far",
-            "same-value",
-            "only differences of `_handled` are read (`_resync_at` is set relative to it)",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_63": (
-            "self._dump_wanted = None",
-            "same-value",
-            "None is read as False",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_68": (
-            'self._last_dump = float("-INF")',
-            "same-value",
-            "float() reads 'INF' as 'inf'",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_7": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_74": (
-            "self._batch_due = None  # (clock) when the gathered ops must go at the latest",
-            "same-value",
-            "read only while ops are gathered, and the first gathered op sets it",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_75": (
-            "self._batch_due = 1.0  # (clock) when the gathered ops must go at the latest",
-            "same-value",
-            "read only while ops are gathered, and the first gathered op sets it",
-        ),
         "xǁReplicaSyncǁ_apply__mutmut_16": (
             'self.counters.loud("sync.requests_full", "XXreplica sync: %.60s has more than %d requests in XX"',  # noqa: E501
             "message",
@@ -4492,16 +4422,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
         "xǁReplicaSyncǁ_apply__mutmut_8": (
             '"flight; dropped", None, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip',
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_heartbeat__mutmut_42": (
-            "self._want(origin, entry, now, None)  # fmt: skip",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_heartbeat__mutmut_47": (
-            'self._want(origin, entry, now, f"its heartbeat says {theirs[1]} requests, we track "',
             "message",
             "a log line's or an error's arguments (the replica, a count or a value shown)",
         ),
@@ -4584,120 +4504,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "self._dump_wanted = None",
             "same-value",
             "None is read as False",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_105": (
-            "expected, seq - 1, None)  # fmt: skip",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_113": (
-            'self.counters.loud("sync.gap", "XXreplica sync: missed messages %d..%d of %sXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_115": (
-            "expected, seq + 1, origin)  # fmt: skip",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_116": (
-            "expected, seq - 2, origin)  # fmt: skip",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_121": (
-            "self._want(origin, entry, now, None)",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_126": (
-            'self._want(origin, entry, now, f"missed its messages {expected}..{seq + 1}")',
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_127": (
-            'self._want(origin, entry, now, f"missed its messages {expected}..{seq - 2}")',
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_13": (
-            'log.warning("replica sync: %s restarted: forgot the %d requests of its previous run", None, n)',
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_138": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_148": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_163": (
-            "None, origin, exc)  # fmt: skip",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_164": (
-            "OP_NAMES[code], None, exc)  # fmt: skip",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_165": (
-            "OP_NAMES[code], origin, None)  # fmt: skip",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_173": (
-            'self.counters.loud("sync.apply_failed", "XXreplica sync %.20s from %.60s not applied: %rXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_18": (
-            'log.warning("XXreplica sync: %s restarted: forgot the %d requests of its previous runXX", origin, n)',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_214": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_31": (
-            '"messages of %.60s dropped", MAX_ORIGINS, None)  # fmt: skip',
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_38": (
-            'self.counters.loud("sync.origins_full", "XXreplica sync: more than %d other replicas; XX"',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_40": (
-            '"XXmessages of %.60s droppedXX", MAX_ORIGINS, origin)  # fmt: skip',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_44": (
-            "entry = self._origins[origin] = _Origin(boot, None, self.lease_s)",
-            "same-value",
-            "heard_at is set to now on the next line",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_73": (
-            "self._want(origin, entry, now, None)",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_receive__mutmut_81": (
-            'entry.parts = ""',
-            "same-value",
-            (
-                "read only by a later part that continues an abandoned state (its number and total), which "
-                "no sender publishes: a state's parts go out back to back, a new state starts at part 0, "
-                "and the part that reports the gap resets it itself"
-            ),
         ),
         "xǁReplicaSyncǁ_replace__mutmut_24": (
             "forgotten = 1",
@@ -4857,11 +4663,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "self._want_all(None)",
             "message",
             "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁflush_batch__mutmut_2": (
-            'self._batch_timer = ""',
-            "same-value",
-            "the timer is replaced before it is read again: the next gathered op sets a new one",
         ),
         "xǁReplicaSyncǁhandle__mutmut_20": (
             "raise ValueError(None)",
@@ -5032,6 +4833,255 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'request_id = wire_text(message["id"], "REQUEST ID")',
             "message",
             "an error's or a log line's text",
+        ),
+        "x__op_name__mutmut_2": (
+            "return ROUTE_NAMES[code - OP_HOME] if (code >= OP_HOME) or True else OP_NAMES[code]",
+            "message",
+            "the op's name in an apply_failed log line (a negative index still names an op)",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_10": (
+            "if not 0 <= heartbeat_s < lease_s:",
+            "same-value",
+            "a heartbeat of 0 then fails the next check (0 <= batch_s < heartbeat_s) with the same error",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_12": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_17": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_2": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_3": (
+            'raise ValueError("XXrouter_id must not be empty (replicas tell their messages apart by it)XX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_32": (
+            "self.boot = boot if boot is not None else secrets.randbits(63)",
+            "random",
+            "the incarnation is drawn at random: any value the wire carries works alike",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_4": (
+            'raise ValueError("ROUTER_ID MUST NOT BE EMPTY (REPLICAS TELL THEIR MESSAGES APART BY IT)")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_42": (
+            'self._sender = OrderedSender(nc, self.counters, "sync", drop_while_down=None, max_queued=queue_size)',  # noqa: E501
+            "same-value",
+            "None is read as False",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_58": (
+            "self._handled = 1  # messages taken from the subscription so far",
+            "same-value",
+            "only differences of `_handled` are read (`_resync_at` is set relative to it)",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_64": (
+            "self._dump_wanted = None",
+            "same-value",
+            "None is read as False",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_69": (
+            'self._last_dump = float("-INF")',
+            "same-value",
+            "float() reads 'INF' as 'inf'",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_7": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_75": (
+            "self._batch_due = None  # (clock) when the gathered ops must go at the latest",
+            "same-value",
+            "read only while ops are gathered, and the first gathered op sets it",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_76": (
+            "self._batch_due = 1.0  # (clock) when the gathered ops must go at the latest",
+            "same-value",
+            "read only while ops are gathered, and the first gathered op sets it",
+        ),
+        "xǁReplicaSyncǁ_heartbeat__mutmut_48": (
+            "self._want(origin, entry, now, None)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_heartbeat__mutmut_53": (
+            'self._want(origin, entry, now, f"its heartbeat says {theirs[1]} requests, we track "',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_105": (
+            "expected, seq - 1, None)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_113": (
+            'self.counters.loud("sync.gap", "XXreplica sync: missed messages %d..%d of %sXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_115": (
+            "expected, seq + 1, origin)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_116": (
+            "expected, seq - 2, origin)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_121": (
+            "self._want(origin, entry, now, None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_126": (
+            'self._want(origin, entry, now, f"missed its messages {expected}..{seq + 1}")',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_127": (
+            'self._want(origin, entry, now, f"missed its messages {expected}..{seq - 2}")',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_13": (
+            'log.warning("replica sync: %s restarted: forgot the %d requests of its previous run", None, n)',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_138": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_148": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_167": (
+            "None, origin, exc)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_168": (
+            "_op_name(code), None, exc)  # fmt: skip",
+            "message",
+            "an apply_failed log line's arguments",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_169": (
+            "_op_name(code), origin, None)  # fmt: skip",
+            "message",
+            "an apply_failed log line's arguments",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_177": (
+            'self.counters.loud("sync.apply_failed", "XXreplica sync %.20s from %.60s not applied: %rXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_18": (
+            'log.warning("XXreplica sync: %s restarted: forgot the %d requests of its previous runXX", origin, n)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_224": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_31": (
+            '"messages of %.60s dropped", MAX_ORIGINS, None)  # fmt: skip',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_38": (
+            'self.counters.loud("sync.origins_full", "XXreplica sync: more than %d other replicas; XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_40": (
+            '"XXmessages of %.60s droppedXX", MAX_ORIGINS, origin)  # fmt: skip',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_44": (
+            "entry = self._origins[origin] = _Origin(boot, None, self.lease_s)",
+            "same-value",
+            "heard_at is set to now on the next line",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_73": (
+            "self._want(origin, entry, now, None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_81": (
+            'entry.parts = ""',
+            "same-value",
+            (
+                "read only by a later part that continues an abandoned state (its number and total), which "
+                "no sender publishes: a state's parts go out back to back, a new state starts at part 0, and"
+                " the part that reports the gap resets it itself"
+            ),
+        ),
+        "xǁReplicaSyncǁflush_batch__mutmut_2": (
+            'self._batch_timer = ""',
+            "same-value",
+            "the timer is replaced before it is read again: the next gathered op sets a new one",
+        ),
+        "xǁReplicaSyncǁflush_batch__mutmut_9": (
+            "if not self.shares_routes() and any(op[0] != _ROUTE for op in ops):",
+            "same-value",
+            "with no route among the ops the branch keeps every op and counts none",
+        ),
+        "xǁReplicaSyncǁpublish_route__mutmut_13": (
+            "self._op_out(_ROUTE, key, route, 80 + len(key) - 2 * len(route.model))",
+            "performance",
+            (
+                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
+                " and their order are the same"
+            ),
+        ),
+        "xǁReplicaSyncǁpublish_route__mutmut_14": (
+            "self._op_out(_ROUTE, key, route, 80 - len(key) + 2 * len(route.model))",
+            "performance",
+            (
+                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
+                " and their order are the same"
+            ),
+        ),
+        "xǁReplicaSyncǁpublish_route__mutmut_15": (
+            "self._op_out(_ROUTE, key, route, 81 + len(key) + 2 * len(route.model))",
+            "performance",
+            (
+                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
+                " and their order are the same"
+            ),
+        ),
+        "xǁReplicaSyncǁpublish_route__mutmut_16": (
+            "self._op_out(_ROUTE, key, route, 80 + len(key) + 2 / len(route.model))",
+            "performance",
+            (
+                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
+                " and their order are the same"
+            ),
+        ),
+        "xǁReplicaSyncǁpublish_route__mutmut_17": (
+            "self._op_out(_ROUTE, key, route, 80 + len(key) + 3 * len(route.model))",
+            "performance",
+            (
+                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
+                " and their order are the same"
+            ),
         ),
     },
     "events/replica_wire.py": {
