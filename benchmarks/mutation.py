@@ -5238,14 +5238,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "None selects the same suffix as False",
         ),
-        "x_batch_op_from_wire__mutmut_1": (
-            "if not isinstance(item, list) and not item:",
-            "same-value",
-            (
-                "an op that is no list, or an empty one, fails at its code or fields anyway (msgpack decodes "
-                "arrays as lists): the batch is not applied either way"
-            ),
-        ),
         "x_batch_op_from_wire__mutmut_32": (
             "return OP_ADD, wire_text(request_id, None), record",
             "message",
