@@ -175,6 +175,8 @@ MODULES: dict[str, list[str]] = {
         "tests/fuzz/test_path_fuzz.py",
         # mutual TLS to remote groups
         "tests/runtime/test_tls.py::test_the_group_api_shares_the_servers_mutual_tls",
+        # the routes replica sync shares: two pickers over a real nats-server
+        "tests/nats/test_replica_sync_routes.py",
     ],
     # the workers' KV events over NATS: Dynamo's subjects, gaps and recovery, relearning, overflow
     "events/nats_events.py": [
@@ -2683,11 +2685,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁEndpointPickerǁ_pin_session__mutmut_12": (
-            'event = sessions.pin(session_id, pick.worker, self._clock(), pick.group or "XXXX")',
-            "same-value",
-            "every Pick names its group, and group names are never empty",
-        ),
         "xǁEndpointPickerǁ_response_home__mutmut_10": (
             "None, loggable(request.previous_response_id), request.model,",
             "message",
@@ -2735,91 +2732,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
         "xǁEndpointPickerǁ_response_home__mutmut_19": (
             '"ROUTED ON LOAD", loggable(request.previous_response_id), request.model,',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_12": (
-            "log.info(None, loggable(session_id))",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_13": (
-            'log.info("session %s closed", None)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_14": (
-            "log.info(loggable(session_id))",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_15": (
-            'log.info("session %s closed", )',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_16": (
-            'log.info("XXsession %s closedXX", loggable(session_id))',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_17": (
-            'log.info("SESSION %S CLOSED", loggable(session_id))',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_21": (
-            "if pinned is not None and pinned == (decision.group, decision.choice.worker):",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_22": (
-            "log.info(None,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_23": (
-            "None, pinned[1], decision.choice.worker)  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_24": (
-            "loggable(session_id), None, decision.choice.worker)  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_25": (
-            "loggable(session_id), pinned[1], None)  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_26": (
-            "log.info(loggable(session_id), pinned[1], decision.choice.worker)  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_27": (
-            "pinned[1], decision.choice.worker)  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_28": (
-            "loggable(session_id), decision.choice.worker)  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_29": (
-            "loggable(session_id), pinned[1], )  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_30": (
-            'log.info("XXsession %s leaves %s for %s (gone, busy or not allowed); pinned there once it answersXX",',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_session_route__mutmut_31": (
-            'log.info("SESSION %S LEAVES %S FOR %S (GONE, BUSY OR NOT ALLOWED); PINNED THERE ONCE IT ANSWERS",',  # noqa: E501
             "message",
             "an error's or a log line's text",
         ),
@@ -2945,61 +2857,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
         "xǁEndpointPickerǁanswered__mutmut_68": (
             'log.info("XXworker %s (%s) answers again after %d failed answersXX", worker, pick.endpoint, before)',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_15": (
-            'response_id, pick.model, pick.worker, pick.endpoint, pick.group or "XXXX", self._clock()',
-            "same-value",
-            "every Pick names its group, and group names are never empty",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_16": (
-            "log.debug(None, loggable(response_id), pick.worker, pick.endpoint)",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_17": (
-            'log.debug("response %s is stored on %s (%s)", None, pick.worker, pick.endpoint)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_18": (
-            'log.debug("response %s is stored on %s (%s)", loggable(response_id), None, pick.endpoint)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_19": (
-            'log.debug("response %s is stored on %s (%s)", loggable(response_id), pick.worker, None)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_20": (
-            "log.debug(loggable(response_id), pick.worker, pick.endpoint)",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_21": (
-            'log.debug("response %s is stored on %s (%s)", pick.worker, pick.endpoint)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_22": (
-            'log.debug("response %s is stored on %s (%s)", loggable(response_id), pick.endpoint)',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_23": (
-            'log.debug("response %s is stored on %s (%s)", loggable(response_id), pick.worker, )',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_24": (
-            'log.debug("XXresponse %s is stored on %s (%s)XX", loggable(response_id), pick.worker, pick.endpoint)',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁresponse_stored__mutmut_25": (
-            'log.debug("RESPONSE %S IS STORED ON %S (%S)", loggable(response_id), pick.worker, pick.endpoint)',  # noqa: E501
             "message",
             "an error's or a log line's text",
         ),
@@ -3477,6 +3334,141 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "every model the name starts with (before a colon) is a prefix of the name, so of the others"
                 " too: the longest is also the greatest"
             ),
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_12": (
+            "log.info(None, loggable(session_id))",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_13": (
+            'log.info("session %s closed", None)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_14": (
+            "log.info(loggable(session_id))",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_15": (
+            'log.info("session %s closed", )',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_16": (
+            'log.info("XXsession %s closedXX", loggable(session_id))',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_17": (
+            'log.info("SESSION %S CLOSED", loggable(session_id))',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_26": (
+            "if pinned is not None and pinned == (decision.group, decision.choice.worker):",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_27": (
+            "log.info(None,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_28": (
+            "None, pinned[1], decision.choice.worker)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_29": (
+            "loggable(session_id), None, decision.choice.worker)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_30": (
+            "loggable(session_id), pinned[1], None)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_31": (
+            "log.info(loggable(session_id), pinned[1], decision.choice.worker)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_32": (
+            "pinned[1], decision.choice.worker)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_33": (
+            "loggable(session_id), decision.choice.worker)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_34": (
+            "loggable(session_id), pinned[1], )  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_35": (
+            'log.info("XXsession %s leaves %s for %s (gone, busy or not allowed); pinned there once it answersXX",',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_session_route__mutmut_36": (
+            'log.info("SESSION %S LEAVES %S FOR %S (GONE, BUSY OR NOT ALLOWED); PINNED THERE ONCE IT ANSWERS",',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_17": (
+            "log.debug(None, loggable(response_id), pick.worker, pick.endpoint)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_18": (
+            'log.debug("response %s is stored on %s (%s)", None, pick.worker, pick.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_19": (
+            'log.debug("response %s is stored on %s (%s)", loggable(response_id), None, pick.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_20": (
+            'log.debug("response %s is stored on %s (%s)", loggable(response_id), pick.worker, None)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_21": (
+            "log.debug(loggable(response_id), pick.worker, pick.endpoint)",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_22": (
+            'log.debug("response %s is stored on %s (%s)", pick.worker, pick.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_23": (
+            'log.debug("response %s is stored on %s (%s)", loggable(response_id), pick.endpoint)',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_24": (
+            'log.debug("response %s is stored on %s (%s)", loggable(response_id), pick.worker, )',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_25": (
+            'log.debug("XXresponse %s is stored on %s (%s)XX", loggable(response_id), pick.worker, pick.endpoint)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_26": (
+            'log.debug("RESPONSE %S IS STORED ON %S (%S)", loggable(response_id), pick.worker, pick.endpoint)',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
         ),
     },
     "picker/body_parser.py": {
