@@ -174,7 +174,8 @@ async def histograms(picker: RunningPicker) -> dict[str, tuple[float, float]]:
 
 
 def grown(before: dict, after: dict, name: str) -> tuple[float, float]:
-    (c0, s0), (c1, s1) = before.get(name, (0.0, 0.0)), after[name]
+    """How much a histogram grew; one no request observed yet has no series at all."""
+    (c0, s0), (c1, s1) = before.get(name, (0.0, 0.0)), after.get(name, (0.0, 0.0))
     return c1 - c0, s1 - s0
 
 
