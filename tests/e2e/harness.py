@@ -17,7 +17,7 @@ import itertools
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,8 +307,23 @@ def serve_replicas(
     """`count` `python -m extproc serve` replicas for `worker` (static config, no KV events), each
     on free ports it reports (ext_proc and health), logging to `replica-<i>.log`; `flags` go to
     each. Stopped by pid on exit."""
+    workers = [{"id": "w0", "endpoint": worker.address, "model": model}]
+    with serve_replicas_of(workers, log_dir, count, *flags) as started:
+        yield started
+
+
+@contextmanager
+def serve_replicas_of(
+    workers: Sequence[Mapping[str, str]],
+    log_dir: Path,
+    count: int,
+    *flags: str,
+    replica_flags: Callable[[int], Sequence[str]] = lambda index: (),
+) -> Iterator[list[ManagedProcess]]:
+    """`serve_replicas` for a config file listing `workers` ({id, endpoint, model}); replica `index`
+    also gets `replica_flags(index)` (its own --router-id, say)."""
     config = log_dir / "picker.yaml"
-    config.write_text(json.dumps({"workers": [{"id": "w0", "endpoint": worker.address, "model": model}]}))
+    config.write_text(json.dumps({"workers": list(workers)}))
     started: list[ManagedProcess] = []
     try:
         for index in range(count):
@@ -316,6 +331,7 @@ def serve_replicas(
             argv = [
                 sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
                 "--port", "0", "--health-port", "0", "--ports-file", str(ports), *flags,
+                *replica_flags(index),
             ]  # fmt: skip
             started.append(ManagedProcess(argv, log_path=log_dir / f"replica-{index}.log", ports_file=ports))
             started[-1].start()

@@ -13,8 +13,6 @@ began on the other one to a worker chosen on load: most of them met 404s.
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from extproc.devstack.procs import ManagedProcess, NatsServer, reserve_port, sta
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 
 from ..replica_helpers import until
-from .harness import EnvoyUnderTest, start_envoy_over_replicas
+from .harness import EnvoyUnderTest, serve_replicas_of, start_envoy_over_replicas
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -62,27 +60,13 @@ def workers(log_dir: Path) -> Iterator[list[WorkerProcess]]:
 
 @pytest.fixture(scope="module")
 def replicas(workers: list[WorkerProcess], nats: NatsServer, log_dir: Path) -> Iterator[list[ManagedProcess]]:
-    config = log_dir / "picker.yaml"
     listed = [{"id": w.worker_id, "endpoint": w.endpoint, "model": MODEL} for w in workers]
-    config.write_text(json.dumps({"workers": listed}))
-    started: list[ManagedProcess] = []
-    try:
-        for index in range(REPLICAS):
-            ports = log_dir / f"replica-{index}.ports.json"
-            argv = [
-                sys.executable, "-m", "extproc", "serve", "--config", str(config), "--no-kv-events",
-                "--port", "0", "--health-port", "0", "--admin-port", "0", "--ports-file", str(ports),
-                "--nats-url", nats.url, "--router-replica-sync", "--router-id", f"r{index}",
-                "--replica-sync-heartbeat-secs", "0.2", "--replica-sync-lease-secs", "2",
-            ]  # fmt: skip
-            started.append(ManagedProcess(argv, log_path=log_dir / f"replica-{index}.log", ports_file=ports))
-            started[-1].start()
-        for replica in started:
-            replica.ports(30.0)
+    sync = ["--admin-port", "0", "--nats-url", nats.url, "--router-replica-sync",
+            "--replica-sync-heartbeat-secs", "0.2", "--replica-sync-lease-secs", "2"]  # fmt: skip
+    with serve_replicas_of(
+        listed, log_dir, REPLICAS, *sync, replica_flags=lambda index: ("--router-id", f"r{index}")
+    ) as started:
         yield started
-    finally:
-        for replica in started:
-            replica.stop()
 
 
 @pytest.fixture(scope="module")
