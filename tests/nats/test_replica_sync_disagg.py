@@ -7,8 +7,6 @@ every other replica saw that prefill worker idle while it computed long prompts.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -19,10 +17,10 @@ from extproc.config import DisaggConfig, EventsConfig, WorkerConfig
 from extproc.events.replica_wire import prefill_leg_id
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
-from extproc.runtime.server import RunningPicker, start_picker
 
 from ..picker_fixtures import MODEL, chat_body, picker_config
 from .conftest import eventually
+from .picker_pair import two_pickers
 
 pytestmark = pytest.mark.asyncio
 
@@ -46,16 +44,9 @@ def config(nats_url: str, router_id: str):
 
 @pytest_asyncio.fixture
 async def pickers(nats_server) -> AsyncIterator[tuple[EndpointPicker, EndpointPicker]]:
-    started: list[RunningPicker] = []
-    try:
-        for name in ("a", "b"):
-            started.append(await start_picker(config(nats_server.url, name)))
-        a, b = (p.picker for p in started)
-        await prime(a, b)
-        yield a, b
-    finally:
-        for p in started:
-            await p.stop(0)
+    configs = [config(nats_server.url, name) for name in ("a", "b")]
+    async with two_pickers(configs, lambda a, i: pick(a, f"probe-{i}", f"probe {i} ")) as (a, b):
+        yield a.picker, b.picker
 
 
 async def pick(picker: EndpointPicker, request_id: str, text: str):
@@ -71,21 +62,6 @@ async def pick(picker: EndpointPicker, request_id: str, text: str):
 def prefill_tokens(picker: EndpointPicker) -> dict[Worker, int]:
     prefill = picker.pools[MODEL].prefill
     return {w: prefill.sequences.prefill_tokens(w) for w in (P0, P1)}
-
-
-async def prime(a: EndpointPicker, b: EndpointPicker) -> None:
-    """Until b hears a (nats-server may drop the first messages on a new subscription:
-    nats-io/nats-server#5677)."""
-    decode_b = b.pools[MODEL].router.sequences
-    for i in range(50):
-        probe = await pick(a, f"probe-{i}", f"probe {i} ")
-        deadline = time.monotonic() + 0.2
-        while not decode_b.decode_blocks(probe.worker) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)  # poll interval
-        a.finish(probe, "done")
-        if decode_b.decode_blocks(probe.worker):
-            break
-    await eventually(b.is_idle, 5.0, "b idle")
 
 
 async def test_a_prompt_on_a_prefill_worker_counts_there_in_the_other_replica_until_its_first_token(pickers):

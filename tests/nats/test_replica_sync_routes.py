@@ -11,9 +11,7 @@ Message by message (`sync_nodes`, no NATS), then two pickers over a real nats-se
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -21,7 +19,6 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import EventsConfig
-from extproc.events.replica_sync import ReplicaSync
 from extproc.events.replica_wire import (
     MAX_ROUTE_TEXT,
     OP_HOME,
@@ -35,10 +32,11 @@ from extproc.events.replica_wire import (
 )
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
-from extproc.runtime.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker
 
 from ..picker_fixtures import MODEL, picker_config
 from .conftest import eventually
+from .picker_pair import two_pickers
 from .sync_nodes import W7, W8, Node, started
 
 HOME = SharedHome(MODEL, W7, "127.0.0.7:8000", "local")
@@ -293,37 +291,19 @@ def counter(picker: RunningPicker, key: str) -> int:
 
 @pytest_asyncio.fixture
 async def running(nats_server) -> AsyncIterator[tuple[RunningPicker, RunningPicker]]:
-    started_pickers: list[RunningPicker] = []
-    try:
-        for name in ("a", "b"):
-            started_pickers.append(await start_picker(config(nats_server.url, name)))
-        a, b = started_pickers
-        await prime(a.picker, b.picker, [p.sources.replica_sync for p in started_pickers])
+    configs = [config(nats_server.url, name) for name in ("a", "b")]
+    async with two_pickers(
+        configs, lambda a, i: pick(a, f"probe-{i}", responses_body(f"probe {i} " * 20))
+    ) as (a, b):
+        syncs = [a.sources.replica_sync, b.sources.replica_sync]
+        # routes go out once each has heard the other's heartbeat
+        await eventually(lambda: all(s is not None and s.shares_routes() for s in syncs), 5.0, "heartbeats")
         yield a, b
-    finally:
-        for p in started_pickers:
-            await p.stop(0)
 
 
 @pytest.fixture
 def pickers(running: tuple[RunningPicker, RunningPicker]) -> tuple[EndpointPicker, EndpointPicker]:
     return running[0].picker, running[1].picker
-
-
-async def prime(a: EndpointPicker, b: EndpointPicker, syncs: list[ReplicaSync | None]) -> None:
-    """Until b hears a and both heard each other's heartbeats (nats-server may drop the first
-    messages on a new subscription: nats-io/nats-server#5677)."""
-    decode_b = b.pools[MODEL].router.sequences
-    for i in range(50):
-        probe = await pick(a, f"probe-{i}", responses_body(f"probe {i} " * 20))
-        deadline = time.monotonic() + 0.2
-        while not decode_b.decode_blocks(probe.worker) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)  # poll interval
-        a.finish(probe, "done")
-        if decode_b.decode_blocks(probe.worker):
-            break
-    await eventually(lambda: all(s is not None and s.shares_routes() for s in syncs), 5.0, "heartbeats heard")
-    await eventually(b.is_idle, 5.0, "b idle")
 
 
 async def test_a_follow_up_through_the_other_replica_reaches_the_worker_storing_the_answer(pickers):
