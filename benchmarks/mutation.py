@@ -158,6 +158,7 @@ MODULES: dict[str, list[str]] = {
         "tests/picker/test_outlier.py",
         "tests/picker/test_aic_and_n.py",
         "tests/picker/test_response_homes.py",
+        "tests/picker/test_route_share.py",
         "tests/picker/test_worker_sessions.py",
         "tests/picker/test_disagg.py",
         "tests/picker/test_hash_prefix_cache.py",

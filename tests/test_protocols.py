@@ -56,7 +56,7 @@ PAIRS = [
     Pair("extproc.runtime.discovery:WorkerSetTarget", "extproc.picker.pipeline:EndpointPicker"),
     Pair("extproc.runtime.engine_metrics:WorkerPools", "extproc.picker.pipeline:EndpointPicker"),
     Pair("extproc.runtime.lora_discovery:NameTarget", "extproc.picker.pipeline:EndpointPicker"),
-    Pair("extproc.events.replica_sync:RouteSink", "extproc.picker.pipeline:EndpointPicker"),
+    Pair("extproc.events.route_catchup:RouteSink", "extproc.picker.pipeline:EndpointPicker"),
     Pair("extproc.picker.pipeline:RouteShare", "extproc.events.sources:_RouteShare"),
     # request/
     Pair("extproc.request.tokenizer:Tokenizer", "extproc.request.tokenizer:ByteTokenizer"),
@@ -125,7 +125,8 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
     from extproc.events.durable import TreeSource
     from extproc.events.feed import RouterFeed
     from extproc.events.nats_events import NatsEventPublisher
-    from extproc.events.replica_sync import RouteSink, SyncedRouter
+    from extproc.events.replica_sync import SyncedRouter
+    from extproc.events.route_catchup import RouteSink
     from extproc.events.sink import EventSink
     from extproc.events.sources import WorkerSetFollower, _AllRouters, _RouteShare, _SyncListener
     from extproc.events.zmq_publisher import VllmEventListener

@@ -121,7 +121,8 @@ ROUTER_REPLICA_SYNC = Option(
     False,
     "Share active requests with other picker replicas over NATS so every replica sees the whole "
     "load of each worker (prefill workers' too), and share which worker stored each Responses API "
-    "answer and where each sticky session is pinned, so that a follow-up may reach any replica.",
+    "answer and where each sticky session is pinned, so that a follow-up may reach any replica (a "
+    "replica that starts late or restarts is handed them by another one).",
 )
 ROUTER_ID: Option[str | None] = Option(
     "--router-id",

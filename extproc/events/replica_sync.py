@@ -5,7 +5,8 @@ Each replica publishes what it routes (add, prefill complete, free) on a NATS co
 messages to its own `KvRouter`, so that every replica's active load (prefill tokens, decode
 blocks per worker) counts the requests the others sent there. Replicas given a `RouteSink` (the
 picker) also share the routes clients name, Responses API answers' workers and sticky sessions'
-pins (`publish_route`; `replica_wire` says when they go). NATS core is at most once, so the shared
+pins (`publish_route`; `replica_wire` says when they go), and hand them all over to a replica that
+was not listening when they went (`route_catchup`). NATS core is at most once, so the shared
 view of the requests in flight heals itself instead of trusting every message to arrive:
 
 - Sequence: every message carries its sender's incarnation (`boot`, random at start) and number
@@ -120,6 +121,17 @@ from extproc.events.replica_wire import (
     wire_text,
     wire_worker,
 )
+from extproc.events.route_catchup import (
+    MAX_PENDING_ANSWERS,
+    RouteSink,
+    RoutesWanted,
+    answer_parts,
+    answer_payloads,
+    fill_route,
+    known_routes,
+    reply_subject,
+    route_from_answer,
+)
 from extproc.router.types import Worker
 from extproc.runtime.wakeups import call_when_idle, lazy_sleep
 from extproc.tasks import cancel_and_wait
@@ -164,19 +176,6 @@ class SyncedRouter(Protocol):
     def free(self, request_id: str) -> bool: ...
 
 
-class RouteSink(Protocol):
-    """Where the routes other replicas share land (`EndpointPicker`): Responses API answers' workers
-    and sticky sessions' pins."""
-
-    def remember_response_home(
-        self, response_id: str, model: str, worker: Worker, endpoint: str, group: str
-    ) -> bool: ...
-
-    def remember_session_pin(self, session_id: str, model: str, worker: Worker, group: str) -> bool: ...
-
-    def forget_session_pin(self, session_id: str, model: str) -> bool: ...
-
-
 @dataclass(slots=True)
 class _Origin:
     """What this replica knows of another one."""
@@ -193,6 +192,7 @@ class _Origin:
     parts_total: int = 0
     batch: bool = False  # its last heartbeat said it reads batches
     routes: bool = False  # its last heartbeat said it keeps the routes others share
+    handover: bool = False  # ... and hands them over when asked (`route_catchup`)
 
 
 class ReplicaSync:
@@ -201,7 +201,9 @@ class ReplicaSync:
     Counter keys: `sync.published`, `sync.publish_failed`, `sync.publish_dropped`, `sync.applied`,
     `sync.malformed`, `sync.apply_failed`, `sync.dropped`, `sync.gap`, `sync.missed`, `sync.want`,
     `sync.wanted`, `sync.state_sent`, `sync.resync`, `sync.digest_mismatch`, `sync.lease_expired`,
-    `sync.restarted`, `sync.origins_full`, `sync.requests_full`, `sync.id_clash`.
+    `sync.restarted`, `sync.origins_full`, `sync.requests_full`, `sync.id_clash`; routes:
+    `sync.routes`, `sync.routes_unshared`, `sync.routes_want`, `sync.routes_want_timeout`,
+    `sync.routes_want_dropped`, `sync.routes_sent`, `sync.routes_learned`, `sync.routes_late`.
     """
 
     def __init__(
@@ -237,6 +239,11 @@ class ReplicaSync:
         self.lease_s = lease_s
         self.batch_s = batch_s  # 0: every lifecycle message on its own
         self.routes = routes  # None: other replicas' routes are not kept (and this one says so)
+        # routes learned before this replica listened, asked of another (`route_catchup`)
+        self._routes_wanted = RoutesWanted(lease_s) if routes is not None else None
+        self._inbox: str | None = None  # where the answers come (subscribed at start)
+        self._inbox_sub: Any = None
+        self._answers: dict[str, tuple[str, int]] = {}  # replicas asking this one: (reply, ask)
         self.boot = boot if boot is not None else secrets.randbits(62)
         self.counters = counters if counters is not None else EventCounters()
         self._clock = clock
@@ -268,6 +275,9 @@ class ReplicaSync:
         self._sub = await self.nc.subscribe(
             self.subject, cb=self._on_message, pending_msgs_limit=self.queue_size
         )
+        if self._routes_wanted is not None:
+            self._inbox = self.nc.new_inbox()
+            self._inbox_sub = await self.nc.subscribe(self._inbox, cb=self._on_routes)
         await self.nc.flush()  # subscribed when start returns
         self._want_all("this replica started")
         name = f"replica-sync-{self.router_id}"
@@ -282,10 +292,11 @@ class ReplicaSync:
         with contextlib.suppress(Exception):
             await self._sender.flush(timeout_s=2.0)
         await self._sender.stop()
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        for sub in (self._sub, self._inbox_sub):
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        self._sub = self._inbox_sub = None
 
     # --- publishing (never blocks, never raises) -------------------------------------------------
 
@@ -391,8 +402,8 @@ class ReplicaSync:
     def _publish_heartbeat(self) -> None:
         n, digest = self._own.summary()
         heartbeat = {"op": "hb", "n": n, "digest": digest, "lease_s": self.lease_s, "batch": 1}
-        if self.routes is not None:  # it keeps the routes others share
-            heartbeat["routes"] = 1
+        if self.routes is not None:  # it keeps the routes others share, and hands them over when asked
+            heartbeat["routes"] = heartbeat["handover"] = 1
         self._publish(VERSION, heartbeat)
 
     def _publish_state(self) -> None:
@@ -441,6 +452,12 @@ class ReplicaSync:
             self._publish_heartbeat()
         if self._dump_wanted and now - self._last_dump >= min(self.heartbeat_s / 2, _TICK_MAX_S):
             self._publish_state()
+        if self._answers:
+            self._answer_routes()
+        if self._routes_wanted is not None and (silent := self._routes_wanted.expired(now)) is not None:
+            self.counters.add("sync.routes_want_timeout")
+            log.warning("replica sync: %s handed over %d parts of its routes, then nothing for %.1f s: "
+                        "asking again", silent.origin, silent.parts_next, now - silent.heard_at)  # fmt: skip
         if not self._link_up:
             return  # we hear nobody: a silence says nothing about them
         for origin, entry in list(self._origins.items()):
@@ -462,6 +479,8 @@ class ReplicaSync:
         now = self._clock()
         for entry in self._origins.values():
             entry.heard_at = now  # every lease starts again
+        if self._routes_wanted is not None:
+            self._routes_wanted.missed_some()  # routes shared while this one was away
         self._want_all(reason)
         self._wake.set()
 
@@ -469,6 +488,8 @@ class ReplicaSync:
         """(delay, slack) of the next tick: a state wanted by another replica goes out within
         `_TICK_MAX_S`; otherwise the tick comes with the next heartbeat, up to a quarter of the
         period late if the loop has no other wake-up before (leases and wants need no more)."""
+        if self._answers:
+            return 0.0, 0.0
         if self._dump_wanted:
             return max(0.0, self._last_dump + min(self.heartbeat_s / 2, _TICK_MAX_S) - now), 0.0
         if not self._link_up:  # no heartbeats are due: look again as often as before
@@ -537,6 +558,8 @@ class ReplicaSync:
         legacy = [origin for origin, entry in self._origins.items() if entry.boot is None]
         forgotten = sum(self._forget(origin) for origin in legacy)
         self.counters.add("sync.resync")
+        if self._routes_wanted is not None:
+            self._routes_wanted.missed_some()
         log.warning("replica sync lost messages: asking every replica for its state%s",
                     f" (forgot {forgotten} requests of version-1 replicas)" if legacy else "")  # fmt: skip
         self._want_all("messages were dropped")
@@ -651,6 +674,8 @@ class ReplicaSync:
                 self._wake.set()
         elif op == "state":
             self._state_part(origin, entry, message)
+        elif op == "want_routes":
+            self._routes_asked(origin, message)
         elif (route := route_from_message(op, message)) is not None:
             self._route(*route)
         else:
@@ -701,9 +726,75 @@ class ReplicaSync:
             sink.forget_session_pin(key, route.model)
         self.counters.add("sync.routes")
 
+    # --- routes handed over to a replica that missed them (`route_catchup`) ----------------------
+
+    def _ask_routes(self, origin: str, now: float) -> None:
+        if self._routes_wanted is None or self._inbox is None:
+            return
+        ask = self._routes_wanted.ask(origin, now)
+        if ask is None:
+            return
+        self.counters.add("sync.routes_want")
+        log.info("replica sync: asking %s for the routes it keeps (answers' workers, session pins)", origin)
+        self._publish(VERSION, {"op": "want_routes", "from": origin, "reply": self._inbox, "ask": ask.ask})
+
+    def _routes_asked(self, origin: str, message: dict[str, Any]) -> None:
+        """`origin` asks some replica for its routes: remember to answer if it is this one."""
+        if message["from"] != self.router_id or self.routes is None:
+            return
+        reply, ask = reply_subject(message["reply"]), wire_int(message["ask"])
+        if origin not in self._answers and len(self._answers) >= MAX_PENDING_ANSWERS:
+            self.counters.loud("sync.routes_want_dropped", "replica sync: more than %d replicas ask for "
+                               "routes at once; %.60s asks again", MAX_PENDING_ANSWERS, origin)  # fmt: skip
+            return
+        self._answers[origin] = (reply, ask)
+        self._wake.set()
+
+    def _answer_routes(self) -> None:
+        """Hand every route kept here to each replica that asked, in parts, to its inbox."""
+        assert self.routes is not None
+        parts = answer_parts(known_routes(self.routes))
+        answers, self._answers = self._answers, {}
+        for asker, (reply, ask) in answers.items():
+            for payload in answer_payloads(parts, self.router_id, self.boot, ask):
+                self._sender.submit(reply, payload)
+            n = sum(map(len, parts))
+            self.counters.add("sync.routes_sent", n)
+            log.info("replica sync: handed %d routes to %s (%d parts)", n, asker, len(parts))
+
+    async def _on_routes(self, msg: Msg) -> None:
+        self.handle_routes(msg.data)
+
+    def handle_routes(self, data: bytes, now: float | None = None) -> None:
+        """Take one part of an answer to this replica's want_routes (what its inbox gets); never raises."""
+        if self._routes_wanted is None or self.routes is None:
+            return
+        try:
+            got = self._routes_wanted.take(data, self._clock() if now is None else now)
+        except Exception as exc:
+            self.counters.loud("sync.malformed", "malformed routes answer (%r); dropped, asking again", exc)
+            return
+        if got is None:
+            self.counters.add("sync.routes_late")  # an answer to an ask given up already
+            return
+        ask, items, last = got
+        for item in items:
+            try:
+                ask.learned += fill_route(self.routes, *route_from_answer(item))
+            except Exception as exc:  # this route only
+                self.counters.loud("sync.malformed", "malformed route in an answer (%r); dropped", exc)
+            ask.told += 1
+        if last:
+            self.counters.add("sync.routes_learned", ask.learned)
+            log.info("replica sync: learned %d routes from %s (%d more were known here or lapsed)",
+                     ask.learned, ask.origin, ask.told - ask.learned)  # fmt: skip
+
     def _heartbeat(self, origin: str, entry: _Origin, message: dict[str, Any], now: float) -> None:
         entry.batch = message.get("batch") == 1
         entry.routes = message.get("routes") == 1
+        entry.handover = message.get("handover") == 1
+        if entry.routes and entry.handover:
+            self._ask_routes(origin, now)
         lease = message.get("lease_s")
         if isinstance(lease, int | float) and not isinstance(lease, bool) and lease == lease:
             entry.lease_s = min(max(float(lease), MIN_LEASE_S), MAX_LEASE_S)

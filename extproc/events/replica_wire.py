@@ -9,7 +9,7 @@ version-1 replica drops as malformed (counted there); batches are format 3:
     {"v": 1, "router": str, "boot": int, "seq": int, "op": "prefill" | "free", "id": str}
     {"v": 1, "router": str, "boot": int, "seq": int, "op": "bye"}   # stopping: forget my requests
     {"v": 2, "router": str, "boot": int, "seq": int, "op": "hb", "n": int, "digest": int,
-     "lease_s": float}
+     "lease_s": float, "batch": 1, "routes": 1, "handover": 1}  # the last three: what it reads
     {"v": 2, "router": str, "boot": int, "seq": int, "op": "want", "from": str}  # router id or "*"
     {"v": 2, "router": str, "boot": int, "seq": int, "op": "state", "part": int, "parts": int,
      "reqs": [[id, worker, dp, [hashes], isl, overlap, eot | nil, prefilled], ...]}
@@ -38,6 +38,8 @@ They are not requests: no digest or `state` counts them, and a lost one costs wh
 have been told by it (a route on load). A replica sends them only while every other replica it knows
 said `"routes": 1` in its last heartbeat (a replica that does not keep them, or of a version before
 them, would drop a batch holding one as malformed).
+A replica that was not listening when a route was shared (it started late, reconnected) is handed
+every route another replica keeps (`want_routes`, `extproc.events.route_catchup`).
 
 A request prefilled on a prefill worker (disaggregated serving) is shared as two: its decode
 request under its id, on its decode worker, prefill complete at once; and its prompt under

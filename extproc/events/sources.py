@@ -247,7 +247,7 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         sources.closers.append(stop_catching_up)
         log.info(
             "replica sync on %s as %s (shared: in-flight load, the workers storing Responses API answers "
-            "and sticky-session pins)", subject, router_id,
+            "and sticky-session pins, asked of another replica at start)", subject, router_id,
         )  # fmt: skip
 
 

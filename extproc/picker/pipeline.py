@@ -549,24 +549,49 @@ class EndpointPicker:
                 self.route_share.response_home(response_id, pick.model, pick.worker, pick.endpoint, group)
 
     def remember_response_home(
-        self, response_id: str, model: str, worker: Worker, endpoint: str, group: str
-    ) -> bool:
-        """Another replica's answer `response_id` is stored on `worker` (replica sync): remember it here
-        too. False when the id is unusable (empty or too long)."""
-        return self.response_homes.remember(response_id, model, worker, endpoint, group, self._clock())
+        self, response_id: str, model: str, worker: Worker, endpoint: str, group: str, *,
+        age_s: float = 0.0, fill: bool = False,
+    ) -> bool:  # fmt: skip
+        """Another replica's answer `response_id` is stored on `worker` (replica sync), last used
+        `age_s` ago: remember it here too. `fill`: unless this picker knows where it is (a route
+        handed over to a replica that started late). False when nothing was kept: the id is
+        unusable (empty or too long), known (`fill`), or lapsed."""
+        if (fill and response_id in self.response_homes) or age_s >= self.response_homes.ttl_s:
+            return False
+        return self.response_homes.remember(
+            response_id, model, worker, endpoint, group, self._clock() - age_s
+        )
 
-    def remember_session_pin(self, session_id: str, model: str, worker: Worker, group: str) -> bool:
-        """Another replica pinned (or moved, or used) a sticky session: pin it here too. False for a
-        model this picker does not serve. A move closes a worker session opened here for it, as a
-        move here does."""
+    def remember_session_pin(
+        self, session_id: str, model: str, worker: Worker, group: str, *,
+        age_s: float = 0.0, fill: bool = False,
+    ) -> bool:  # fmt: skip
+        """Another replica pinned (or moved, or used) a sticky session, `age_s` ago: pin it here too
+        (`fill`: unless it is pinned here). False when nothing was pinned: a model this picker does
+        not serve, known (`fill`), or lapsed. A move closes a worker session opened here for it,
+        as a move here does."""
         sessions = self._sessions.get(model)
-        if sessions is None:
+        if sessions is None or (fill and session_id in sessions) or age_s >= sessions.ttl_s:
             return False
         now = self._clock()
-        sessions.pin(session_id, worker, now, group)
+        sessions.pin(session_id, worker, now - age_s, group)
         sessions.share_due(session_id, now, 0.0)  # told everywhere just now: no echo
         self._sweep_sessions_later()
         return True
+
+    def known_response_homes(self) -> list[tuple[str, str, Worker, str, str, float]]:
+        """(response id, model, worker, endpoint, group, seconds since its last use) of every stored
+        answer's home kept here, least recently used first (for a replica that missed them)."""
+        now = self._clock()
+        return [(rid, h.model, h.worker, h.endpoint, h.group, now - h.last_used_s)
+                for rid, h in self.response_homes.homes(now)]  # fmt: skip
+
+    def known_session_pins(self) -> list[tuple[str, str, Worker, str, float]]:
+        """(session id, model, worker, group, seconds since its last use) of every sticky session
+        pinned here, least recently used first per model (for a replica that missed them)."""
+        now = self._clock()
+        return [(sid, model, pin.worker, pin.group, now - pin.last_used_s)
+                for model, sessions in self._sessions.items() for sid, pin in sessions.pins(now)]  # fmt: skip
 
     def forget_session_pin(self, session_id: str, model: str) -> bool:
         """Another replica closed a sticky session: unpin it here too (its request closes the worker's

@@ -68,10 +68,24 @@ class ResponseHomes:
         self._homes[response_id] = Home(model, worker, endpoint, group, now)
         return True
 
+    def __contains__(self, response_id: object) -> bool:
+        return response_id in self._homes
+
+    def homes(self, now: float) -> list[tuple[str, Home]]:
+        """Every id kept (and not lapsed at `now`) with its home, least recently used first."""
+        self.expire(now)
+        return [(rid, home) for rid, home in self._homes.items() if now - home.last_used_s < self.ttl_s]
+
     def get(self, response_id: str, now: float) -> Home | None:
         """Where `response_id` is stored (its TTL restarts), or None: unknown, lapsed or evicted."""
         self.expire(now)
         home = self._homes.get(response_id)
+        if home is not None and now - home.last_used_s >= self.ttl_s:
+            # remembered at a time before ids after it (handed over by another replica, its last
+            # use there): lapsed, though the sweep in order has not reached it
+            del self._homes[response_id]
+            self.expired += 1
+            return None
         if home is not None:
             home.last_used_s = now
             self._homes.move_to_end(response_id)

@@ -66,6 +66,11 @@ class SessionPins:
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._pins
 
+    def pins(self, now: float) -> list[tuple[str, Pin]]:
+        """Every session pinned (and not lapsed at `now`) with its pin, least recently used first."""
+        self.expire(now)
+        return [(sid, pin) for sid, pin in self._pins.items() if now - pin.last_used_s < self.ttl_s]
+
     def get(self, session_id: str, now: float) -> Worker | None:
         """The session's worker, or None when it has none or its pin lapsed."""
         pin = self.get_pin(session_id, now)
@@ -74,7 +79,15 @@ class SessionPins:
     def get_pin(self, session_id: str, now: float) -> Pin | None:
         """The session's pin (worker and group), or None when it has none or it lapsed."""
         self.expire(now)
-        return self._pins.get(session_id)
+        pin = self._pins.get(session_id)
+        if pin is not None and now - pin.last_used_s >= self.ttl_s:
+            # pinned at a time before pins after it (handed over by another replica, its last use
+            # there): lapsed, though the sweep in order has not reached it
+            del self._pins[session_id]
+            self._dropped(session_id, pin)
+            self.expired += 1
+            return None
+        return pin
 
     def pin(self, session_id: str, worker: Worker, now: float, group: str = "") -> PinEvent:
         """Record a use of the session on `worker` of `group`: a new pin (which may evict the least

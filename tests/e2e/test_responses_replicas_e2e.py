@@ -7,7 +7,9 @@ does); a follow-up (`previous_response_id`) or a retrieval that reaches another 
 Two `python -m extproc serve --router-replica-sync` processes share a real nats-server; a real Envoy
 spreads the ext_proc streams over them (round robin); the real `openai` client talks to Envoy.
 Before replica sync shared the answers' workers, a replica sent the follow-ups of conversations that
-began on the other one to a worker chosen on load: most of them met 404s.
+began on the other one to a worker chosen on load: most of them met 404s. And before a replica that
+starts hands over what it was not there to hear (`want_routes`), a rolling restart of the replicas
+lost every answer's worker: each follow-up of an older conversation went where load sent it.
 """
 
 from __future__ import annotations
@@ -120,6 +122,61 @@ async def test_follow_ups_through_either_replica_reach_the_worker_that_stored_th
         shared = [(await counters(http, r)).get("sync.routes", 0) for r in replicas]
     # both replicas routed answers and learned the other's: without it most follow-ups met 404s
     assert all(n > 0 for n in shared), shared
+
+
+def _restarted(replicas: list[ManagedProcess], index: int, log_dir: Path) -> ManagedProcess:
+    """Replica `index` stopped (SIGTERM) and started again on the same ports, with the same router id
+    (a rolling restart: Envoy's cluster names the addresses); it replaces the old one in `replicas`."""
+    old = replicas[index]
+    ports, argv = old.ports(), list(old.argv)
+    ports_file = log_dir / f"replica-{index}-restarted.ports.json"
+    for flag, value in (("--port", ports["port"]), ("--health-port", ports["health_port"]),
+                        ("--ports-file", ports_file)):  # fmt: skip
+        argv[argv.index(flag) + 1] = str(value)
+    old.stop()
+    new = ManagedProcess(argv, log_path=log_dir / f"replica-{index}-restarted.log", ports_file=ports_file)
+    replicas[index] = new.start()  # the fixture stops whatever runs now
+    new.ports(30.0)
+    return new
+
+
+async def test_conversations_go_on_after_a_rolling_restart_of_the_replicas(
+    client: openai.AsyncOpenAI, replicas: list[ManagedProcess], log_dir: Path
+):
+    async with aiohttp.ClientSession() as http:
+        await until(
+            lambda: _all_applied(http, replicas, 8), 15.0, "the replicas hear each other's heartbeats"
+        )
+        firsts = await asyncio.gather(*(
+            client.responses.create(model=MODEL, input=f"restart {i}: caches", max_output_tokens=4)
+            for i in range(CONVERSATIONS)
+        ))  # fmt: skip
+        for index in range(REPLICAS):  # one at a time: the other one routes meanwhile
+            new = _restarted(replicas, index, log_dir)
+            await until(
+                lambda new=new: _learned(http, new, CONVERSATIONS),
+                15.0,
+                f"replica {index} is handed the routes",
+            )
+
+        async def go_on(first_id: str) -> None:
+            previous = first_id
+            for turn in range(FOLLOW_UPS):  # each a 404 on any other worker
+                answer = await client.responses.create(
+                    model=MODEL,
+                    input=f"and then? ({turn})",
+                    previous_response_id=previous,
+                    max_output_tokens=4,
+                )
+                previous = answer.id
+            assert (await client.responses.retrieve(first_id)).id == first_id
+
+        # every replica now started after the first turns: what it knows of them it was handed
+        await asyncio.gather(*(go_on(first.id) for first in firsts))
+
+
+async def _learned(http: aiohttp.ClientSession, replica: ManagedProcess, at_least: int) -> bool:
+    return (await counters(http, replica)).get("sync.routes_learned", 0) >= at_least
 
 
 async def _all_applied(http: aiohttp.ClientSession, replicas: list[ManagedProcess], at_least: int) -> bool:

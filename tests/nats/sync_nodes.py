@@ -30,14 +30,18 @@ HEARTBEAT_S, LEASE_S = 1.0, 5.0
 
 
 class Wire:
-    """Stands in for the publishing queue: keeps every payload for the test to deliver."""
+    """Stands in for the publishing queue: keeps every payload for the test to deliver (what goes
+    to another subject, a replica's inbox, in `replies`)."""
 
     def __init__(self) -> None:
         self.sent: list[bytes] = []
+        self.replies: list[tuple[str, bytes]] = []
 
     def submit(self, subject: str, payload: bytes) -> None:
-        assert subject == SUBJECT
-        self.sent.append(payload)
+        if subject == SUBJECT:
+            self.sent.append(payload)
+        else:
+            self.replies.append((subject, payload))
 
     def take(self) -> list[bytes]:
         out, self.sent = self.sent, []
@@ -62,6 +66,7 @@ class Node:
         heartbeat_s: float = HEARTBEAT_S,
         lease_s: float = LEASE_S,
         routes: RouteSink | None = None,
+        inbox: bool = False,
     ) -> None:
         self.name = name
         self.now = 0.0  # what the sync's clock says (handle and tick are also given times)
@@ -82,6 +87,8 @@ class Node:
         )
         self.wire = Wire()
         self.sync._sender = self.wire  # type: ignore[assignment]
+        if inbox:  # what start() subscribes to: answers to its want_routes come there
+            self.sync._inbox = f"_INBOX.{name}"
         self.count = 0
 
     def route(self, worker: Worker = W7, n_tokens: int = 9) -> str:

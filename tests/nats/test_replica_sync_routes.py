@@ -43,24 +43,47 @@ HOME = SharedHome(MODEL, W7, "127.0.0.7:8000", "local")
 
 
 class Homes:
-    """A RouteSink that records what it is told."""
+    """A RouteSink that records what it is told (ages too); `fill` keeps what it knows."""
 
     def __init__(self) -> None:
         self.kept: dict[str, tuple[str, Worker, str, str]] = {}
         self.pins: dict[str, tuple[str, Worker, str]] = {}
+        self.ages: dict[str, float] = {}
 
     def remember_response_home(
-        self, response_id: str, model: str, worker: Worker, endpoint: str, group: str
-    ) -> bool:
+        self, response_id: str, model: str, worker: Worker, endpoint: str, group: str, *,
+        age_s: float = 0.0, fill: bool = False,
+    ) -> bool:  # fmt: skip
+        if fill and response_id in self.kept:
+            return False
         self.kept[response_id] = (model, worker, endpoint, group)
+        self.ages[response_id] = age_s
         return True
 
-    def remember_session_pin(self, session_id: str, model: str, worker: Worker, group: str) -> bool:
+    def remember_session_pin(
+        self,
+        session_id: str,
+        model: str,
+        worker: Worker,
+        group: str,
+        *,
+        age_s: float = 0.0,
+        fill: bool = False,
+    ) -> bool:
+        if fill and session_id in self.pins:
+            return False
         self.pins[session_id] = (model, worker, group)
+        self.ages[session_id] = age_s
         return True
 
     def forget_session_pin(self, session_id: str, model: str) -> bool:
         return self.pins.pop(session_id, None) is not None
+
+    def known_response_homes(self) -> list[tuple[str, str, Worker, str, str, float]]:
+        return [(rid, *home, self.ages.get(rid, 0.0)) for rid, home in self.kept.items()]
+
+    def known_session_pins(self) -> list[tuple[str, str, Worker, str, float]]:
+        return [(sid, *pin, self.ages.get(sid, 0.0)) for sid, pin in self.pins.items()]
 
 
 def pair(*, batch_s: float | None = None) -> tuple[Node, Node, Homes]:

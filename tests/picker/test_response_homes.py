@@ -60,3 +60,14 @@ def test_a_worker_that_leaves_takes_its_homes():
 def test_bad_bounds_are_refused(ttl_s, max_homes):
     with pytest.raises(ValueError):
         ResponseHomes(ttl_s, max_homes)
+
+
+def test_an_id_remembered_at_an_earlier_time_than_the_ids_after_it_lapses_on_its_own_time():
+    """Another replica hands over an id with its last use there: it lands after newer ids."""
+    homes = ResponseHomes(ttl_s=10.0)
+    remember(homes, "new", now=100.0)
+    remember(homes, "old", now=92.0)
+    assert [rid for rid, _ in homes.homes(101.9)] == ["new", "old"]
+    assert [rid for rid, _ in homes.homes(102.0)] == ["new"]
+    assert homes.get("old", 102.0) is None and homes.get("new", 102.0) is not None
+    assert homes.expired == 1 and "old" not in homes and len(homes) == 1

@@ -189,3 +189,16 @@ def test_a_pin_is_due_to_be_shared_once_per_interval() -> None:
     assert not pins.share_due("s", 24.9, 15.0)
     assert pins.share_due("s", 25.0, 15.0)
     assert pins.share_due("s", 25.0, 0.0)  # a new pin or a move: at once
+
+
+def test_a_pin_made_at_an_earlier_time_than_the_pins_after_it_lapses_on_its_own_time() -> None:
+    """Another replica hands over a pin with its last use there: it lands after newer pins."""
+    dropped: list[tuple[str, str]] = []
+    pins = SessionPins(ttl_s=10.0, on_drop=lambda sid, endpoint: dropped.append((sid, endpoint)))
+    pins.pin("new", W0, now=100.0)
+    pins.pin("old", W1, now=92.0)
+    pins.mark_opened("old", "10.0.0.2:30000")
+    assert [sid for sid, _ in pins.pins(101.9)] == ["new", "old"]
+    assert [sid for sid, _ in pins.pins(102.0)] == ["new"]
+    assert pins.get_pin("old", 102.0) is None and pins.get("new", 102.0) == W0
+    assert pins.expired == 1 and "old" not in pins and dropped == [("old", "10.0.0.2:30000")]

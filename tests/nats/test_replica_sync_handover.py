@@ -1,0 +1,321 @@
+"""A replica that was not listening when routes were shared is handed them by another replica.
+
+Before, a replica that started late (a rolling restart of the pickers, a scale-up) or came back from
+a NATS outage knew only the routes learned after it came: a follow-up of an older stored answer sent
+through it went to a worker chosen on load and met the engine's 404. Now it asks one replica that
+keeps routes (`want_routes`) and fills in what it does not know (`extproc.events.route_catchup`).
+
+Message by message (`sync_nodes`, no NATS), then two pickers over a real nats-server.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import msgpack
+import pytest
+
+from extproc.config import EventsConfig
+from extproc.events.replica_wire import OP_HOME, OP_PIN, OP_UNPIN, VERSION
+from extproc.events.route_catchup import MAX_PENDING_ANSWERS, answer_payloads
+from extproc.picker.pipeline import EndpointPicker
+from extproc.runtime.server import start_picker
+
+from ..picker_fixtures import MODEL, picker_config
+from .conftest import eventually
+from .sync_nodes import LEASE_S, W7, W8, Node
+from .test_replica_sync_routes import Homes
+
+ENDPOINT = "127.0.0.7:8000"
+
+
+def keeper(name: str, routes: Homes | None = None) -> Node:
+    """A replica that keeps routes, hands them over, and asks for them (its inbox: _INBOX.<name>)."""
+    return Node(name, "7", "8", routes=routes if routes is not None else Homes(), inbox=True)
+
+
+def full_keeper() -> tuple[Node, Homes]:
+    routes = Homes()
+    routes.remember_response_home("resp_1", MODEL, W7, ENDPOINT, "local", age_s=12.5)
+    routes.remember_session_pin("s1", MODEL, W8, "local", age_s=3.0)
+    return keeper("a", routes), routes
+
+
+def wants(node: Node) -> list[dict]:
+    return [m for m in node.wire.messages() if m["op"] == "want_routes"]
+
+
+def answer(asked: Node, asker: Node, now: float = 0.1) -> list[bytes]:
+    """Hand what `asker` sent to `asked`, let `asked` tick, return the answer's parts to `asker`."""
+    asker.deliver(asked, now=now)
+    asked.sync.tick(now)
+    replies, asked.wire.replies = asked.wire.replies, []
+    assert {subject for subject, _ in replies} <= {f"_INBOX.{asker.name}"}
+    return [payload for _, payload in replies]
+
+
+def test_a_replica_that_started_late_is_handed_every_route_with_its_age():
+    a, routes_a = full_keeper()
+    routes_b = Homes()
+    b, bystander = keeper("b", routes_b), keeper("c")
+    b.hears(a)  # a's heartbeat says it keeps routes and hands them over: b asks it, once
+    (want,) = wants(b)
+    assert (want["from"], want["reply"]) == ("a", "_INBOX.b")
+    b.deliver(a, bystander)
+    bystander.sync.tick(0.1)
+    assert bystander.wire.replies == []  # only the replica named answers
+    for payload in answer(a, b):
+        b.sync.handle_routes(payload, now=0.2)
+    assert routes_b.kept == routes_a.kept and routes_b.pins == routes_a.pins
+    assert routes_b.ages == {"resp_1": 12.5, "s1": 3.0}  # each lapses on time there too
+    assert (a.counters["sync.routes_sent"], b.counters["sync.routes_learned"]) == (2, 2)
+    b.wire.take()
+    b.hears(a)
+    assert wants(b) == []  # nothing missed any more
+
+
+def test_an_answer_larger_than_a_part_comes_in_parts_in_order():
+    routes_a = Homes()
+    for i in range(6000):  # about 0.9 MB of routes
+        routes_a.remember_response_home(f"resp_{i:076d}", MODEL, W7, ENDPOINT, "local", age_s=i / 10)
+    a, routes_b = keeper("a", routes_a), Homes()
+    b = keeper("b", routes_b)
+    b.hears(a)
+    parts = answer(a, b)
+    assert len(parts) >= 3 and all(len(p) < 1 << 20 for p in parts)  # under NATS's max_payload
+    for payload in parts:
+        b.sync.handle_routes(payload)
+    assert routes_b.kept == routes_a.kept and b.counters["sync.routes_learned"] == 6000
+
+
+def test_a_part_lost_drops_the_ask_and_the_next_heartbeat_asks_again():
+    routes_a = Homes()
+    for i in range(6000):
+        routes_a.remember_response_home(f"resp_{i:076d}", MODEL, W7, ENDPOINT, "local")
+    a, routes_b = keeper("a", routes_a), Homes()
+    b = keeper("b", routes_b)
+    b.hears(a)
+    first = answer(a, b)
+    b.sync.handle_routes(first[0])
+    b.sync.handle_routes(first[2])  # the second part was lost
+    assert b.counters["sync.malformed"] == 1 and b.sync._routes_wanted.pending is None
+    b.sync.handle_routes(first[1])  # late: an answer to an ask given up
+    assert b.counters["sync.routes_late"] == 1
+    b.wire.take()
+    b.hears(a)
+    (want,) = wants(b)
+    assert want["ask"] == 2
+    for payload in answer(a, b):
+        b.sync.handle_routes(payload)
+    assert routes_b.kept == routes_a.kept
+
+
+def test_a_replica_that_never_answers_is_given_up_and_another_one_asked():
+    a, _ = full_keeper()
+    c_routes = Homes()
+    c_routes.remember_response_home("resp_c", MODEL, W8, ENDPOINT, "local")
+    b, c = keeper("b"), keeper("c", c_routes)
+    b.hears(a)  # asked a, which dies before it answers
+    b.wire.take()
+    b.hears(c)
+    assert wants(b) == []  # one ask at a time
+    b.sync.tick(LEASE_S - 0.1)
+    assert b.counters["sync.routes_want_timeout"] == 0
+    b.sync.tick(LEASE_S + 0.1)
+    assert b.counters["sync.routes_want_timeout"] == 1
+    b.wire.take()
+    b.hears(c)
+    assert [w["from"] for w in wants(b)] == ["c"]
+
+
+def test_no_ask_goes_to_a_replica_of_the_version_before():
+    a, b = Node("a", "7"), keeper("b")
+    a.sync._publish(VERSION, {"op": "hb", "n": 0, "digest": 0, "lease_s": LEASE_S, "batch": 1, "routes": 1})
+    a.deliver(b)
+    assert wants(b) == []  # it keeps routes but would drop want_routes as an unknown op
+
+
+def test_a_replica_that_keeps_no_routes_neither_asks_nor_answers():
+    a, _ = full_keeper()
+    plain = Node("p", "7", "8")
+    plain.hears(a)
+    assert wants(plain) == []
+    b = keeper("b")
+    b.hears(plain)  # its heartbeat says nothing of routes
+    assert wants(b) == []
+    b.sync._publish(VERSION, {"op": "want_routes", "from": "p", "reply": "_INBOX.b", "ask": 1})
+    b.deliver(plain)
+    plain.sync.tick(0.1)
+    assert plain.wire.replies == [] and plain.counters["sync.apply_failed"] == 0
+
+
+def test_a_replica_back_from_an_outage_asks_again():
+    a, _ = full_keeper()
+    b = keeper("b")
+    b.hears(a)
+    for payload in answer(a, b):
+        b.sync.handle_routes(payload)
+    b.sync.connection_changed(False, "test")
+    b.sync.connection_changed(True, "test")
+    b.wire.take()
+    b.hears(a)
+    assert [w["from"] for w in wants(b)] == ["a"]
+
+
+def test_routes_known_here_are_kept():
+    a, _ = full_keeper()
+    routes_b = Homes()
+    routes_b.remember_session_pin("s1", MODEL, W7, "local")  # learned live while the answer was on its way
+    b = keeper("b", routes_b)
+    b.hears(a)
+    for payload in answer(a, b):
+        b.sync.handle_routes(payload)
+    assert routes_b.pins["s1"] == (MODEL, W7, "local") and b.counters["sync.routes_learned"] == 1
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        [-1.0, OP_HOME, "resp_x", MODEL, "7", 0, ENDPOINT, "local"],  # a negative age
+        [float("inf"), OP_HOME, "resp_x", MODEL, "7", 0, ENDPOINT, "local"],
+        [True, OP_HOME, "resp_x", MODEL, "7", 0, ENDPOINT, "local"],
+        ["1", OP_HOME, "resp_x", MODEL, "7", 0, ENDPOINT, "local"],
+        [1.0, OP_UNPIN, "s9", MODEL],  # an answer holds homes and pins only
+        [1.0, float(OP_PIN), "s9", MODEL, "7", 0, "local"],
+        [1.0, OP_HOME, "", MODEL, "7", 0, ENDPOINT, "local"],  # no id
+        [1.0, OP_PIN, "s9", MODEL, "7", 0],  # a field short
+        [1.0],
+        "resp_x",
+    ],
+)
+def test_a_malformed_route_in_an_answer_costs_that_route_only(item):
+    b, routes_b = keeper("b"), Homes()
+    b.sync.routes = routes_b
+    b.hears(keeper("a"))
+    good = [0.5, OP_PIN, "s1", MODEL, "8", 0, "local"]
+    (payload,) = answer_payloads([[item, good]], "a", 1, 1)
+    b.sync.handle_routes(payload)
+    assert routes_b.kept == {} and routes_b.pins == {"s1": (MODEL, W8, "local")}
+    assert b.counters["sync.malformed"] == 1 and b.counters["sync.routes_learned"] == 1
+
+
+def answer_message(**fields) -> bytes:
+    return msgpack.packb({"v": VERSION, "router": "a", "op": "routes", "ask": 1, "part": 0, "parts": 1,
+                          "routes": [], **fields})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "message",
+    [b"\xc1", msgpack.packb([1, 2]), answer_message(v=1), answer_message(op="state")],  # not msgpack, ...
+)
+def test_a_message_that_is_no_answer_is_dropped_and_the_answer_still_awaited(message):
+    b = keeper("b")
+    b.hears(keeper("a"))
+    b.sync.handle_routes(message)
+    assert b.counters["sync.malformed"] == 1 and b.sync._routes_wanted.pending is not None
+    b.sync.handle_routes(answer_message())
+    assert b.counters["sync.routes_learned"] == 0 and not b.sync._routes_wanted.missed  # done
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"parts": 0}, {"part": 1, "parts": 2}, {"part": -1}, {"parts": 1.0}, {"routes": {}}, {"routes": None}],
+)
+def test_a_malformed_answer_is_dropped_and_asked_again(fields):
+    b = keeper("b")
+    b.hears(keeper("a"))
+    b.sync.handle_routes(answer_message(**fields))
+    assert b.counters["sync.malformed"] == 1 and b.sync._routes_wanted.pending is None
+    b.wire.take()
+    b.hears(keeper("a"))
+    assert [w["ask"] for w in wants(b)] == [2]
+
+
+def test_an_answer_without_its_routes_is_dropped_and_asked_again():
+    b = keeper("b")
+    b.hears(keeper("a"))
+    message = msgpack.unpackb(answer_message())
+    del message["routes"]
+    b.sync.handle_routes(msgpack.packb(message))
+    assert b.counters["sync.malformed"] == 1 and b.sync._routes_wanted.pending is None
+
+
+def test_an_answer_from_another_replica_or_to_another_ask_is_ignored():
+    b = keeper("b")
+    b.hears(keeper("a"))
+    b.sync.handle_routes(answer_message(router="c"))
+    b.sync.handle_routes(answer_message(ask=2))
+    b.sync.handle_routes(answer_message(ask="1"))
+    assert b.counters["sync.routes_late"] == 3 and b.sync._routes_wanted.pending is not None
+
+
+@pytest.mark.parametrize("reply", ["", "_INBOX.*", "_INBOX.>", "_INBOX b", ".x", "x.", "a..b", "r" * 257, 7])
+def test_a_want_with_a_reply_that_is_no_plain_subject_is_not_answered(reply):
+    a, _ = full_keeper()
+    b = Node("b", "7")
+    b.sync._publish(VERSION, {"op": "want_routes", "from": "a", "reply": reply, "ask": 1})
+    b.deliver(a)
+    a.sync.tick(0.1)
+    assert a.wire.replies == [] and a.counters["sync.apply_failed"] == 1
+
+
+def test_at_most_so_many_replicas_wait_for_an_answer_at_once():
+    a, _ = full_keeper()
+    askers = [Node(f"n{i}", "7") for i in range(MAX_PENDING_ANSWERS + 1)]
+    for i, asker in enumerate(askers):
+        asker.sync._publish(VERSION, {"op": "want_routes", "from": "a", "reply": f"_INBOX.n{i}", "ask": 1})
+        asker.deliver(a)
+    assert a.counters["sync.routes_want_dropped"] == 1
+    a.sync.tick(0.1)
+    assert len({subject for subject, _ in a.wire.replies}) == MAX_PENDING_ANSWERS
+
+
+# --- two pickers over a real nats-server ---------------------------------------------------------
+
+
+def config(nats_url: str, router_id: str):
+    return replace(
+        picker_config(4),
+        port=0,
+        health_port=0,
+        events=EventsConfig(nats_url=nats_url, namespace="test", replica_sync=True, router_id=router_id),
+    )
+
+
+async def pick(picker: EndpointPicker, request_id: str, text: str, session: str | None = None, **fields):
+    body = json.dumps({"model": MODEL, "input": text, **fields}).encode()
+    headers = {"x-session-id": session} if session else {}
+    return await picker.pick(
+        body=body, path="/v1/responses", headers=headers, subset=None, client_request_id=request_id
+    )
+
+
+async def test_a_picker_started_later_routes_what_names_an_older_answer_or_session(nats_server):
+    a = await start_picker(config(nats_server.url, "a"))
+    b = None
+    try:
+        homes, firsts = {}, []
+        for i in range(6):  # answers and sessions spread over a's workers (by load) before b exists
+            first = await pick(a.picker, f"r{i}", f"conversation {i} starts " * (10 + i), session=f"s{i}")
+            a.picker.answered(first, 200)
+            a.picker.response_stored(first, f"resp_{i}")
+            homes[i] = first.worker
+            firsts.append(first)
+        for first in firsts:
+            a.picker.finish(first, "complete")
+        assert len(set(homes.values())) > 1
+        b = await start_picker(config(nats_server.url, "b"))
+        sync_b = b.sources.replica_sync
+        assert sync_b is not None
+        await eventually(lambda: sync_b.counters["sync.routes_learned"] == 12, 10.0, "b is handed a's routes")
+        for i, worker in homes.items():
+            follow_up = await pick(b.picker, f"f{i}", "and then?", previous_response_id=f"resp_{i}")
+            turn = await pick(b.picker, f"t{i}", "next turn", session=f"s{i}")
+            assert follow_up.worker == worker and turn.worker == worker
+            b.picker.finish(follow_up, "complete")
+            b.picker.finish(turn, "complete")
+    finally:
+        for running in (b, a):
+            if running is not None:
+                await running.stop(0)
