@@ -123,14 +123,12 @@ from extproc.events.replica_wire import (
 )
 from extproc.events.route_catchup import (
     MAX_PENDING_ANSWERS,
+    Answer,
     RouteSink,
     RoutesWanted,
-    answer_parts,
-    answer_payloads,
-    fill_route,
-    known_routes,
+    answer_stream,
+    fill_from_answer,
     reply_subject,
-    route_from_answer,
 )
 from extproc.router.types import Worker
 from extproc.runtime.wakeups import call_when_idle, lazy_sleep
@@ -203,7 +201,7 @@ class ReplicaSync:
     `sync.wanted`, `sync.state_sent`, `sync.resync`, `sync.digest_mismatch`, `sync.lease_expired`,
     `sync.restarted`, `sync.origins_full`, `sync.requests_full`, `sync.id_clash`; routes:
     `sync.routes`, `sync.routes_unshared`, `sync.routes_want`, `sync.routes_want_timeout`,
-    `sync.routes_want_dropped`, `sync.routes_sent`, `sync.routes_learned`, `sync.routes_late`.
+    `sync.routes_want_dropped`, `sync.routes_parts_sent`, `sync.routes_learned`, `sync.routes_late`.
     """
 
     def __init__(
@@ -243,7 +241,7 @@ class ReplicaSync:
         self._routes_wanted = RoutesWanted(lease_s) if routes is not None else None
         self._inbox: str | None = None  # where the answers come (subscribed at start)
         self._inbox_sub: Any = None
-        self._answers: dict[str, tuple[str, int]] = {}  # replicas asking this one: (reply, ask)
+        self._answers: dict[str, Answer] = {}  # the replicas asking this one for its routes
         self.boot = boot if boot is not None else secrets.randbits(62)
         self.counters = counters if counters is not None else EventCounters()
         self._clock = clock
@@ -453,7 +451,7 @@ class ReplicaSync:
         if self._dump_wanted and now - self._last_dump >= min(self.heartbeat_s / 2, _TICK_MAX_S):
             self._publish_state()
         if self._answers:
-            self._answer_routes()
+            self._answer_routes()  # one part to each replica that asked, per tick
         if self._routes_wanted is not None and (silent := self._routes_wanted.expired(now)) is not None:
             self.counters.add("sync.routes_want_timeout")
             log.warning("replica sync: %s handed over %d parts of its routes, then nothing for %.1f s: "
@@ -747,20 +745,21 @@ class ReplicaSync:
             self.counters.loud("sync.routes_want_dropped", "replica sync: more than %d replicas ask for "
                                "routes at once; %.60s asks again", MAX_PENDING_ANSWERS, origin)  # fmt: skip
             return
-        self._answers[origin] = (reply, ask)
+        # asked again (its answer was cut short): it starts over
+        self._answers[origin] = Answer(reply, answer_stream(self.routes, self.router_id, self.boot, ask))
         self._wake.set()
 
     def _answer_routes(self) -> None:
-        """Hand every route kept here to each replica that asked, in parts, to its inbox."""
-        assert self.routes is not None
-        parts = answer_parts(known_routes(self.routes))
-        answers, self._answers = self._answers, {}
-        for asker, (reply, ask) in answers.items():
-            for payload in answer_payloads(parts, self.router_id, self.boot, ask):
-                self._sender.submit(reply, payload)
-            n = sum(map(len, parts))
-            self.counters.add("sync.routes_sent", n)
-            log.info("replica sync: handed %d routes to %s (%d parts)", n, asker, len(parts))
+        """Send the next part of the answer to each replica that asked (to its inbox)."""
+        for asker, answer in list(self._answers.items()):
+            payload = next(answer.parts, None)
+            if payload is not None:
+                self._sender.submit(answer.reply, payload)
+                answer.sent += 1
+                self.counters.add("sync.routes_parts_sent")
+                continue
+            del self._answers[asker]
+            log.info("replica sync: handed its routes to %s (%d parts)", asker, answer.sent)
 
     async def _on_routes(self, msg: Msg) -> None:
         self.handle_routes(msg.data)
@@ -780,7 +779,7 @@ class ReplicaSync:
         ask, items, last = got
         for item in items:
             try:
-                ask.learned += fill_route(self.routes, *route_from_answer(item))
+                ask.learned += fill_from_answer(self.routes, item)
             except Exception as exc:  # this route only
                 self.counters.loud("sync.malformed", "malformed route in an answer (%r); dropped", exc)
             ask.told += 1

@@ -9,7 +9,7 @@ and learns from the answer every route it does not know yet:
 
     {"v": 2, "router": str, "boot": int, "seq": int, "op": "want_routes", "from": str,
      "reply": str, "ask": int}           # on the sync subject: `from` answers, nobody else
-    {"v": 2, "router": str, "boot": int, "op": "routes", "ask": int, "part": int, "parts": int,
+    {"v": 2, "router": str, "boot": int, "op": "routes", "ask": int, "part": int, "last": bool,
      "routes": [[age_s, *route op], ...]}      # to `reply` (the asker's inbox) only, no `seq`
 
 - Whom: the first replica heard saying `"routes": 1, "handover": 1` in a heartbeat while routes
@@ -19,7 +19,10 @@ and learns from the answer every route it does not know yet:
   unknown op.
 - What: the answer is a route op of a batch (`replica_wire.route_op`: a `home` or a `pin`) per
   route, least recently used first, each after its age (seconds since its last use, so that it
-  lapses on time here too), cut into parts of at most `PART_BYTES`; an empty answer is one part.
+  lapses on time here too), cut into parts of at most about `PART_BYTES`, numbered from 0, the last
+  one marked; an empty answer is one part. The answering replica makes and sends one part per turn
+  of its event loop (`answer_stream`), a few milliseconds each, never the whole table at once:
+  100,000 answers' homes and as many pins are about 300 parts.
 - Fill, never replace: a route this replica already knows was learned later than the answer's
   (live, or from its own traffic) and is kept; a route that lapsed on the way is not taken.
 - Asked again: a part out of order or a silence of `lease_s` (the asked replica died, or the answer
@@ -37,32 +40,31 @@ encodes and checks the answer.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgpack
 
 from extproc.events.replica_wire import (
+    MAX_ROUTE_TEXT,
     OP_HOME,
     OP_PIN,
     VERSION,
-    SharedHome,
-    SharedPin,
     is_int,
-    route_from_wire,
-    route_op,
     wire_int,
+    wire_worker,
 )
 from extproc.router.types import Worker
 
-PART_BYTES = 256 * 1024  # below NATS's default max_payload of 1 MiB
-MAX_PARTS = 4096
+PART_BYTES = 64 * 1024  # about 600 routes: made in a few milliseconds, far below NATS's max_payload
+MAX_PARTS = 8192
 MAX_PENDING_ANSWERS = 64  # replicas whose want_routes waits for this one's next tick
 MAX_REPLY_CHARS = 256
 _SUBJECT_FORBIDDEN = frozenset(" \t\r\n*>")
 
-KnownRoute = tuple[str, SharedHome | SharedPin, float]  # (response or session id, route, age in seconds)
+HomeRow = tuple[str, str, Worker, str, str, float]  # response id, model, worker, endpoint, group, age
+PinRow = tuple[str, str, Worker, str, float]  # session id, model, worker, group, age
 
 
 class RouteSink(Protocol):
@@ -88,36 +90,14 @@ class RouteSink(Protocol):
 
     def forget_session_pin(self, session_id: str, model: str) -> bool: ...
 
-    def known_response_homes(self) -> list[tuple[str, str, Worker, str, str, float]]:
-        """(response id, model, worker, endpoint, group, age in seconds), least recently used first."""
+    def known_response_homes(self) -> Iterable[HomeRow]:
+        """Every answer's home kept now, least recently used first, made as it is read (its age in
+        seconds); the table may change meanwhile."""
         ...
 
-    def known_session_pins(self) -> list[tuple[str, str, Worker, str, float]]:
-        """(session id, model, worker, group, age in seconds), least recently used first."""
+    def known_session_pins(self) -> Iterable[PinRow]:
+        """Every session's pin kept now, as `known_response_homes`."""
         ...
-
-
-def known_routes(sink: RouteSink) -> list[KnownRoute]:
-    """Every route `sink` keeps: the answers' homes, then the sessions' pins, each least recently
-    used first."""
-    known: list[KnownRoute] = [
-        (rid, SharedHome(model, worker, endpoint, group), age)
-        for rid, model, worker, endpoint, group, age in sink.known_response_homes()
-    ]
-    known += [
-        (sid, SharedPin(model, worker, group), age)
-        for sid, model, worker, group, age in sink.known_session_pins()
-    ]
-    return known
-
-
-def fill_route(sink: RouteSink, key: str, route: SharedHome | SharedPin, age_s: float) -> bool:
-    """Give `sink` a route handed over, unless it knows one for `key`; whether it took it."""
-    if isinstance(route, SharedHome):
-        return sink.remember_response_home(
-            key, route.model, route.worker, route.endpoint, route.group, age_s=age_s, fill=True
-        )
-    return sink.remember_session_pin(key, route.model, route.worker, route.group, age_s=age_s, fill=True)
 
 
 def reply_subject(value: Any) -> str:
@@ -129,44 +109,78 @@ def reply_subject(value: Any) -> str:
     return value
 
 
-def answer_parts(routes: Iterable[KnownRoute], part_bytes: int = PART_BYTES) -> list[list[list[Any]]]:
-    """The answer's items, cut into parts of at most about `part_bytes` (at least one part)."""
-    parts: list[list[list[Any]]] = [[]]
-    size = 0
-    for key, route, age_s in routes:
-        item = [round(max(age_s, 0.0), 3), *route_op(key, route)]
-        item_size = 40 + sum(len(x) for x in item if isinstance(x, str))  # msgpack, generously
-        if parts[-1] and size + item_size > part_bytes:
-            if len(parts) == MAX_PARTS:
+def answer_stream(
+    sink: RouteSink, router_id: str, boot: int, ask: int, part_bytes: int = PART_BYTES
+) -> Iterator[bytes]:
+    """The messages of one answer, each part made when the next one is asked for."""
+    items: list[list[Any]] = []
+    size = part = 0
+    for item, item_size in _route_items(sink):
+        if items and size + item_size > part_bytes:
+            if part == MAX_PARTS - 1:
                 break  # a table larger than any bound: the oldest are sent, the rest is lost
-            parts.append([])
-            size = 0
-        parts[-1].append(item)
+            yield answer_message(router_id, boot, ask, part, False, items)
+            items, size, part = [], 0, part + 1
+        items.append(item)
         size += item_size
-    return parts
+    yield answer_message(router_id, boot, ask, part, True, items)
 
 
-def answer_payloads(parts: list[list[list[Any]]], router_id: str, boot: int, ask: int) -> list[bytes]:
-    """The messages of one answer (see the module docstring)."""
-    head = {"v": VERSION, "router": router_id, "boot": boot, "op": "routes", "ask": ask}
-    return [
-        msgpack.packb({**head, "part": i, "parts": len(parts), "routes": items})
-        for i, items in enumerate(parts)
-    ]
+def answer_message(router_id: str, boot: int, ask: int, part: int, last: bool, items: list[Any]) -> bytes:
+    """One part of an answer (see the module docstring)."""
+    message = {"v": VERSION, "router": router_id, "boot": boot, "op": "routes", "ask": ask, "part": part,
+               "last": last, "routes": items}  # fmt: skip
+    return msgpack.packb(message)
 
 
-def route_from_answer(item: Any) -> KnownRoute:
-    """(id, route, age) from an answer's item; raises ValueError or TypeError."""
-    if not isinstance(item, list) or len(item) < 2:
+def _route_items(sink: RouteSink) -> Iterator[tuple[list[Any], int]]:
+    """(an answer's item, its size in bytes, generously) per route: the layout of `route_op`,
+    written out here (no SharedHome per route: 100,000 of them cost a loop turn)."""
+    for rid, model, w, endpoint, group, age in sink.known_response_homes():
+        item = [round(max(age, 0.0), 3), OP_HOME, rid, model, w.worker_id, w.dp_rank, endpoint, group]
+        yield item, 48 + len(rid) + len(model) + len(endpoint) + len(group)
+    for sid, model, w, group, age in sink.known_session_pins():
+        item = [round(max(age, 0.0), 3), OP_PIN, sid, model, w.worker_id, w.dp_rank, group]
+        yield item, 48 + len(sid) + len(model) + len(group)
+
+
+def fill_from_answer(sink: RouteSink, item: Any) -> bool:
+    """Give `sink` one route of an answer, unless it knows one for that id; whether it took it.
+    Raises ValueError or TypeError for a malformed item, checked as `replica_wire.route_from_wire`
+    checks a route (written out here: an answer brings hundreds of thousands of them)."""
+    if type(item) is not list or len(item) < 2:
         raise ValueError("a route of an answer is a list: [age_s, code, id, ...]")
     age_s, code = item[0], item[1]
-    if not isinstance(age_s, int | float) or isinstance(age_s, bool) or not 0 <= age_s < math.inf:
+    if type(age_s) not in (int, float) or not 0 <= age_s < math.inf:
         raise ValueError(f"age {age_s!r:.20}: a finite number of seconds, at least 0")
-    if code not in (OP_HOME, OP_PIN) or type(code) is not int:
-        raise ValueError(f"op {code!r:.20}: an answer holds homes and pins only")
-    key, route = route_from_wire(code, item[2:])
-    assert isinstance(route, SharedHome | SharedPin)
-    return key, route, float(age_s)
+    if type(code) is int and code == OP_HOME and len(item) == 8:
+        _, _, key, model, worker_id, dp, endpoint, group = item
+        _check_texts(key, model, endpoint, group)
+        worker = wire_worker(worker_id, dp)
+        return sink.remember_response_home(key, model, worker, endpoint, group, age_s=float(age_s), fill=True)
+    if type(code) is int and code == OP_PIN and len(item) == 7:
+        _, _, key, model, worker_id, dp, group = item
+        _check_texts(key, model, group)
+        worker = wire_worker(worker_id, dp)
+        return sink.remember_session_pin(key, model, worker, group, age_s=float(age_s), fill=True)
+    raise ValueError(f"route {code!r:.20} of {len(item)} items: an answer holds homes (8) and pins (7)")
+
+
+def _check_texts(key: Any, *texts: Any) -> None:
+    for text in (key, *texts):
+        if type(text) is not str or len(text) > MAX_ROUTE_TEXT:
+            raise TypeError(f"{text!r:.40}: a route's id and texts are strings of at most {MAX_ROUTE_TEXT}")
+    if not key:
+        raise ValueError("a route's id is not empty")
+
+
+@dataclass(slots=True)
+class Answer:
+    """An answer this replica is sending, one part per tick."""
+
+    reply: str  # the asker's inbox
+    parts: Iterator[bytes]  # `answer_stream`
+    sent: int = 0
 
 
 @dataclass(slots=True)
@@ -226,9 +240,11 @@ class RoutesWanted:
         ):
             return None
         try:
-            part, parts, items = wire_int(message["part"]), wire_int(message["parts"]), message["routes"]
-            if not 1 <= parts <= MAX_PARTS or part != pending.parts_next or part >= parts:
-                raise ValueError(f"routes part {part} of {parts}, expected part {pending.parts_next}")
+            part, last, items = wire_int(message["part"]), message["last"], message["routes"]
+            if part != pending.parts_next or part >= MAX_PARTS or not isinstance(last, bool):
+                raise ValueError(
+                    f"routes part {part!r:.20} (last: {last!r:.10}), expected {pending.parts_next}"
+                )
             if not isinstance(items, list):
                 raise ValueError("routes: a list")
         except (KeyError, TypeError, ValueError):
@@ -236,7 +252,6 @@ class RoutesWanted:
             raise
         pending.parts_next += 1
         pending.heard_at = now
-        last = pending.parts_next == parts
         if last:
             self.pending = None
             self.missed = False

@@ -35,7 +35,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Protocol
@@ -579,19 +579,21 @@ class EndpointPicker:
         self._sweep_sessions_later()
         return True
 
-    def known_response_homes(self) -> list[tuple[str, str, Worker, str, str, float]]:
+    def known_response_homes(self) -> Iterator[tuple[str, str, Worker, str, str, float]]:
         """(response id, model, worker, endpoint, group, seconds since its last use) of every stored
-        answer's home kept here, least recently used first (for a replica that missed them)."""
+        answer's home kept now, least recently used first, made as it is read (for a replica that
+        missed them: `extproc.events.route_catchup`)."""
         now = self._clock()
-        return [(rid, h.model, h.worker, h.endpoint, h.group, now - h.last_used_s)
-                for rid, h in self.response_homes.homes(now)]  # fmt: skip
+        for rid, h in self.response_homes.homes(now):
+            yield rid, h.model, h.worker, h.endpoint, h.group, now - h.last_used_s
 
-    def known_session_pins(self) -> list[tuple[str, str, Worker, str, float]]:
+    def known_session_pins(self) -> Iterator[tuple[str, str, Worker, str, float]]:
         """(session id, model, worker, group, seconds since its last use) of every sticky session
-        pinned here, least recently used first per model (for a replica that missed them)."""
+        pinned now, least recently used first per model, made as it is read."""
         now = self._clock()
-        return [(sid, model, pin.worker, pin.group, now - pin.last_used_s)
-                for model, sessions in self._sessions.items() for sid, pin in sessions.pins(now)]  # fmt: skip
+        for model, sessions in list(self._sessions.items()):
+            for sid, pin in sessions.pins(now):
+                yield sid, model, pin.worker, pin.group, now - pin.last_used_s
 
     def forget_session_pin(self, session_id: str, model: str) -> bool:
         """Another replica closed a sticky session: unpin it here too (its request closes the worker's

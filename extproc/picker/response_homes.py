@@ -71,10 +71,14 @@ class ResponseHomes:
     def __contains__(self, response_id: object) -> bool:
         return response_id in self._homes
 
-    def homes(self, now: float) -> list[tuple[str, Home]]:
-        """Every id kept (and not lapsed at `now`) with its home, least recently used first."""
+    def homes(self, now: float) -> Iterator[tuple[str, Home]]:
+        """Every id kept (and not lapsed at `now`) with its home, least recently used first: the
+        table as it is now, read as the iterator is (the table may change meanwhile)."""
         self.expire(now)
-        return [(rid, home) for rid, home in self._homes.items() if now - home.last_used_s < self.ttl_s]
+        homes, ids = self._homes, list(self._homes)
+        return (
+            (rid, h) for rid in ids if (h := homes.get(rid)) is not None and now - h.last_used_s < self.ttl_s
+        )
 
     def get(self, response_id: str, now: float) -> Home | None:
         """Where `response_id` is stored (its TTL restarts), or None: unknown, lapsed or evicted."""

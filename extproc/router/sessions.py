@@ -19,7 +19,7 @@ asked for it has finished.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -66,10 +66,14 @@ class SessionPins:
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._pins
 
-    def pins(self, now: float) -> list[tuple[str, Pin]]:
-        """Every session pinned (and not lapsed at `now`) with its pin, least recently used first."""
+    def pins(self, now: float) -> Iterator[tuple[str, Pin]]:
+        """Every session pinned (and not lapsed at `now`) with its pin, least recently used first: the
+        table as it is now, read as the iterator is (the table may change meanwhile)."""
         self.expire(now)
-        return [(sid, pin) for sid, pin in self._pins.items() if now - pin.last_used_s < self.ttl_s]
+        pins, ids = self._pins, list(self._pins)
+        return (
+            (sid, p) for sid in ids if (p := pins.get(sid)) is not None and now - p.last_used_s < self.ttl_s
+        )
 
     def get(self, session_id: str, now: float) -> Worker | None:
         """The session's worker, or None when it has none or its pin lapsed."""

@@ -17,9 +17,10 @@ import msgpack
 import pytest
 
 from extproc.config import EventsConfig
-from extproc.events.replica_wire import OP_HOME, OP_PIN, OP_UNPIN, VERSION
-from extproc.events.route_catchup import MAX_PENDING_ANSWERS, answer_payloads
+from extproc.events.replica_wire import MAX_ROUTE_TEXT, OP_HOME, OP_PIN, OP_UNPIN, VERSION
+from extproc.events.route_catchup import MAX_PENDING_ANSWERS, answer_message
 from extproc.picker.pipeline import EndpointPicker
+from extproc.router import Worker
 from extproc.runtime.server import start_picker
 
 from ..picker_fixtures import MODEL, picker_config
@@ -49,7 +50,10 @@ def wants(node: Node) -> list[dict]:
 def answer(asked: Node, asker: Node, now: float = 0.1) -> list[bytes]:
     """Hand what `asker` sent to `asked`, let `asked` tick, return the answer's parts to `asker`."""
     asker.deliver(asked, now=now)
-    asked.sync.tick(now)
+    for _ in range(10_000):  # one part per tick
+        asked.sync.tick(now)
+        if not asked.sync._answers:
+            break
     replies, asked.wire.replies = asked.wire.replies, []
     assert {subject for subject, _ in replies} <= {f"_INBOX.{asker.name}"}
     return [payload for _, payload in replies]
@@ -69,7 +73,7 @@ def test_a_replica_that_started_late_is_handed_every_route_with_its_age():
         b.sync.handle_routes(payload, now=0.2)
     assert routes_b.kept == routes_a.kept and routes_b.pins == routes_a.pins
     assert routes_b.ages == {"resp_1": 12.5, "s1": 3.0}  # each lapses on time there too
-    assert (a.counters["sync.routes_sent"], b.counters["sync.routes_learned"]) == (2, 2)
+    assert (a.counters["sync.routes_parts_sent"], b.counters["sync.routes_learned"]) == (1, 2)
     b.wire.take()
     b.hears(a)
     assert wants(b) == []  # nothing missed any more
@@ -87,6 +91,25 @@ def test_an_answer_larger_than_a_part_comes_in_parts_in_order():
     for payload in parts:
         b.sync.handle_routes(payload)
     assert routes_b.kept == routes_a.kept and b.counters["sync.routes_learned"] == 6000
+
+
+def test_the_answer_goes_one_part_per_tick_and_the_next_tick_comes_at_once():
+    routes_a = Homes()
+    for i in range(3000):
+        routes_a.remember_response_home(f"resp_{i:076d}", MODEL, W7, ENDPOINT, "local")
+    a, b = keeper("a", routes_a), keeper("b")
+    b.hears(a)
+    b.deliver(a)
+    a.wire.take()
+    for n in range(1, 4):  # one part per tick: the loop turns between them
+        a.sync.tick(0.1)
+        assert len(a.wire.replies) == n and a.sync._next_tick(0.1) == (0.0, 0.0)
+    while a.sync._answers:
+        a.sync.tick(0.1)
+    parts = [msgpack.unpackb(payload) for _, payload in a.wire.replies]
+    assert [p["part"] for p in parts] == list(range(len(parts))) and len(parts) > 4
+    assert [p["last"] for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert sum(len(p["routes"]) for p in parts) == 3000 and a.sync._next_tick(0.1)[0] > 0
 
 
 def test_a_part_lost_drops_the_ask_and_the_next_heartbeat_asks_again():
@@ -174,6 +197,18 @@ def test_routes_known_here_are_kept():
     assert routes_b.pins["s1"] == (MODEL, W7, "local") and b.counters["sync.routes_learned"] == 1
 
 
+def test_an_answer_takes_integer_worker_ids_and_texts_up_to_the_bound():
+    b, routes_b = keeper("b"), Homes()
+    b.sync.routes = routes_b
+    b.hears(keeper("a"))
+    long_id, long_text = "r" * MAX_ROUTE_TEXT, "t" * MAX_ROUTE_TEXT
+    items = [[0, OP_HOME, long_id, long_text, 7, 1, long_text, long_text], [2, OP_PIN, "s1", MODEL, 8, 0, ""]]
+    b.sync.handle_routes(answer_message("a", 1, 1, 0, True, items))
+    assert routes_b.kept == {long_id: (long_text, Worker(7, 1), long_text, long_text)}
+    assert routes_b.pins == {"s1": (MODEL, Worker(8), "")} and routes_b.ages == {long_id: 0.0, "s1": 2.0}
+    assert b.counters["sync.malformed"] == 0
+
+
 @pytest.mark.parametrize(
     "item",
     [
@@ -184,6 +219,12 @@ def test_routes_known_here_are_kept():
         [1.0, OP_UNPIN, "s9", MODEL],  # an answer holds homes and pins only
         [1.0, float(OP_PIN), "s9", MODEL, "7", 0, "local"],
         [1.0, OP_HOME, "", MODEL, "7", 0, ENDPOINT, "local"],  # no id
+        [1.0, OP_HOME, "r" * (MAX_ROUTE_TEXT + 1), MODEL, "7", 0, ENDPOINT, "local"],  # over the bound
+        [1.0, OP_HOME, "resp_x", MODEL, "7", 0, "e" * (MAX_ROUTE_TEXT + 1), "local"],
+        [1.0, OP_PIN, "s9", MODEL, "7", 0, "g" * (MAX_ROUTE_TEXT + 1)],
+        [1.0, OP_HOME, "resp_x", 5, "7", 0, ENDPOINT, "local"],  # a model that is not a string
+        [1.0, OP_HOME, "resp_x", MODEL, 1.5, 0, ENDPOINT, "local"],  # a worker id neither str nor int
+        [1.0, OP_PIN, "s9", MODEL, "7", "0", "local"],  # a dp rank that is not an integer
         [1.0, OP_PIN, "s9", MODEL, "7", 0],  # a field short
         [1.0],
         "resp_x",
@@ -194,38 +235,38 @@ def test_a_malformed_route_in_an_answer_costs_that_route_only(item):
     b.sync.routes = routes_b
     b.hears(keeper("a"))
     good = [0.5, OP_PIN, "s1", MODEL, "8", 0, "local"]
-    (payload,) = answer_payloads([[item, good]], "a", 1, 1)
+    payload = answer_message("a", 1, 1, 0, True, [item, good])
     b.sync.handle_routes(payload)
     assert routes_b.kept == {} and routes_b.pins == {"s1": (MODEL, W8, "local")}
     assert b.counters["sync.malformed"] == 1 and b.counters["sync.routes_learned"] == 1
 
 
-def answer_message(**fields) -> bytes:
-    return msgpack.packb({"v": VERSION, "router": "a", "op": "routes", "ask": 1, "part": 0, "parts": 1,
+def answer_of(**fields) -> bytes:
+    return msgpack.packb({"v": VERSION, "router": "a", "op": "routes", "ask": 1, "part": 0, "last": True,
                           "routes": [], **fields})  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "message",
-    [b"\xc1", msgpack.packb([1, 2]), answer_message(v=1), answer_message(op="state")],  # not msgpack, ...
+    [b"\xc1", msgpack.packb([1, 2]), answer_of(v=1), answer_of(op="state")],  # not msgpack, ...
 )
 def test_a_message_that_is_no_answer_is_dropped_and_the_answer_still_awaited(message):
     b = keeper("b")
     b.hears(keeper("a"))
     b.sync.handle_routes(message)
     assert b.counters["sync.malformed"] == 1 and b.sync._routes_wanted.pending is not None
-    b.sync.handle_routes(answer_message())
+    b.sync.handle_routes(answer_of())
     assert b.counters["sync.routes_learned"] == 0 and not b.sync._routes_wanted.missed  # done
 
 
 @pytest.mark.parametrize(
     "fields",
-    [{"parts": 0}, {"part": 1, "parts": 2}, {"part": -1}, {"parts": 1.0}, {"routes": {}}, {"routes": None}],
+    [{"part": 1}, {"part": -1}, {"part": 0.0}, {"last": 1}, {"last": None}, {"routes": {}}, {"routes": None}],
 )
 def test_a_malformed_answer_is_dropped_and_asked_again(fields):
     b = keeper("b")
     b.hears(keeper("a"))
-    b.sync.handle_routes(answer_message(**fields))
+    b.sync.handle_routes(answer_of(**fields))
     assert b.counters["sync.malformed"] == 1 and b.sync._routes_wanted.pending is None
     b.wire.take()
     b.hears(keeper("a"))
@@ -235,7 +276,7 @@ def test_a_malformed_answer_is_dropped_and_asked_again(fields):
 def test_an_answer_without_its_routes_is_dropped_and_asked_again():
     b = keeper("b")
     b.hears(keeper("a"))
-    message = msgpack.unpackb(answer_message())
+    message = msgpack.unpackb(answer_of())
     del message["routes"]
     b.sync.handle_routes(msgpack.packb(message))
     assert b.counters["sync.malformed"] == 1 and b.sync._routes_wanted.pending is None
@@ -244,9 +285,9 @@ def test_an_answer_without_its_routes_is_dropped_and_asked_again():
 def test_an_answer_from_another_replica_or_to_another_ask_is_ignored():
     b = keeper("b")
     b.hears(keeper("a"))
-    b.sync.handle_routes(answer_message(router="c"))
-    b.sync.handle_routes(answer_message(ask=2))
-    b.sync.handle_routes(answer_message(ask="1"))
+    b.sync.handle_routes(answer_of(router="c"))
+    b.sync.handle_routes(answer_of(ask=2))
+    b.sync.handle_routes(answer_of(ask="1"))
     assert b.counters["sync.routes_late"] == 3 and b.sync._routes_wanted.pending is not None
 
 

@@ -12,7 +12,7 @@ Message by message (`sync_nodes`, no NATS), then two pickers over a real nats-se
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
 import pytest
@@ -79,11 +79,11 @@ class Homes:
     def forget_session_pin(self, session_id: str, model: str) -> bool:
         return self.pins.pop(session_id, None) is not None
 
-    def known_response_homes(self) -> list[tuple[str, str, Worker, str, str, float]]:
-        return [(rid, *home, self.ages.get(rid, 0.0)) for rid, home in self.kept.items()]
+    def known_response_homes(self) -> Iterator[tuple[str, str, Worker, str, str, float]]:
+        return iter([(rid, *home, self.ages.get(rid, 0.0)) for rid, home in self.kept.items()])
 
-    def known_session_pins(self) -> list[tuple[str, str, Worker, str, float]]:
-        return [(sid, *pin, self.ages.get(sid, 0.0)) for sid, pin in self.pins.items()]
+    def known_session_pins(self) -> Iterator[tuple[str, str, Worker, str, float]]:
+        return iter([(sid, *pin, self.ages.get(sid, 0.0)) for sid, pin in self.pins.items()])
 
 
 def pair(*, batch_s: float | None = None) -> tuple[Node, Node, Homes]:

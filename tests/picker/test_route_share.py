@@ -172,8 +172,8 @@ def test_the_routes_kept_here_are_listed_with_their_ages_least_recently_used_fir
     clock.advance(2.0)
     picker.remember_response_home("resp_b", MODEL, Worker("w2"), "e2", "g2")
     picker.remember_session_pin("s_b", MODEL, Worker("w2"), "g2")
-    assert picker.known_response_homes() == [
+    assert list(picker.known_response_homes()) == [
         ("resp_a", MODEL, Worker("w1"), "e1", "local", 7.0),
         ("resp_b", MODEL, Worker("w2"), "e2", "g2", 0.0),
     ]
-    assert picker.known_session_pins() == [("s_b", MODEL, Worker("w2"), "g2", 0.0)]  # s_gone lapsed
+    assert list(picker.known_session_pins()) == [("s_b", MODEL, Worker("w2"), "g2", 0.0)]  # s_gone lapsed
