@@ -556,8 +556,6 @@ class ReplicaSync:
         legacy = [origin for origin, entry in self._origins.items() if entry.boot is None]
         forgotten = sum(self._forget(origin) for origin in legacy)
         self.counters.add("sync.resync")
-        if self._routes_wanted is not None:
-            self._routes_wanted.missed_some()
         log.warning("replica sync lost messages: asking every replica for its state%s",
                     f" (forgot {forgotten} requests of version-1 replicas)" if legacy else "")  # fmt: skip
         self._want_all("messages were dropped")

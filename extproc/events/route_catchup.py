@@ -2,8 +2,8 @@
 
 Replica sync shares each route clients name (a Responses API answer's worker, a sticky session's
 pin) as it is learned (`extproc.events.replica_wire`). A replica that was not listening then (it
-started later, restarted, or lost its NATS connection or messages meanwhile) would know only the
-routes learned after it came, so what names an older answer or session would be routed on load: a
+started later, restarted, or lost its NATS connection meanwhile) would know only the routes
+learned after it came, so what names an older answer or session would be routed on load: a
 404 from the engine for a follow-up of a stored response. So such a replica asks one other replica,
 and learns from the answer every route it does not know yet:
 
@@ -13,10 +13,10 @@ and learns from the answer every route it does not know yet:
      "routes": [[age_s, *route op], ...]}      # to `reply` (the asker's inbox) only, no `seq`
 
 - Whom: the first replica heard saying `"routes": 1, "handover": 1` in a heartbeat while routes
-  are missed (at start, after a reconnect, after dropped messages). Any one will do: every replica
-  keeps every route (unless a message was lost, which costs that route only). A replica of the
-  version before says `"routes": 1` only: it keeps routes, but would drop a `want_routes` as an
-  unknown op.
+  are missed: at start, and after a reconnect. Any one will do: every replica keeps every route
+  (unless a message was lost, which costs that route only). Not after messages dropped from a full
+  queue: a replica that falls behind is not handed every route on top. A replica of the version
+  before says `"routes": 1` only: it keeps routes, but would drop a `want_routes` as an unknown op.
 - What: the answer is a route op of a batch (`replica_wire.route_op`: a `home` or a `pin`) per
   route, least recently used first, each after its age (seconds since its last use, so that it
   lapses on time here too), cut into parts of at most about `PART_BYTES`, numbered from 0, the last
@@ -199,8 +199,8 @@ class RoutesWanted:
     """The asking side: whether routes are missed, whom they were asked of, the parts as they come.
 
     `missed` starts True (a replica that starts may be late) and is set again by `missed_some`; a
-    complete answer clears it. `whom` names the replica to ask when one is heard; `part` checks a
-    part against the pending ask; `expired` drops an ask that went silent.
+    complete answer clears it. `ask` makes the ask for a replica heard; `take` checks a part against
+    the pending ask; `expired` drops an ask that went silent.
     """
 
     def __init__(self, timeout_s: float) -> None:
@@ -210,7 +210,7 @@ class RoutesWanted:
         self._asks = 0
 
     def missed_some(self) -> None:
-        """Routes may have been missed (a reconnect, dropped messages): ask again."""
+        """Routes may have been missed (a reconnect): ask again."""
         self.missed = True
 
     def ask(self, origin: str, now: float) -> Ask | None:
@@ -226,7 +226,7 @@ class RoutesWanted:
         """(the ask, the part's items, whether it was the last) for the next part of the pending
         answer; None for an answer to no pending ask (a late one: ignored). A part out of order
         drops the ask and raises ValueError; so does a malformed one (ValueError, TypeError or
-        KeyError); the items are checked one by one (`route_from_answer`)."""
+        KeyError); the items are checked one by one (`fill_from_answer`)."""
         message = msgpack.unpackb(data, raw=False)
         if not isinstance(message, dict) or message.get("v") != VERSION or message.get("op") != "routes":
             raise ValueError("not a routes answer")

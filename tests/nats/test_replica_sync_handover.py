@@ -186,6 +186,19 @@ def test_a_replica_back_from_an_outage_asks_again():
     assert [w["from"] for w in wants(b)] == ["a"]
 
 
+def test_a_replica_that_dropped_messages_is_not_handed_every_route_on_top():
+    a, _ = full_keeper()
+    b = keeper("b")
+    b.hears(a)
+    for payload in answer(a, b):
+        b.sync.handle_routes(payload)
+    b.sync.overflowed()  # its queue was full: it asks for the states, not for the routes
+    assert "want" in b.wire.ops()
+    b.wire.take()
+    b.hears(a)
+    assert wants(b) == []
+
+
 def test_routes_known_here_are_kept():
     a, _ = full_keeper()
     routes_b = Homes()
