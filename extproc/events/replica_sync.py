@@ -242,6 +242,7 @@ class ReplicaSync:
         self._inbox: str | None = None  # where the answers come (subscribed at start)
         self._inbox_sub: Any = None
         self._answers: dict[str, Answer] = {}  # the replicas asking this one for its routes
+        self._started_at: float | None = None
         self.boot = boot if boot is not None else secrets.randbits(62)
         self.counters = counters if counters is not None else EventCounters()
         self._clock = clock
@@ -277,6 +278,7 @@ class ReplicaSync:
             self._inbox = self.nc.new_inbox()
             self._inbox_sub = await self.nc.subscribe(self._inbox, cb=self._on_routes)
         await self.nc.flush()  # subscribed when start returns
+        self._started_at = self._clock()
         self._want_all("this replica started")
         name = f"replica-sync-{self.router_id}"
         self._task = asyncio.get_running_loop().create_task(self._run(), name=name)
@@ -733,6 +735,16 @@ class ReplicaSync:
         self.counters.add("sync.routes_want")
         log.info("replica sync: asking %s for the routes it keeps (answers' workers, session pins)", origin)
         self._publish(VERSION, {"op": "want_routes", "from": origin, "reply": self._inbox, "ask": ask.ask})
+
+    def awaiting_routes(self) -> bool:
+        """Whether this replica, just started, still waits for the routes the others keep: while
+        its first ask is answered, and for two heartbeats from its start, in which a replica that
+        hands them over is heard if there is one (readiness: `extproc.runtime.readiness`). A later
+        ask (after a reconnect) never makes it wait: a NATS blip must not make every replica unready."""
+        wanted = self._routes_wanted
+        if wanted is None or wanted.answered or self._started_at is None:
+            return False
+        return wanted.pending is not None or self._clock() - self._started_at < 2 * self.heartbeat_s
 
     def _routes_asked(self, origin: str, message: dict[str, Any]) -> None:
         """`origin` asks some replica for its routes: remember to answer if it is this one."""

@@ -207,6 +207,7 @@ class RoutesWanted:
         self.timeout_s = timeout_s
         self.missed = True
         self.pending: Ask | None = None
+        self.answered = 0  # answers taken whole
         self._asks = 0
 
     def missed_some(self) -> None:
@@ -255,6 +256,7 @@ class RoutesWanted:
         if last:
             self.pending = None
             self.missed = False
+            self.answered += 1
         return pending, items, last
 
     def expired(self, now: float) -> Ask | None:

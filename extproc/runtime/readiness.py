@@ -5,7 +5,11 @@ each group's own picker reports its readiness) and, when the routers use KV even
 worker's event stream has been up once (its first sync: a replay rebuilt its blocks, or its
 events started arriving). An engine that never publishes (idle, or no replay socket) would hold
 readiness forever, so after `sync_grace_s` the picker is ready anyway and says which workers are
-still routed on predictions. The admin `/readyz` and the gRPC health `readiness` service follow it.
+still routed on predictions. A replica with replica sync that just started is not ready either
+until another replica handed it the routes clients name (answers' workers, session pins), or two
+heartbeats passed without a replica to ask (`ReplicaSync.awaiting_routes`), within the same grace: a
+rolling restart behind a readiness gate then sends no follow-up to a replica that does not know
+where its answer is. The admin `/readyz` and the gRPC health `readiness` service follow it.
 """
 
 from __future__ import annotations
@@ -66,6 +70,10 @@ class Readiness:
             return ReadinessReport(
                 False, f"no workers known for {', '.join(empty) or 'any model'}", len(workers)
             )
+        sync = self.sources.replica_sync
+        if sync is not None and sync.awaiting_routes() and self.clock() - self.started < self.sync_grace_s:
+            return ReadinessReport(False, "waiting for another replica's routes (answers' workers, "
+                                   "session pins)", len(workers))  # fmt: skip
         if not self.picker.config.router.use_kv_events:
             return ReadinessReport(True, "workers known; cache state predicted from routing", len(workers))
         feed = self.sources.feed

@@ -25,7 +25,7 @@ from extproc.runtime.server import start_picker
 
 from ..picker_fixtures import MODEL, picker_config
 from .conftest import eventually
-from .sync_nodes import LEASE_S, W7, W8, Node
+from .sync_nodes import HEARTBEAT_S, LEASE_S, W7, W8, Node
 from .test_replica_sync_routes import Homes
 
 ENDPOINT = "127.0.0.7:8000"
@@ -197,6 +197,30 @@ def test_a_replica_that_dropped_messages_is_not_handed_every_route_on_top():
     b.wire.take()
     b.hears(a)
     assert wants(b) == []
+
+
+def test_a_replica_just_started_awaits_the_routes_until_answered_or_none_is_heard():
+    a, _ = full_keeper()
+    b = keeper("b")
+    assert not b.sync.awaiting_routes()  # not started
+    b.sync._started_at = b.now = 0.0
+    assert b.sync.awaiting_routes()  # a replica that hands routes over may yet be heard
+    b.hears(a)
+    b.now = 10.0
+    assert b.sync.awaiting_routes()  # asked, not answered
+    for payload in answer(a, b):
+        b.sync.handle_routes(payload)
+    assert not b.sync.awaiting_routes()
+    b.sync.connection_changed(False, "test")
+    b.sync.connection_changed(True, "test")
+    b.hears(a)  # asked again: but a NATS blip must not make every replica unready
+    assert b.sync._routes_wanted.pending is not None and not b.sync.awaiting_routes()
+    alone = keeper("c")
+    alone.sync._started_at = alone.now = 0.0
+    alone.now = 2 * HEARTBEAT_S - 0.01
+    assert alone.sync.awaiting_routes()
+    alone.now = 2 * HEARTBEAT_S  # two heartbeats and nobody to ask
+    assert not alone.sync.awaiting_routes() and not Node("p", "7").sync.awaiting_routes()
 
 
 def test_routes_known_here_are_kept():

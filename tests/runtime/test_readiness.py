@@ -9,6 +9,8 @@ from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
 from extproc.runtime.readiness import Readiness
 
+from ..nats.sync_nodes import Node
+from ..nats.test_replica_sync_routes import Homes
 from ..picker_fixtures import MODEL, picker_config
 from ..router.clock import FakeClock
 
@@ -55,3 +57,36 @@ def test_no_workers_or_shutting_down_is_not_ready() -> None:
     assert readiness.check().ready
     readiness.draining = True
     assert readiness.check().reason == "shutting down"
+
+
+def test_a_replica_just_started_is_not_ready_until_another_hands_it_the_routes() -> None:
+    _, _, readiness, _ = make()
+    routes = Homes()
+    routes.remember_response_home("resp_1", MODEL, Worker("w0"), "127.0.0.1:8000", "local")
+    a, b = Node("a", "w0", routes=routes, inbox=True), Node("b", "w0", routes=Homes(), inbox=True)
+    readiness.sources.replica_sync = b.sync
+    b.sync._started_at = 0.0
+    report = readiness.check()
+    assert not report.ready and "routes" in report.reason
+    b.hears(a)
+    b.now = 5.0  # asked, not answered yet
+    assert not readiness.check().ready
+    b.deliver(a)
+    while a.sync._answers:
+        a.sync.tick(0.1)
+    for _, payload in a.wire.replies:
+        b.sync.handle_routes(payload)
+    assert readiness.check().ready
+
+
+def test_a_replica_whose_routes_never_come_is_ready_after_the_grace_period() -> None:
+    _, _, readiness, clock = make()
+    a, b = Node("a", "w0", routes=Homes(), inbox=True), Node("b", "w0", routes=Homes(), inbox=True)
+    readiness.sources.replica_sync = b.sync
+    b.sync._started_at = 0.0
+    b.hears(a)  # asked; a never answers (it is asked again meanwhile)
+    b.now = 100.0
+    clock.advance(29.9)
+    assert not readiness.check().ready
+    clock.advance(0.1)
+    assert readiness.check().ready
