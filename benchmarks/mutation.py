@@ -240,6 +240,12 @@ MODULES: dict[str, list[str]] = {
         ),
         "tests/nats/test_replica_sync_disagg.py",
         "tests/nats/test_replica_sync_routes.py",
+        "tests/nats/test_replica_sync_handover.py",
+    ],
+    # routes handed over to a replica that was not listening: whom to ask, the answer's parts, checks
+    "events/route_catchup.py": [
+        "tests/nats/test_replica_sync_handover.py",
+        "tests/picker/test_route_share.py",
     ],
     # replica sync's messages on the wire: formats, the digest, checks of values read
     "events/replica_wire.py": [
@@ -2685,6 +2691,16 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self.selector.finish(request_id, "CANCELLED WHILE ITS WORKER SESSION OPENED")',
             "message",
             "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_pin_session__mutmut_4": (
+            'now, group = self._clock(), pick.group or "XXXX"',
+            "same-value",
+            "a tracked pick carries its group's name, never empty (config refuses an empty name)",
+        ),
+        "xǁEndpointPickerǁresponse_stored__mutmut_3": (
+            'group = pick.group or "XXXX"',
+            "same-value",
+            "a Responses API pick is tracked: it carries its group's name, never empty",
         ),
         "xǁEndpointPickerǁ_response_home__mutmut_10": (
             "None, loggable(request.previous_response_id), request.model,",

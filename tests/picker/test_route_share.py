@@ -74,7 +74,7 @@ async def test_a_pin_that_moves_is_told_at_once():
     picker, clock, told = make()
     first = await turn(picker, "hello " * 30, "s", "r0")
     other = next(w for w in picker.config.workers if w.id != first.worker_id)
-    clock.advance(1.0)  # well within a quarter of the TTL: only a move is told now
+    clock.advance(0.5)  # well within a quarter of the TTL (and of a second): only a move is told now
     moved = await picker.pick(
         body=chat_body("next " * 30, **session("s")), path="/v1/chat/completions", headers={},
         subset=[other.endpoint], client_request_id="r1",
@@ -177,3 +177,23 @@ def test_the_routes_kept_here_are_listed_with_their_ages_least_recently_used_fir
         ("resp_b", MODEL, Worker("w2"), "e2", "g2", 0.0),
     ]
     assert list(picker.known_session_pins()) == [("s_b", MODEL, Worker("w2"), "g2", 0.0)]  # s_gone lapsed
+
+
+async def test_a_pin_heard_restarts_the_quarter_ttl_after_which_a_use_here_is_told():
+    picker, clock, told = make(ttl_s=60.0)
+    worker = await turn(picker, "hello " * 30, "s", "r0")  # told at 1000
+    clock.advance(0.5)
+    assert picker.remember_session_pin("s", MODEL, worker, "local")  # the others were told at 1000.5
+    clock.advance(14.9)  # 15.4 s since this replica told it, 14.9 since the others were
+    await turn(picker, "more " * 30, "s", "r1")
+    assert told.said == [("pin", "s", MODEL, worker, "local")]
+
+
+def test_what_another_replica_tells_replaces_what_is_known_here():
+    picker, clock, _ = make()
+    picker.remember_response_home("resp_1", MODEL, Worker("w1"), "e1", "local")
+    assert picker.remember_response_home("resp_1", MODEL, Worker("w2"), "e2", "local")
+    assert picker.response_homes.get("resp_1", clock()).worker == Worker("w2")
+    picker.remember_session_pin("s", MODEL, Worker("w1"), "local")
+    assert picker.remember_session_pin("s", MODEL, Worker("w2"), "local")  # a move there
+    assert picker.sessions(MODEL).get("s", clock()) == Worker("w2")
