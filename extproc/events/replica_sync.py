@@ -737,14 +737,14 @@ class ReplicaSync:
         self._publish(VERSION, {"op": "want_routes", "from": origin, "reply": self._inbox, "ask": ask.ask})
 
     def awaiting_routes(self) -> bool:
-        """Whether this replica, just started, still waits for the routes the others keep: while
-        its first ask is answered, and for two heartbeats from its start, in which a replica that
-        hands them over is heard if there is one (readiness: `extproc.runtime.readiness`). A later
-        ask (after a reconnect) never makes it wait: a NATS blip must not make every replica unready."""
+        """Whether this replica, just started, still waits for the routes the others keep: from its
+        start until an answer came whole, unless two heartbeats passed without a replica that
+        hands them over to ask (readiness, `extproc.runtime.readiness`, bounds the wait). Once
+        answered, never again: a NATS blip must not make every replica unready."""
         wanted = self._routes_wanted
         if wanted is None or wanted.answered or self._started_at is None:
             return False
-        return wanted.pending is not None or self._clock() - self._started_at < 2 * self.heartbeat_s
+        return wanted.asked or self._clock() - self._started_at < 2 * self.heartbeat_s
 
     def _routes_asked(self, origin: str, message: dict[str, Any]) -> None:
         """`origin` asks some replica for its routes: remember to answer if it is this one."""
@@ -756,7 +756,7 @@ class ReplicaSync:
                                "routes at once; %.60s asks again", MAX_PENDING_ANSWERS, origin)  # fmt: skip
             return
         # asked again (its answer was cut short): it starts over
-        self._answers[origin] = Answer(reply, answer_stream(self.routes, self.router_id, self.boot, ask))
+        self._answers[origin] = Answer(reply, answer_stream(self.routes, self.router_id, ask))
         self._wake.set()
 
     def _answer_routes(self) -> None:

@@ -9,7 +9,7 @@ and learns from the answer every route it does not know yet:
 
     {"v": 2, "router": str, "boot": int, "seq": int, "op": "want_routes", "from": str,
      "reply": str, "ask": int}           # on the sync subject: `from` answers, nobody else
-    {"v": 2, "router": str, "boot": int, "op": "routes", "ask": int, "part": int, "last": bool,
+    {"v": 2, "router": str, "op": "routes", "ask": int, "part": int, "last": bool,
      "routes": [[age_s, *route op], ...]}      # to `reply` (the asker's inbox) only, no `seq`
 
 - Whom: the first replica heard saying `"routes": 1, "handover": 1` in a heartbeat while routes
@@ -109,9 +109,7 @@ def reply_subject(value: Any) -> str:
     return value
 
 
-def answer_stream(
-    sink: RouteSink, router_id: str, boot: int, ask: int, part_bytes: int = PART_BYTES
-) -> Iterator[bytes]:
+def answer_stream(sink: RouteSink, router_id: str, ask: int, part_bytes: int = PART_BYTES) -> Iterator[bytes]:
     """The messages of one answer, each part made when the next one is asked for."""
     items: list[list[Any]] = []
     size = part = 0
@@ -119,17 +117,17 @@ def answer_stream(
         if items and size + item_size > part_bytes:
             if part == MAX_PARTS - 1:
                 break  # a table larger than any bound: the oldest are sent, the rest is lost
-            yield answer_message(router_id, boot, ask, part, False, items)
+            yield answer_message(router_id, ask, part, False, items)
             items, size, part = [], 0, part + 1
         items.append(item)
         size += item_size
-    yield answer_message(router_id, boot, ask, part, True, items)
+    yield answer_message(router_id, ask, part, True, items)
 
 
-def answer_message(router_id: str, boot: int, ask: int, part: int, last: bool, items: list[Any]) -> bytes:
+def answer_message(router_id: str, ask: int, part: int, last: bool, items: list[Any]) -> bytes:
     """One part of an answer (see the module docstring)."""
-    message = {"v": VERSION, "router": router_id, "boot": boot, "op": "routes", "ask": ask, "part": part,
-               "last": last, "routes": items}  # fmt: skip
+    message = {"v": VERSION, "router": router_id, "op": "routes", "ask": ask, "part": part, "last": last,
+               "routes": items}  # fmt: skip
     return msgpack.packb(message)
 
 
@@ -137,10 +135,10 @@ def _route_items(sink: RouteSink) -> Iterator[tuple[list[Any], int]]:
     """(an answer's item, its size in bytes, generously) per route: the layout of `route_op`,
     written out here (no SharedHome per route: 100,000 of them cost a loop turn)."""
     for rid, model, w, endpoint, group, age in sink.known_response_homes():
-        item = [round(max(age, 0.0), 3), OP_HOME, rid, model, w.worker_id, w.dp_rank, endpoint, group]
+        item = [max(age, 0.0), OP_HOME, rid, model, w.worker_id, w.dp_rank, endpoint, group]
         yield item, 48 + len(rid) + len(model) + len(endpoint) + len(group)
     for sid, model, w, group, age in sink.known_session_pins():
-        item = [round(max(age, 0.0), 3), OP_PIN, sid, model, w.worker_id, w.dp_rank, group]
+        item = [max(age, 0.0), OP_PIN, sid, model, w.worker_id, w.dp_rank, group]
         yield item, 48 + len(sid) + len(model) + len(group)
 
 
@@ -207,12 +205,17 @@ class RoutesWanted:
         self.timeout_s = timeout_s
         self.missed = True
         self.pending: Ask | None = None
-        self.answered = 0  # answers taken whole
+        self.answered = False  # an answer was taken whole since this replica started
         self._asks = 0
 
     def missed_some(self) -> None:
         """Routes may have been missed (a reconnect): ask again."""
         self.missed = True
+
+    @property
+    def asked(self) -> bool:
+        """Whether a replica was asked since this one started."""
+        return self._asks > 0
 
     def ask(self, origin: str, now: float) -> Ask | None:
         """A replica that keeps routes was heard: the ask to send it, or None (none missed, or one
@@ -256,7 +259,7 @@ class RoutesWanted:
         if last:
             self.pending = None
             self.missed = False
-            self.answered += 1
+            self.answered = True
         return pending, items, last
 
     def expired(self, now: float) -> Ask | None:

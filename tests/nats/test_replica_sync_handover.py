@@ -17,8 +17,9 @@ import msgpack
 import pytest
 
 from extproc.config import EventsConfig
+from extproc.events import route_catchup
 from extproc.events.replica_wire import MAX_ROUTE_TEXT, OP_HOME, OP_PIN, OP_UNPIN, VERSION
-from extproc.events.route_catchup import MAX_PENDING_ANSWERS, answer_message
+from extproc.events.route_catchup import MAX_PENDING_ANSWERS, PART_BYTES, answer_message, answer_stream
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
 from extproc.runtime.server import start_picker
@@ -29,6 +30,7 @@ from .sync_nodes import HEARTBEAT_S, LEASE_S, W7, W8, Node
 from .test_replica_sync_routes import Homes
 
 ENDPOINT = "127.0.0.7:8000"
+ENDPOINT_16 = "127.0.0.7:80000"  # 16 characters
 
 
 def keeper(name: str, routes: Homes | None = None) -> Node:
@@ -77,6 +79,78 @@ def test_a_replica_that_started_late_is_handed_every_route_with_its_age():
     b.wire.take()
     b.hears(a)
     assert wants(b) == []  # nothing missed any more
+
+
+def test_ages_under_a_second_arrive_as_they_are_and_a_use_after_the_listing_counts_as_now():
+    routes_a = Homes()
+    routes_a.remember_response_home("resp_1", MODEL, W7, ENDPOINT, "local", age_s=0.123456)
+    routes_a.remember_session_pin("s1", MODEL, W8, "local", age_s=-0.5)  # used since it was listed
+    a, routes_b = keeper("a", routes_a), Homes()
+    b = keeper("b", routes_b)
+    b.hears(a)
+    for payload in answer(a, b):
+        b.sync.handle_routes(payload)
+    assert routes_b.ages == {"resp_1": 0.123456, "s1": 0.0}
+
+
+def test_parts_are_cut_at_their_estimated_size():
+    """An item's estimate is 48 bytes plus its texts' lengths: here 100 each, so 3 to a 300-byte part."""
+    routes = Homes()
+    for i in range(7):  # 48 + 10 + 10 + 16 + 16 = 100
+        routes.remember_response_home(
+            f"resp_{i:05d}", "model-abcd", W7, "127.0.0.7:80000", "group-0123456789"
+        )
+    parts = [msgpack.unpackb(p) for p in answer_stream(routes, "a", 1, part_bytes=300)]
+    assert [len(p["routes"]) for p in parts] == [3, 3, 1] and [p["part"] for p in parts] == [0, 1, 2]
+    pins = Homes()
+    for i in range(4):  # 48 + 24 + 10 + 18 = 100
+        pins.remember_session_pin(f"session-{i:016d}", "model-abcd", W8, "group-0123456789ab")
+    assert [len(msgpack.unpackb(p)["routes"]) for p in answer_stream(pins, "a", 1, part_bytes=200)] == [2, 2]
+
+
+def test_parts_stay_under_their_size_with_long_texts():
+    routes = Homes()
+    for i in range(400):
+        routes.remember_response_home(f"{i:0200d}", "m" * 100, W7, "e" * 100, "g" * 100)
+        routes.remember_session_pin(f"s{i:0199d}", "m" * 100, W8, "g" * 100)
+    parts = list(answer_stream(routes, "a", 1))
+    assert all(len(p) <= PART_BYTES for p in parts) and all(len(p) > PART_BYTES / 2 for p in parts[:-1])
+
+
+def test_an_answer_stops_at_the_bound_on_parts_with_its_oldest_routes(monkeypatch):
+    monkeypatch.setattr(route_catchup, "MAX_PARTS", 3)
+    routes = Homes()
+    for i in range(10):
+        routes.remember_response_home(
+            f"resp_{i:05d}", "model-abcd", W7, "127.0.0.7:80000", "group-0123456789"
+        )
+    parts = [msgpack.unpackb(p) for p in answer_stream(routes, "a", 1, part_bytes=200)]
+    assert [p["last"] for p in parts] == [False, False, True]
+    assert [r[2] for p in parts for r in p["routes"]] == [f"resp_{i:05d}" for i in range(6)]
+
+
+def test_a_part_beyond_the_bound_is_refused(monkeypatch):
+    monkeypatch.setattr(route_catchup, "MAX_PARTS", 2)
+    b = keeper("b")
+    b.hears(keeper("a"))
+    b.sync.handle_routes(answer_message("a", 1, 0, False, []))
+    b.sync.handle_routes(answer_message("a", 1, 1, False, []))
+    assert b.counters["sync.malformed"] == 0
+    b.sync.handle_routes(answer_message("a", 1, 2, True, []))
+    assert b.counters["sync.malformed"] == 1 and b.sync._routes_wanted.pending is None
+
+
+def test_each_part_restarts_the_silence_after_which_the_ask_is_dropped():
+    a, b = keeper("a"), keeper("b")
+    a.sync.tick(1.0)
+    a.deliver(b, now=1.0)  # its heartbeat: b asks at 1.0
+    b.sync.tick(1.0 + LEASE_S)  # exactly a lease since the ask: not yet
+    assert b.counters["sync.routes_want_timeout"] == 0
+    b.sync.handle_routes(answer_message("a", 1, 0, False, []), now=4.0)
+    b.sync.tick(4.0 + LEASE_S)
+    assert b.counters["sync.routes_want_timeout"] == 0
+    b.sync.tick(4.0 + LEASE_S + 0.01)
+    assert b.counters["sync.routes_want_timeout"] == 1
 
 
 def test_an_answer_larger_than_a_part_comes_in_parts_in_order():
@@ -223,15 +297,21 @@ def test_a_replica_just_started_awaits_the_routes_until_answered_or_none_is_hear
     assert not alone.sync.awaiting_routes() and not Node("p", "7").sync.awaiting_routes()
 
 
-def test_routes_known_here_are_kept():
+@pytest.mark.parametrize("known", ["home", "pin"])
+def test_routes_known_here_are_kept(known):
     a, _ = full_keeper()
     routes_b = Homes()
-    routes_b.remember_session_pin("s1", MODEL, W7, "local")  # learned live while the answer was on its way
+    if known == "pin":  # learned live while the answer was on its way
+        routes_b.remember_session_pin("s1", MODEL, W7, "local")
+    else:
+        routes_b.remember_response_home("resp_1", MODEL, W8, "127.0.0.8:8000", "local")
     b = keeper("b", routes_b)
     b.hears(a)
     for payload in answer(a, b):
         b.sync.handle_routes(payload)
-    assert routes_b.pins["s1"] == (MODEL, W7, "local") and b.counters["sync.routes_learned"] == 1
+    assert routes_b.pins.get("s1") == (MODEL, W8 if known == "home" else W7, "local")
+    assert routes_b.kept["resp_1"][1] == (W8 if known == "home" else W7)
+    assert b.counters["sync.routes_learned"] == 1
 
 
 def test_an_answer_takes_integer_worker_ids_and_texts_up_to_the_bound():
@@ -240,7 +320,7 @@ def test_an_answer_takes_integer_worker_ids_and_texts_up_to_the_bound():
     b.hears(keeper("a"))
     long_id, long_text = "r" * MAX_ROUTE_TEXT, "t" * MAX_ROUTE_TEXT
     items = [[0, OP_HOME, long_id, long_text, 7, 1, long_text, long_text], [2, OP_PIN, "s1", MODEL, 8, 0, ""]]
-    b.sync.handle_routes(answer_message("a", 1, 1, 0, True, items))
+    b.sync.handle_routes(answer_message("a", 1, 0, True, items))
     assert routes_b.kept == {long_id: (long_text, Worker(7, 1), long_text, long_text)}
     assert routes_b.pins == {"s1": (MODEL, Worker(8), "")} and routes_b.ages == {long_id: 0.0, "s1": 2.0}
     assert b.counters["sync.malformed"] == 0
@@ -262,6 +342,11 @@ def test_an_answer_takes_integer_worker_ids_and_texts_up_to_the_bound():
         [1.0, OP_HOME, "resp_x", 5, "7", 0, ENDPOINT, "local"],  # a model that is not a string
         [1.0, OP_HOME, "resp_x", MODEL, 1.5, 0, ENDPOINT, "local"],  # a worker id neither str nor int
         [1.0, OP_PIN, "s9", MODEL, "7", "0", "local"],  # a dp rank that is not an integer
+        [1.0, OP_PIN, "s9", MODEL, "7", 0, "local", "extra"],  # a pin with an item too many
+        [1.0, OP_HOME, "resp_x", MODEL, "7", 0, ENDPOINT, 7],  # a group that is not a string
+        [1.0, OP_PIN, 9, MODEL, "7", 0, "local"],  # a session id that is not a string
+        [1.0, OP_PIN, "s" * (MAX_ROUTE_TEXT + 1), MODEL, "7", 0, "local"],
+        [1.0, OP_PIN, "s9", 5, "7", 0, "local"],  # a model that is not a string
         [1.0, OP_PIN, "s9", MODEL, "7", 0],  # a field short
         [1.0],
         "resp_x",
@@ -272,7 +357,7 @@ def test_a_malformed_route_in_an_answer_costs_that_route_only(item):
     b.sync.routes = routes_b
     b.hears(keeper("a"))
     good = [0.5, OP_PIN, "s1", MODEL, "8", 0, "local"]
-    payload = answer_message("a", 1, 1, 0, True, [item, good])
+    payload = answer_message("a", 1, 0, True, [item, good])
     b.sync.handle_routes(payload)
     assert routes_b.kept == {} and routes_b.pins == {"s1": (MODEL, W8, "local")}
     assert b.counters["sync.malformed"] == 1 and b.counters["sync.routes_learned"] == 1
@@ -328,7 +413,9 @@ def test_an_answer_from_another_replica_or_to_another_ask_is_ignored():
     assert b.counters["sync.routes_late"] == 3 and b.sync._routes_wanted.pending is not None
 
 
-@pytest.mark.parametrize("reply", ["", "_INBOX.*", "_INBOX.>", "_INBOX b", ".x", "x.", "a..b", "r" * 257, 7])
+@pytest.mark.parametrize(
+    "reply", ["", "_INBOX.*", "_INBOX.>", "_INBOX b", ".x", "x.", "ab.", "a..b", "r" * 257, 7]
+)
 def test_a_want_with_a_reply_that_is_no_plain_subject_is_not_answered(reply):
     a, _ = full_keeper()
     b = Node("b", "7")
@@ -336,6 +423,16 @@ def test_a_want_with_a_reply_that_is_no_plain_subject_is_not_answered(reply):
     b.deliver(a)
     a.sync.tick(0.1)
     assert a.wire.replies == [] and a.counters["sync.apply_failed"] == 1
+
+
+@pytest.mark.parametrize("reply", ["x", "a.b", "r" * 256])
+def test_a_want_with_a_plain_subject_is_answered_there(reply):
+    a, _ = full_keeper()
+    b = Node("b", "7")
+    b.sync._publish(VERSION, {"op": "want_routes", "from": "a", "reply": reply, "ask": 1})
+    b.deliver(a)
+    a.sync.tick(0.1)
+    assert [subject for subject, _ in a.wire.replies] == [reply]
 
 
 def test_at_most_so_many_replicas_wait_for_an_answer_at_once():
@@ -386,7 +483,7 @@ async def test_a_picker_started_later_routes_what_names_an_older_answer_or_sessi
         b = await start_picker(config(nats_server.url, "b"))
         sync_b = b.sources.replica_sync
         assert sync_b is not None
-        await eventually(lambda: sync_b.counters["sync.routes_learned"] == 12, 10.0, "b is handed a's routes")
+        await eventually(lambda: sync_b.counters["sync.routes_learned"] == 12, 20.0, "b is handed a's routes")
         for i, worker in homes.items():
             follow_up = await pick(b.picker, f"f{i}", "and then?", previous_response_id=f"resp_{i}")
             turn = await pick(b.picker, f"t{i}", "next turn", session=f"s{i}")

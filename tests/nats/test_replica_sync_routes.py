@@ -321,6 +321,11 @@ async def running(nats_server) -> AsyncIterator[tuple[RunningPicker, RunningPick
         syncs = [a.sources.replica_sync, b.sources.replica_sync]
         # routes go out once each has heard the other's heartbeat
         await eventually(lambda: all(s is not None and s.shares_routes() for s in syncs), 5.0, "heartbeats")
+        # and each was handed the other's routes (none yet), so that what the tests route is told live
+        # (an answer lost on a new subscription is asked again after a lease: 5 s)
+        await eventually(
+            lambda: not any(s is not None and s.awaiting_routes() for s in syncs), 15.0, "handover"
+        )
         yield a, b
 
 

@@ -197,8 +197,10 @@ def test_a_pin_made_at_an_earlier_time_than_the_pins_after_it_lapses_on_its_own_
     pins = SessionPins(ttl_s=10.0, on_drop=lambda sid, endpoint: dropped.append((sid, endpoint)))
     pins.pin("new", W0, now=100.0)
     pins.pin("old", W1, now=92.0)
+    pins.pin("older", W1, now=91.0)
     pins.mark_opened("old", "10.0.0.2:30000")
     assert [sid for sid, _ in pins.pins(101.9)] == ["new", "old"]
     assert [sid for sid, _ in pins.pins(102.0)] == ["new"]
-    assert pins.get_pin("old", 102.0) is None and pins.get("new", 102.0) == W0
-    assert pins.expired == 1 and "old" not in pins and dropped == [("old", "10.0.0.2:30000")]
+    assert pins.get_pin("old", 102.0) is None and pins.get("older", 102.0) is None
+    assert pins.get("new", 102.0) == W0
+    assert pins.expired == 2 and "old" not in pins and dropped == [("old", "10.0.0.2:30000")]
