@@ -5093,6 +5093,159 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             ),
         ),
     },
+    "events/route_catchup.py": {
+        "x__check_texts__mutmut_5": (
+            "raise TypeError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x__check_texts__mutmut_7": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x__check_texts__mutmut_8": (
+            'raise ValueError("XXa route\'s id is not emptyXX")',
+            "message",
+            "an error's text",
+        ),
+        "x__check_texts__mutmut_9": (
+            'raise ValueError("A ROUTE\'S ID IS NOT EMPTY")',
+            "message",
+            "an error's text",
+        ),
+        "x_fill_from_answer__mutmut_6": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x_fill_from_answer__mutmut_7": (
+            'raise ValueError("XXa route of an answer is a list: [age_s, code, id, ...]XX")',
+            "message",
+            "an error's text",
+        ),
+        "x_fill_from_answer__mutmut_8": (
+            'raise ValueError("A ROUTE OF AN ANSWER IS A LIST: [AGE_S, CODE, ID, ...]")',
+            "message",
+            "an error's text",
+        ),
+        "x_fill_from_answer__mutmut_19": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x_fill_from_answer__mutmut_90": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x_reply_subject__mutmut_7": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x_reply_subject__mutmut_21": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_20": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_21": (
+            'raise ValueError("XXnot a routes answerXX")',
+            "message",
+            "an error's text",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_22": (
+            'raise ValueError("NOT A ROUTES ANSWER")',
+            "message",
+            "an error's text",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_52": (
+            "None",
+            "message",
+            "an error's text",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_54": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_55": (
+            'raise ValueError("XXroutes: a listXX")',
+            "message",
+            "an error's text",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_56": (
+            'raise ValueError("ROUTES: A LIST")',
+            "message",
+            "an error's text",
+        ),
+        "x_fill_from_answer__mutmut_1": (
+            "if type(item) is not list and len(item) < 2:",
+            "same-value",
+            "an item the first check lets through fails the next lines (its age, its code, an IndexError): "
+            "dropped and counted alike",
+        ),
+        "x_fill_from_answer__mutmut_4": (
+            "if type(item) is not list or len(item) <= 2:",
+            "same-value",
+            "a list of 2 items is refused a line later (no route has fewer than 7): dropped, counted alike",
+        ),
+        "x_fill_from_answer__mutmut_5": (
+            "if type(item) is not list or len(item) < 3:",
+            "same-value",
+            "a list of 2 items is refused a line later (no route has fewer than 7): dropped, counted alike",
+        ),
+        "x_reply_subject__mutmut_5": (
+            "if not isinstance(value, str) or not 0 <= len(value) <= MAX_REPLY_CHARS:",
+            "same-value",
+            "an empty reply fails at value[0] (IndexError), a want dropped and counted alike",
+        ),
+        "xǁRoutesWantedǁ__init____mutmut_5": (
+            "self.answered = None  # an answer was taken whole since this replica started",
+            "same-value",
+            "`answered` is only read for its truth: None is false as False is",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_63": (
+            "self.missed = None",
+            "same-value",
+            "`missed` is only read for its truth: None is false as False is",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_3": (
+            "message = msgpack.unpackb(data, raw=None)",
+            "same-value",
+            "msgpack's unpackb defaults to raw=False; None is false",
+        ),
+        "xǁRoutesWantedǁtake__mutmut_5": (
+            "message = msgpack.unpackb(data, )",
+            "same-value",
+            "msgpack's unpackb defaults to raw=False",
+        ),
+        "xǁRouteSinkǁremember_response_home__mutmut_1": (
+            "age_s: float = 1.0, fill: bool = False,",
+            "same-value",
+            "a Protocol's stub: never run, its implementers' defaults count",
+        ),
+        "xǁRouteSinkǁremember_response_home__mutmut_2": (
+            "age_s: float = 0.0, fill: bool = True,",
+            "same-value",
+            "a Protocol's stub: never run, its implementers' defaults count",
+        ),
+        "xǁRouteSinkǁremember_session_pin__mutmut_1": (
+            "age_s: float = 1.0,",
+            "same-value",
+            "a Protocol's stub: never run, its implementers' defaults count",
+        ),
+        "xǁRouteSinkǁremember_session_pin__mutmut_2": (
+            "fill: bool = True,",
+            "same-value",
+            "a Protocol's stub: never run, its implementers' defaults count",
+        ),
+    },
     "events/replica_wire.py": {
         "x_batch_op_from_wire__mutmut_51": (
             "if code in _ROUTE_OPS or type(code) is int:",

@@ -30,7 +30,7 @@ from .sync_nodes import HEARTBEAT_S, LEASE_S, W7, W8, Node
 from .test_replica_sync_routes import Homes
 
 ENDPOINT = "127.0.0.7:8000"
-ENDPOINT_16 = "127.0.0.7:80000"  # 16 characters
+ENDPOINT_16 = "127.0.0.17:80000"  # 16 characters
 
 
 def keeper(name: str, routes: Homes | None = None) -> Node:
@@ -97,9 +97,7 @@ def test_parts_are_cut_at_their_estimated_size():
     """An item's estimate is 48 bytes plus its texts' lengths: here 100 each, so 3 to a 300-byte part."""
     routes = Homes()
     for i in range(7):  # 48 + 10 + 10 + 16 + 16 = 100
-        routes.remember_response_home(
-            f"resp_{i:05d}", "model-abcd", W7, "127.0.0.7:80000", "group-0123456789"
-        )
+        routes.remember_response_home(f"resp_{i:05d}", "model-abcd", W7, ENDPOINT_16, "group-0123456789")
     parts = [msgpack.unpackb(p) for p in answer_stream(routes, "a", 1, part_bytes=300)]
     assert [len(p["routes"]) for p in parts] == [3, 3, 1] and [p["part"] for p in parts] == [0, 1, 2]
     pins = Homes()
@@ -121,9 +119,7 @@ def test_an_answer_stops_at_the_bound_on_parts_with_its_oldest_routes(monkeypatc
     monkeypatch.setattr(route_catchup, "MAX_PARTS", 3)
     routes = Homes()
     for i in range(10):
-        routes.remember_response_home(
-            f"resp_{i:05d}", "model-abcd", W7, "127.0.0.7:80000", "group-0123456789"
-        )
+        routes.remember_response_home(f"resp_{i:05d}", "model-abcd", W7, ENDPOINT_16, "group-0123456789")
     parts = [msgpack.unpackb(p) for p in answer_stream(routes, "a", 1, part_bytes=200)]
     assert [p["last"] for p in parts] == [False, False, True]
     assert [r[2] for p in parts for r in p["routes"]] == [f"resp_{i:05d}" for i in range(6)]
