@@ -4557,10 +4557,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         "xǁReplicaSyncǁ_state_part__mutmut_29": (
             'entry.parts = ""',
             "same-value",
-            (
-                "after a state dropped for its size the next part never has the expected number (the "
-                "dropped part did not advance it): '' is read as None is"
-            ),
+            "after a state dropped for its size the next part never has the expected number (the dropped part did not advance it): '' is read as None is",  # noqa: E501
         ),
         "xǁReplicaSyncǁ_state_part__mutmut_32": (
             '"requests; dropped", None, MAX_REQUESTS_PER_ORIGIN)  # fmt: skip',
@@ -4585,18 +4582,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         "xǁReplicaSyncǁ_track__mutmut_12": (
             "key, record.worker, record.hashes, record.isl, record.overlap, )",
             "same-value",
-            (
-                "the router never reads a remote request's expected output tokens (only output tokens do, "
-                "which only this replica's own requests get)"
-            ),
+            "the router never reads a remote request's expected output tokens (only output tokens do, which only this replica's own requests get)",  # noqa: E501
         ),
         "xǁReplicaSyncǁ_track__mutmut_6": (
             "key, record.worker, record.hashes, record.isl, record.overlap, expected_output_tokens=None",
             "same-value",
-            (
-                "the router never reads a remote request's expected output tokens (only output tokens do, "
-                "which only this replica's own requests get)"
-            ),
+            "the router never reads a remote request's expected output tokens (only output tokens do, which only this replica's own requests get)",  # noqa: E501
         ),
         "xǁReplicaSyncǁ_want__mutmut_10": (
             'log.info("replica sync: asking %s for its in-flight requests (%s)", origin, None)',
@@ -4667,11 +4658,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self.counters.loud("sync.catch_up_error", "XXreplica sync: no catch-up before a decision: %rXX", exc)',  # noqa: E501
             "message",
             "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁconnection_changed__mutmut_5": (
-            "self._want_all(None)",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
         ),
         "xǁReplicaSyncǁhandle__mutmut_20": (
             "raise ValueError(None)",
@@ -4773,56 +4759,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁReplicaSyncǁoverflowed__mutmut_27": (
-            "self._resync_at = self._handled + (self._sub.pending_msgs if (self._sub is not None) or True else 0)",  # noqa: E501
-            "same-value",
-            "overflowed runs only for the subscription it watches: `_sub` is set",
-        ),
-        "xǁReplicaSyncǁoverflowed__mutmut_29": (
-            "self._resync_at = self._handled + (self._sub.pending_msgs if self._sub is not None else 1)",
-            "same-value",
-            "overflowed runs only for the subscription it watches: `_sub` is set",
-        ),
-        "xǁReplicaSyncǁstart__mutmut_10": (
-            'self._want_all("THIS REPLICA STARTED")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁstart__mutmut_8": (
-            "self._want_all(None)",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁstart__mutmut_9": (
-            'self._want_all("XXthis replica startedXX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁtick__mutmut_37": (
-            'log.warning("XXreplica sync: %s silent for %.1f s (lease %.1f s): forgot its %d requestsXX",',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁtick__mutmut_39": (
-            "origin, now + entry.heard_at, entry.lease_s, n)  # fmt: skip",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁtick__mutmut_49": (
-            "self._want(origin, entry, now, None)",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁtick__mutmut_54": (
-            'self._want(origin, entry, now, "XXno state came yetXX")',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁtick__mutmut_55": (
-            'self._want(origin, entry, now, "NO STATE CAME YET")',
-            "message",
-            "an error's or a log line's text",
-        ),
         "xǁReplicaSyncǁ_lifecycle__mutmut_3": (
             'request_id = wire_text(message["id"], None)',
             "message",
@@ -4873,60 +4809,15 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁReplicaSyncǁ__init____mutmut_32": (
-            "self.boot = boot if boot is not None else secrets.randbits(63)",
-            "random",
-            "the incarnation is drawn at random: any value the wire carries works alike",
-        ),
         "xǁReplicaSyncǁ__init____mutmut_4": (
             'raise ValueError("ROUTER_ID MUST NOT BE EMPTY (REPLICAS TELL THEIR MESSAGES APART BY IT)")',
             "message",
             "an error's or a log line's text",
         ),
-        "xǁReplicaSyncǁ__init____mutmut_42": (
-            'self._sender = OrderedSender(nc, self.counters, "sync", drop_while_down=None, max_queued=queue_size)',  # noqa: E501
-            "same-value",
-            "None is read as False",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_58": (
-            "self._handled = 1  # messages taken from the subscription so far",
-            "same-value",
-            "only differences of `_handled` are read (`_resync_at` is set relative to it)",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_64": (
-            "self._dump_wanted = None",
-            "same-value",
-            "None is read as False",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_69": (
-            'self._last_dump = float("-INF")',
-            "same-value",
-            "float() reads 'INF' as 'inf'",
-        ),
         "xǁReplicaSyncǁ__init____mutmut_7": (
             "raise ValueError(None)",
             "message",
             "an error's or a log line's text",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_75": (
-            "self._batch_due = None  # (clock) when the gathered ops must go at the latest",
-            "same-value",
-            "read only while ops are gathered, and the first gathered op sets it",
-        ),
-        "xǁReplicaSyncǁ__init____mutmut_76": (
-            "self._batch_due = 1.0  # (clock) when the gathered ops must go at the latest",
-            "same-value",
-            "read only while ops are gathered, and the first gathered op sets it",
-        ),
-        "xǁReplicaSyncǁ_heartbeat__mutmut_48": (
-            "self._want(origin, entry, now, None)  # fmt: skip",
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
-        ),
-        "xǁReplicaSyncǁ_heartbeat__mutmut_53": (
-            'self._want(origin, entry, now, f"its heartbeat says {theirs[1]} requests, we track "',
-            "message",
-            "a log line's or an error's arguments (the replica, a count or a value shown)",
         ),
         "xǁReplicaSyncǁ_receive__mutmut_105": (
             "expected, seq - 1, None)  # fmt: skip",
@@ -5003,11 +4894,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁReplicaSyncǁ_receive__mutmut_224": (
-            "raise ValueError(None)",
-            "message",
-            "an error's or a log line's text",
-        ),
         "xǁReplicaSyncǁ_receive__mutmut_31": (
             '"messages of %.60s dropped", MAX_ORIGINS, None)  # fmt: skip',
             "message",
@@ -5036,11 +4922,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         "xǁReplicaSyncǁ_receive__mutmut_81": (
             'entry.parts = ""',
             "same-value",
-            (
-                "read only by a later part that continues an abandoned state (its number and total), which "
-                "no sender publishes: a state's parts go out back to back, a new state starts at part 0, and"
-                " the part that reports the gap resets it itself"
-            ),
+            "read only by a later part that continues an abandoned state (its number and total), which no sender publishes: a state's parts go out back to back, a new state starts at part 0, and the part that reports the gap resets it itself",  # noqa: E501
         ),
         "xǁReplicaSyncǁflush_batch__mutmut_2": (
             'self._batch_timer = ""',
@@ -5055,42 +4937,392 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         "xǁReplicaSyncǁpublish_route__mutmut_13": (
             "self._op_out(_ROUTE, key, route, 80 + len(key) - 2 * len(route.model))",
             "performance",
-            (
-                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
-                " and their order are the same"
-            ),
+            "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops and their order are the same",  # noqa: E501
         ),
         "xǁReplicaSyncǁpublish_route__mutmut_14": (
             "self._op_out(_ROUTE, key, route, 80 - len(key) + 2 * len(route.model))",
             "performance",
-            (
-                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
-                " and their order are the same"
-            ),
+            "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops and their order are the same",  # noqa: E501
         ),
         "xǁReplicaSyncǁpublish_route__mutmut_15": (
             "self._op_out(_ROUTE, key, route, 81 + len(key) + 2 * len(route.model))",
             "performance",
-            (
-                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
-                " and their order are the same"
-            ),
+            "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops and their order are the same",  # noqa: E501
         ),
         "xǁReplicaSyncǁpublish_route__mutmut_16": (
             "self._op_out(_ROUTE, key, route, 80 + len(key) + 2 / len(route.model))",
             "performance",
-            (
-                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
-                " and their order are the same"
-            ),
+            "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops and their order are the same",  # noqa: E501
         ),
         "xǁReplicaSyncǁpublish_route__mutmut_17": (
             "self._op_out(_ROUTE, key, route, 80 + len(key) + 3 * len(route.model))",
             "performance",
-            (
-                "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops"
-                " and their order are the same"
-            ),
+            "a route's estimated size only decides when a batch leaves early (past BATCH_BYTES): the ops and their order are the same",  # noqa: E501
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_41": (
+            "self.boot = boot if boot is not None else secrets.randbits(63)",
+            "random",
+            "the incarnation is drawn at random: any value the wire carries works alike",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_51": (
+            'self._sender = OrderedSender(nc, self.counters, "sync", drop_while_down=None, max_queued=queue_size)',  # noqa: E501
+            "same-value",
+            "None is read as False",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_67": (
+            "self._handled = 1  # messages taken from the subscription so far",
+            "same-value",
+            "only differences of `_handled` are read (`_resync_at` is set relative to it)",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_73": (
+            "self._dump_wanted = None",
+            "same-value",
+            "None is read as False",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_78": (
+            'self._last_dump = float("-INF")',
+            "same-value",
+            "float() reads 'INF' as 'inf'",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_84": (
+            "self._batch_due = None  # (clock) when the gathered ops must go at the latest",
+            "same-value",
+            "read only while ops are gathered, and the first gathered op sets it",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_85": (
+            "self._batch_due = 1.0  # (clock) when the gathered ops must go at the latest",
+            "same-value",
+            "read only while ops are gathered, and the first gathered op sets it",
+        ),
+        "xǁReplicaSyncǁ_heartbeat__mutmut_59": (
+            "self._want(origin, entry, now, None)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_heartbeat__mutmut_64": (
+            'self._want(origin, entry, now, f"its heartbeat says {theirs[1]} requests, we track "',
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁ_receive__mutmut_231": (
+            "raise ValueError(None)",
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁconnection_changed__mutmut_6": (
+            "self._want_all(None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁstart__mutmut_16": (
+            "self._want_all(None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁstart__mutmut_17": (
+            'self._want_all("XXthis replica startedXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁstart__mutmut_18": (
+            'self._want_all("THIS REPLICA STARTED")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_57": (
+            'log.warning("XXreplica sync: %s silent for %.1f s (lease %.1f s): forgot its %d requestsXX",',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_59": (
+            "origin, now + entry.heard_at, entry.lease_s, n)  # fmt: skip",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_69": (
+            "self._want(origin, entry, now, None)",
+            "message",
+            "a log line's or an error's arguments (the replica, a count or a value shown)",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_74": (
+            'self._want(origin, entry, now, "XXno state came yetXX")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_75": (
+            'self._want(origin, entry, now, "NO STATE CAME YET")',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁReplicaSyncǁ__init____mutmut_33": (
+            'self._inbox_sub: Any = ""',
+            "same-value",
+            "stop() unsubscribes what is not None; ''.unsubscribe fails and is suppressed, as nothing was subscribed",  # noqa: E501
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_11": (
+            "answer.sent = 1",
+            "message",
+            "`answer.sent` is only a log line's argument",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_12": (
+            "answer.sent -= 1",
+            "message",
+            "`answer.sent` is only a log line's argument",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_13": (
+            "answer.sent += 2",
+            "message",
+            "`answer.sent` is only a log line's argument",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_18": (
+            "log.info(None, asker, answer.sent)",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_19": (
+            'log.info("replica sync: handed its routes to %s (%d parts)", None, answer.sent)',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_20": (
+            'log.info("replica sync: handed its routes to %s (%d parts)", asker, None)',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_21": (
+            "log.info(asker, answer.sent)",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_22": (
+            'log.info("replica sync: handed its routes to %s (%d parts)", answer.sent)',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_23": (
+            'log.info("replica sync: handed its routes to %s (%d parts)", asker, )',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_24": (
+            'log.info("XXreplica sync: handed its routes to %s (%d parts)XX", asker, answer.sent)',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_answer_routes__mutmut_25": (
+            'log.info("REPLICA SYNC: HANDED ITS ROUTES TO %S (%D PARTS)", asker, answer.sent)',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_ask_routes__mutmut_13": (
+            "log.info(None, origin)",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_ask_routes__mutmut_14": (
+            'log.info("replica sync: asking %s for the routes it keeps (answers\' workers, session pins)", None)',  # noqa: E501
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_ask_routes__mutmut_15": (
+            "log.info(origin)",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_ask_routes__mutmut_16": (
+            'log.info("replica sync: asking %s for the routes it keeps (answers\' workers, session pins)", )',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_ask_routes__mutmut_17": (
+            'log.info("XXreplica sync: asking %s for the routes it keeps (answers\' workers, session pins)XX", origin)',  # noqa: E501
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_ask_routes__mutmut_18": (
+            'log.info("REPLICA SYNC: ASKING %S FOR THE ROUTES IT KEEPS (ANSWERS\' WORKERS, SESSION PINS)", origin)',  # noqa: E501
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_17": (
+            'self.counters.loud("sync.routes_want_dropped", None, MAX_PENDING_ANSWERS, origin)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_18": (
+            '"routes at once; %.60s asks again", None, origin)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_19": (
+            '"routes at once; %.60s asks again", MAX_PENDING_ANSWERS, None)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_21": (
+            'self.counters.loud("sync.routes_want_dropped", MAX_PENDING_ANSWERS, origin)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_22": (
+            '"routes at once; %.60s asks again", origin)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_23": (
+            '"routes at once; %.60s asks again", MAX_PENDING_ANSWERS, )  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_26": (
+            'self.counters.loud("sync.routes_want_dropped", "XXreplica sync: more than %d replicas ask for XX"',  # noqa: E501
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_27": (
+            'self.counters.loud("sync.routes_want_dropped", "REPLICA SYNC: MORE THAN %D REPLICAS ASK FOR "',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_28": (
+            '"XXroutes at once; %.60s asks againXX", MAX_PENDING_ANSWERS, origin)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁ_routes_asked__mutmut_29": (
+            '"ROUTES AT ONCE; %.60S ASKS AGAIN", MAX_PENDING_ANSWERS, origin)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_1": (
+            "if self._routes_wanted is None and self.routes is None:",
+            "same-value",
+            "`_routes_wanted` is None exactly when the replica was made without `routes`",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_14": (
+            'self.counters.loud("sync.malformed", "malformed routes answer (%r); dropped, asking again", None)',  # noqa: E501
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_17": (
+            'self.counters.loud("sync.malformed", "malformed routes answer (%r); dropped, asking again", )',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_20": (
+            'self.counters.loud("sync.malformed", "XXmalformed routes answer (%r); dropped, asking againXX", exc)',  # noqa: E501
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_35": (
+            'self.counters.loud("sync.malformed", "malformed route in an answer (%r); dropped", None)',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_38": (
+            'self.counters.loud("sync.malformed", "malformed route in an answer (%r); dropped", )',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_41": (
+            'self.counters.loud("sync.malformed", "XXmalformed route in an answer (%r); droppedXX", exc)',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_43": (
+            "ask.told = 1",
+            "message",
+            "`ask.told` is only a log line's argument",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_44": (
+            "ask.told -= 1",
+            "message",
+            "`ask.told` is only a log line's argument",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_45": (
+            "ask.told += 2",
+            "message",
+            "`ask.told` is only a log line's argument",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_52": (
+            "log.info(None,",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_53": (
+            "None, ask.origin, ask.told - ask.learned)  # fmt: skip",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_54": (
+            "ask.learned, None, ask.told - ask.learned)  # fmt: skip",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_55": (
+            "ask.learned, ask.origin, None)  # fmt: skip",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_56": (
+            "log.info(ask.learned, ask.origin, ask.told - ask.learned)  # fmt: skip",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_57": (
+            "ask.origin, ask.told - ask.learned)  # fmt: skip",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_58": (
+            "ask.learned, ask.told - ask.learned)  # fmt: skip",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_59": (
+            "ask.learned, ask.origin, )  # fmt: skip",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_60": (
+            'log.info("XXreplica sync: learned %d routes from %s (%d more were known here or lapsed)XX",',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_61": (
+            'log.info("REPLICA SYNC: LEARNED %D ROUTES FROM %S (%D MORE WERE KNOWN HERE OR LAPSED)",',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁhandle_routes__mutmut_62": (
+            "ask.learned, ask.origin, ask.told + ask.learned)  # fmt: skip",
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_24": (
+            '"asking again", None, silent.parts_next, now - silent.heard_at)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_31": (
+            'log.warning("XXreplica sync: %s handed over %d parts of its routes, then nothing for %.1f s: XX"',  # noqa: E501
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_33": (
+            '"XXasking againXX", silent.origin, silent.parts_next, now - silent.heard_at)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_34": (
+            '"ASKING AGAIN", silent.origin, silent.parts_next, now - silent.heard_at)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
+        ),
+        "xǁReplicaSyncǁtick__mutmut_35": (
+            '"asking again", silent.origin, silent.parts_next, now + silent.heard_at)  # fmt: skip',
+            "message",
+            "a log line's or a counter's message, or its arguments",
         ),
     },
     "events/route_catchup.py": {

@@ -10,6 +10,7 @@ Message by message (`sync_nodes`, no NATS), then two pickers over a real nats-se
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 
@@ -18,6 +19,7 @@ import pytest
 
 from extproc.config import EventsConfig
 from extproc.events import route_catchup
+from extproc.events.replica_sync import ReplicaSync
 from extproc.events.replica_wire import MAX_ROUTE_TEXT, OP_HOME, OP_PIN, OP_UNPIN, VERSION
 from extproc.events.route_catchup import MAX_PENDING_ANSWERS, PART_BYTES, answer_message, answer_stream
 from extproc.picker.pipeline import EndpointPicker
@@ -25,8 +27,8 @@ from extproc.router import Worker
 from extproc.runtime.server import start_picker
 
 from ..picker_fixtures import MODEL, picker_config
-from .conftest import eventually
-from .sync_nodes import HEARTBEAT_S, LEASE_S, W7, W8, Node
+from .conftest import connect, eventually, make_router
+from .sync_nodes import LEASE_S, SUBJECT, W7, W8, Node
 from .test_replica_sync_routes import Homes
 
 ENDPOINT = "127.0.0.7:8000"
@@ -76,6 +78,7 @@ def test_a_replica_that_started_late_is_handed_every_route_with_its_age():
     assert routes_b.kept == routes_a.kept and routes_b.pins == routes_a.pins
     assert routes_b.ages == {"resp_1": 12.5, "s1": 3.0}  # each lapses on time there too
     assert (a.counters["sync.routes_parts_sent"], b.counters["sync.routes_learned"]) == (1, 2)
+    assert b.counters["sync.routes_want"] == 1
     b.wire.take()
     b.hears(a)
     assert wants(b) == []  # nothing missed any more
@@ -134,6 +137,18 @@ def test_a_part_beyond_the_bound_is_refused(monkeypatch):
     assert b.counters["sync.malformed"] == 0
     b.sync.handle_routes(answer_message("a", 1, 2, True, []))
     assert b.counters["sync.malformed"] == 1 and b.sync._routes_wanted.pending is None
+
+
+def test_a_part_taken_on_the_replica_s_own_clock_restarts_the_silence():
+    a, b = keeper("a"), keeper("b")
+    a.sync.tick(0.0)
+    a.deliver(b)  # its heartbeat: b asks at 0
+    b.now = 3.0
+    b.sync.handle_routes(answer_message("a", 1, 0, False, []))  # as its inbox does: no time given
+    b.sync.tick(3.0 + LEASE_S)
+    assert b.counters["sync.routes_want_timeout"] == 0
+    b.sync.tick(3.0 + LEASE_S + 0.01)
+    assert b.counters["sync.routes_want_timeout"] == 1
 
 
 def test_each_part_restarts_the_silence_after_which_the_ask_is_dropped():
@@ -231,7 +246,7 @@ def test_no_ask_goes_to_a_replica_of_the_version_before():
 
 def test_a_replica_that_keeps_no_routes_neither_asks_nor_answers():
     a, _ = full_keeper()
-    plain = Node("p", "7", "8")
+    plain = Node("p", "7", "8", inbox=True)
     plain.hears(a)
     assert wants(plain) == []
     b = keeper("b")
@@ -285,11 +300,11 @@ def test_a_replica_just_started_awaits_the_routes_until_answered_or_none_is_hear
     b.sync.connection_changed(True, "test")
     b.hears(a)  # asked again: but a NATS blip must not make every replica unready
     assert b.sync._routes_wanted.pending is not None and not b.sync.awaiting_routes()
-    alone = keeper("c")
-    alone.sync._started_at = alone.now = 0.0
-    alone.now = 2 * HEARTBEAT_S - 0.01
+    alone = Node("c", "7", routes=Homes(), inbox=True, heartbeat_s=0.5)
+    alone.sync._started_at = 100.0
+    alone.now = 100.99
     assert alone.sync.awaiting_routes()
-    alone.now = 2 * HEARTBEAT_S  # two heartbeats and nobody to ask
+    alone.now = 101.0  # two heartbeats and nobody to ask
     assert not alone.sync.awaiting_routes() and not Node("p", "7").sync.awaiting_routes()
 
 
@@ -490,3 +505,46 @@ async def test_a_picker_started_later_routes_what_names_an_older_answer_or_sessi
         for running in (b, a):
             if running is not None:
                 await running.stop(0)
+
+
+async def test_a_replica_alone_on_nats_awaits_routes_from_its_start(nats_server):
+    now = [0.0]
+    link = await connect(nats_server, "alone")
+    sync = ReplicaSync(link.nc, make_router(), "alone", SUBJECT, routes=Homes(), clock=lambda: now[0])
+    try:
+        assert not sync.awaiting_routes()  # not started
+        await sync.start()
+        assert sync.awaiting_routes()  # nobody heard yet: one may answer
+        now[0] = 2 * sync.heartbeat_s
+        assert not sync.awaiting_routes()  # nobody to ask
+    finally:
+        await sync.stop()
+        await link.close()
+
+
+async def test_a_stopped_replica_hears_nothing_more_on_its_subject_or_its_inbox(nats_server):
+    link, other = await connect(nats_server, "a"), await connect(nats_server, "b")
+    sync = ReplicaSync(link.nc, make_router(), "a", SUBJECT, routes=Homes())
+    try:
+        await sync.start()
+        inbox = sync._inbox
+        assert inbox is not None
+        await sync.stop()
+        before = sync.counters.snapshot()
+        sentinel: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def arrived(msg) -> None:
+            await sentinel.put(msg.data)
+
+        await link.nc.subscribe("test.sentinel", cb=arrived)
+        await link.nc.flush()
+        heartbeat = {"v": VERSION, "router": "b", "boot": 1, "seq": 1, "op": "hb", "n": 0, "digest": 0}
+        await other.nc.publish(SUBJECT, msgpack.packb(heartbeat))
+        await other.nc.publish(inbox, answer_message("b", 1, 0, True, []))
+        await other.nc.publish("test.sentinel", b"after")  # the same publisher: it comes after them
+        await other.nc.flush()
+        assert await asyncio.wait_for(sentinel.get(), 5.0) == b"after"
+        assert sync.counters.snapshot() == before
+    finally:
+        await other.close()
+        await link.close()
