@@ -58,7 +58,7 @@ async def run(routes: int, workers: int) -> dict[str, object]:
             f"resp_{i:032x}", MODEL, worker, f"127.0.0.{i % workers + 1}:8000", "local"
         )
         sender.remember_session_pin(f"session-{i:024x}", MODEL, worker, "local")
-    stream = answer_stream(sender, "a", 1, 1)
+    stream = answer_stream(sender, "a", 1)
     made: list[float] = []
     parts: list[bytes] = []
     while True:
