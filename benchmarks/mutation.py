@@ -5200,17 +5200,17 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "`_routes_wanted` is None exactly when the replica was made without `routes`",
         ),
         "xǁReplicaSyncǁhandle_routes__mutmut_14": (
-            'self.counters.loud("sync.malformed", "malformed routes answer (%r); dropped, asking again", None)',  # noqa: E501
+            'self.counters.loud("sync.malformed", "malformed routes answer (%r); dropped", None)',
             "message",
             "a log line's or a counter's message, or its arguments",
         ),
         "xǁReplicaSyncǁhandle_routes__mutmut_17": (
-            'self.counters.loud("sync.malformed", "malformed routes answer (%r); dropped, asking again", )',
+            'self.counters.loud("sync.malformed", "malformed routes answer (%r); dropped", )',
             "message",
             "a log line's or a counter's message, or its arguments",
         ),
         "xǁReplicaSyncǁhandle_routes__mutmut_20": (
-            'self.counters.loud("sync.malformed", "XXmalformed routes answer (%r); dropped, asking againXX", exc)',  # noqa: E501
+            'self.counters.loud("sync.malformed", "XXmalformed routes answer (%r); droppedXX", exc)',
             "message",
             "a log line's or a counter's message, or its arguments",
         ),

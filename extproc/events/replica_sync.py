@@ -781,7 +781,7 @@ class ReplicaSync:
         try:
             got = self._routes_wanted.take(data, self._clock() if now is None else now)
         except Exception as exc:
-            self.counters.loud("sync.malformed", "malformed routes answer (%r); dropped, asking again", exc)
+            self.counters.loud("sync.malformed", "malformed routes answer (%r); dropped", exc)
             return
         if got is None:
             self.counters.add("sync.routes_late")  # an answer to an ask given up already
