@@ -168,7 +168,9 @@ def test_a_short_uncached_prompt_is_prefilled_on_its_decode_worker():
 
 
 @pytest.mark.parametrize(
-    ("unhealthy", "named"), [({"p0"}, "p1"), ({"p1"}, "p0"), ({"p0", "p1"}, None)], ids=str
+    ("unhealthy", "named"),
+    [({"p0"}, "p1"), ({"p1"}, "p0"), ({"p0", "p1"}, None)],
+    ids=["p0-down", "p1-down", "both-down"],  # not str(): a set's order changes with the hash seed
 )
 def test_only_healthy_prefill_workers_are_named(unhealthy: set[str], named: str | None):
     group = disagg_group(1, 2)
