@@ -468,3 +468,6 @@ class _RouteShare:
 
     def session_closed(self, session_id: str, model: str) -> None:
         self.sync.publish_route(session_id, SharedUnpin(model))
+
+    def shared(self) -> bool:
+        return self.sync.shares_routes()

@@ -58,11 +58,12 @@ from extproc.picker import client_ids
 from extproc.picker.admission import AdmissionGate
 from extproc.picker.body_parser import BodyParser
 from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
+from extproc.picker.home_waits import HomeWaits
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.model_names import ModelNames
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
-from extproc.picker.response_homes import ResponseHomes, ResponseHomesCollector
+from extproc.picker.response_homes import Home, ResponseHomes, ResponseHomesCollector
 from extproc.picker.worker_sessions import Outcome, WorkerSessionCollector, WorkerSessions, session_timeout
 from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixCollector
 from extproc.request.parse import ParsedRequest, is_routable, route_of
@@ -131,6 +132,10 @@ class RouteShare(Protocol):
 
     def session_closed(self, session_id: str, model: str) -> None: ...
 
+    def shared(self) -> bool:
+        """Whether other replicas share routes now: an id not known here may be on its way."""
+        ...
+
 
 class EndpointPicker:
     """Chooses a worker for each request and keeps the routers' load picture true."""
@@ -195,6 +200,7 @@ class EndpointPicker:
             for model in self._pools
         }
         self.response_homes = ResponseHomes()  # Responses API: which worker stored which answer
+        self.home_waits = HomeWaits()  # follow-ups waiting for another replica's word on theirs
         self.metrics.registry.register(ResponseHomesCollector(self.response_homes))
         self._sweeper: asyncio.Task[None] | None = None
         self._gates = {
@@ -426,14 +432,16 @@ class EndpointPicker:
             isl=None if tokens is not None else isl,
         )
         request_id = self._request_id(client_request_id)
+        # first what already came: another replica's load, and the pin or answer's worker it shared
+        # just before this client's next turn reached this replica (a NATS socket held until later)
+        await self.hear_before_deciding()
         pinned: tuple[str, Worker] | None = None
         if session_id:
             pin = self._sessions[request.model].get_pin(session_id, self._clock())
             pinned = (pin.group, pin.worker) if pin is not None else None
         if request.previous_response_id is not None:  # its history is stored where it was answered
-            pinned = self._response_home(request, pinned)
+            pinned = await self._response_home(request, pinned)
         gate = self._gates[request.model]
-        await self.hear_before_deciding()
         routed_at = time.perf_counter_ns()
         if not gate.enabled:  # what admit does without a queue, minus its entry and callbacks
             waited_s = 0.0
@@ -558,9 +566,12 @@ class EndpointPicker:
         unusable (empty or too long), known (`fill`), or lapsed."""
         if (fill and response_id in self.response_homes) or age_s >= self.response_homes.ttl_s:
             return False
-        return self.response_homes.remember(
+        if not self.response_homes.remember(
             response_id, model, worker, endpoint, group, self._clock() - age_s
-        )
+        ):
+            return False
+        self.home_waits.arrive(response_id)
+        return True
 
     def remember_session_pin(
         self, session_id: str, model: str, worker: Worker, group: str, *,
@@ -642,7 +653,7 @@ class EndpointPicker:
         stored response (`/v1/responses/{id}[/...]`) goes to the worker that stored it, when known."""
         if not self._pools:
             raise NoEligibleWorker("no worker is configured")
-        stored = self._stored_response(path, restrictions)
+        stored = await self._stored_response(path, restrictions)
         if stored is not None:
             return stored
         if model is not None:
@@ -667,12 +678,12 @@ class EndpointPicker:
             return Pick("", name, choice.worker, choice.endpoint, dict(choice.headers), group=group)
         raise AssertionError("unreachable: the last model's failure is raised")
 
-    def _response_home(
+    async def _response_home(
         self, request: ParsedRequest, pinned: tuple[str, Worker] | None
     ) -> tuple[str, Worker] | None:
         """The worker storing the response a follow-up continues (it wins over a session's pin)."""
         assert request.previous_response_id is not None
-        home = self.response_homes.get(request.previous_response_id, self._clock())
+        home = await self._home_of(request.previous_response_id)
         if home is None or home.model != request.model:
             log.info(
                 "previous_response_id %s: no worker of %s is known to store it (unknown, lapsed or gone); "
@@ -681,18 +692,32 @@ class EndpointPicker:
             return pinned
         return (home.group, home.worker)
 
-    def _stored_response(self, path: str, restrictions: list[list[str]]) -> Pick | None:
+    async def _stored_response(self, path: str, restrictions: list[list[str]]) -> Pick | None:
         """An untracked pick to the worker storing the response `path` names, or None."""
         route = route_of(path)
         if not route.startswith(RESPONSES_PATH + "/"):
             return None
+        await self.hear_before_deciding()  # its worker may have been shared by another replica just now
         response_id = route[len(RESPONSES_PATH) + 1 :].partition("/")[0]
-        home = self.response_homes.get(response_id, self._clock()) if response_id else None
+        home = await self._home_of(response_id) if response_id else None
         if home is None or not all(epp.endpoint_matches(home.endpoint, allowed) for allowed in restrictions):
             return None
         log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, 100), home.worker,
                  home.endpoint)  # fmt: skip
         return Pick("", home.model, home.worker, home.endpoint, {}, group=home.group)
+
+    async def _home_of(self, response_id: str) -> Home | None:
+        """Where `response_id` is stored. One not known here, while other replicas share routes, is
+        waited for a moment (`HomeWaits`): its answer may have passed through another replica an
+        instant ago, and that replica's word be on its way."""
+        home = self.response_homes.get(response_id, self._clock())
+        if home is None and self.route_share is not None and self.route_share.shared():
+            started = time.perf_counter()
+            if await self.home_waits.wait(response_id):
+                log.info("response %s: its worker was shared by another replica %.1f ms later",
+                         loggable(response_id), (time.perf_counter() - started) * 1000)  # fmt: skip
+            home = self.response_homes.get(response_id, self._clock())
+        return home
 
     def _uncached_tokens(self, request: GroupRequest) -> int:
         """The queue's wspt estimate: the prompt minus its best cached prefix here."""

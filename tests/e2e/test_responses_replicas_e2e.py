@@ -27,7 +27,7 @@ from extproc.devstack.envoy_config import PickerHealth
 from extproc.devstack.procs import ManagedProcess, NatsServer, reserve_port, start_nats_server
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 
-from ..replica_helpers import until
+from ..replica_helpers import picker_hosts, until
 from .harness import EnvoyUnderTest, serve_replicas_of, start_envoy_over_replicas
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -73,7 +73,8 @@ def replicas(workers: list[WorkerProcess], nats: NatsServer, log_dir: Path) -> I
 
 @pytest.fixture(scope="module")
 def envoy(replicas: list[ManagedProcess], log_dir: Path) -> Iterator[EnvoyUnderTest]:
-    started = start_envoy_over_replicas(replicas, PickerHealth(), log_dir)
+    # a replica restarted (the rolling restart) is out of Envoy's rotation for one short ejection
+    started = start_envoy_over_replicas(replicas, PickerHealth(ejection_time_ms=1_000), log_dir)
     yield started
     started.stop()
 
@@ -92,9 +93,12 @@ async def counters(http: aiohttp.ClientSession, replica: ManagedProcess) -> dict
 
 
 async def test_follow_ups_through_either_replica_reach_the_worker_that_stored_the_answer(
-    client: openai.AsyncOpenAI, replicas: list[ManagedProcess]
+    client: openai.AsyncOpenAI, replicas: list[ManagedProcess], envoy: EnvoyUnderTest
 ):
     async with aiohttp.ClientSession() as http:
+        # both replicas in Envoy's rotation (after the rolling restart, when it ran first, one may be
+        # ejected or not yet past its health check: Envoy would give every stream to the other)
+        await until(lambda: _in_rotation(envoy), 15.0, lambda: f"Envoy sees {picker_hosts(envoy)}")
         # each replica has heard the other's heartbeats (they say it keeps routes) before any answer: at
         # most four of the first messages are its want and states, the rest heartbeats (every 0.2 s)
         await until(
@@ -173,6 +177,11 @@ async def test_conversations_go_on_after_a_rolling_restart_of_the_replicas(
 
         # every replica now started after the first turns: what it knows of them it was handed
         await asyncio.gather(*(go_on(first.id) for first in firsts))
+
+
+def _in_rotation(envoy: EnvoyUnderTest) -> bool:
+    hosts = picker_hosts(envoy).values()
+    return len(hosts) == REPLICAS and not any(h.failed_health_check or h.ejected for h in hosts)
 
 
 async def _learned(http: aiohttp.ClientSession, replica: ManagedProcess, at_least: int) -> bool:

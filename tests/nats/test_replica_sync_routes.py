@@ -346,6 +346,23 @@ async def test_a_follow_up_through_the_other_replica_reaches_the_worker_storing_
     a.finish(first, "complete")
 
 
+async def test_a_follow_up_sent_the_instant_the_answer_was_read_waits_for_the_other_replicas_word(pickers):
+    """No wait here for b to learn the home: the follow-up reaches b while a's word is still in its
+    batch. b waits for it (`HomeWaits`, bounded) instead of routing on load to a worker's 404."""
+    a, b = pickers
+    first = await pick(a, "r1", responses_body("the first turn of a conversation " * 20))
+    a.response_stored(first, "resp_first")
+    follow_up = await pick(b, "r2", responses_body("and then?", previous_response_id="resp_first"))
+    assert (follow_up.worker, follow_up.endpoint) == (first.worker, first.endpoint)
+    assert (b.home_waits.arrived, b.home_waits.timed_out) == (1, 0)
+    retrieval = await b.pick(
+        body=None, path="/v1/responses/resp_first", headers={}, subset=None, client_request_id="r3"
+    )
+    assert retrieval.worker == first.worker and b.home_waits.arrived == 1  # known now: no wait
+    b.finish(follow_up, "complete")
+    a.finish(first, "complete")
+
+
 async def test_a_session_pinned_through_one_replica_stays_on_its_worker_through_the_other(running):
     a, b = (r.picker for r in running)
     first = await pick(a, "r1", responses_body("a long session starts here " * 20), session="s1")

@@ -4,7 +4,10 @@ quarter of the TTL) and its close, each with the worker, endpoint, group and mod
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
+
+import pytest
 
 from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
@@ -21,6 +24,7 @@ class Told:
 
     def __init__(self) -> None:
         self.said: list[tuple] = []
+        self.sharing = False  # other replicas share routes (an unknown answer's id is waited for)
 
     def response_home(self, response_id: str, model: str, worker: Worker, endpoint: str, group: str) -> None:
         self.said.append(("home", response_id, model, worker, endpoint, group))
@@ -30,6 +34,9 @@ class Told:
 
     def session_closed(self, session_id: str, model: str) -> None:
         self.said.append(("close", session_id, model))
+
+    def shared(self) -> bool:
+        return self.sharing
 
 
 def make(ttl_s: float = 60.0) -> tuple[EndpointPicker, FakeClock, Told]:
@@ -197,3 +204,90 @@ def test_what_another_replica_tells_replaces_what_is_known_here():
     picker.remember_session_pin("s", MODEL, Worker("w1"), "local")
     assert picker.remember_session_pin("s", MODEL, Worker("w2"), "local")  # a move there
     assert picker.sessions(MODEL).get("s", clock()) == Worker("w2")
+
+
+# --- heard before the turn it routes ---------------------------------------------------------------
+
+
+def sharing_just_before(worker: Worker, endpoint: str) -> EndpointPicker:
+    """A picker to which another replica's pin of `s` and home of `resp_x` on `worker` come with its
+    first catch-up (`before_decision`), as replica sync applies a message held in the NATS socket."""
+    picker, _, _ = make()
+
+    async def catch_up() -> None:
+        picker.remember_response_home("resp_x", MODEL, worker, endpoint, "local")
+        picker.remember_session_pin("s", MODEL, worker, "local")
+
+    picker.before_decision = catch_up
+    return picker
+
+
+@pytest.mark.parametrize("kind", ["follow-up", "session turn", "retrieval"])
+async def test_a_route_shared_just_before_the_next_turn_is_heard_before_that_turn_is_routed(kind):
+    """Another replica's pin or answer's worker can reach this one in the same instant as the client's
+    next turn: held in the NATS socket until replica sync's catch-up reads it. The follow-up, the
+    session's turn and the retrieval each look their route up after that catch-up (before, they were
+    routed on load: a follow-up or a retrieval then met the engine's 404)."""
+    for listed in picker_config(4).workers:  # on load the turn would go elsewhere for most of them
+        worker = Worker(listed.id)
+        picker = sharing_just_before(worker, listed.endpoint)
+        if kind == "session turn":
+            assert await turn(picker, "hello " * 30, "s", "r1") == worker
+            continue
+        path, payload = "/v1/responses", body(input="and then?", previous_response_id="resp_x")
+        if kind == "retrieval":
+            path, payload = "/v1/responses/resp_x", None
+        chosen = await picker.pick(body=payload, path=path, headers={}, subset=None, client_request_id="r1")
+        picker.finish(chosen, "complete")
+        assert (chosen.worker, chosen.endpoint, chosen.tracked) == (
+            worker,
+            listed.endpoint,
+            kind == "follow-up",
+        )
+
+
+@pytest.mark.parametrize("kind", ["follow-up", "retrieval"])
+async def test_an_unknown_answer_is_waited_for_while_other_replicas_share_routes(kind):
+    """The other replica's word can still be on its way (its batch, NATS) when the client's next
+    request arrives: the request waits for it, bounded, and goes where it says the moment it comes."""
+    picker, _, told = make()
+    told.sharing = True
+    w3 = next(w for w in picker.config.workers if w.id == "w3")
+    path, payload = "/v1/responses", body(input="and then?", previous_response_id="resp_x")
+    if kind == "retrieval":
+        path, payload = "/v1/responses/resp_x", None
+    request = asyncio.ensure_future(
+        picker.pick(body=payload, path=path, headers={}, subset=None, client_request_id="r1")
+    )
+    assert await until(lambda: len(picker.home_waits) == 1)
+    assert picker.remember_response_home("resp_x", MODEL, Worker("w3"), w3.endpoint, "local")
+    chosen = await request
+    picker.finish(chosen, "complete")
+    assert (chosen.worker, chosen.endpoint) == (Worker("w3"), w3.endpoint)
+    assert (picker.home_waits.arrived, len(picker.home_waits)) == (1, 0)
+
+
+@pytest.mark.parametrize("sharing", [True, False])
+async def test_an_answer_nobody_shares_is_routed_on_load_after_the_wait_or_at_once_alone(sharing):
+    picker, _, told = make()
+    told.sharing = sharing
+    chosen = await picker.pick(
+        body=body(input="and then?", previous_response_id="resp_lapsed"), path="/v1/responses",
+        headers={}, subset=None, client_request_id="r1",
+    )  # fmt: skip
+    picker.finish(chosen, "complete")
+    assert chosen.tracked and picker.home_waits.timed_out == int(sharing)
+    picker.route_share = None  # no replica sync at all: nothing to wait for
+    await picker.pick(
+        body=None, path="/v1/responses/resp_lapsed", headers={}, subset=None, client_request_id="r2"
+    )
+    assert picker.home_waits.timed_out == int(sharing)
+
+
+async def until(condition, bound_s: float = 5.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + bound_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0)
+    return True
