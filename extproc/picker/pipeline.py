@@ -201,7 +201,7 @@ class EndpointPicker:
         }
         self.response_homes = ResponseHomes()  # Responses API: which worker stored which answer
         self.home_waits = HomeWaits()  # follow-ups waiting for another replica's word on theirs
-        self.metrics.registry.register(ResponseHomesCollector(self.response_homes))
+        self.metrics.registry.register(ResponseHomesCollector(self.response_homes, self.home_waits))
         self._sweeper: asyncio.Task[None] | None = None
         self._gates = {
             model: AdmissionGate(

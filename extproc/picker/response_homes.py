@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from extproc.router.types import Worker
+
+if TYPE_CHECKING:
+    from extproc.picker.home_waits import HomeWaits
 
 MAX_ID_CHARS: Final = 256
 DEFAULT_TTL_S: Final = 3600.0  # a chain of responses (tool calls, turns) within an hour of its last use
@@ -121,10 +124,12 @@ class ResponseHomes:
 
 
 class ResponseHomesCollector(Collector):
-    """`extproc_response_homes` (ids remembered) and `extproc_response_homes_dropped_total{why}`."""
+    """`extproc_response_homes` (ids remembered), `extproc_response_homes_dropped_total{why}` and, with
+    `waits`, `extproc_response_home_waits_total{outcome}`."""
 
-    def __init__(self, homes: ResponseHomes) -> None:
+    def __init__(self, homes: ResponseHomes, waits: HomeWaits | None = None) -> None:
         self._homes = homes
+        self._waits = waits
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -140,3 +145,14 @@ class ResponseHomesCollector(Collector):
         dropped.add_metric(["evicted"], self._homes.evicted)
         dropped.add_metric(["expired"], self._homes.expired)
         yield dropped
+        if self._waits is not None:
+            waits = CounterMetricFamily(
+                "extproc_response_home_waits",
+                "Requests naming a stored answer whose worker was not known, waited for while other "
+                "replicas share routes: it arrived, the wait ran out, or too many waited already.",
+                labels=["outcome"],
+            )
+            waits.add_metric(["arrived"], self._waits.arrived)
+            waits.add_metric(["timed_out"], self._waits.timed_out)
+            waits.add_metric(["refused"], self._waits.refused)
+            yield waits

@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import replace
 
 import pytest
+from prometheus_client import generate_latest
 
 from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
@@ -265,6 +266,8 @@ async def test_an_unknown_answer_is_waited_for_while_other_replicas_share_routes
     picker.finish(chosen, "complete")
     assert (chosen.worker, chosen.endpoint) == (Worker("w3"), w3.endpoint)
     assert (picker.home_waits.arrived, len(picker.home_waits)) == (1, 0)
+    exported = generate_latest(picker.metrics.registry).decode()
+    assert 'extproc_response_home_waits_total{outcome="arrived"} 1.0' in exported
 
 
 @pytest.mark.parametrize("sharing", [True, False])
@@ -277,6 +280,8 @@ async def test_an_answer_nobody_shares_is_routed_on_load_after_the_wait_or_at_on
     )  # fmt: skip
     picker.finish(chosen, "complete")
     assert chosen.tracked and picker.home_waits.timed_out == int(sharing)
+    exported = generate_latest(picker.metrics.registry).decode()
+    assert f'extproc_response_home_waits_total{{outcome="timed_out"}} {float(sharing)}' in exported
     picker.route_share = None  # no replica sync at all: nothing to wait for
     await picker.pick(
         body=None, path="/v1/responses/resp_lapsed", headers={}, subset=None, client_request_id="r2"
