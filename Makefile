@@ -20,8 +20,10 @@ lint: install
 typecheck: install
 	@$(PY) -m mypy || { echo "make typecheck: mypy found type errors (above); settings in pyproject.toml [tool.mypy]"; exit 1; }
 
+# Test files run in parallel, one file per process (pytest-xdist: module fixtures stay in one process),
+# as many processes as cores, at most 4. One file alone: `.venv/bin/python -m pytest -q tests/x.py`.
 test: install lint typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --numprocesses auto --maxprocesses 4 --dist loadfile
 
 demo: install
 	$(PY) -m extproc demo
