@@ -35,6 +35,8 @@ async def test_a_wait_ends_at_its_bound_and_leaves_nothing_behind():
     assert not await waits.wait("resp_nobody_knows", 0.001)
     assert len(waits) == 0 and waits._waiting == {}
     assert (waits.arrived, waits.timed_out) == (0, 1)
+    assert not await waits.wait("resp_nobody_knows", 0.001)
+    assert waits.timed_out == 2  # each counted
 
 
 async def test_past_the_bound_on_waiting_requests_a_request_does_not_wait():
@@ -42,7 +44,8 @@ async def test_past_the_bound_on_waiting_requests_a_request_does_not_wait():
     waiting = [asyncio.ensure_future(waits.wait(f"resp_{i}", LONG_S)) for i in range(2)]
     await asyncio.sleep(0)
     assert not await waits.wait("resp_3", LONG_S)  # at once: it would wait LONG_S otherwise
-    assert waits.refused == 1 and len(waits) == 2
+    assert not await waits.wait("resp_0", LONG_S)  # also for an id that others wait for
+    assert waits.refused == 2 and len(waits) == 2
     waits.arrive("resp_0")
     assert await waiting[0]
     assert await asyncio.wait_for(

@@ -282,6 +282,8 @@ async def test_an_answer_nobody_shares_is_routed_on_load_after_the_wait_or_at_on
     assert chosen.tracked and picker.home_waits.timed_out == int(sharing)
     exported = generate_latest(picker.metrics.registry).decode()
     assert f'extproc_response_home_waits_total{{outcome="timed_out"}} {float(sharing)}' in exported
+    await picker.pick(body=None, path="/v1/responses/", headers={}, subset=None, client_request_id="r2")
+    assert picker.home_waits.timed_out == int(sharing)  # no id: nothing to wait for
     picker.route_share = None  # no replica sync at all: nothing to wait for
     await picker.pick(
         body=None, path="/v1/responses/resp_lapsed", headers={}, subset=None, client_request_id="r2"
