@@ -148,6 +148,8 @@ MODULES: dict[str, list[str]] = {
     ],
     # request bodies parsed on the loop or in worker processes, chats' shared turns, dead workers
     "picker/body_parser.py": ["tests/picker/test_body_parser.py", "tests/picker/test_body_parser_edges.py"],
+    # follow-ups waiting, bounded, for another replica's word on their answer's worker
+    "picker/home_waits.py": ["tests/picker/test_home_waits.py", "tests/picker/test_route_share.py"],
     # the one decision pipeline: parse, model, restrictions, tokens, groups, sessions, request ids
     "picker/pipeline.py": [
         "tests/picker/test_pipeline.py",
@@ -2702,121 +2704,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "a Responses API pick is tracked: it carries its group's name, never empty",
         ),
-        "xǁEndpointPickerǁ_response_home__mutmut_10": (
-            "None, loggable(request.previous_response_id), request.model,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_response_home__mutmut_11": (
-            '"routed on load", None, request.model,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_response_home__mutmut_12": (
-            '"routed on load", loggable(request.previous_response_id), None,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_response_home__mutmut_13": (
-            "loggable(request.previous_response_id), request.model,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_response_home__mutmut_14": (
-            '"routed on load", request.model,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_response_home__mutmut_15": (
-            '"routed on load", loggable(request.previous_response_id), )  # fmt: skip',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_response_home__mutmut_16": (
-            '"XXprevious_response_id %s: no worker of %s is known to store it (unknown, lapsed or gone); XX"',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_response_home__mutmut_17": (
-            '"PREVIOUS_RESPONSE_ID %S: NO WORKER OF %S IS KNOWN TO STORE IT (UNKNOWN, LAPSED OR GONE); "',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_response_home__mutmut_18": (
-            '"XXrouted on loadXX", loggable(request.previous_response_id), request.model,',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_response_home__mutmut_19": (
-            '"ROUTED ON LOAD", loggable(request.previous_response_id), request.model,',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_16": (
-            "home = self.response_homes.get(response_id, self._clock()) if (response_id) or True else None",
-            "performance",
-            "also looks up the empty id, which is never stored: only that lookup's expiry runs sooner",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_29": (
-            "log.info(None, loggable(path, 100), home.worker,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_30": (
-            'log.info("routed %s (untracked) to %s (%s), which stores it", None, home.worker,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_31": (
-            'log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, 100), None,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_32": (
-            "None)  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_33": (
-            "log.info(loggable(path, 100), home.worker,",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_34": (
-            'log.info("routed %s (untracked) to %s (%s), which stores it", home.worker,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_35": (
-            'log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, 100), home.endpoint)  # fmt: skip',  # noqa: E501
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_36": (
-            ")  # fmt: skip",
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_37": (
-            'log.info("XXrouted %s (untracked) to %s (%s), which stores itXX", loggable(path, 100), home.worker,',  # noqa: E501
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_38": (
-            'log.info("ROUTED %S (UNTRACKED) TO %S (%S), WHICH STORES IT", loggable(path, 100), home.worker,',
-            "message",
-            "an error's or a log line's text",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_42": (
-            'log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, ), home.worker,',
-            "message",
-            "a log line's arguments",
-        ),
-        "xǁEndpointPickerǁ_stored_response__mutmut_43": (
-            'log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, 101), home.worker,',
-            "message",
-            "a log line's arguments",
-        ),
         "xǁEndpointPickerǁ_sweep_sessions__mutmut_11": (
             "interval_s = min(max(self.config.session_ttl_s / 5, 0.05), MAX_SESSION_SWEEP_S)",
             "performance",
@@ -3090,18 +2977,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         "xǁEndpointPickerǁfinish__mutmut_36": (
             "decode_s = (time.perf_counter_ns() - first) / 1000000001.0 if first else None",
             "margin",
-            (
-                "a decode time divided by 1,000,000,001 instead of 1e9: one part in a billion, which moves "
-                "an observation only where it lands that close to a bucket bound"
-            ),
+            "a decode time divided by 1,000,000,001 instead of 1e9: one part in a billion, which moves an observation only where it lands that close to a bucket bound",  # noqa: E501
         ),
         "xǁEndpointPickerǁfirst_token__mutmut_11": (
             "self.metrics.ttft.observe((pick.model,), (pick.first_token_ns - pick.started_ns) / 1000000001.0)",  # noqa: E501
             "margin",
-            (
-                "a time to first token divided by 1,000,000,001 instead of 1e9: one part in a billion, which"
-                " moves an observation only where it lands that close to a bucket bound"
-            ),
+            "a time to first token divided by 1,000,000,001 instead of 1e9: one part in a billion, which moves an observation only where it lands that close to a bucket bound",  # noqa: E501
         ),
         "xǁEndpointPickerǁpick__mutmut_118": (
             "override = _override(None, load_only=True)",
@@ -3176,10 +3057,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         "xǁEndpointPickerǁpick__mutmut_381": (
             "len(tokens) if tokens is not None else 0, choice.request_blocks if (tokens is not None) or True else 0,",  # noqa: E501
             "same-value",
-            (
-                "a request routed on load only has no prompt blocks: its request_blocks is 0 either way "
-                "(test_a_request_routed_on_load_only_gives_no_length_and_no_hit_rate)"
-            ),
+            "a request routed on load only has no prompt blocks: its request_blocks is 0 either way (test_a_request_routed_on_load_only_gives_no_length_and_no_hit_rate)",  # noqa: E501
         ),
         "xǁEndpointPickerǁpick__mutmut_397": (
             "None,",
@@ -3339,18 +3217,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         "xǁEndpointPickerǁresolve_model__mutmut_21": (
             "base = max(bases, key=None)",
             "same-value",
-            (
-                "every model the name starts with (before a colon) is a prefix of the name, so of the others"
-                " too: the longest is also the greatest"
-            ),
+            "every model the name starts with (before a colon) is a prefix of the name, so of the others too: the longest is also the greatest",  # noqa: E501
         ),
         "xǁEndpointPickerǁresolve_model__mutmut_23": (
             "base = max(bases, )",
             "same-value",
-            (
-                "every model the name starts with (before a colon) is a prefix of the name, so of the others"
-                " too: the longest is also the greatest"
-            ),
+            "every model the name starts with (before a colon) is a prefix of the name, so of the others too: the longest is also the greatest",  # noqa: E501
         ),
         "xǁEndpointPickerǁ_session_route__mutmut_12": (
             "log.info(None, loggable(session_id))",
@@ -3486,6 +3358,171 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'log.debug("RESPONSE %S IS STORED ON %S (%S)", loggable(response_id), pick.worker, pick.endpoint)',  # noqa: E501
             "message",
             "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_10": (
+            "loggable(request.previous_response_id), request.model,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_11": (
+            '"routed on load", request.model,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_12": (
+            '"routed on load", loggable(request.previous_response_id), )  # fmt: skip',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_13": (
+            '"XXprevious_response_id %s: no worker of %s is known to store it (unknown, lapsed or gone); XX"',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_14": (
+            '"PREVIOUS_RESPONSE_ID %S: NO WORKER OF %S IS KNOWN TO STORE IT (UNKNOWN, LAPSED OR GONE); "',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_15": (
+            '"XXrouted on loadXX", loggable(request.previous_response_id), request.model,',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_16": (
+            '"ROUTED ON LOAD", loggable(request.previous_response_id), request.model,',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_7": (
+            "None, loggable(request.previous_response_id), request.model,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_8": (
+            '"routed on load", None, request.model,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_response_home__mutmut_9": (
+            '"routed on load", loggable(request.previous_response_id), None,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_26": (
+            "log.info(None, loggable(path, 100), home.worker,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_27": (
+            'log.info("routed %s (untracked) to %s (%s), which stores it", None, home.worker,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_28": (
+            'log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, 100), None,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_29": (
+            "None)  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_30": (
+            "log.info(loggable(path, 100), home.worker,",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_31": (
+            'log.info("routed %s (untracked) to %s (%s), which stores it", home.worker,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_32": (
+            'log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, 100), home.endpoint)  # fmt: skip',  # noqa: E501
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_33": (
+            ")  # fmt: skip",
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_34": (
+            'log.info("XXrouted %s (untracked) to %s (%s), which stores itXX", loggable(path, 100), home.worker,',  # noqa: E501
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_35": (
+            'log.info("ROUTED %S (UNTRACKED) TO %S (%S), WHICH STORES IT", loggable(path, 100), home.worker,',
+            "message",
+            "an error's or a log line's text",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_39": (
+            'log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, ), home.worker,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_stored_response__mutmut_40": (
+            'log.info("routed %s (untracked) to %s (%s), which stores it", loggable(path, 101), home.worker,',
+            "message",
+            "a log line's arguments",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_12": (
+            "log.info(None,",
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_13": (
+            "None, (time.perf_counter() - started) * 1000)  # fmt: skip",
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_14": (
+            "loggable(response_id), None)  # fmt: skip",
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_15": (
+            "log.info(loggable(response_id), (time.perf_counter() - started) * 1000)  # fmt: skip",
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_16": (
+            "(time.perf_counter() - started) * 1000)  # fmt: skip",
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_17": (
+            "loggable(response_id), )  # fmt: skip",
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_18": (
+            'log.info("XXresponse %s: its worker was shared by another replica %.1f ms laterXX",',
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_19": (
+            'log.info("RESPONSE %S: ITS WORKER WAS SHARED BY ANOTHER REPLICA %.1F MS LATER",',
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_21": (
+            "loggable(response_id), (time.perf_counter() - started) / 1000)  # fmt: skip",
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_22": (
+            "loggable(response_id), (time.perf_counter() + started) * 1000)  # fmt: skip",
+            "message",
+            "a log line's arguments or text",
+        ),
+        "xǁEndpointPickerǁ_home_of__mutmut_23": (
+            "loggable(response_id), (time.perf_counter() - started) * 1001)  # fmt: skip",
+            "message",
+            "a log line's arguments or text",
         ),
     },
     "picker/body_parser.py": {
