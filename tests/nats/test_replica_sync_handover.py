@@ -428,22 +428,24 @@ def test_an_answer_from_another_replica_or_to_another_ask_is_ignored():
     "reply", ["", "_INBOX.*", "_INBOX.>", "_INBOX b", ".x", "x.", "ab.", "a..b", "r" * 257, 7]
 )
 def test_a_want_with_a_reply_that_is_no_plain_subject_is_not_answered(reply):
-    a, _ = full_keeper()
-    b = Node("b", "7")
-    b.sync._publish(VERSION, {"op": "want_routes", "from": "a", "reply": reply, "ask": 1})
-    b.deliver(a)
-    a.sync.tick(0.1)
+    a = asked_to_reply_to(reply)
     assert a.wire.replies == [] and a.counters["sync.apply_failed"] == 1
 
 
 @pytest.mark.parametrize("reply", ["x", "a.b", "r" * 256])
 def test_a_want_with_a_plain_subject_is_answered_there(reply):
+    a = asked_to_reply_to(reply)
+    assert [subject for subject, _ in a.wire.replies] == [reply]
+
+
+def asked_to_reply_to(reply: object) -> Node:
+    """A replica keeping routes, asked by b for them with `reply` as the reply subject, one tick on."""
     a, _ = full_keeper()
     b = Node("b", "7")
     b.sync._publish(VERSION, {"op": "want_routes", "from": "a", "reply": reply, "ask": 1})
     b.deliver(a)
     a.sync.tick(0.1)
-    assert [subject for subject, _ in a.wire.replies] == [reply]
+    return a
 
 
 def test_at_most_so_many_replicas_wait_for_an_answer_at_once():

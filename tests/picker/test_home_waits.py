@@ -9,6 +9,8 @@ import pytest
 
 from extproc.picker.home_waits import HomeWaits
 
+from ..replica_helpers import until
+
 LONG_S = 30.0  # a bound never reached: the test ends by what arrives
 
 
@@ -17,8 +19,7 @@ async def test_every_request_waiting_for_an_id_goes_on_when_its_home_arrives():
     first = asyncio.ensure_future(waits.wait("resp_1", LONG_S))
     second = asyncio.ensure_future(waits.wait("resp_1", LONG_S))
     other = asyncio.ensure_future(waits.wait("resp_2", LONG_S))
-    await asyncio.sleep(0)  # each registered (one loop turn)
-    assert len(waits) == 3
+    await until(lambda: len(waits) == 3, LONG_S, "each registered")
     waits.arrive("resp_1")
     assert await first and await second
     assert not other.done() and len(waits) == 1
@@ -42,19 +43,15 @@ async def test_a_wait_ends_at_its_bound_and_leaves_nothing_behind():
 async def test_past_the_bound_on_waiting_requests_a_request_does_not_wait():
     waits = HomeWaits(max_waiting=2)
     waiting = [asyncio.ensure_future(waits.wait(f"resp_{i}", LONG_S)) for i in range(2)]
-    await asyncio.sleep(0)
+    await until(lambda: len(waits) == 2, LONG_S, "both registered")
     assert not await waits.wait("resp_3", LONG_S)  # at once: it would wait LONG_S otherwise
     assert not await waits.wait("resp_0", LONG_S)  # also for an id that others wait for
     assert waits.refused == 2 and len(waits) == 2
     waits.arrive("resp_0")
     assert await waiting[0]
-    assert await asyncio.wait_for(
-        asyncio.gather(waits.wait("resp_3", LONG_S), _arrive_soon(waits, "resp_3")), LONG_S
-    ) == [True, None]  # room again
+    again = asyncio.ensure_future(waits.wait("resp_3", LONG_S))  # room again
+    await until(lambda: len(waits) == 2, LONG_S, "resp_3 registered")
+    waits.arrive("resp_3")
+    assert await again
     waits.arrive("resp_1")
     assert await waiting[1] and len(waits) == 0
-
-
-async def _arrive_soon(waits: HomeWaits, response_id: str) -> None:
-    await asyncio.sleep(0)
-    waits.arrive(response_id)

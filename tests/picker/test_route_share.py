@@ -16,6 +16,7 @@ from extproc.router.types import Worker
 
 from ..epp.test_service_responses import answer_of, body, respond
 from ..picker_fixtures import MODEL, chat_body, picker_config
+from ..replica_helpers import until
 from ..router.clock import FakeClock
 from .test_sessions import pick, session, turn
 
@@ -260,7 +261,7 @@ async def test_an_unknown_answer_is_waited_for_while_other_replicas_share_routes
     request = asyncio.ensure_future(
         picker.pick(body=payload, path=path, headers={}, subset=None, client_request_id="r1")
     )
-    assert await until(lambda: len(picker.home_waits) == 1)
+    await until(lambda: len(picker.home_waits) == 1, 5.0, "the request waits")
     assert picker.remember_response_home("resp_x", MODEL, Worker("w3"), w3.endpoint, "local")
     chosen = await request
     picker.finish(chosen, "complete")
@@ -289,12 +290,3 @@ async def test_an_answer_nobody_shares_is_routed_on_load_after_the_wait_or_at_on
         body=None, path="/v1/responses/resp_lapsed", headers={}, subset=None, client_request_id="r2"
     )
     assert picker.home_waits.timed_out == int(sharing)
-
-
-async def until(condition, bound_s: float = 5.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + bound_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0)
-    return True
