@@ -80,7 +80,7 @@ from soak_stack import (
 )
 
 FAULT_SPAN = (0.2, 0.65)  # faults start between these fractions of the requests
-TAIL_FRACTION = 0.8  # requests past this start only after every faulted process is back
+TAIL_FRACTION = 0.8  # requests past this start only after every faulted process is back (see _tail_waits)
 WARMUP_FRACTION = 0.2  # the first picker's RSS/fd baseline is taken once this many requests are done
 RESTART_WARMUP_FRACTION = 0.05  # a restarted picker's baseline: this many more requests after it is up
 RECOVERY_TIMEOUT_S = 45.0
@@ -121,6 +121,7 @@ class Soak:
         self.faults_done = asyncio.Event()  # every fault applied and recovered from
         self.t_traffic = self.t0
         self.tail_waiting = False
+        self.started_at_last_fault: int | None = None  # requests started when the last fault was injected
         self.next_slot = 0.0  # when the next request may start, with --rate
         self.lives: list[PickerLife] = []
         self.checks: dict[str, Any] = {}
@@ -144,7 +145,7 @@ class Soak:
             async def client() -> None:
                 while self.started < n:
                     index = self.started
-                    if index == tail_start and not self.faults_done.is_set():
+                    if index >= tail_start and self._tail_waits():
                         if not self.tail_waiting:
                             self.tail_waiting = True
                             self.log("the last requests wait until every faulted process is back")
@@ -174,6 +175,16 @@ class Soak:
         await self.settle()
         return self.summary(traffic_s)
 
+    def _tail_waits(self) -> bool:
+        """Whether the next request past the tail waits for every faulted process to be back. A fault
+        still to come when traffic reaches the tail (the ones before it took long to recover) is
+        injected under traffic all the same: the tail waits only once the last fault is in, with
+        MIN_REQUESTS_DURING_FAULT requests started since."""
+        if self.faults_done.is_set():
+            return False
+        since = self.started_at_last_fault
+        return since is not None and self.started >= since + MIN_REQUESTS_DURING_FAULT
+
     async def inject_faults(self) -> None:
         try:
             for fault in self.faults:
@@ -188,6 +199,8 @@ class Soak:
         (bounded); traffic goes on meanwhile."""
         stack = self.stack
         self.log(f"fault: {fault.kind} {fault.target} at request {self.started}")
+        if fault is self.faults[-1]:
+            self.started_at_last_fault = self.started
         check: Any = None
         try:
             if fault.kind == "kill":

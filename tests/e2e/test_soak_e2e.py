@@ -197,3 +197,21 @@ def test_a_picker_503_is_not_excused_by_a_worker_fault() -> None:
     soak_requests = load_benchmark_module("soak_requests")
     refused = _result("chat", 503, "status", reason="rejected-no-endpoints")
     assert soak_requests.judge(refused, [_fault("kill", 9.5, 11.0)]) is None
+
+
+def test_a_fault_that_slips_to_the_tail_still_gets_traffic_before_the_tail_waits() -> None:
+    """The faults run one after another: when the first ones take long to recover, the last may
+    come due after the tail has begun. Traffic then goes on into it, and the tail waits only once
+    the last fault is in with requests started during it (CI: a slow picker restart made the tail
+    wait before NATS was stopped, and the NATS fault ran with no request)."""
+    soak = load_benchmark_module("soak")
+    run = soak.Soak(soak.SoakConfig(requests=600, faults=("kill:w0", "nats")), stack=None, t0=0.0)
+    run.started = 480  # the tail
+    assert not run._tail_waits()  # the last fault is not in yet: traffic goes on
+    run.started_at_last_fault = 500
+    run.started = 500 + soak.MIN_REQUESTS_DURING_FAULT - 1
+    assert not run._tail_waits()
+    run.started += 1
+    assert run._tail_waits()  # enough traffic during the last fault: wait until it is recovered
+    run.faults_done.set()
+    assert not run._tail_waits()
