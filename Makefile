@@ -5,10 +5,18 @@ PY := $(VENV)/bin/python
 
 .PHONY: install test demo lint typecheck bench protos clean
 
+# uv installs the same versions as pip, bytecode compiled too, in under a third of the time (24 s
+# against 85 here). pip is the fallback when uv cannot be installed or reach the index (uv reads no
+# pip.conf).
+EXTRAS := .[test,bench,compat]
+UV_VERSION := 0.13.9
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench,compat]'
+	{ $(PY) -m pip install -q uv==$(UV_VERSION) && \
+	  $(PY) -m uv pip install -q --native-tls --compile-bytecode --python $(PY) -e '$(EXTRAS)'; } || \
+	{ echo "make install: uv failed (above), installing with pip"; \
+	  $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '$(EXTRAS)'; }
 	touch $@
 
 install: $(VENV)/.installed
