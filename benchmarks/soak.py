@@ -122,6 +122,7 @@ class Soak:
         self.t_traffic = self.t0
         self.tail_waiting = False
         self.started_at_last_fault: int | None = None  # requests started when the last fault was injected
+        self.tail_released = False  # the tail's wait ended (every fault recovered, or its bound ran out)
         self.next_slot = 0.0  # when the next request may start, with --rate
         self.lives: list[PickerLife] = []
         self.checks: dict[str, Any] = {}
@@ -151,6 +152,7 @@ class Soak:
                             self.log("the last requests wait until every faulted process is back")
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self.faults_done.wait(), RECOVERY_TIMEOUT_S * 4)
+                        self.tail_released = True  # once: a fault never recovered fails its check
                         if self.started != index:
                             continue
                     self.started += 1
@@ -179,8 +181,8 @@ class Soak:
         """Whether the next request past the tail waits for every faulted process to be back. A fault
         still to come when traffic reaches the tail (the ones before it took long to recover) is
         injected under traffic all the same: the tail waits only once the last fault is in, with
-        MIN_REQUESTS_DURING_FAULT requests started since."""
-        if self.faults_done.is_set():
+        MIN_REQUESTS_DURING_FAULT requests started since. The tail waits once."""
+        if self.faults_done.is_set() or self.tail_released:
             return False
         since = self.started_at_last_fault
         return since is not None and self.started >= since + MIN_REQUESTS_DURING_FAULT

@@ -213,5 +213,8 @@ def test_a_fault_that_slips_to_the_tail_still_gets_traffic_before_the_tail_waits
     assert not run._tail_waits()
     run.started += 1
     assert run._tail_waits()  # enough traffic during the last fault: wait until it is recovered
+    run.tail_released = True  # the wait's bound ran out: the rest go on (the fault fails its check)
+    assert not run._tail_waits()
+    run.tail_released = False
     run.faults_done.set()
     assert not run._tail_waits()
