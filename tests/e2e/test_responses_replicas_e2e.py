@@ -27,7 +27,7 @@ from extproc.devstack.envoy_config import PickerHealth
 from extproc.devstack.procs import ManagedProcess, NatsServer, reserve_port, start_nats_server
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 
-from ..replica_helpers import picker_hosts, until
+from ..replica_helpers import until
 from .harness import EnvoyUnderTest, serve_replicas_of, start_envoy_over_replicas
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -93,12 +93,16 @@ async def counters(http: aiohttp.ClientSession, replica: ManagedProcess) -> dict
 
 
 async def test_follow_ups_through_either_replica_reach_the_worker_that_stored_the_answer(
-    client: openai.AsyncOpenAI, replicas: list[ManagedProcess], envoy: EnvoyUnderTest
+    client: openai.AsyncOpenAI, replicas: list[ManagedProcess]
 ):
     async with aiohttp.ClientSession() as http:
-        # both replicas in Envoy's rotation (after the rolling restart, when it ran first, one may be
-        # ejected or not yet past its health check: Envoy would give every stream to the other)
-        await until(lambda: _in_rotation(envoy), 15.0, lambda: f"Envoy sees {picker_hosts(envoy)}")
+        # both replicas ready (handed the other's routes) and taking Envoy's streams. After the rolling
+        # restart, when it ran first, Envoy once gave every stream of this test to one replica (a full
+        # run, seed 1302579266: [0, 42] below) though its /clusters showed both healthy and neither
+        # ejected as the test began: streams that failed on the stopped process can eject its address
+        # for a moment, about as long as this test takes. So it first waits for each to route one.
+        await until(lambda: _all_ready(http, replicas), 15.0, "every replica ready")
+        await _every_replica_takes_streams(client, http, replicas)
         # each replica has heard the other's heartbeats (they say it keeps routes) before any answer: at
         # most four of the first messages are its want and states, the rest heartbeats (every 0.2 s)
         await until(
@@ -179,9 +183,39 @@ async def test_conversations_go_on_after_a_rolling_restart_of_the_replicas(
         await asyncio.gather(*(go_on(first.id) for first in firsts))
 
 
-def _in_rotation(envoy: EnvoyUnderTest) -> bool:
-    hosts = picker_hosts(envoy).values()
-    return len(hosts) == REPLICAS and not any(h.failed_health_check or h.ejected for h in hosts)
+async def _every_replica_takes_streams(
+    client: openai.AsyncOpenAI, http: aiohttp.ClientSession, replicas: list[ManagedProcess]
+) -> None:
+    """Chat requests through Envoy (no stored answers) until each replica routed one of them: then
+    Envoy holds a working connection to each, and round robin alternates between them."""
+    before = [await _routed(http, r) for r in replicas]
+
+    async def every_replica_routed() -> bool:
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "which replica?"}], max_tokens=1
+        )
+        return all([await _routed(http, r) > n for r, n in zip(replicas, before, strict=True)])
+
+    await until(every_replica_routed, 15.0, "each replica routes a request")
+
+
+async def _routed(http: aiohttp.ClientSession, replica: ManagedProcess) -> float:
+    """`extproc_requests_total{outcome="routed"}`, summed over its other labels."""
+    async with http.get(f"http://127.0.0.1:{replica.ports()['admin_port']}/metrics") as r:
+        text = await r.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("extproc_requests_total{") and 'outcome="routed"' in line
+    )
+
+
+async def _all_ready(http: aiohttp.ClientSession, replicas: list[ManagedProcess]) -> bool:
+    statuses = []
+    for replica in replicas:
+        async with http.get(f"http://127.0.0.1:{replica.ports()['admin_port']}/readyz") as r:
+            statuses.append(r.status)
+    return statuses == [200] * len(replicas)
 
 
 async def _learned(http: aiohttp.ClientSession, replica: ManagedProcess, at_least: int) -> bool:
