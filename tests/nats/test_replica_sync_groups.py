@@ -5,7 +5,8 @@ decide through one router group that another picker serves over its group API (g
 pin names the group as well as the worker. A follow-up, a retrieval or a session's next turn sent
 through the other replica reaches the same group and worker, and a follow-up sent the instant the
 answer was read waits for the word (`HomeWaits`) there as it does without groups
-(tests/nats/test_replica_sync_routes.py).
+(tests/nats/test_replica_sync_routes.py). A replica started after the answers is handed them, group
+included (`want_routes`, extproc/events/route_catchup.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import EventsConfig, GroupConfig, GroupsConfig, PickerConfig
-from extproc.groups import start_group_api
+from extproc.groups import GroupApiServer, start_group_api
 from extproc.picker.pipeline import EndpointPicker, Pick
 from extproc.router import RouterConfig
 from extproc.runtime.server import RunningPicker, start_picker
@@ -43,27 +44,57 @@ def top_config(nats_url: str, router_id: str, group_port: int, like: PickerConfi
     )
 
 
-@pytest_asyncio.fixture
-async def tops(nats_server) -> AsyncIterator[tuple[EndpointPicker, EndpointPicker]]:
-    # load only (weight 0): a follow-up decided on load would leave the answer's worker, which holds it
-    group_cfg = group_config("w", 3, overlap_score_weight=0.0)
-    group = EndpointPicker(group_cfg)
-    api = await start_group_api(group.local, "127.0.0.1", 0)
-    started: list[RunningPicker] = []
-    try:
-        for name in ("a", "b"):
-            started.append(await start_picker(top_config(nats_server.url, name, api.port, group_cfg)))
-        syncs = [r.sources.replica_sync for r in started]
-        await eventually(lambda: all(s is not None and s.shares_routes() for s in syncs), 5.0, "heartbeats")
+class Cluster:
+    """One remote group (a picker serving its workers over the group API) and the top-level replicas
+    started in front of it."""
+
+    def __init__(self, nats_url: str) -> None:
+        # load only (weight 0): a follow-up decided on load would leave the answer's worker, which holds it
+        self.group_cfg = group_config("w", 3, overlap_score_weight=0.0)
+        self.group = EndpointPicker(self.group_cfg)
+        self.nats_url = nats_url
+        self.api: GroupApiServer | None = None
+        self.tops: list[RunningPicker] = []
+
+    async def start_group(self) -> None:
+        self.api = await start_group_api(self.group.local, "127.0.0.1", 0)
+
+    async def start_top(self, name: str) -> EndpointPicker:
+        """A top-level replica, once it shares routes with the others and was handed theirs."""
+        assert self.api is not None
+        running = await start_picker(top_config(self.nats_url, name, self.api.port, self.group_cfg))
+        self.tops.append(running)
+        syncs = [r.sources.replica_sync for r in self.tops]
+        if len(syncs) > 1:
+            await eventually(
+                lambda: all(s is not None and s.shares_routes() for s in syncs), 5.0, "heartbeats"
+            )
         await eventually(
             lambda: not any(s is not None and s.awaiting_routes() for s in syncs), 15.0, "handover"
         )
-        yield started[0].picker, started[1].picker
-    finally:
-        for running in started:
+        return running.picker
+
+    async def close(self) -> None:
+        for running in self.tops:
             await running.stop(0)
-        await api.stop(0)
-        await group.close()
+        if self.api is not None:
+            await self.api.stop(0)
+        await self.group.close()
+
+
+@pytest_asyncio.fixture
+async def cluster(nats_server) -> AsyncIterator[Cluster]:
+    started = Cluster(nats_server.url)
+    try:
+        await started.start_group()
+        yield started
+    finally:
+        await started.close()
+
+
+@pytest_asyncio.fixture
+async def tops(cluster: Cluster) -> tuple[EndpointPicker, EndpointPicker]:
+    return await cluster.start_top("a"), await cluster.start_top("b")
 
 
 async def pick(
@@ -114,3 +145,27 @@ async def test_without_the_other_replicas_word_a_follow_up_waits_its_bound_then_
     assert follow_up.group == GROUP and (b.home_waits.arrived, b.home_waits.timed_out) == (0, 1)
     b.finish(follow_up, "complete")
     await b.selector.drain()
+
+
+async def test_a_replica_started_after_the_answers_is_handed_their_groups_and_workers(cluster: Cluster):
+    """The handover (`want_routes`) carries the group with the worker: a replica that was not there
+    when the answers were stored sends their follow-ups and retrievals where they are."""
+    a = await cluster.start_top("a")
+    b = await cluster.start_top("b")  # so that a shares its routes: it has heard another replica
+    firsts = [await pick(a, f"r{i}", input=f"conversation {i} " * 20) for i in range(3)]
+    for i, first in enumerate(firsts):
+        a.response_stored(first, f"resp_{i}")
+    await eventually(lambda: len(b.response_homes) == 3, 5.0, "a's homes went out")  # before c listens
+    late = await cluster.start_top("c")  # handed what a and b keep before it is ready
+    assert cluster.tops[-1].sources.replica_sync.counters["sync.routes_learned"] == 3
+    for i, first in enumerate(firsts):
+        follow_up = await pick(late, f"f{i}", input="and then?", previous_response_id=f"resp_{i}")
+        assert (follow_up.group, follow_up.worker) == (GROUP, first.worker)
+        retrieval = await pick(late, f"g{i}", path=f"/v1/responses/resp_{i}")
+        assert (retrieval.group, retrieval.worker) == (GROUP, first.worker)
+        late.finish(follow_up, "complete")
+    assert late.home_waits.arrived == late.home_waits.timed_out == 0  # known at once: handed over
+    for first in firsts:
+        a.finish(first, "complete")
+    await a.selector.drain()
+    await late.selector.drain()
