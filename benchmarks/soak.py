@@ -29,7 +29,8 @@ Faults (--faults, spread over 20-65 % of the requests, one at a time, traffic go
     picker:crash   the same with SIGKILL: no drain, the in-flight ext_proc streams break
 A recovery check sends the workers it waits for a request of its own (straight to the worker), as
 the router may send them nothing meanwhile. The last 20 % of the requests start only once every
-fault has been recovered from.
+fault has been recovered from (a fault that slipped past that point, its predecessors slow to
+recover, still gets MIN_REQUESTS_DURING_FAULT requests first).
 
 Every request must get an answer that is documented for it (`EXPECTED`: the status and who gives
 it, the reason header naming the picker's or Envoy's refusal, or a worker's own answer), or one
