@@ -87,8 +87,12 @@ async def client(envoy: EnvoyUnderTest) -> AsyncIterator[openai.AsyncOpenAI]:
         yield started
 
 
+def admin(replica: ManagedProcess, path: str) -> str:
+    return f"http://127.0.0.1:{replica.ports()['admin_port']}{path}"
+
+
 async def counters(http: aiohttp.ClientSession, replica: ManagedProcess) -> dict[str, int]:
-    async with http.get(f"http://127.0.0.1:{replica.ports()['admin_port']}/debug/workers") as r:
+    async with http.get(admin(replica, "/debug/workers")) as r:
         return (await r.json())["kv_event_counters"]
 
 
@@ -201,7 +205,7 @@ async def _every_replica_takes_streams(
 
 async def _routed(http: aiohttp.ClientSession, replica: ManagedProcess) -> float:
     """`extproc_requests_total{outcome="routed"}`, summed over its other labels."""
-    async with http.get(f"http://127.0.0.1:{replica.ports()['admin_port']}/metrics") as r:
+    async with http.get(admin(replica, "/metrics")) as r:
         text = await r.text()
     return sum(
         float(line.rsplit(" ", 1)[1])
@@ -213,7 +217,7 @@ async def _routed(http: aiohttp.ClientSession, replica: ManagedProcess) -> float
 async def _all_ready(http: aiohttp.ClientSession, replicas: list[ManagedProcess]) -> bool:
     statuses = []
     for replica in replicas:
-        async with http.get(f"http://127.0.0.1:{replica.ports()['admin_port']}/readyz") as r:
+        async with http.get(admin(replica, "/readyz")) as r:
             statuses.append(r.status)
     return statuses == [200] * len(replicas)
 

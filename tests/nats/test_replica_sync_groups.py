@@ -105,6 +105,13 @@ async def pick(
     return await picker.pick(body=body, path=path, headers=headers, subset=None, client_request_id=request_id)
 
 
+async def finish(picker: EndpointPicker, picks: list[Pick]) -> None:
+    """End `picks` as their streams would, and wait until the group has heard every end."""
+    for chosen in picks:
+        picker.finish(chosen, "complete")
+    await picker.selector.drain()
+
+
 async def test_a_follow_up_sent_the_instant_the_answer_was_read_reaches_its_group_and_worker(tops):
     a, b = tops
     first = await pick(a, "r1", input="the first turn of a conversation " * 20)
@@ -116,10 +123,8 @@ async def test_a_follow_up_sent_the_instant_the_answer_was_read_reaches_its_grou
     assert (b.home_waits.arrived, b.home_waits.timed_out) == (1, 0)
     retrieval = await pick(b, "r3", path="/v1/responses/resp_first")
     assert (retrieval.group, retrieval.worker, retrieval.tracked) == (GROUP, first.worker, False)
-    b.finish(follow_up, "complete")
-    a.finish(first, "complete")
-    await a.selector.drain()
-    await b.selector.drain()
+    await finish(b, [follow_up])
+    await finish(a, [first])
 
 
 async def test_a_session_pinned_through_one_replica_stays_on_its_group_and_worker_through_the_other(tops):
@@ -131,11 +136,8 @@ async def test_a_session_pinned_through_one_replica_stays_on_its_group_and_worke
     )
     turns = [await pick(b, f"s{i}", input=f"turn {i} " * 20, session="sess-1") for i in range(2, 5)]
     assert {(t.group, t.worker) for t in turns} == {(GROUP, first.worker)}
-    for t in turns:
-        b.finish(t, "complete")
-    a.finish(first, "complete")
-    await a.selector.drain()
-    await b.selector.drain()
+    await finish(b, turns)
+    await finish(a, [first])
 
 
 async def test_without_the_other_replicas_word_a_follow_up_waits_its_bound_then_routes_on_load(tops):
@@ -143,8 +145,7 @@ async def test_without_the_other_replicas_word_a_follow_up_waits_its_bound_then_
     _, b = tops
     follow_up = await pick(b, "r9", input="and then?", previous_response_id="resp_nobody_stored")
     assert follow_up.group == GROUP and (b.home_waits.arrived, b.home_waits.timed_out) == (0, 1)
-    b.finish(follow_up, "complete")
-    await b.selector.drain()
+    await finish(b, [follow_up])
 
 
 async def test_a_replica_started_after_the_answers_is_handed_their_groups_and_workers(cluster: Cluster):
@@ -158,14 +159,12 @@ async def test_a_replica_started_after_the_answers_is_handed_their_groups_and_wo
     await eventually(lambda: len(b.response_homes) == 3, 5.0, "a's homes went out")  # before c listens
     late = await cluster.start_top("c")  # handed what a and b keep before it is ready
     assert cluster.tops[-1].sources.replica_sync.counters["sync.routes_learned"] == 3
+    follow_ups = []
     for i, first in enumerate(firsts):
-        follow_up = await pick(late, f"f{i}", input="and then?", previous_response_id=f"resp_{i}")
-        assert (follow_up.group, follow_up.worker) == (GROUP, first.worker)
+        follow_ups.append(await pick(late, f"f{i}", input="and then?", previous_response_id=f"resp_{i}"))
+        assert (follow_ups[-1].group, follow_ups[-1].worker) == (GROUP, first.worker)
         retrieval = await pick(late, f"g{i}", path=f"/v1/responses/resp_{i}")
         assert (retrieval.group, retrieval.worker) == (GROUP, first.worker)
-        late.finish(follow_up, "complete")
     assert late.home_waits.arrived == late.home_waits.timed_out == 0  # known at once: handed over
-    for first in firsts:
-        a.finish(first, "complete")
-    await a.selector.drain()
-    await late.selector.drain()
+    await finish(late, follow_ups)
+    await finish(a, firsts)
