@@ -17,6 +17,10 @@ real `KvRouter` (`extproc.sim.replay`). Routers:
 `--worker-speed 1,1,0.5,...` replays a mixed fleet (one speed per worker, for one worker count);
 `--replicas N --replica-sync-lag-ms L` spreads arrivals over N routers sharing in-flight load
 through the replica-sync model (`extproc.sim.replay_replicas`), each receiving every KV event.
+`--arrival-jitter-ms 1` delays each arrival by up to 1 ms, drawn per seed: a replay is chaotic (one
+tie broken otherwise changes every later decision), so a policy that draws nothing at random replays
+one trajectory whatever its seed, and one trajectory is one draw of a spread of 1-2 ms; with jitter
+its seeds show the spread, and a change is judged by the means of many seeds.
 
 Prints one JSON object on stdout (progress on stderr) and writes, under --out-dir, a markdown
 table (`quality.md`), the JSON (`quality.json`) and a plot (`quality.png`). With --calibrate it
@@ -59,7 +63,7 @@ from extproc.sim.replay import ReplayConfig, Replayer, kv_router_factory
 from extproc.sim.replay_metrics import summarize
 from extproc.sim.replay_replicas import ReplicaAssignment, replicated_router_factory
 from extproc.sim.timing import prefill_ms
-from extproc.sim.trace import load_mooncake
+from extproc.sim.trace import jitter_arrivals, load_mooncake
 
 ROUTERS: dict[str, dict[str, Any]] = {
     "round-robin": {"mode": RouterMode.ROUND_ROBIN},
@@ -110,11 +114,13 @@ class Job:
     replicas: int = 1
     replica_sync_lag_ms: float = 0.0
     replica_assignment: str = "round-robin"
+    arrival_jitter_ms: float = 0.0
 
 
 def replay_one(job: Job) -> dict[str, Any]:
     """One replay in a worker process; returns its summary (without per-request records)."""
     requests = load_mooncake([job.trace], trace_block_size=512, speedup=job.speedup)
+    requests = jitter_arrivals(requests, job.arrival_jitter_ms, job.seed)
     engine = EngineConfig()
     config = ReplayConfig(
         job.workers,
@@ -344,6 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--replica-assignment", default="round-robin", choices=[a.value for a in ReplicaAssignment]
     )
+    parser.add_argument(
+        "--arrival-jitter-ms",
+        type=float,
+        default=0.0,
+        help="delay each arrival by up to this many ms, drawn per seed (compare policies that draw"
+        " nothing at random over seeds; 1 is enough)",
+    )
     args = parser.parse_args(argv)
 
     routers = [r for r in args.routers.split(",") if r]
@@ -361,12 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         "replicas": args.replicas,
         "replica_sync_lag_ms": args.replica_sync_lag_ms,
         "replica_assignment": args.replica_assignment,
+        "arrival_jitter_ms": args.arrival_jitter_ms,
     }
     jobs = []
     for w in workers:
         for sp in speedups:
             for r in routers:
-                for seed in [0] if r in DETERMINISTIC else seeds:
+                for seed in [0] if r in DETERMINISTIC and not args.arrival_jitter_ms else seeds:
                     jobs.append(Job(args.trace, r, w, sp, seed, **fleet))
     if args.calibrate and "round-robin" in routers:
         jobs += [Job(args.trace, "round-robin", w, 4.0, 0) for w in (4, 8) if 4.0 not in speedups]

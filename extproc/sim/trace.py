@@ -14,8 +14,9 @@ one ended.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -80,6 +81,24 @@ def load_mooncake(
     if speedup != 1.0 or start_ms != 0.0:
         requests = [_shifted(r, start_ms, speedup) for r in requests]
     return requests
+
+
+def jitter_arrivals(requests: Sequence[TraceRequest], max_ms: float, seed: int) -> list[TraceRequest]:
+    """The same requests, each arriving up to `max_ms` later (uniform, drawn from `seed`), re-sorted.
+
+    For comparing routing policies: a replay is chaotic, so one tie broken otherwise changes every
+    later decision and a policy with no random draw replays one trajectory whatever the seed. A
+    millisecond of jitter gives such a policy a spread of trajectories of the same trace, and each
+    seed the same trace for every policy compared. Indexes are kept, so records still name lines.
+    """
+    if max_ms < 0:
+        raise ValueError(f"max_ms must be >= 0, got {max_ms}")
+    if max_ms == 0:
+        return list(requests)
+    rng = random.Random(f"arrivals-{seed}")  # not the router's stream: seeds stay independent
+    out = [replace(r, arrival_ms=r.arrival_ms + rng.uniform(0.0, max_ms)) for r in requests]
+    out.sort(key=lambda r: (r.arrival_ms, r.index))
+    return out
 
 
 def _shifted(r: TraceRequest, start_ms: float, speedup: float) -> TraceRequest:
