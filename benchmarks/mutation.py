@@ -65,7 +65,7 @@ _ROUTER_MODULES = [
     "reported",
     "router",
     "selection",
-    "sequences", "sessions", "tiers", "types",
+    "sequences", "sessions", "tiers", "ttl_table", "types",
 ]  # fmt: skip
 MODULES: dict[str, list[str]] = {
     **{f"router/{name}.py": _ROUTER_TESTS for name in _ROUTER_MODULES},

@@ -102,6 +102,9 @@ PAIRS = [
         narrowed("mark_prefill_complete.at_first_token"),
     ),
     Pair("extproc.events.replica_sync:SyncedRouter", "extproc.events.sources:_AllRouters"),
+    # router/ (what a TTL table keeps: a sticky session's pin, a stored answer's home)
+    Pair("extproc.router.ttl_table:Timed", "extproc.router.sessions:Pin"),
+    Pair("extproc.router.ttl_table:Timed", "extproc.picker.response_homes:Home"),
     # picker/
     Pair("extproc.picker.pipeline:WorkerSetListener", "extproc.events.sources:WorkerSetFollower"),
     Pair("extproc.picker.local_group:RouteListener", "extproc.events.sources:_SyncListener"),
@@ -135,8 +138,11 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
     from extproc.groups.types import RouterGroup
     from extproc.picker.local_group import LocalGroup, RouteListener
     from extproc.picker.pipeline import EndpointPicker, RouteShare, WorkerSetListener
+    from extproc.picker.response_homes import Home
     from extproc.request.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
     from extproc.router import KvRouter
+    from extproc.router.sessions import Pin
+    from extproc.router.ttl_table import Timed
     from extproc.runtime.discovery import WorkerSetTarget
     from extproc.runtime.engine_metrics import WorkerPools
     from extproc.runtime.lora_discovery import NameTarget
@@ -169,6 +175,8 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         remote_group: RemoteGroup,
         mock_worker: MockWorker,
         route_share_impl: _RouteShare,
+        pin: Pin,
+        home: Home,
     ) -> None:
         targets: list[WorkerSetTarget] = [endpoint_picker]
         tokenizers: list[Tokenizer] = [byte_tokenizer, hf_tokenizer]
@@ -193,7 +201,8 @@ if TYPE_CHECKING:  # the same table for mypy: each implementation assigned to it
         route_share: RouteShare = route_share_impl
         served: ServedGroup = local_group
         groups: list[RouterGroup] = [local_group, remote_group]
-        del targets, tokenizers, listeners, replay_routers, worker_tokenizers, clock, publishers, sink
+        timed: list[Timed] = [pin, home]
+        del timed, targets, tokenizers, listeners, replay_routers, worker_tokenizers, clock, publishers, sink
         del offload_listeners
         del trees, synced, worker_set_listener, route_listener, picker, served, groups, output_tracker
         del worker_pools, name_target, responses_driver, handler_worker, route_sink, route_share

@@ -13,7 +13,6 @@ characters are not kept. A worker that leaves takes its homes with it (`drop_wor
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from extproc.router.ttl_table import TtlTable
 from extproc.router.types import Worker
 
 if TYPE_CHECKING:
@@ -44,15 +44,23 @@ class ResponseHomes:
     """response id -> the worker that stored it, with a sliding TTL and at most `max_homes` ids (LRU)."""
 
     def __init__(self, ttl_s: float = DEFAULT_TTL_S, max_homes: int = DEFAULT_MAX_HOMES) -> None:
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0 seconds, not {ttl_s!r}")
-        if max_homes < 1:
-            raise ValueError(f"max_homes must be at least 1, not {max_homes!r}")
-        self.ttl_s = ttl_s
-        self.max_homes = max_homes
-        self._homes: OrderedDict[str, Home] = OrderedDict()  # least recently used first
-        self.evicted = 0
-        self.expired = 0
+        self._homes: TtlTable[Home] = TtlTable(ttl_s, max_homes)
+
+    @property
+    def ttl_s(self) -> float:
+        return self._homes.ttl_s
+
+    @property
+    def max_homes(self) -> int | None:
+        return self._homes.max_entries
+
+    @property
+    def evicted(self) -> int:
+        return self._homes.evicted
+
+    @property
+    def expired(self) -> int:
+        return self._homes.expired
 
     def __len__(self) -> int:
         return len(self._homes)
@@ -63,12 +71,8 @@ class ResponseHomes:
         """Record that `worker` stored `response_id`; False (nothing kept) for an unusable id."""
         if not response_id or len(response_id) > MAX_ID_CHARS:
             return False
-        self.expire(now)
-        home = self._homes.pop(response_id, None)
-        if home is None and len(self._homes) >= self.max_homes:
-            self._homes.popitem(last=False)
-            self.evicted += 1
-        self._homes[response_id] = Home(model, worker, endpoint, group, now)
+        self._homes.expire(now)
+        self._homes.put(response_id, Home(model, worker, endpoint, group, now))
         return True
 
     def __contains__(self, response_id: object) -> bool:
@@ -77,50 +81,26 @@ class ResponseHomes:
     def homes(self, now: float) -> Iterator[tuple[str, Home]]:
         """Every id kept (and not lapsed at `now`) with its home, least recently used first: the
         table as it is now, read as the iterator is (the table may change meanwhile)."""
-        self.expire(now)
-        homes, ids = self._homes, list(self._homes)
-        return (
-            (rid, h) for rid in ids if (h := homes.get(rid)) is not None and now - h.last_used_s < self.ttl_s
-        )
+        return self._homes.live(now)
 
     def get(self, response_id: str, now: float) -> Home | None:
         """Where `response_id` is stored (its TTL restarts), or None: unknown, lapsed or evicted."""
-        self.expire(now)
-        home = self._homes.get(response_id)
-        if home is not None and now - home.last_used_s >= self.ttl_s:
-            # remembered at a time before ids after it (handed over by another replica, its last
-            # use there): lapsed, though the sweep in order has not reached it
-            del self._homes[response_id]
-            self.expired += 1
-            return None
+        home = self._homes.get(response_id, now)
         if home is not None:
-            home.last_used_s = now
-            self._homes.move_to_end(response_id)
+            self._homes.used(response_id, now)
         return home
 
     def drop_worker(self, model: str, worker_id: object, group: str | None = None) -> int:
         """Forget the responses stored by a worker that left (its store went with it)."""
-        gone = [
-            rid
-            for rid, h in self._homes.items()
-            if h.model == model and h.worker.worker_id == worker_id and (group is None or h.group == group)
-        ]
-        for rid in gone:
-            del self._homes[rid]
-        return len(gone)
+        return self._homes.drop_where(
+            lambda h: (
+                h.model == model and h.worker.worker_id == worker_id and (group is None or h.group == group)
+            )
+        )
 
     def expire(self, now: float) -> int:
         """Drop the ids unused for `ttl_s` (oldest first); returns how many."""
-        homes = self._homes
-        dropped = 0
-        while homes:
-            rid, home = next(iter(homes.items()))
-            if now - home.last_used_s < self.ttl_s:
-                break
-            del homes[rid]
-            dropped += 1
-        self.expired += dropped
-        return dropped
+        return self._homes.expire(now)
 
 
 class ResponseHomesCollector(Collector):

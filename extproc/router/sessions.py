@@ -18,11 +18,11 @@ asked for it has finished.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from extproc.router.ttl_table import TtlTable
 from extproc.router.types import Worker
 
 PinEvent = Literal["pinned", "moved", "refreshed"]
@@ -47,18 +47,26 @@ class SessionPins:
         max_pins: int | None = None,
         on_drop: Callable[[str, str], None] | None = None,
     ) -> None:
-        if not ttl_s > 0:
-            raise ValueError(f"session ttl must be > 0 seconds, not {ttl_s!r}")
-        if max_pins is not None and max_pins < 1:
-            raise ValueError(f"max_pins must be at least 1, not {max_pins!r}")
-        self.ttl_s = ttl_s
-        self.max_pins = max_pins
         self.on_drop = on_drop  # (session id, endpoint): a pin with an open worker session left
-        self._pins: OrderedDict[str, Pin] = OrderedDict()  # least recently used first
-        self.expired = 0
-        self.evicted = 0
+        self._pins: TtlTable[Pin] = TtlTable(ttl_s, max_pins, on_drop=self._dropped)
         self.closed = 0
         self.moved = 0
+
+    @property
+    def ttl_s(self) -> float:
+        return self._pins.ttl_s
+
+    @property
+    def max_pins(self) -> int | None:
+        return self._pins.max_entries
+
+    @property
+    def expired(self) -> int:
+        return self._pins.expired
+
+    @property
+    def evicted(self) -> int:
+        return self._pins.evicted
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -69,11 +77,7 @@ class SessionPins:
     def pins(self, now: float) -> Iterator[tuple[str, Pin]]:
         """Every session pinned (and not lapsed at `now`) with its pin, least recently used first: the
         table as it is now, read as the iterator is (the table may change meanwhile)."""
-        self.expire(now)
-        pins, ids = self._pins, list(self._pins)
-        return (
-            (sid, p) for sid in ids if (p := pins.get(sid)) is not None and now - p.last_used_s < self.ttl_s
-        )
+        return self._pins.live(now)
 
     def get(self, session_id: str, now: float) -> Worker | None:
         """The session's worker, or None when it has none or its pin lapsed."""
@@ -82,26 +86,14 @@ class SessionPins:
 
     def get_pin(self, session_id: str, now: float) -> Pin | None:
         """The session's pin (worker and group), or None when it has none or it lapsed."""
-        self.expire(now)
-        pin = self._pins.get(session_id)
-        if pin is not None and now - pin.last_used_s >= self.ttl_s:
-            # pinned at a time before pins after it (handed over by another replica, its last use
-            # there): lapsed, though the sweep in order has not reached it
-            del self._pins[session_id]
-            self._dropped(session_id, pin)
-            self.expired += 1
-            return None
-        return pin
+        return self._pins.get(session_id, now)
 
     def pin(self, session_id: str, worker: Worker, now: float, group: str = "") -> PinEvent:
         """Record a use of the session on `worker` of `group`: a new pin (which may evict the least
         recently used one), a move, or a refresh of its TTL."""
-        pin = self._pins.get(session_id)
+        pin = self._pins.peek(session_id)
         if pin is None:
-            if self.max_pins is not None and len(self._pins) >= self.max_pins:
-                self._dropped(*self._pins.popitem(last=False))
-                self.evicted += 1
-            self._pins[session_id] = Pin(worker, now, 1, group)
+            self._pins.put(session_id, Pin(worker, now, 1, group))
             return "pinned"
         event: PinEvent = "refreshed"
         if pin.worker != worker or pin.group != group:
@@ -111,15 +103,14 @@ class SessionPins:
             pin.worker = worker
             pin.group = group
             event = "moved"
-        pin.last_used_s = now
         pin.requests += 1
-        self._pins.move_to_end(session_id)
+        self._pins.used(session_id, now)
         return event
 
     def share_due(self, session_id: str, now: float, every_s: float) -> bool:
         """Whether the pin is to be told to other replicas now (not told for `every_s`); if so, it
         counts as told. False for a session without a pin."""
-        pin = self._pins.get(session_id)
+        pin = self._pins.peek(session_id)
         if pin is None or now - pin.shared_s < every_s:
             return False
         pin.shared_s = now
@@ -127,14 +118,14 @@ class SessionPins:
 
     def mark_opened(self, session_id: str, endpoint: str) -> bool:
         """Record that the pinned worker, at `endpoint`, holds an open session for `session_id`."""
-        pin = self._pins.get(session_id)
+        pin = self._pins.peek(session_id)
         if pin is None:
             return False
         pin.opened_on = endpoint
         return True
 
     def close(self, session_id: str) -> bool:
-        if self._pins.pop(session_id, None) is None:
+        if self._pins.pop(session_id) is None:
             return False
         self.closed += 1
         return True
@@ -142,28 +133,13 @@ class SessionPins:
     def drop_worker(self, worker_id: object, group: str | None = None) -> int:
         """Forget every pin to a worker that left (of `group`, or of any group when None); its
         sessions are re-pinned on their next request."""
-        gone = [
-            s
-            for s, p in self._pins.items()
-            if p.worker.worker_id == worker_id and (group is None or p.group == group)
-        ]
-        for session_id in gone:
-            self._dropped(session_id, self._pins.pop(session_id))
-        return len(gone)
+        return self._pins.drop_where(
+            lambda p: p.worker.worker_id == worker_id and (group is None or p.group == group)
+        )
 
     def expire(self, now: float) -> int:
         """Drop the pins unused for `ttl_s` (oldest first); returns how many."""
-        pins = self._pins
-        dropped = 0
-        while pins:
-            session_id, pin = next(iter(pins.items()))
-            if now - pin.last_used_s < self.ttl_s:
-                break
-            del pins[session_id]
-            self._dropped(session_id, pin)
-            dropped += 1
-        self.expired += dropped
-        return dropped
+        return self._pins.expire(now)
 
     def _dropped(self, session_id: str, pin: Pin) -> None:
         if pin.opened_on is not None and self.on_drop is not None:
@@ -171,6 +147,6 @@ class SessionPins:
 
     def by_worker(self) -> dict[Worker, int]:
         counts: dict[Worker, int] = {}
-        for pin in self._pins.values():
+        for pin in self._pins.entries():
             counts[pin.worker] = counts.get(pin.worker, 0) + 1
         return counts
