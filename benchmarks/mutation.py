@@ -9784,19 +9784,9 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "an own id looked up in the shared names: missing or not held there, the general path decides",
         ),
     },
-    "router/sessions.py": {
-        "xǁSessionPinsǁ__init____mutmut_4": (
-            "raise ValueError(None)",
-            "message",
-            "the error's text",
-        ),
-        "xǁSessionPinsǁ__init____mutmut_9": (
-            "raise ValueError(None)",
-            "message",
-            "the error's text",
-        ),
-        "xǁSessionPinsǁpin__mutmut_8": (
-            "self._dropped(*self._pins.popitem(last=None))",
+    "router/ttl_table.py": {
+        "xǁTtlTableǁput__mutmut_12": (
+            "self._dropped(*self._entries.popitem(last=None))",
             "same-value",
             "popitem reads last for its truth: None pops the oldest as False does",
         ),
