@@ -31,7 +31,9 @@ ended) over the window, never wall time: the machine is shared. Prints one JSON 
     .venv/bin/python benchmarks/bench_replicas.py --quick --py-spy .venv/bin/py-spy   # + a profile
 
 `per_replica_vs_single`: each replica's CPU over the window / the single picker's (goal: at most
-0.45, issue 22).
+0.45, issue 22). The single picker is measured again after the replicas (`single_again`;
+`--no-repeat-single` skips it): `per_replica_vs_single_again` holds the ratios against it and how far
+the two singles are apart, and the goal counts as met only against both.
 """
 
 from __future__ import annotations
@@ -698,6 +700,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-dir", type=Path, help="keep child logs here (default: a temporary directory)")
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument("--probe-s", type=float, default=6.0, help="transport probe on the single picker")
+    parser.add_argument(
+        "--no-repeat-single",
+        dest="repeat_single",
+        action="store_false",
+        help="measure the single picker once, not again after the replicas (saves one setup; the"
+        " second one shows how far the host drifted: `per_replica_vs_single_again`)",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.duration_s = args.duration_s or (30.0 if quick else 90.0)
@@ -734,11 +743,15 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     nats = start_nats_server(None, jetstream=False, store_dir=tmp / "nats")
     results: dict[str, dict[str, Any]] = {v: {} for v in variants}
     try:
-        for setup in ["single"] if args.single_only else ["single", many_name]:
+        setups = ["single"] if args.single_only else ["single", many_name]
+        if not args.single_only and args.repeat_single:
+            setups.append("single_again")  # the host's drift between the first and last setup
+        for setup in setups:
             for variant, repo in variants.items():
                 name = f"{setup}-{variant}" if len(variants) > 1 else setup
-                replicas = 1 if setup == "single" else args.replicas
-                observers = setup != "single" and not args.no_observers
+                alone = setup.startswith("single")
+                replicas = 1 if alone else args.replicas
+                observers = not alone and not args.no_observers
                 results[variant][setup] = await run_setup(
                     name,
                     replicas,
@@ -770,13 +783,20 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     finally:
         nats.stop(grace_s=2.0)
     ratios: dict[str, dict[str, float]] = {}
+    again: dict[str, dict[str, float]] = {}
     for variant, by_setup in results.items():
         if many_name not in by_setup:  # --single-only: no ratio
             continue
-        single = by_setup["single"]["cpu_s"]["r0"]
         many = by_setup[many_name]["cpu_s"]
+        single = by_setup["single"]["cpu_s"]["r0"]
         ratios[variant] = {f"r{i}": round(many[f"r{i}"] / single, 3) for i in range(args.replicas)}
+        if "single_again" in by_setup:
+            last = by_setup["single_again"]["cpu_s"]["r0"]
+            again[variant] = {f"r{i}": round(many[f"r{i}"] / last, 3) for i in range(args.replicas)}
+            again[variant]["single_again_vs_single"] = round(last / single, 3)
     out: dict[str, Any] = {}
+    if again:
+        out["per_replica_vs_single_again"] = again
     if "single_share" in results["after"]:
         out["decomposition"] = decompose(results["after"], many_name, args.replicas)
     return {
@@ -786,7 +806,16 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "inprocess": inprocess_costs(prompts),
         "setups": results,
         "per_replica_vs_single": ratios,
-        "goal": {"max_ratio": GOAL, "met": {v: max(r.values()) <= GOAL for v, r in ratios.items()}},
+        "goal": {
+            "max_ratio": GOAL,
+            # met only against both singles when there are two: one single measured on a bad
+            # stretch of a shared host (2026-11-28: 5.5 ms a request, 3.9 in the next run) says met
+            "met": {
+                v: max(r.values()) <= GOAL
+                and all(x <= GOAL for k, x in again.get(v, {}).items() if k.startswith("r"))
+                for v, r in ratios.items()
+            },
+        },
     }
 
 
