@@ -22,7 +22,7 @@ which parses its envelope and hands each RouterEvent to `router_event_header` / 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from extproc.events.counters import EventCounters
@@ -32,6 +32,7 @@ from extproc.router.types import (
     BlocksStored,
     KvEvent,
     StoredBlock,
+    StoredBlocks,
     Worker,
     WorkerId,
 )
@@ -140,7 +141,7 @@ def router_event_data(payload: Any, worker: Worker, event_id: int) -> KvEvent | 
     return None
 
 
-def _stored_blocks(blocks: list[Any]) -> tuple[StoredBlock, ...]:
+def _stored_blocks(blocks: list[Any]) -> Sequence[StoredBlock]:
     """The blocks of a `stored` event: checked a list at a time (most of an event's decoding cost was
     checking each field in Python); any doubt goes field by field, for the error that names it."""
     try:
@@ -149,7 +150,7 @@ def _stored_blocks(blocks: list[Any]) -> tuple[StoredBlock, ...]:
     except (TypeError, KeyError):  # not objects (JSON and msgpack give no other indexable), a field missing
         engine = local = []
     if len(engine) == len(blocks) and _all_u64(engine) and _all_u64(local):
-        return tuple(map(StoredBlock, engine, local))
+        return StoredBlocks(engine, local)
     return tuple(
         StoredBlock(
             _uint(b.get("block_hash"), U64_MAX, "block_hash"),

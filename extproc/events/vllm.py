@@ -115,7 +115,7 @@ from extproc.router.types import (
     BlocksRemoved,
     BlocksStored,
     KvEvent,
-    StoredBlock,
+    StoredBlocks,
     Worker,
 )
 
@@ -605,9 +605,7 @@ class VllmEventDecoder:
             salt = self._salts.items.get(parent)
         return salt or None
 
-    def _remember(
-        self, ids: Sequence[int], local: Sequence[int], salt: str | None
-    ) -> tuple[StoredBlock, ...]:
+    def _remember(self, ids: Sequence[int], local: Sequence[int], salt: str | None) -> StoredBlocks:
         """The indexed blocks; their ids leave the unindexed lineage and, when salted, name the salt."""
         unindexed = self._unindexed.items
         for engine_id in ids:
@@ -615,7 +613,8 @@ class VllmEventDecoder:
                 unindexed.pop(engine_id, None)
             if salt:
                 self._salts.put(engine_id, salt)
-        return tuple(StoredBlock(e, h) for e, h in zip(ids, local, strict=False))
+        n = min(len(ids), len(local))
+        return StoredBlocks(list(ids[:n]), list(local[:n]))
 
     def _removed(self, fields: Mapping[str, Any], worker: Worker) -> BlocksRemoved | None:
         tier = self._routable(fields)

@@ -46,6 +46,7 @@ from extproc.router.types import (
     BlocksStored,
     KvEvent,
     Worker,
+    columns,
 )
 
 OverlapScores = dict[Worker, int]  # matched prefix blocks per worker; workers with 0 are omitted
@@ -257,9 +258,8 @@ class RadixTree:
         return slot
 
     def _store(self, event: BlocksStored) -> bool:
-        blocks = event.blocks
-        es = [b.engine_hash for b in blocks]
-        return self.store_blocks(event.worker, event.parent_hash, es, [b.local_hash for b in blocks])
+        es, hs = columns(event.blocks)
+        return self.store_blocks(event.worker, event.parent_hash, es, hs)
 
     def store_blocks(self, worker: Worker, parent_hash: int | None, es: list[int], hs: list[int]) -> bool:
         """`apply_event(BlocksStored(...))` for blocks given as engine ids `es` and local hashes `hs`
