@@ -21,7 +21,8 @@ def test_stored_blocks_read_as_columns_are_the_tuple_of_blocks_they_stand_for():
     assert blocks == as_tuple and as_tuple == blocks and hash(blocks) == hash(as_tuple)
     assert blocks[1] == StoredBlock(12, 2) and blocks[-1] == StoredBlock(13, 3)
     assert blocks[:2] == as_tuple[:2] and isinstance(blocks[:2], StoredBlocks)
-    assert blocks != as_tuple[:2] and blocks != StoredBlocks([11, 12, 13], [1, 2, 4])
+    assert blocks != as_tuple[:2] and blocks == StoredBlocks([11, 12, 13], [1, 2, 3])
+    assert blocks != StoredBlocks([11, 12, 13], [1, 2, 4]) and blocks != StoredBlocks([11, 12, 14], [1, 2, 3])
     assert blocks != [StoredBlock(11, 1)] and blocks != "blocks"  # only blocks compare
     event = BlocksStored(Worker("w"), blocks, parent_hash=7)
     assert event == BlocksStored(Worker("w"), as_tuple, parent_hash=7)
