@@ -51,10 +51,6 @@ class ResponseHomes:
         return self._homes.ttl_s
 
     @property
-    def max_homes(self) -> int | None:
-        return self._homes.max_entries
-
-    @property
     def evicted(self) -> int:
         return self._homes.evicted
 

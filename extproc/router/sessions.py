@@ -57,10 +57,6 @@ class SessionPins:
         return self._pins.ttl_s
 
     @property
-    def max_pins(self) -> int | None:
-        return self._pins.max_entries
-
-    @property
     def expired(self) -> int:
         return self._pins.expired
 
