@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import api
@@ -50,6 +49,7 @@ from extproc.events.counters import EventCounters
 from extproc.events.dynamo_json import decode_event, kv_events_subject
 from extproc.events.dynamo_plane import DEFAULT_ENDPOINT, PlaneEvent, decode_envelope, event_plane_subject
 from extproc.events.nats_events import EventIdTracker, GapHook, follow_gap
+from extproc.events.object_read import ObjectReadError, read_object
 from extproc.events.sink import EventSink
 from extproc.events.snapshot import Snapshot, SnapshotError, decode_snapshot, encode_snapshot
 from extproc.router.types import KvEvent, Worker, WorkerId
@@ -60,6 +60,7 @@ log = logging.getLogger("extproc.events.durable")
 SNAPSHOT_OBJECT = "radix-tree"
 LOCK_KEY = "snapshot"
 RETRY_MAX_S = 5.0  # longest pause between attempts after a JetStream error
+PROGRESS_EVERY_S = 5.0  # a snapshot read that takes longer logs its progress this often
 
 
 class TreeSource(Protocol):
@@ -82,7 +83,7 @@ class DurableConfig:
     lock_ttl_s: float = 30.0
     fetch_batch: int = 256
     fetch_timeout_s: float = 1.0
-    snapshot_read_timeout_s: float = 30.0
+    snapshot_read_timeout_s: float = 30.0  # longest wait for the next chunk of a snapshot being read
     snapshot_read_attempts: int = 3
 
     def __post_init__(self) -> None:
@@ -125,6 +126,19 @@ class DurableConfig:
 def _ignore_result(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # retrieved: a failed release only means the TTL frees the lock
+
+
+class _ReadProgress:
+    """Logs a long snapshot read's progress, at most every `PROGRESS_EVERY_S`."""
+
+    def __init__(self, started: float) -> None:
+        self._next_log = started + PROGRESS_EVERY_S
+
+    def __call__(self, read: int, size: int) -> None:
+        now = time.monotonic()
+        if now >= self._next_log and read < size:
+            self._next_log = now + PROGRESS_EVERY_S
+            log.info("reading the KV snapshot: %.1f of %.1f MB", read / 1e6, size / 1e6)
 
 
 def _name(raw: str) -> str:
@@ -230,28 +244,45 @@ class DurableKvEvents:
     async def load_snapshot(self) -> Snapshot | None:
         """The stored snapshot; None if there is none or it cannot be decoded (counted loudly).
 
-        A read that overlaps a replica replacing the snapshot may never finish (nats.py waits for
-        chunks the writer purged) or fail its digest check: it is retried, up to
-        `snapshot_read_attempts` times of `snapshot_read_timeout_s` each, then TimeoutError.
+        A read that finds the snapshot replaced under it (another replica wrote a newer one and
+        purged the chunks being read), no chunk for `snapshot_read_timeout_s`, or a digest that does
+        not match is retried, up to `snapshot_read_attempts` times, then TimeoutError. A large
+        snapshot may take as long as it needs while its chunks keep coming (`object_read`).
         """
         assert self._objects is not None
         cfg = self.config
         for _ in range(cfg.snapshot_read_attempts):
+            started = time.monotonic()
+            progress = _ReadProgress(started)
             try:
-                async with asyncio.timeout(cfg.snapshot_read_timeout_s):
-                    result = await self._objects.get(SNAPSHOT_OBJECT)
+                data = await read_object(
+                    self.js,
+                    self._objects,
+                    cfg.snapshot_bucket,
+                    SNAPSHOT_OBJECT,
+                    chunk_timeout_s=cfg.snapshot_read_timeout_s,
+                    on_chunk=progress,
+                )
             except nats.js.errors.NotFoundError:
                 return None
-            except (TimeoutError, nats.js.errors.DigestMismatchError) as exc:
+            except ObjectReadError as exc:
                 self.counters.loud(
-                    "durable.snapshot_read_retry", "reading the KV snapshot failed (%r); retrying", exc
+                    "durable.snapshot_read_retry", "reading the KV snapshot failed (%s); retrying", exc
                 )
                 continue
             try:
-                return await asyncio.to_thread(decode_snapshot, result.data or b"")
+                snapshot = await asyncio.to_thread(decode_snapshot, data)
             except SnapshotError as exc:
                 self.counters.loud("durable.bad_snapshot", "ignoring unreadable KV snapshot: %s", exc)
                 return None
+            log.info(
+                "read the KV snapshot at stream seq %d: %d events, %d bytes in %.2f s",
+                snapshot.stream_seq,
+                len(snapshot.events),
+                len(data),
+                time.monotonic() - started,
+            )
+            return snapshot
         raise TimeoutError(f"could not read the KV snapshot in {cfg.snapshot_read_attempts} attempts")
 
     async def snapshot_now(self) -> bool:
@@ -384,8 +415,8 @@ class DurableKvEvents:
                     msgs = await self._psub.fetch(
                         self.config.fetch_batch, timeout=self.config.fetch_timeout_s
                     )
-                except nats.errors.TimeoutError:
-                    msgs = []
+                except TimeoutError:  # nats.py 2.16 may raise asyncio's, not its own, when a
+                    msgs = []  # busy server answers its no-wait probe late: no message either way
                 for msg in msgs:
                     await self._handle(msg.metadata.sequence.stream, msg.data, msg.subject)
                 if msgs:

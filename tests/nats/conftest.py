@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import nats
 import pytest
 import pytest_asyncio
 
@@ -155,3 +158,37 @@ async def prime_events(nc, subject: str, delivered: Callable[[], object]) -> int
         await nc.flush()
 
     return await prime(probe, delivered)
+
+
+def from_another_thread(server: NatsServer, action: Callable[[Any], Awaitable[None]]) -> None:
+    """Run `action(jetstream)` on its own connection and event loop, and wait until it is done.
+
+    Called from a callback on the test's event loop, this holds that loop still meanwhile: what the
+    action changes on the server happens between two steps of the code under test."""
+
+    async def run() -> None:
+        nc = await nats.connect(server.url)
+        try:
+            await action(nc.jetstream())
+        finally:
+            await nc.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(run(),))
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the action on another thread did not finish in 30 s"
+
+
+def on_first_chunk(
+    server: NatsServer, action: Callable[[Any], Awaitable[None]]
+) -> Callable[[int, int], None]:
+    """A progress callback for `read_object` that runs `action` (see `from_another_thread`) once,
+    when the first chunk has been read."""
+    done: list[bool] = []
+
+    def on_chunk(read: int, size: int) -> None:
+        if not done:
+            done.append(True)
+            from_another_thread(server, action)
+
+    return on_chunk

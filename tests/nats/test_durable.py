@@ -1,16 +1,29 @@
 """Durable mode: JetStream stream + durable consumers + object-store snapshots, on a real nats-server."""
 
 import asyncio
+import random
 
 import pytest
 
-from extproc.events.durable import DurableConfig, DurableKvEvents
+from extproc.events import durable as durable_module
+from extproc.events.durable import SNAPSHOT_OBJECT, DurableConfig, DurableKvEvents
 from extproc.events.dynamo_json import kv_events_subject
 from extproc.events.nats_events import NatsEventPublisher
+from extproc.events.snapshot import Snapshot, encode_snapshot
 from extproc.router import compute_block_hashes
 from extproc.router.hashing import compute_sequence_hashes
+from extproc.router.types import BlocksStored, StoredBlock, Worker
 
-from .conftest import BLOCK_SIZE, connect, eventually, make_feed, make_router, matches, prime_events
+from .conftest import (
+    BLOCK_SIZE,
+    connect,
+    eventually,
+    make_feed,
+    make_router,
+    matches,
+    on_first_chunk,
+    prime_events,
+)
 
 NS, COMPONENT = "test", "backend"
 SUBJECT = kv_events_subject(NS, COMPONENT)
@@ -303,3 +316,66 @@ async def test_a_replica_that_finds_purged_history_and_no_snapshot_says_so(nats_
     finally:
         await r2.stop()
         await workers.stop()
+
+
+def _large_snapshot(stream_seq: int) -> bytes:
+    """A snapshot of about 4.5 MB: more than the server sends ahead of a reader that stops."""
+    rng = random.Random(stream_seq)
+    blocks = tuple(StoredBlock(rng.getrandbits(64), rng.getrandbits(64)) for _ in range(250_000))
+    return encode_snapshot(Snapshot((BlocksStored(Worker("7", 0), blocks),), stream_seq, "writer"))
+
+
+async def test_a_snapshot_replaced_while_it_is_read_is_read_again_at_once(nats_server, monkeypatch):
+    """Another replica writes a newer snapshot while this one reads: the read stops when the chunks
+    it reads are purged and starts over, long before `snapshot_read_timeout_s` (60 s here)."""
+    replica = await Replica(nats_server, "r1", snapshot_threshold=1000, snapshot_read_timeout_s=60).start()
+    try:
+        await replica.durable._objects.put(SNAPSHOT_OBJECT, _large_snapshot(stream_seq=5))
+        newer = _large_snapshot(stream_seq=9)
+
+        async def write_newer(js) -> None:
+            await (await js.object_store(replica.config.snapshot_bucket)).put(SNAPSHOT_OBJECT, newer)
+
+        reads: list[int] = []
+        real_read = durable_module.read_object
+
+        async def first_read_overtaken(*args, **kwargs):
+            reads.append(1)
+            if len(reads) == 1:
+                kwargs["on_chunk"] = on_first_chunk(nats_server, write_newer)
+            return await real_read(*args, **kwargs)
+
+        monkeypatch.setattr(durable_module, "read_object", first_read_overtaken)
+        async with asyncio.timeout(30):  # half the limit: it did not wait for it
+            snapshot = await replica.durable.load_snapshot()
+        assert snapshot is not None and snapshot.stream_seq == 9
+        assert len(reads) == 2 and replica.durable.counters["durable.snapshot_read_retry"] == 1
+    finally:
+        await replica.stop()
+
+
+async def test_a_fetch_that_times_out_with_asyncios_own_error_is_an_empty_fetch(nats_server, worker_link):
+    """nats.py 2.16's `fetch` raises asyncio's TimeoutError, not its own, when a busy server answers
+    its no-wait probe late: no message came, which is no error (and no reason to back off)."""
+    replica = await Replica(nats_server, "r1", snapshot_threshold=1000).start()
+    workers = Workers(worker_link)
+    try:
+        psub = replica.durable._psub
+        real_fetch, timeouts = psub.fetch, [3]
+
+        async def fetch(*args, **kwargs):
+            if timeouts[0]:
+                timeouts[0] -= 1
+                raise TimeoutError
+            return await real_fetch(*args, **kwargs)
+
+        psub.fetch = fetch
+        await workers.prime(CONFIG)
+        workers.publish_round()
+        last = await published_and_stored(workers, worker_link, replica.config)
+        await eventually(lambda: replica.durable.applied_seq == last, what="all events applied")
+        assert timeouts == [0]
+        assert replica.durable.counters["durable.error"] == 0
+    finally:
+        await workers.stop()
+        await replica.stop()
