@@ -18,13 +18,12 @@ ancestors a worker does not hold. Event ids are not kept: a snapshot is state, n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, KvEvent, StoredBlock, Worker
+from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, KvEvent, StoredBlocks, Worker
 
 SNAPSHOT_FORMAT = "extproc.kv-snapshot"
 SNAPSHOT_VERSION = 1
@@ -120,8 +119,7 @@ def _decode_event(raw: Any) -> KvEvent:
         flat = _hashes(raw[4])
         if len(flat) % 2:
             raise ValueError("stored blocks list has an odd length")
-        blocks = tuple(StoredBlock(flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
-        return BlocksStored(worker, blocks, parent)
+        return BlocksStored(worker, StoredBlocks(flat[0::2], flat[1::2]), parent)
     if kind == _REMOVED and len(raw) == 4:
         return BlocksRemoved(worker, tuple(_hashes(raw[3])))
     if kind == _CLEARED and len(raw) == 3:
@@ -129,10 +127,15 @@ def _decode_event(raw: Any) -> KvEvent:
     raise ValueError(f"unknown event kind {kind!r:.20} with {len(raw)} fields")
 
 
-def _hashes(raw: Any) -> Sequence[int]:
+def _hashes(raw: Any) -> list[int]:
+    """`raw` checked as a list of 64-bit hashes (signed or not), in C-level passes over it: a
+    snapshot holds one per (worker, block) entry, millions at fleet scale."""
     if not isinstance(raw, list):
         raise ValueError("block hashes are not a list")
-    return [_hash(h) for h in raw]
+    if raw and (set(map(type, raw)) != {int} or min(raw) < _I64_MIN or max(raw) > _U64_MAX):
+        for h in raw:
+            _hash(h)  # names the first bad one
+    return raw
 
 
 def _hash(value: Any) -> int:

@@ -56,6 +56,8 @@ def _packed(**fields):
         (_packed(events=[[1, 1.5, 0, []]]), "worker_id 1.5"),
         (_packed(events=[[1, "w", -1, []]]), "dp_rank -1"),
         (_packed(events=[[1, "w", 0, ["x"]]]), "block hash 'x'"),
+        (_packed(events=[[0, "w", 0, None, [1, 2, 3, True]]]), "block hash True"),  # an int's subclass
+        (_packed(events=[[0, "w", 0, None, [1, 2.5, "x", 4]]]), "block hash 2.5"),  # the first one named
         (b"\x81\xa1a" + b"\x91" * 5000, "msgpack decoding failed"),
     ],
 )
