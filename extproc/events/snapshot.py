@@ -23,7 +23,15 @@ from typing import Any
 
 import msgpack
 
-from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, KvEvent, StoredBlocks, Worker
+from extproc.router.types import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    KvEvent,
+    StoredBlocks,
+    Worker,
+    columns,
+)
 
 SNAPSHOT_FORMAT = "extproc.kv-snapshot"
 SNAPSHOT_VERSION = 1
@@ -96,7 +104,9 @@ def decode_snapshot(data: bytes) -> Snapshot:
 def _encode_event(event: KvEvent) -> list[Any]:
     w = event.worker
     if isinstance(event, BlocksStored):
-        flat = [h for b in event.blocks for h in (b.engine_hash, b.local_hash)]
+        engine, local = columns(event.blocks)
+        flat = [0] * (2 * len(engine))
+        flat[0::2], flat[1::2] = engine, local
         return [_STORED, w.worker_id, w.dp_rank, event.parent_hash, flat]
     if isinstance(event, BlocksRemoved):
         return [_REMOVED, w.worker_id, w.dp_rank, list(event.engine_hashes)]

@@ -52,6 +52,14 @@ def is_predicted_id(engine_hash: int | None) -> bool:
     return engine_hash is not None and engine_hash <= _PREDICTED_BASE
 
 
+def first_predicted(engine_ids: Sequence[int]) -> int:
+    """The index of the first predicted id in `engine_ids`, or its length when there is none (one
+    C-level pass in the usual case: a dump holds millions of ids, predictions are rare)."""
+    if not engine_ids or min(engine_ids) > _PREDICTED_BASE:
+        return len(engine_ids)
+    return next(k for k, e in enumerate(engine_ids) if e <= _PREDICTED_BASE)
+
+
 class _Run:
     """One routing's path and expiry, owning the blocks at depths [lo, hi) of it.
 

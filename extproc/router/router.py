@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from extproc.router.approx import ApproxIndexer, is_predicted_id
+from extproc.router.approx import ApproxIndexer, first_predicted
 from extproc.router.config import RouterConfig, RouterConfigOverride, RouterMode
 from extproc.router.device_share import device_class_candidates
 from extproc.router.errors import AllWorkersBusy, InvalidConfig, NoWorkers, PinnedWorkerUnavailable
@@ -50,6 +50,7 @@ from extproc.router.types import (
     WorkerId,
     WorkerLoad,
     WorkerSpec,
+    engine_ids,
 )
 
 log = logging.getLogger("extproc.router")
@@ -225,13 +226,14 @@ class KvRouter:
             if isinstance(event, BlocksStored):
                 after = events[i + 1] if i + 1 < len(events) else None
                 chain = len(after.engine_hashes) if isinstance(after, BlocksRemoved) else 0
-                ids = [b.engine_hash for b in event.blocks]
-                n = next((k for k, e in enumerate(ids) if is_predicted_id(e)), len(ids))
-                n = 0 if (event.worker, event.parent_hash) in cut else n  # parents come first
-                cut.update((event.worker, e) for e in ids[n:])
+                ids = engine_ids(event.blocks)
+                n = first_predicted(ids)
+                n = 0 if cut and (event.worker, event.parent_hash) in cut else n  # parents come first
+                if n < len(ids):
+                    cut.update((event.worker, e) for e in ids[n:])
                 keep = n > chain
                 if keep:
-                    kept.append(replace(event, blocks=event.blocks[:n]))
+                    kept.append(event if n == len(ids) else replace(event, blocks=event.blocks[:n]))
             elif keep:
                 kept.append(event)
         return kept

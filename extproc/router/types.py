@@ -120,6 +120,13 @@ class StoredBlocks(Sequence[StoredBlock]):
         return f"StoredBlocks({self.engine_hashes!r}, {self.local_hashes!r})"
 
 
+def engine_ids(blocks: Sequence[StoredBlock]) -> Sequence[int]:
+    """The engine ids of `blocks`, to read only: `StoredBlocks`' own column, else a new list."""
+    if isinstance(blocks, StoredBlocks):
+        return blocks.engine_hashes
+    return [b.engine_hash for b in blocks]
+
+
 def columns(blocks: Sequence[StoredBlock]) -> tuple[list[int], list[int]]:
     """(engine ids, local hashes) of `blocks` as new lists, the receiver's to keep and grow: one event
     may be applied to several trees (a model's routers, a dump), and a tree keeps the lists it is
