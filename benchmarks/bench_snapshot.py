@@ -15,8 +15,8 @@ are encoded as a snapshot (`encode_snapshot`) and written with nats.py's `Object
 Reported per size: the lowest of `--rounds` rounds and `get_vs_read` (nats_get_s / read_object_s,
 from the same round). Prints one JSON object; progress on stderr.
 
-    .venv/bin/python benchmarks/bench_snapshot.py --quick      # 2^18 and 2^20 entries, about 1 minute
-    .venv/bin/python benchmarks/bench_snapshot.py              # up to 2^22 entries, about 5 minutes
+    .venv/bin/python benchmarks/bench_snapshot.py --quick      # 2^18 and 2^20 entries, about 30 s
+    .venv/bin/python benchmarks/bench_snapshot.py              # up to 2^22 entries, about 3 minutes
 """
 
 from __future__ import annotations
