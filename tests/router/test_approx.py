@@ -3,7 +3,7 @@
 import random
 
 from extproc.router import KvRouter, RadixTree, RouterConfig, Worker, WorkerSpec, compute_block_hashes
-from extproc.router.approx import ApproxIndexer, is_predicted_id, predicted_engine_id
+from extproc.router.approx import ApproxIndexer, first_predicted, is_predicted_id, predicted_engine_id
 from extproc.router.hashing import compute_sequence_hashes
 from extproc.router.types import BlocksStored, StoredBlock
 
@@ -186,6 +186,15 @@ def test_predicted_ids_are_recognised_and_real_ones_are_not():
         assert is_predicted_id(predicted_engine_id(seq_hash))
     for engine_hash in (None, 0, 7, 2**64 - 1, -1, -5):  # engines' ids, dump_events' stand-ins
         assert not is_predicted_id(engine_hash)
+
+
+def test_the_first_predicted_id_is_found_wherever_it_is():
+    p = predicted_engine_id(5)
+    assert first_predicted([]) == 0
+    assert first_predicted([3, -1, 2**64 - 1]) == 3  # none: the length
+    assert first_predicted([p]) == 0
+    assert first_predicted([3, -1, p, 4, predicted_engine_id(0)]) == 2
+    assert first_predicted([3, 4, predicted_engine_id(2**64 - 1)]) == 2
 
 
 def test_the_defaults_are_dynamos():

@@ -4,7 +4,7 @@ import pytest
 
 from extproc.router import Worker
 from extproc.router.radix import RadixTree
-from extproc.router.types import BlocksRemoved, BlocksStored, StoredBlock, StoredBlocks, columns
+from extproc.router.types import BlocksRemoved, BlocksStored, StoredBlock, StoredBlocks, columns, engine_ids
 
 
 def test_a_worker_prints_its_id_and_a_dp_rank_past_the_first():
@@ -29,6 +29,14 @@ def test_stored_blocks_read_as_columns_are_the_tuple_of_blocks_they_stand_for():
     assert columns(blocks) == ([11, 12, 13], [1, 2, 3]) and columns(blocks)[0] is not blocks.engine_hashes
     assert columns(as_tuple) == ([11, 12, 13], [1, 2, 3])
     assert repr(StoredBlocks([1], [2])) == "StoredBlocks([1], [2])"
+
+
+def test_engine_ids_read_either_form_of_blocks():
+    blocks = StoredBlocks([5, 6], [50, 60])
+    assert engine_ids(blocks) == [5, 6]
+    assert engine_ids(blocks) is blocks.engine_hashes  # read only: no copy
+    assert engine_ids((StoredBlock(5, 50), StoredBlock(6, 60))) == [5, 6]
+    assert engine_ids(()) == []
 
 
 def test_stored_blocks_refuse_columns_of_different_lengths():
