@@ -258,6 +258,9 @@ MODULES: dict[str, list[str]] = {
         "tests/nats/test_replica_sync_disagg.py",
         "tests/nats/test_replica_sync_routes.py",
     ],
+    # durable mode's snapshot codec, and reading the snapshot from the object store (real nats-server)
+    "events/snapshot.py": ["tests/nats/test_snapshot.py", "tests/fuzz/test_snapshot_fuzz.py"],
+    "events/object_read.py": ["tests/nats/test_object_read.py", "tests/nats/test_durable.py"],
 }
 
 EQUIVALENT_CLASSES = {

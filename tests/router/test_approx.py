@@ -195,6 +195,7 @@ def test_the_first_predicted_id_is_found_wherever_it_is():
     assert first_predicted([p]) == 0
     assert first_predicted([3, -1, p, 4, predicted_engine_id(0)]) == 2
     assert first_predicted([3, 4, predicted_engine_id(2**64 - 1)]) == 2
+    assert first_predicted([3, predicted_engine_id(0)]) == 1  # the highest predicted id there is
 
 
 def test_the_defaults_are_dynamos():
