@@ -265,7 +265,7 @@ class DurableKvEvents:
                 )
             except nats.js.errors.NotFoundError:
                 return None
-            except ObjectReadError as exc:
+            except (ObjectReadError, TimeoutError) as exc:  # TimeoutError: a JetStream API call's
                 self.counters.loud(
                     "durable.snapshot_read_retry", "reading the KV snapshot failed (%s); retrying", exc
                 )
@@ -390,7 +390,12 @@ class DurableKvEvents:
         self._locks = await self.js.create_key_value(bucket=cfg.lock_bucket)
 
     async def _subscribe(self, start_seq: int | None) -> None:
+        """(Re)create this replica's durable consumer to deliver from `start_seq` (None: the first)."""
         cfg = self.config
+        if self._psub is not None:
+            with contextlib.suppress(Exception):
+                await self._psub.unsubscribe()
+            self._psub = None
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await self.js.delete_consumer(cfg.stream, cfg.consumer)
         policy = api.DeliverPolicy.ALL if start_seq is None else api.DeliverPolicy.BY_START_SEQUENCE
@@ -409,18 +414,28 @@ class DurableKvEvents:
 
     async def _run(self) -> None:
         retry_s = 0.1
+        # A batch left half handled (an error, say a snapshot reload that failed) was delivered and
+        # not acknowledged: the server would send its rest again only after the ack wait (30 s), the
+        # replica meanwhile applying nothing. So the consumer starts over where this replica stands.
+        restart = False
         while True:
             try:
+                if restart:
+                    await self._subscribe(self.applied_seq + 1 if self._seq_known else None)
+                    self.counters.add("durable.resubscribe")
+                    restart = False
                 try:
                     msgs = await self._psub.fetch(
                         self.config.fetch_batch, timeout=self.config.fetch_timeout_s
                     )
                 except TimeoutError:  # nats.py 2.16 may raise asyncio's, not its own, when a
                     msgs = []  # busy server answers its no-wait probe late: no message either way
+                restart = bool(msgs)
                 for msg in msgs:
                     await self._handle(msg.metadata.sequence.stream, msg.data, msg.subject)
                 if msgs:
                     await msgs[-1].ack()  # AckPolicy.ALL: acks the whole batch
+                restart = False
                 await self._maybe_snapshot()
                 retry_s = 0.1
             except asyncio.CancelledError:
@@ -429,8 +444,9 @@ class DurableKvEvents:
                 self.counters.loud("durable.error", "durable KV event consumer error: %r; retrying", exc)
                 await asyncio.sleep(retry_s)
                 retry_s = min(RETRY_MAX_S, retry_s * 2)
-                with contextlib.suppress(Exception):
-                    await self._resubscribe_if_gone()
+                if not restart:
+                    with contextlib.suppress(Exception):
+                        await self._resubscribe_if_gone()
 
     async def _handle(self, seq: int, data: bytes, subject: str | None = None) -> None:
         if self._seq_known and seq <= self.applied_seq:

@@ -9,6 +9,7 @@ from extproc.events import durable as durable_module
 from extproc.events.durable import SNAPSHOT_OBJECT, DurableConfig, DurableKvEvents
 from extproc.events.dynamo_json import kv_events_subject
 from extproc.events.nats_events import NatsEventPublisher
+from extproc.events.object_read import ObjectStalled
 from extproc.events.snapshot import Snapshot, encode_snapshot
 from extproc.router import compute_block_hashes
 from extproc.router.hashing import compute_sequence_hashes
@@ -379,3 +380,55 @@ async def test_a_fetch_that_times_out_with_asyncios_own_error_is_an_empty_fetch(
     finally:
         await workers.stop()
         await replica.stop()
+
+
+async def test_a_reload_that_fails_is_tried_again_at_once_not_after_the_ack_wait(
+    nats_server, worker_link, monkeypatch
+):
+    """The batch whose gap asked for the reload was delivered and not acknowledged: the consumer
+    starts over where the replica stands instead of waiting for the server to send it again (the
+    ack wait, 30 s)."""
+    r1 = await Replica(nats_server, "r1", snapshot_threshold=8).start()
+    r2 = await Replica(nats_server, "r2", snapshot_threshold=8, snapshot_read_attempts=1).start()
+    workers = Workers(worker_link)
+    try:
+        await workers.prime(CONFIG)
+        workers.publish_round()
+        last = await published_and_stored(workers, worker_link, r1.config)
+        await eventually(
+            lambda: r1.durable.applied_seq == r2.durable.applied_seq == last, what="both applied"
+        )
+        await r2.durable.stop()
+        stalled_at = r2.durable.applied_seq
+        workers.publish_round(prompts=12)
+        last = await published_and_stored(workers, worker_link, r1.config)
+        await eventually(
+            lambda: _first_seq_above(worker_link, r1.config, stalled_at + 1), what="purged past r2"
+        )
+
+        reads: list[int] = []
+        real_read = durable_module.read_object
+
+        async def first_read_fails(*args, **kwargs):
+            reads.append(1)
+            if len(reads) == 1:
+                raise ObjectStalled("no chunk (a test's stand-in for a read that failed)")
+            return await real_read(*args, **kwargs)
+
+        monkeypatch.setattr(durable_module, "read_object", first_read_fails)
+        await r2.durable.resume()
+        workers.publish_round(prompts=3)
+        last = await published_and_stored(workers, worker_link, r1.config)
+        await eventually(
+            lambda: r1.durable.applied_seq == r2.durable.applied_seq == last,
+            timeout_s=15,  # half the ack wait
+            what=lambda: f"both caught up: r1 {r1.durable.applied_seq}, r2 {r2.durable.applied_seq}, {last}",
+        )
+        counters = r2.durable.counters
+        assert len(reads) >= 2 and counters["durable.error"] == 1 and counters["durable.resubscribe"] == 1
+        assert counters["durable.reload"] == 1
+        assert r2.answers(workers.queries) == r1.answers(workers.queries)
+    finally:
+        await workers.stop()
+        await r1.stop()
+        await r2.stop()
