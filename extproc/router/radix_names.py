@@ -58,7 +58,7 @@ class ShardedNames(Generic[Run]):
     def isdisjoint(self, engine_hashes: Iterable[int]) -> bool:
         """No id of `engine_hashes` is named."""
         shards, mask = self._shards, NAME_MASK
-        for e in engine_hashes:  # a plain loop: `any` over a generator took 30 % longer
+        for e in engine_hashes:  # noqa: SIM110 (a plain loop: `any` over a generator took 30 % longer)
             if e in shards[e & mask]:
                 return False
         return True

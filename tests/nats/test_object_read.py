@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 
 import nats
 import pytest
 from nats.js.errors import ObjectNotFoundError
 
-from extproc.events.object_read import ObjectDigestMismatch, ObjectReplaced, ObjectStalled, read_object
+from extproc.events.object_read import (
+    ObjectDigestMismatch,
+    ObjectReadError,
+    ObjectReplaced,
+    ObjectStalled,
+    read_object,
+)
 
 from .conftest import on_first_chunk
 
@@ -96,14 +104,59 @@ async def test_chunks_gone_under_a_read_of_the_same_version_stall_it(nats_server
         await nc.close()
 
 
-async def test_chunks_that_do_not_match_the_digest_are_refused(nats_server):
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        ({"digest": "SHA-256=" + "A" * 43 + "="}, ObjectDigestMismatch, "do not match its digest"),
+        ({"digest": "no digest here"}, ObjectDigestMismatch, "do not match its digest"),
+        ({"digest": None}, ObjectDigestMismatch, "do not match its digest"),
+        ({"nuid": ""}, ObjectReadError, "is a link or has no chunks id"),
+        ({"options": {"link": {"bucket": BUCKET, "name": "other"}}}, ObjectReadError, "is a link"),
+    ],
+)
+async def test_metadata_that_does_not_describe_the_chunks_is_refused(nats_server, change, error, message):
     nc, js, store = await store_with(nats_server, os.urandom(3 * CHUNK))
     try:
         meta_subject = f"$O.{BUCKET}.M.b2Jq"  # base64url("obj")
         meta = json.loads((await js.get_last_msg(f"OBJ_{BUCKET}", meta_subject)).data)
-        meta["digest"] = "SHA-256=" + "A" * 43 + "="
+        meta.update(change)
         await js.publish(meta_subject, json.dumps(meta).encode(), headers={"Nats-Rollup": "sub"})
-        with pytest.raises(ObjectDigestMismatch):
+        with pytest.raises(error, match=message):
             await read_object(js, store, BUCKET, "obj", chunk_timeout_s=10)
     finally:
+        await nc.close()
+
+
+async def test_an_object_whose_chunks_are_all_gone_stalls_from_the_start(nats_server):
+    """An operator purged the bucket's chunks but not its metadata: no chunk ever comes."""
+    nc, js, store = await store_with(nats_server, os.urandom(2 * CHUNK))
+    try:
+        nuid = (await store.get_info("obj")).nuid
+        await js.purge_stream(f"OBJ_{BUCKET}", subject=f"$O.{BUCKET}.C.{nuid}")
+        with pytest.raises(ObjectStalled, match=r"for 1\.5 s after 0 of 262144 bytes"):
+            await read_object(js, store, BUCKET, "obj", chunk_timeout_s=1.5)
+    finally:
+        await nc.close()
+
+
+async def test_a_server_that_pauses_mid_read_under_the_chunk_limit_does_not_stall_it(nats_server):
+    """The server is stopped (SIGSTOP) for 1.5 s after the first chunk, longer than the reader's
+    one-second metadata check and shorter than its 10 s limit: the read goes on to the end."""
+    data = os.urandom(BIG)
+    nc, js, store = await store_with(nats_server, data)
+    resume = threading.Timer(1.5, os.kill, (nats_server.pid, signal.SIGCONT))
+    paused: list[bool] = []
+
+    def pause_once(read: int, size: int) -> None:
+        if not paused:
+            paused.append(True)
+            os.kill(nats_server.pid, signal.SIGSTOP)
+            resume.start()
+
+    try:
+        assert await read_object(js, store, BUCKET, "obj", chunk_timeout_s=10, on_chunk=pause_once) == data
+        assert paused
+    finally:
+        resume.cancel()
+        os.kill(nats_server.pid, signal.SIGCONT)
         await nc.close()
