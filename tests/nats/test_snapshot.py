@@ -35,6 +35,22 @@ def test_every_event_kind_round_trips():
     assert decode_snapshot(encode_snapshot(Snapshot(events))).events == events
 
 
+def test_hashes_at_both_ends_of_the_64_bit_ranges_round_trip():
+    """Engines' ids are unsigned 64-bit (vLLM, Dynamo) or signed (SGLang): both ends decode."""
+    low, high = -(2**63), 2**64 - 1
+    events = (
+        BlocksStored(W0, (StoredBlock(low, high), StoredBlock(high, low)), parent_hash=low),
+        BlocksStored(W1, (StoredBlock(1, 2),), parent_hash=high),
+        BlocksRemoved(W1, (low, high)),
+    )
+    assert decode_snapshot(encode_snapshot(Snapshot(events))).events == events
+
+
+def test_a_snapshot_without_its_optional_fields_reads_them_as_unknown():
+    snapshot = decode_snapshot(_packed())
+    assert (snapshot.created_by, snapshot.created_at_s, snapshot.events) == ("", 0.0, ())
+
+
 def _packed(**fields):
     top = {"format": "extproc.kv-snapshot", "version": 1, "stream_seq": 0, "events": []}
     top.update(fields)
@@ -52,6 +68,13 @@ def _packed(**fields):
         (_packed(stream_seq=-1), "stream_seq -1"),
         (_packed(events={}), "events is not a list"),
         (_packed(events=[[9, "w", 0]]), "event 0 is malformed: unknown event kind 9"),
+        (_packed(events=[[0, "w"]]), r"event 0 is malformed: expected a list \[kind"),
+        (_packed(events=[[2, "w", 0], 5]), r"event 1 is malformed: expected a list \[kind"),
+        (_packed(events=[[1, "w", 0, None, []]]), "unknown event kind 1 with 5 fields"),
+        (_packed(events=[[2, "w", 0, []]]), "unknown event kind 2 with 4 fields"),
+        (_packed(created_by=7), "created_by/created_at_s have the wrong types"),
+        (_packed(events=[[1, "w", 0, 5]]), "block hashes are not a list"),
+        (msgpack.packb({1: 2}), "msgpack decoding failed"),  # only string keys in a snapshot's map
         (_packed(events=[[0, "w", 0, None, [1]]]), "odd length"),
         (_packed(events=[[1, 1.5, 0, []]]), "worker_id 1.5"),
         (_packed(events=[[1, "w", -1, []]]), "dp_rank -1"),
