@@ -289,6 +289,120 @@ WHY_LIVE = (
     "the same byte bound"
 )
 EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
+    "events/snapshot.py": {
+        "x__decode_event__mutmut_43": (
+            'raise ValueError("XXstored blocks list has an odd lengthXX")',
+            "message",
+            "an error's text",
+        ),
+        "x__encode_event__mutmut_15": (
+            "raise TypeError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x__encode_event__mutmut_16": (
+            'raise TypeError(f"not a KV event: {type(None).__name__}")',
+            "message",
+            "an error's text",
+        ),
+        "x__encode_event__mutmut_6": (
+            "flat = [1] * (2 * len(engine))",
+            "same-value",
+            "every slot of the list is overwritten by the two slice assignments below",
+        ),
+        "x__hashes__mutmut_15": (
+            "if raw and (set(map(type, raw)) != {int} or min(raw) <= _I64_MIN or max(raw) > _U64_MAX):",
+            "performance",
+            "a hash at the bound enters the loop naming a bad one, which finds none: the same list returned",
+        ),
+        "x__hashes__mutmut_17": (
+            "if raw and (set(map(type, raw)) != {int} or min(raw) < _I64_MIN or max(raw) >= _U64_MAX):",
+            "performance",
+            "a hash at the bound enters the loop naming a bad one, which finds none: the same list returned",
+        ),
+        "x__hashes__mutmut_3": (
+            'raise ValueError("XXblock hashes are not a listXX")',
+            "message",
+            "an error's text",
+        ),
+        "x__hashes__mutmut_5": (
+            "if raw or (set(map(type, raw)) != {int} or min(raw) < _I64_MIN or max(raw) > _U64_MAX):",
+            "performance",
+            "an empty list enters the naming loop, which has nothing to check",
+        ),
+        "x__hashes__mutmut_6": (
+            "if raw and (set(map(type, raw)) != {int} or min(raw) < _I64_MIN and max(raw) > _U64_MAX):",
+            "same-value",
+            "msgpack decodes no integer below int64 or above uint64, so neither bound can be passed",
+        ),
+        "x_decode_snapshot__mutmut_3": (
+            "top = msgpack.unpackb(data, raw=None, use_list=True, strict_map_key=True)",
+            "same-value",
+            "raw=None is falsy: msgpack reads it as raw=False",
+        ),
+        "x_decode_snapshot__mutmut_57": (
+            'raise SnapshotError("XXKV snapshot created_by/created_at_s have the wrong typesXX")',
+            "message",
+            "an error's text",
+        ),
+        "x_decode_snapshot__mutmut_58": (
+            'raise SnapshotError("kv snapshot created_by/created_at_s have the wrong types")',
+            "message",
+            "an error's text",
+        ),
+        "x_decode_snapshot__mutmut_66": (
+            'raise SnapshotError("XXKV snapshot events is not a listXX")',
+            "message",
+            "an error's text",
+        ),
+        "x_decode_snapshot__mutmut_67": (
+            'raise SnapshotError("kv snapshot events is not a list")',
+            "message",
+            "an error's text",
+        ),
+        "x_decode_snapshot__mutmut_7": (
+            "top = msgpack.unpackb(data, use_list=True, strict_map_key=True)",
+            "same-value",
+            "raw=False is msgpack's default",
+        ),
+        "x_decode_snapshot__mutmut_8": (
+            "top = msgpack.unpackb(data, raw=False, strict_map_key=True)",
+            "same-value",
+            "use_list=True is msgpack's default",
+        ),
+        "x_decode_snapshot__mutmut_9": (
+            "top = msgpack.unpackb(data, raw=False, use_list=True, )",
+            "same-value",
+            "strict_map_key=True is msgpack's default",
+        ),
+        "x_encode_snapshot__mutmut_18": (
+            "use_bin_type=False,",
+            "same-value",
+            "a snapshot holds no bytes values (ids are ints or strings), so use_bin_type changes no output",
+        ),
+        "x_encode_snapshot__mutmut_2": (
+            "use_bin_type=None,",
+            "same-value",
+            "a snapshot holds no bytes values (ids are ints or strings), so use_bin_type changes no output",
+        ),
+        "x_encode_snapshot__mutmut_4": (
+            ")",
+            "same-value",
+            "use_bin_type=True is msgpack's default",
+        ),
+    },
+    "events/object_read.py": {
+        "x__digest_bytes__mutmut_8": (
+            'return b"XXXX"',
+            "same-value",
+            'an unreadable digest gives bytes that no 32-byte SHA-256 equals, b"" or not',
+        ),
+        "x_read_object__mutmut_36": (
+            "if time.monotonic() - last_chunk_s > chunk_timeout_s:",
+            "same-value",
+            "> for >= between clock floats: equal only by coincidence, and then one check later",
+        ),
+    },
     "runtime/lora_discovery.py": {
         "x__names__mutmut_10": (
             "return f\"[{shown}{', ...' if len(names) > 11 else ''}]\"",

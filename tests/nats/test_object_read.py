@@ -7,6 +7,7 @@ the server cannot send the rest of the old chunks before they are gone.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -160,3 +161,16 @@ async def test_a_server_that_pauses_mid_read_under_the_chunk_limit_does_not_stal
         resume.cancel()
         os.kill(nats_server.pid, signal.SIGCONT)
         await nc.close()
+
+
+async def test_a_connection_closed_under_the_read_ends_it_with_the_connections_error(nats_server):
+    nc, js, store = await store_with(nats_server, os.urandom(BIG))
+    closing: list[asyncio.Task] = []
+
+    def close_once(read: int, size: int) -> None:
+        if not closing:
+            closing.append(asyncio.ensure_future(nc.close()))
+
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        await read_object(js, store, BUCKET, "obj", chunk_timeout_s=10, on_chunk=close_once)
+    await closing[0]
