@@ -265,7 +265,7 @@ class DurableKvEvents:
                 )
             except nats.js.errors.NotFoundError:
                 return None
-            except (ObjectReadError, TimeoutError) as exc:  # TimeoutError: a JetStream API call's
+            except (ObjectReadError, TimeoutError) as exc:  # TimeoutError: a JetStream API call timed out
                 self.counters.loud(
                     "durable.snapshot_read_retry", "reading the KV snapshot failed (%s); retrying", exc
                 )

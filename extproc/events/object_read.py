@@ -2,9 +2,9 @@
 
 nats.py's `ObjectStore.get` has two traits that hurt a large KV snapshot (durable mode):
 
-- It grows a `bytes` object by each 128 KB chunk, copying everything read so far every time: a
-  64 MB object took 14 s to read that way on a 2-core host, against 1.5 s into one buffer
-  (`benchmarks/bench_snapshot.py`). Read time thus grows with the square of the size.
+- It grows a `bytes` object by each 128 KB chunk, copying everything read so far every time, so
+  its time grows with the square of the size: a 76 MB snapshot took 16.8 s to read that way on a
+  2-core host, against 0.67 s into one buffer (`benchmarks/bench_snapshot.py`).
 - When the object is replaced while it is read, the writer purges the old chunks and the read waits
   for them forever. Only a timeout around the whole read ends it, and a whole-read timeout long
   enough for a large object leaves a replica stalled that long for a small one.
