@@ -52,7 +52,7 @@ from extproc.events.nats_events import EventIdTracker, GapHook, follow_gap
 from extproc.events.object_read import ObjectReadError, read_object
 from extproc.events.sink import EventSink
 from extproc.events.snapshot import Snapshot, SnapshotError, decode_snapshot, encode_snapshot
-from extproc.router.types import KvEvent, Worker, WorkerId
+from extproc.router.types import BlocksStored, KvEvent, Worker, WorkerId
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.events.durable")
@@ -61,6 +61,7 @@ SNAPSHOT_OBJECT = "radix-tree"
 LOCK_KEY = "snapshot"
 RETRY_MAX_S = 5.0  # longest pause between attempts after a JetStream error
 PROGRESS_EVERY_S = 5.0  # a snapshot read that takes longer logs its progress this often
+SNAPSHOT_SLICE_BLOCKS = 16_384  # blocks of a snapshot applied per event-loop turn (about 25 ms)
 
 
 class TreeSource(Protocol):
@@ -192,7 +193,7 @@ class DurableKvEvents:
             await self.reset_states()
         snapshot = await self.load_snapshot()
         if snapshot is not None:
-            self._apply_snapshot(snapshot, "starting from the snapshot")
+            await self._apply_snapshot(snapshot, "starting from the snapshot")
         else:
             await self._warn_if_history_is_gone()
         await self._subscribe(self.applied_seq + 1 if self._seq_known else None)
@@ -505,15 +506,27 @@ class DurableKvEvents:
         )
         for worker in self._workers:
             self.sink.reset_worker(worker, f"reloading the KV snapshot at stream seq {snapshot.stream_seq}")
-        self._apply_snapshot(snapshot, "reloaded snapshot")
+        await self._apply_snapshot(snapshot, "reloaded snapshot")
 
-    def _apply_snapshot(self, snapshot: Snapshot, reason: str) -> None:
+    async def _apply_snapshot(self, snapshot: Snapshot, reason: str) -> None:
+        """Apply the snapshot's events in slices of about `SNAPSHOT_SLICE_BLOCKS` blocks, one per
+        loop turn: a large one (2^22 entries: about 6 s) would otherwise hold routing still. A slice
+        ends only before a store, so a store and the removal of its stand-ins stay together."""
         self.event_ids.clear()  # engines' event ids restart being checked after a snapshot
-        for event in snapshot.events:
+        events = snapshot.events
+        for event in events:
             if event.worker not in self._workers:
                 self._workers.add(event.worker)
                 self.sink.stream_state(event.worker, True, reason)
-        self.sink.apply_events(snapshot.events)
+        start = blocks = 0
+        for i, event in enumerate(events):
+            if isinstance(event, BlocksStored):
+                if blocks >= SNAPSHOT_SLICE_BLOCKS:
+                    self.sink.apply_events(events[start:i])
+                    start, blocks = i, 0
+                    await asyncio.sleep(0)  # routing's turn
+                blocks += len(event.blocks)
+        self.sink.apply_events(events[start:])
         self.applied_seq, self._seq_known = snapshot.stream_seq, True
         self.counters.add("durable.snapshot_loaded")
 

@@ -1,6 +1,7 @@
 """Durable mode: JetStream stream + durable consumers + object-store snapshots, on a real nats-server."""
 
 import asyncio
+import itertools
 import random
 
 import pytest
@@ -432,3 +433,53 @@ async def test_a_reload_that_fails_is_tried_again_at_once_not_after_the_ack_wait
         await workers.stop()
         await r1.stop()
         await r2.stop()
+
+
+async def test_a_large_snapshot_is_applied_in_slices_that_let_the_event_loop_turn(nats_server):
+    """Routing shares the replica's event loop: a snapshot of 2^22 entries took seconds to apply in
+    one go. Here 64 runs of 1,024 blocks (four slices' worth) go in several calls to the feed, and
+    another task gets turns between them."""
+    rng = random.Random(3)
+    events = tuple(
+        BlocksStored(
+            Worker(("7", "8")[i % 2], 0),
+            tuple(StoredBlock(rng.getrandbits(63), rng.getrandbits(64)) for _ in range(1024)),
+        )
+        for i in range(64)
+    )
+    writer = await Replica(nats_server, "w", snapshot_threshold=1000).start()
+    try:
+        await writer.durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(Snapshot(events, 0, "test")))
+    finally:
+        await writer.stop()
+
+    reader = Replica(nats_server, "r", snapshot_threshold=1000)
+    turns = [0]
+    calls: list[tuple[int, int]] = []  # (events in the call, the other task's turns so far)
+
+    async def other_task() -> None:
+        while True:
+            turns[0] += 1
+            await asyncio.sleep(0)
+
+    feed = make_feed(reader.router)
+    real_apply = feed.apply_events
+
+    def apply_events(batch) -> None:
+        batch = list(batch)
+        calls.append((len(batch), turns[0]))
+        real_apply(batch)
+
+    feed.apply_events = apply_events
+    ticker = asyncio.ensure_future(other_task())
+    try:
+        reader.link = await connect(nats_server, "r")
+        reader.durable = DurableKvEvents(reader.link.nc, feed, reader.router, reader.config)
+        await reader.durable.start()
+        assert sum(n for n, _ in calls) == 64 and len(calls) >= 4
+        assert all(before < after for (_, before), (_, after) in itertools.pairwise(calls))
+        runs = {(e.worker, tuple(e.blocks)) for e in reader.router.dump_events()}
+        assert runs == {(e.worker, tuple(e.blocks)) for e in events}  # every run, whole
+    finally:
+        ticker.cancel()
+        await reader.stop()
