@@ -9,6 +9,8 @@ are encoded as a snapshot (`encode_snapshot`) and written with nats.py's `Object
 - `read_object_s`: `extproc.events.object_read.read_object` (what it uses now);
 - `decode_s`: `decode_snapshot` of the bytes;
 - `replica_start_s`: a new replica's `DurableKvEvents.start`: read, decode, and apply into a router;
+- `start_longest_turn_s`: the longest the event loop went without a turn for another task meanwhile
+  (what routing on that loop would wait);
 - `dump_s`: that router's `dump_events`, which `snapshot_now` runs on the event loop (routing waits);
 - `encode_s`: `encode_snapshot` of the dump (in a thread when a replica snapshots).
 
@@ -66,6 +68,16 @@ def snapshot_of(entries: int, seed: int = 0) -> Snapshot:
     return Snapshot(tuple(events), stream_seq=1, created_by="bench", created_at_s=time.time())
 
 
+async def _longest_turn(gaps: list[float]) -> None:
+    """Keeps in gaps[0] the longest wait between two of its turns: what routing on this loop waits."""
+    last = time.perf_counter()
+    while True:
+        await asyncio.sleep(0)
+        now = time.perf_counter()
+        gaps[0] = max(gaps[0], now - last)
+        last = now
+
+
 def new_router() -> KvRouter:
     return KvRouter(
         RouterConfig(block_size=16, use_kv_events=True),
@@ -118,9 +130,13 @@ async def one_size(url: str, entries: int, rounds: int, namespace: str) -> dict[
                 router,
                 config,
             )
+            gaps = [0.0]
+            ticker = asyncio.ensure_future(_longest_turn(gaps))
             started = time.perf_counter()
             await replica.start()
             timings["replica_start_s"] = time.perf_counter() - started
+            ticker.cancel()
+            timings["start_longest_turn_s"] = gaps[0]
             await replica.stop()
             started = time.perf_counter()
             dumped = Snapshot(tuple(router.dump_events()), 1)
