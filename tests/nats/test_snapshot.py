@@ -3,7 +3,7 @@
 import msgpack
 import pytest
 
-from extproc.events.snapshot import Snapshot, SnapshotError, decode_snapshot, encode_snapshot
+from extproc.events.snapshot import Snapshot, SnapshotError, _unpack, decode_snapshot, encode_snapshot
 from extproc.router.radix import RadixTree
 from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, StoredBlock, Worker
 
@@ -87,3 +87,35 @@ def _packed(**fields):
 def test_garbage_is_rejected_with_a_clear_error(data, message):
     with pytest.raises(SnapshotError, match=message):
         decode_snapshot(data)
+
+
+def _outcome(unpack, data):
+    try:
+        return "decoded", unpack(data)
+    except Exception:
+        return "refused", None
+
+
+def test_the_item_by_item_unpack_gives_what_msgpack_unpackb_gives():
+    """The events array is read one item per call (the event loop gets turns between them): every
+    prefix of a snapshot, with a byte more, and maps of other shapes decode or fail alike."""
+    snapshot = encode_snapshot(
+        Snapshot((BlocksStored(W0, (StoredBlock(1, 10), StoredBlock(2, 20))), AllBlocksCleared(W1)), 3, "r1")
+    )
+    whole = msgpack.packb
+    shapes = [
+        whole({"events": {}}),
+        whole({b"events": [1, 2]}),
+        whole({"a": [1], "events": [[1], "x"], "b": {"c": 2}}),
+        whole({}),
+        whole({"events": [1], "events2": [2]}),
+        whole({1: [2]}),
+        b"\x81\xa6events\xdc\x00\x02\x01",  # an array 16 of two items holding one
+    ]
+    cases = [snapshot[:n] for n in range(len(snapshot) + 1)] + [snapshot + b"\x00"] + shapes
+
+    def unpackb(data):
+        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+
+    for data in cases:
+        assert _outcome(_unpack, data) == _outcome(unpackb, data), data
