@@ -111,6 +111,10 @@ def test_the_item_by_item_unpack_gives_what_msgpack_unpackb_gives():
         whole({"events": [1], "events2": [2]}),
         whole({1: [2]}),
         b"\x81\xa6events\xdc\x00\x02\x01",  # an array 16 of two items holding one
+        whole({"events": [{1: 2}]}),  # map keys that are not strings, inside the array read by item
+        whole([{1: 2}]),  # and inside a top that is not a map
+        whole({"events": ["x", [1], b"y"]}),  # strings stay str, arrays lists, bytes bytes
+        whole(["x", [1], b"y"]),
     ]
     cases = [snapshot[:n] for n in range(len(snapshot) + 1)] + [snapshot + b"\x00"] + shapes
 
@@ -119,3 +123,9 @@ def test_the_item_by_item_unpack_gives_what_msgpack_unpackb_gives():
 
     for data in cases:
         assert _outcome(_unpack, data) == _outcome(unpackb, data), data
+
+
+def test_a_snapshot_past_msgpacks_default_buffer_of_100_mib_is_read_item_by_item_too():
+    data = msgpack.packb({"events": [b"x" * (101 << 20), 1]})
+    top = _unpack(data)
+    assert len(top["events"][0]) == 101 << 20 and top["events"][1] == 1
