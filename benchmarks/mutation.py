@@ -335,46 +335,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "msgpack decodes no integer below int64 or above uint64, so neither bound can be passed",
         ),
-        "x_decode_snapshot__mutmut_3": (
-            "top = msgpack.unpackb(data, raw=None, use_list=True, strict_map_key=True)",
-            "same-value",
-            "raw=None is falsy: msgpack reads it as raw=False",
-        ),
-        "x_decode_snapshot__mutmut_57": (
-            'raise SnapshotError("XXKV snapshot created_by/created_at_s have the wrong typesXX")',
-            "message",
-            "an error's text",
-        ),
-        "x_decode_snapshot__mutmut_58": (
-            'raise SnapshotError("kv snapshot created_by/created_at_s have the wrong types")',
-            "message",
-            "an error's text",
-        ),
-        "x_decode_snapshot__mutmut_66": (
-            'raise SnapshotError("XXKV snapshot events is not a listXX")',
-            "message",
-            "an error's text",
-        ),
-        "x_decode_snapshot__mutmut_67": (
-            'raise SnapshotError("kv snapshot events is not a list")',
-            "message",
-            "an error's text",
-        ),
-        "x_decode_snapshot__mutmut_7": (
-            "top = msgpack.unpackb(data, use_list=True, strict_map_key=True)",
-            "same-value",
-            "raw=False is msgpack's default",
-        ),
-        "x_decode_snapshot__mutmut_8": (
-            "top = msgpack.unpackb(data, raw=False, strict_map_key=True)",
-            "same-value",
-            "use_list=True is msgpack's default",
-        ),
-        "x_decode_snapshot__mutmut_9": (
-            "top = msgpack.unpackb(data, raw=False, use_list=True, )",
-            "same-value",
-            "strict_map_key=True is msgpack's default",
-        ),
         "x_encode_snapshot__mutmut_18": (
             "use_bin_type=False,",
             "same-value",
@@ -389,6 +349,114 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             ")",
             "same-value",
             "use_bin_type=True is msgpack's default",
+        ),
+        "x__unpack__mutmut_10": (
+            "return msgpack.unpackb(data, use_list=True, strict_map_key=True)",
+            "same-value",
+            "raw=False is msgpack's default",
+        ),
+        "x__unpack__mutmut_11": (
+            "return msgpack.unpackb(data, raw=False, strict_map_key=True)",
+            "same-value",
+            "use_list=True is msgpack's default",
+        ),
+        "x__unpack__mutmut_12": (
+            "return msgpack.unpackb(data, raw=False, use_list=True, )",
+            "same-value",
+            "strict_map_key=True is msgpack's default",
+        ),
+        "x__unpack__mutmut_17": (
+            (
+                "unpacker = msgpack.Unpacker(raw=None, use_list=True, strict_map_key=True, "
+                "max_buffer_size=len(data))"
+            ),
+            "same-value",
+            "raw=None is falsy: msgpack reads it as raw=False",
+        ),
+        "x__unpack__mutmut_2": (
+            "if data or data[0] not in _MAP_HEADERS:",
+            "performance",
+            "every input goes to unpackb in one call: the same values or refusals, the loop held longer",
+        ),
+        "x__unpack__mutmut_21": (
+            "unpacker = msgpack.Unpacker(use_list=True, strict_map_key=True, max_buffer_size=len(data))",
+            "same-value",
+            "raw=False is msgpack's default",
+        ),
+        "x__unpack__mutmut_22": (
+            "unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=len(data))",
+            "same-value",
+            "use_list=True is msgpack's default",
+        ),
+        "x__unpack__mutmut_23": (
+            "unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=len(data))",
+            "same-value",
+            "strict_map_key=True is msgpack's default",
+        ),
+        "x__unpack__mutmut_34": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x__unpack__mutmut_35": (
+            'raise ValueError(f"{type(None).__name__} is not allowed for map key")',
+            "message",
+            "an error's text",
+        ),
+        "x__unpack__mutmut_39": (
+            'if key != "events" and at < len(data) and data[at] in _ARRAY_HEADERS:',
+            "performance",
+            "which arrays are read item by item changes, not what they hold",
+        ),
+        "x__unpack__mutmut_40": (
+            'if key == "XXeventsXX" and at < len(data) and data[at] in _ARRAY_HEADERS:',
+            "performance",
+            "the events array read in one call: the same value, the event loop held longer",
+        ),
+        "x__unpack__mutmut_41": (
+            'if key == "EVENTS" and at < len(data) and data[at] in _ARRAY_HEADERS:',
+            "performance",
+            "the events array read in one call: the same value, the event loop held longer",
+        ),
+        "x__unpack__mutmut_42": (
+            'if key == "events" and at <= len(data) and data[at] in _ARRAY_HEADERS:',
+            "same-value",
+            "at the data's end IndexError and msgpack's OutOfData both refuse it (decoding failed)",
+        ),
+        "x__unpack__mutmut_48": (
+            "raise ValueError(None)",
+            "message",
+            "an error's text",
+        ),
+        "x__unpack__mutmut_49": (
+            'raise ValueError(f"extra data after the snapshot\'s map ({len(data) + unpacker.tell()} bytes)")',
+            "message",
+            "an error's text",
+        ),
+        "x__unpack__mutmut_6": (
+            "return msgpack.unpackb(data, raw=None, use_list=True, strict_map_key=True)",
+            "same-value",
+            "raw=None is falsy: msgpack reads it as raw=False",
+        ),
+        "x_decode_snapshot__mutmut_47": (
+            'raise SnapshotError("XXKV snapshot created_by/created_at_s have the wrong typesXX")',
+            "message",
+            "an error's text",
+        ),
+        "x_decode_snapshot__mutmut_48": (
+            'raise SnapshotError("kv snapshot created_by/created_at_s have the wrong types")',
+            "message",
+            "an error's text",
+        ),
+        "x_decode_snapshot__mutmut_56": (
+            'raise SnapshotError("XXKV snapshot events is not a listXX")',
+            "message",
+            "an error's text",
+        ),
+        "x_decode_snapshot__mutmut_57": (
+            'raise SnapshotError("kv snapshot events is not a list")',
+            "message",
+            "an error's text",
         ),
     },
     "events/object_read.py": {
