@@ -179,27 +179,27 @@ async def test_past_the_threshold_a_snapshot_is_written_and_the_stream_purged(na
         await replica.stop()
 
 
+async def r2_falls_behind_a_purge(r1: Replica, r2: Replica, workers: Workers, link) -> None:
+    """Both apply a round; then r2 stops consuming (its consumer stays on the server) while r1
+    applies a second round, snapshots and purges the stream past where r2 stopped."""
+    await workers.prime(CONFIG)
+    workers.publish_round()
+    last = await published_and_stored(workers, link, r1.config)
+    await eventually(lambda: r1.durable.applied_seq == r2.durable.applied_seq == last, what="both applied")
+    await r2.durable.stop()
+    stalled_at = r2.durable.applied_seq
+    workers.publish_round(prompts=12)
+    last = await published_and_stored(workers, link, r1.config)
+    await eventually(lambda: r1.durable.applied_seq == last, what="r1 applied round 2")
+    await eventually(lambda: _first_seq_above(link, r1.config, stalled_at + 1), what="purged past r2")
+
+
 async def test_a_new_replica_recovers_everything_from_snapshot_and_stream(nats_server, worker_link):
     r1 = await Replica(nats_server, "r1", snapshot_threshold=8).start()
     r2 = await Replica(nats_server, "r2", snapshot_threshold=8).start()
     workers = Workers(worker_link)
     try:
-        await workers.prime(CONFIG)
-        workers.publish_round()
-        last = await published_and_stored(workers, worker_link, r1.config)
-        await eventually(
-            lambda: r1.durable.applied_seq == r2.durable.applied_seq == last, what="both applied"
-        )
-
-        # r2 stops consuming (its consumer stays on the server) while r1 snapshots and purges past it
-        await r2.durable.stop()
-        stalled_at = r2.durable.applied_seq
-        workers.publish_round(prompts=12)
-        last = await published_and_stored(workers, worker_link, r1.config)
-        await eventually(lambda: r1.durable.applied_seq == last, what="r1 applied round 2")
-        await eventually(
-            lambda: _first_seq_above(worker_link, r1.config, stalled_at + 1), what="purged past r2"
-        )
+        await r2_falls_behind_a_purge(r1, r2, workers, worker_link)
         await r2.durable.resume()
         workers.publish_round(prompts=3)
         last = await published_and_stored(workers, worker_link, r1.config)
@@ -393,20 +393,7 @@ async def test_a_reload_that_fails_is_tried_again_at_once_not_after_the_ack_wait
     r2 = await Replica(nats_server, "r2", snapshot_threshold=8, snapshot_read_attempts=1).start()
     workers = Workers(worker_link)
     try:
-        await workers.prime(CONFIG)
-        workers.publish_round()
-        last = await published_and_stored(workers, worker_link, r1.config)
-        await eventually(
-            lambda: r1.durable.applied_seq == r2.durable.applied_seq == last, what="both applied"
-        )
-        await r2.durable.stop()
-        stalled_at = r2.durable.applied_seq
-        workers.publish_round(prompts=12)
-        last = await published_and_stored(workers, worker_link, r1.config)
-        await eventually(
-            lambda: _first_seq_above(worker_link, r1.config, stalled_at + 1), what="purged past r2"
-        )
-
+        await r2_falls_behind_a_purge(r1, r2, workers, worker_link)
         reads: list[int] = []
         real_read = durable_module.read_object
 
