@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from extproc.router.radix_dump import dump_events as _dump_events
+from extproc.router.radix_dump import dump_slices as _dump_slices
 from extproc.router.radix_dump import entries as _entries
 from extproc.router.radix_dump import held_runs as _held_runs
 from extproc.router.radix_lookup import common as _common
@@ -105,6 +106,7 @@ class RadixTree:
         self._counts: list[int] = []  # by slot: (worker, engine id) entries, aliases included
         self._num_nodes = 0
         self.stats = IndexerStats()
+        self.writes = 0  # calls that may have changed the tree: a dump in slices checks it did not change
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -206,6 +208,7 @@ class RadixTree:
 
     def clear_worker(self, worker: Worker) -> None:
         """Forget every block of `worker` but keep its slot."""
+        self.writes += 1
         slot = self._slot.get(worker)
         if slot is None:
             return
@@ -227,6 +230,7 @@ class RadixTree:
 
     def remove_worker(self, worker: Worker) -> None:
         """Forget `worker` entirely; its slot is reused by the next new worker."""
+        self.writes += 1
         if worker not in self._slot:
             return
         self.clear_worker(worker)
@@ -266,6 +270,7 @@ class RadixTree:
         (equal lengths; no block objects: what the approximate indexer predicts). Walks them along
         the runs in bulk; anything unusual goes block by block."""
         self.stats.stored_events += 1
+        self.writes += 1
         slot = self._slot_of(worker)
         root = self._root
         if parent_hash is None:
@@ -481,6 +486,7 @@ class RadixTree:
         return True
 
     def _remove(self, worker: Worker, engine_hashes: Iterable[int]) -> None:
+        self.writes += 1
         slot = self._slot.get(worker)
         if slot is None:
             self.stats.unknown_removal += sum(1 for _ in engine_hashes)
@@ -876,6 +882,11 @@ class RadixTree:
     def dump_events(self) -> list[KvEvent]:
         """Events that rebuild an identical tree in an empty RadixTree (`radix_dump.dump_events`)."""
         return _dump_events(self)
+
+    def dump_slices(self, blocks_per_slice: int) -> Iterator[list[KvEvent]]:
+        """The same events in slices, for a caller that lets others run between them (raises
+        `radix_dump.TreeChanged` when the tree was written to meanwhile: `radix_dump.dump_slices`)."""
+        return _dump_slices(self, blocks_per_slice)
 
 
 def _recount(node: _Node) -> None:

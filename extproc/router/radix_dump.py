@@ -4,11 +4,17 @@ Pure, like `radix.py`, whose runs (`_Node`: `hashes`, `eids`, `workers`, `partia
 per-worker state these functions read and never change. Snapshots (`dump_events`: durable state,
 replica catch-up, `/debug`), tests (`entries`) and a worker's departure (`held_runs`) use them; a
 route never does.
+
+A durable replica writes its snapshot on the event loop that routes, so it dumps the tree in slices
+(`dump_slices`) and lets routing run between them. Nothing between two slices may change the tree:
+the tree counts the calls that write it (`RadixTree.writes`) and the dump raises `TreeChanged` when
+that count moved, rather than hand out slices of two different trees.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from extproc.router.types import BlocksRemoved, BlocksStored, KvEvent, StoredBlock, StoredBlocks, Worker
@@ -19,14 +25,30 @@ RadixTree = Any
 Run = Any
 
 
+class TreeChanged(RuntimeError):
+    """The tree was written to between two slices of a dump: together they would describe no tree."""
+
+
 def held_runs(tree: RadixTree, slot: int | None = None) -> dict[int, list[Run]]:
     """Runs each worker slot (or only `slot`) holds part of, parents before children.
 
     Walks every run: a worker may hold a run without its parent (after a removal in the middle).
     """
+    walk = _walk_held(tree, slot, 0)
+    try:
+        next(walk)  # with step 0 the walk never pauses: its first step is its end
+    except StopIteration as done:
+        held: dict[int, list[Run]] = done.value
+        return held
+    raise AssertionError("a walk with step 0 paused")
+
+
+def _walk_held(tree: RadixTree, slot: int | None, step: int) -> Generator[None, None, dict[int, list[Run]]]:
+    """`held_runs`, pausing (yielding) after every `step` runs visited (never when `step` is 0)."""
     held: dict[int, list[Run]] = {}
     stack = list((tree._root.children or {}).values())
     stack.reverse()
+    visited = 0
     while stack:
         node = stack.pop()
         holders = node.workers | node.partial
@@ -40,6 +62,10 @@ def held_runs(tree: RadixTree, slot: int | None = None) -> dict[int, list[Run]]:
                 holders ^= low
         if node.children is not None:
             stack.extend(reversed(node.children.values()))
+        visited += 1
+        if visited == step:
+            visited = 0
+            yield
     return held
 
 
@@ -66,19 +92,53 @@ def dump_events(tree: RadixTree) -> list[KvEvent]:
     nor by the worker: a snapshot may have stored some) that are removed right after, so it
     stays unreachable as before.
     """
+    return next(dump_slices(tree, sys.maxsize))  # one slice: nothing runs before it is whole
+
+
+def dump_slices(tree: RadixTree, blocks_per_slice: int) -> Iterator[list[KvEvent]]:
+    """`dump_events`' events in order, in lists of about `blocks_per_slice` blocks each.
+
+    The walk that finds the held runs pauses too, every `blocks_per_slice` runs, handing out an
+    empty list; a store and the removal of its stand-ins always share a slice. The last slice may be
+    empty. Each resumption raises `TreeChanged` if the tree was written to since the dump started.
+    """
+    writes = tree.writes
+    walk = _walk_held(tree, None, blocks_per_slice)
+    held: dict[int, list[Run]] = {}
+    while True:
+        try:
+            next(walk)
+        except StopIteration as done:
+            held = done.value
+            break
+        yield []
+        _unchanged(tree, writes)
     events: list[KvEvent] = []
-    held = held_runs(tree)
+    blocks = 0
     for worker, slot in list(tree._slot.items()):
         stand_ins = [0]
         for node in held.get(slot, ()):
             chain, parent = _dump_parent(tree, slot, node, 0, stand_ins)
             ids = node.eids[slot]  # a prefix of the run
-            _emit(events, worker, chain, list(ids), node.hashes[: len(ids)], parent)
+            blocks += _emit(events, worker, chain, list(ids), node.hashes[: len(ids)], parent)
+            if blocks >= blocks_per_slice:
+                yield events
+                _unchanged(tree, writes)
+                events, blocks = [], 0
         for alias, first in tree._aliases[slot].items():
             node, off = tree._locate_held(slot, first)
             chain, parent = _dump_parent(tree, slot, node, off, stand_ins)
-            _emit(events, worker, chain, [alias], [node.hashes[off]], parent)
-    return events
+            blocks += _emit(events, worker, chain, [alias], [node.hashes[off]], parent)
+            if blocks >= blocks_per_slice:
+                yield events
+                _unchanged(tree, writes)
+                events, blocks = [], 0
+    yield events
+
+
+def _unchanged(tree: RadixTree, writes: int) -> None:
+    if tree.writes != writes:
+        raise TreeChanged(f"the tree was written to {tree.writes - writes} times during its dump")
 
 
 def _dump_parent(
@@ -114,17 +174,18 @@ def _emit(
     engine_ids: list[int],
     local_hashes: list[int],
     parent: int | None,
-) -> None:
+) -> int:
     """One stored event of the blocks (new lists, the event's own) after their stand-in chain, and
-    the chain's removal. The blocks go as `StoredBlocks`: a named tuple per block was three
-    quarters of dumping a tree of 2^20 entries (`benchmarks/bench_snapshot.py`)."""
+    the chain's removal; returns the blocks stored. The blocks go as `StoredBlocks`: a named tuple
+    per block was three quarters of dumping a tree of 2^20 entries (`benchmarks/bench_snapshot.py`)."""
     if not chain:
         events.append(BlocksStored(worker, StoredBlocks(engine_ids, local_hashes), parent))
-        return
+        return len(engine_ids)
     stand_ins = [b.engine_hash for b in chain]
     blocks = StoredBlocks(stand_ins + engine_ids, [b.local_hash for b in chain] + local_hashes)
     events.append(BlocksStored(worker, blocks, parent))
     events.append(BlocksRemoved(worker, tuple(stand_ins)))
+    return len(stand_ins) + len(engine_ids)
 
 
 def _path(node: Run | None) -> tuple[int, ...]:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -216,27 +217,37 @@ class KvRouter:
         """Events that rebuild the tree: what the engines reported, without the router's own
         predictions (they belong to this router's clock and TTLs) unless `include_predicted`. A
         run is dumped up to its first prediction (predictions extend what a worker reported)."""
-        events = self.indexer.dump_events()
+        return next(self._dump_slices(sys.maxsize, include_predicted))
+
+    def dump_slices(self, blocks_per_slice: int) -> Iterator[list[KvEvent]]:
+        """`dump_events()` in slices of about `blocks_per_slice` blocks, for a caller that lets others
+        run between them; raises `TreeChanged` (`radix_dump`) when the tree changed meanwhile."""
+        return self._dump_slices(blocks_per_slice, False)
+
+    def _dump_slices(self, blocks_per_slice: int, include_predicted: bool) -> Iterator[list[KvEvent]]:
+        slices = self.indexer.dump_slices(blocks_per_slice)
         if include_predicted:
-            return events
-        kept: list[KvEvent] = []
+            yield from slices
+            return
         cut: set[tuple[Worker, int | None]] = set()  # not dumped: predictions and the blocks after them
-        keep = False
-        for i, event in enumerate(events):  # a dump's removal follows its store: that store's stand-ins
-            if isinstance(event, BlocksStored):
-                after = events[i + 1] if i + 1 < len(events) else None
-                chain = len(after.engine_hashes) if isinstance(after, BlocksRemoved) else 0
-                ids = engine_ids(event.blocks)
-                n = first_predicted(ids)
-                n = 0 if cut and (event.worker, event.parent_hash) in cut else n  # parents come first
-                if n < len(ids):
-                    cut.update((event.worker, e) for e in ids[n:])
-                keep = n > chain
-                if keep:
-                    kept.append(event if n == len(ids) else replace(event, blocks=event.blocks[:n]))
-            elif keep:
-                kept.append(event)
-        return kept
+        for events in slices:
+            kept: list[KvEvent] = []
+            keep = False
+            for i, event in enumerate(events):  # a removal follows its store (its stand-ins), same slice
+                if isinstance(event, BlocksStored):
+                    after = events[i + 1] if i + 1 < len(events) else None
+                    chain = len(after.engine_hashes) if isinstance(after, BlocksRemoved) else 0
+                    ids = engine_ids(event.blocks)
+                    n = first_predicted(ids)
+                    n = 0 if cut and (event.worker, event.parent_hash) in cut else n  # parents come first
+                    if n < len(ids):
+                        cut.update((event.worker, e) for e in ids[n:])
+                    keep = n > chain
+                    if keep:
+                        kept.append(event if n == len(ids) else replace(event, blocks=event.blocks[:n]))
+                elif keep:
+                    kept.append(event)
+            yield kept
 
     # --- decisions ---------------------------------------------------------------------------
 
