@@ -11,8 +11,12 @@ are encoded as a snapshot (`encode_snapshot`) and written with nats.py's `Object
 - `replica_start_s`: a new replica's `DurableKvEvents.start`: read, decode, and apply into a router;
 - `start_longest_turn_s`: the longest the event loop went without a turn for another task meanwhile
   (what routing on that loop would wait);
-- `dump_s`: that router's `dump_events`, which `snapshot_now` runs on the event loop (routing waits);
-- `encode_s`: `encode_snapshot` of the dump (in a thread when a replica snapshots).
+- `dump_s`: that router's `dump_events` in one go (`snapshot_now` dumps it in slices, one per loop
+  turn, since 2026-11-28);
+- `encode_s`: `encode_snapshot` of the dump;
+- `write_s`: that replica's `snapshot_now` (dump, encode, write to the object store, purge), and
+  `write_longest_turn_s`, the longest the event loop went without a turn for another task meanwhile
+  (what routing on the replica that snapshots would wait).
 
 Reported per size: the lowest of `--rounds` rounds and `get_vs_read` (nats_get_s / read_object_s,
 from the same round). Prints one JSON object; progress on stderr.
@@ -139,6 +143,14 @@ async def one_size(url: str, entries: int, rounds: int, namespace: str) -> dict[
             ticker.cancel()
             timings["start_longest_turn_s"] = gaps[0]
             await replica.stop()
+            gaps = [0.0]
+            ticker = asyncio.ensure_future(_longest_turn(gaps))
+            started = time.perf_counter()
+            assert await replica.snapshot_now()
+            timings["write_s"] = time.perf_counter() - started
+            ticker.cancel()
+            timings["write_longest_turn_s"] = gaps[0]
+            await store.put(SNAPSHOT_OBJECT, data)  # the next round reads the same bytes
             started = time.perf_counter()
             dumped = Snapshot(tuple(router.dump_events()), 1)
             timings["dump_s"] = time.perf_counter() - started

@@ -8,7 +8,8 @@ What lives where, on the NATS server:
 - one durable pull consumer per router replica, named `router-<replica id>` (replica ids must be
   unique), acking in stream order; unused consumers disappear after `max_age`;
 - object store bucket `kv-snapshots-<ns>-<component>`, object `radix-tree`: the router's tree as
-  `dump_events()` in the `extproc.events.snapshot` codec, with the last stream sequence it reflects;
+  its `dump_events()` in the `extproc.events.snapshot` codec, with the last stream sequence it
+  reflects (dumped and encoded in slices, one per loop turn, so that routing goes on meanwhile);
 - KV bucket `kv-locks-<ns>-<component>`, key `snapshot`: a create-only lock with a TTL.
 
 A replica starts by loading the snapshot (if any) and (re)creating its consumer at the snapshot's
@@ -34,8 +35,9 @@ import asyncio
 import contextlib
 import logging
 import re
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,7 +53,8 @@ from extproc.events.dynamo_plane import DEFAULT_ENDPOINT, PlaneEvent, decode_env
 from extproc.events.nats_events import EventIdTracker, GapHook, follow_gap
 from extproc.events.object_read import ObjectReadError, read_object
 from extproc.events.sink import EventSink
-from extproc.events.snapshot import Snapshot, SnapshotError, decode_snapshot, encode_snapshot
+from extproc.events.snapshot import Snapshot, SnapshotError, SnapshotWriter, decode_snapshot, encode_snapshot
+from extproc.router.radix_dump import TreeChanged
 from extproc.router.types import BlocksStored, KvEvent, Worker, WorkerId
 from extproc.tasks import cancel_and_wait
 
@@ -65,9 +68,10 @@ SNAPSHOT_SLICE_BLOCKS = 16_384  # blocks of a snapshot applied per event-loop tu
 
 
 class TreeSource(Protocol):
-    """What a snapshot is taken from: `KvRouter` satisfies it."""
+    """What a snapshot is taken from: `KvRouter` satisfies it (its `dump_slices` raises
+    `TreeChanged` when the tree was written to between two slices)."""
 
-    def dump_events(self) -> list[KvEvent]: ...
+    def dump_slices(self, blocks_per_slice: int) -> Iterator[list[KvEvent]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,20 +319,40 @@ class DurableKvEvents:
             state = (await self.js.stream_info(cfg.stream)).state
             if seq == 0 or state.first_seq > seq + 1:
                 return False  # nothing applied, or a newer snapshot already covers what we have
-            snapshot = Snapshot(tuple(self.tree.dump_events()), seq, cfg.replica_id, time.time())
-            data = await asyncio.to_thread(encode_snapshot, snapshot)
+            writer = await self._dump(seq)
+            data = await asyncio.to_thread(writer.finish)
             await self._objects.put(SNAPSHOT_OBJECT, data)
             await self.js.purge_stream(cfg.stream, seq=seq + 1)  # removes every message <= seq
             self.counters.add("durable.snapshot")
             log.info(
                 "KV snapshot at stream seq %d: %d events, %d bytes; stream purged",
                 seq,
-                len(snapshot.events),
+                writer.events,
                 len(data),
             )
             return True
         finally:  # released even when cancelled (stop), or the others would wait out the TTL
             await self._release_lock(revision)
+
+    async def _dump(self, seq: int) -> SnapshotWriter:
+        """The tree dumped and encoded in slices of about `SNAPSHOT_SLICE_BLOCKS` blocks, one per loop
+        turn: in one go, 2^22 entries held routing still for about a second. The consumer applies
+        nothing meanwhile (this runs in its task). Anything else that writes the tree between two
+        slices (the router predicting for a worker whose events are not flowing, a worker leaving)
+        makes the slices disagree: then the tree is dumped again, in one go."""
+        writer = SnapshotWriter(seq, self.config.replica_id, time.time())
+        try:
+            for events in self.tree.dump_slices(SNAPSHOT_SLICE_BLOCKS):
+                writer.add(events)
+                await asyncio.sleep(0)  # routing's turn
+            return writer
+        except TreeChanged as exc:
+            self.counters.add("durable.snapshot_dumped_whole")
+            log.info("KV snapshot: %s; dumping it again in one go", exc)
+        whole = SnapshotWriter(seq, self.config.replica_id, time.time())
+        for events in self.tree.dump_slices(sys.maxsize):  # one slice: nothing else runs until it ends
+            whole.add(events)
+        return whole
 
     async def _take_lock(self) -> int | None:
         """The snapshot lock's revision, or None when another replica holds it.

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import zmq.asyncio
@@ -382,8 +382,9 @@ class _AllRouters:
         self._by_worker = feed.routers  # the live worker -> router map (follows the worker set)
         self._routers: list[KvRouter] = [r for pool in picker.pools.values() for r in pool.routers()]
 
-    def dump_events(self) -> list[KvEvent]:
-        return [e for r in self._routers for e in r.dump_events()]
+    def dump_slices(self, blocks_per_slice: int) -> Iterator[list[KvEvent]]:
+        for router in self._routers:
+            yield from router.dump_slices(blocks_per_slice)
 
     def add_request(
         self,

@@ -470,3 +470,87 @@ async def test_a_large_snapshot_is_applied_in_slices_that_let_the_event_loop_tur
     finally:
         ticker.cancel()
         await reader.stop()
+
+
+async def test_a_large_tree_is_snapshotted_in_slices_that_let_the_event_loop_turn(nats_server):
+    """The replica that snapshots routes on the same loop: dumping 2^22 entries in one go held it
+    about a second. Here 64 runs of 1,024 blocks are dumped in slices, another task gets turns
+    between them, and the snapshot written holds every run whole."""
+    replica, events = await _replica_holding_runs(nats_server, runs=64)
+    turns = [0]
+    slices: list[int] = []  # the other task's turns when each slice came
+    real_dump = replica.router.dump_slices
+
+    def dump_slices(blocks_per_slice):
+        for part in real_dump(blocks_per_slice):
+            slices.append(turns[0])
+            yield part
+
+    async def other_task() -> None:
+        while True:
+            turns[0] += 1
+            await asyncio.sleep(0)
+
+    replica.router.dump_slices = dump_slices
+    ticker = asyncio.ensure_future(other_task())
+    try:
+        assert await replica.durable.snapshot_now()
+        assert len(slices) >= 4 and slices[-1] - slices[0] >= len(slices) - 1
+        assert replica.durable.counters["durable.snapshot_dumped_whole"] == 0
+        written = await replica.durable.load_snapshot()
+        assert written is not None and written.stream_seq == 1
+        assert {(e.worker, tuple(e.blocks)) for e in written.events} == {
+            (e.worker, tuple(e.blocks)) for e in events
+        }
+    finally:
+        ticker.cancel()
+        await replica.stop()
+
+
+async def test_a_tree_written_to_during_its_dump_in_slices_is_dumped_again_in_one_go(nats_server):
+    """Routing may write the tree between two slices (predictions for a worker whose events are not
+    flowing; a worker leaving): slices of two trees must not make one snapshot."""
+    replica, events = await _replica_holding_runs(nats_server, runs=64)
+    dumping = asyncio.Event()
+    real_dump = replica.router.dump_slices
+
+    def dump_slices(blocks_per_slice):
+        dumping.set()
+        yield from real_dump(blocks_per_slice)
+
+    late = BlocksStored(Worker("9", 0), (StoredBlock(5, 6), StoredBlock(7, 8)))
+
+    async def write_during_the_dump() -> None:
+        await dumping.wait()
+        replica.router.apply_event(late)
+
+    replica.router.dump_slices = dump_slices
+    writer = asyncio.ensure_future(write_during_the_dump())
+    try:
+        assert await replica.durable.snapshot_now()
+        assert writer.done() and replica.durable.counters["durable.snapshot_dumped_whole"] == 1
+        written = await replica.durable.load_snapshot()
+        assert written is not None
+        runs = {(e.worker, tuple(e.blocks)) for e in written.events}
+        assert runs == {(e.worker, tuple(e.blocks)) for e in (*events, late)}  # the tree after the write
+    finally:
+        writer.cancel()
+        await replica.stop()
+
+
+async def _replica_holding_runs(nats_server, runs: int) -> tuple[Replica, tuple[BlocksStored, ...]]:
+    """A replica started from a snapshot (at stream seq 1) of `runs` runs of 1,024 blocks."""
+    rng = random.Random(runs)
+    events = tuple(
+        BlocksStored(
+            Worker(("7", "8")[i % 2], 0),
+            tuple(StoredBlock(rng.getrandbits(63), rng.getrandbits(64)) for _ in range(1024)),
+        )
+        for i in range(runs)
+    )
+    seeder = await Replica(nats_server, "seeder", snapshot_threshold=1000).start()
+    try:
+        await seeder.durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(Snapshot(events, 1, "test")))
+    finally:
+        await seeder.stop()
+    return await Replica(nats_server, "r", snapshot_threshold=1000).start(), events

@@ -3,7 +3,14 @@
 import msgpack
 import pytest
 
-from extproc.events.snapshot import Snapshot, SnapshotError, _unpack, decode_snapshot, encode_snapshot
+from extproc.events.snapshot import (
+    Snapshot,
+    SnapshotError,
+    SnapshotWriter,
+    _unpack,
+    decode_snapshot,
+    encode_snapshot,
+)
 from extproc.router.radix import RadixTree
 from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, StoredBlock, Worker
 
@@ -44,6 +51,43 @@ def test_hashes_at_both_ends_of_the_64_bit_ranges_round_trip():
         BlocksRemoved(W1, (low, high)),
     )
     assert decode_snapshot(encode_snapshot(Snapshot(events))).events == events
+
+
+def _one_packb(snapshot: Snapshot) -> bytes:
+    """The snapshot packed in one msgpack call, as encode_snapshot did before it wrote slices."""
+    events = []
+    for e in snapshot.events:
+        if isinstance(e, BlocksStored):
+            flat = [h for b in e.blocks for h in (b.engine_hash, b.local_hash)]
+            events.append([0, e.worker.worker_id, e.worker.dp_rank, e.parent_hash, flat])
+        else:
+            events.append([1, e.worker.worker_id, e.worker.dp_rank, list(e.engine_hashes)])
+    top = {"format": "extproc.kv-snapshot", "version": 1, "stream_seq": snapshot.stream_seq}
+    top |= {"created_by": snapshot.created_by, "created_at_s": snapshot.created_at_s, "events": events}
+    return msgpack.packb(top, use_bin_type=True)
+
+
+@pytest.mark.parametrize("count", [0, 1, 15, 16, 65_535, 65_536])  # each size of msgpack's array header
+def test_a_snapshot_written_in_slices_is_the_bytes_one_msgpack_call_gives(count):
+    events = tuple(
+        BlocksStored(W0, (StoredBlock(i, 2**64 - 1 - i),), parent_hash=i - 1 if i else None)
+        if i % 3
+        else BlocksRemoved(W1, (i, -i))
+        for i in range(count)
+    )
+    snapshot = Snapshot(events, stream_seq=2**40, created_by="r-é", created_at_s=1.25)
+    writer = SnapshotWriter(2**40, "r-é", 1.25)
+    for start in range(0, count, 7_000):
+        writer.add(events[start : start + 7_000])
+    writer.add(())
+    assert writer.events == count
+    assert writer.finish() == encode_snapshot(snapshot) == _one_packb(snapshot)
+    assert decode_snapshot(writer.finish()) == snapshot
+
+
+def test_the_writer_refuses_what_is_not_a_kv_event():
+    with pytest.raises(TypeError, match="not a KV event: str"):
+        SnapshotWriter(1, "r", 0.0).add(["stored"])
 
 
 def test_a_snapshot_without_its_optional_fields_reads_them_as_unknown():
