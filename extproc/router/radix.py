@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from typing import cast
 
 from extproc.router.radix_dump import dump_events as _dump_events
-from extproc.router.radix_dump import dump_slices as _dump_slices
 from extproc.router.radix_dump import entries as _entries
 from extproc.router.radix_dump import held_runs as _held_runs
 from extproc.router.radix_lookup import common as _common
 from extproc.router.radix_lookup import group_held as _group_held
 from extproc.router.radix_lookup import index as _index
+from extproc.router.radix_lookup import named_at as _named_at
 from extproc.router.radix_lookup import tails as _tails
 from extproc.router.radix_names import NAME_MASK, ShardedNames
 from extproc.router.types import (
@@ -880,13 +880,9 @@ class RadixTree:
     # --- snapshots ---------------------------------------------------------------------------
 
     def dump_events(self) -> list[KvEvent]:
-        """Events that rebuild an identical tree in an empty RadixTree (`radix_dump.dump_events`)."""
+        """Events that rebuild an identical tree in an empty RadixTree (`radix_dump.dump_events`; in
+        slices: `radix_dump.dump_slices`)."""
         return _dump_events(self)
-
-    def dump_slices(self, blocks_per_slice: int) -> Iterator[list[KvEvent]]:
-        """The same events in slices, for a caller that lets others run between them (raises
-        `radix_dump.TreeChanged` when the tree was written to meanwhile: `radix_dump.dump_slices`)."""
-        return _dump_slices(self, blocks_per_slice)
 
 
 def _recount(node: _Node) -> None:
@@ -899,12 +895,3 @@ def _recount(node: _Node) -> None:
         else:
             part |= 1 << slot
     node.workers, node.partial = full, part
-
-
-def _named_at(own: list[dict[int, _Node]], node: _Node, off: int, engine_hash: int, exclude: int) -> bool:
-    """Whether a holder of `node` other than slot `exclude` holds `engine_hash` at offset `off` under
-    the shared name (not in its own map)."""
-    for slot, ids in node.eids.items():
-        if slot != exclude and len(ids) > off and ids[off] == engine_hash and engine_hash not in own[slot]:
-            return True
-    return False

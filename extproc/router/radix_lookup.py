@@ -1,8 +1,9 @@
 """Which blocks an event names, in the runs of the radix tree (`radix.py`): plain list lookups.
 
 Pure and small: the removal's plan by run (`tails`, the common case, by slices; `group_held`, the
-general grouping), the common length of two runs (`common`, by slices and a binary search) and an
-engine id's offset in a run (`index`). They read runs (radix.py's `_Node`: their `eids`) and change nothing.
+general grouping), the common length of two runs (`common`, by slices and a binary search), an
+engine id's offset in a run (`index`) and whether another worker names a block alike there
+(`named_at`). They read runs (radix.py's `_Node`: their `eids`) and change nothing.
 """
 
 from __future__ import annotations
@@ -109,3 +110,12 @@ def index(ids: list[int], engine_hash: int) -> int:
     if ids[-1] == engine_hash:
         return len(ids) - 1
     return ids.index(engine_hash)
+
+
+def named_at(own: list[dict[int, Run]], node: Run, off: int, engine_hash: int, exclude: int) -> bool:
+    """Whether a holder of `node` other than slot `exclude` holds `engine_hash` at offset `off` under
+    the shared name (not in its own map)."""
+    for slot, ids in node.eids.items():
+        if slot != exclude and len(ids) > off and ids[off] == engine_hash and engine_hash not in own[slot]:
+            return True
+    return False

@@ -36,6 +36,7 @@ from extproc.router.hashing import TokenIds, compute_block_hashes, compute_seque
 from extproc.router.load_order import LoadOrder, TimedLoadOrder
 from extproc.router.prefill_model import PrefillTiming
 from extproc.router.radix import OverlapScores, RadixTree
+from extproc.router.radix_dump import dump_slices
 from extproc.router.reported import ReportedLoad, ReportedLoads
 from extproc.router.selection import compute_costs, cost_weight, is_busy, pick
 from extproc.router.sequences import ActiveSequences
@@ -225,7 +226,7 @@ class KvRouter:
         return self._dump_slices(blocks_per_slice, False)
 
     def _dump_slices(self, blocks_per_slice: int, include_predicted: bool) -> Iterator[list[KvEvent]]:
-        slices = self.indexer.dump_slices(blocks_per_slice)
+        slices = dump_slices(self.indexer, blocks_per_slice)
         if include_predicted:
             yield from slices
             return

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from extproc.router import KvRouter, RouterConfig, WorkerSpec
 from extproc.router.radix import RadixTree
-from extproc.router.radix_dump import TreeChanged
+from extproc.router.radix_dump import TreeChanged, dump_slices
 from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, StoredBlock, Worker
 
 from .test_radix import W0, W1, apply_to_tree, chain, ops, stored
@@ -29,7 +29,7 @@ def test_the_slices_add_up_to_the_dump_and_never_part_a_store_from_its_stand_ins
     tree = RadixTree()
     for op in sequence:
         apply_to_tree(tree, op)
-    slices = list(tree.dump_slices(size))
+    slices = list(dump_slices(tree, size))
     assert joined(slices) == tree.dump_events()
     for part in slices:
         if part:
@@ -50,17 +50,17 @@ def random_tree(runs: int, blocks: int, seed: int = 0) -> RadixTree:
 
 def test_a_large_tree_comes_in_many_slices_of_about_the_size_asked():
     tree = random_tree(runs=300, blocks=10)
-    slices = list(tree.dump_slices(100))
+    slices = list(dump_slices(tree, 100))
     stored = [sum(len(e.blocks) for e in part) for part in slices]
     assert joined(slices) == tree.dump_events()
     assert stored.count(100) == 30  # ten runs of ten blocks each
     assert stored.count(0) >= 3  # the walk that finds the held runs paused too: 300 runs, 100 a step
-    assert len(next(tree.dump_slices(sys.maxsize))) == 300  # one slice: all of it
+    assert len(next(dump_slices(tree, sys.maxsize))) == 300  # one slice: all of it
 
 
 def test_the_walk_pauses_every_step_of_runs():
     tree = random_tree(runs=10, blocks=1)
-    assert [len(s) for s in tree.dump_slices(3)] == [0, 0, 0, 3, 3, 3, 1]
+    assert [len(s) for s in dump_slices(tree, 3)] == [0, 0, 0, 3, 3, 3, 1]
 
 
 WRITES = {
@@ -79,7 +79,7 @@ def test_a_write_between_two_slices_stops_the_dump(write):
     tree = RadixTree()
     tree.apply_event(chain(W0, 1, [1, 2, 3, 4]))
     tree.apply_event(chain(W1, 20, [5, 6, 7]))
-    slices = tree.dump_slices(1)
+    slices = dump_slices(tree, 1)
     next(slices)
     WRITES[write](tree)
     with pytest.raises(TreeChanged, match=r"written to \d+ times during its dump"):
@@ -89,7 +89,7 @@ def test_a_write_between_two_slices_stops_the_dump(write):
 def test_reads_between_two_slices_do_not_stop_the_dump():
     tree = random_tree(runs=30, blocks=4)
     dumped = []
-    for part in tree.dump_slices(8):
+    for part in dump_slices(tree, 8):
         dumped += part
         tree.find_matches([0, 1, 2])
         list(tree.entries())
