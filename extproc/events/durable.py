@@ -56,6 +56,7 @@ from extproc.events.sink import EventSink
 from extproc.events.snapshot import Snapshot, SnapshotError, SnapshotWriter, decode_snapshot, encode_snapshot
 from extproc.router.radix_dump import TreeChanged
 from extproc.router.types import BlocksStored, KvEvent, Worker, WorkerId
+from extproc.runtime.heap import bulk_load
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.events.durable")
@@ -195,10 +196,11 @@ class DurableKvEvents:
         await self._prepare()
         if reset_states:
             await self.reset_states()
-        snapshot = await self.load_snapshot()
-        if snapshot is not None:
-            await self._apply_snapshot(snapshot, "starting from the snapshot")
-        else:
+        with bulk_load():  # no full garbage collection stops routing meanwhile (runtime/heap.py)
+            snapshot = await self.load_snapshot()
+            if snapshot is not None:
+                await self._apply_snapshot(snapshot, "starting from the snapshot")
+        if snapshot is None:
             await self._warn_if_history_is_gone()
         await self._subscribe(self.applied_seq + 1 if self._seq_known else None)
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -518,6 +520,10 @@ class DurableKvEvents:
 
     async def _reload(self, seq: int) -> None:
         """Messages before `seq` were purged under us: replace our state by the snapshot's."""
+        with bulk_load():  # as in `start`
+            await self._reload_snapshot(seq)
+
+    async def _reload_snapshot(self, seq: int) -> None:
         snapshot = await self.load_snapshot()
         if snapshot is None or snapshot.stream_seq <= self.applied_seq:
             return

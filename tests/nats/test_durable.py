@@ -1,6 +1,7 @@
 """Durable mode: JetStream stream + durable consumers + object-store snapshots, on a real nats-server."""
 
 import asyncio
+import gc
 import itertools
 import random
 
@@ -554,3 +555,17 @@ async def _replica_holding_runs(nats_server, runs: int) -> tuple[Replica, tuple[
     finally:
         await seeder.stop()
     return await Replica(nats_server, "r", snapshot_threshold=1000).start(), events
+
+
+async def test_a_replica_starting_from_a_snapshot_freezes_what_it_loaded(nats_server):
+    """Loading goes under `runtime.heap.bulk_load`: no full garbage collection meanwhile, and the
+    tree it built is frozen afterwards, so that later full collections do not examine it."""
+    before = gc.get_freeze_count()
+    thresholds = gc.get_threshold()
+    try:
+        replica, _ = await _replica_holding_runs(nats_server, runs=64)
+        await replica.stop()
+        assert gc.get_freeze_count() >= before + 64  # at least the tree's runs
+        assert gc.get_threshold() == thresholds
+    finally:
+        gc.unfreeze()
