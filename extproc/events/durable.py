@@ -20,8 +20,10 @@ the replica that takes the lock writes a snapshot at its last applied sequence a
 stream up to it, unless its view of some worker is known to miss blocks (`RouterFeed.lossy`): a
 good snapshot is never replaced by a poorer one. Invariant: every purged message is covered by the
 current snapshot. A replica whose next message was purged meanwhile sees a hole in the stream
-sequence and reloads the snapshot; a hole no snapshot covers (the stream aged out, or was reset)
-is counted as lost, and the per-worker event-id check follows the gap (`nats_events.follow_gap`).
+sequence and reloads the snapshot. In a quiet stream no message may come to show the hole, so an
+idle replica asks the stream every `PURGE_CHECK_EVERY_S` whether its next messages are gone. A
+hole no snapshot covers (the stream aged out, or was reset) is counted as lost, and the per-worker
+event-id check follows the gap (`nats_events.follow_gap`).
 
 `reset_states()` (Dynamo's `--router-reset-states`) purges the stream, empties the snapshot and
 deletes every consumer: replicas started afterwards begin empty. A replica that starts without a
@@ -65,6 +67,7 @@ SNAPSHOT_OBJECT = "radix-tree"
 LOCK_KEY = "snapshot"
 RETRY_MAX_S = 5.0  # longest pause between attempts after a JetStream error
 PROGRESS_EVERY_S = 5.0  # a snapshot read that takes longer logs its progress this often
+PURGE_CHECK_EVERY_S = 2.0  # while no message comes, how often to ask whether ours were purged
 SNAPSHOT_SLICE_BLOCKS = 16_384  # blocks of a snapshot applied per event-loop turn (about 25 ms)
 
 
@@ -187,6 +190,7 @@ class DurableKvEvents:
         self._psub: Any = None
         self._task: asyncio.Task[None] | None = None
         self._last_check = (0.0, 0)  # (monotonic time, applied_seq) of the last snapshot check
+        self._last_purge_check = 0.0
         self._last_snapshot_try = time.monotonic()
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -464,6 +468,8 @@ class DurableKvEvents:
                     await msgs[-1].ack()  # AckPolicy.ALL: acks the whole batch
                 restart = False
                 await self._maybe_snapshot()
+                if not msgs:
+                    await self._reload_if_purged()
                 retry_s = 0.1
             except asyncio.CancelledError:
                 raise
@@ -517,6 +523,20 @@ class DurableKvEvents:
         if item.event is not None:
             self.sink.apply_events((item.event,))
             self.counters.add("durable.event")
+
+    async def _reload_if_purged(self) -> None:
+        """While no message comes: were the messages after ours purged (another replica snapshotted
+        past them before this one read them)? A replica learns it from the hole in the sequence when
+        the next message comes; in a quiet stream none may come for long, and its view would miss
+        those messages' blocks meanwhile. So it asks the stream every `PURGE_CHECK_EVERY_S`."""
+        now = time.monotonic()
+        if not self._seq_known or now - self._last_purge_check < PURGE_CHECK_EVERY_S:
+            return
+        self._last_purge_check = now
+        state = (await self.js.stream_info(self.config.stream)).state
+        if state.last_seq > self.applied_seq and state.first_seq > self.applied_seq + 1:
+            self.counters.add("durable.purged_while_idle")
+            await self._reload(state.first_seq)
 
     async def _reload(self, seq: int) -> None:
         """Messages before `seq` were purged under us: replace our state by the snapshot's."""

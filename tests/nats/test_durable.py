@@ -569,3 +569,31 @@ async def test_a_replica_starting_from_a_snapshot_freezes_what_it_loaded(nats_se
         assert gc.get_threshold() == thresholds
     finally:
         gc.unfreeze()
+
+
+async def test_a_replica_whose_unread_messages_were_all_purged_reloads_without_waiting_for_a_new_one(
+    nats_server, worker_link
+):
+    """r1 snapshots and purges every message r2 has not read, and no event comes after: r2 sees no
+    hole in the sequence, as no message follows it. It asks the stream while idle and reloads."""
+    r1 = await Replica(nats_server, "r1", snapshot_threshold=8).start()
+    r2 = await Replica(nats_server, "r2", snapshot_threshold=8).start()
+    workers = Workers(worker_link)
+    try:
+        await r2_falls_behind_a_purge(r1, r2, workers, worker_link)
+        last = r1.durable.applied_seq
+
+        async def purged_to_the_end() -> bool:
+            await r1.durable.snapshot_now()  # r1 is idle: between batches, as its consumer would call it
+            return await _first_seq_above(worker_link, r1.config, last)
+
+        await eventually(purged_to_the_end, what="r1 snapshotted and purged the whole stream")
+        await r2.durable.resume()
+        await eventually(lambda: r2.durable.applied_seq == last, timeout_s=10, what="r2 reloaded")
+        assert r2.durable.counters["durable.purged_while_idle"] == 1
+        assert r2.durable.counters["durable.reload"] == 1
+        assert r2.answers(workers.queries) == r1.answers(workers.queries)
+    finally:
+        await workers.stop()
+        await r1.stop()
+        await r2.stop()
