@@ -534,9 +534,17 @@ class DurableKvEvents:
             return
         self._last_purge_check = now
         state = (await self.js.stream_info(self.config.stream)).state
-        if state.last_seq > self.applied_seq and state.first_seq > self.applied_seq + 1:
-            self.counters.add("durable.purged_while_idle")
-            await self._reload(state.first_seq)
+        first = state.first_seq
+        if state.last_seq <= self.applied_seq or first <= self.applied_seq + 1:
+            return
+        self.counters.add("durable.purged_while_idle")
+        await self._reload(first)
+        if first > self.applied_seq + 1:  # as `_handle` does: gone, and counted once, not read again
+            self.counters.loud(
+                "durable.lost", "KV event stream seqs %d..%d are gone and no snapshot covers them",
+                self.applied_seq + 1, first - 1,
+            )  # fmt: skip
+            self.applied_seq = first - 1
 
     async def _reload(self, seq: int) -> None:
         """Messages before `seq` were purged under us: replace our state by the snapshot's."""

@@ -597,3 +597,48 @@ async def test_a_replica_whose_unread_messages_were_all_purged_reloads_without_w
         await workers.stop()
         await r1.stop()
         await r2.stop()
+
+
+async def test_an_idle_replica_whose_unread_messages_aged_out_counts_them_lost_once(
+    nats_server, worker_link, monkeypatch
+):
+    """Messages gone with no snapshot covering them (aged out, or a purge by hand): the idle replica
+    counts them lost once and goes on from there, not reading the snapshot again at every check."""
+    monkeypatch.setattr(durable_module, "PURGE_CHECK_EVERY_S", 0.02)  # and a check per empty fetch:
+    replica = await Replica(nats_server, "r1", snapshot_threshold=1000, fetch_timeout_s=0.05).start()
+    workers = Workers(worker_link)
+    checks, loads = [0], [0]
+    real_check, real_load = replica.durable._reload_if_purged, replica.durable.load_snapshot
+
+    async def counted_check() -> None:
+        checks[0] += 1
+        await real_check()
+
+    async def counted_load():
+        loads[0] += 1
+        return await real_load()
+
+    replica.durable._reload_if_purged = counted_check
+    replica.durable.load_snapshot = counted_load
+    try:
+        await workers.prime(CONFIG)
+        workers.publish_round()
+        last = await published_and_stored(workers, worker_link, replica.config)
+        await eventually(lambda: replica.durable.applied_seq == last, what="round 1 applied")
+        await replica.durable.stop()
+        workers.publish_round()
+        missed = await published_and_stored(workers, worker_link, replica.config)
+        await worker_link.nc.jetstream().purge_stream(replica.config.stream)  # as max_age would
+        await replica.durable.resume()
+        await eventually(lambda: replica.durable.applied_seq == missed, what="the missed messages passed")
+        assert replica.durable.counters["durable.lost"] == 1 and loads[0] == 1
+        seen = checks[0]
+        await eventually(lambda: checks[0] >= seen + 5, what="five more checks")
+        assert loads[0] == 1  # nothing new was gone
+        workers.publish_round()
+        last = await published_and_stored(workers, worker_link, replica.config)
+        await eventually(lambda: replica.durable.applied_seq == last, what="round 3 applied")
+        assert replica.durable.counters["durable.lost"] == 1
+    finally:
+        await workers.stop()
+        await replica.stop()
