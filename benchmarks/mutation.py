@@ -261,6 +261,7 @@ MODULES: dict[str, list[str]] = {
     # durable mode's snapshot codec, and reading the snapshot from the object store (real nats-server)
     "events/snapshot.py": ["tests/nats/test_snapshot.py", "tests/fuzz/test_snapshot_fuzz.py"],
     "events/object_read.py": ["tests/nats/test_object_read.py", "tests/nats/test_durable.py"],
+    "runtime/heap.py": ["tests/runtime/test_heap.py"],
 }
 
 EQUIVALENT_CLASSES = {
