@@ -22,10 +22,9 @@ falls behind a purge, both rare.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import threading
-from collections.abc import Iterator
+from types import TracebackType
 
 _NEVER = 1 << 30  # full collections considered after this many collections of generation 1: never
 _lock = threading.Lock()
@@ -33,18 +32,21 @@ _depth = 0  # bulk loads under way (a decoding thread and the loop may hold one 
 _threshold2 = 10  # generation 2's threshold to restore
 
 
-@contextlib.contextmanager
-def bulk_load() -> Iterator[None]:
+class BulkLoad:
     """No full garbage collection while it lasts; the heap frozen when the outermost one ends."""
-    global _depth, _threshold2
-    with _lock:
-        if _depth == 0:
-            t0, t1, _threshold2 = gc.get_threshold()
-            gc.set_threshold(t0, t1, _NEVER)
-        _depth += 1
-    try:
-        yield
-    finally:
+
+    def __enter__(self) -> None:
+        global _depth, _threshold2
+        with _lock:
+            if _depth == 0:
+                t0, t1, _threshold2 = gc.get_threshold()
+                gc.set_threshold(t0, t1, _NEVER)
+            _depth += 1
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        global _depth
         with _lock:
             _depth -= 1
             if _depth == 0:
@@ -52,3 +54,9 @@ def bulk_load() -> Iterator[None]:
                 gc.freeze()
                 t0, t1, _ = gc.get_threshold()
                 gc.set_threshold(t0, t1, _threshold2)
+
+
+def bulk_load() -> BulkLoad:
+    """`with bulk_load():` around a load of many long-lived objects (a class, not a generator:
+    mutation testing reaches its methods)."""
+    return BulkLoad()
