@@ -336,20 +336,15 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "msgpack decodes no integer below int64 or above uint64, so neither bound can be passed",
         ),
-        "x_encode_snapshot__mutmut_18": (
-            "use_bin_type=False,",
+        "xǁSnapshotWriterǁ__init____mutmut_13": (
+            "self._packer = msgpack.Packer(use_bin_type=None)",
             "same-value",
             "a snapshot holds no bytes values (ids are ints or strings), so use_bin_type changes no output",
         ),
-        "x_encode_snapshot__mutmut_2": (
-            "use_bin_type=None,",
+        "xǁSnapshotWriterǁ__init____mutmut_14": (
+            "self._packer = msgpack.Packer(use_bin_type=False)",
             "same-value",
             "a snapshot holds no bytes values (ids are ints or strings), so use_bin_type changes no output",
-        ),
-        "x_encode_snapshot__mutmut_4": (
-            ")",
-            "same-value",
-            "use_bin_type=True is msgpack's default",
         ),
         "x__unpack__mutmut_10": (
             "return msgpack.unpackb(data, use_list=True, strict_map_key=True)",

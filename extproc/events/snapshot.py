@@ -77,7 +77,7 @@ class SnapshotWriter:
             "created_at_s": created_at_s,
         }
         self._packer = msgpack.Packer(use_bin_type=True)
-        self._parts: list[bytes] = [b""]  # [0]: the map's head, known once every event is in
+        self._parts: list[bytes] = []  # the events, a part per `add`
         self.events = 0
 
     def add(self, events: Iterable[KvEvent]) -> None:
@@ -93,8 +93,7 @@ class SnapshotWriter:
         for key, value in self._head.items():
             head += (pack(key), pack(value))
         head += (pack("events"), self._packer.pack_array_header(self.events))
-        self._parts[0] = b"".join(head)
-        return b"".join(self._parts)
+        return b"".join((*head, *self._parts))
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
