@@ -34,13 +34,7 @@ def held_runs(tree: RadixTree, slot: int | None = None) -> dict[int, list[Run]]:
 
     Walks every run: a worker may hold a run without its parent (after a removal in the middle).
     """
-    walk = _walk_held(tree, slot, 0)
-    try:
-        next(walk)  # with step 0 the walk never pauses: its first step is its end
-    except StopIteration as done:
-        held: dict[int, list[Run]] = done.value
-        return held
-    raise AssertionError("a walk with step 0 paused")
+    return _step(_walk_held(tree, slot, 0)) or {}  # step 0: the walk ends in its first step
 
 
 def _walk_held(tree: RadixTree, slot: int | None, step: int) -> Generator[None, None, dict[int, list[Run]]]:
@@ -104,13 +98,7 @@ def dump_slices(tree: RadixTree, blocks_per_slice: int) -> Iterator[list[KvEvent
     """
     writes = tree.writes
     walk = _walk_held(tree, None, blocks_per_slice)
-    held: dict[int, list[Run]] = {}
-    while True:
-        try:
-            next(walk)
-        except StopIteration as done:
-            held = done.value
-            break
+    while (held := _step(walk)) is None:
         yield []
         _unchanged(tree, writes)
     events: list[KvEvent] = []
@@ -134,6 +122,16 @@ def dump_slices(tree: RadixTree, blocks_per_slice: int) -> Iterator[list[KvEvent
                 _unchanged(tree, writes)
                 events, blocks = [], 0
     yield events
+
+
+def _step(walk: Generator[None, None, dict[int, list[Run]]]) -> dict[int, list[Run]] | None:
+    """One step of a walk: None where it paused, the held runs where it ended."""
+    try:
+        next(walk)
+    except StopIteration as done:
+        held: dict[int, list[Run]] = done.value
+        return held
+    return None
 
 
 def _unchanged(tree: RadixTree, writes: int) -> None:

@@ -59,18 +59,33 @@ def test_a_large_tree_comes_in_many_slices_of_about_the_size_asked():
 
 
 def test_the_walk_pauses_every_step_of_runs():
-    tree = random_tree(runs=10, blocks=1)
-    assert [len(s) for s in dump_slices(tree, 3)] == [0, 0, 0, 3, 3, 3, 1]
+    tree = random_tree(runs=11, blocks=1)
+    assert [len(s) for s in dump_slices(tree, 3)] == [0, 0, 0, 3, 3, 3, 2]
 
 
-WRITES = {
-    "a store": lambda t: t.apply_event(stored(W1, [(900, 9)])),
-    "a removal": lambda t: t.apply_event(BlocksRemoved(W0, (1,))),
-    "a removal of nothing held": lambda t: t.apply_event(BlocksRemoved(Worker("nobody", 0), (1,))),
-    "a clear": lambda t: t.apply_event(AllBlocksCleared(W0)),
-    "a worker cleared": lambda t: t.clear_worker(W0),
-    "a worker removed": lambda t: t.remove_worker(W0),
-    "a predicted store": lambda t: t.store_blocks(W1, None, [901], [9]),
+def test_aliases_come_in_slices_too_and_a_write_between_them_stops_the_dump():
+    tree = RadixTree()
+    for k in range(10):  # the same three blocks under ten sets of ids: one run and 27 aliases
+        tree.apply_event(chain(W0, 100 * k, [1, 2, 3]))
+    slices = list(dump_slices(tree, 2))
+    assert joined(slices) == tree.dump_events()
+    assert [sum(len(e.blocks) for e in part) for part in slices] == [3] + [2] * 13 + [1]
+    slices = dump_slices(tree, 2)
+    for _ in range(3):  # the run, then two slices of aliases
+        next(slices)
+    tree.apply_event(stored(W1, [(900, 9)]))
+    with pytest.raises(TreeChanged, match="written to 1 times"):
+        next(slices)
+
+
+WRITES = {  # what writes the tree, and how many writes it counts
+    "a store": (lambda t: t.apply_event(stored(W1, [(900, 9)])), 1),
+    "a removal": (lambda t: t.apply_event(BlocksRemoved(W0, (1,))), 1),
+    "a removal of nothing held": (lambda t: t.apply_event(BlocksRemoved(Worker("nobody", 0), (1,))), 1),
+    "a clear": (lambda t: t.apply_event(AllBlocksCleared(W0)), 1),
+    "a worker cleared": (lambda t: t.clear_worker(W0), 1),
+    "a worker removed": (lambda t: t.remove_worker(W0), 2),  # and cleared
+    "a predicted store": (lambda t: t.store_blocks(W1, None, [901], [9]), 1),
 }
 
 
@@ -79,10 +94,13 @@ def test_a_write_between_two_slices_stops_the_dump(write):
     tree = RadixTree()
     tree.apply_event(chain(W0, 1, [1, 2, 3, 4]))
     tree.apply_event(chain(W1, 20, [5, 6, 7]))
+    for _ in range(3):  # the count goes on from earlier writes
+        tree.apply_event(BlocksRemoved(W1, (99,)))
     slices = dump_slices(tree, 1)
     next(slices)
-    WRITES[write](tree)
-    with pytest.raises(TreeChanged, match=r"written to \d+ times during its dump"):
+    do, count = WRITES[write]
+    do(tree)
+    with pytest.raises(TreeChanged, match=f"written to {count} times during its dump"):
         list(slices)
 
 
