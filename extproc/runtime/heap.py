@@ -1,12 +1,12 @@
 """Loading a large KV snapshot without stopping the event loop for Python's full garbage collections.
 
 CPython's collector examines every tracked object in a full (generation 2) collection, while
-holding the interpreter. A router tree of 2^20 (worker, block) entries makes that about 0.15 s and
-2^22 about 0.6 s (lists of block hashes are visited element by element), and loading a snapshot
-allocates those objects in a few seconds: the collector starts a full collection each time the
-long-lived objects grew by a quarter, so a replica starting or reloading one stopped its event loop
-(routing) for 0.3 s at 2^20 entries and more than a second at 2^22, in the decoding thread as on
-the loop (`benchmarks/bench_snapshot.py`: `start_longest_turn_s`).
+holding the interpreter. With a router tree of 2^20 (worker, block) entries in the heap that took
+0.15 s (lists of block hashes are visited element by element). Loading a snapshot allocates those
+objects in a few seconds, and the collector starts a full collection each time the long-lived
+objects grew by a quarter: a replica starting or reloading one stopped its event loop (routing) for
+0.26 s at 2^20 entries and 1.0-1.1 s at 2^22, in the decoding thread as on the loop
+(`benchmarks/bench_snapshot.py`: `start_longest_turn_s`).
 
 `bulk_load()` holds full collections off while it lasts; young collections go on, so short-lived
 garbage is still collected. When the outermost one ends, the young generations are collected and
