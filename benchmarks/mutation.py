@@ -6864,7 +6864,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "fast path only declines more"
             ),
         ),
-        "x__stored_blocks__mutmut_25": (
+        "x__stored_blocks__mutmut_22": (
             '_uint(None, U64_MAX, "block_hash"),',
             "message",
             (
@@ -6872,7 +6872,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_27": (
+        "x__stored_blocks__mutmut_24": (
             '_uint(b.get("block_hash"), U64_MAX, None),',
             "message",
             (
@@ -6888,7 +6888,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "fast path only declines more"
             ),
         ),
-        "x__stored_blocks__mutmut_31": (
+        "x__stored_blocks__mutmut_28": (
             '_uint(b.get(None), U64_MAX, "block_hash"),',
             "message",
             (
@@ -6896,7 +6896,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_32": (
+        "x__stored_blocks__mutmut_29": (
             '_uint(b.get("XXblock_hashXX"), U64_MAX, "block_hash"),',
             "message",
             (
@@ -6904,7 +6904,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_33": (
+        "x__stored_blocks__mutmut_30": (
             '_uint(b.get("BLOCK_HASH"), U64_MAX, "block_hash"),',
             "message",
             (
@@ -6912,7 +6912,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_34": (
+        "x__stored_blocks__mutmut_31": (
             '_uint(b.get("block_hash"), U64_MAX, "XXblock_hashXX"),',
             "message",
             (
@@ -6920,7 +6920,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_35": (
+        "x__stored_blocks__mutmut_32": (
             '_uint(b.get("block_hash"), U64_MAX, "BLOCK_HASH"),',
             "message",
             (
@@ -6928,7 +6928,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_36": (
+        "x__stored_blocks__mutmut_33": (
             '_uint(None, U64_MAX, "tokens_hash"),',
             "message",
             (
@@ -6936,7 +6936,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_38": (
+        "x__stored_blocks__mutmut_35": (
             '_uint(b.get("tokens_hash"), U64_MAX, None),',
             "message",
             (
@@ -6944,7 +6944,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_42": (
+        "x__stored_blocks__mutmut_39": (
             '_uint(b.get(None), U64_MAX, "tokens_hash"),',
             "message",
             (
@@ -6952,7 +6952,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_43": (
+        "x__stored_blocks__mutmut_40": (
             '_uint(b.get("XXtokens_hashXX"), U64_MAX, "tokens_hash"),',
             "message",
             (
@@ -6960,7 +6960,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_44": (
+        "x__stored_blocks__mutmut_41": (
             '_uint(b.get("TOKENS_HASH"), U64_MAX, "tokens_hash"),',
             "message",
             (
@@ -6968,7 +6968,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_45": (
+        "x__stored_blocks__mutmut_42": (
             '_uint(b.get("tokens_hash"), U64_MAX, "XXtokens_hashXX"),',
             "message",
             (
@@ -6976,7 +6976,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_46": (
+        "x__stored_blocks__mutmut_43": (
             '_uint(b.get("tokens_hash"), U64_MAX, "TOKENS_HASH"),',
             "message",
             (
@@ -6984,7 +6984,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_47": (
+        "x__stored_blocks__mutmut_44": (
             'for b in (_object(None, "block") for b in blocks)',
             "message",
             (
@@ -6992,7 +6992,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_48": (
+        "x__stored_blocks__mutmut_45": (
             "for b in (_object(b, None) for b in blocks)",
             "message",
             (
@@ -7008,7 +7008,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "fast path only declines more"
             ),
         ),
-        "x__stored_blocks__mutmut_51": (
+        "x__stored_blocks__mutmut_48": (
             'for b in (_object(b, "XXblockXX") for b in blocks)',
             "message",
             (
@@ -7016,7 +7016,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "one), and they are dropped as malformed either way: only the error's text changes"
             ),
         ),
-        "x__stored_blocks__mutmut_52": (
+        "x__stored_blocks__mutmut_49": (
             'for b in (_object(b, "BLOCK") for b in blocks)',
             "message",
             (
@@ -9083,125 +9083,125 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "every offset its own span: the same blocks cut in more steps, merged back by _settle",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_12": (
+        "xǁRadixTreeǁ_remove__mutmut_15": (
             "if type(None) is tuple and len(engine_hashes) == 1 and not aliases:",
             "performance",
             "one id takes the general path, which removes the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_13": (
+        "xǁRadixTreeǁ_remove__mutmut_16": (
             "if type(engine_hashes) is not tuple and len(engine_hashes) == 1 and not aliases:",
             "performance",
             "tuples (the events' type) take the general path; a one-id list the one-id path: the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_159": (
+        "xǁRadixTreeǁ_remove__mutmut_162": (
             'named[engine_hash] = ""',
             "same-value",
             "the dict's values are never read",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_18": (
-            "node = None",
-            "performance",
-            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
-            "cuts the same",
-        ),
-        "xǁRadixTreeǁ_remove__mutmut_19": (
-            "node = own.get(engine_hash) if (own) and False else None",
-            "performance",
-            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
-            "cuts the same",
-        ),
-        "xǁRadixTreeǁ_remove__mutmut_20": (
-            "node = own.get(engine_hash) if (own) or True else None",
-            "same-value",
-            "an empty dict's get returns None as the else branch does",
-        ),
         "xǁRadixTreeǁ_remove__mutmut_21": (
-            "node = own.get(None) if own else None",
+            "node = None",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
             "cuts the same",
         ),
         "xǁRadixTreeǁ_remove__mutmut_22": (
-            "shared = None",
+            "node = own.get(engine_hash) if (own) and False else None",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
             "cuts the same",
         ),
         "xǁRadixTreeǁ_remove__mutmut_23": (
-            "shared = node is not None",
-            "performance",
-            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
-            "cuts the same",
+            "node = own.get(engine_hash) if (own) or True else None",
+            "same-value",
+            "an empty dict's get returns None as the else branch does",
         ),
         "xǁRadixTreeǁ_remove__mutmut_24": (
-            "node = None",
+            "node = own.get(None) if own else None",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
             "cuts the same",
         ),
         "xǁRadixTreeǁ_remove__mutmut_25": (
-            "node = self._shards[engine_hash & NAME_MASK].get(None)",
+            "shared = None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_26": (
+            "shared = node is not None",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
             "cuts the same",
         ),
         "xǁRadixTreeǁ_remove__mutmut_27": (
+            "node = None",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_28": (
+            "node = self._shards[engine_hash & NAME_MASK].get(None)",
+            "performance",
+            "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
+            "cuts the same",
+        ),
+        "xǁRadixTreeǁ_remove__mutmut_30": (
             "ids = None",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
             "cuts the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_29": (
+        "xǁRadixTreeǁ_remove__mutmut_32": (
             "ids = None if (node is None) or True else node.eids.get(slot)",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
             "cuts the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_31": (
+        "xǁRadixTreeǁ_remove__mutmut_34": (
             "ids = None if node is None else node.eids.get(None)",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
             "cuts the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_34": (
+        "xǁRadixTreeǁ_remove__mutmut_37": (
             "if node is None and ids is not None and ids[-1] == engine_hash:",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
             "cuts the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_51": (
+        "xǁRadixTreeǁ_remove__mutmut_54": (
             "elif not (node.workers | node.partial) | ~bit or not _named_at(",
             "same-value",
             "the test is only a shortcut: _named_at answers False for a lone holder too",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_53": (
+        "xǁRadixTreeǁ_remove__mutmut_56": (
             "elif not (node.workers | node.partial) & bit or not _named_at(",
             "same-value",
             "the test is only a shortcut: _named_at answers False for a lone holder too",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_79": (
+        "xǁRadixTreeǁ_remove__mutmut_82": (
             "tails = _tails(None, self._names, slot, engine_hashes)",
             "performance",
             "tails refuses the worker's own ids: the general path cuts the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_8": (
+        "xǁRadixTreeǁ_remove__mutmut_11": (
             "own = None",
             "performance",
             "own read as None: the fast paths refuse the worker's own ids and the general path (_held_at) "
             "cuts the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_92": (
+        "xǁRadixTreeǁ_remove__mutmut_95": (
             "by_node = None",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
             "cuts the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_93": (
+        "xǁRadixTreeǁ_remove__mutmut_96": (
             "by_node = _group_held(None, self._names, slot, engine_hashes)",
             "performance",
             "group_held refuses the worker's own ids: the general path cuts the same",
         ),
-        "xǁRadixTreeǁ_remove__mutmut_95": (
+        "xǁRadixTreeǁ_remove__mutmut_98": (
             "by_node = _group_held(own, self._names, None, engine_hashes)",
             "performance",
             "the one-block fast path is skipped: the general removal path (tails, group_held, the loop) "
@@ -9837,10 +9837,20 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/radix_dump.py": {
-        "x_dump_events__mutmut_15": (
+        "x_dump_slices__mutmut_28": (
             "chain, parent = _dump_parent(tree, slot, node, None, stand_ins)",
             "same-value",
             "off is only tested for truth: None as 0",
+        ),
+        "x_held_runs__mutmut_4": (
+            "return _step(_walk_held(tree, None, 0)) or {}  # step 0: the walk ends in its first step",
+            "performance",
+            "walking every slot's runs finds this slot's same runs, in the same order: only more work",
+        ),
+        "x_held_runs__mutmut_5": (
+            "return _step(_walk_held(tree, slot, None)) or {}  # step 0: the walk ends in its first step",
+            "same-value",
+            "the count of runs visited never equals None, nor 0 (it starts at 1): the walk never pauses",
         ),
     },
     "router/radix_lookup.py": {
