@@ -489,11 +489,7 @@ class DurableKvEvents:
             await self._reload(seq)
             if seq <= self.applied_seq:
                 return
-            if seq > self.applied_seq + 1:
-                self.counters.loud(
-                    "durable.lost", "KV event stream seqs %d..%d are gone and no snapshot covers them",
-                    self.applied_seq + 1, seq - 1,
-                )  # fmt: skip
+            self._count_lost_before(seq)
         self.applied_seq, self._seq_known = seq, True
         for item in self._decode(data, subject):
             self._apply(item)
@@ -539,12 +535,16 @@ class DurableKvEvents:
             return
         self.counters.add("durable.purged_while_idle")
         await self._reload(first)
-        if first > self.applied_seq + 1:  # as `_handle` does: gone, and counted once, not read again
+        self._count_lost_before(first)
+        self.applied_seq = max(self.applied_seq, first - 1)  # what is gone is not looked for again
+
+    def _count_lost_before(self, seq: int) -> None:
+        """After a reload: the messages between the snapshot and `seq` are gone, none covers them."""
+        if seq > self.applied_seq + 1:
             self.counters.loud(
                 "durable.lost", "KV event stream seqs %d..%d are gone and no snapshot covers them",
-                self.applied_seq + 1, first - 1,
+                self.applied_seq + 1, seq - 1,
             )  # fmt: skip
-            self.applied_seq = first - 1
 
     async def _reload(self, seq: int) -> None:
         """Messages before `seq` were purged under us: replace our state by the snapshot's."""

@@ -427,29 +427,10 @@ async def test_a_large_snapshot_is_applied_in_slices_that_let_the_event_loop_tur
     """Routing shares the replica's event loop: a snapshot of 2^22 entries took seconds to apply in
     one go. Here 64 runs of 1,024 blocks (four slices' worth) go in several calls to the feed, and
     another task gets turns between them."""
-    rng = random.Random(3)
-    events = tuple(
-        BlocksStored(
-            Worker(("7", "8")[i % 2], 0),
-            tuple(StoredBlock(rng.getrandbits(63), rng.getrandbits(64)) for _ in range(1024)),
-        )
-        for i in range(64)
-    )
-    writer = await Replica(nats_server, "w", snapshot_threshold=1000).start()
-    try:
-        await writer.durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(Snapshot(events, 0, "test")))
-    finally:
-        await writer.stop()
-
+    events = _runs(64, seed=3)
+    await _write_snapshot(nats_server, events, stream_seq=0)
     reader = Replica(nats_server, "r", snapshot_threshold=1000)
-    turns = [0]
     calls: list[tuple[int, int]] = []  # (events in the call, the other task's turns so far)
-
-    async def other_task() -> None:
-        while True:
-            turns[0] += 1
-            await asyncio.sleep(0)
-
     feed = make_feed(reader.router)
     real_apply = feed.apply_events
 
@@ -459,15 +440,14 @@ async def test_a_large_snapshot_is_applied_in_slices_that_let_the_event_loop_tur
         real_apply(batch)
 
     feed.apply_events = apply_events
-    ticker = asyncio.ensure_future(other_task())
+    turns, ticker = _count_turns()
     try:
         reader.link = await connect(nats_server, "r")
         reader.durable = DurableKvEvents(reader.link.nc, feed, reader.router, reader.config)
         await reader.durable.start()
         assert sum(n for n, _ in calls) == 64 and len(calls) >= 4
         assert all(before < after for (_, before), (_, after) in itertools.pairwise(calls))
-        runs = {(e.worker, tuple(e.blocks)) for e in reader.router.dump_events()}
-        assert runs == {(e.worker, tuple(e.blocks)) for e in events}  # every run, whole
+        assert _whole_runs(reader.router.dump_events()) == _whole_runs(events)
     finally:
         ticker.cancel()
         await reader.stop()
@@ -478,7 +458,6 @@ async def test_a_large_tree_is_snapshotted_in_slices_that_let_the_event_loop_tur
     about a second. Here 64 runs of 1,024 blocks are dumped in slices, another task gets turns
     between them, and the snapshot written holds every run whole."""
     replica, events = await _replica_holding_runs(nats_server, runs=64)
-    turns = [0]
     slices: list[int] = []  # the other task's turns when each slice came
     real_dump = replica.router.dump_slices
 
@@ -487,22 +466,15 @@ async def test_a_large_tree_is_snapshotted_in_slices_that_let_the_event_loop_tur
             slices.append(turns[0])
             yield part
 
-    async def other_task() -> None:
-        while True:
-            turns[0] += 1
-            await asyncio.sleep(0)
-
     replica.router.dump_slices = dump_slices
-    ticker = asyncio.ensure_future(other_task())
+    turns, ticker = _count_turns()
     try:
         assert await replica.durable.snapshot_now()
         assert len(slices) >= 4 and slices[-1] - slices[0] >= len(slices) - 1
         assert replica.durable.counters["durable.snapshot_dumped_whole"] == 0
         written = await replica.durable.load_snapshot()
         assert written is not None and written.stream_seq == 1
-        assert {(e.worker, tuple(e.blocks)) for e in written.events} == {
-            (e.worker, tuple(e.blocks)) for e in events
-        }
+        assert _whole_runs(written.events) == _whole_runs(events)
     finally:
         ticker.cancel()
         await replica.stop()
@@ -532,28 +504,55 @@ async def test_a_tree_written_to_during_its_dump_in_slices_is_dumped_again_in_on
         assert writer.done() and replica.durable.counters["durable.snapshot_dumped_whole"] == 1
         written = await replica.durable.load_snapshot()
         assert written is not None
-        runs = {(e.worker, tuple(e.blocks)) for e in written.events}
-        assert runs == {(e.worker, tuple(e.blocks)) for e in (*events, late)}  # the tree after the write
+        assert _whole_runs(written.events) == _whole_runs((*events, late))  # the tree after the write
     finally:
         writer.cancel()
         await replica.stop()
 
 
-async def _replica_holding_runs(nats_server, runs: int) -> tuple[Replica, tuple[BlocksStored, ...]]:
-    """A replica started from a snapshot (at stream seq 1) of `runs` runs of 1,024 blocks."""
-    rng = random.Random(runs)
-    events = tuple(
+def _runs(count: int, seed: int) -> tuple[BlocksStored, ...]:
+    """`count` runs of 1,024 blocks with random ids, alternately on workers 7 and 8."""
+    rng = random.Random(seed)
+    return tuple(
         BlocksStored(
             Worker(("7", "8")[i % 2], 0),
             tuple(StoredBlock(rng.getrandbits(63), rng.getrandbits(64)) for _ in range(1024)),
         )
-        for i in range(runs)
+        for i in range(count)
     )
-    seeder = await Replica(nats_server, "seeder", snapshot_threshold=1000).start()
+
+
+def _whole_runs(events) -> set:
+    """The (worker, blocks) of each stored event: a run that comes back whole compares equal."""
+    return {(e.worker, tuple(e.blocks)) for e in events}
+
+
+async def _write_snapshot(nats_server, events: tuple[BlocksStored, ...], stream_seq: int) -> None:
+    """Put a snapshot of `events` in the object store, as another replica would have written it."""
+    writer = await Replica(nats_server, "writer", snapshot_threshold=1000).start()
     try:
-        await seeder.durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(Snapshot(events, 1, "test")))
+        data = encode_snapshot(Snapshot(events, stream_seq, "test"))
+        await writer.durable._objects.put(SNAPSHOT_OBJECT, data)
     finally:
-        await seeder.stop()
+        await writer.stop()
+
+
+def _count_turns() -> tuple[list[int], asyncio.Future]:
+    """Another task on the loop, counting its turns in [0] (routing's stand-in): cancel the future."""
+    turns = [0]
+
+    async def other_task() -> None:
+        while True:
+            turns[0] += 1
+            await asyncio.sleep(0)  # a turn given back at once: this counts turns, it waits for nothing
+
+    return turns, asyncio.ensure_future(other_task())
+
+
+async def _replica_holding_runs(nats_server, runs: int) -> tuple[Replica, tuple[BlocksStored, ...]]:
+    """A replica started from a snapshot (at stream seq 1) of `runs` runs of 1,024 blocks."""
+    events = _runs(runs, seed=runs)
+    await _write_snapshot(nats_server, events, stream_seq=1)
     return await Replica(nats_server, "r", snapshot_threshold=1000).start(), events
 
 
