@@ -9837,7 +9837,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/radix_dump.py": {
-        "x_dump_slices__mutmut_28": (
+        "x__held_blocks__mutmut_7": (
             "chain, parent = _dump_parent(tree, slot, node, None, stand_ins)",
             "same-value",
             "off is only tested for truth: None as 0",

@@ -104,24 +104,29 @@ def dump_slices(tree: RadixTree, blocks_per_slice: int) -> Iterator[list[KvEvent
     events: list[KvEvent] = []
     blocks = 0
     for worker, slot in list(tree._slot.items()):
-        stand_ins = [0]
-        for node in held.get(slot, ()):
-            chain, parent = _dump_parent(tree, slot, node, 0, stand_ins)
-            ids = node.eids[slot]  # a prefix of the run
-            blocks += _emit(events, worker, chain, list(ids), node.hashes[: len(ids)], parent)
-            if blocks >= blocks_per_slice:
-                yield events
-                _unchanged(tree, writes)
-                events, blocks = [], 0
-        for alias, first in tree._aliases[slot].items():
-            node, off = tree._locate_held(slot, first)
-            chain, parent = _dump_parent(tree, slot, node, off, stand_ins)
-            blocks += _emit(events, worker, chain, [alias], [node.hashes[off]], parent)
+        for chain, parent, ids, hashes in _held_blocks(tree, slot, held.get(slot, [])):
+            blocks += _emit(events, worker, chain, ids, hashes, parent)
             if blocks >= blocks_per_slice:
                 yield events
                 _unchanged(tree, writes)
                 events, blocks = [], 0
     yield events
+
+
+def _held_blocks(
+    tree: RadixTree, slot: int, runs: list[Run]
+) -> Iterator[tuple[list[StoredBlock], int | None, list[int], list[int]]]:
+    """What one stored event re-creates, for each of the slot's runs (parents first), then each alias:
+    the stand-in chain, the parent engine id, the engine ids and their local hashes."""
+    stand_ins = [0]
+    for node in runs:
+        chain, parent = _dump_parent(tree, slot, node, 0, stand_ins)
+        ids = node.eids[slot]  # a prefix of the run
+        yield chain, parent, list(ids), node.hashes[: len(ids)]
+    for alias, first in tree._aliases[slot].items():
+        node, off = tree._locate_held(slot, first)
+        chain, parent = _dump_parent(tree, slot, node, off, stand_ins)
+        yield chain, parent, [alias], [node.hashes[off]]
 
 
 def _step(walk: Generator[None, None, dict[int, list[Run]]]) -> dict[int, list[Run]] | None:
