@@ -6,6 +6,8 @@ exec ("Other threads are currently calling into gRPC, skipping fork() handlers",
 This must happen before grpc is first imported, hence here.
 
 `refusing_port`: addresses where nothing listens (a dead worker, picker or group), held for the test.
+`full_collections`: counts Python's full garbage collections (`extproc.runtime.heap`); `grow` makes
+what a bulk load makes.
 
 Order: pytest-randomly (the `test` extra) shuffles the modules and the tests within each on every
 run, so no test may depend on another having run before it. The seed is printed first, even with
@@ -13,6 +15,7 @@ run, so no test may depend on another having run before it. The seed is printed 
 `-p no:randomly` runs in file order.
 """
 
+import gc
 import os
 
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
@@ -37,6 +40,35 @@ def refusing_port() -> Iterator[Callable[[], int]]:
     yield reserve
     for reservation in held:
         reservation.release()
+
+
+@pytest.fixture
+def full_collections() -> Iterator[list[int]]:
+    """[how many generation-2 collections ran]; the collector is left as it was found, unfrozen."""
+    count = [0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            count[0] += 1
+
+    thresholds, enabled = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    gc.set_threshold(700, 10, 10)
+    gc.collect()
+    gc.callbacks.append(callback)
+    try:
+        yield count
+    finally:
+        gc.callbacks.remove(callback)
+        gc.set_threshold(*thresholds)
+        (gc.enable if enabled else gc.disable)()
+        gc.unfreeze()
+
+
+def grow(kept: list[object], n: int) -> None:
+    """What a bulk load does to the heap: many new containers that stay."""
+    for i in range(n):
+        kept.append([i, [i], {i: i}])
 
 
 def _random_order_seed(config: pytest.Config) -> int | None:

@@ -297,6 +297,8 @@ class ReplicaSync:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
         self._sub = self._inbox_sub = None
+        if self._routes_wanted is not None:
+            self._routes_wanted.give_up()  # an answer cut short by the stop ends its bulk load
 
     # --- publishing (never blocks, never raises) -------------------------------------------------
 

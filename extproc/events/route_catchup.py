@@ -27,6 +27,9 @@ and learns from the answer every route it does not know yet:
   (live, or from its own traffic) and is kept; a route that lapsed on the way is not taken.
 - Asked again: a part out of order or a silence of `lease_s` (the asked replica died, or the answer
   was dropped) drops the ask; the next heartbeat of a replica that keeps routes asks again.
+- Taken as a bulk load: from the first part of an answer until it ends (whole, dropped or silent),
+  no full garbage collection of the growing tables stops the new replica's loop, and the heap is
+  frozen when it ends (`extproc.runtime.heap`).
 - Bounded: at most `MAX_PARTS` parts; the tables the routes land in are bounded themselves; one
   answer at a time is pending per asking replica, at most `MAX_PENDING_ANSWERS` in all.
 
@@ -56,6 +59,7 @@ from extproc.events.replica_wire import (
     wire_worker,
 )
 from extproc.router.types import Worker
+from extproc.runtime.heap import BulkLoad, bulk_load
 
 PART_BYTES = 64 * 1024  # about 600 routes: made in a few milliseconds, far below NATS's max_payload
 MAX_PARTS = 8192
@@ -207,6 +211,7 @@ class RoutesWanted:
         self.pending: Ask | None = None
         self.answered = False  # an answer was taken whole since this replica started
         self._asks = 0
+        self._load: BulkLoad | None = None  # from the pending answer's first part until it ends
 
     def missed_some(self) -> None:
         """Routes may have been missed (a reconnect): ask again."""
@@ -252,12 +257,15 @@ class RoutesWanted:
             if not isinstance(items, list):
                 raise ValueError("routes: a list")
         except (KeyError, TypeError, ValueError):
-            self.pending = None
+            self._settle()
             raise
+        if pending.parts_next == 0:
+            self._load = bulk_load()
+            self._load.__enter__()
         pending.parts_next += 1
         pending.heard_at = now
         if last:
-            self.pending = None
+            self._settle()
             self.missed = False
             self.answered = True
         return pending, items, last
@@ -267,5 +275,16 @@ class RoutesWanted:
         pending = self.pending
         if pending is None or now - pending.heard_at <= self.timeout_s:
             return None
-        self.pending = None
+        self._settle()
         return pending
+
+    def give_up(self) -> None:
+        """Stop waiting for the pending answer (this replica stops)."""
+        self._settle()
+
+    def _settle(self) -> None:
+        """The pending ask is over (answered whole, dropped or silent); so is its bulk load."""
+        self.pending = None
+        load, self._load = self._load, None
+        if load is not None:
+            load.__exit__(None, None, None)

@@ -16,8 +16,10 @@ collection, so later full collections cost only what was allocated after it.
 What freezing costs: an object in the frozen heap is still freed when its last reference goes (the
 router tree makes no reference cycles: `tests/runtime/test_heap.py`), but a cycle of frozen objects
 that becomes garbage is never collected. Only the cyclic garbage present when a load ends, and
-not collected by then, is kept that way: a snapshot is loaded when a replica starts and when it
-falls behind a purge, both rare.
+not collected by then, is kept that way. Bulk loads are rare: a snapshot is loaded when a replica
+starts and when it falls behind a purge (`extproc.events.durable`), and a replica that starts takes
+the routes another one hands over (`extproc.events.route_catchup`: from an answer's first part to
+its end).
 """
 
 from __future__ import annotations

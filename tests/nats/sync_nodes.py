@@ -47,6 +47,12 @@ class Wire:
         out, self.sent = self.sent, []
         return out
 
+    async def flush(self, timeout_s: float) -> None:
+        pass  # nothing queued: every payload is kept at once
+
+    async def stop(self) -> None:
+        pass
+
     def ops(self) -> list[str]:
         return [msgpack.unpackb(p)["op"] for p in self.sent]
 

@@ -11,6 +11,7 @@ Message by message (`sync_nodes`, no NATS), then two pickers over a real nats-se
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from dataclasses import replace
 
@@ -26,6 +27,7 @@ from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
 from extproc.runtime.server import start_picker
 
+from ..conftest import grow
 from ..picker_fixtures import MODEL, picker_config
 from .conftest import connect, eventually, make_router
 from .sync_nodes import LEASE_S, SUBJECT, W7, W8, Node
@@ -217,6 +219,43 @@ def test_a_part_lost_drops_the_ask_and_the_next_heartbeat_asks_again():
     for payload in answer(a, b):
         b.sync.handle_routes(payload)
     assert routes_b.kept == routes_a.kept
+
+
+def test_no_full_collection_stops_the_loop_while_an_answer_comes_and_its_routes_are_frozen_after(
+    full_collections,
+):
+    """A new replica's tables grow by 200,000 routes from a full answer: Python's full collections
+    of them cost up to 245 ms of its loop each (`benchmarks/bench_route_handover.py`)."""
+    routes_a = Homes()
+    for i in range(3000):
+        routes_a.remember_response_home(f"resp_{i:076d}", MODEL, W7, ENDPOINT, "local")
+    a, b = keeper("a", routes_a), keeper("b")
+    b.hears(a)
+    first, *rest = answer(a, b)
+    b.sync.handle_routes(first)
+    kept: list[object] = []
+    grow(kept, 300_000)  # what the growing tables do to the heap (the same grows with full collections)
+    assert full_collections[0] == 0
+    frozen = gc.get_freeze_count()
+    for payload in rest:
+        b.sync.handle_routes(payload)
+    assert b.counters["sync.routes_learned"] == 3000 and full_collections[0] == 0
+    assert gc.get_freeze_count() >= frozen + 300_000 * 2 and gc.get_threshold() == (700, 10, 10)
+
+
+@pytest.mark.parametrize("end", ["malformed part", "silence", "stop"])
+def test_an_answer_cut_short_ends_its_hold_on_full_collections(full_collections, end):
+    a, b = keeper("a"), keeper("b")
+    b.hears(a)
+    b.sync.handle_routes(answer_message("a", 1, 0, False, []))
+    assert gc.get_threshold()[2] > 10**6
+    if end == "malformed part":
+        b.sync.handle_routes(answer_message("a", 1, 2, False, []))
+    elif end == "silence":
+        b.sync.tick(LEASE_S + 0.1)
+    else:
+        asyncio.run(b.sync.stop())
+    assert b.sync._routes_wanted.pending is None and gc.get_threshold() == (700, 10, 10)
 
 
 def test_a_replica_that_never_answers_is_given_up_and_another_one_asked():

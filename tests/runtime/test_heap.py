@@ -4,11 +4,11 @@ import gc
 import random
 import weakref
 
-import pytest
-
 from extproc.router import KvRouter, RouterConfig, WorkerSpec
 from extproc.router.types import AllBlocksCleared, BlocksRemoved, BlocksStored, StoredBlock, Worker
 from extproc.runtime.heap import bulk_load
+
+from ..conftest import grow
 
 
 class Thing:
@@ -16,35 +16,6 @@ class Thing:
 
     def __init__(self) -> None:
         self.me = self  # a reference cycle: only a collection frees it
-
-
-@pytest.fixture
-def full_collections():
-    """Counts generation-2 collections; leaves the collector as it found it."""
-    count = [0]
-
-    def callback(phase: str, info: dict) -> None:
-        if phase == "stop" and info["generation"] == 2:
-            count[0] += 1
-
-    thresholds, enabled = gc.get_threshold(), gc.isenabled()
-    gc.enable()
-    gc.set_threshold(700, 10, 10)
-    gc.collect()
-    gc.callbacks.append(callback)
-    try:
-        yield count
-    finally:
-        gc.callbacks.remove(callback)
-        gc.set_threshold(*thresholds)
-        (gc.enable if enabled else gc.disable)()
-        gc.unfreeze()
-
-
-def grow(kept: list, n: int) -> None:
-    """What a snapshot's load does to the heap: many new containers that stay."""
-    for i in range(n):
-        kept.append([i, [i], {i: i}])
 
 
 def test_growing_the_heap_runs_full_collections_without_it(full_collections):
