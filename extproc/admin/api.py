@@ -38,7 +38,9 @@ the event loop when large. The server binds to `--admin-host`, loopback by defau
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -215,8 +217,12 @@ def make_admin_app(
         pool = picker.pools.get(model)
         if pool is None:
             raise _BadRequest(404, f"model {model!r} is not served here")
-        events = [_event_json(e) for e in pool.router.dump_events()]
-        return web.json_response({"model": model, "events": events})
+        # The dump itself is read on the event loop (the tree must not change under it: 0.15 s at
+        # 2^20 entries); its events are the dump's own, so turning them into JSON, 2.3 s of the
+        # 2.5 s at that size, runs in a thread, in small steps: routing gets its turns meanwhile.
+        events = pool.router.dump_events()
+        body = await asyncio.to_thread(_dump_json, model, events)
+        return web.Response(text=body, content_type="application/json")
 
     async def potential_loads(request: web.Request) -> web.Response:
         raw = await _read_body(request)
@@ -366,6 +372,14 @@ def _validate_threshold(name: str, value: Any) -> None:
 
 def _record(model: str, thresholds: dict[str, Any]) -> dict[str, Any]:
     return {"model": model, **{name: thresholds.get(name) for name in THRESHOLD_FIELDS}}
+
+
+def _dump_json(model: str, events: list[KvEvent]) -> str:
+    """`/debug/dump_events`' answer, as `web.json_response` writes it, written event by event: one
+    `json.dumps` holds the interpreter for the whole call (1.1 s at 2^20 entries), even in a thread."""
+    dumps = json.dumps
+    parts = ", ".join([dumps(_event_json(e)) for e in events])
+    return f'{{"model": {dumps(model)}, "events": [{parts}]}}'
 
 
 def _event_json(event: KvEvent) -> dict[str, Any]:
