@@ -6512,20 +6512,11 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "a log line's or an error's arguments (the worker, what a map holds, a value shown)",
         ),
-        "xǁVllmEventDecoderǁ_remember__mutmut_16": (
-            "return tuple(StoredBlock(e, h) for e, h in zip(ids, local, strict=None))",
+        "xǁVllmEventDecoderǁ_remember__mutmut_9": (
+            "n = None",
             "same-value",
-            "zip's strict defaults to False; None is false alike",
-        ),
-        "xǁVllmEventDecoderǁ_remember__mutmut_19": (
-            "return tuple(StoredBlock(e, h) for e, h in zip(ids, local, ))",
-            "same-value",
-            "zip's strict defaults to False; None is false alike",
-        ),
-        "xǁVllmEventDecoderǁ_remember__mutmut_20": (
-            "return tuple(StoredBlock(e, h) for e, h in zip(ids, local, strict=True))",
-            "same-value",
-            "the ids and their local hashes are always as many (both cut at the indexed blocks)",
+            "the ids and their local hashes are always as many: both are cut at the indexed blocks, and "
+            "_full_blocks refuses a store whose ids and tokens disagree",
         ),
         "xǁVllmEventDecoderǁ_removed__mutmut_12": (
             'ids = self._hashes(fields.get("block_hashes"), "XXBlockRemoved.block_hashesXX")',
