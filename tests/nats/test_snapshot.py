@@ -3,6 +3,7 @@
 import msgpack
 import pytest
 
+from extproc.events import snapshot as snapshot_codec
 from extproc.events.snapshot import (
     Snapshot,
     SnapshotError,
@@ -140,9 +141,12 @@ def _outcome(unpack, data):
         return "refused", None
 
 
-def test_the_item_by_item_unpack_gives_what_msgpack_unpackb_gives():
+@pytest.mark.parametrize("read_size", [snapshot_codec._READ_SIZE, 1, 5])
+def test_the_item_by_item_unpack_gives_what_msgpack_unpackb_gives(monkeypatch, read_size):
     """The events array is read one item per call (the event loop gets turns between them): every
-    prefix of a snapshot, with a byte more, and maps of other shapes decode or fail alike."""
+    prefix of a snapshot, with a byte more, and maps of other shapes decode or fail alike, also
+    when msgpack's reads of the bytes end inside items and headers (`read_size`)."""
+    monkeypatch.setattr(snapshot_codec, "_READ_SIZE", read_size)
     snapshot = encode_snapshot(
         Snapshot((BlocksStored(W0, (StoredBlock(1, 10), StoredBlock(2, 20))), AllBlocksCleared(W1)), 3, "r1")
     )
