@@ -170,6 +170,12 @@ class PickMetrics:
             ["model"],
             _TOKEN_BUCKETS,
         )
+        self.lora_requests = LabelledCounts(
+            "extproc_lora_requests",
+            "Routed requests that named a LoRA adapter, per adapter (one that neither the config nor "
+            'the workers\' /v1/models list counts as adapter="unlisted").',
+            ["model", "adapter"],
+        )
         self.kv_hit_rate = LabelledHistogram(
             "extproc_kv_hit_rate",
             "Per routed request: the share of its prompt's blocks cached on the chosen worker, as "
@@ -181,7 +187,7 @@ class PickMetrics:
             _RequestPathCollector(
                 [
                     self.requests, self.stage, self.overlap, self.regret, self.upstream, self.ttft,
-                    self.itl, self.input_tokens, self.output_tokens, self.kv_hit_rate,
+                    self.itl, self.input_tokens, self.output_tokens, self.kv_hit_rate, self.lora_requests,
                 ]
             )
         )  # fmt: skip
@@ -215,9 +221,20 @@ class PickMetrics:
                 series[0][bisect.bisect_left(bounds, seconds)] += 1
                 series[1][0] += seconds
 
-    def routed(self, model: str, overlap: int, best: int, prompt_tokens: int = 0, blocks: int = 0) -> None:
-        """A request routed: its overlap and the best one; its prompt's tokens and blocks when known."""
+    def routed(
+        self,
+        model: str,
+        overlap: int,
+        best: int,
+        prompt_tokens: int = 0,
+        blocks: int = 0,
+        adapter: str | None = None,
+    ) -> None:
+        """A request routed: its overlap and the best one; its prompt's tokens and blocks when known;
+        the LoRA adapter it named (a listed name or "unlisted": never a client's free text)."""
         self.requests.values[model, "routed"] += 1
+        if adapter is not None:
+            self.lora_requests.values[model, adapter] += 1
         if prompt_tokens:
             self.input_tokens.observe((model,), prompt_tokens)
         if blocks:

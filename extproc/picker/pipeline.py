@@ -272,6 +272,17 @@ class EndpointPicker:
         base = max(bases, key=len)
         return self._pools[base], name[len(base) + 1 :].strip() or None
 
+    def _adapter_label(self, model: str, lora_name: str | None) -> str | None:
+        """The metrics' name for the adapter a request named: a listed adapter of `model` (configured
+        or discovered: bounded), else "unlisted" (SGLang's `MODEL:ADAPTER` and `lora_path` take any
+        name, and a client's text must not make a series each)."""
+        if not lora_name:
+            return None
+        listed = self._names.get(lora_name)
+        if listed is not None and listed.kind == "adapter" and listed.model == model:
+            return lora_name
+        return "unlisted"
+
     def adapters(self, model: str) -> list[str]:
         """The LoRA adapters requests for `model`'s workers may name, configured or discovered."""
         return self._names.of(model, "adapter")
@@ -497,6 +508,7 @@ class EndpointPicker:
         self.metrics.routed(
             request.model, choice.overlap_blocks, decision.best_overlap_blocks,
             len(tokens) if tokens is not None else 0, choice.request_blocks if tokens is not None else 0,
+            self._adapter_label(request.model, request.lora_name),
         )  # fmt: skip
         if log.isEnabledFor(logging.INFO):  # its arguments cost more than a request's metrics
             log.info(

@@ -100,10 +100,14 @@ def chosen_overlap(picker: RunningPicker) -> float:
 async def test_an_adapter_request_goes_to_the_worker_that_cached_it_under_that_adapter(stack):
     picker, url, workers = stack
     before = chosen_overlap(picker)
+    counted = picker.picker.metrics.lora_requests.values
+    routed_before = counted.get((MODEL, ADAPTER), 0)
     assert await complete(url, ADAPTER) == workers[0].address
     assert chosen_overlap(picker) - before == 2  # sql-lora's blocks; the base model's 3 on w1 do not match
     assert await complete(url, MODEL) == workers[1].address  # the same prompt, base model: w1's blocks
     assert chosen_overlap(picker) - before == 2 + 3
+    # counted under its name (listed in the config, and in vLLM's own /v1/models body); the base model's not
+    assert counted.get((MODEL, ADAPTER), 0) - routed_before == 1 and (MODEL, "unlisted") not in counted
 
 
 async def test_an_adapter_nobody_serves_is_an_openai_404(stack):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client import generate_latest
 
 from extproc.client import RoutingClient
 from extproc.config import ConfigError, ModelConfig, PickerConfig, load_config
@@ -157,6 +158,43 @@ async def test_sglangs_ways_of_naming_an_adapter_match_its_blocks(body, overlap)
         replay_vllm(picker, "w0", capture="sglang/default-format")
         chosen = await pick(picker, tokens=range(3000, 3032), **body)
         assert (chosen.overlap_blocks, chosen.model) == (overlap, MODEL)
+    finally:
+        await picker.close()
+
+
+async def test_requests_are_counted_per_listed_adapter_and_any_other_name_as_unlisted(picker):
+    """vLLM serves each adapter as a model, so an operator asks how traffic splits between them. A name
+    SGLang's syntax or `lora_path` gives need not be listed: a client must not make a series each."""
+    for body in (
+        {"model": ADAPTER}, {"model": ADAPTER},
+        {"model": f"{MODEL}:{OTHER}"}, {"model": MODEL, "lora_path": OTHER},
+        {"model": f"{MODEL}:made-up-1"}, {"model": MODEL, "lora_path": "made-up-2"},
+        {"model": MODEL},
+    ):  # fmt: skip
+        await pick(picker, **body)
+    text = generate_latest(picker.metrics.registry).decode()
+    series = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("extproc_lora_requests_total{")
+    }
+    assert series == {
+        f'extproc_lora_requests_total{{adapter="{ADAPTER}",model="{MODEL}"}}': 2.0,
+        f'extproc_lora_requests_total{{adapter="{OTHER}",model="{MODEL}"}}': 2.0,
+        f'extproc_lora_requests_total{{adapter="unlisted",model="{MODEL}"}}': 2.0,
+    }
+    assert f'extproc_requests_total{{model="{MODEL}",outcome="routed"}} 7.0' in text
+
+
+async def test_an_adapter_the_workers_list_is_counted_by_its_name():
+    picker = EndpointPicker(picker_config(2, use_kv_events=True))
+    with pytest.raises(UnknownModel):
+        await pick(picker, "found-lora")  # not listed yet: the unknown model's 404
+    picker.set_discovered_names(MODEL, [], ["found-lora"])  # a worker's /v1/models lists it
+    try:
+        await pick(picker, "found-lora")
+        await pick(picker, f"{MODEL}:found-lora")
+        assert dict(picker.metrics.lora_requests.values) == {(MODEL, "found-lora"): 2}
     finally:
         await picker.close()
 
