@@ -68,7 +68,7 @@ LOCK_KEY = "snapshot"
 RETRY_MAX_S = 5.0  # longest pause between attempts after a JetStream error
 PROGRESS_EVERY_S = 5.0  # a snapshot read that takes longer logs its progress this often
 PURGE_CHECK_EVERY_S = 2.0  # while no message comes, how often to ask whether ours were purged
-SNAPSHOT_SLICE_BLOCKS = 4_096  # blocks of a snapshot applied (or dumped) per event-loop turn (5-10 ms)
+SNAPSHOT_SLICE_BLOCKS = 4_096  # blocks of a snapshot applied or dumped per loop turn (5-25 ms at 2^22)
 
 
 class TreeSource(Protocol):
