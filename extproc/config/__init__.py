@@ -15,6 +15,7 @@ environment and file keys, and its checks:
     groups.py     GroupsConfig          picker: and the top-level groups: list
     discovery.py  DiscoveryConfig       discovery:
     engine_metrics.py EngineMetricsConfig engine-metrics: (scraping the engines' own load gauges)
+    objectives.py ObjectivesConfig      objectives: (the Inference Extension's InferenceObjectives)
     disagg.py     DisaggConfig          disagg:
     workers.py    WorkerConfig, ModelConfig from the top-level workers: and models: lists
     tls.py        TlsConfig, ClientTlsConfig (the flags live with the section they secure)
@@ -42,13 +43,24 @@ from typing import Any
 
 import yaml
 
-from extproc.config import disagg, discovery, dynamo, engine_metrics, events, groups, router, server
+from extproc.config import (
+    disagg,
+    discovery,
+    dynamo,
+    engine_metrics,
+    events,
+    groups,
+    objectives,
+    router,
+    server,
+)
 from extproc.config.disagg import DISAGG_OPTIONS, DisaggConfig, read_disagg
 from extproc.config.discovery import DISCOVERY_OPTIONS, DiscoveryConfig, read_discovery
 from extproc.config.dynamo import DYNAMO_OPTIONS
 from extproc.config.engine_metrics import ENGINE_METRICS_OPTIONS, EngineMetricsConfig, read_engine_metrics
 from extproc.config.events import EVENT_OPTIONS, NATS_OPTIONS, EventsConfig, read_events
 from extproc.config.groups import GROUP_OPTIONS, GROUP_TLS_OPTIONS, GroupConfig, GroupsConfig, read_groups
+from extproc.config.objectives import OBJECTIVES_OPTIONS, ObjectivesConfig, read_objectives_config
 from extproc.config.options import ConfigError, Option, Reader, add_options
 from extproc.config.router import ROUTER_OPTIONS, read_router, router_notices
 from extproc.config.server import PICKER_OPTIONS, SERVER_TLS_OPTIONS, SHUTDOWN_OPTIONS, read_server
@@ -84,6 +96,7 @@ __all__ = [
     "GroupConfig",
     "GroupsConfig",
     "ModelConfig",
+    "ObjectivesConfig",
     "Option",
     "PickerConfig",
     "TlsConfig",
@@ -138,6 +151,7 @@ class PickerConfig:
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     disagg: DisaggConfig = field(default_factory=DisaggConfig)
     engine_metrics: EngineMetricsConfig = field(default_factory=EngineMetricsConfig)
+    objectives: ObjectivesConfig = field(default_factory=ObjectivesConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     shutdown_grace_s: float = 25.0  # SIGTERM: in-flight ext_proc streams get this long to finish
     shutdown_delay_s: float = 0.0  # SIGTERM: new streams still routed this long (not ready meanwhile)
@@ -161,6 +175,7 @@ FILE_SECTIONS: dict[str, tuple[Option[Any], ...]] = {
     discovery.SECTION: DISCOVERY_OPTIONS,
     disagg.SECTION: DISAGG_OPTIONS,
     engine_metrics.SECTION: ENGINE_METRICS_OPTIONS,
+    objectives.SECTION: OBJECTIVES_OPTIONS,
 }
 
 # `serve --help`, group by group, in this order.
@@ -175,6 +190,7 @@ HELP_GROUPS: tuple[tuple[str, tuple[Option[Any], ...]], ...] = (
     ("disaggregated prefill/decode", DISAGG_OPTIONS),
     ("worker discovery", DISCOVERY_OPTIONS),
     ("engine metrics (the workers' own load)", ENGINE_METRICS_OPTIONS),
+    ("Inference Extension objectives (x-gateway-inference-objective)", OBJECTIVES_OPTIONS),
     ("accepted from Dynamo's command lines, not applied (startup names each one given)", DYNAMO_OPTIONS),
 )
 
@@ -208,8 +224,8 @@ def load_config(
     sections = {name: document.get(name) or {} for name in FILE_SECTIONS}
     if not all(isinstance(s, Mapping) for s in sections.values()):
         raise ConfigError(
-            "config file: 'router', 'events', 'picker', 'discovery', 'disagg' and 'engine-metrics' "
-            "must be mappings"
+            "config file: 'router', 'events', 'picker', 'discovery', 'disagg', 'engine-metrics' and "
+            "'objectives' must be mappings"
         )
 
     def reader(section: str) -> Reader:
@@ -234,6 +250,12 @@ def load_config(
     discovery_config = read_discovery(reader(discovery.SECTION))
     disagg_config = read_disagg(reader(disagg.SECTION))
     engine_metrics_config = read_engine_metrics(reader(engine_metrics.SECTION))
+    objectives_config = read_objectives_config(reader(objectives.SECTION))
+    if objectives_config.path is not None and router_config.router_queue_threshold is None:
+        notices += (
+            "--inference-objectives: an objective's priority orders the admission queue, which is off "
+            "(--router-queue-threshold unset): requests are counted per objective, in arrival order",
+        )
     if discovery_config.reload_config and not config_path:
         raise ConfigError("--reload-config needs a config file (--config or DYN_CONFIG)")
     return PickerConfig(
@@ -274,6 +296,7 @@ def load_config(
         discovery=discovery_config,
         disagg=disagg_config,
         engine_metrics=engine_metrics_config,
+        objectives=objectives_config,
         tls=own.tls,
         shutdown_grace_s=own.shutdown_grace_s,
         shutdown_delay_s=own.shutdown_delay_s,

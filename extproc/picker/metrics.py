@@ -176,6 +176,12 @@ class PickMetrics:
             'the workers\' /v1/models list counts as adapter="unlisted").',
             ["model", "adapter"],
         )
+        self.objective_requests = LabelledCounts(
+            "extproc_objective_requests",
+            "Requests whose x-gateway-inference-objective header named an objective, per objective (one "
+            'that --inference-objectives does not list counts as objective="unlisted").',
+            ["model", "objective"],
+        )
         self.kv_hit_rate = LabelledHistogram(
             "extproc_kv_hit_rate",
             "Per routed request: the share of its prompt's blocks cached on the chosen worker, as "
@@ -188,6 +194,7 @@ class PickMetrics:
                 [
                     self.requests, self.stage, self.overlap, self.regret, self.upstream, self.ttft,
                     self.itl, self.input_tokens, self.output_tokens, self.kv_hit_rate, self.lora_requests,
+                    self.objective_requests,
                 ]
             )
         )  # fmt: skip

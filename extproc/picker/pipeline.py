@@ -62,13 +62,14 @@ from extproc.picker.home_waits import HomeWaits
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.model_names import ModelNames
+from extproc.picker.objectives import OBJECTIVE_HEADER, UNLISTED, ObjectiveFile, queue_entry
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
 from extproc.picker.response_homes import Home, ResponseHomes, ResponseHomesCollector
 from extproc.picker.worker_sessions import Outcome, WorkerSessionCollector, WorkerSessions, session_timeout
 from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixCollector
 from extproc.request.parse import ParsedRequest, is_routable, route_of
 from extproc.request.responses import RESPONSES_PATH
-from extproc.router import KvRouter, QueuedRequest, RouterConfigOverride, RouterError, SessionPins, Worker
+from extproc.router import KvRouter, RouterConfigOverride, RouterError, SessionPins, Worker
 from extproc.router.hashing import CHECKPOINT_TOKENS, PREFIX_CACHE, PromptTokens
 from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
@@ -200,6 +201,7 @@ class EndpointPicker:
             for model in self._pools
         }
         self.response_homes = ResponseHomes()  # Responses API: which worker stored which answer
+        self.objectives = ObjectiveFile.from_config(config.objectives, clock)  # x-gateway-inference-objective
         self.home_waits = HomeWaits()  # follow-ups waiting for another replica's word on theirs
         self.metrics.registry.register(ResponseHomesCollector(self.response_homes, self.home_waits))
         self._sweeper: asyncio.Task[None] | None = None
@@ -271,6 +273,15 @@ class EndpointPicker:
             raise UnknownModel(name, self.model_names())
         base = max(bases, key=len)
         return self._pools[base], name[len(base) + 1 :].strip() or None
+
+    def _objective(self, model: str, name: str | None) -> int | None:
+        """The priority of the objective a request names, if the file lists it; counted per name
+        (a name the file does not list as "unlisted": never a client's free text)."""
+        if name is None:
+            return None
+        priority = self.objectives.priority(name) if self.objectives is not None else None
+        self.metrics.objective_requests.values[model, name if priority is not None else UNLISTED] += 1
+        return priority
 
     def _adapter_label(self, model: str, lora_name: str | None) -> str | None:
         """The metrics' name for the adapter a request named: a listed adapter of `model` (configured
@@ -400,6 +411,7 @@ class EndpointPicker:
             # name; one named by `model` wins over the body's `lora_path` (SGLang's order)
             request = dataclasses.replace(request, model=pool.model, lora_name=lora_name or request.lora_name)
         session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
+        objective = self._objective(request.model, headers.get(OBJECTIVE_HEADER))
         worker_session = self._worker_session_action(request, session_id)
         tokens: Sequence[int] | None = None
         if request.load_only_reason is not None:
@@ -464,14 +476,7 @@ class EndpointPicker:
                 else await self.selector.route(group_request, request_id, pinned=pinned)
             )
         else:
-            entry = QueuedRequest(
-                request_id,
-                self._clock(),
-                new_tokens=isl,
-                priority=_priority(request),
-                latency_sensitivity=_latency_sensitivity(request),
-                sheddable=_sheddable(request),
-            )
+            entry = queue_entry(request_id, self._clock(), isl, request.agent_hints, objective)
             decision, waited_s = await gate.admit(
                 entry,
                 lambda: self.selector.route(group_request, request_id, pinned=pinned),
@@ -859,22 +864,6 @@ def _expected_output(request: ParsedRequest) -> int | None:
     if isinstance(osl, int) and not isinstance(osl, bool) and osl > 0:
         return osl
     return request.max_tokens
-
-
-def _priority(request: ParsedRequest) -> int:
-    value = request.agent_hints.get("priority")
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _latency_sensitivity(request: ParsedRequest) -> float:
-    value = _non_negative(request.agent_hints.get("latency_sensitivity"))
-    return value or 0.0
-
-
-def _sheddable(request: ParsedRequest) -> bool:
-    """Sheddable: `nvext.agent_hints.sheddable: true`, or a negative priority (the Inference
-    Extension's convention for sheddable objectives)."""
-    return request.agent_hints.get("sheddable") is True or _priority(request) < 0
 
 
 def _override(request: ParsedRequest, *, load_only: bool) -> RouterConfigOverride | None:

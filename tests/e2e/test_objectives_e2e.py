@@ -1,0 +1,181 @@
+"""InferenceObjectives end to end: the `openai` client names its objective in the
+x-gateway-inference-objective header (`extra_headers`), a real Envoy 1.40 passes it to the picker,
+whose admission queue orders held requests by the objective's priority and sheds the negative ones
+429 when their wait ends. The objectives file is mounted as a kubelet mounts a ConfigMap
+(`objectives.yaml -> ..data/objectives.yaml`, `..data` a symlink swapped atomically on update), and
+the picker reads the new version while it serves.
+
+One echo worker that holds answers until the test releases them: with `router_queue_threshold = 0`
+one prompt in prefill saturates it, so every later request waits in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import openai
+import pytest
+import pytest_asyncio
+
+from extproc.config.objectives import ObjectivesConfig, Pool, read_objectives
+from extproc.devstack.envoy_config import render_envoy_config
+from extproc.devstack.procs import start_envoy
+from extproc.devstack.stack import MODEL
+from extproc.picker.objectives import OBJECTIVE_HEADER
+from extproc.runtime.server import RunningPicker, start_picker
+
+from ..config.test_objectives import objective
+from .harness import EchoWorker, start_echo_workers
+from .test_admission_e2e import MESSAGE_TIMEOUT_MS, config, until
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MAX_WAIT_S = 1.5
+POOL = "vllm-qwen3-32b"
+HOLDS = itertools.count()
+OBJECTIVES = "---\n".join(
+    [objective("interactive", 10), objective("batch", -1), objective("other-pools", 99, pool="other")]
+)
+
+
+class ConfigMapVolume:
+    """A directory laid out as the kubelet lays out a mounted ConfigMap, updated as it updates it."""
+
+    def __init__(self, root: Path, key: str = "objectives.yaml") -> None:
+        self.root, self.key, self.version = root, key, 0
+        root.mkdir()
+        (root / key).symlink_to(Path("..data") / key)
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.key
+
+    def write(self, text: str) -> None:
+        self.version += 1
+        data = self.root / f"..2026_11_28_v{self.version}"
+        data.mkdir()
+        (data / self.key).write_text(text)
+        staged = self.root / "..data_tmp"
+        staged.symlink_to(data.name)
+        os.replace(staged, self.root / "..data")  # the atomic swap
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[RunningPicker, str, EchoWorker, ConfigMapVolume]]:
+    root = tmp_path_factory.mktemp("objectives-e2e")
+    volume = ConfigMapVolume(root / "objectives")
+    volume.write(OBJECTIVES)
+    pool = Pool(POOL)
+    objectives = ObjectivesConfig(str(volume.path), pool, read_objectives(str(volume.path), pool))
+    (worker,) = await start_echo_workers(1)
+    cfg = replace(
+        config([worker.address], router_queue_threshold=0.0),
+        queue_max_wait_s=MAX_WAIT_S,
+        objectives=objectives,
+    )
+    picker = await start_picker(cfg)
+    yaml = render_envoy_config(
+        "buffered", picker_address=f"127.0.0.1:{picker.port}", message_timeout_ms=MESSAGE_TIMEOUT_MS
+    )
+    envoy = start_envoy(yaml, log_path=root / "envoy.log")
+    try:
+        yield picker, envoy.url, worker, volume
+    finally:
+        envoy.stop()
+        await picker.stop(0)
+        await worker.stop()
+
+
+async def ask(url: str, text: str, objective_name: str | None = None, hold: str | None = None) -> str:
+    """A chat completion through Envoy; returns `text` once it is answered 200."""
+    headers = {OBJECTIVE_HEADER: objective_name} if objective_name else None
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"{text} " * 30}],
+            max_tokens=4,
+            extra_headers=headers,
+            extra_query={"hold": hold} if hold else None,
+        )
+    return text
+
+
+async def in_answer_order(
+    picker: RunningPicker, url: str, worker: EchoWorker, queued: list[tuple[str, str | None]]
+) -> list[str]:
+    """Saturate the worker, queue `queued` ((text, objective) in this order), free the worker and
+    return the texts in the order they were answered (one worker: the order they were routed)."""
+    gate = picker.picker.gate(MODEL)
+    key = f"hold-{next(HOLDS)}"
+    held = asyncio.create_task(ask(url, "held", hold=key))
+    await until(lambda: key in worker.holding)
+    answered: list[str] = []
+    tasks = []
+    for count, (text, name) in enumerate(queued, 1):
+        task = asyncio.create_task(ask(url, text, name))
+        task.add_done_callback(lambda t: answered.append(t.result()) if not t.exception() else None)
+        tasks.append(task)
+        await until(lambda count=count: len(gate) == count)  # queued in this order
+    worker.release(key)
+    await held
+    await asyncio.gather(*tasks)
+    return answered
+
+
+async def test_the_queue_serves_the_higher_objective_first_and_the_negative_last(stack) -> None:
+    picker, url, worker, _ = stack
+    order = await in_answer_order(
+        picker, url, worker, [("plain", None), ("batch", "batch"), ("interactive", "interactive")]
+    )
+    assert order == ["interactive", "plain", "batch"]
+    counted = picker.picker.metrics.objective_requests.values
+    assert counted[MODEL, "interactive"] >= 1 and counted[MODEL, "batch"] >= 1
+    await until(picker.picker.is_idle)
+
+
+async def test_a_negative_objective_is_shed_429_and_an_unlisted_one_gets_503_when_the_wait_ends(
+    stack,
+) -> None:
+    picker, url, worker, _ = stack
+    held = asyncio.create_task(ask(url, "held", hold="shed"))
+    await until(lambda: "shed" in worker.holding)
+    before = picker.picker.metrics.objective_requests.values.get((MODEL, "unlisted"), 0)
+    results = await asyncio.gather(
+        ask(url, "batch", "batch"),
+        ask(url, "other-pools", "other-pools"),  # in the file, but for another pool: not listed here
+        return_exceptions=True,
+    )
+    shed, refused = results
+    assert isinstance(shed, openai.RateLimitError) and "shed" in shed.message
+    assert isinstance(refused, openai.APIStatusError) and refused.status_code == 503
+    assert picker.picker.metrics.objective_requests.values[MODEL, "unlisted"] == before + 1
+    worker.release("shed")
+    await held
+    await until(picker.picker.is_idle)
+
+
+async def test_a_configmap_update_changes_the_priorities_while_the_picker_serves(stack) -> None:
+    picker, url, worker, volume = stack
+    objectives = picker.picker.objectives
+    assert objectives is not None
+    readings = objectives.readings
+    assert objectives.priority("promoted") is None  # not listed yet: its requests are of priority 0
+    volume.write(OBJECTIVES + "---\n" + objective("promoted", 20))
+    # the file is looked at once a second at most, when a request names an objective
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while objectives.readings == readings:
+        assert asyncio.get_running_loop().time() < deadline, "the updated ConfigMap was not read"
+        await ask(url, "poll", "interactive")
+        await asyncio.sleep(0.2)
+    order = await in_answer_order(
+        picker, url, worker, [("interactive", "interactive"), ("promoted", "promoted")]
+    )
+    assert order == ["promoted", "interactive"]
+    await until(picker.picker.is_idle)
