@@ -15,7 +15,7 @@ environment and file keys, and its checks:
     groups.py     GroupsConfig          picker: and the top-level groups: list
     discovery.py  DiscoveryConfig       discovery:
     engine_metrics.py EngineMetricsConfig engine-metrics: (scraping the engines' own load gauges)
-    objectives.py ObjectivesConfig      objectives: (the Inference Extension's InferenceObjectives)
+    inference_extension.py InferenceExtensionConfig inference-extension: (objectives, model rewrites)
     disagg.py     DisaggConfig          disagg:
     workers.py    WorkerConfig, ModelConfig from the top-level workers: and models: lists
     tls.py        TlsConfig, ClientTlsConfig (the flags live with the section they secure)
@@ -50,7 +50,7 @@ from extproc.config import (
     engine_metrics,
     events,
     groups,
-    objectives,
+    inference_extension,
     router,
     server,
 )
@@ -60,7 +60,11 @@ from extproc.config.dynamo import DYNAMO_OPTIONS
 from extproc.config.engine_metrics import ENGINE_METRICS_OPTIONS, EngineMetricsConfig, read_engine_metrics
 from extproc.config.events import EVENT_OPTIONS, NATS_OPTIONS, EventsConfig, read_events
 from extproc.config.groups import GROUP_OPTIONS, GROUP_TLS_OPTIONS, GroupConfig, GroupsConfig, read_groups
-from extproc.config.objectives import OBJECTIVES_OPTIONS, ObjectivesConfig, read_objectives_config
+from extproc.config.inference_extension import (
+    INFERENCE_EXTENSION_OPTIONS,
+    InferenceExtensionConfig,
+    read_inference_extension,
+)
 from extproc.config.options import ConfigError, Option, Reader, add_options
 from extproc.config.router import ROUTER_OPTIONS, read_router, router_notices
 from extproc.config.server import PICKER_OPTIONS, SERVER_TLS_OPTIONS, SHUTDOWN_OPTIONS, read_server
@@ -95,8 +99,8 @@ __all__ = [
     "EventsConfig",
     "GroupConfig",
     "GroupsConfig",
+    "InferenceExtensionConfig",
     "ModelConfig",
-    "ObjectivesConfig",
     "Option",
     "PickerConfig",
     "TlsConfig",
@@ -151,7 +155,7 @@ class PickerConfig:
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     disagg: DisaggConfig = field(default_factory=DisaggConfig)
     engine_metrics: EngineMetricsConfig = field(default_factory=EngineMetricsConfig)
-    objectives: ObjectivesConfig = field(default_factory=ObjectivesConfig)
+    inference_extension: InferenceExtensionConfig = field(default_factory=InferenceExtensionConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     shutdown_grace_s: float = 25.0  # SIGTERM: in-flight ext_proc streams get this long to finish
     shutdown_delay_s: float = 0.0  # SIGTERM: new streams still routed this long (not ready meanwhile)
@@ -175,7 +179,7 @@ FILE_SECTIONS: dict[str, tuple[Option[Any], ...]] = {
     discovery.SECTION: DISCOVERY_OPTIONS,
     disagg.SECTION: DISAGG_OPTIONS,
     engine_metrics.SECTION: ENGINE_METRICS_OPTIONS,
-    objectives.SECTION: OBJECTIVES_OPTIONS,
+    inference_extension.SECTION: INFERENCE_EXTENSION_OPTIONS,
 }
 
 # `serve --help`, group by group, in this order.
@@ -190,7 +194,7 @@ HELP_GROUPS: tuple[tuple[str, tuple[Option[Any], ...]], ...] = (
     ("disaggregated prefill/decode", DISAGG_OPTIONS),
     ("worker discovery", DISCOVERY_OPTIONS),
     ("engine metrics (the workers' own load)", ENGINE_METRICS_OPTIONS),
-    ("Inference Extension objectives (x-gateway-inference-objective)", OBJECTIVES_OPTIONS),
+    ("Inference Extension resources (objectives, model rewrites)", INFERENCE_EXTENSION_OPTIONS),
     ("accepted from Dynamo's command lines, not applied (startup names each one given)", DYNAMO_OPTIONS),
 )
 
@@ -225,7 +229,7 @@ def load_config(
     if not all(isinstance(s, Mapping) for s in sections.values()):
         raise ConfigError(
             "config file: 'router', 'events', 'picker', 'discovery', 'disagg', 'engine-metrics' and "
-            "'objectives' must be mappings"
+            "'inference-extension' must be mappings"
         )
 
     def reader(section: str) -> Reader:
@@ -250,10 +254,10 @@ def load_config(
     discovery_config = read_discovery(reader(discovery.SECTION))
     disagg_config = read_disagg(reader(disagg.SECTION))
     engine_metrics_config = read_engine_metrics(reader(engine_metrics.SECTION))
-    objectives_config = read_objectives_config(reader(objectives.SECTION))
-    if objectives_config.path is not None and router_config.router_queue_threshold is None:
+    inference_extension_config = read_inference_extension(reader(inference_extension.SECTION))
+    if inference_extension_config.initial.priorities and router_config.router_queue_threshold is None:
         notices += (
-            "--inference-objectives: an objective's priority orders the admission queue, which is off "
+            "--inference-resources: an objective's priority orders the admission queue, which is off "
             "(--router-queue-threshold unset): requests are counted per objective, in arrival order",
         )
     if discovery_config.reload_config and not config_path:
@@ -296,7 +300,7 @@ def load_config(
         discovery=discovery_config,
         disagg=disagg_config,
         engine_metrics=engine_metrics_config,
-        objectives=objectives_config,
+        inference_extension=inference_extension_config,
         tls=own.tls,
         shutdown_grace_s=own.shutdown_grace_s,
         shutdown_delay_s=own.shutdown_delay_s,

@@ -187,11 +187,21 @@ def route_in_headers(
 
 
 def route_in_body(
-    endpoint: str, extra_headers: Mapping[str, str], owned: Collection[str] | None = None
+    endpoint: str,
+    extra_headers: Mapping[str, str],
+    owned: Collection[str] | None = None,
+    body: bytes | None = None,
 ) -> pb.ProcessingResponse:
-    """The routing answer to a BUFFERED body: the header mutation rides on the body response."""
+    """The routing answer to a BUFFERED body: the header mutation rides on the body response.
+    `body`: the body to send instead (a model rewrite), with its content-length, which Envoy leaves
+    to the processor in this mode (a wrong one: Envoy refuses the mutation)."""
+    if body is not None:
+        extra_headers = {**extra_headers, "content-length": str(len(body))}
+    common = _routing_common(endpoint, extra_headers, owned)
+    if body is not None:
+        common.body_mutation.body = body
     return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=_routing_common(endpoint, extra_headers, owned)),
+        request_body=pb.BodyResponse(response=common),
         dynamic_metadata=_lb_metadata(DESTINATION_HEADER, endpoint),
     )
 

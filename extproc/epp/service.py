@@ -397,6 +397,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         answer = await self._route(stream, body, in_body=not duplex)
         if not duplex or answer.HasField("immediate_response"):
             return [answer]
+        if stream.pick is not None and stream.pick.body is not None:  # rewritten: Envoy drops its length
+            body = stream.pick.body
         return [answer, *epp.streamed_body(body, end_of_stream=end_of_stream)]
 
     async def _route(self, stream: _Stream, body: bytes | None, *, in_body: bool) -> pb.ProcessingResponse:
@@ -419,6 +421,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return self._reject(stream, exc)
         stream.pick = pick
         stream.phase = Phase.UPSTREAM
+        if pick.body is not None and in_body:  # a rewritten body: an answer of its own, never cached
+            return epp.route_in_body(pick.endpoint, pick.headers, self.owned_headers, pick.body)
         return self._routing_answer(pick.endpoint, pick.headers, in_body)
 
     def _routing_answer(

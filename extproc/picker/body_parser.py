@@ -55,6 +55,7 @@ from extproc.picker.parse_worker import (
     limit_prompt,
     model_of,
     read_request_answer,
+    with_model,
 )
 from extproc.request.parse import body_prefixes, parse_openai_body, parse_shared_body
 
@@ -194,6 +195,16 @@ class BodyParser:
         self.stats.in_worker += 1
         model = await self._in_worker("model", body, ())
         return model if isinstance(model, str) else None
+
+    async def with_model(self, body: bytes, model: str) -> bytes:
+        """`body`, a request body `request` accepted, with its `model` set to `model` (a model
+        rewrite), written where its size says, as it was parsed."""
+        if self.on_loop(body):
+            self.stats.on_loop += 1
+            return with_model(body, model)
+        self.stats.in_worker += 1
+        rewritten: bytes = await self._in_worker("with_model", body, (model,))
+        return rewritten
 
     async def json_object(
         self, body: bytes, *, token_field: str | None = None, max_tokens: int = 0

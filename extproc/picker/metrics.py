@@ -179,8 +179,13 @@ class PickMetrics:
         self.objective_requests = LabelledCounts(
             "extproc_objective_requests",
             "Requests whose x-gateway-inference-objective header named an objective, per objective (one "
-            'that --inference-objectives does not list counts as objective="unlisted").',
+            'that --inference-resources does not list counts as objective="unlisted").',
             ["model", "objective"],
+        )
+        self.model_rewrites = LabelledCounts(
+            "extproc_model_rewrites",
+            "Requests an InferenceModelRewrite sent to another model, per rewrite and target model.",
+            ["rewrite", "target"],
         )
         self.kv_hit_rate = LabelledHistogram(
             "extproc_kv_hit_rate",
@@ -194,7 +199,7 @@ class PickMetrics:
                 [
                     self.requests, self.stage, self.overlap, self.regret, self.upstream, self.ttft,
                     self.itl, self.input_tokens, self.output_tokens, self.kv_hit_rate, self.lora_requests,
-                    self.objective_requests,
+                    self.objective_requests, self.model_rewrites,
                 ]
             )
         )  # fmt: skip

@@ -59,10 +59,10 @@ from extproc.picker.admission import AdmissionGate
 from extproc.picker.body_parser import BodyParser
 from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.home_waits import HomeWaits
+from extproc.picker.inference_extension import OBJECTIVE_HEADER, InferenceExtension, queue_entry
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.model_names import ModelNames
-from extproc.picker.objectives import OBJECTIVE_HEADER, UNLISTED, ObjectiveFile, queue_entry
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
 from extproc.picker.response_homes import Home, ResponseHomes, ResponseHomesCollector
 from extproc.picker.worker_sessions import Outcome, WorkerSessionCollector, WorkerSessions, session_timeout
@@ -111,6 +111,7 @@ class Pick:
     started_ns: int = 0  # perf_counter_ns when its decision began (0: untracked)
     first_token_ns: int = 0  # perf_counter_ns of its first streamed token (0: none yet)
     output_tokens: int = 0  # tokens generated per sequence, as counted (--router-track-output-blocks)
+    body: bytes | None = None  # the body as sent upstream when the picker rewrote it (a model rewrite)
 
 
 class WorkerSetListener(Protocol):
@@ -201,7 +202,10 @@ class EndpointPicker:
             for model in self._pools
         }
         self.response_homes = ResponseHomes()  # Responses API: which worker stored which answer
-        self.objectives = ObjectiveFile.from_config(config.objectives, clock)  # x-gateway-inference-objective
+        # InferenceObjectives (x-gateway-inference-objective) and InferenceModelRewrites
+        self.inference = InferenceExtension.from_config(
+            config.inference_extension, self.metrics, self._rng, clock
+        )
         self.home_waits = HomeWaits()  # follow-ups waiting for another replica's word on theirs
         self.metrics.registry.register(ResponseHomesCollector(self.response_homes, self.home_waits))
         self._sweeper: asyncio.Task[None] | None = None
@@ -273,15 +277,6 @@ class EndpointPicker:
             raise UnknownModel(name, self.model_names())
         base = max(bases, key=len)
         return self._pools[base], name[len(base) + 1 :].strip() or None
-
-    def _objective(self, model: str, name: str | None) -> int | None:
-        """The priority of the objective a request names, if the file lists it; counted per name
-        (a name the file does not list as "unlisted": never a client's free text)."""
-        if name is None:
-            return None
-        priority = self.objectives.priority(name) if self.objectives is not None else None
-        self.metrics.objective_requests.values[model, name if priority is not None else UNLISTED] += 1
-        return priority
 
     def _adapter_label(self, model: str, lora_name: str | None) -> str | None:
         """The metrics' name for the adapter a request named: a listed adapter of `model` (configured
@@ -405,13 +400,18 @@ class EndpointPicker:
             return await self._pick_untracked(path, restrictions, model)
         parsed = await self.bodies.request(body, path)
         request = parsed.request
+        if (rewritten := self.inference.model_for(request.model)) is not None:  # routed and sent as that
+            request, body = (
+                dataclasses.replace(request, model=rewritten),
+                await self.bodies.with_model(body, rewritten),
+            )
         t1 = time.perf_counter_ns()
         pool, lora_name = self.resolve_model(request.model)
         if pool.model != request.model:  # an adapter: its base model's workers, its blocks hashed with its
             # name; one named by `model` wins over the body's `lora_path` (SGLang's order)
             request = dataclasses.replace(request, model=pool.model, lora_name=lora_name or request.lora_name)
         session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
-        objective = self._objective(request.model, headers.get(OBJECTIVE_HEADER))
+        objective = self.inference.objective(request.model, headers.get(OBJECTIVE_HEADER))
         worker_session = self._worker_session_action(request, session_id)
         tokens: Sequence[int] | None = None
         if request.load_only_reason is not None:
@@ -508,6 +508,7 @@ class EndpointPicker:
             session_pin=session_pin, session_opened_on=opened_on, session_opened_new=opened_new,
             session_close_on=choice.endpoint if worker_session == "close" else None,
             responses_api=request.responses_api, response_id=request.response_id, started_ns=t0,
+            body=body if rewritten is not None else None,
         )  # fmt: skip
         self.metrics.observe_stages(timings)
         self.metrics.routed(

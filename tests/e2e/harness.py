@@ -17,6 +17,7 @@ import itertools
 import json
 import signal
 import sys
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -52,7 +53,8 @@ class EchoWorker:
     it sends event i+1 only after `release(K)` (lock-step, so a test can prove that chunks pass
     one by one); with `&interval_ms=M` it paces events instead (for child-process workers).
 
-    `models`, when set: the body of its `GET /v1/models` (an engine's recorded model list).
+    `models`, when set: the body of its `GET /v1/models` (an engine's recorded model list);
+    `received`, the last 32 request bodies it read.
     Port 0 (the default) binds a free port at `start`; `port` and `address` are known from then on.
     """
 
@@ -64,6 +66,7 @@ class EchoWorker:
         self.hold_timeout_s = hold_timeout_s
         self.holding: set[str] = set()
         self.models: bytes | None = None
+        self.received: deque[bytes] = deque(maxlen=32)  # the last request bodies, as they arrived
         self._gates: dict[str, asyncio.Queue[None]] = {}
         self._runner: web.AppRunner | None = None
 
@@ -95,6 +98,7 @@ class EchoWorker:
 
     async def _echo(self, request: web.Request) -> web.Response:
         body = await request.read()
+        self.received.append(body)
         if self.models is not None and request.method == "GET" and request.path == "/v1/models":
             return web.Response(body=self.models, content_type="application/json")
         hold = request.query.get("hold")

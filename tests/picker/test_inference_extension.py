@@ -4,20 +4,36 @@ the header's values never grow a structure. (`tests/e2e/test_objectives_e2e.py`:
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from extproc.config.objectives import ObjectivesConfig, Pool, read_objectives
+from extproc.config import ModelConfig
+from extproc.config.inference_extension import (
+    InferenceExtensionConfig,
+    Pool,
+    RewriteRule,
+    Target,
+    read_resources,
+)
 from extproc.epp import answers as epp
-from extproc.picker.objectives import OBJECTIVE_HEADER, ObjectiveFile, queue_entry
+from extproc.errors import UnknownModel
+from extproc.picker.inference_extension import (
+    OBJECTIVE_HEADER,
+    ResourceFile,
+    pick_target,
+    queue_entry,
+)
+from extproc.picker.parse_worker import with_model
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import QueueTimeout
 
-from ..config.test_objectives import objective
+from ..config.test_inference_extension import CANARY, objective, rewrite
 from ..groups.builders import prompt
 from ..picker_fixtures import MODEL, picker_config
 from ..replica_helpers import until
@@ -37,10 +53,10 @@ from .test_pipeline_requests import (
 OBJECTIVES = "---\n".join([objective("interactive", 10), objective("batch", -1), objective("plain")])
 
 
-def objectives_config(tmp_path: Path, text: str = OBJECTIVES) -> ObjectivesConfig:
-    path = tmp_path / "objectives.yaml"
+def resources_config(tmp_path: Path, text: str = OBJECTIVES) -> InferenceExtensionConfig:
+    path = tmp_path / "resources.yaml"
     path.write_text(text)
-    return ObjectivesConfig(str(path), Pool(), read_objectives(str(path), Pool()))
+    return InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool()))
 
 
 def counted(picker: EndpointPicker, name: str) -> float:
@@ -69,7 +85,7 @@ async def test_the_objectives_priority_orders_the_queue(
     first: str,
 ) -> None:
     clock = FakeClock(100.0)
-    picker = queued_picker(make_picker, clock=clock, objectives=objectives_config(tmp_path))
+    picker = queued_picker(make_picker, clock=clock, inference_extension=resources_config(tmp_path))
     listener = listen(picker)
     busy = await pick(picker, completion(prompt(1, 64)), request_id="busy")
     early = start(picker, completion(prompt(2, 64)), "early")
@@ -104,7 +120,7 @@ async def test_a_negative_priority_is_shed_429_when_the_wait_ends(
     hints: dict[str, Any],
     status: tuple[int, str],
 ) -> None:
-    picker = queued_picker(make_picker, queue_max_wait_s=0.05, objectives=objectives_config(tmp_path))
+    picker = queued_picker(make_picker, queue_max_wait_s=0.05, inference_extension=resources_config(tmp_path))
     busy = await pick(picker, completion(prompt(1, 64)), request_id="busy")
     with pytest.raises(QueueTimeout) as refused:
         body = completion(prompt(2, 64), **agent_hints(**hints))
@@ -118,7 +134,7 @@ async def test_requests_are_counted_per_listed_objective_and_any_other_name_as_u
     make_picker: PickerFactory,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    picker = make_picker(replace(picker_config(1), objectives=objectives_config(tmp_path)))
+    picker = make_picker(replace(picker_config(1), inference_extension=resources_config(tmp_path)))
     names = ["interactive", "interactive", "batch", *(f"client-text-{i}" for i in range(50)), "x" * 10_000]
     for i, name in enumerate(names):
         body = completion(prompt(i, 64))
@@ -151,24 +167,28 @@ async def test_without_a_file_every_named_objective_is_unlisted_and_the_hints_de
 def test_the_file_is_read_again_when_it_changes_and_a_bad_change_keeps_the_last_good_reading(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = objectives_config(tmp_path)
+    config = resources_config(tmp_path)
     path = Path(config.path or "")
     clock = FakeClock(0.0)
-    objectives = ObjectiveFile(config.path or "", Pool(), config.initial, clock=clock)
+    objectives = ResourceFile(config.path or "", Pool(), config.initial, clock=clock)
     assert objectives.priority("interactive") == 10
     path.write_text(objective("interactive", 20) + "---\n" + objective("new-one", 3))
     assert objectives.priority("interactive") == 10  # looked at once a second at most
     clock.advance(1.0)
     assert (objectives.priority("interactive"), objectives.priority("new-one")) == (20, 3)
     assert objectives.priority("batch") is None and objectives.readings == 2
-    caplog.set_level(logging.WARNING, logger="extproc.objectives")
+    caplog.set_level(logging.WARNING, logger="extproc.inference_extension")
     path.write_text(objective("interactive", "urgent"))
     clock.advance(1.0)
     assert objectives.priority("interactive") == 20  # the last good reading stays
     clock.advance(1.0)
     objectives.priority("interactive")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "spec.priority 'urgent'" in warnings[0] and "2 objectives" in warnings[0]
+    assert (
+        len(warnings) == 1
+        and "spec.priority 'urgent'" in warnings[0]
+        and "2 objectives and 0 rewrite" in warnings[0]
+    )
     path.unlink()  # a ConfigMap being swapped, or removed: nothing changes
     clock.advance(1.0)
     assert objectives.priority("interactive") == 20
@@ -192,3 +212,108 @@ def test_a_queue_entry_takes_the_objectives_priority_and_the_hints_jump(
 ) -> None:
     entry = queue_entry("r", 1.0, 8, hints, objective_priority)
     assert (entry.priority, entry.latency_sensitivity, entry.sheddable) == expected
+
+
+# --- InferenceModelRewrite ----------------------------------------------------------------------
+
+ADAPTERS = ("foodreview-v1", "foodreview-v2")
+
+
+def rewriting_picker(make: PickerFactory, tmp_path: Path, rules: str = CANARY) -> EndpointPicker:
+    """A picker whose model serves both canary targets as LoRA adapters, and the canary rewrite."""
+    config = picker_config(2)
+    tmp_path.mkdir(exist_ok=True)
+    return make(
+        replace(
+            config,
+            models=(ModelConfig(MODEL, lora_adapters=ADAPTERS),),
+            inference_extension=resources_config(tmp_path, rewrite("canary", rules)),
+        )
+    )
+
+
+def chat(model: str, text: str = "a review of the soup") -> bytes:
+    return json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 7, "temperature": 0.5}
+    ).encode()
+
+
+async def test_a_rewritten_request_is_routed_and_sent_as_its_target(
+    make_picker: PickerFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    picker = rewriting_picker(make_picker, tmp_path)
+    chosen = await pick(picker, chat("foodreview"), path="/v1/chat/completions")
+    assert chosen.body is not None
+    sent = json.loads(chosen.body)
+    assert sent["model"] in ADAPTERS  # the adapter's blocks, its tokenizer, its workers
+    assert {k: v for k, v in sent.items() if k != "model"} == {
+        k: v for k, v in json.loads(chat("foodreview")).items() if k != "model"
+    }
+    assert chosen.model == MODEL  # the adapters' base model's pool
+    counts = picker.metrics.model_rewrites.values
+    assert sum(counts.values()) == 1 and ("canary", sent["model"]) in counts
+    picker.finish(chosen, "complete")
+    untouched = await pick(picker, chat(MODEL), path="/v1/chat/completions", request_id="base")
+    assert untouched.body is None  # no rule names the base model: its body goes as it came
+    picker.finish(untouched, "complete")
+
+
+async def test_targets_are_drawn_by_weight(
+    make_picker: PickerFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    picker = rewriting_picker(make_picker, tmp_path)
+    for i in range(400):
+        chosen = await pick(
+            picker, chat("foodreview", f"review {i}"), path="/v1/chat/completions", request_id=f"r{i}"
+        )
+        picker.finish(chosen, "complete")
+    counts = picker.metrics.model_rewrites.values
+    v1, v2 = counts[("canary", "foodreview-v1")], counts[("canary", "foodreview-v2")]
+    assert v1 + v2 == 400 and 20 <= v1 <= 60  # 10 %: 40 expected; binomial sd 6
+
+
+def test_a_rule_without_weights_splits_evenly_and_a_weighted_target_beats_unweighted_ones() -> None:
+    rng = random.Random(3)
+    even = RewriteRule("r", frozenset(), (Target("a", 0), Target("b", 0)))
+    drawn = [pick_target(even, rng) for _ in range(1000)]
+    assert 430 <= drawn.count("a") <= 570
+    mixed = RewriteRule("r", frozenset(), (Target("a", 0), Target("b", 5)))
+    assert {pick_target(mixed, rng) for _ in range(200)} == {"b"}  # llm-d's rule: unset weighs 0
+
+
+async def test_a_rule_without_targets_leaves_the_model_and_an_unknown_target_is_a_404(
+    make_picker: PickerFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    no_targets = "  - matches:\n    - model: {value: foodreview-v1}\n"
+    picker = rewriting_picker(make_picker, tmp_path / "a", no_targets)
+    chosen = await pick(picker, chat("foodreview-v1"), path="/v1/chat/completions")
+    assert chosen.body is None and picker.metrics.model_rewrites.values == {}
+    picker.finish(chosen, "complete")
+    nowhere = "  - targets:\n    - modelRewrite: not-served\n"  # every model, to a model nobody serves
+    lost = rewriting_picker(make_picker, tmp_path / "b", nowhere)
+    with pytest.raises(UnknownModel):
+        await pick(lost, chat(MODEL), path="/v1/chat/completions")
+    assert lost.is_idle()
+
+
+def test_with_model_changes_only_the_model() -> None:
+    body = b'{"messages":[{"role":"user","content":"caf\\u00e9 \\ud83d\\ude00"}],"model":"a","n":1,"x":1.5e3}'
+    assert json.loads(with_model(body, "b")) == {**json.loads(body), "model": "b"}
+
+
+async def test_a_large_body_is_rewritten_off_the_event_loop(
+    make_picker: PickerFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    picker = rewriting_picker(make_picker, tmp_path)
+    body = chat("foodreview", "a long review " * 4000)  # 56 KB: over the 16 KiB parsed on the loop
+    before = picker.bodies.stats.in_worker
+    chosen = await pick(picker, body, path="/v1/chat/completions")
+    assert picker.bodies.stats.in_worker == before + 2  # the parse, then the rewrite
+    assert chosen.body is not None
+    assert json.loads(chosen.body) == {**json.loads(body), "model": json.loads(chosen.body)["model"]}
+    assert json.loads(chosen.body)["model"] in ADAPTERS
+    picker.finish(chosen, "complete")

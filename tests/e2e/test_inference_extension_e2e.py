@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -22,14 +23,15 @@ import openai
 import pytest
 import pytest_asyncio
 
-from extproc.config.objectives import ObjectivesConfig, Pool, read_objectives
+from extproc.config import ModelConfig
+from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
 from extproc.devstack.envoy_config import render_envoy_config
 from extproc.devstack.procs import start_envoy
 from extproc.devstack.stack import MODEL
-from extproc.picker.objectives import OBJECTIVE_HEADER
+from extproc.picker.inference_extension import OBJECTIVE_HEADER
 from extproc.runtime.server import RunningPicker, start_picker
 
-from ..config.test_objectives import objective
+from ..config.test_inference_extension import objective, rewrite
 from .harness import EchoWorker, start_echo_workers
 from .test_admission_e2e import MESSAGE_TIMEOUT_MS, config, until
 
@@ -73,12 +75,12 @@ async def stack(
     volume = ConfigMapVolume(root / "objectives")
     volume.write(OBJECTIVES)
     pool = Pool(POOL)
-    objectives = ObjectivesConfig(str(volume.path), pool, read_objectives(str(volume.path), pool))
+    resources = InferenceExtensionConfig(str(volume.path), pool, read_resources(str(volume.path), pool))
     (worker,) = await start_echo_workers(1)
     cfg = replace(
         config([worker.address], router_queue_threshold=0.0),
         queue_max_wait_s=MAX_WAIT_S,
-        objectives=objectives,
+        inference_extension=resources,
     )
     picker = await start_picker(cfg)
     yaml = render_envoy_config(
@@ -163,7 +165,7 @@ async def test_a_negative_objective_is_shed_429_and_an_unlisted_one_gets_503_whe
 
 async def test_a_configmap_update_changes_the_priorities_while_the_picker_serves(stack) -> None:
     picker, url, worker, volume = stack
-    objectives = picker.picker.objectives
+    objectives = picker.picker.inference.file
     assert objectives is not None
     readings = objectives.readings
     assert objectives.priority("promoted") is None  # not listed yet: its requests are of priority 0
@@ -178,4 +180,71 @@ async def test_a_configmap_update_changes_the_priorities_while_the_picker_serves
         picker, url, worker, [("interactive", "interactive"), ("promoted", "promoted")]
     )
     assert order == ["promoted", "interactive"]
+    await until(picker.picker.is_idle)
+
+
+# --- InferenceModelRewrite ----------------------------------------------------------------------
+
+ADAPTERS = ("foodreview-v1", "foodreview-v2")
+ROLLOUT = """\
+  - matches:
+    - model: {value: foodreview}
+    targets:
+    - modelRewrite: foodreview-v2
+"""
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["buffered", "duplex"])
+async def rewrite_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[RunningPicker, str, EchoWorker, str]]:
+    """One echo worker serving the base model and its two adapters, a picker with a rewrite that
+    sends `foodreview` to `foodreview-v2`, and an Envoy whose request body mode is the param."""
+    root = tmp_path_factory.mktemp(f"rewrite-{request.param}")
+    path = root / "resources.yaml"
+    path.write_text(rewrite("foodreview-rollout", ROLLOUT))
+    resources = InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool()))
+    (worker,) = await start_echo_workers(1)
+    cfg = replace(
+        config([worker.address]),
+        models=(ModelConfig(MODEL, lora_adapters=ADAPTERS),),
+        inference_extension=resources,
+    )
+    picker = await start_picker(cfg)
+    yaml = render_envoy_config(request.param, picker_address=f"127.0.0.1:{picker.port}")
+    envoy = start_envoy(yaml, log_path=root / "envoy.log")
+    try:
+        yield picker, envoy.url, worker, request.param
+    finally:
+        envoy.stop()
+        await picker.stop(0)
+        await worker.stop()
+
+
+async def test_the_worker_receives_the_rewritten_model_with_a_body_envoy_accepts(rewrite_stack) -> None:
+    picker, url, worker, mode = rewrite_stack
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="foodreview",
+            messages=[{"role": "user", "content": "Was the soup good? ¿Sí? 🍜 " * 40}],
+            max_tokens=4,
+            temperature=0.3,
+        )
+        echoed = raw.http_response.json()
+    sent = json.loads(worker.received[-1])
+    assert sent["model"] == "foodreview-v2"  # the engine serves the adapter the rewrite chose
+    assert sent["messages"][0]["content"] == "Was the soup good? ¿Sí? 🍜 " * 40 and sent["max_tokens"] == 4
+    assert echoed["body_len"] == len(worker.received[-1])
+    if mode == "buffered":  # Envoy leaves the length to the processor: the picker set the new one
+        assert int(echoed["headers"]["content-length"]) == echoed["body_len"]
+    else:  # duplex: Envoy drops the length of a body it streams, and sends it chunked
+        assert echoed["headers"].get("transfer-encoding") == "chunked"
+    assert picker.picker.metrics.model_rewrites.values[("foodreview-rollout", "foodreview-v2")] >= 1
+    assert picker.picker.metrics.lora_requests.values[(MODEL, "foodreview-v2")] >= 1
+    # the base model's requests pass untouched, byte for byte
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "plain"}], max_tokens=4
+        )
+    assert json.loads(worker.received[-1])["model"] == MODEL
     await until(picker.picker.is_idle)
