@@ -176,6 +176,8 @@ def _load_picker(
             argv[index] = f"--config={local}"
         else:
             argv[index] = str(local)
+        if not _localize_resources(picker, argv, env, manifests, problems, Path(tmp)):
+            return picker
         try:
             picker.config = load_config(argv, environ=env)
         except ConfigError as exc:
@@ -185,8 +187,37 @@ def _load_picker(
     return picker
 
 
-def _mounted_file(picker: Picker, path: str, manifests: Manifests, problems: list[Problem]) -> str | None:
-    """The content of `path` as the container sees it, from a ConfigMap volume; None (and a problem)."""
+def _localize_resources(
+    picker: Picker,
+    argv: list[str],
+    env: dict[str, str],
+    manifests: Manifests,
+    problems: list[Problem],
+    tmp: Path,
+) -> bool:
+    """Point --inference-resources (flag or DYN_INFERENCE_RESOURCES) at a local copy of the file the
+    container would read, so that load_config checks it; False (and a problem) when it is not mounted."""
+    index = next((i + 1 for i, arg in enumerate(argv[:-1]) if arg == "--inference-resources"), None)
+    path = argv[index] if index is not None else env.get("DYN_INFERENCE_RESOURCES")
+    if path is None:
+        return True
+    text = _mounted_file(picker, path, manifests, problems, config=False)
+    if text is None:
+        return False
+    local = tmp / "inference-resources.yaml"
+    local.write_text(text)
+    if index is not None:
+        argv[index] = str(local)
+    else:
+        env["DYN_INFERENCE_RESOURCES"] = str(local)
+    return True
+
+
+def _mounted_file(
+    picker: Picker, path: str, manifests: Manifests, problems: list[Problem], *, config: bool = True
+) -> str | None:
+    """The content of `path` as the container sees it, from a ConfigMap volume; None (and a problem).
+    `config`: it is the picker's config file (its mount is remembered for the reload checks)."""
     spec = pod_spec(picker.deployment)
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     for mount in picker.container.get("volumeMounts", []):
@@ -199,7 +230,8 @@ def _mounted_file(picker: Picker, path: str, manifests: Manifests, problems: lis
             key = path[len(root) + 1 :]
         else:
             continue
-        picker.config_mount = mount
+        if config:
+            picker.config_mount = mount
         source = volumes.get(mount["name"], {}).get("configMap")
         if source is None:
             problems.append(
