@@ -41,7 +41,9 @@ def test_the_load_is_frozen_and_its_young_garbage_collected_when_it_ends(full_co
         grow(kept, 50_000)
         garbage = weakref.ref(Thing())  # unreachable at once, kept alive by its own cycle
     assert garbage() is None  # collected before the freeze, not kept forever
-    assert gc.get_freeze_count() >= frozen + 50_000 * 3  # each kept list, its inner list and dict
+    # each kept list and its inner list (a dict of ints is not tracked by the collector); nothing
+    # else is promised: the heap around them may have been frozen already by an earlier test
+    assert gc.get_freeze_count() >= frozen + 50_000 * 2
 
 
 def test_only_the_outermost_bulk_load_freezes_and_restores(full_collections):
