@@ -13,7 +13,8 @@ that address; `x-data-parallel-rank` picks the engine's rank). Every routing ans
 client's copies of those it does not set itself (`HeaderMutation.remove_headers`), routed and
 untracked requests alike, in both body modes; our Envoy templates strip the same list before the
 picker runs (`extproc/devstack/envoy_config.py` renders it from here), which also covers requests
-that `failopen` sends without the picker.
+that `failopen` sends without the picker. Input headers (`INPUT_HEADERS`: the objective a request
+names) reach the picker and are removed by its routing answers, never sent to the worker.
 
 Error answers are OpenAI-style JSON, `{"error": {"message", "type", "param", "code"}}` (vLLM's
 ErrorResponse: `code` is the HTTP status), with the reason in `x-gateway-request-dropped-reason`;
@@ -47,6 +48,9 @@ DEFAULT_PREFILL_HEADER = "x-prefill-endpoint"  # --prefill-endpoint-header's def
 RETRY_AFTER_HEADER = "retry-after"
 # Request headers the picker owns, besides the configurable prefill endpoint header: see the docstring.
 OWNED_HEADERS: frozenset[str] = frozenset({DESTINATION_HEADER, SERVED_KEY, DP_RANK_HEADER, WORKER_HEADER})
+# Request headers that tell the picker something and stop there (the worker has no use for them):
+# every routing answer removes them, as the Inference Extension's picker strips its input headers.
+INPUT_HEADERS: frozenset[str] = frozenset({"x-gateway-inference-objective"})
 MAX_STREAMED_CHUNK = 62 * 1024  # Envoy accepts streamed body answers up to ~64 KiB per message
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -162,7 +166,7 @@ def _routing_common(
     set_headers = [_header(DESTINATION_HEADER, endpoint)]
     set_headers += [_header(k, v) for k, v in extra_headers.items()]
     kept = {DESTINATION_HEADER, *(k.lower() for k in extra_headers)}
-    remove = sorted(h for h in owned if h not in kept)
+    remove = sorted(h for h in {*owned, *INPUT_HEADERS} if h not in kept)
     return pb.CommonResponse(
         header_mutation=pb.HeaderMutation(set_headers=set_headers, remove_headers=remove),
         clear_route_cache=True,

@@ -248,3 +248,17 @@ async def test_the_worker_receives_the_rewritten_model_with_a_body_envoy_accepts
         )
     assert json.loads(worker.received[-1])["model"] == MODEL
     await until(picker.picker.is_idle)
+
+
+async def test_the_objective_header_stops_at_the_picker(stack) -> None:
+    picker, url, _, _ = stack
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=4,
+            extra_headers={OBJECTIVE_HEADER: "interactive", "x-other": "kept"},
+        )
+    received = raw.http_response.json()["headers"]
+    assert OBJECTIVE_HEADER not in received and received["x-other"] == "kept"
+    await until(picker.picker.is_idle)

@@ -80,10 +80,11 @@ def test_a_routing_answer_sets_its_headers_and_removes_the_other_owned_ones():
     mutation = answer.request_headers.response.header_mutation
     assert {h.header.key for h in mutation.set_headers} == {epp.DESTINATION_HEADER, "X-Data-Parallel-Rank"}
     assert list(mutation.remove_headers) == sorted(
-        epp.owned_headers() - {epp.DESTINATION_HEADER, epp.DP_RANK_HEADER}
+        (epp.owned_headers() | epp.INPUT_HEADERS) - {epp.DESTINATION_HEADER, epp.DP_RANK_HEADER}
     )
     body_answer = epp.route_in_body("10.0.0.1:8000", {}, owned={"x-a", epp.DESTINATION_HEADER})
-    assert list(body_answer.request_body.response.header_mutation.remove_headers) == ["x-a"]
+    removed = body_answer.request_body.response.header_mutation.remove_headers
+    assert list(removed) == ["x-a", "x-gateway-inference-objective"]  # the objective stops at the picker
 
 
 class _WithMessage(Exception):

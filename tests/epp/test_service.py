@@ -315,7 +315,7 @@ async def test_every_routing_answer_removes_the_client_copies_of_owned_headers(m
     headers = request_headers(path, mode=mode, extra=CLIENT_COPIES)
     answers = await run(service, [headers, request_body(chat_body())])
     routed = next(a for a in answers if epp.DESTINATION_HEADER in mutation_headers(common_of(a)))
-    assert removed_headers(routed) == set(CLIENT_COPIES)
+    assert removed_headers(routed) == set(CLIENT_COPIES) | epp.INPUT_HEADERS
     assert service.owned_headers == epp.owned_headers() == {*CLIENT_COPIES, epp.DESTINATION_HEADER}
     assert picker.is_idle()
 
@@ -326,7 +326,7 @@ async def test_owned_headers_the_pick_sets_are_set_not_removed():
     answers = await run(service, [request_headers(extra=CLIENT_COPIES), request_body(chat_body())])
     routed = answers[-1]
     assert mutation_headers(routed.request_body.response)[epp.DP_RANK_HEADER] in {"0", "1"}
-    assert removed_headers(routed) == set(CLIENT_COPIES) - {epp.DP_RANK_HEADER}
+    assert removed_headers(routed) == (set(CLIENT_COPIES) | epp.INPUT_HEADERS) - {epp.DP_RANK_HEADER}
 
 
 async def test_the_configured_prefill_header_is_owned():
