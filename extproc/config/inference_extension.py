@@ -190,6 +190,8 @@ def parse_resources(text: str, pool: Pool, *, source: str = "inference-resources
         documents = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not YAML: {exc}") from exc
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(f"{source}: nested too deeply to be a resource") from None
     for where, doc in _resources(documents, source):
         kind = doc.get("kind")
         if kind == "InferenceModel":

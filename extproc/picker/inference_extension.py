@@ -111,11 +111,12 @@ class ResourceFile:
         self._signature = signature  # a bad file is reported once per change, not at every look
         try:
             resources = read_resources(self.path, self.pool)
-        except ConfigError as exc:
+        except Exception as exc:  # ConfigError; anything else is a bug, never a request's failure
             kept = self.resources
             log.warning(
                 "%s; the %d objectives and %d rewrite rules read before stay in use",
-                exc, len(kept.priorities), len(kept.rewrites),
+                exc if isinstance(exc, ConfigError) else f"{self.path} could not be read: {exc!r}",
+                len(kept.priorities), len(kept.rewrites),
             )  # fmt: skip
             return
         self.resources = resources

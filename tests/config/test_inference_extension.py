@@ -148,6 +148,7 @@ def test_with_a_pool_name_only_that_pools_objectives_are_kept() -> None:
         ("- just\n- a list\n", "document 1: expected a resource (a mapping), got list"),
         ("kind: List\nitems: 3\n", "items must be a list"),
         ("key: [unclosed\n", "f: not YAML"),
+        ("[" * 20_000 + "]" * 20_000, "f: nested too deeply to be a resource"),
         (
             "apiVersion: inference.networking.x-k8s.io/v1alpha2\nkind: InferenceModel\nmetadata: {name: m}\n",
             "InferenceModel was replaced by InferenceObjective in the Inference Extension's v1.0",

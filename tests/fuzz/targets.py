@@ -16,6 +16,7 @@ TARGET_MODULES: dict[str, str] = {
     "admin_api": "tests.fuzz.test_admin_fuzz",
     "ext_proc": "tests.fuzz.test_ext_proc_fuzz",
     "config_yaml": "tests.fuzz.test_config_fuzz",
+    "inference_resources": "tests.fuzz.test_inference_resources_fuzz",
     "paths": "tests.fuzz.test_path_fuzz",
     "trailers": "tests.fuzz.test_trailers_fuzz",
     "sessions": "tests.fuzz.test_session_fuzz",
