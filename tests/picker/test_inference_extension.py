@@ -317,3 +317,17 @@ async def test_a_large_body_is_rewritten_off_the_event_loop(
     assert json.loads(chosen.body) == {**json.loads(body), "model": json.loads(chosen.body)["model"]}
     assert json.loads(chosen.body)["model"] in ADAPTERS
     picker.finish(chosen, "complete")
+
+
+async def test_in_a_running_picker_the_file_is_read_in_a_thread_and_the_last_reading_serves_meanwhile(
+    tmp_path: Path,
+) -> None:
+    config = resources_config(tmp_path)
+    path = Path(config.path or "")
+    clock = FakeClock(0.0)
+    objectives = ResourceFile(config.path or "", Pool(), config.initial, clock=clock)
+    path.write_text(objective("interactive", 30))
+    clock.advance(1.0)
+    assert objectives.priority("interactive") == 10  # the read has started, not finished
+    await until(lambda: objectives.readings == 2, 5.0, "the new file read")
+    assert objectives.priority("interactive") == 30
