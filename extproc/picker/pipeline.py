@@ -520,7 +520,8 @@ class EndpointPicker:
             log.info(
                 "routed %s model=%s%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
                 loggable(client_request_id), request.model,
-                f" lora={request.lora_name}" if request.lora_name else "",
+                (f" lora={request.lora_name}" if request.lora_name else "")
+                + (f" (rewritten to {rewritten} by an InferenceModelRewrite)" if rewritten else ""),
                 f"group {decision.group} worker " if self.hierarchical else "",
                 choice.worker, choice.endpoint, choice.overlap_blocks, choice.request_blocks,
                 decision.best_overlap_blocks, choice.cost,
