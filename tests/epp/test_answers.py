@@ -106,3 +106,19 @@ def test_the_routers_errors_with_an_answer_show_their_text_and_the_others_do_not
     assert busy["error"]["message"] == "all 3 candidate workers are over a busy threshold"
     unknown = json.loads(epp.error_answer(router_errors.UnknownRequest("r1")).immediate_response.body)
     assert unknown["error"]["message"] == "internal error in the picker"
+
+
+def test_a_rewritten_body_rides_on_the_buffered_answer_with_its_own_length():
+    body = '{"model":"food-review-v2","prompt":"ça"}'.encode()
+    answer = epp.route_in_body("10.0.0.1:8000", {"x-data-parallel-rank": "0"}, owned=set(), body=body)
+    common = answer.request_body.response
+    assert common.body_mutation.body == body
+    set_headers = {h.header.key: h.header.raw_value for h in common.header_mutation.set_headers}
+    # Envoy leaves the length to the processor in BUFFERED mode and refuses a mutation that disagrees
+    assert set_headers["content-length"] == str(len(body)).encode() == b"41"
+    assert set_headers["x-data-parallel-rank"] == b"0"
+    unchanged = epp.route_in_body("10.0.0.1:8000", {}, owned=set())
+    assert not unchanged.request_body.response.HasField("body_mutation")
+    assert "content-length" not in {
+        h.header.key for h in unchanged.request_body.response.header_mutation.set_headers
+    }
