@@ -1,7 +1,8 @@
 """The picker's admin HTTP server (aiohttp), off unless `--admin-port` is given (0 = a free port).
 
     GET  /metrics                 Prometheus: request path, routers, queues, sessions, KV events (and
-                                  Dynamo's router metric names beside ours: dynamo_metrics.py)
+                                  Dynamo's router metric names beside ours: dynamo_metrics.py; the
+                                  Inference Extension's pool gauges: inference_extension_metrics.py)
     GET  /healthz                 liveness (the event loop answers); /health is an alias
     GET  /readyz                  200 when ready to route (see readiness.py), else 503 with the reason
     GET  /busy_threshold          {"thresholds": [record per configured model]}
@@ -49,6 +50,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from extproc.admin.dynamo_metrics import DynamoMetricsCollector
+from extproc.admin.inference_extension_metrics import InferenceExtensionMetricsCollector
 from extproc.admin.metrics import PickerCollector
 from extproc.config import WorkerConfig
 from extproc.errors import PickerError, UnknownModel
@@ -110,6 +112,7 @@ def make_admin_app(
     registry = picker.metrics.registry
     registry.register(PickerCollector(picker, sources))
     registry.register(DynamoMetricsCollector(picker))  # Dynamo's router metric names, same values
+    registry.register(InferenceExtensionMetricsCollector(picker))  # the Inference Extension's pool gauges
     registry.register(
         TokenCacheCollector(lambda: {m: p.tokenizer.piece_cache_stats() for m, p in picker.pools.items()})
     )

@@ -49,6 +49,7 @@ log = logging.getLogger("extproc.inference_extension")
 
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 UNLISTED = "unlisted"  # the metrics' label for a name the file does not list
+ANY_MODEL = "*"  # the metrics' label for the model of a rule without matches (any model)
 CHECK_EVERY_S = 1.0
 
 _Signature = tuple[int, int, int]  # the file's (inode, size, mtime in ns)
@@ -87,16 +88,16 @@ class ResourceFile:
         """The priority of the objective `name`, or None when the file does not list it."""
         return self._current().priorities.get(name)
 
-    def rewrite(self, model: str, rng: random.Random) -> tuple[str, str] | None:
-        """(the model to serve instead, the rewrite's name) for a request for `model`; None when no
-        rule applies or the rule has no targets."""
+    def rewrite(self, model: str, rng: random.Random) -> tuple[str, RewriteRule] | None:
+        """(the model to serve instead, the rule that chose it) for a request for `model`; None when
+        no rule applies or the rule has no targets."""
         rules = self._current().rewrites
         if not rules:
             return None
         rule = self.resources.rewrite_rule(model)
         if rule is None or not rule.targets:
             return None
-        return pick_target(rule, rng), rule.rewrite
+        return pick_target(rule, rng), rule
 
     def _current(self) -> InferenceResources:
         now = self._clock()
@@ -181,8 +182,9 @@ class InferenceExtension:
         chosen = self.file.rewrite(model, self._rng) if self.file is not None else None
         if chosen is None:
             return None
-        target, rewrite = chosen
-        self._metrics.model_rewrites.values[rewrite, target] += 1
+        target, rule = chosen
+        matched = model if model in rule.models else ANY_MODEL  # a client's name only when listed
+        self._metrics.model_rewrites.values[rule.rewrite, matched, target] += 1
         return target
 
 

@@ -184,8 +184,9 @@ class PickMetrics:
         )
         self.model_rewrites = LabelledCounts(
             "extproc_model_rewrites",
-            "Requests an InferenceModelRewrite sent to another model, per rewrite and target model.",
-            ["rewrite", "target"],
+            "Requests an InferenceModelRewrite sent to another model, per rewrite, the model its rule "
+            'matched (model="*" for a rule without matches) and the target model.',
+            ["rewrite", "model", "target"],
         )
         self.kv_hit_rate = LabelledHistogram(
             "extproc_kv_hit_rate",

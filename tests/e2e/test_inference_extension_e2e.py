@@ -239,7 +239,10 @@ async def test_the_worker_receives_the_rewritten_model_with_a_body_envoy_accepts
         assert int(echoed["headers"]["content-length"]) == echoed["body_len"]
     else:  # duplex: Envoy drops the length of a body it streams, and sends it chunked
         assert echoed["headers"].get("transfer-encoding") == "chunked"
-    assert picker.picker.metrics.model_rewrites.values[("foodreview-rollout", "foodreview-v2")] >= 1
+    assert (
+        picker.picker.metrics.model_rewrites.values[("foodreview-rollout", "foodreview", "foodreview-v2")]
+        >= 1
+    )
     assert picker.picker.metrics.lora_requests.values[(MODEL, "foodreview-v2")] >= 1
     # the base model's requests pass untouched, byte for byte
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:

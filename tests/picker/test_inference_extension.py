@@ -252,7 +252,7 @@ async def test_a_rewritten_request_is_routed_and_sent_as_its_target(
     }
     assert chosen.model == MODEL  # the adapters' base model's pool
     counts = picker.metrics.model_rewrites.values
-    assert sum(counts.values()) == 1 and ("canary", sent["model"]) in counts
+    assert sum(counts.values()) == 1 and ("canary", "foodreview", sent["model"]) in counts
     picker.finish(chosen, "complete")
     untouched = await pick(picker, chat(MODEL), path="/v1/chat/completions", request_id="base")
     assert untouched.body is None  # no rule names the base model: its body goes as it came
@@ -270,7 +270,10 @@ async def test_targets_are_drawn_by_weight(
         )
         picker.finish(chosen, "complete")
     counts = picker.metrics.model_rewrites.values
-    v1, v2 = counts[("canary", "foodreview-v1")], counts[("canary", "foodreview-v2")]
+    v1, v2 = (
+        counts[("canary", "foodreview", "foodreview-v1")],
+        counts[("canary", "foodreview", "foodreview-v2")],
+    )
     assert v1 + v2 == 400 and 20 <= v1 <= 60  # 10 %: 40 expected; binomial sd 6
 
 

@@ -1,0 +1,135 @@
+"""The Inference Extension's pool metric names, beside ours, so its dashboards, alerts and autoscalers
+(an HPA on `inference_pool_average_kv_cache_utilization`) carry over.
+
+Rendered at scrape time from what the picker already keeps (the engines' scraped loads, the
+rewrite counts): nothing is added to the request path. Names, label names and meanings are the
+Inference Extension endpoint picker's, as llm-d ships it (`pkg/epp/metrics/metrics.go` and
+`collectors/inference_pool.go`, read at llm-d-inference-scheduler 520af47):
+
+    inference_pool_average_kv_cache_utilization{name}      the ready workers' mean KV cache usage (0-1)
+    inference_pool_average_queue_size{name}                their mean requests waiting in the engine
+    inference_pool_average_running_requests{name}          their mean requests running
+    inference_pool_ready_pods{name}                        workers whose engine metrics are fresh
+    inference_pool_per_pod_queue_size{name, model_server_pod}   each worker's waiting requests
+    inference_extension_model_rewrite_decisions_total{model_rewrite_name, model_name, target_model}
+    inference_extension_info{commit, build_ref}            1
+
+As there, a worker is ready while its engine's metrics are fresh (`--engine-metrics-interval-ms`,
+every second by default; three intervals old is stale), and the averages are over the ready ones,
+left out while none is (the Inference Extension's picker then keeps its last values). A data-parallel
+engine is one pod per rank (`<worker>-rank-<r>`, as llm-d names them). `name` is `--pool-name`, the
+pool as a whole (its workers counted once, whichever models they serve); without it, one pool per
+model, named after the model. A rewrite's `model_name` is the model its rule names, or `*` for a
+rule without matches (never a client's free text).
+
+Not rendered: the per-request `inference_objective_*` series (keyed by the model names a client
+sends), the flow-control series and the scheduler's plugin latencies: ours are
+`extproc_requests_total`, `extproc_objective_requests_total`, the admission queue's and
+`extproc_decision_stage_seconds`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+import extproc
+from extproc.picker.pipeline import EndpointPicker
+from extproc.router import Worker
+from extproc.router.reported import ReportedLoad
+
+
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    name: str
+    report: ReportedLoad | None
+    fresh: bool
+
+
+class InferenceExtensionMetricsCollector(Collector):
+    def __init__(self, picker: EndpointPicker) -> None:
+        self.picker = picker
+
+    def collect(self) -> Iterator[Metric]:
+        kv = GaugeMetricFamily(
+            "inference_pool_average_kv_cache_utilization",
+            "The average kv cache utilization for an inference server pool.",
+            labels=["name"],
+        )
+        queue = GaugeMetricFamily(
+            "inference_pool_average_queue_size",
+            "The average number of requests pending in the model server queue.",
+            labels=["name"],
+        )
+        running = GaugeMetricFamily(
+            "inference_pool_average_running_requests",
+            "The average number of running requests across model servers in the pool.",
+            labels=["name"],
+        )
+        ready = GaugeMetricFamily(
+            "inference_pool_ready_pods",
+            "The number of ready pods in the inference server pool.",
+            labels=["name"],
+        )
+        per_pod = GaugeMetricFamily(
+            "inference_pool_per_pod_queue_size",
+            "The total number of requests pending in the model server queue for each underlying pod.",
+            labels=["name", "model_server_pod"],
+        )
+        for name, pods in self._pools().items():
+            fresh = [pod.report for pod in pods if pod.fresh and pod.report is not None]
+            ready.add_metric([name], len(fresh))
+            for pod in pods:
+                waiting = pod.report.waiting if pod.report is not None else None
+                per_pod.add_metric([name, pod.name], waiting or 0)
+            if fresh:
+                kv.add_metric([name], sum(r.kv_usage or 0.0 for r in fresh) / len(fresh))
+                queue.add_metric([name], sum(r.waiting or 0 for r in fresh) / len(fresh))
+                running.add_metric([name], sum(r.running or 0 for r in fresh) / len(fresh))
+        yield from (kv, queue, running, ready, per_pod)
+        rewrites = CounterMetricFamily(
+            "inference_extension_model_rewrite_decisions",
+            "Total number of inference model rewrite decisions.",
+            labels=["model_rewrite_name", "model_name", "target_model"],
+        )
+        for (rewrite, model, target), count in sorted(self.picker.metrics.model_rewrites.values.items()):
+            rewrites.add_metric([rewrite, model, target], count)
+        yield rewrites
+        info = GaugeMetricFamily(
+            "inference_extension_info",
+            "General information of the current build.",
+            labels=["commit", "build_ref"],
+        )
+        info.add_metric(["", f"extproc-{extproc.__version__}"], 1)
+        yield info
+
+    def _pools(self) -> dict[str, list[_Pod]]:
+        """Pool name -> its workers (each data-parallel rank a pod), each counted once."""
+        pool_name = self.picker.config.inference_extension.pool.name
+        pools: dict[str, dict[tuple[str, int], _Pod]] = {}
+        for model, pool in self.picker.pools.items():
+            pods = pools.setdefault(pool_name or model, {})
+            for router in pool.routers():
+                workers = list(router.workers())
+                ranks: dict[int | str, int] = {}
+                for worker in workers:
+                    ranks[worker.worker_id] = ranks.get(worker.worker_id, 0) + 1
+                for worker in workers:
+                    key = (pool.endpoint_of(worker), worker.dp_rank)
+                    if key not in pods:
+                        pods[key] = _pod(
+                            router.reported.get(worker), router.reported.age_s(worker), worker, ranks
+                        )
+        return {name: list(pods.values()) for name, pods in pools.items()}
+
+
+def _pod(
+    report: ReportedLoad | None, age_s: float | None, worker: Worker, ranks: dict[int | str, int]
+) -> _Pod:
+    many = ranks.get(worker.worker_id, 1) > 1
+    name = f"{worker.worker_id}-rank-{worker.dp_rank}" if many else str(worker.worker_id)
+    fresh = report is not None and age_s is not None and age_s <= report.max_age_s
+    return _Pod(name, report, fresh)
