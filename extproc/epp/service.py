@@ -398,7 +398,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if not duplex or answer.HasField("immediate_response"):
             return [answer]
         if stream.pick is not None and stream.pick.body is not None:  # rewritten: Envoy drops its length
-            body = stream.pick.body
+            body, stream.pick.body = stream.pick.body, None  # not held while the answer streams
         return [answer, *epp.streamed_body(body, end_of_stream=end_of_stream)]
 
     async def _route(self, stream: _Stream, body: bytes | None, *, in_body: bool) -> pb.ProcessingResponse:
@@ -422,7 +422,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.pick = pick
         stream.phase = Phase.UPSTREAM
         if pick.body is not None and in_body:  # a rewritten body: an answer of its own, never cached
-            return epp.route_in_body(pick.endpoint, pick.headers, self.owned_headers, pick.body)
+            body, pick.body = pick.body, None  # not held while the answer streams
+            return epp.route_in_body(pick.endpoint, pick.headers, self.owned_headers, body)
         return self._routing_answer(pick.endpoint, pick.headers, in_body)
 
     def _routing_answer(
