@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from dataclasses import replace
 
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from extproc.config import ModelConfig
+from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
 from extproc.epp import answers as epp
 from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
 
+from ..config.test_inference_extension import rewrite
 from ..picker_fixtures import (
     BUFFERED,
     DUPLEX,
@@ -466,3 +471,30 @@ async def until(condition, timeout_s: float = 5.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, DUPLEX])
+async def test_a_model_rewrite_sends_the_rewritten_body_in_either_body_mode(mode, tmp_path):
+    """BUFFERED: the body mutation with its content-length; DUPLEX: the streamed chunks are the new
+    body (Envoy drops the length there). Through Envoy: tests/e2e/test_inference_extension_e2e.py."""
+    path = tmp_path / "resources.yaml"
+    rules = "  - matches:\n    - model: {value: alias}\n    targets:\n    - modelRewrite: lora-a\n"
+    path.write_text(rewrite("to-adapter", rules))
+    config = replace(
+        picker_config(),
+        models=(ModelConfig("demo-model", lora_adapters=("lora-a",)),),
+        inference_extension=InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool())),
+    )
+    picker = EndpointPicker(config)
+    service = ExtProcService(picker, max_body_bytes=1 << 20)
+    body = chat_body("a question", model="alias")
+    answers = await run(service, [request_headers(mode=mode), request_body(body)])
+    if mode == BUFFERED:
+        common = answers[-1].request_body.response
+        sent = common.body_mutation.body
+        assert mutation_headers(common)["content-length"] == str(len(sent))
+    else:
+        sent = b"".join(a.request_body.response.body_mutation.streamed_response.body for a in answers[1:])
+    assert json.loads(sent) == {**json.loads(body), "model": "lora-a"}
+    assert picker.is_idle()  # the stream ended: the request was freed
+    await picker.close()
