@@ -16,11 +16,11 @@ Inference Extension endpoint picker's, as llm-d ships it (`pkg/epp/metrics/metri
 
 As there, a worker is ready while its engine's metrics are fresh (`--engine-metrics-interval-ms`,
 every second by default; three intervals old is stale), and the averages are over the ready ones,
-left out while none is (the Inference Extension's picker then keeps its last values). A data-parallel
-engine is one pod per rank (`<worker>-rank-<r>`, as llm-d names them). `name` is `--pool-name`, the
-pool as a whole (its workers counted once, whichever models they serve); without it, one pool per
-model, named after the model. A rewrite's `model_name` is the model its rule names, or `*` for a
-rule without matches (never a client's free text).
+left out while none is (the Inference Extension's picker then keeps its last values). A pod is a
+worker's data-parallel rank, `<worker>-rank-<r>` as llm-d names its endpoints (`-rank-0` with one).
+`name` is `--pool-name`, the pool as a whole (its workers counted once, whichever models they
+serve); without it, one pool per model, named after the model. A rewrite's `model_name` is the
+model its rule names, or `*` for a rule without matches (never a client's free text).
 
 Not rendered: the per-request `inference_objective_*` series (keyed by the model names a client
 sends), the flow-control series and the scheduler's plugin latencies: ours are
@@ -113,23 +113,15 @@ class InferenceExtensionMetricsCollector(Collector):
         for model, pool in self.picker.pools.items():
             pods = pools.setdefault(pool_name or model, {})
             for router in pool.routers():
-                workers = list(router.workers())
-                ranks: dict[int | str, int] = {}
-                for worker in workers:
-                    ranks[worker.worker_id] = ranks.get(worker.worker_id, 0) + 1
-                for worker in workers:
+                for worker in router.workers():
                     key = (pool.endpoint_of(worker), worker.dp_rank)
                     if key not in pods:
-                        pods[key] = _pod(
-                            router.reported.get(worker), router.reported.age_s(worker), worker, ranks
-                        )
+                        pods[key] = _pod(router.reported.get(worker), router.reported.age_s(worker), worker)
         return {name: list(pods.values()) for name, pods in pools.items()}
 
 
-def _pod(
-    report: ReportedLoad | None, age_s: float | None, worker: Worker, ranks: dict[int | str, int]
-) -> _Pod:
-    many = ranks.get(worker.worker_id, 1) > 1
-    name = f"{worker.worker_id}-rank-{worker.dp_rank}" if many else str(worker.worker_id)
+def _pod(report: ReportedLoad | None, age_s: float | None, worker: Worker) -> _Pod:
+    """llm-d names an endpoint `<pod>-rank-<i>`, i its port's index (a data-parallel rank), even
+    when the pod has one."""
     fresh = report is not None and age_s is not None and age_s <= report.max_age_s
-    return _Pod(name, report, fresh)
+    return _Pod(f"{worker.worker_id}-rank-{worker.dp_rank}", report, fresh)

@@ -105,7 +105,7 @@ async def test_the_pool_gauges_average_the_ready_workers_and_list_every_pods_que
     assert values["inference_pool_average_queue_size"] == [({"name": MODEL}, pytest.approx(7 / 3))]
     assert values["inference_pool_average_running_requests"] == [({"name": MODEL}, pytest.approx(20 / 3))]
     per_pod = {labels["model_server_pod"]: v for labels, v in found["inference_pool_per_pod_queue_size"]}
-    assert per_pod == {"w0": 3, "w1-rank-0": 0, "w1-rank-1": 4, "w2": 0}
+    assert per_pod == {"w0-rank-0": 3, "w1-rank-0": 0, "w1-rank-1": 4, "w2-rank-0": 0}  # llm-d's names
     assert found["inference_extension_info"] == [({"commit": "", "build_ref": "extproc-0.1.0"}, 1.0)]
 
 
@@ -149,5 +149,5 @@ async def test_without_fresh_engine_metrics_no_pod_is_ready_and_no_average_is_ma
     assert found["inference_pool_ready_pods"] == [({"name": MODEL}, 0.0)]
     assert "inference_pool_average_kv_cache_utilization" not in found  # as there: nothing to average
     assert sorted(labels["model_server_pod"] for labels, _ in found["inference_pool_per_pod_queue_size"]) == [
-        "w0", "w1-rank-0", "w1-rank-1", "w2"
+        "w0-rank-0", "w1-rank-0", "w1-rank-1", "w2-rank-0"
     ]  # fmt: skip
