@@ -16,6 +16,8 @@
                                   adapters and aliases requests may name (configured or listed by
                                   its workers)
     GET  /debug/dump_events       ?model=M: the KV events that rebuild M's indexer (engine-reported)
+    GET  /debug/inference_resources  the InferenceObjectives and model rewrite rules in use (the
+                                  last good reading of --inference-resources), in precedence order
     POST /debug/potential_loads   {"model", "prompt" | "messages" | "tokens", "cache_salt"?}: loads if
                                   sent, the credited overlap and the matched blocks per tier; at most
                                   MAX_POTENTIAL_LOADS_TOKENS tokens (400 beyond); a LoRA adapter's
@@ -213,6 +215,9 @@ def make_admin_app(
             }
         )
 
+    async def inference_resources(_request: web.Request) -> web.Response:
+        return web.json_response(inference_resources_record(picker))
+
     async def dump_events(request: web.Request) -> web.Response:
         model = request.query.get("model") or (next(iter(picker.pools)) if len(picker.pools) == 1 else None)
         if model is None:
@@ -303,6 +308,7 @@ def make_admin_app(
     app.router.add_post("/busy_threshold", busy_threshold)
     app.router.add_get("/debug/workers", workers)
     app.router.add_get("/debug/dump_events", dump_events)
+    app.router.add_get("/debug/inference_resources", inference_resources)
     app.router.add_post("/debug/potential_loads", potential_loads)
     return app
 
@@ -398,6 +404,29 @@ def _event_json(event: KvEvent) -> dict[str, Any]:
         return {"type": "removed", **worker, "block_hashes": list(event.engine_hashes)}
     assert isinstance(event, AllBlocksCleared)
     return {"type": "cleared", **worker}
+
+
+def inference_resources_record(picker: EndpointPicker) -> dict[str, Any]:
+    """What `--inference-resources` gave the picker, as it uses it now (the last good reading)."""
+    file = picker.inference.file
+    if file is None:
+        return {"file": None}
+    resources = file.resources
+    return {
+        "file": file.path,
+        "pool": {"name": file.pool.name, "namespace": file.pool.namespace, "group": file.pool.group},
+        "readings": file.readings,
+        "objectives": dict(sorted(resources.priorities.items())),
+        "model_rewrites": [
+            {
+                "rewrite": rule.rewrite,
+                "models": sorted(rule.models),
+                "targets": [{"model": t.model, "weight": t.weight} for t in rule.targets],
+            }
+            for rule in resources.rewrites
+        ],
+        "left_out": list(resources.left_out),
+    }
 
 
 def _engine_load(

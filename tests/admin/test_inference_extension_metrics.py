@@ -24,7 +24,7 @@ from extproc.events.sources import EventSources
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.engine_metrics import EngineMetricsScraper
 
-from ..config.test_inference_extension import CANARY, rewrite
+from ..config.test_inference_extension import CANARY, objective, rewrite
 from ..picker_fixtures import MODEL, chat_body, picker_config
 from ..runtime.test_engine_metrics import fixture
 
@@ -151,3 +151,45 @@ async def test_without_fresh_engine_metrics_no_pod_is_ready_and_no_average_is_ma
     assert sorted(labels["model_server_pod"] for labels, _ in found["inference_pool_per_pod_queue_size"]) == [
         "w0-rank-0", "w1-rank-0", "w1-rank-1", "w2-rank-0"
     ]  # fmt: skip
+
+
+async def test_debug_inference_resources_shows_what_the_picker_uses(engines, tmp_path: Path) -> None:
+    path = tmp_path / "resources.yaml"
+    path.write_text(
+        rewrite("canary", CANARY)
+        + "---\n"
+        + objective("batch", -1)
+        + "---\n"
+        + objective("x", 1, pool="other")
+    )
+    pool = Pool("vllm-qwen3-32b")
+    picker = picker_for(
+        engines,
+        inference_extension=InferenceExtensionConfig(str(path), pool, read_resources(str(path), pool)),
+    )
+    plain = picker_for(engines)
+    try:
+        counters = EventCounters()
+        sources = EventSources(RouterFeed(picker.routers_by_worker(), counters), counters)
+        async with TestClient(TestServer(make_admin_app(picker, sources))) as client:
+            answer = await (await client.get("/debug/inference_resources")).json()
+        async with TestClient(TestServer(make_admin_app(plain, sources))) as client:
+            nothing = await (await client.get("/debug/inference_resources")).json()
+    finally:
+        await picker.close()
+        await plain.close()
+    assert answer["file"] == str(path) and answer["readings"] == 1 and answer["objectives"] == {"batch": -1}
+    assert answer["pool"] == {
+        "name": "vllm-qwen3-32b",
+        "namespace": None,
+        "group": "inference.networking.k8s.io",
+    }
+    assert answer["model_rewrites"] == [
+        {
+            "rewrite": "canary",
+            "models": ["foodreview"],
+            "targets": [{"model": "foodreview-v1", "weight": 10}, {"model": "foodreview-v2", "weight": 90}],
+        }
+    ]
+    assert len(answer["left_out"]) == 1 and "'x' is for pool 'other'" in answer["left_out"][0]
+    assert nothing == {"file": None}
