@@ -83,6 +83,17 @@ MODULES: dict[str, list[str]] = {
     "request/anthropic.py": ["tests/request/test_anthropic.py", "tests/request/test_anthropic_mutants.py"],
     "request/json_type.py": ["tests/request/test_parse.py", "tests/request/test_parse_mutants.py"],
     "epp/answers.py": ["tests/epp/test_answers.py", "tests/epp/test_answers_mutants.py"],
+    # the Inference Extension's resources an operator mounts: checked as the CRDs check them, and
+    # what a request's objective and model become (priorities, rewrite rules, weighted targets)
+    "config/inference_extension.py": [
+        "tests/config/test_inference_extension.py",
+        "tests/config/test_inference_extension_mutants.py",
+        "tests/fuzz/test_inference_resources_fuzz.py",
+    ],
+    "picker/inference_extension.py": [
+        "tests/picker/test_inference_extension.py",
+        "tests/picker/test_inference_extension_mutants.py",
+    ],
     # the picker's loop: held sockets (real sockets), lazy timers, the selector's arithmetic
     "runtime/wakeups.py": ["tests/runtime/test_wakeups.py"],
     # the gRPC-over-HTTP/2 server Envoy's ext_proc streams reach (frames, flow control, limits)
@@ -10220,6 +10231,40 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "text_field = _TEXT_PART_FIELDS.get(part_type) if (isinstance(part_type, str)) or True else None",
             "same-value",
             "the type is None or a string here (others were refused), and .get(None) is None too",
+        ),
+    },
+    "config/inference_extension.py": {
+        "x__metadata__mutmut_44": (
+            "return name, namespace, (2, 0.0)",
+            "same-value",
+            "an undated resource's key is only compared with dated ones' (0, time) and with its equals",
+        ),
+        "x__metadata__mutmut_45": (
+            "return name, namespace, (1, 1.0)",
+            "same-value",
+            "every undated resource gets the same key: the sort keeps file order among them either way",
+        ),
+        "x_read_resources__mutmut_6": (
+            "raw = f.read(None)",
+            "performance",
+            "a file past the bound is refused either way; only how much of it is read first changes",
+        ),
+        "x_read_resources__mutmut_8": (
+            "raw = f.read(MAX_FILE_BYTES + 2)",
+            "performance",
+            "one byte past the bound is all the check needs; reading two changes nothing it decides",
+        ),
+    },
+    "picker/inference_extension.py": {
+        "x__log_reading__mutmut_3": (
+            "log.info(line)",
+            "same-value",
+            "logging formats a message only when it is given arguments: a line with a '%' reads alike",
+        ),
+        "x_queue_entry__mutmut_15": (
+            "if isinstance(jump, bool) or not isinstance(jump, int | float) or not 0 < jump < math.inf:",
+            "same-value",
+            "a jump of exactly 0 is replaced by 0.0: the same entry either way",
         ),
     },
     "epp/answers.py": {

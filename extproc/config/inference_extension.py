@@ -271,7 +271,7 @@ def _metadata(doc: Mapping[str, Any], where: str) -> tuple[str, str | None, tupl
     if isinstance(created, datetime.datetime):  # YAML read an unquoted timestamp
         created = created.isoformat()
     try:
-        when = datetime.datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+        when = datetime.datetime.fromisoformat(str(created))  # 3.11 reads RFC 3339's "Z"
     except ValueError:
         raise ConfigError(
             f"{where}: metadata.creationTimestamp {_shown(created)}: expected RFC 3339"

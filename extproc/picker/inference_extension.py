@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
+from itertools import accumulate
 from typing import Any
 
 from extproc.config.inference_extension import (
@@ -190,15 +193,10 @@ class InferenceExtension:
 
 def pick_target(rule: RewriteRule, rng: random.Random) -> str:
     """A target of `rule` by weight (none weighted: each alike)."""
-    total = sum(t.weight for t in rule.targets)
-    if total == 0:
+    bounds = list(accumulate(t.weight for t in rule.targets))  # a target owns [its start, its bound)
+    if bounds[-1] == 0:
         return rule.targets[rng.randrange(len(rule.targets))].model
-    draw = rng.randrange(total)
-    for target in rule.targets:
-        draw -= target.weight
-        if draw < 0:
-            return target.model
-    raise AssertionError("unreachable: the draw is below the total weight")
+    return rule.targets[bisect_right(bounds, rng.randrange(bounds[-1]))].model
 
 
 def queue_entry(
@@ -211,7 +209,7 @@ def queue_entry(
     """The admission queue's entry for a request: see the table above."""
     priority = objective_priority if objective_priority is not None else _hinted_priority(hints)
     jump = hints.get("latency_sensitivity")
-    if isinstance(jump, bool) or not isinstance(jump, int | float) or not 0 <= jump < float("inf"):
+    if isinstance(jump, bool) or not isinstance(jump, int | float) or not 0 <= jump < math.inf:
         jump = 0.0
     return QueuedRequest(
         request_id,
