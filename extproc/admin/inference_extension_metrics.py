@@ -30,7 +30,7 @@ sends), the flow-control series and the scheduler's plugin latencies: ours are
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,6 +40,25 @@ import extproc
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
 from extproc.router.reported import ReportedLoad
+
+# The pool averages over its ready pods: (name, help, a report's value; unknown counts as 0)
+AVERAGES: tuple[tuple[str, str, Callable[[ReportedLoad], float]], ...] = (
+    (
+        "inference_pool_average_kv_cache_utilization",
+        "The average kv cache utilization for an inference server pool.",
+        lambda report: report.kv_usage or 0.0,
+    ),
+    (
+        "inference_pool_average_queue_size",
+        "The average number of requests pending in the model server queue.",
+        lambda report: report.waiting or 0,
+    ),
+    (
+        "inference_pool_average_running_requests",
+        "The average number of running requests across model servers in the pool.",
+        lambda report: report.running or 0,
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,21 +73,10 @@ class InferenceExtensionMetricsCollector(Collector):
         self.picker = picker
 
     def collect(self) -> Iterator[Metric]:
-        kv = GaugeMetricFamily(
-            "inference_pool_average_kv_cache_utilization",
-            "The average kv cache utilization for an inference server pool.",
-            labels=["name"],
-        )
-        queue = GaugeMetricFamily(
-            "inference_pool_average_queue_size",
-            "The average number of requests pending in the model server queue.",
-            labels=["name"],
-        )
-        running = GaugeMetricFamily(
-            "inference_pool_average_running_requests",
-            "The average number of running requests across model servers in the pool.",
-            labels=["name"],
-        )
+        averages = [
+            (GaugeMetricFamily(name, documentation, labels=["name"]), value)
+            for name, documentation, value in AVERAGES
+        ]
         ready = GaugeMetricFamily(
             "inference_pool_ready_pods",
             "The number of ready pods in the inference server pool.",
@@ -83,13 +91,12 @@ class InferenceExtensionMetricsCollector(Collector):
             fresh = [pod.report for pod in pods if pod.fresh and pod.report is not None]
             ready.add_metric([name], len(fresh))
             for pod in pods:
-                waiting = pod.report.waiting if pod.report is not None else None
-                per_pod.add_metric([name, pod.name], waiting or 0)
-            if fresh:
-                kv.add_metric([name], sum(r.kv_usage or 0.0 for r in fresh) / len(fresh))
-                queue.add_metric([name], sum(r.waiting or 0 for r in fresh) / len(fresh))
-                running.add_metric([name], sum(r.running or 0 for r in fresh) / len(fresh))
-        yield from (kv, queue, running, ready, per_pod)
+                per_pod.add_metric([name, pod.name], (pod.report.waiting if pod.report else None) or 0)
+            if fresh:  # as there: nothing to average while no pod is ready
+                for family, value in averages:
+                    family.add_metric([name], sum(value(r) for r in fresh) / len(fresh))
+        yield from (family for family, _ in averages)
+        yield from (ready, per_pod)
         rewrites = CounterMetricFamily(
             "inference_extension_model_rewrite_decisions",
             "Total number of inference model rewrite decisions.",

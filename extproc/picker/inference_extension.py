@@ -94,10 +94,7 @@ class ResourceFile:
     def rewrite(self, model: str, rng: random.Random) -> tuple[str, RewriteRule] | None:
         """(the model to serve instead, the rule that chose it) for a request for `model`; None when
         no rule applies or the rule has no targets."""
-        rules = self._current().rewrites
-        if not rules:
-            return None
-        rule = self.resources.rewrite_rule(model)
+        rule = self._current().rewrite_rule(model)
         if rule is None or not rule.targets:
             return None
         return pick_target(rule, rng), rule
