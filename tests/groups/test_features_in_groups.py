@@ -24,13 +24,16 @@ from dataclasses import dataclass, replace
 import pytest
 import pytest_asyncio
 
-from extproc.config import DisaggConfig, GroupConfig, GroupsConfig, PickerConfig, WorkerConfig
+from extproc.config import DisaggConfig, GroupConfig, GroupsConfig, ModelConfig, PickerConfig, WorkerConfig
+from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
 from extproc.errors import PickerError
 from extproc.groups import GroupApiServer, start_group_api
+from extproc.picker.inference_extension import OBJECTIVE_HEADER
 from extproc.picker.local_group import Routed
 from extproc.picker.pipeline import EndpointPicker, Pick
 from extproc.router import QueueTimeout, RouterConfig
 
+from ..config.test_inference_extension import objective, rewrite
 from .builders import BLOCK, MODEL, group_config
 
 LONG = "the quick brown fox jumps over the lazy dog " * 40  # ~1,800 byte-level tokens
@@ -73,15 +76,23 @@ class Setup:
             await self.group.close()
 
 
-async def build(mode: str, group_cfg: PickerConfig, **top_router) -> Setup:
+async def build(
+    mode: str,
+    group_cfg: PickerConfig,
+    inference_extension: InferenceExtensionConfig | None = None,
+    **top_router,
+) -> Setup:
     """`local`: the top-level picker's own workers form its group `here`; `remote`: another picker
-    serves them and the top-level picker reaches it over gRPC."""
+    serves them and the top-level picker reaches it over gRPC. `inference_extension`: the top-level
+    picker's resources file."""
     groups_kw = {"probe_timeout_s": 1.0}
+    extension = inference_extension or InferenceExtensionConfig()
     if mode == "local":
         config = replace(
             group_cfg,
             router=replace(group_cfg.router, **top_router),
             groups=GroupsConfig(groups=(GroupConfig("here", None),), **groups_kw),
+            inference_extension=extension,
         )
         top = EndpointPicker(config)
         return Setup(top, top, None)
@@ -98,6 +109,7 @@ async def build(mode: str, group_cfg: PickerConfig, **top_router) -> Setup:
             session_ttl_s=group_cfg.session_ttl_s,
             queue_max_wait_s=group_cfg.queue_max_wait_s,
             groups=GroupsConfig(groups=(GroupConfig("there", f"127.0.0.1:{api.port}"),), **groups_kw),
+            inference_extension=extension,
         )
     )
     return Setup(top, group, api)
@@ -188,6 +200,32 @@ async def test_the_queue_holds_requests_while_every_group_is_saturated(mode, clo
     assert not normal.value.sheddable and shed.value.sheddable
     for p in (*busy, chosen):
         await end(setup, p)
+    assert group_idle(setup) and setup.top.is_idle()
+
+
+async def test_objectives_and_model_rewrites_are_decided_before_the_groups(mode, closing, tmp_path):
+    """The top-level picker rewrites the model (the group routes the adapter) and takes the
+    objective's priority into its queue in front of every group (a negative one is shed, 429)."""
+    path = tmp_path / "resources.yaml"
+    rules = "  - matches:\n    - model: {value: asked}\n    targets:\n    - modelRewrite: lora-a\n"
+    path.write_text(objective("batch", -1) + "---\n" + rewrite("to-a", rules))
+    extension = InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool()))
+    threshold = {"router_queue_threshold": 0.01}  # one prompt in prefill saturates the worker
+    models = (ModelConfig(MODEL, lora_adapters=("lora-a",)),)
+    cfg = replace(group_config("w", 1, **threshold), queue_max_wait_s=0.2, models=models)
+    setup = await build(mode, cfg, extension, **threshold)
+    closing.append(setup)
+    body = json.dumps({"model": "asked", "messages": [{"role": "user", "content": "a review " * 30}]})
+    rewritten = await pick(setup.top, body.encode(), "r1")
+    assert rewritten.body is not None and json.loads(rewritten.body)["model"] == "lora-a"
+    assert rewritten.model == MODEL and setup.top.metrics.lora_requests.values[(MODEL, "lora-a")] == 1
+    with pytest.raises(QueueTimeout) as shed:
+        await setup.top.pick(
+            body=chat("batch work " * 30), path="/v1/chat/completions", headers={OBJECTIVE_HEADER: "batch"},
+            subset=None, client_request_id="b1",
+        )  # fmt: skip
+    assert shed.value.sheddable
+    await end(setup, rewritten)
     assert group_idle(setup) and setup.top.is_idle()
 
 
