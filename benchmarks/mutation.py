@@ -147,6 +147,8 @@ MODULES: dict[str, list[str]] = {
     "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
     # output tokens counted from responses as they stream (OpenAI SSE and JSON, Responses, Messages)
     "epp/output_tokens.py": ["tests/epp/test_output_tokens.py", "tests/epp/test_output_tokens_edges.py"],
+    # a rewritten request's answer: the asked model said again in every chunk
+    "epp/model_names.py": ["tests/epp/test_model_names.py", "tests/epp/test_service_model_names.py"],
     # the local router group: candidates, disaggregated pairs, preferred workers, request ids, set_workers
     "picker/local_group.py": [
         "tests/picker/test_local_group.py",
@@ -4137,6 +4139,35 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "best = max(router.indexer.find_matches(hashes).values(), default=0) if (hashes) or True else 0",
             "same-value",
             "with no hashes `find_matches([])` is empty, so the max is its default 0 either way",
+        ),
+    },
+    "epp/model_names.py": {
+        "xǁModelNameRestorerǁ_partial_tail__mutmut_1": (
+            "start = None",
+            "performance",
+            "the tail is looked for from the chunk's first quote instead of the last pattern's length: "
+            "a tail longer than every pattern begins none, so the same cut is found, later",
+        ),
+        "xǁModelNameRestorerǁ_partial_tail__mutmut_7": (
+            "start = max(0, len(data) - self._longest - 1)",
+            "same-value",
+            "two more bytes are looked at: a tail as long as a pattern or longer is no proper beginning "
+            "of one (a whole occurrence was replaced just before)",
+        ),
+        "xǁModelNameRestorerǁ_partial_tail__mutmut_12": (
+            "quote = data.find(b'\"', None)",
+            "performance",
+            "as _partial_tail__mutmut_1: looked for from the chunk's start",
+        ),
+        "xǁModelNameRestorerǁ_partial_tail__mutmut_14": (
+            "quote = data.find(b'\"', )",
+            "performance",
+            "as _partial_tail__mutmut_1: looked for from the chunk's start",
+        ),
+        "xǁModelNameRestorerǁfeed__mutmut_4": (
+            "data = self._held + chunk if (self._held) or True else chunk",
+            "performance",
+            "nothing held is b'': b'' + chunk is chunk, copied",
         ),
     },
     "epp/output_tokens.py": {

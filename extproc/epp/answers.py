@@ -14,7 +14,8 @@ client's copies of those it does not set itself (`HeaderMutation.remove_headers`
 untracked requests alike, in both body modes; our Envoy templates strip the same list before the
 picker runs (`extproc/devstack/envoy_config.py` renders it from here), which also covers requests
 that `failopen` sends without the picker. Input headers (`INPUT_HEADERS`: the objective a request
-names) reach the picker and are removed by its routing answers, never sent to the worker.
+names, the model it is to be sent as, its fairness id) reach the picker and are removed by its
+routing answers, never sent to the worker.
 
 Error answers are OpenAI-style JSON, `{"error": {"message", "type", "param", "code"}}` (vLLM's
 ErrorResponse: `code` is the HTTP status), with the reason in `x-gateway-request-dropped-reason`;
@@ -50,7 +51,9 @@ RETRY_AFTER_HEADER = "retry-after"
 OWNED_HEADERS: frozenset[str] = frozenset({DESTINATION_HEADER, SERVED_KEY, DP_RANK_HEADER, WORKER_HEADER})
 # Request headers that tell the picker something and stop there (the worker has no use for them):
 # every routing answer removes them, as the Inference Extension's picker strips its input headers.
-INPUT_HEADERS: frozenset[str] = frozenset({"x-gateway-inference-objective"})
+INPUT_HEADERS: frozenset[str] = frozenset(
+    {"x-gateway-inference-objective", "x-gateway-model-name-rewrite", "x-gateway-inference-fairness-id"}
+)
 MAX_STREAMED_CHUNK = 62 * 1024  # Envoy accepts streamed body answers up to ~64 KiB per message
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -238,6 +241,13 @@ def _streamed_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
 def echo_response_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
     """Answer a duplex-mode response body chunk by passing it through unchanged."""
     return pb.ProcessingResponse(response_body=_streamed(chunk, end_of_stream))
+
+
+def replace_response_chunk(chunk: bytes) -> pb.ProcessingResponse:
+    """Answer a streamed-mode response body chunk with other bytes (a model name said again)."""
+    return pb.ProcessingResponse(
+        response_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(body=chunk)))
+    )
 
 
 CONTINUE_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())

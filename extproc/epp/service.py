@@ -66,6 +66,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.epp import answers as epp
 from extproc.epp import responses_stream
+from extproc.epp.model_names import ModelNameRestorer
 from extproc.epp.output_tokens import OutputTokens
 from extproc.errors import BodyTooLarge, PickerError, RequestInvalid, TooManyStreams
 from extproc.picker.pipeline import Pick
@@ -150,6 +151,7 @@ class _Stream:
     chunks_are_tokens: bool = True
     response_head: bytearray | None = None  # a Responses API answer's first bytes, until its id is read
     output: OutputTokens | None = None  # counting generated tokens (output-block tracking)
+    restorer: ModelNameRestorer | None = None  # a rewritten request's answer: the asked model said again
     output_reported: int = 0  # tokens per sequence told to the picker
     output_sequences: int = 1  # sequences told to the picker
     freed: bool = False
@@ -320,6 +322,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if kind == "response_trailers":
             self._count_output(stream, b"", end=True)
             self._free(stream, "complete")
+            if stream.restorer is not None and stream.restorer.held:  # the body ended without its end
+                held = stream.restorer.feed(b"", end=True)
+                if stream.response_body_mode == DUPLEX:  # the bytes held back go out before the trailers
+                    return [epp.echo_response_chunk(held, False), epp.CONTINUE_RESPONSE_TRAILERS]
             return [epp.CONTINUE_RESPONSE_TRAILERS]
         log.warning("ignoring ext_proc message without a known phase: %s", kind)
         return []
@@ -480,10 +486,20 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 self._served_answers.clear()
             answer = epp.served_answer(pick.endpoint, conformance=self.conformance_hooks)
             self._served_answers[pick.endpoint] = answer
+        if pick.asked_model is not None and pick.sent_model is not None and not headers.end_of_stream:
+            # its body names the model it was sent as: said again as asked, in every chunk (Envoy
+            # drops the content-length of an answer whose streamed body the processor may change)
+            stream.restorer = ModelNameRestorer(pick.sent_model, pick.asked_model)
         return answer
 
     @staticmethod
     def _response_body_answer(stream: _Stream, body: pb.HttpBody) -> pb.ProcessingResponse:
+        restorer = stream.restorer
+        if restorer is not None:
+            chunk = restorer.feed(body.body, body.end_of_stream)
+            if stream.response_body_mode == DUPLEX:
+                return epp.echo_response_chunk(chunk, body.end_of_stream)
+            return epp.replace_response_chunk(chunk)
         if stream.response_body_mode == DUPLEX:
             return epp.echo_response_chunk(body.body, body.end_of_stream)
         return epp.CONTINUE_RESPONSE_BODY

@@ -15,7 +15,10 @@ A request's model: the InferenceModelRewrite rule that applies to its `model` (t
 it, else one for every model) picks a target by weight (weight / the sum of its rule's weights; no
 weights: each target alike), and the request is routed, tokenized and sent as that model: its
 body's `model` is rewritten (`BodyParser.with_model`, off the loop for large bodies). A rule
-without targets leaves the model as asked.
+without targets leaves the model as asked. Without a rule for its model, a request's
+`x-gateway-model-name-rewrite` header (set by a route, or by the client) names the model it is sent
+as: a rule wins over the header, as in the Inference Extension's picker. Either way the answer
+names the model the client asked for again (`extproc.epp.model_names`).
 
 `ResourceFile` holds the resources of `--inference-resources` (`extproc.config.inference_extension`
 checks them) and reads the file again when it changes, looking at most once a second and only
@@ -51,6 +54,7 @@ from extproc.router import QueuedRequest
 log = logging.getLogger("extproc.inference_extension")
 
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 UNLISTED = "unlisted"  # the metrics' label for a name the file does not list
 ANY_MODEL = "*"  # the metrics' label for the model of a rule without matches (any model)
 CHECK_EVERY_S = 1.0
@@ -177,11 +181,12 @@ class InferenceExtension:
         self._metrics.objective_requests.values[model, name if priority is not None else UNLISTED] += 1
         return priority
 
-    def model_for(self, model: str) -> str | None:
-        """The model a request for `model` is served as, when a rewrite rule sends it elsewhere."""
+    def model_for(self, model: str, header: str | None = None) -> str | None:
+        """The model a request for `model` is served as, when it goes elsewhere: a rewrite rule's
+        target, else the model its `x-gateway-model-name-rewrite` header names (`header`)."""
         chosen = self.file.rewrite(model, self._rng) if self.file is not None else None
         if chosen is None:
-            return None
+            return header or None
         target, rule = chosen
         matched = model if model in rule.models else ANY_MODEL  # a client's name only when listed
         self._metrics.model_rewrites.values[rule.rewrite, matched, target] += 1

@@ -59,7 +59,12 @@ from extproc.picker.admission import AdmissionGate
 from extproc.picker.body_parser import BodyParser
 from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.home_waits import HomeWaits
-from extproc.picker.inference_extension import OBJECTIVE_HEADER, InferenceExtension, queue_entry
+from extproc.picker.inference_extension import (
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    InferenceExtension,
+    queue_entry,
+)
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.model_names import ModelNames
@@ -112,6 +117,8 @@ class Pick:
     first_token_ns: int = 0  # perf_counter_ns of its first streamed token (0: none yet)
     output_tokens: int = 0  # tokens generated per sequence, as counted (--router-track-output-blocks)
     body: bytes | None = None  # the body as sent upstream when the picker rewrote it (a model rewrite)
+    sent_model: str | None = None  # the model it was sent as, when not the one its client named
+    asked_model: str | None = None  # then the one its client named (its answer says it again)
 
 
 class WorkerSetListener(Protocol):
@@ -400,7 +407,11 @@ class EndpointPicker:
             return await self._pick_untracked(path, restrictions, model)
         parsed = await self.bodies.request(body, path)
         request = parsed.request
-        if (rewritten := self.inference.model_for(request.model)) is not None:  # routed and sent as that
+        asked = request.model
+        rewritten = self.inference.model_for(asked, headers.get(MODEL_REWRITE_HEADER))
+        if rewritten == asked:  # sent as asked: the body goes as it came
+            rewritten = None
+        if rewritten is not None:  # routed and sent as that
             request, body = (
                 dataclasses.replace(request, model=rewritten),
                 await self.bodies.with_model(body, rewritten),
@@ -509,6 +520,8 @@ class EndpointPicker:
             session_close_on=choice.endpoint if worker_session == "close" else None,
             responses_api=request.responses_api, response_id=request.response_id, started_ns=t0,
             body=body if rewritten is not None else None,
+            sent_model=rewritten,
+            asked_model=asked if rewritten is not None else None,
         )  # fmt: skip
         self.metrics.observe_stages(timings)
         self.metrics.routed(
@@ -521,7 +534,7 @@ class EndpointPicker:
                 "routed %s model=%s%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
                 loggable(client_request_id), request.model,
                 (f" lora={request.lora_name}" if request.lora_name else "")
-                + (f" (rewritten to {rewritten} by an InferenceModelRewrite)" if rewritten else ""),
+                + (f" (asked as {loggable(asked)})" if rewritten is not None else ""),
                 f"group {decision.group} worker " if self.hierarchical else "",
                 choice.worker, choice.endpoint, choice.overlap_blocks, choice.request_blocks,
                 decision.best_overlap_blocks, choice.cost,

@@ -84,7 +84,12 @@ def test_a_routing_answer_sets_its_headers_and_removes_the_other_owned_ones():
     )
     body_answer = epp.route_in_body("10.0.0.1:8000", {}, owned={"x-a", epp.DESTINATION_HEADER})
     removed = body_answer.request_body.response.header_mutation.remove_headers
-    assert list(removed) == ["x-a", "x-gateway-inference-objective"]  # the objective stops at the picker
+    assert list(removed) == [
+        "x-a",
+        "x-gateway-inference-fairness-id",
+        "x-gateway-inference-objective",
+        "x-gateway-model-name-rewrite",
+    ]  # input headers stop at the picker
 
 
 class _WithMessage(Exception):

@@ -94,7 +94,12 @@ def test_a_routing_answer_overwrites_the_destination_and_names_it_in_metadata(ro
         epp.DESTINATION_HEADER: (b"10.0.0.1:8000", OVERWRITE),  # a client's value never stays
         "x-data-parallel-rank": (b"1", OVERWRITE),
     }
-    assert list(common.header_mutation.remove_headers) == ["x-a", "x-gateway-inference-objective"]
+    assert list(common.header_mutation.remove_headers) == [
+        "x-a",
+        "x-gateway-inference-fairness-id",
+        "x-gateway-inference-objective",
+        "x-gateway-model-name-rewrite",
+    ]
     assert common.clear_route_cache is True
     assert list(answer.dynamic_metadata.fields) == [epp.LB_NAMESPACE]
     assert lb(answer, epp.DESTINATION_HEADER) == "10.0.0.1:8000"

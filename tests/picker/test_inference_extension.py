@@ -24,11 +24,14 @@ from extproc.config.inference_extension import (
 from extproc.epp import answers as epp
 from extproc.errors import UnknownModel
 from extproc.picker.inference_extension import (
+    MODEL_REWRITE_HEADER,
     OBJECTIVE_HEADER,
+    InferenceExtension,
     ResourceFile,
     pick_target,
     queue_entry,
 )
+from extproc.picker.metrics import PickMetrics
 from extproc.picker.parse_worker import with_model
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import QueueTimeout
@@ -251,12 +254,42 @@ async def test_a_rewritten_request_is_routed_and_sent_as_its_target(
         k: v for k, v in json.loads(chat("foodreview")).items() if k != "model"
     }
     assert chosen.model == MODEL  # the adapters' base model's pool
+    assert (chosen.sent_model, chosen.asked_model) == (sent["model"], "foodreview")  # for the answer
     counts = picker.metrics.model_rewrites.values
     assert sum(counts.values()) == 1 and ("canary", "foodreview", sent["model"]) in counts
     picker.finish(chosen, "complete")
     untouched = await pick(picker, chat(MODEL), path="/v1/chat/completions", request_id="base")
     assert untouched.body is None  # no rule names the base model: its body goes as it came
+    assert untouched.sent_model is None and untouched.asked_model is None
     picker.finish(untouched, "complete")
+
+
+async def test_the_rewrite_header_names_the_model_sent_unless_a_rule_applies(
+    make_picker: PickerFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    picker = rewriting_picker(make_picker, tmp_path)
+    header = {MODEL_REWRITE_HEADER: "foodreview-v1"}
+    chosen = await pick(picker, chat(MODEL), path="/v1/chat/completions", headers=header)
+    assert chosen.body is not None and json.loads(chosen.body)["model"] == "foodreview-v1"
+    assert (chosen.sent_model, chosen.asked_model) == ("foodreview-v1", MODEL)
+    assert picker.metrics.model_rewrites.values == {}  # no rule: counted by the adapter's requests only
+    picker.finish(chosen, "complete")
+    header = {MODEL_REWRITE_HEADER: MODEL}
+    ruled = await pick(
+        picker, chat("foodreview"), path="/v1/chat/completions", headers=header, request_id="2"
+    )
+    assert ruled.sent_model in ADAPTERS  # the rule wins over the header
+    picker.finish(ruled, "complete")
+    same = await pick(picker, chat(MODEL), path="/v1/chat/completions", headers=header, request_id="3")
+    assert same.body is None and same.sent_model is None and same.asked_model is None  # as asked
+    picker.finish(same, "complete")
+
+
+def test_without_a_file_the_header_alone_decides() -> None:
+    extension = InferenceExtension(None, PickMetrics(), random.Random(0))
+    assert extension.model_for("m", "lora") == "lora"
+    assert extension.model_for("m", "") is None and extension.model_for("m") is None
 
 
 async def test_targets_are_drawn_by_weight(
