@@ -9023,18 +9023,19 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/queue.py": {
-        "xǁAdmissionQueueǁremove__mutmut_5": (
-            "if entry is not None or len(self._heap) > 2 * len(self._entries) + 16:",
-            "performance",
-            "compacts on more removals: contents and order are the same",
+        "xǁAdmissionQueueǁpush__mutmut_33": (
+            "self._served.setdefault(flow, -2)",
+            "same-value",
+            "a flow not served yet is marked below every release count (they start at 0): -2 sorts "
+            "where -1 does",
         ),
-        "xǁAdmissionQueueǁremove__mutmut_7": (
-            "if entry is not None and len(self._heap) >= 2 * len(self._entries) + 16:",
+        "xǁAdmissionQueueǁremove__mutmut_16": (
+            "if len(self._heap) >= 2 * len(self._entries) + 16:",
             "performance",
             "compacts one removal earlier: contents and order are the same",
         ),
-        "xǁAdmissionQueueǁremove__mutmut_8": (
-            "if entry is not None and len(self._heap) > 2 * len(self._entries) - 16:",
+        "xǁAdmissionQueueǁremove__mutmut_17": (
+            "if len(self._heap) > 2 * len(self._entries) - 16:",
             "performance",
             "compacts sooner (2 n + 16 still holds): contents and order are the same",
         ),

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from extproc.config.options import ConfigError, Option, Reader, _float_or_none, _int_or_none, check_positive
-from extproc.router import PrefillLoadModel, QueuePolicy, RouterConfig, RouterMode
+from extproc.router import PrefillLoadModel, QueueFairness, QueuePolicy, RouterConfig, RouterMode
 from extproc.router.errors import InvalidConfig
 
 SECTION = "router"
@@ -179,6 +179,16 @@ ROUTER_QUEUE_POLICY = Option(
     "wspt (highest (1 + priority) / prompt length first).",
     choices=("fcfs", "lcfs", "wspt"),
 )
+ROUTER_QUEUE_FAIRNESS = Option(
+    "--router-queue-fairness",
+    str,
+    "global-strict",
+    "Between the flows of one priority in the admission queue (a flow: the requests of one "
+    "x-gateway-inference-fairness-id header, a tenant's): global-strict (every request in policy "
+    "order, whatever its flow) or round-robin (the flows take turns, the one served longest ago "
+    "first), as the Inference Extension's flow control policies.",
+    choices=("global-strict", "round-robin"),
+)
 ROUTER_PREFILL_LOAD_MODEL = Option(
     "--router-prefill-load-model",
     str,
@@ -276,6 +286,7 @@ ROUTER_OPTIONS: tuple[Option[Any], ...] = (
     ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC,
     ROUTER_QUEUE_THRESHOLD,
     ROUTER_QUEUE_POLICY,
+    ROUTER_QUEUE_FAIRNESS,
     ROUTER_PREFILL_LOAD_MODEL,
     ROUTER_PREFILL_TIMING,
     ROUTER_LEARN_PREFILL_TIMING,
@@ -310,6 +321,7 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
     prefill_tokens_threshold_frac = read(ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC)
     queue_threshold = read(ROUTER_QUEUE_THRESHOLD)
     queue_policy = read(ROUTER_QUEUE_POLICY)
+    queue_fairness = read(ROUTER_QUEUE_FAIRNESS)
     prefill_load_model = read(ROUTER_PREFILL_LOAD_MODEL)
     prefill_timing = read(ROUTER_PREFILL_TIMING)
     learn_prefill_timing = read(ROUTER_LEARN_PREFILL_TIMING)
@@ -353,6 +365,7 @@ def read_router(reader: Reader, *, kv_events_source: bool) -> RouterConfig:
             active_prefill_tokens_threshold_frac=prefill_tokens_threshold_frac,
             router_queue_threshold=queue_threshold,
             router_queue_policy=QueuePolicy(queue_policy),
+            router_queue_fairness=QueueFairness(queue_fairness),
             prefill_load_model=PrefillLoadModel(prefill_load_model),
             learn_prefill_timing=learn_prefill_timing,
             host_cache_hit_weight=host_cache_hit_weight,

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from extproc.router import AdmissionQueue, QueuedRequest, QueuePolicy, QueueTimeout
+from extproc.router import AdmissionQueue, QueuedRequest, QueueFairness, QueuePolicy, QueueTimeout
 from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.admission")
@@ -61,6 +61,7 @@ class AdmissionGate:
         *,
         enabled: bool,
         policy: QueuePolicy | str = QueuePolicy.FCFS,
+        fairness: QueueFairness | str = QueueFairness.GLOBAL_STRICT,
         max_wait_s: float,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = POLL_S,
@@ -69,7 +70,7 @@ class AdmissionGate:
         self.max_wait_s = max_wait_s
         self.clock = clock
         self.poll_s = poll_s
-        self.queue = AdmissionQueue(policy)
+        self.queue = AdmissionQueue(policy, fairness)
         self.stats = AdmissionStats()
         self._poll: asyncio.Task[None] | None = None
         self._drainer: asyncio.Task[None] | None = None
@@ -183,7 +184,7 @@ class AdmissionGate:
             if not room:
                 no_room.add(waiter.key)
                 continue
-            if self.queue.remove(entry.request_id) is None:
+            if self.queue.remove(entry.request_id, released=True) is None:
                 continue  # its client left while capacity was asked
             try:
                 result = await waiter.decide()

@@ -9,7 +9,9 @@ A request's place in the admission queue:
 The objective wins over the body's hint: an operator declared it, and a route can set the header
 (the Inference Extension's pickers read the objective alone). Below 0 a request is sheddable, as
 there: answered 429 rather than 503 when its bounded wait ends. `latency_sensitivity` (a jump
-ahead within a priority) and `sheddable: true` still come from the hints.
+ahead within a priority) and `sheddable: true` still come from the hints. With round-robin fairness
+(`--router-queue-fairness`), the flows of a priority take turns, a flow being the requests of one
+`x-gateway-inference-fairness-id` (none: one shared flow), as in the Inference Extension's flow control.
 
 A request's model: the InferenceModelRewrite rule that applies to its `model` (the one that names
 it, else one for every model) picks a target by weight (weight / the sum of its rule's weights; no
@@ -55,6 +57,8 @@ log = logging.getLogger("extproc.inference_extension")
 
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+MAX_FAIRNESS_ID = 256  # characters of a fairness id kept (a flow's name while it has requests waiting)
 UNLISTED = "unlisted"  # the metrics' label for a name the file does not list
 ANY_MODEL = "*"  # the metrics' label for the model of a rule without matches (any model)
 CHECK_EVERY_S = 1.0
@@ -207,8 +211,11 @@ def queue_entry(
     new_tokens: int,
     hints: Mapping[str, Any],
     objective_priority: int | None,
+    fairness_id: str | None = None,
 ) -> QueuedRequest:
-    """The admission queue's entry for a request: see the table above."""
+    """The admission queue's entry for a request: see the table above. `fairness_id`: its
+    x-gateway-inference-fairness-id header, its flow under round-robin fairness (the first
+    `MAX_FAIRNESS_ID` characters; none: the one default flow)."""
     priority = objective_priority if objective_priority is not None else _hinted_priority(hints)
     jump = hints.get("latency_sensitivity")
     if isinstance(jump, bool) or not isinstance(jump, int | float) or not 0 <= jump < math.inf:
@@ -220,6 +227,7 @@ def queue_entry(
         priority=priority,
         latency_sensitivity=float(jump),
         sheddable=hints.get("sheddable") is True or priority < 0,
+        flow=(fairness_id or "")[:MAX_FAIRNESS_ID],
     )
 
 

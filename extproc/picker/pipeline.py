@@ -60,6 +60,7 @@ from extproc.picker.body_parser import BodyParser
 from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.home_waits import HomeWaits
 from extproc.picker.inference_extension import (
+    FAIRNESS_HEADER,
     MODEL_REWRITE_HEADER,
     OBJECTIVE_HEADER,
     InferenceExtension,
@@ -220,6 +221,7 @@ class EndpointPicker:
             model: AdmissionGate(
                 enabled=config.router.router_queue_threshold is not None,
                 policy=config.router.router_queue_policy,
+                fairness=config.router.router_queue_fairness,
                 max_wait_s=config.queue_max_wait_s,
                 clock=clock,
             )
@@ -487,7 +489,9 @@ class EndpointPicker:
                 else await self.selector.route(group_request, request_id, pinned=pinned)
             )
         else:
-            entry = queue_entry(request_id, self._clock(), isl, request.agent_hints, objective)
+            entry = queue_entry(
+                request_id, self._clock(), isl, request.agent_hints, objective, headers.get(FAIRNESS_HEADER)
+            )
             decision, waited_s = await gate.admit(
                 entry,
                 lambda: self.selector.route(group_request, request_id, pinned=pinned),

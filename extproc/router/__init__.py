@@ -6,6 +6,7 @@ Imports nothing from the rest of the package (a test guards this).
 from extproc.router.approx import ApproxIndexer
 from extproc.router.config import (
     PrefillLoadModel,
+    QueueFairness,
     QueuePolicy,
     RouterConfig,
     RouterConfigOverride,
@@ -63,6 +64,7 @@ __all__ = [
     "OverlapScores",
     "PinnedWorkerUnavailable",
     "PrefillLoadModel",
+    "QueueFairness",
     "QueuePolicy",
     "QueueTimeout",
     "QueuedRequest",

@@ -37,6 +37,13 @@ class QueuePolicy(enum.StrEnum):
     WSPT = "wspt"
 
 
+class QueueFairness(enum.StrEnum):
+    """Between the flows of one priority (a flow: the requests of one fairness id)."""
+
+    GLOBAL_STRICT = "global-strict"  # none: every request of a priority in policy order
+    ROUND_ROBIN = "round-robin"  # the flows take turns, each flow's requests in policy order
+
+
 @dataclass(frozen=True, slots=True)
 class RouterConfigOverride:
     """Per-request overrides; None keeps the router's value."""
@@ -68,6 +75,7 @@ class RouterConfig:
     active_prefill_tokens_threshold_frac: float | None = None
     router_queue_threshold: float | None = None
     router_queue_policy: QueuePolicy = QueuePolicy.FCFS
+    router_queue_fairness: QueueFairness = QueueFairness.GLOBAL_STRICT
     prefill_load_model: PrefillLoadModel = PrefillLoadModel.TIMING  # Dynamo's: NONE (bench_quality.py)
     prefill_timing: PrefillTiming = _DEFAULT_TIMING  # the workers' pass-time model (timing only)
     # timing: learn each worker's pass-time scale from its first tokens (mixed fleets, a model fitted
@@ -84,6 +92,11 @@ class RouterConfig:
         object.__setattr__(self, "mode", _enum(RouterMode, "mode", self.mode))
         object.__setattr__(
             self, "router_queue_policy", _enum(QueuePolicy, "router_queue_policy", self.router_queue_policy)
+        )
+        object.__setattr__(
+            self,
+            "router_queue_fairness",
+            _enum(QueueFairness, "router_queue_fairness", self.router_queue_fairness),
         )
         object.__setattr__(
             self, "prefill_load_model", _enum(PrefillLoadModel, "prefill_load_model", self.prefill_load_model)

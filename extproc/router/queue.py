@@ -10,6 +10,17 @@ Each entry gets a key when it is queued; the highest key leaves first, equal key
 `priority` is a strict class (higher always first); `latency_sensitivity` is a jump in seconds
 (never negative) and, for wspt, a weight. New prompt tokens are the prompt minus its best cached
 prefix, at least 1. Both come from `nvext.agent_hints`.
+
+Fairness between flows (a flow: the requests of one `flow` id, a tenant's, within one priority), as
+the Inference Extension's flow control names its policies:
+
+    global-strict   every request of a priority in policy order, whatever its flow (the default)
+    round-robin     the flows of a priority take turns: the flow served longest ago first, then
+                    the next; within a flow, policy order. One tenant's burst waits behind
+                    another's single request instead of in front of it.
+
+A flow is remembered only while it has requests waiting, so nothing grows with the ids clients
+send beyond the requests held.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from extproc.router.config import QueuePolicy
+from extproc.router.config import QueueFairness, QueuePolicy
 
 
 @dataclass(slots=True)
@@ -33,6 +44,7 @@ class QueuedRequest:
     priority: int = 0
     latency_sensitivity: float = 0.0
     sheddable: bool = False
+    flow: str = ""  # its fairness id (round-robin fairness)
     handle: Any = None
     key: tuple[float, float] = field(default=(0.0, 0.0))
 
@@ -52,11 +64,22 @@ def queue_key(policy: QueuePolicy, entry: QueuedRequest) -> tuple[float, float]:
 class AdmissionQueue:
     """Held requests ordered by policy; removal by id (a client gave up) is O(log n) amortised."""
 
-    def __init__(self, policy: QueuePolicy | str = QueuePolicy.FCFS) -> None:
+    def __init__(
+        self,
+        policy: QueuePolicy | str = QueuePolicy.FCFS,
+        fairness: QueueFairness | str = QueueFairness.GLOBAL_STRICT,
+    ) -> None:
         self.policy = QueuePolicy(policy)
+        self.fairness = QueueFairness(fairness)
         self._heap: list[tuple[float, float, int, str]] = []  # (-priority, -score, seq, request id)
         self._entries: dict[str, QueuedRequest] = {}
         self._seq = count()
+        # round-robin: per (priority, flow) with requests waiting, how many; and when it was last
+        # served (a count of releases; -1: not yet, and among those the one whose first request
+        # comes first in policy order goes first)
+        self._waiting: dict[tuple[int, str], int] = {}
+        self._served: dict[tuple[int, str], int] = {}
+        self._releases = count()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,16 +93,33 @@ class AdmissionQueue:
         entry.key = queue_key(self.policy, entry)
         self._entries[entry.request_id] = entry
         heapq.heappush(self._heap, (-entry.key[0], -entry.key[1], next(self._seq), entry.request_id))
+        if self.fairness is QueueFairness.ROUND_ROBIN:
+            flow = (entry.priority, entry.flow)
+            self._waiting[flow] = self._waiting.get(flow, 0) + 1
+            self._served.setdefault(flow, -1)
 
-    def remove(self, request_id: str) -> QueuedRequest | None:
-        """Take a request out (released or gone); its heap slot is dropped lazily."""
+    def remove(self, request_id: str, *, released: bool = False) -> QueuedRequest | None:
+        """Take a request out: `released` (its turn came: its flow was served) or gone. Its heap
+        slot is dropped lazily."""
         entry = self._entries.pop(request_id, None)
-        if entry is not None and len(self._heap) > 2 * len(self._entries) + 16:
+        if entry is None:
+            return None
+        if self.fairness is QueueFairness.ROUND_ROBIN:
+            flow = (entry.priority, entry.flow)
+            if self._waiting[flow] == 1:  # its last: the flow is forgotten
+                del self._waiting[flow], self._served[flow]
+            else:
+                self._waiting[flow] -= 1
+                if released:
+                    self._served[flow] = next(self._releases)
+        if len(self._heap) > 2 * len(self._entries) + 16:
             self._compact()
         return entry
 
     def peek(self) -> QueuedRequest | None:
         """The request that leaves next, or None."""
+        if self.fairness is QueueFairness.ROUND_ROBIN:
+            return next(self.in_order(), None)
         heap = self._heap
         while heap and heap[0][3] not in self._entries:
             heapq.heappop(heap)
@@ -87,10 +127,31 @@ class AdmissionQueue:
 
     def in_order(self) -> Iterator[QueuedRequest]:
         """Every held request, first to leave first (a snapshot: removing while iterating is fine)."""
-        for *_, request_id in sorted(self._heap):
-            entry = self._entries.get(request_id)
-            if entry is not None:
+        ordered = [e for *_, rid in sorted(self._heap) if (e := self._entries.get(rid)) is not None]
+        if self.fairness is QueueFairness.ROUND_ROBIN:
+            ordered = self._taking_turns(ordered)
+        for entry in ordered:
+            if entry.request_id in self._entries:
                 yield entry
+
+    def _taking_turns(self, ordered: list[QueuedRequest]) -> list[QueuedRequest]:
+        """`ordered` (policy order) with the flows of each priority taking turns: their first
+        requests, the flow served longest ago first, then their second ones, and so on."""
+        result: list[QueuedRequest] = []
+        start = 0
+        while start < len(ordered):  # one priority at a time, highest first
+            priority = ordered[start].priority
+            end = start
+            flows: dict[str, list[QueuedRequest]] = {}
+            while end < len(ordered) and ordered[end].priority == priority:
+                flows.setdefault(ordered[end].flow, []).append(ordered[end])
+                end += 1
+            served = self._served
+            turns = sorted(flows.values(), key=lambda queue: served[priority, queue[0].flow])
+            for rank in range(max(len(queue) for queue in turns)):
+                result.extend(queue[rank] for queue in turns if rank < len(queue))
+            start = end
+        return result
 
     def oldest_arrival(self) -> float | None:
         return min((e.arrival_s for e in self._entries.values()), default=None)

@@ -132,7 +132,7 @@ class KvRouterAdapter:
         while self._queue and self.router.has_capacity():
             entry = self._queue.peek()
             assert entry is not None
-            self._queue.remove(entry.request_id)
+            self._queue.remove(entry.request_id, released=True)
             held = self._held.pop(entry.request_id)
             out.append(self._decide(entry.request_id, held.local_hashes, held.isl, held.output_tokens))
         return out

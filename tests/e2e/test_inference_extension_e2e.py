@@ -28,7 +28,7 @@ from extproc.config.inference_extension import InferenceExtensionConfig, Pool, r
 from extproc.devstack.envoy_config import render_envoy_config
 from extproc.devstack.procs import start_envoy
 from extproc.devstack.stack import MODEL
-from extproc.picker.inference_extension import OBJECTIVE_HEADER
+from extproc.picker.inference_extension import FAIRNESS_HEADER, OBJECTIVE_HEADER
 from extproc.runtime.server import RunningPicker, start_picker
 
 from ..config.test_inference_extension import objective, rewrite
@@ -95,25 +95,35 @@ async def stack(
         await worker.stop()
 
 
-async def ask(url: str, text: str, objective_name: str | None = None, hold: str | None = None) -> str:
-    """A chat completion through Envoy; returns `text` once it is answered 200."""
-    headers = {OBJECTIVE_HEADER: objective_name} if objective_name else None
+async def ask(
+    url: str, text: str, objective_name: str | None = None, hold: str | None = None, tenant: str | None = None
+) -> str:
+    """A chat completion through Envoy (`tenant`: its fairness id); returns `text` once it is
+    answered 200."""
+    headers = {OBJECTIVE_HEADER: objective_name} if objective_name else {}
+    if tenant is not None:
+        headers[FAIRNESS_HEADER] = tenant
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
         await client.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=[{"role": "user", "content": f"{text} " * 30}],
             max_tokens=4,
-            extra_headers=headers,
+            extra_headers=headers or None,
             extra_query={"hold": hold} if hold else None,
         )
     return text
 
 
 async def in_answer_order(
-    picker: RunningPicker, url: str, worker: EchoWorker, queued: list[tuple[str, str | None]]
+    picker: RunningPicker,
+    url: str,
+    worker: EchoWorker,
+    queued: list[tuple[str, str | None]],
+    tenants: dict[str, str] | None = None,
 ) -> list[str]:
-    """Saturate the worker, queue `queued` ((text, objective) in this order), free the worker and
-    return the texts in the order they were answered (one worker: the order they were routed)."""
+    """Saturate the worker, queue `queued` ((text, objective) in this order; `tenants`: text ->
+    fairness id), free the worker and return the texts in the order they were answered (one worker:
+    the order they were routed)."""
     gate = picker.picker.gate(MODEL)
     key = f"hold-{next(HOLDS)}"
     held = asyncio.create_task(ask(url, "held", hold=key))
@@ -121,7 +131,7 @@ async def in_answer_order(
     answered: list[str] = []
     tasks = []
     for count, (text, name) in enumerate(queued, 1):
-        task = asyncio.create_task(ask(url, text, name))
+        task = asyncio.create_task(ask(url, text, name, tenant=(tenants or {}).get(text)))
         task.add_done_callback(lambda t: answered.append(t.result()) if not t.exception() else None)
         tasks.append(task)
         await until(lambda count=count: len(gate) == count)  # queued in this order
@@ -264,4 +274,43 @@ async def test_the_objective_header_stops_at_the_picker(stack) -> None:
         )
     received = raw.http_response.json()["headers"]
     assert OBJECTIVE_HEADER not in received and received["x-other"] == "kept"
+    await until(picker.picker.is_idle)
+
+
+# --- fairness between tenants (x-gateway-inference-fairness-id) ------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["global-strict", "round-robin"])
+async def fair_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[RunningPicker, str, EchoWorker, str]]:
+    """The held worker and an Envoy in front of a picker whose queue fairness is the param."""
+    root = tmp_path_factory.mktemp(f"fairness-{request.param}")
+    (worker,) = await start_echo_workers(1)
+    cfg = replace(
+        config([worker.address], router_queue_threshold=0.0, router_queue_fairness=request.param),
+        queue_max_wait_s=10.0,
+    )
+    picker = await start_picker(cfg)
+    yaml = render_envoy_config(
+        "buffered", picker_address=f"127.0.0.1:{picker.port}", message_timeout_ms=MESSAGE_TIMEOUT_MS
+    )
+    envoy = start_envoy(yaml, log_path=root / "envoy.log")
+    try:
+        yield picker, envoy.url, worker, request.param
+    finally:
+        envoy.stop()
+        await picker.stop(0)
+        await worker.stop()
+
+
+async def test_round_robin_lets_a_tenant_in_before_anothers_burst_is_done(fair_stack) -> None:
+    picker, url, worker, fairness = fair_stack
+    burst = [(f"a{i}", None) for i in range(4)]
+    tenants = {f"a{i}": "tenant-a" for i in range(4)} | {"b0": "tenant-b", "c0": "tenant-c"}
+    order = await in_answer_order(picker, url, worker, [*burst, ("b0", None), ("c0", None)], tenants)
+    if fairness == "round-robin":
+        assert order == ["a0", "b0", "c0", "a1", "a2", "a3"]
+    else:  # the Inference Extension's default, and ours: arrival order across tenants
+        assert order == ["a0", "a1", "a2", "a3", "b0", "c0"]
     await until(picker.picker.is_idle)

@@ -50,6 +50,7 @@ ROUTER_API = [
     "OverlapScores",
     "PinnedWorkerUnavailable",
     "PrefillLoadModel",
+    "QueueFairness",
     "QueuePolicy",
     "QueueTimeout",
     "QueuedRequest",
