@@ -4243,12 +4243,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "picker/admission.py": {
-        "xǁAdmissionGateǁ__init____mutmut_10": (
+        "xǁAdmissionGateǁ__init____mutmut_13": (
             "self._again = None",
             "same-value",
             "`_again` is read only in `_drain_rounds`, after that sets it to False",
         ),
-        "xǁAdmissionGateǁ__init____mutmut_11": (
+        "xǁAdmissionGateǁ__init____mutmut_14": (
             "self._again = True",
             "same-value",
             "`_again` is read only in `_drain_rounds`, after that sets it to False",

@@ -23,9 +23,16 @@ def prompt(request_id: str) -> list[int]:
     return list(range(base, base + 128))
 
 
-def make(policy: str = "fcfs", *, max_wait_s: float = 5.0) -> tuple[KvRouter, Gate]:
+def make(
+    policy: str = "fcfs", *, max_wait_s: float = 5.0, fairness: str = "global-strict"
+) -> tuple[KvRouter, Gate]:
     router = KvRouter(
-        RouterConfig(block_size=16, router_queue_threshold=0.01, router_queue_policy=policy),
+        RouterConfig(
+            block_size=16,
+            router_queue_threshold=0.01,
+            router_queue_policy=policy,
+            router_queue_fairness=fairness,
+        ),
         clock=FakeClock(),
         rng=random.Random(1),
         workers=[WorkerSpec("a"), WorkerSpec("b")],
@@ -41,6 +48,7 @@ class Gate(AdmissionGate):
         super().__init__(
             enabled=cfg.router_queue_threshold is not None,
             policy=cfg.router_queue_policy,
+            fairness=cfg.router_queue_fairness,
             max_wait_s=max_wait_s,
             poll_s=0.01,
         )
@@ -105,6 +113,28 @@ async def test_queued_requests_are_released_as_capacity_frees_in_policy_order() 
     results = await asyncio.gather(*tasks)
     assert all(waited > 0 for _, waited in results)
     assert len(gate) == 0 and gate.stats.released == 3
+
+
+@pytest.mark.parametrize(
+    ("fairness", "expected"),
+    [("global-strict", ["a0", "a1", "a2", "zz"]), ("round-robin", ["a0", "zz", "a1", "a2"])],
+)
+async def test_tenants_take_turns_under_round_robin_fairness(fairness: str, expected: list[str]) -> None:
+    router, gate = make(fairness=fairness)
+    saturate(router)
+    order: list[str] = []
+    entries = [QueuedRequest(f"a{i}", float(i), flow="tenant-a") for i in range(3)]
+    entries.append(QueuedRequest("zz", 5.0, flow="tenant-b"))  # a prompt of its own (`prompt`)
+    tasks = [asyncio.create_task(gate.admit(e, decider(router, e.request_id, order))) for e in entries]
+    await until(lambda: len(gate) == 4)
+    done = ["bg-a"]
+    for count in range(1, 5):  # one worker's room at a time: each frees for the next request
+        router.mark_prefill_complete(done[-1])
+        gate.kick()
+        await until(lambda count=count: len(order) == count)
+        done.append(order[-1])
+    assert order == expected
+    await asyncio.gather(*tasks)
 
 
 async def test_the_poll_releases_requests_when_load_frees_without_a_kick() -> None:
