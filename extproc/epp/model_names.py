@@ -62,7 +62,7 @@ class ModelNameRestorer:
         for old, new in self._replacements:
             if old in data:
                 data = data.replace(old, new)
-        if end:
+        if end or data.endswith(b"\n"):  # a line's end: no name spans it (JSON writes "\\n" in one)
             self._held = b""
             return data
         cut = self._partial_tail(data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -122,3 +123,18 @@ def test_the_longest_beginning_of_a_pattern_is_held() -> None:
     """A chunk that ends one byte short of the longest form (one space after the colon)."""
     body = b'{"model": "foodreview-v2"}'
     assert restored(body, [len(body) - 2]) == b'{"model": "foodreview"}'
+
+
+# --- vLLM 0.33.0's own Responses API bytes (tests/request/engines/vllm-0.33.0/responses.json, model "m")
+
+VLLM_RESPONSES = json.loads(
+    (Path(__file__).parents[1] / "request" / "engines" / "vllm-0.33.0" / "responses.json").read_text()
+)["answers"]
+
+
+@pytest.mark.parametrize("answer", ["json", "sse_created", "sse_in_progress"])
+def test_vllms_responses_answers_name_the_asked_model(answer: str) -> None:
+    body = VLLM_RESPONSES[answer].encode()
+    out = restored(body, [len(body) // 3, len(body) // 2], sent="m", asked="my-alias")
+    assert out.count(b'"model":"my-alias"') == 1
+    assert out.replace(b'"model":"my-alias"', b'"model":"m"') == body  # nothing else changed
