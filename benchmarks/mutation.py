@@ -4164,6 +4164,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "performance",
             "as _partial_tail__mutmut_1: looked for from the chunk's start",
         ),
+        "xǁModelNameRestorerǁfeed__mutmut_15": (
+            'if end or data.endswith(b"XX\\nXX"):  # a line\'s end: no name spans it (JSON writes "\\\\n" in one)',
+            "performance",
+            "the shortcut for a chunk ending a line is not taken: _partial_tail finds no beginning there "
+            "either (no pattern holds a line break)",
+        ),
         "xǁModelNameRestorerǁfeed__mutmut_4": (
             "data = self._held + chunk if (self._held) or True else chunk",
             "performance",

@@ -242,3 +242,12 @@ def test_a_router_error_answer_carries_its_text():
 )
 def test_only_brackets_are_ignored_when_hosts_are_compared(endpoint, allowed):
     assert not epp.endpoint_matches(endpoint, allowed)
+
+
+def test_a_replaced_response_chunk_is_a_body_mutation_with_those_bytes() -> None:
+    answer = epp.replace_response_chunk(b'data: {"model":"asked"}\n\n')
+    assert answer.WhichOneof("response") == "response_body"
+    assert answer.response_body.response.body_mutation.WhichOneof("mutation") == "body"
+    assert answer.response_body.response.body_mutation.body == b'data: {"model":"asked"}\n\n'
+    emptied = epp.replace_response_chunk(b"")  # all of it held back: the chunk goes as nothing
+    assert emptied.response_body.response.body_mutation.WhichOneof("mutation") == "body"
