@@ -148,7 +148,7 @@ MODULES: dict[str, list[str]] = {
     # output tokens counted from responses as they stream (OpenAI SSE and JSON, Responses, Messages)
     "epp/output_tokens.py": ["tests/epp/test_output_tokens.py", "tests/epp/test_output_tokens_edges.py"],
     # a rewritten request's answer: the asked model said again in every chunk
-    "epp/model_names.py": ["tests/epp/test_model_names.py", "tests/epp/test_service_model_names.py"],
+    "epp/asked_model.py": ["tests/epp/test_asked_model.py", "tests/epp/test_service_asked_model.py"],
     # the local router group: candidates, disaggregated pairs, preferred workers, request ids, set_workers
     "picker/local_group.py": [
         "tests/picker/test_local_group.py",
@@ -4141,7 +4141,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "with no hashes `find_matches([])` is empty, so the max is its default 0 either way",
         ),
     },
-    "epp/model_names.py": {
+    "epp/asked_model.py": {
         "xǁModelNameRestorerǁ_partial_tail__mutmut_1": (
             "start = None",
             "performance",
@@ -4165,7 +4165,8 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "as _partial_tail__mutmut_1: looked for from the chunk's start",
         ),
         "xǁModelNameRestorerǁfeed__mutmut_15": (
-            'if end or data.endswith(b"XX\\nXX"):  # a line\'s end: no name spans it (JSON writes "\\\\n" in one)',
+            'if end or data.endswith(b"XX\\nXX"):  '
+            '# a line\'s end: no name spans it (JSON writes "\\\\n" in one)',
             "performance",
             "the shortcut for a chunk ending a line is not taken: _partial_tail finds no beginning there "
             "either (no pattern holds a line break)",

@@ -66,7 +66,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.epp import answers as epp
 from extproc.epp import responses_stream
-from extproc.epp.model_names import ModelNameRestorer
+from extproc.epp.asked_model import ModelNameRestorer
 from extproc.epp.output_tokens import OutputTokens
 from extproc.errors import BodyTooLarge, PickerError, RequestInvalid, TooManyStreams
 from extproc.picker.pipeline import Pick

@@ -20,7 +20,7 @@ body's `model` is rewritten (`BodyParser.with_model`, off the loop for large bod
 without targets leaves the model as asked. Without a rule for its model, a request's
 `x-gateway-model-name-rewrite` header (set by a route, or by the client) names the model it is sent
 as: a rule wins over the header, as in the Inference Extension's picker. Either way the answer
-names the model the client asked for again (`extproc.epp.model_names`).
+names the model the client asked for again (`extproc.epp.asked_model`).
 
 `ResourceFile` holds the resources of `--inference-resources` (`extproc.config.inference_extension`
 checks them) and reads the file again when it changes, looking at most once a second and only

@@ -4,7 +4,7 @@ A rewrite (an InferenceModelRewrite rule, else the `x-gateway-model-name-rewrite
 request as another model; the answer's body names the model the client asked for again, in either
 response body mode (Envoy drops the content-length of an answer whose body a processor may change,
 and sends it chunked). Through a real Envoy, with vLLM's and SGLang's own answer bytes:
-tests/e2e/test_model_names_e2e.py.
+tests/e2e/test_asked_model_e2e.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """What saying the asked model again costs a streamed answer: per response chunk, in process.
 
-    .venv/bin/python benchmarks/bench_model_names.py            # about 20 s
-    .venv/bin/python benchmarks/bench_model_names.py --quick    # about 5 s
+    .venv/bin/python benchmarks/bench_asked_model.py            # about 20 s
+    .venv/bin/python benchmarks/bench_asked_model.py --quick    # about 5 s
 
 A request that a rewrite sent as another model (`foodreview` as the adapter `foodreview-v2`) has
-every chunk of its answer rewritten by the picker (`extproc/epp/model_names.py`): the chunk is
+every chunk of its answer rewritten by the picker (`extproc/epp/asked_model.py`): the chunk is
 searched, replaced and answered with a body mutation instead of the shared CONTINUE answer. This
 drives whole ext_proc streams through `ExtProcService.Process` in this process (no gRPC, no Envoy):
 request headers and body, response headers, then `--chunks` event-stream chunks as vLLM writes
@@ -29,7 +29,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.config import ModelConfig, PickerConfig, RouterConfig, WorkerConfig
 from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
-from extproc.epp.model_names import ModelNameRestorer
+from extproc.epp.asked_model import ModelNameRestorer
 from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
 

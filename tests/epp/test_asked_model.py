@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extproc.epp.model_names import ModelNameRestorer
+from extproc.epp.asked_model import ModelNameRestorer
 
 SENT, ASKED = "foodreview-v2", "foodreview"
 CHUNK = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": SENT}
