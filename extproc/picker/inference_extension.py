@@ -176,25 +176,27 @@ class InferenceExtension:
     ) -> InferenceExtension:
         return cls(ResourceFile.from_config(config, clock), metrics, rng)
 
-    def objective(self, model: str, name: str | None) -> int | None:
-        """The priority of the objective a request names (its header's value), if the file lists it;
-        counted per name, a name the file does not list as "unlisted"."""
+    def objective(self, model: str, headers: Mapping[str, str]) -> int | None:
+        """The priority of the objective a request names (its x-gateway-inference-objective header),
+        if the file lists it; counted per name, a name the file does not list as "unlisted"."""
+        name = headers.get(OBJECTIVE_HEADER)
         if name is None:
             return None
         priority = self.file.priority(name) if self.file is not None else None
         self._metrics.objective_requests.values[model, name if priority is not None else UNLISTED] += 1
         return priority
 
-    def model_for(self, model: str, header: str | None = None) -> str | None:
-        """The model a request for `model` is served as, when it goes elsewhere: a rewrite rule's
-        target, else the model its `x-gateway-model-name-rewrite` header names (`header`)."""
+    def model_for(self, model: str, headers: Mapping[str, str] | None = None) -> str | None:
+        """The model a request for `model` is sent as, when not as asked: a rewrite rule's target,
+        else the model its x-gateway-model-name-rewrite header (in `headers`) names."""
         chosen = self.file.rewrite(model, self._rng) if self.file is not None else None
         if chosen is None:
-            return header or None
-        target, rule = chosen
-        matched = model if model in rule.models else ANY_MODEL  # a client's name only when listed
-        self._metrics.model_rewrites.values[rule.rewrite, matched, target] += 1
-        return target
+            target = (headers or {}).get(MODEL_REWRITE_HEADER) or None
+        else:
+            target, rule = chosen
+            matched = model if model in rule.models else ANY_MODEL  # a client's name only when listed
+            self._metrics.model_rewrites.values[rule.rewrite, matched, target] += 1
+        return target if target != model else None
 
 
 def pick_target(rule: RewriteRule, rng: random.Random) -> str:

@@ -59,13 +59,7 @@ from extproc.picker.admission import AdmissionGate
 from extproc.picker.body_parser import BodyParser
 from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.home_waits import HomeWaits
-from extproc.picker.inference_extension import (
-    FAIRNESS_HEADER,
-    MODEL_REWRITE_HEADER,
-    OBJECTIVE_HEADER,
-    InferenceExtension,
-    queue_entry,
-)
+from extproc.picker.inference_extension import FAIRNESS_HEADER, InferenceExtension, queue_entry
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.model_names import ModelNames
@@ -410,10 +404,7 @@ class EndpointPicker:
         parsed = await self.bodies.request(body, path)
         request = parsed.request
         asked = request.model
-        rewritten = self.inference.model_for(asked, headers.get(MODEL_REWRITE_HEADER))
-        if rewritten == asked:  # sent as asked: the body goes as it came
-            rewritten = None
-        if rewritten is not None:  # routed and sent as that
+        if (rewritten := self.inference.model_for(asked, headers)) is not None:  # routed and sent as that
             request, body = (
                 dataclasses.replace(request, model=rewritten),
                 await self.bodies.with_model(body, rewritten),
@@ -424,7 +415,7 @@ class EndpointPicker:
             # name; one named by `model` wins over the body's `lora_path` (SGLang's order)
             request = dataclasses.replace(request, model=pool.model, lora_name=lora_name or request.lora_name)
         session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
-        objective = self.inference.objective(request.model, headers.get(OBJECTIVE_HEADER))
+        objective = self.inference.objective(request.model, headers)
         worker_session = self._worker_session_action(request, session_id)
         tokens: Sequence[int] | None = None
         if request.load_only_reason is not None:

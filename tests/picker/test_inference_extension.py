@@ -288,8 +288,9 @@ async def test_the_rewrite_header_names_the_model_sent_unless_a_rule_applies(
 
 def test_without_a_file_the_header_alone_decides() -> None:
     extension = InferenceExtension(None, PickMetrics(), random.Random(0))
-    assert extension.model_for("m", "lora") == "lora"
-    assert extension.model_for("m", "") is None and extension.model_for("m") is None
+    assert extension.model_for("m", {MODEL_REWRITE_HEADER: "lora"}) == "lora"
+    assert extension.model_for("m", {MODEL_REWRITE_HEADER: ""}) is None and extension.model_for("m") is None
+    assert extension.model_for("m", {MODEL_REWRITE_HEADER: "m"}) is None  # as asked
 
 
 async def test_targets_are_drawn_by_weight(

@@ -20,6 +20,7 @@ from extproc.config.inference_extension import (
 )
 from extproc.picker.inference_extension import (
     ANY_MODEL,
+    MAX_FAIRNESS_ID,
     InferenceExtension,
     ResourceFile,
     pick_target,
@@ -154,3 +155,10 @@ def test_the_log_line_shows_twenty_names_of_each_kind(
         f"inference resources read from {path}: "
         + expected.format(first_20=first_20, rewrites_20=rewrites_20)
     ]
+
+
+def test_the_fairness_id_is_the_entrys_flow_cut_to_its_bound_and_none_is_the_shared_flow() -> None:
+    assert queue_entry("r", 0.0, 1, {}, None, "tenant-a").flow == "tenant-a"
+    assert queue_entry("r", 0.0, 1, {}, None, "t" * 5000).flow == "t" * MAX_FAIRNESS_ID
+    assert queue_entry("r", 0.0, 1, {}, None, None).flow == ""
+    assert queue_entry("r", 0.0, 1, {}, None).flow == queue_entry("r", 0.0, 1, {}, None, "").flow == ""
