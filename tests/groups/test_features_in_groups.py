@@ -28,7 +28,7 @@ from extproc.config import DisaggConfig, GroupConfig, GroupsConfig, ModelConfig,
 from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
 from extproc.errors import PickerError
 from extproc.groups import GroupApiServer, start_group_api
-from extproc.picker.inference_extension import OBJECTIVE_HEADER
+from extproc.picker.inference_extension import FAIRNESS_HEADER, OBJECTIVE_HEADER
 from extproc.picker.local_group import Routed
 from extproc.picker.pipeline import EndpointPicker, Pick
 from extproc.router import QueueTimeout, RouterConfig
@@ -226,6 +226,46 @@ async def test_objectives_and_model_rewrites_are_decided_before_the_groups(mode,
         )  # fmt: skip
     assert shed.value.sheddable
     await end(setup, rewritten)
+    assert group_idle(setup) and setup.top.is_idle()
+
+
+async def test_tenants_take_turns_in_front_of_every_group(mode, closing):
+    """Round-robin fairness is the top-level picker's queue: tenant b's request is routed after one
+    request of tenant a's earlier burst, whatever group serves them."""
+    threshold = {"router_queue_threshold": 0.01, "router_queue_fairness": "round-robin"}
+    cfg = replace(group_config("w", 1, **threshold), queue_max_wait_s=5.0)
+    setup = await build(mode, cfg, **threshold)
+    closing.append(setup)
+    background = previous = await pick(setup.top, chat("background " * 30), "bg")
+    waiting = {}
+    for name, tenant in (("a0", "a"), ("a1", "a"), ("b0", "b")):
+        waiting[name] = asyncio.ensure_future(
+            setup.top.pick(
+                body=chat(f"{name} " * 30),
+                path="/v1/chat/completions",
+                headers={FAIRNESS_HEADER: tenant},
+                subset=None,
+                client_request_id=name,
+            )
+        )
+        for _ in range(200):  # until it is held (a poll with a bound)
+            if len(setup.top.gate(MODEL)) == len(waiting):
+                break
+            await asyncio.sleep(0.005)
+    order = []
+    for _ in range(3):
+        setup.top.first_token(previous)  # room for one more
+        for _ in range(1000):  # until one is routed (a poll with a bound)
+            done = [name for name, task in waiting.items() if task.done() and name not in order]
+            if done:
+                break
+            await asyncio.sleep(0.005)
+        assert len(done) == 1
+        order.append(done[0])
+        previous = waiting[done[0]].result()
+    assert order == ["a0", "b0", "a1"]
+    for chosen in (background, *(task.result() for task in waiting.values())):
+        await end(setup, chosen)
     assert group_idle(setup) and setup.top.is_idle()
 
 
