@@ -106,7 +106,7 @@ async def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[RunningPicker, str, ReplayWorker]]:
     engine, mode = request.param
-    root = tmp_path_factory.mktemp(f"model-names-{engine}-{mode}")
+    root = tmp_path_factory.mktemp(f"asked-model-{engine}-{mode}")
     path = root / "resources.yaml"
     path.write_text(rewrite("foodreview-rollout", ROLLOUT))
     worker = await ReplayWorker(recorded(engine)).start()
@@ -130,6 +130,11 @@ async def stack(
         envoy.stop()
         await picker.stop(0)
         await worker.stop()
+
+
+async def test_both_engines_answers_are_recorded() -> None:
+    """The stack's params come from the files: none found would run no test here."""
+    assert ENGINES == ["sglang-0.5.23", "vllm-0.33.0"]
 
 
 def client(url: str) -> openai.AsyncOpenAI:
