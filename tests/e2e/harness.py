@@ -290,16 +290,24 @@ async def picker_behind_envoy(
         events=EventsConfig(),
         kv_events_source=kv_events,
     )
+    async with behind_envoy(config, log_dir, workers=[w.endpoint for w in workers]) as running:
+        yield running
+
+
+@asynccontextmanager
+async def behind_envoy(
+    config: PickerConfig, log_dir: Path, variant: Variant = "buffered", **envoy: Any
+) -> AsyncIterator[tuple[RunningPicker, EnvoyProcess]]:
+    """The picker of `config` in this event loop behind a real Envoy (template `variant`, a child
+    process; `envoy`: more of `render_envoy_config`'s arguments). Both stopped on exit."""
     picker = await start_picker(config)
     try:
-        yaml = render_envoy_config(
-            "buffered", picker_address=f"127.0.0.1:{picker.port}", workers=[w.endpoint for w in workers]
-        )
-        envoy = start_envoy(yaml, log_path=log_dir / f"envoy-{next(_envoy_ids)}.log")
+        yaml = render_envoy_config(variant, picker_address=f"127.0.0.1:{picker.port}", **envoy)
+        process = start_envoy(yaml, log_path=log_dir / f"envoy-{next(_envoy_ids)}.log")
         try:
-            yield picker, envoy
+            yield picker, process
         finally:
-            envoy.stop()
+            process.stop()
     finally:
         await picker.stop(0)
 

@@ -26,13 +26,12 @@ from aiohttp import web
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
-from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import start_envoy
 from extproc.picker.inference_extension import MODEL_REWRITE_HEADER
 from extproc.router import RouterConfig
-from extproc.runtime.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker
 
 from ..config.test_inference_extension import rewrite
+from .harness import behind_envoy
 from .test_admission_e2e import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -118,17 +117,12 @@ async def stack(
         health_port=0,
         inference_extension=InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool())),
     )
-    picker = await start_picker(config)
-    ttft = picker.picker.metrics.ttft
-    worker.first_tokens = lambda: sum(ttft.child((BASE,))[0])
-    envoy = start_envoy(
-        render_envoy_config(mode, picker_address=f"127.0.0.1:{picker.port}"), log_path=root / "envoy.log"
-    )
     try:
-        yield picker, envoy.url, worker
+        async with behind_envoy(config, root, mode) as (picker, envoy):
+            ttft = picker.picker.metrics.ttft
+            worker.first_tokens = lambda: sum(ttft.child((BASE,))[0])
+            yield picker, envoy.url, worker
     finally:
-        envoy.stop()
-        await picker.stop(0)
         await worker.stop()
 
 

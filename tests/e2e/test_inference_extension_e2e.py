@@ -25,14 +25,12 @@ import pytest_asyncio
 
 from extproc.config import ModelConfig
 from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
-from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import start_envoy
 from extproc.devstack.stack import MODEL
 from extproc.picker.inference_extension import FAIRNESS_HEADER, OBJECTIVE_HEADER
-from extproc.runtime.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker
 
 from ..config.test_inference_extension import objective, rewrite
-from .harness import EchoWorker, start_echo_workers
+from .harness import EchoWorker, behind_envoy, start_echo_workers
 from .test_admission_e2e import MESSAGE_TIMEOUT_MS, config, until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -82,16 +80,10 @@ async def stack(
         queue_max_wait_s=MAX_WAIT_S,
         inference_extension=resources,
     )
-    picker = await start_picker(cfg)
-    yaml = render_envoy_config(
-        "buffered", picker_address=f"127.0.0.1:{picker.port}", message_timeout_ms=MESSAGE_TIMEOUT_MS
-    )
-    envoy = start_envoy(yaml, log_path=root / "envoy.log")
     try:
-        yield picker, envoy.url, worker, volume
+        async with behind_envoy(cfg, root, message_timeout_ms=MESSAGE_TIMEOUT_MS) as (picker, envoy):
+            yield picker, envoy.url, worker, volume
     finally:
-        envoy.stop()
-        await picker.stop(0)
         await worker.stop()
 
 
@@ -220,14 +212,10 @@ async def rewrite_stack(
         models=(ModelConfig(MODEL, lora_adapters=ADAPTERS),),
         inference_extension=resources,
     )
-    picker = await start_picker(cfg)
-    yaml = render_envoy_config(request.param, picker_address=f"127.0.0.1:{picker.port}")
-    envoy = start_envoy(yaml, log_path=root / "envoy.log")
     try:
-        yield picker, envoy.url, worker, request.param
+        async with behind_envoy(cfg, root, request.param) as (picker, envoy):
+            yield picker, envoy.url, worker, request.param
     finally:
-        envoy.stop()
-        await picker.stop(0)
         await worker.stop()
 
 
@@ -291,16 +279,10 @@ async def fair_stack(
         config([worker.address], router_queue_threshold=0.0, router_queue_fairness=request.param),
         queue_max_wait_s=10.0,
     )
-    picker = await start_picker(cfg)
-    yaml = render_envoy_config(
-        "buffered", picker_address=f"127.0.0.1:{picker.port}", message_timeout_ms=MESSAGE_TIMEOUT_MS
-    )
-    envoy = start_envoy(yaml, log_path=root / "envoy.log")
     try:
-        yield picker, envoy.url, worker, request.param
+        async with behind_envoy(cfg, root, message_timeout_ms=MESSAGE_TIMEOUT_MS) as (picker, envoy):
+            yield picker, envoy.url, worker, request.param
     finally:
-        envoy.stop()
-        await picker.stop(0)
         await worker.stop()
 
 

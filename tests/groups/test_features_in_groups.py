@@ -34,6 +34,7 @@ from extproc.picker.pipeline import EndpointPicker, Pick
 from extproc.router import QueueTimeout, RouterConfig
 
 from ..config.test_inference_extension import objective, rewrite
+from ..replica_helpers import until
 from .builders import BLOCK, MODEL, group_config
 
 LONG = "the quick brown fox jumps over the lazy dog " * 40  # ~1,800 byte-level tokens
@@ -120,11 +121,13 @@ def mode(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-async def pick(picker: EndpointPicker, body: bytes, request_id: str, **kwargs) -> Pick:
+async def pick(
+    picker: EndpointPicker, body: bytes, request_id: str, headers: dict[str, str] | None = None, **kwargs
+) -> Pick:
     return await picker.pick(
         body=body,
         path="/v1/chat/completions",
-        headers={},
+        headers=headers or {},
         subset=None,
         client_request_id=request_id,
         **kwargs,
@@ -220,10 +223,7 @@ async def test_objectives_and_model_rewrites_are_decided_before_the_groups(mode,
     assert rewritten.body is not None and json.loads(rewritten.body)["model"] == "lora-a"
     assert rewritten.model == MODEL and setup.top.metrics.lora_requests.values[(MODEL, "lora-a")] == 1
     with pytest.raises(QueueTimeout) as shed:
-        await setup.top.pick(
-            body=chat("batch work " * 30), path="/v1/chat/completions", headers={OBJECTIVE_HEADER: "batch"},
-            subset=None, client_request_id="b1",
-        )  # fmt: skip
+        await pick(setup.top, chat("batch work " * 30), "b1", {OBJECTIVE_HEADER: "batch"})
     assert shed.value.sheddable
     await end(setup, rewritten)
     assert group_idle(setup) and setup.top.is_idle()
@@ -240,29 +240,20 @@ async def test_tenants_take_turns_in_front_of_every_group(mode, closing):
     waiting = {}
     for name, tenant in (("a0", "a"), ("a1", "a"), ("b0", "b")):
         waiting[name] = asyncio.ensure_future(
-            setup.top.pick(
-                body=chat(f"{name} " * 30),
-                path="/v1/chat/completions",
-                headers={FAIRNESS_HEADER: tenant},
-                subset=None,
-                client_request_id=name,
-            )
+            pick(setup.top, chat(f"{name} " * 30), name, {FAIRNESS_HEADER: tenant})
         )
-        for _ in range(200):  # until it is held (a poll with a bound)
-            if len(setup.top.gate(MODEL)) == len(waiting):
-                break
-            await asyncio.sleep(0.005)
-    order = []
+        await until(lambda: len(setup.top.gate(MODEL)) == len(waiting), 5.0, f"{name} held")
+    order: list[str] = []
+
+    def routed() -> list[str]:
+        return [name for name, task in waiting.items() if task.done() and name not in order]
+
     for _ in range(3):
         setup.top.first_token(previous)  # room for one more
-        for _ in range(1000):  # until one is routed (a poll with a bound)
-            done = [name for name, task in waiting.items() if task.done() and name not in order]
-            if done:
-                break
-            await asyncio.sleep(0.005)
-        assert len(done) == 1
-        order.append(done[0])
-        previous = waiting[done[0]].result()
+        await until(routed, 5.0, "a held request routed")
+        (name,) = routed()
+        order.append(name)
+        previous = waiting[name].result()
     assert order == ["a0", "b0", "a1"]
     for chosen in (background, *(task.result() for task in waiting.values())):
         await end(setup, chosen)
