@@ -173,6 +173,17 @@ class _Stream:
         return self.phase is Phase.DONE
 
 
+def _learn_modes(stream: _Stream, message: pb.ProcessingRequest) -> None:
+    """Read Envoy's body modes from `message`, the stream's first: Envoy sends them (protocol_config)
+    once, with whatever comes first. That is the response headers of an answer Envoy made itself
+    before the picker saw the request (a path it refused): its body must still be answered in the
+    mode Envoy streams it in, or Envoy turns the answer into a 503."""
+    if message.HasField("protocol_config"):
+        stream.request_body_mode = message.protocol_config.request_body_mode
+        stream.response_body_mode = message.protocol_config.response_body_mode
+        stream.mode_known = True
+
+
 def _may_route(stream: _Stream, kind: str | None, message: pb.ProcessingRequest) -> bool:
     """Whether handling `message` (of oneof `kind`) can route the request (and so wait in the
     admission queue): a request-phase message other than a body chunk that does not end the body."""
@@ -248,6 +259,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                     yield self._response_body_answer(stream, body)
                     self._settle_response_body(stream)
                 elif kind == "response_headers":
+                    if not stream.mode_known:  # the stream's first message: Envoy's own answer
+                        _learn_modes(stream, message)
                     yield self._on_response_headers(stream, message.response_headers)
                 elif may_queue and _may_route(stream, kind, message):
                     async for answer in self._handle_with_notices(stream, message, kind):
@@ -314,6 +327,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if kind == "request_trailers":
             return await self._on_request_trailers(stream)
         if kind == "response_headers":
+            if not stream.mode_known:
+                _learn_modes(stream, message)
             return [self._on_response_headers(stream, message.response_headers)]
         if kind == "response_body":
             answer = self._response_body_answer(stream, message.response_body)
@@ -338,10 +353,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if stream.phase is not Phase.REQUEST_HEADERS:  # one request per stream: a repeat changes nothing
             log.warning("ignoring request headers sent again on the stream of %s", stream.request_id)
             return [epp.CONTINUE_REQUEST_HEADERS]
-        if message.HasField("protocol_config"):
-            stream.request_body_mode = message.protocol_config.request_body_mode
-            stream.response_body_mode = message.protocol_config.response_body_mode
-            stream.mode_known = True
+        _learn_modes(stream, message)
         stream.headers = epp.header_map(message.request_headers)
         stream.request_id = stream.headers.get("x-request-id") or uuid.uuid4().hex
         stream.subset = epp.subset_hint(message) if message.HasField("metadata_context") else None

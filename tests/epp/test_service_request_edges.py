@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.epp import answers as epp
@@ -328,6 +329,34 @@ async def test_a_duplex_response_body_is_echoed_back_chunk_by_chunk():
         (b"data: [DONE]\n\n", True),
     ]
     assert picker.frees == ["complete"] and picker.is_idle()
+
+
+@pytest.mark.parametrize("first_mode", [BUFFERED, DUPLEX], ids=["streamed", "duplex"])
+async def test_envoys_own_answer_is_passed_on_in_the_body_mode_its_first_message_names(first_mode):
+    """Envoy answers a request itself (an encoded slash: 400) before the picker sees it: the
+    stream's first message is that answer's response headers, and it carries the body modes. A
+    duplex body answered as a plain body mutation makes Envoy send a 503 instead
+    (tests/e2e/test_client_input_e2e.py shows it with a real Envoy)."""
+    picker, service = make()
+    mode = DUPLEX if first_mode == DUPLEX else processing_mode_pb2.ProcessingMode.STREAMED
+    first = response_headers(status="400", content_type="application/json")
+    first.protocol_config.request_body_mode = first_mode
+    first.protocol_config.response_body_mode = mode
+    error = b'{"error":{"code":400}}'
+    answers = await run(service, [first, response_body(error, end_of_stream=True)])
+    assert answers[0] == epp.CONTINUE_RESPONSE_HEADERS
+    body = answers[1].response_body.response
+    if mode == DUPLEX:
+        assert (
+            body.body_mutation.streamed_response.body,
+            body.body_mutation.streamed_response.end_of_stream,
+        ) == (
+            error,
+            True,
+        )
+    else:
+        assert answers[1] == epp.CONTINUE_RESPONSE_BODY
+    assert picker.picks == [] and picker.is_idle()
 
 
 async def test_trailers_ending_a_duplex_body_echo_it_without_ending_the_body():
