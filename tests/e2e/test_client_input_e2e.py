@@ -2,12 +2,15 @@
 
 The real picker (in-process: the test reads what it tracks) behind every Envoy variant, and behind
 "bare" Envoys that have none of our configs' own protection (no header stripping before the picker,
-no path normalisation), which stand for any other gateway: there the picker alone must hold.
+no path normalisation), which stand for any other gateway: there the picker alone must hold; and
+behind an Envoy shaped like the Inference Extension's reference config (both bodies
+FULL_DUPLEX_STREAMED, the upstream keyed on the destination header a client can send too).
 
 - Headers the picker owns (`x-prefill-endpoint`, `x-data-parallel-rank`, ...) never reach a worker
   from a client, routed or untracked, also when `failopen` skips the picker.
 - An encoded path (`/v1/chat/%63ompletions`, `//`, `..`) is parsed, limited and tracked like the plain
-  one; an encoded slash is a 400.
+  one; an encoded slash is a 400 (or, where Envoy unescapes and redirects, the redirect reaches the
+  client whole and the path it names is routed).
 - An HTTP/2 request with trailers (a real h2c client) is decided like any other, at once.
 - A POST without a body to a routable path is the picker's 400, not a worker's answer.
 """
@@ -54,7 +57,12 @@ MESSAGE_TIMEOUT_S = 5.0
 PROMPT_S = 2.0
 STOCK: list[Variant] = ["buffered", "duplex", "failopen"]
 BARE = ["bare-buffered", "bare-duplex"]  # without our configs' protection: the picker alone holds
-ALL = [*STOCK, *BARE]
+# The Inference Extension's and llm-d's reference Envoy (llm-d-inference-scheduler's
+# test/testdata/envoy.yaml): both bodies FULL_DUPLEX_STREAMED, the upstream keyed on the
+# x-gateway-destination-endpoint request header, nothing removed before the picker, encoded
+# slashes unescaped and redirected
+GIE = "gie-duplex"
+ALL = [*STOCK, *BARE, GIE]
 CLIENT_COPIES = {
     "x-prefill-endpoint": "10.9.9.9:80",
     "x-data-parallel-rank": "7",
@@ -112,13 +120,31 @@ def picker_config(endpoints: list[str], **options: Any) -> PickerConfig:
     )
 
 
+def inference_extension_style(config: str) -> str:
+    """A rendered duplex config in the shape of the Inference Extension's reference Envoy: `bare`,
+    paths normalised, encoded slashes unescaped and redirected, the upstream keyed on the request
+    header the picker sets (which a client can send too: the picker must overwrite it)."""
+    config = bare(config).replace("KEEP_UNCHANGED", "UNESCAPE_AND_REDIRECT")
+    for line in ("normalize_path: false", "merge_slashes: false"):
+        config = config.replace(line, line.replace("false", "true"))
+    keyed = re.sub(
+        r"use_http_header: false\n(\s+)metadata_key:\n(\s+key: envoy.lb\n\s+path:\n\s+- key: .*\n)",
+        lambda m: f"use_http_header: true\n{m.group(1)}http_header_name: {epp.DESTINATION_HEADER}\n",
+        config,
+    )
+    assert keyed != config, "the duplex template's upstream cluster changed: update this test"
+    return keyed
+
+
 def start_variant(
     name: str, picker_address: str, workers: list[str], log_dir: Path, **render: Any
 ) -> EnvoyProcess:
-    variant: Variant = name.removeprefix("bare-")  # type: ignore[assignment]
+    variant: Variant = name.removeprefix("bare-").removeprefix("gie-")  # type: ignore[assignment]
     config = render_envoy_config(variant, picker_address=picker_address, workers=workers, **render)
     if name.startswith("bare-"):
         config = bare(config)
+    elif name.startswith("gie-"):
+        config = inference_extension_style(config)
     return start_envoy(config, log_path=log_dir / f"envoy-{name}-{uuid.uuid4().hex[:6]}.log")
 
 
@@ -302,12 +328,28 @@ async def test_an_encoded_path_is_parsed_limited_and_tracked(
     await until(stack.picker.is_idle)
 
 
+ENCODED_SLASH_TARGETS = ("/v1/chat/completions", "/v1/completions")
+
+
 @pytest.mark.parametrize("variant", ALL)
 @pytest.mark.parametrize("path", ["/v1%2Fchat%2Fcompletions", "/v1/chat%2fcompletions", "/v1%5Ccompletions"])
-async def test_an_encoded_slash_is_refused_with_400(
+async def test_an_encoded_slash_is_refused_with_400_or_redirected_unescaped(
     variant: str, path: str, stack: Stack, http: aiohttp.ClientSession
 ) -> None:
-    status, headers, answer = await post(http, URL(stack.url(variant) + path, encoded=True), chat("hi"))
+    url = URL(stack.url(variant) + path, encoded=True)
+    if variant == GIE:
+        # Envoy answers a redirect to the path unescaped, itself: the stream's first message is that
+        # answer, which the picker must pass on (before, in duplex, Envoy made it a 503); the
+        # client then sends the plain path, routed like any other
+        body = chat("hi") if "chat" in path else json.dumps({"model": MODEL, "prompt": "hi"}).encode()
+        async with http.post(url, data=body, allow_redirects=False) as redirect:
+            assert redirect.status == 307 and redirect.headers["location"] in ENCODED_SLASH_TARGETS
+        status, _, echoed = await post(http, url, body)  # aiohttp follows it, body and all
+        assert status == 200 and echoed["path"] == redirect.headers["location"]
+        assert_clean(echoed)
+        await until(stack.picker.is_idle)
+        return
+    status, headers, answer = await post(http, url, chat("hi"))
     assert_error(status, headers, answer, 400, "invalid-request")  # Envoy's (stock) or the picker's (bare)
     assert "worker" not in answer
     await until(stack.picker.is_idle)
