@@ -126,6 +126,7 @@ MODULES: dict[str, list[str]] = {
         "tests/epp/test_service_lifecycle_edges.py",
         "tests/epp/test_service_request_edges.py",
         "tests/epp/test_service_output_edges.py",
+        "tests/epp/test_service_asked_model.py",
         "tests/epp/test_limits.py",
         "tests/fuzz/test_ext_proc_fuzz.py",
     ],
@@ -2116,25 +2117,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "message, which names only the limit"
             ),
         ),
-        "xǁExtProcServiceǁProcess__mutmut_34": (
-            'elif kind == "XXresponse_headersXX":',
-            "performance",
-            (
-                "response headers then fall to the _handle path (a coroutine and a list more per message; via"
-                " _handle_with_notices if they came before routing with a queue on), and _handle answers them"
-                " with the same _on_response_headers(stream, message.response_headers): same answer, same "
-                "bookkeeping"
-            ),
-        ),
-        "xǁExtProcServiceǁProcess__mutmut_35": (
-            'elif kind == "RESPONSE_HEADERS":',
-            "performance",
-            (
-                "as Process__mutmut_34: response headers reach _handle, which answers them with the same "
-                "_on_response_headers call"
-            ),
-        ),
-        "xǁExtProcServiceǁProcess__mutmut_40": (
+        "xǁExtProcServiceǁProcess__mutmut_45": (
             "elif may_queue or _may_route(stream, kind, message):",
             "performance",
             (
@@ -2146,7 +2129,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "answers"
             ),
         ),
-        "xǁExtProcServiceǁProcess__mutmut_42": (
+        "xǁExtProcServiceǁProcess__mutmut_47": (
             "elif may_queue and _may_route(stream, None, message):",
             "performance",
             (
@@ -2155,7 +2138,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "them (no route, no pick, answers []), so only a task and a future per chunk are added"
             ),
         ),
-        "xǁExtProcServiceǁProcess__mutmut_62": (
+        "xǁExtProcServiceǁProcess__mutmut_67": (
             "return",
             "same-value",
             (
@@ -2411,7 +2394,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 ' and feed(b"") do the same; finish() then runs as before'
             ),
         ),
-        "xǁExtProcServiceǁ_handle__mutmut_55": (
+        "xǁExtProcServiceǁ_handle__mutmut_70": (
             "log.warning(None, kind)",
             "message",
             (
@@ -2419,7 +2402,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "changes; the answer ([]) is the same"
             ),
         ),
-        "xǁExtProcServiceǁ_handle__mutmut_56": (
+        "xǁExtProcServiceǁ_handle__mutmut_71": (
             'log.warning("ignoring ext_proc message without a known phase: %s", None)',
             "message",
             (
@@ -2427,7 +2410,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "changes; the answer ([]) is the same"
             ),
         ),
-        "xǁExtProcServiceǁ_handle__mutmut_57": (
+        "xǁExtProcServiceǁ_handle__mutmut_72": (
             "log.warning(kind)",
             "message",
             (
@@ -2435,7 +2418,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "changes; the answer ([]) is the same"
             ),
         ),
-        "xǁExtProcServiceǁ_handle__mutmut_58": (
+        "xǁExtProcServiceǁ_handle__mutmut_73": (
             'log.warning("ignoring ext_proc message without a known phase: %s", )',
             "message",
             (
@@ -2443,7 +2426,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "changes; the answer ([]) is the same"
             ),
         ),
-        "xǁExtProcServiceǁ_handle__mutmut_59": (
+        "xǁExtProcServiceǁ_handle__mutmut_74": (
             'log.warning("XXignoring ext_proc message without a known phase: %sXX", kind)',
             "message",
             (
@@ -2451,7 +2434,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "changes; the answer ([]) is the same"
             ),
         ),
-        "xǁExtProcServiceǁ_handle__mutmut_60": (
+        "xǁExtProcServiceǁ_handle__mutmut_75": (
             'log.warning("IGNORING EXT_PROC MESSAGE WITHOUT A KNOWN PHASE: %S", kind)',
             "message",
             (
@@ -2479,7 +2462,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "REQUEST_BODY; None and a fresh bytearray both drop the joined buffer"
             ),
         ),
-        "xǁExtProcServiceǁ_on_request_headers__mutmut_24": (
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_21": (
             'stream.subset = epp.subset_hint(message) if (message.HasField("metadata_context")) or True else None',  # noqa: E501
             "same-value",
             (
@@ -2495,7 +2478,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 " of the request id)"
             ),
         ),
-        "xǁExtProcServiceǁ_on_request_headers__mutmut_37": (
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_34": (
             'stream.path = _normalized_path(stream.headers.get(":path", "XXXX"))',
             "message",
             (
@@ -2522,7 +2505,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "only the text of the 'ignoring request headers sent again' warning changes",
         ),
-        "xǁExtProcServiceǁ_on_request_headers__mutmut_61": (
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_58": (
             'empty = b"" if routable and stream.headers.get(":method", "XXXX").upper() == "POST" else None',
             "same-value",
             (
@@ -2530,7 +2513,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "taken for a POST either way"
             ),
         ),
-        "xǁExtProcServiceǁ_on_request_headers__mutmut_67": (
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_64": (
             "return [await self._route(stream, empty, in_body=None)]",
             "same-value",
             (
@@ -2539,22 +2522,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 " one more equal entry in the cache)"
             ),
         ),
-        "xǁExtProcServiceǁ_on_request_headers__mutmut_74": (
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_71": (
             "return [await self._route(stream, None, in_body=None)]",
             "same-value",
             (
-                "as _67: in_body None builds the same route_in_headers answer as False; only the cache key "
+                "as _64: in_body None builds the same route_in_headers answer as False; only the cache key "
                 "differs"
-            ),
-        ),
-        "xǁExtProcServiceǁ_on_request_trailers__mutmut_27": (
-            "answers = await self._body_complete(stream, body, end_of_stream=None)",
-            "same-value",
-            (
-                "epp.streamed_body passes end_of_stream to StreamedBodyResponse (directly, or as "
-                "`end_of_stream and last`, also None); protobuf takes None for a bool field as unset, i.e. "
-                "False: the echoed chunks are identical (checked: StreamedBodyResponse(body=b'', "
-                "end_of_stream=None) == StreamedBodyResponse(body=b''))"
             ),
         ),
         "xǁExtProcServiceǁ_on_response_headers__mutmut_44": (
@@ -2607,6 +2580,15 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             (
                 "the cache keeps None, so every response rebuilds its served answer; the answer returned is "
                 "the freshly built local one, equal to the cached one"
+            ),
+        ),
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_63": (
+            "if pick.asked_model is not None or pick.sent_model is not None and not headers.end_of_stream:",
+            "same-value",
+            (
+                "the pipeline sets asked_model and sent_model together (both or neither), so the two differ "
+                "only for response headers that end the stream: a restorer is then made and never fed "
+                "(no body follows)"
             ),
         ),
         "xǁExtProcServiceǁ_read_response_id__mutmut_16": (

@@ -327,8 +327,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if kind == "request_trailers":
             return await self._on_request_trailers(stream)
         if kind == "response_headers":
-            if not stream.mode_known:
-                _learn_modes(stream, message)
             return [self._on_response_headers(stream, message.response_headers)]
         if kind == "response_body":
             answer = self._response_body_answer(stream, message.response_body)

@@ -113,9 +113,8 @@ async def test_the_rewrite_header_sends_the_request_as_that_model_and_stops_at_t
     mode, tmp_path
 ) -> None:
     picker, service = make_service(tmp_path)  # no resources file: the header alone
-    answers = await exchange(
-        service, mode, chat_body("hi"), {MODEL_REWRITE_HEADER: "lora-b"}, sent_as="lora-b"
-    )
+    forged = {MODEL_REWRITE_HEADER: "lora-b", "x-prefill-endpoint": "10.9.9.9:80"}  # and an owned one
+    answers = await exchange(service, mode, chat_body("hi"), forged, sent_as="lora-b")
     assert json.loads(body_sent(answers))["model"] == "lora-b"
     assert picker.metrics.lora_requests.values[(MODEL, "lora-b")] == 1
     routed = next(
@@ -124,7 +123,7 @@ async def test_the_rewrite_header_sends_the_request_as_that_model_and_stops_at_t
     common = (
         routed.request_body.response if routed.HasField("request_body") else routed.request_headers.response
     )
-    assert MODEL_REWRITE_HEADER in common.header_mutation.remove_headers
+    assert {MODEL_REWRITE_HEADER, "x-prefill-endpoint"} <= set(common.header_mutation.remove_headers)
     assert answer_seen(answers, mode) == b"".join(answer_chunks(MODEL))
 
 
@@ -168,4 +167,32 @@ async def test_bytes_held_back_when_a_duplex_answer_ends_with_trailers_go_out_be
         response_body(b'{"id":1,"mod'), pb.ProcessingRequest(response_trailers=pb.HttpTrailers()),
     ])  # fmt: skip
     assert answer_seen(answers, DUPLEX) == b'{"id":1,"mod'
+    flushed = answers[-2].response_body.response.body_mutation.streamed_response
+    assert not flushed.end_of_stream  # the trailers end the stream
     assert answers[-1].HasField("response_trailers")
+
+
+@pytest.mark.parametrize("mode", [STREAMED, DUPLEX], ids=["streamed", "duplex"])
+async def test_an_answer_ending_in_what_could_begin_the_name_is_sent_whole(mode, tmp_path) -> None:
+    """A tail held back for the next chunk goes out with the body's last chunk."""
+    _, service = make_service(tmp_path, ALIAS_TO_A)
+    answers = await run(service, [
+        headers_with(mode), request_body(chat_body("hi", model="alias")), response_headers(),
+        response_body(b'{"id":1,"model":"lora-a"}\n{"id":2,"mod'),
+        response_body(b'el":"lo', end_of_stream=True),
+    ])  # fmt: skip
+    assert answer_seen(answers, mode) == b'{"id":1,"model":"alias"}\n{"id":2,"model":"lo'
+
+
+async def test_a_rewritten_body_is_routed_removing_the_services_own_owned_headers(tmp_path) -> None:
+    """The routing answer that carries a rewritten body removes the headers this service owns (here
+    one of its own, as with another --prefill-endpoint-header), like every routing answer."""
+    picker, _ = make_service(tmp_path, ALIAS_TO_A)
+    service = ExtProcService(picker, max_body_bytes=1 << 20, owned_headers=["x-prefiller-host-port"])
+    answers = await run(service, [
+        headers_with(STREAMED, {"x-prefiller-host-port": "10.9.9.9:80"}),
+        request_body(chat_body("hi", model="alias")),
+    ])  # fmt: skip
+    routed = answers[-1].request_body.response
+    assert json.loads(routed.body_mutation.body)["model"] == "lora-a"
+    assert "x-prefiller-host-port" in routed.header_mutation.remove_headers
