@@ -2582,15 +2582,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "the freshly built local one, equal to the cached one"
             ),
         ),
-        "xǁExtProcServiceǁ_on_response_headers__mutmut_63": (
-            "if pick.asked_model is not None or pick.sent_model is not None and not headers.end_of_stream:",
-            "same-value",
-            (
-                "the pipeline sets asked_model and sent_model together (both or neither), so the two differ "
-                "only for response headers that end the stream: a restorer is then made and never fed "
-                "(no body follows)"
-            ),
-        ),
         "xǁExtProcServiceǁ_read_response_id__mutmut_16": (
             "if response_id is not None or len(head) > responses_stream.MAX_ID_SCAN_BYTES:",
             "performance",

@@ -496,10 +496,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 self._served_answers.clear()
             answer = epp.served_answer(pick.endpoint, conformance=self.conformance_hooks)
             self._served_answers[pick.endpoint] = answer
-        if pick.asked_model is not None and pick.sent_model is not None and not headers.end_of_stream:
+        if pick.renamed is not None and not headers.end_of_stream:
             # its body names the model it was sent as: said again as asked, in every chunk (Envoy
             # drops the content-length of an answer whose streamed body the processor may change)
-            stream.restorer = ModelNameRestorer(pick.sent_model, pick.asked_model)
+            stream.restorer = ModelNameRestorer(*pick.renamed)
         return answer
 
     @staticmethod

@@ -112,8 +112,9 @@ class Pick:
     first_token_ns: int = 0  # perf_counter_ns of its first streamed token (0: none yet)
     output_tokens: int = 0  # tokens generated per sequence, as counted (--router-track-output-blocks)
     body: bytes | None = None  # the body as sent upstream when the picker rewrote it (a model rewrite)
-    sent_model: str | None = None  # the model it was sent as, when not the one its client named
-    asked_model: str | None = None  # then the one its client named (its answer says it again)
+    # (the model it was sent as, the one its client named) when they differ: its answer says the
+    # second again
+    renamed: tuple[str, str] | None = None
 
 
 class WorkerSetListener(Protocol):
@@ -515,8 +516,7 @@ class EndpointPicker:
             session_close_on=choice.endpoint if worker_session == "close" else None,
             responses_api=request.responses_api, response_id=request.response_id, started_ns=t0,
             body=body if rewritten is not None else None,
-            sent_model=rewritten,
-            asked_model=asked if rewritten is not None else None,
+            renamed=(rewritten, asked) if rewritten is not None else None,
         )  # fmt: skip
         self.metrics.observe_stages(timings)
         self.metrics.routed(

@@ -254,13 +254,13 @@ async def test_a_rewritten_request_is_routed_and_sent_as_its_target(
         k: v for k, v in json.loads(chat("foodreview")).items() if k != "model"
     }
     assert chosen.model == MODEL  # the adapters' base model's pool
-    assert (chosen.sent_model, chosen.asked_model) == (sent["model"], "foodreview")  # for the answer
+    assert chosen.renamed == (sent["model"], "foodreview")  # for the answer
     counts = picker.metrics.model_rewrites.values
     assert sum(counts.values()) == 1 and ("canary", "foodreview", sent["model"]) in counts
     picker.finish(chosen, "complete")
     untouched = await pick(picker, chat(MODEL), path="/v1/chat/completions", request_id="base")
     assert untouched.body is None  # no rule names the base model: its body goes as it came
-    assert untouched.sent_model is None and untouched.asked_model is None
+    assert untouched.renamed is None
     picker.finish(untouched, "complete")
 
 
@@ -272,17 +272,17 @@ async def test_the_rewrite_header_names_the_model_sent_unless_a_rule_applies(
     header = {MODEL_REWRITE_HEADER: "foodreview-v1"}
     chosen = await pick(picker, chat(MODEL), path="/v1/chat/completions", headers=header)
     assert chosen.body is not None and json.loads(chosen.body)["model"] == "foodreview-v1"
-    assert (chosen.sent_model, chosen.asked_model) == ("foodreview-v1", MODEL)
+    assert chosen.renamed == ("foodreview-v1", MODEL)
     assert picker.metrics.model_rewrites.values == {}  # no rule: counted by the adapter's requests only
     picker.finish(chosen, "complete")
     header = {MODEL_REWRITE_HEADER: MODEL}
     ruled = await pick(
         picker, chat("foodreview"), path="/v1/chat/completions", headers=header, request_id="2"
     )
-    assert ruled.sent_model in ADAPTERS  # the rule wins over the header
+    assert ruled.renamed is not None and ruled.renamed[0] in ADAPTERS  # the rule wins over the header
     picker.finish(ruled, "complete")
     same = await pick(picker, chat(MODEL), path="/v1/chat/completions", headers=header, request_id="3")
-    assert same.body is None and same.sent_model is None and same.asked_model is None  # as asked
+    assert same.body is None and same.renamed is None  # as asked
     picker.finish(same, "complete")
 
 
