@@ -127,6 +127,7 @@ MODULES: dict[str, list[str]] = {
         "tests/epp/test_service_request_edges.py",
         "tests/epp/test_service_output_edges.py",
         "tests/epp/test_service_asked_model.py",
+        "tests/epp/test_service_objective_metrics.py",
         "tests/epp/test_limits.py",
         "tests/fuzz/test_ext_proc_fuzz.py",
     ],
@@ -148,6 +149,10 @@ MODULES: dict[str, list[str]] = {
     "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
     # output tokens counted from responses as they stream (OpenAI SSE and JSON, Responses, Messages)
     "epp/output_tokens.py": ["tests/epp/test_output_tokens.py", "tests/epp/test_output_tokens_edges.py"],
+    # the engine's token counts read from answers (vLLM's and SGLang's bytes, cut anywhere)
+    "epp/usage.py": ["tests/epp/test_usage.py"],
+    # the Inference Extension's per-request series, as the servicer keeps them
+    "epp/objective_metrics.py": ["tests/epp/test_service_objective_metrics.py"],
     # a rewritten request's answer: the asked model said again in every chunk
     "epp/asked_model.py": ["tests/epp/test_asked_model.py", "tests/epp/test_service_asked_model.py"],
     # the local router group: candidates, disaggregated pairs, preferred workers, request ids, set_workers

@@ -22,10 +22,9 @@ worker's data-parallel rank, `<worker>-rank-<r>` as llm-d names its endpoints (`
 serve); without it, one pool per model, named after the model. A rewrite's `model_name` is the
 model its rule names, or `*` for a rule without matches (never a client's free text).
 
-Not rendered: the per-request `inference_objective_*` series (keyed by the model names a client
-sends), the flow-control series and the scheduler's plugin latencies: ours are
-`extproc_requests_total`, `extproc_objective_requests_total`, the admission queue's and
-`extproc_decision_stage_seconds`.
+The per-request `inference_objective_*` series are the ext_proc servicer's, which sees each request
+and answer (`extproc/epp/objective_metrics.py`). Not rendered: the flow-control series and the
+scheduler's plugin latencies: ours are the admission queue's and `extproc_decision_stage_seconds`.
 """
 
 from __future__ import annotations

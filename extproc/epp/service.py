@@ -36,6 +36,12 @@ chunk go to the picker (`output_tokens`) before the end frees the request. Our E
 the response body STREAMED: each chunk passes through the picker as it comes, never held back for
 a whole body; with tracking off the chunks are only looked at for the first token.
 
+Per-request series (`objective_metrics.py`, the Inference Extension's `inference_objective_*`):
+counted here, where each request and its answer pass: a routed request when routed, an error answer
+when given (the picker's, or a worker's non-2xx), a 2xx answer's duration, sizes and tokens when it
+ends (the engine's `usage`, read by `epp.usage` from each chunk, off the client's path as the rest of
+a chunk's accounting).
+
 Upstream answers: each routed request's response status goes to the picker (`answered`), which
 counts it per worker and ejects a worker after a run of 5xx answers (Envoy's 503 when it cannot
 connect included); the request itself is freed as any other non-2xx one.
@@ -54,6 +60,7 @@ import contextlib
 import enum
 import functools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -67,9 +74,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc.epp import answers as epp
 from extproc.epp import responses_stream
 from extproc.epp.asked_model import ModelNameRestorer
+from extproc.epp.objective_metrics import MODEL_SERVER_ERROR, ObjectiveMetrics, error_code
 from extproc.epp.output_tokens import OutputTokens
+from extproc.epp.usage import Usage
 from extproc.errors import BodyTooLarge, PickerError, RequestInvalid, TooManyStreams
-from extproc.picker.pipeline import Pick
+from extproc.picker.pick import Pick, refusal_labels
 from extproc.request.parse import ROUTABLE_PATHS, normalize_path
 from extproc.router.errors import RouterError
 
@@ -152,6 +161,9 @@ class _Stream:
     response_head: bytearray | None = None  # a Responses API answer's first bytes, until its id is read
     output: OutputTokens | None = None  # counting generated tokens (output-block tracking)
     restorer: ModelNameRestorer | None = None  # a rewritten request's answer: the asked model said again
+    started_ns: int = field(default_factory=time.perf_counter_ns)  # the stream opened: the request came
+    response_bytes: int = 0  # a routed request's answer body, as the worker sent it
+    usage: Usage | None = None  # the engine's token counts, read from a routed request's 2xx answer
     output_reported: int = 0  # tokens per sequence told to the picker
     output_sequences: int = 1  # sequences told to the picker
     freed: bool = False
@@ -228,6 +240,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             on = picker.tracks_output_blocks if track_output_blocks is None else track_output_blocks
             self.output = picker if on is True else None
         self.output_lines_skipped = 0  # SSE lines over the bound, over all streams
+        self.objectives = ObjectiveMetrics()  # the Inference Extension's per-request series
         # Answers are built once per (endpoint, headers) and sent again as they are: a protobuf
         # message is only serialised on the way out, never changed after it is built here.
         self._routing_answers: dict[tuple[str, tuple[tuple[str, str], ...], bool], pb.ProcessingResponse] = {}
@@ -437,6 +450,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return self._reject(stream, exc)
         stream.pick = pick
         stream.phase = Phase.UPSTREAM
+        if pick.tracked:
+            self.objectives.routed(pick.labels, len(body) if body else 0)
         if pick.body is not None and in_body:  # a rewritten body: an answer of its own, never cached
             body, pick.body = pick.body, None  # not held while the answer streams
             return epp.route_in_body(pick.endpoint, pick.headers, self.owned_headers, body)
@@ -465,6 +480,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         status, reason = epp.status_of(exc)
         log.info("rejected %s with %d (%s): %s", stream.request_id, status, reason, exc)
         self.picker.rejected(status, reason)
+        self.objectives.failed(refusal_labels(exc), error_code(status))
         return epp.error_answer(exc)
 
     # --- response path -----------------------------------------------------------------------
@@ -475,10 +491,13 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if pick is not None and status.isdigit():
             self.picker.answered(pick, int(status))
         if pick is not None and not status.startswith("2"):
+            if pick.tracked and not stream.freed:
+                self.objectives.failed(pick.labels, MODEL_SERVER_ERROR)
             self._free(stream, f"upstream_status_{status}")
         elif headers.end_of_stream:
             self._free(stream, "complete")
         elif pick is not None and pick.tracked and not stream.freed:
+            stream.usage = Usage()
             content_type = _header(headers, "content-type")
             stream.chunks_are_tokens = not content_type or content_type.lower().startswith(
                 "text/event-stream"
@@ -532,6 +551,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         ):
             stream.first_token_seen = True
             self.picker.first_token(pick, at_first_token=stream.chunks_are_tokens)
+        if stream.usage is not None and not stream.freed:
+            stream.response_bytes += len(body.body)
+            stream.usage.feed(body.body)
         if stream.output is not None:
             self._count_output(stream, body.body, end=body.end_of_stream)
         if body.end_of_stream:
@@ -578,9 +600,30 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             stream.output = None
 
     def _free(self, stream: _Stream, cause: str) -> None:
-        if stream.pick is not None and not stream.freed:
+        pick = stream.pick
+        if pick is not None and not stream.freed:
             stream.freed = True
-            self.picker.finish(stream.pick, cause)
+            self.picker.finish(pick, cause)
+            if pick.tracked:
+                self.objectives.ended(pick.labels)
+                if cause == "complete":
+                    self._answered(stream, pick)
+
+    def _answered(self, stream: _Stream, pick: Pick) -> None:
+        """A routed request's 2xx answer ended: its duration, sizes and tokens (the engine's counts
+        where it said them, else the picker's own)."""
+        usage = stream.usage or Usage()
+        output = usage.completion_tokens
+        if output is None and self.output is not None and pick.output_tokens:
+            output = pick.output_tokens * stream.output_sequences
+        self.objectives.answered(
+            pick.labels,
+            (time.perf_counter_ns() - stream.started_ns) / 1e9,
+            stream.response_bytes,
+            usage.prompt_tokens if usage.prompt_tokens is not None else pick.prompt_tokens,
+            output,
+            usage.cached_tokens,
+        )
 
 
 def _status(headers: pb.HttpHeaders) -> str:

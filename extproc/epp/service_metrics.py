@@ -1,7 +1,8 @@
 """The ext_proc service's own numbers on /metrics, read when scraped: the streams Envoy holds open
 (requests in flight through the picker, queued ones included) and the SSE lines output-token
 counting skipped (a line over `output_tokens.MAX_LINE_BYTES`: its tokens were not counted, so the
-router's decode load for that response is short)."""
+router's decode load for that response is short); and the Inference Extension's per-request series
+the service keeps (`objective_metrics.py`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from extproc.epp.service import ExtProcService
 
 
 class ServiceCollector(Collector):
-    """`extproc_streams_open` and `extproc_output_sse_lines_skipped_total`, read from the service."""
+    """`extproc_streams_open`, `extproc_output_sse_lines_skipped_total` and `inference_objective_*`,
+    read from the service."""
 
     def __init__(self, service: ExtProcService) -> None:
         self._service = service
@@ -30,3 +32,4 @@ class ServiceCollector(Collector):
             "Response SSE lines over the line bound, skipped when counting output tokens (not counted).",
             value=self._service.output_lines_skipped,
         )
+        yield from self._service.objectives.collect()

@@ -186,6 +186,10 @@ class InferenceExtension:
         self._metrics.objective_requests.values[model, name if priority is not None else UNLISTED] += 1
         return priority
 
+    def matches(self, model: str) -> bool:
+        """Whether a rewrite rule names `model` among the models it matches."""
+        return self.file is not None and any(model in rule.models for rule in self.file.resources.rewrites)
+
     def model_for(self, model: str, headers: Mapping[str, str] | None = None) -> str | None:
         """The model a request for `model` is sent as, when not as asked: a rewrite rule's target,
         else the model its x-gateway-model-name-rewrite header (in `headers`) names."""

@@ -36,7 +36,6 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from itertools import count
 from typing import Protocol
 
@@ -63,6 +62,7 @@ from extproc.picker.inference_extension import FAIRNESS_HEADER, InferenceExtensi
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.model_names import ModelNames
+from extproc.picker.pick import UNLISTED, ObjectiveLabels, Pick, label_refusal
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
 from extproc.picker.response_homes import Home, ResponseHomes, ResponseHomesCollector
 from extproc.picker.worker_sessions import Outcome, WorkerSessionCollector, WorkerSessions, session_timeout
@@ -82,39 +82,6 @@ _NO_RESTRICTIONS: list[list[str]] = []  # shared, never changed: no subset hint,
 MAX_SESSION_SWEEP_S = 30.0  # lapsed session pins are swept every ttl/4, at most this far apart
 
 __all__ = ["DP_RANK_HEADER", "SESSION_HEADER", "EndpointPicker", "ModelPool", "Pick", "WorkerSetListener"]
-
-
-@dataclass(slots=True)
-class Pick:
-    """A routed request: where it goes and what the router tracks for it."""
-
-    request_id: str  # the picker's id (unique while in flight)
-    model: str
-    worker: Worker
-    endpoint: str
-    headers: dict[str, str]
-    overlap_blocks: int = 0
-    request_blocks: int = 0
-    tracked: bool = False
-    timings_ns: dict[str, int] = field(default_factory=dict)
-    session_id: str | None = None
-    queued_s: float = 0.0  # time spent in the admission queue
-    group: str | None = None  # the router group that owns the request
-    prefill_worker: Worker | None = None  # disaggregated: the worker that prefills the prompt
-    prefill_endpoint: str | None = None  # its ip:port (also in `headers` under the prefill header)
-    session_pin: str | None = None  # the session pinned to `worker` once it answers 2xx (not on close)
-    session_opened_on: str | None = None  # `endpoint`, when a worker session is open there for it
-    session_opened_new: bool = False  # this request opened it (not already open): closed if refused
-    session_close_on: str | None = None  # `endpoint`, when its session is closed there once it ends
-    responses_api: bool = False  # POST /v1/responses: its answer's id is remembered (`response_stored`)
-    response_id: str | None = None  # that id when the request named it (vLLM's `request_id` field)
-    started_ns: int = 0  # perf_counter_ns when its decision began (0: untracked)
-    first_token_ns: int = 0  # perf_counter_ns of its first streamed token (0: none yet)
-    output_tokens: int = 0  # tokens generated per sequence, as counted (--router-track-output-blocks)
-    body: bytes | None = None  # the body as sent upstream when the picker rewrote it (a model rewrite)
-    # (the model it was sent as, the one its client named) when they differ: its answer says the
-    # second again
-    renamed: tuple[str, str] | None = None
 
 
 class WorkerSetListener(Protocol):
@@ -282,6 +249,12 @@ class EndpointPicker:
         base = max(bases, key=len)
         return self._pools[base], name[len(base) + 1 :].strip() or None
 
+    def model_label(self, name: str) -> str:
+        """`name` as the per-request series' label: itself when this picker lists it (a model, an
+        alias or adapter, a rewrite rule's match), else "unlisted" (never a client's free text)."""
+        listed = name in self._pools or self._names.get(name) is not None or self.inference.matches(name)
+        return name if listed else UNLISTED
+
     def _adapter_label(self, model: str, lora_name: str | None) -> str | None:
         """The metrics' name for the adapter a request named: a listed adapter of `model` (configured
         or discovered: bounded), else "unlisted" (SGLang's `MODEL:ADAPTER` and `lora_path` take any
@@ -411,133 +384,144 @@ class EndpointPicker:
                 await self.bodies.with_model(body, rewritten),
             )
         t1 = time.perf_counter_ns()
-        pool, lora_name = self.resolve_model(request.model)
-        if pool.model != request.model:  # an adapter: its base model's workers, its blocks hashed with its
-            # name; one named by `model` wins over the body's `lora_path` (SGLang's order)
-            request = dataclasses.replace(request, model=pool.model, lora_name=lora_name or request.lora_name)
-        session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
-        objective = self.inference.objective(request.model, headers)
-        worker_session = self._worker_session_action(request, session_id)
-        tokens: Sequence[int] | None = None
-        if request.load_only_reason is not None:
-            log.info("%s: %s: routing on load only", loggable(client_request_id), request.load_only_reason)
-        elif not parsed.has_prompt:
-            log.warning(
-                "%s: its prompt holds more than %d JSON values: routing on load only",
-                loggable(client_request_id), self.bodies.max_prompt_values,
-            )  # fmt: skip
-        else:
-            if request.system_merged is not None and pool.tokenizer.merges_inline_system:
-                request = dataclasses.replace(request, messages=request.system_merged)  # as vLLM renders it
-            try:
-                tokens = await pool.tokenizer.token_ids(request)
-            except TokenizerUnavailable as exc:
+        labels = ObjectiveLabels(self.model_label(asked), self.model_label(request.model))
+        try:
+            pool, lora_name = self.resolve_model(request.model)
+            if pool.model != request.model:  # an adapter: its base model's workers, its blocks hashed
+                # with its name; one named by `model` wins over the body's `lora_path` (SGLang's order)
+                lora_name = lora_name or request.lora_name
+                request = dataclasses.replace(request, model=pool.model, lora_name=lora_name)
+            session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
+            objective = self.inference.objective(request.model, headers)
+            worker_session = self._worker_session_action(request, session_id)
+            tokens: Sequence[int] | None = None
+            if request.load_only_reason is not None:
+                reason = request.load_only_reason
+                log.info("%s: %s: routing on load only", loggable(client_request_id), reason)
+            elif not parsed.has_prompt:
                 log.warning(
-                    "tokenizer failed for %s (%s): routing on load only",
-                    loggable(client_request_id),
-                    exc.message,
+                    "%s: its prompt holds more than %d JSON values: routing on load only",
+                    loggable(client_request_id), self.bodies.max_prompt_values,
+                )  # fmt: skip
+            else:
+                if request.system_merged is not None and pool.tokenizer.merges_inline_system:
+                    # as vLLM renders it
+                    request = dataclasses.replace(request, messages=request.system_merged)
+                try:
+                    tokens = await pool.tokenizer.token_ids(request)
+                except TokenizerUnavailable as exc:
+                    log.warning(
+                        "tokenizer failed for %s (%s): routing on load only",
+                        loggable(client_request_id),
+                        exc.message,
+                    )
+            t2 = time.perf_counter_ns()
+            timings = {"parse": t1 - t0, "tokenize": t2 - t1}
+            limit = self.config.max_prompt_tokens
+            if limit is not None and tokens is not None and len(tokens) > limit:
+                raise PromptTooLong(len(tokens), limit)
+            if tokens is not None and len(tokens) >= 2 * CHECKPOINT_TOKENS:
+                tokens = _prompt_tokens(tokens)
+            if tokens is None:
+                override = _override(request, load_only=True)
+            elif override is None:
+                override = _override(request, load_only=False)
+            isl = len(tokens) if tokens is not None else max(1, request.body_size // 4)
+            group_request = GroupRequest(
+                request.model,
+                tokens or [],
+                lora_name=request.lora_name,
+                cache_salt=request.cache_salt,
+                overrides=override,
+                expected_output_tokens=_expected_output(request),
+                restrictions=tuple(tuple(r) for r in restrictions) if restrictions else None,
+                isl=None if tokens is not None else isl,
+            )
+            request_id = self._request_id(client_request_id)
+            # first what already came: another replica's load, and the pin or answer's worker it shared
+            # just before this client's next turn reached this replica (a NATS socket held until later)
+            await self.hear_before_deciding()
+            pinned: tuple[str, Worker] | None = None
+            if session_id:
+                pin = self._sessions[request.model].get_pin(session_id, self._clock())
+                pinned = (pin.group, pin.worker) if pin is not None else None
+            if request.previous_response_id is not None:  # its history is stored where it was answered
+                pinned = await self._response_home(request, pinned)
+            gate = self._gates[request.model]
+            routed_at = time.perf_counter_ns()
+            if not gate.enabled:  # what admit does without a queue, minus its entry and callbacks
+                waited_s = 0.0
+                # one local group: decided here and now, without a coroutine
+                now = self.selector.route_now(group_request, request_id, pinned=pinned)
+                decision = (
+                    now
+                    if now is not None
+                    else await self.selector.route(group_request, request_id, pinned=pinned)
                 )
-        t2 = time.perf_counter_ns()
-        timings = {"parse": t1 - t0, "tokenize": t2 - t1}
-        limit = self.config.max_prompt_tokens
-        if limit is not None and tokens is not None and len(tokens) > limit:
-            raise PromptTooLong(len(tokens), limit)
-        if tokens is not None and len(tokens) >= 2 * CHECKPOINT_TOKENS:
-            tokens = _prompt_tokens(tokens)
-        if tokens is None:
-            override = _override(request, load_only=True)
-        elif override is None:
-            override = _override(request, load_only=False)
-        isl = len(tokens) if tokens is not None else max(1, request.body_size // 4)
-        group_request = GroupRequest(
-            request.model,
-            tokens or [],
-            lora_name=request.lora_name,
-            cache_salt=request.cache_salt,
-            overrides=override,
-            expected_output_tokens=_expected_output(request),
-            restrictions=tuple(tuple(r) for r in restrictions) if restrictions else None,
-            isl=None if tokens is not None else isl,
-        )
-        request_id = self._request_id(client_request_id)
-        # first what already came: another replica's load, and the pin or answer's worker it shared
-        # just before this client's next turn reached this replica (a NATS socket held until later)
-        await self.hear_before_deciding()
-        pinned: tuple[str, Worker] | None = None
-        if session_id:
-            pin = self._sessions[request.model].get_pin(session_id, self._clock())
-            pinned = (pin.group, pin.worker) if pin is not None else None
-        if request.previous_response_id is not None:  # its history is stored where it was answered
-            pinned = await self._response_home(request, pinned)
-        gate = self._gates[request.model]
-        routed_at = time.perf_counter_ns()
-        if not gate.enabled:  # what admit does without a queue, minus its entry and callbacks
-            waited_s = 0.0
-            # one local group: decided here and now, without a coroutine
-            now = self.selector.route_now(group_request, request_id, pinned=pinned)
-            decision = (
-                now
-                if now is not None
-                else await self.selector.route(group_request, request_id, pinned=pinned)
-            )
-        else:
-            entry = queue_entry(
-                request_id, self._clock(), isl, request.agent_hints, objective, headers.get(FAIRNESS_HEADER)
-            )
-            decision, waited_s = await gate.admit(
-                entry,
-                lambda: self.selector.route(group_request, request_id, pinned=pinned),
-                has_capacity=lambda: self.selector.has_capacity(group_request),
-                key=group_request.restrictions,
-                on_queued=on_queued,
-                new_tokens=lambda: self._uncached_tokens(group_request),
-                undo=lambda _: self.selector.finish(request_id, "its client left the queue"),
-            )
-        timings["queue"] = int(waited_s * 1e9)
-        if request.n > 1:  # n sequences decode from the one prompt, each holding its own blocks (any group)
-            self.selector.output_tokens(request_id, 0, request.n)
-        if decision.timings_ns:
-            timings.update(decision.timings_ns)
-        else:
-            timings["groups"] = time.perf_counter_ns() - routed_at
-        session_pin = self._session_route(request, session_id, pinned, decision) if session_id else None
-        choice = decision.choice
-        opened_on, opened_new = None, False
-        if worker_session == "open" and session_id:
-            outcome = await self._open_worker_session(choice.endpoint, session_id, request, request_id)
-            opened_on = choice.endpoint if outcome in ("ok", "already_open") else None
-            opened_new = outcome == "ok"
-        pick = Pick(
-            request_id, request.model, choice.worker, choice.endpoint, dict(choice.headers),
-            choice.overlap_blocks, choice.request_blocks, tracked=True, timings_ns=timings,
-            session_id=session_id, queued_s=waited_s, group=decision.group,
-            prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
-            session_pin=session_pin, session_opened_on=opened_on, session_opened_new=opened_new,
-            session_close_on=choice.endpoint if worker_session == "close" else None,
-            responses_api=request.responses_api, response_id=request.response_id, started_ns=t0,
-            body=body if rewritten is not None else None,
-            renamed=(rewritten, asked) if rewritten is not None else None,
-        )  # fmt: skip
-        self.metrics.observe_stages(timings)
-        self.metrics.routed(
-            request.model, choice.overlap_blocks, decision.best_overlap_blocks,
-            len(tokens) if tokens is not None else 0, choice.request_blocks if tokens is not None else 0,
-            self._adapter_label(request.model, request.lora_name),
-        )  # fmt: skip
-        if log.isEnabledFor(logging.INFO):  # its arguments cost more than a request's metrics
-            log.info(
-                "routed %s model=%s%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
-                loggable(client_request_id), request.model,
-                (f" lora={request.lora_name}" if request.lora_name else "")
-                + (f" (asked as {loggable(asked)})" if rewritten is not None else ""),
-                f"group {decision.group} worker " if self.hierarchical else "",
-                choice.worker, choice.endpoint, choice.overlap_blocks, choice.request_blocks,
-                decision.best_overlap_blocks, choice.cost,
-                f" session={loggable(session_id)}" if session_id else "",
-                f" queued {waited_s * 1000:.0f} ms" if waited_s else "",
-                " (re-decided at commit)" if decision.redecided and pinned is None else "",
+            else:
+                fairness_id = headers.get(FAIRNESS_HEADER)
+                entry = queue_entry(
+                    request_id, self._clock(), isl, request.agent_hints, objective, fairness_id
+                )
+                decision, waited_s = await gate.admit(
+                    entry,
+                    lambda: self.selector.route(group_request, request_id, pinned=pinned),
+                    has_capacity=lambda: self.selector.has_capacity(group_request),
+                    key=group_request.restrictions,
+                    on_queued=on_queued,
+                    new_tokens=lambda: self._uncached_tokens(group_request),
+                    undo=lambda _: self.selector.finish(request_id, "its client left the queue"),
+                )
+            timings["queue"] = int(waited_s * 1e9)
+            if request.n > 1:  # n sequences decode from the one prompt, each holding its blocks (any group)
+                self.selector.output_tokens(request_id, 0, request.n)
+            if decision.timings_ns:
+                timings.update(decision.timings_ns)
+            else:
+                timings["groups"] = time.perf_counter_ns() - routed_at
+            session_pin = self._session_route(request, session_id, pinned, decision) if session_id else None
+            choice = decision.choice
+            opened_on, opened_new = None, False
+            if worker_session == "open" and session_id:
+                outcome = await self._open_worker_session(choice.endpoint, session_id, request, request_id)
+                opened_on = choice.endpoint if outcome in ("ok", "already_open") else None
+                opened_new = outcome == "ok"
+            pick = Pick(
+                request_id, request.model, choice.worker, choice.endpoint, dict(choice.headers),
+                choice.overlap_blocks, choice.request_blocks, tracked=True, timings_ns=timings,
+                session_id=session_id, queued_s=waited_s, group=decision.group,
+                prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
+                session_pin=session_pin, session_opened_on=opened_on, session_opened_new=opened_new,
+                session_close_on=choice.endpoint if worker_session == "close" else None,
+                responses_api=request.responses_api, response_id=request.response_id, started_ns=t0,
+                body=body if rewritten is not None else None,
+                renamed=(rewritten, asked) if rewritten is not None else None,
+                prompt_tokens=len(tokens) if tokens is not None else 0,
+                labels=dataclasses.replace(labels, priority=objective or 0),
             )  # fmt: skip
-        return pick
+            self.metrics.observe_stages(timings)
+            self.metrics.routed(
+                request.model, choice.overlap_blocks, decision.best_overlap_blocks,
+                len(tokens) if tokens is not None else 0, choice.request_blocks if tokens is not None else 0,
+                self._adapter_label(request.model, request.lora_name),
+            )  # fmt: skip
+            if log.isEnabledFor(logging.INFO):  # its arguments cost more than a request's metrics
+                log.info(
+                    "routed %s model=%s%s to %s%s (%s) overlap=%d/%d blocks (best %d) cost=%.1f%s%s%s",
+                    loggable(client_request_id), request.model,
+                    (f" lora={request.lora_name}" if request.lora_name else "")
+                    + (f" (asked as {loggable(asked)})" if rewritten is not None else ""),
+                    f"group {decision.group} worker " if self.hierarchical else "",
+                    choice.worker, choice.endpoint, choice.overlap_blocks, choice.request_blocks,
+                    decision.best_overlap_blocks, choice.cost,
+                    f" session={loggable(session_id)}" if session_id else "",
+                    f" queued {waited_s * 1000:.0f} ms" if waited_s else "",
+                    " (re-decided at commit)" if decision.redecided and pinned is None else "",
+                )  # fmt: skip
+            return pick
+        except (PickerError, RouterError, GroupError) as exc:  # counted under its model too
+            label_refusal(exc, labels)
+            raise
 
     def first_token(self, pick: Pick, *, at_first_token: bool = True) -> None:
         """The first response chunk arrived: the prompt is prefilled. `at_first_token` False when that

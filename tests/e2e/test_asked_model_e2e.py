@@ -56,8 +56,10 @@ class ReplayWorker:
     written only once `first_tokens()` (the picker's count of first tokens) says the picker had
     that chunk: Envoy would otherwise pass the small writes on as one chunk."""
 
-    def __init__(self, answers: dict[str, Any]) -> None:
+    def __init__(self, answers: dict[str, Any], metrics: bytes | None = None) -> None:
+        """`metrics`: what its /metrics answers (an engine's exposition), when given."""
         self.by_model: dict[str, dict[str, str]] = answers["by_model"]
+        self.metrics = metrics
         self.sent: list[str] = []  # the model of each request, as it arrived
         self.first_tokens: Callable[[], int] = lambda: 0
         self.port = 0
@@ -67,6 +69,8 @@ class ReplayWorker:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._answer)
         app.router.add_post("/v1/completions", self._answer)
+        if self.metrics is not None:
+            app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
@@ -76,6 +80,9 @@ class ReplayWorker:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics, content_type="text/plain")
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
