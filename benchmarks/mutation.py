@@ -4155,6 +4155,14 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "nothing held is b'': b'' + chunk is chunk, copied",
         ),
     },
+    "epp/usage.py": {
+        "xǁUsageǁ__init____mutmut_5": (
+            'self._carried = b"XXXX"  # the last chunk\'s end: a member it cut, else its last bytes',
+            "same-value",
+            "four bytes before the first chunk, none of them part of the key: the same members are found "
+            "and read, and a member carried is never longer (it starts at its key)",
+        ),
+    },
     "epp/output_tokens.py": {
         "xǁOutputTokensǁ__init____mutmut_1": (
             'content_type: str = "XXXX",',

@@ -67,6 +67,27 @@ _INPUT_TOKENS = (*_RESPONSE_BYTES, 131072, 262144, 524288, 1048576)
 _OUTPUT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 _NTPOT = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 _MODELS = ("model_name", "target_model_name")
+# series (after `inference_objective_`) -> its HELP and, for a histogram, its bucket bounds
+HELP: dict[str, str] = {
+    "request": "Requests routed, per model asked for, model sent as and objective priority.",
+    "request_error": (
+        "Requests that failed, once each, per model and error code (ModelServerError: a non-2xx answer "
+        "from the worker)."
+    ),
+    "running_requests": "Requests routed and not yet ended, per model asked for.",
+}
+HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
+    "request_sizes": ("Request body sizes in bytes.", _REQUEST_BYTES),
+    "request_duration_seconds": ("Seconds from a request's arrival to its answer's end.", _LATENCY),
+    "response_sizes": ("Answer body sizes in bytes, as the worker sent them.", _RESPONSE_BYTES),
+    "input_tokens": ("Prompt tokens per answered request.", _INPUT_TOKENS),
+    "output_tokens": ("Generated tokens per answered request.", _OUTPUT_TOKENS),
+    "prompt_cached_tokens": ("Prompt tokens the engine found cached, per answered request.", _INPUT_TOKENS),
+    "normalized_time_per_output_token_seconds": (
+        "A request's duration divided by its generated tokens.",
+        _NTPOT,
+    ),
+}
 
 
 def error_code(status: int) -> str:
@@ -74,46 +95,27 @@ def error_code(status: int) -> str:
     return ERROR_CODES.get(status, UNKNOWN_ERROR)
 
 
+def _histogram(name: str) -> LabelledHistogram:
+    documentation, buckets = HISTOGRAMS[name]
+    return LabelledHistogram(f"inference_objective_{name}", documentation, _MODELS, buckets)
+
+
 class ObjectiveMetrics:
     """The series above, as plain numbers per label tuple."""
 
     def __init__(self) -> None:
-        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> LabelledHistogram:
-            return LabelledHistogram(f"inference_objective_{name}", documentation, _MODELS, buckets)
-
-        self.requests = LabelledCounts(
-            "inference_objective_request",
-            "Requests routed, per model asked for, model sent as and objective priority.",
-            [*_MODELS, "priority"],
-        )
+        self.requests = LabelledCounts("inference_objective_request", HELP["request"], [*_MODELS, "priority"])
         self.errors = LabelledCounts(
-            "inference_objective_request_error",
-            "Requests that failed, once each, per model and error code (ModelServerError: a non-2xx "
-            "answer from the worker).",
-            [*_MODELS, "error_code"],
+            "inference_objective_request_error", HELP["request_error"], [*_MODELS, "error_code"]
         )
         self.running: Counter[str] = Counter()
-        self.request_bytes = histogram("request_sizes", "Request body sizes in bytes.", _REQUEST_BYTES)
-        self.duration = histogram(
-            "request_duration_seconds", "Seconds from a request's arrival to its answer's end.", _LATENCY
-        )
-        self.response_bytes = histogram(
-            "response_sizes", "Answer body sizes in bytes, as the worker sent them.", _RESPONSE_BYTES
-        )
-        self.input_tokens = histogram("input_tokens", "Prompt tokens per answered request.", _INPUT_TOKENS)
-        self.output_tokens = histogram(
-            "output_tokens", "Generated tokens per answered request.", _OUTPUT_TOKENS
-        )
-        self.cached_tokens = histogram(
-            "prompt_cached_tokens",
-            "Prompt tokens the engine found cached, per answered request.",
-            _INPUT_TOKENS,
-        )
-        self.ntpot = histogram(
-            "normalized_time_per_output_token_seconds",
-            "A request's duration divided by its generated tokens.",
-            _NTPOT,
-        )
+        self.request_bytes = _histogram("request_sizes")
+        self.duration = _histogram("request_duration_seconds")
+        self.response_bytes = _histogram("response_sizes")
+        self.input_tokens = _histogram("input_tokens")
+        self.output_tokens = _histogram("output_tokens")
+        self.cached_tokens = _histogram("prompt_cached_tokens")
+        self.ntpot = _histogram("normalized_time_per_output_token_seconds")
 
     def routed(self, labels: ObjectiveLabels, request_bytes: int) -> None:
         models = (labels.model_name, labels.target_model_name)
@@ -153,9 +155,7 @@ class ObjectiveMetrics:
         yield from self.requests.collect()
         yield from self.errors.collect()
         running = GaugeMetricFamily(
-            "inference_objective_running_requests",
-            "Requests routed and not yet ended, per model asked for.",
-            labels=["model_name"],
+            "inference_objective_running_requests", HELP["running_requests"], labels=["model_name"]
         )
         for model, count in sorted(self.running.items()):
             running.add_metric([model], count)

@@ -551,9 +551,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         ):
             stream.first_token_seen = True
             self.picker.first_token(pick, at_first_token=stream.chunks_are_tokens)
-        if stream.usage is not None and not stream.freed:
-            stream.response_bytes += len(body.body)
-            stream.usage.feed(body.body)
+        usage = stream.usage
+        if usage is not None and not stream.freed:
+            data = body.body
+            stream.response_bytes += len(data)
+            usage.feed(data)
         if stream.output is not None:
             self._count_output(stream, body.body, end=body.end_of_stream)
         if body.end_of_stream:

@@ -18,18 +18,22 @@ of events does not matter.
 
 Cheap on every chunk: a chunk is searched for the bytes `"usage"` (in C) and nothing else is done
 unless they are there. A key inside generated text cannot match: JSON escapes the quotes of a
-string's content. The value after the key is decoded alone (`raw_decode`), whatever surrounds it;
-one cut by the end of a chunk waits for the next (at most `MAX_HELD_BYTES` held). A key cut in two
-by chunks is found across the cut. Nothing here raises on bad input.
+string's content. The value after the key is decoded alone (`raw_decode`), whatever surrounds it.
+A member cut by the end of a chunk is carried to the next, and so is the beginning of a key that
+ends a chunk. A member longer than `MAX_BYTES` (key to the value's end) is not read, so at most that
+much is carried. Nothing here raises on bad input.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 KEY = b'"usage"'
-MAX_HELD_BYTES = 4096  # a usage object (tens of bytes; a few hundred with details) cut by a chunk's end
+MAX_BYTES = 4096  # a usage member: tens of bytes, a few hundred with details
+_COLON = re.compile(rb"\s*(:\s*)?")
+_CODEC = "latin-1"  # one character per byte: positions in the text are positions in the bytes
 _DECODER = json.JSONDecoder()
 _PROMPT = ("prompt_tokens", "input_tokens")
 _OUTPUT = ("completion_tokens", "output_tokens")
@@ -39,64 +43,57 @@ _DETAILS = ("prompt_tokens_details", "input_tokens_details")
 class Usage:
     """One response's `usage` counts, fed chunk by chunk; None where the engine did not say."""
 
-    __slots__ = ("_held", "_seam", "cached_tokens", "completion_tokens", "prompt_tokens")
+    __slots__ = ("_carried", "cached_tokens", "completion_tokens", "prompt_tokens")
 
     def __init__(self) -> None:
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.cached_tokens: int | None = None
-        self._held = b""  # from a key on, its value cut by the last chunk's end
-        self._seam = b""  # the last chunk's last bytes: a key cut in two
+        self._carried = b""  # the last chunk's end, read with the next: a member or key it cut
 
     def feed(self, data: bytes) -> None:
         """The next body chunk."""
-        if self._held:
-            data, self._held = self._held + data, b""
-        elif self._seam:
-            joined = self._seam + data[: len(KEY) - 1]
-            if KEY in joined:
-                data = self._seam + data
+        if self._carried:
+            data, self._carried = self._carried + data, b""
         at = data.find(KEY)
         while at >= 0:
             end = self._read(data, at)
-            if end < 0:  # cut by the chunk's end: wait for the rest
-                if len(data) - at <= MAX_HELD_BYTES:
-                    self._held = data[at:]
+            if end is None:  # the chunk ends inside this member: read it with the next
+                self._carried = data[at:]
                 return
             at = data.find(KEY, end)
-        self._seam = (self._seam + data if len(data) < len(KEY) else data)[-(len(KEY) - 1) :]
+        quote = data.rfind(b'"', 1 - len(KEY))  # where a key cut by the chunk's end would begin
+        if quote >= 0 and KEY.startswith(data[quote:]):
+            self._carried = data[quote:]
 
-    def _read(self, data: bytes, at: int) -> int:
-        """Decode the value after the key at `at`; where to look on, or -1 when it is cut."""
-        text = data[at + len(KEY) : at + len(KEY) + MAX_HELD_BYTES].decode("utf-8", "replace")
-        colon = len(text) - len(text.lstrip())
-        if colon >= len(text):
-            return -1
-        if text[colon] != ":":
-            return at + len(KEY)  # a string "usage", not a key
-        start = colon + 1
-        while start < len(text) and text[start] in " \t\r\n":
-            start += 1
+    def _read(self, data: bytes, at: int) -> int | None:
+        """Read the member whose key is at `at`: where to search on, or None when `data` ends
+        inside it (it is shorter than `MAX_BYTES` so far)."""
+        member = data[at : at + MAX_BYTES]
+        cut = len(member) < MAX_BYTES
+        colon = _COLON.match(member, len(KEY))
+        assert colon is not None  # the pattern matches the empty string
+        if colon.group(1) is None:  # no colon: the chunk ends here, or a string "usage" in a list
+            return None if cut and colon.end() == len(member) else at + len(KEY)
         try:
-            value, end = _DECODER.raw_decode(text, start)
+            value, end = _DECODER.raw_decode(member.decode(_CODEC), colon.end())
         except ValueError:
-            # cut, unless a whole window of bytes follows (then the value is not JSON: skip the key)
-            return -1 if len(data) - at < MAX_HELD_BYTES else at + len(KEY)
-        except RecursionError:
+            return None if cut else at + len(KEY)
+        except RecursionError:  # nested deeper than the decoder goes: no usage object
             return at + len(KEY)
         if isinstance(value, dict):
             self._take(value)
-        return at + len(KEY) + len(text[:end].encode("utf-8"))
+        return at + end
 
     def _take(self, usage: dict[str, Any]) -> None:
         self.prompt_tokens = _larger(self.prompt_tokens, _first(usage, _PROMPT))
         self.completion_tokens = _larger(self.completion_tokens, _first(usage, _OUTPUT))
-        cached = usage.get("cache_read_input_tokens")
+        cached = _count(usage.get("cache_read_input_tokens"))
         for name in _DETAILS:
             details = usage.get(name)
-            if isinstance(details, dict) and _count(details.get("cached_tokens")) is not None:
-                cached = details.get("cached_tokens")
-        self.cached_tokens = _larger(self.cached_tokens, _count(cached))
+            if isinstance(details, dict):
+                cached = _larger(cached, _count(details.get("cached_tokens")))
+        self.cached_tokens = _larger(self.cached_tokens, cached)
 
 
 def _first(usage: dict[str, Any], names: tuple[str, ...]) -> int | None:

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from extproc.config import ModelConfig
 from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
+from extproc.epp.objective_metrics import HELP, HISTOGRAMS, ObjectiveMetrics, error_code
 from extproc.epp.service import ExtProcService
 from extproc.epp.service_metrics import ServiceCollector
 from extproc.picker.inference_extension import MODEL_REWRITE_HEADER, OBJECTIVE_HEADER
@@ -202,3 +203,47 @@ async def test_a_request_routed_on_load_alone_is_not_counted() -> None:
     _, service, scrape = make()
     await run(service, [request_headers("/v1/models", method="GET", end_of_stream=True), *answer(b"{}")])
     assert [s for m in scrape.registry.collect() for s in m.samples if s.name.startswith("inference_")] == []
+
+
+async def test_the_engines_cached_tokens_are_observed_when_it_says_them() -> None:
+    """vLLM with --enable-prompt-tokens-details fills the details its answer otherwise leaves null."""
+    detailed = JSON.replace(b'"prompt_tokens_details":null', b'"prompt_tokens_details":{"cached_tokens":4}')
+    assert detailed != JSON
+    _, service, scrape = make()
+    whole = answer(detailed, 16, "application/json")
+    await run(service, [request_headers(), request_body(chat_body("hi")), *whole])
+    assert scrape("prompt_cached_tokens_sum", **MODELS) == 4
+    assert scrape("prompt_cached_tokens_bucket", **MODELS, le="1.0") == 0
+    assert scrape("prompt_cached_tokens_bucket", **MODELS, le="8.0") == 1
+
+
+async def test_requests_in_flight_together_and_failures_each_count() -> None:
+    _, service, scrape = make()
+    streams = [OpenStream(service) for _ in range(2)]
+    for stream in streams:
+        stream.send(request_headers(), request_body(chat_body("a question")))
+    await until(lambda: all(len(s.answers) == 2 for s in streams))
+    assert scrape("running_requests", model_name=MODEL) == 2
+    for stream in streams:
+        stream.send(response_headers("503"), response_body(b"busy", end_of_stream=True))
+    await until(lambda: scrape("running_requests", model_name=MODEL) == 0)
+    assert scrape("request_error_total", **MODELS, error_code="ModelServerError") == 2
+    for stream in streams:
+        await stream.close()
+    for _ in range(3):
+        await run(service, [request_headers(), request_body(b"[]")])
+    assert scrape("request_error_total", model_name="", target_model_name="", error_code="BadRequest") == 3
+
+
+def test_a_status_the_inference_extension_has_no_code_for_is_unknown() -> None:
+    assert [error_code(s) for s in (400, 404, 413, 429, 503, 504)] == [
+        "BadRequest", "NotFound", "BadRequest", "ResourceExhausted", "ServiceUnavailable", "Unknown"
+    ]  # fmt: skip
+
+
+def test_each_series_says_what_it_counts() -> None:
+    """The HELP a person reads in a metrics browser: ours, for every series."""
+    families = {f.name: f.documentation for f in ObjectiveMetrics().collect()}
+    expected = {f"inference_objective_{name}": text for name, text in HELP.items()}
+    expected |= {f"inference_objective_{name}": text for name, (text, _) in HISTOGRAMS.items()}
+    assert families == expected

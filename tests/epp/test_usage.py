@@ -16,7 +16,7 @@ from anthropic.types import Usage as AnthropicUsage
 from openai.types import CompletionUsage
 from openai.types.responses import ResponseUsage
 
-from extproc.epp.usage import MAX_HELD_BYTES, Usage
+from extproc.epp.usage import MAX_BYTES, Usage
 
 ENGINES = Path(__file__).resolve().parents[1] / "request" / "engines"
 ANSWERS = [
@@ -91,6 +91,10 @@ def test_anthropics_start_and_delta_usage() -> None:
     assert counts(stream) == (20, 7, 16)
 
 
+NOT_USAGE_IDS = ["escaped-in-text", "null", "not-counts", "a-string", "a-list", "no-colon", "deep"]
+NOT_USAGE_IDS += ["far", "far-colon"]
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -101,20 +105,56 @@ def test_anthropics_start_and_delta_usage() -> None:
         b'{"usage":[{"prompt_tokens":1}]}',
         b'{"x":"usage","usage" 5}',
         b'data: {"usage":' + b"[" * 100_000 + b"\n\n",  # deeper than any decoder goes
-        b'{"usage":' + b" " * (2 * MAX_HELD_BYTES) + b"{}",  # nothing within the bound
+        b'{"usage":' + b" " * MAX_BYTES + b'{"prompt_tokens":1}}',  # its value begins past the bound
+        b'{"usage"' + b" " * MAX_BYTES + b':{"prompt_tokens":1}}',  # and its colon
     ],
-    ids=["escaped-in-text", "null", "not-counts", "a-string", "a-list", "no-colon", "deep", "far"],
+    ids=NOT_USAGE_IDS,
 )
 def test_what_is_not_a_usage_object_gives_no_counts(body: bytes) -> None:
     assert counts(body) == (None, None, None)
     assert counts(*(body[i : i + 64] for i in range(0, len(body), 64))) == (None, None, None)
 
 
-def test_a_value_cut_and_never_finished_holds_a_bounded_tail() -> None:
+def test_a_value_cut_and_never_finished_carries_a_bounded_tail() -> None:
     usage = Usage()
     usage.feed(b'data: {"usage":{"prompt_tokens":')
     for _ in range(100):
         usage.feed(b"1" * 1000)  # a number that never ends: dropped once over the bound
-    assert len(usage._held) <= MAX_HELD_BYTES
+        assert len(usage._carried) < MAX_BYTES
     usage.feed(b'data: {"usage":{"prompt_tokens":2,"completion_tokens":1}}\n\n')
     assert (usage.prompt_tokens, usage.completion_tokens) == (2, 1)
+
+
+@pytest.mark.parametrize(("size", "read"), [(MAX_BYTES, True), (MAX_BYTES + 1, False)])
+def test_a_member_is_read_up_to_the_bound_however_it_is_cut(size: int, read: bool) -> None:
+    """From the key to its value's end: `MAX_BYTES` are read, one more is not."""
+    head, tail = b'"usage":{"prompt_tokens":3,', b'"completion_tokens":2}'
+    member = head + b" " * (size - len(head) - len(tail)) + tail
+    body = b'{"id":"x",' + member + b"}"
+    expected = (3, 2, None) if read else (None, None, None)
+    assert counts(body) == expected
+    for cut in (1, 10, 12, len(head) + 10, len(body) - 3):
+        assert counts(body[:cut], body[cut:]) == expected, cut
+
+
+def test_the_largest_count_stands() -> None:
+    """Counts only grow within an answer (a running total, then the final one): a smaller one
+    later is an earlier stage of the same count, never a correction."""
+    events = b'data: {"usage":{"prompt_tokens":9,"completion_tokens":4}}\n\n'
+    events += b'data: {"usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n'
+    assert counts(events) == (9, 4, None)
+
+
+def test_no_cached_tokens_is_a_count_of_zero() -> None:
+    usage = CompletionUsage(
+        prompt_tokens=8, completion_tokens=1, total_tokens=9, prompt_tokens_details={"cached_tokens": 0}
+    )
+    assert counts(b'{"usage":%s}' % usage.model_dump_json().encode()) == (8, 1, 0)
+
+
+def test_every_member_is_read_and_a_usage_string_that_is_no_key_is_passed_over() -> None:
+    body = b'{"tags":["usage"],"usage":{"prompt_tokens":5}}\n'
+    body += b'{"usage":{"prompt_tokens_details":{"cached_tokens":4}}}\n{"usage":{"completion_tokens":3}}\n'
+    assert counts(body) == (5, 3, 4)
+    both = b'{"usage":{"prompt_tokens_details":{"cached_tokens":4},"cache_read_input_tokens":6}}'
+    assert counts(both) == (None, None, 6)  # both names said: the larger, as for every count

@@ -1,0 +1,165 @@
+"""What the Inference Extension's per-request series cost a request: in process, side by side.
+
+    .venv/bin/python benchmarks/bench_objective_metrics.py            # about 20 s
+    .venv/bin/python benchmarks/bench_objective_metrics.py --quick    # about 5 s
+
+The servicer counts each routed request and its answer for the `inference_objective_*` series
+(`extproc/epp/objective_metrics.py`) and reads the engine's `usage` from every chunk of a 2xx answer
+(`extproc/epp/usage.py`). This drives whole ext_proc streams through `ExtProcService.Process` in
+this process (no gRPC, no Envoy): request headers and body, response headers, then `--chunks`
+event-stream chunks as vLLM writes them (one token each, about 200 bytes, the last with its
+`usage`), through the servicer as it is (`on`) and through the same servicer with the series
+replaced by a recorder that does nothing and the usage reader by one that reads nothing (`off`),
+interleaved, `--rounds` rounds; the lowest time per stream of each is kept. Also `feed_us`:
+`Usage.feed` alone per chunk. Prints one JSON object (progress on stderr): the cost per stream of
+each, their difference per request and per chunk, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+import extproc.epp.service as service_module
+from extproc.config import ModelConfig, PickerConfig, RouterConfig, WorkerConfig
+from extproc.epp.service import ExtProcService
+from extproc.epp.usage import Usage
+from extproc.picker.pick import ObjectiveLabels
+from extproc.picker.pipeline import EndpointPicker
+
+MODEL = "demo-model"
+
+
+def chunk(index: int, last: bool) -> bytes:
+    event: dict[str, object] = {
+        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1764300000, "model": MODEL,
+        "choices": [
+            {"index": 0, "delta": {"content": f" word{index}"}, "logprobs": None, "finish_reason": None}
+        ],
+    }  # fmt: skip
+    if last:
+        event["choices"] = []
+        event["usage"] = {"prompt_tokens": 600, "total_tokens": 600 + index, "completion_tokens": index}
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+def messages(chunks: int) -> list[pb.ProcessingRequest]:
+    headers = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "bench"}
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 200}]}).encode()
+    status = [base_pb2.HeaderValue(key=":status", raw_value=b"200")]
+    status.append(base_pb2.HeaderValue(key="content-type", raw_value=b"text/event-stream"))
+    out = [
+        pb.ProcessingRequest(
+            request_headers=pb.HttpHeaders(
+                headers=base_pb2.HeaderMap(
+                    headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
+                )
+            ),
+            protocol_config=pb.ProtocolConfiguration(request_body_mode=2, response_body_mode=1),
+        ),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
+        pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=status))),
+    ]
+    for i in range(chunks):
+        data = chunk(i, i == chunks - 2) if i < chunks - 1 else b"data: [DONE]\n\n"
+        out.append(pb.ProcessingRequest(response_body=pb.HttpBody(body=data, end_of_stream=i == chunks - 1)))
+    return out
+
+
+class NoSeries:
+    """The per-request series' recorder, doing nothing (the `off` side)."""
+
+    def routed(self, labels: ObjectiveLabels, request_bytes: int) -> None:
+        pass
+
+    def ended(self, labels: ObjectiveLabels) -> None:
+        pass
+
+    def failed(self, labels: ObjectiveLabels, code: str) -> None:
+        pass
+
+    def answered(self, *args: object) -> None:
+        pass
+
+
+class NoUsage(Usage):
+    """A usage reader reading nothing (the `off` side)."""
+
+    def feed(self, data: bytes) -> None:
+        pass
+
+
+async def one_stream(service: ExtProcService, stream: list[pb.ProcessingRequest]) -> float:
+    async def feed():
+        for message in stream:
+            yield message
+
+    start = time.perf_counter()
+    async for _ in service.Process(feed(), None):
+        pass
+    return time.perf_counter() - start
+
+
+async def measure(chunks: int, rounds: int, streams: int) -> dict[str, object]:
+    config = PickerConfig(
+        router=RouterConfig(block_size=16, use_kv_events=False),
+        workers=(WorkerConfig("w0", "127.0.0.1:8000", MODEL),),
+        models=(ModelConfig(MODEL),),
+    )
+    picker = EndpointPicker(config)
+    services = {"on": ExtProcService(picker, max_body_bytes=1 << 20)}
+    services["off"] = ExtProcService(picker, max_body_bytes=1 << 20)
+    services["off"].objectives = NoSeries()  # type: ignore[assignment]
+    stream = messages(chunks)
+    readers = {"on": Usage, "off": NoUsage}
+    best = dict.fromkeys(services, float("inf"))
+    for round_index in range(rounds):
+        for name, service in services.items():
+            service_module.Usage = readers[name]  # type: ignore[misc]
+            total = 0.0
+            for _ in range(streams):
+                total += await one_stream(service, stream)
+            best[name] = min(best[name], total / streams)
+        print(f"round {round_index + 1}/{rounds}: {best}", file=sys.stderr)
+    service_module.Usage = Usage  # type: ignore[misc]
+    await picker.close()
+    data = [message.response_body.body for message in stream[3:]]
+    start = time.perf_counter()
+    for _ in range(streams):
+        usage = Usage()
+        for piece in data:
+            usage.feed(piece)
+    feed_us = (time.perf_counter() - start) / (streams * chunks) * 1e6
+    added = best["on"] - best["off"]
+    return {
+        "chunks_per_stream": chunks,
+        "chunk_bytes": len(data[0]),
+        "rounds": rounds,
+        "streams_per_round": streams,
+        "stream_us": {name: round(seconds * 1e6, 1) for name, seconds in best.items()},
+        "added_per_request_us": round(added * 1e6, 2),
+        "added_per_chunk_us": round(added / chunks * 1e6, 3),
+        "ratio_on_to_off": round(best["on"] / best["off"], 3),
+        "feed_us": round(feed_us, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and streams (about 5 s)")
+    parser.add_argument("--chunks", type=int, default=256, help="response chunks per stream (default 256)")
+    args = parser.parse_args()
+    rounds, streams = (3, 20) if args.quick else (7, 60)
+    print(json.dumps(asyncio.run(measure(args.chunks, rounds, streams)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
