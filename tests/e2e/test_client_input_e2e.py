@@ -344,6 +344,9 @@ async def test_an_encoded_slash_is_refused_with_400_or_redirected_unescaped(
         body = chat("hi") if "chat" in path else json.dumps({"model": MODEL, "prompt": "hi"}).encode()
         async with http.post(url, data=body, allow_redirects=False) as redirect:
             assert redirect.status == 307 and redirect.headers["location"] in ENCODED_SLASH_TARGETS
+            # a redirect, not an error: no error body or dropped reason from our local-reply mappers
+            assert b"error" not in await redirect.read()
+            assert "x-gateway-request-dropped-reason" not in redirect.headers
         status, _, echoed = await post(http, url, body)  # aiohttp follows it, body and all
         assert status == 200 and echoed["path"] == redirect.headers["location"]
         assert_clean(echoed)

@@ -37,6 +37,7 @@ from .harness import (
     InProcessPicker,
     start_echo_worker_process,
     start_echo_workers,
+    start_envoy,
     start_envoy_variant,
     start_noop_picker,
     start_noop_picker_process,
@@ -393,6 +394,42 @@ async def test_hung_picker_times_out_after_message_timeout(
                 response.status, response.headers, await response.text(), 504, "picker-timeout"
             )
     assert STALL_TIMEOUT_MS / 1000 * 0.9 <= loop.time() - started < 5.0
+
+
+async def test_envoys_other_errors_take_the_pickers_shape_and_its_redirects_pass_as_they_are(
+    workers: list[EchoWorker], client: aiohttp.ClientSession, log_dir: Path
+) -> None:
+    """What local_replies.yaml's last mapper catches: an error Envoy answers itself for a reason no
+    other mapper names (here a route's direct 418), while a redirect it answers (a route's redirect,
+    as UNESCAPE_AND_REDIRECT's for an encoded slash) stays a plain redirect. Behind the failopen
+    variant with no picker, so the request reaches those routes."""
+    dead = reserve_port()  # held while Envoy runs: nothing listens there
+    config = render_envoy_config(
+        "failopen", picker_address=dead.address, workers=[w.address for w in workers]
+    )
+    routes = (
+        '              - match: { prefix: "/teapot" }\n'
+        '                direct_response: { status: 418, body: { inline_string: "short and stout" } }\n'
+        '              - match: { prefix: "/moved" }\n'
+        '                redirect: { path_redirect: "/v1/models" }\n'
+    )
+    assert config.count("              routes:\n") == 1  # the template's one route list, as expected
+    envoy = start_envoy(
+        config.replace("              routes:\n", "              routes:\n" + routes),
+        log_path=log_dir / "envoy-local-replies.log",
+    )
+    try:
+        async with client.get(envoy.url + "/teapot") as response:
+            error = assert_envoy_answer(
+                response.status, response.headers, await response.text(), 418, "gateway-rejected"
+            )
+            assert error["message"] == "short and stout"
+        async with client.get(envoy.url + "/moved", allow_redirects=False) as response:
+            assert response.status == 301 and response.headers["location"].endswith("/v1/models")
+            assert DROPPED_REASON not in response.headers and await response.read() == b""
+    finally:
+        envoy.stop()
+        dead.release()
 
 
 async def test_failopen_serves_round_robin_without_a_picker(
