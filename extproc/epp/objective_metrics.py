@@ -29,7 +29,8 @@ come from the engine (vLLM says them with `--enable-prompt-tokens-details`).
 
 Labels never hold a client's text (`extproc.picker.pick.ObjectiveLabels`): a model this picker
 does not list is `unlisted`; a request refused before its model was read has `model_name=""`.
-Only requests to a generation endpoint count (the picker's tracked ones), as there.
+Every request that names a model counts (embeddings and the other requests routed on load alone
+too, as there); one that names none (GET /v1/models, /health) does not.
 """
 
 from __future__ import annotations

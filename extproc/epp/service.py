@@ -450,7 +450,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return self._reject(stream, exc)
         stream.pick = pick
         stream.phase = Phase.UPSTREAM
-        if pick.tracked:
+        if pick.counted:
             self.objectives.routed(pick.labels, len(body) if body else 0)
         if pick.body is not None and in_body:  # a rewritten body: an answer of its own, never cached
             body, pick.body = pick.body, None  # not held while the answer streams
@@ -491,21 +491,16 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if pick is not None and status.isdigit():
             self.picker.answered(pick, int(status))
         if pick is not None and not status.startswith("2"):
-            if pick.tracked and not stream.freed:
+            if pick.counted and not stream.freed:
                 self.objectives.failed(pick.labels, MODEL_SERVER_ERROR)
             self._free(stream, f"upstream_status_{status}")
         elif headers.end_of_stream:
             self._free(stream, "complete")
-        elif pick is not None and pick.tracked and not stream.freed:
-            stream.usage = Usage()
-            content_type = _header(headers, "content-type")
-            stream.chunks_are_tokens = not content_type or content_type.lower().startswith(
-                "text/event-stream"
-            )
-            if pick.responses_api and pick.response_id is None:
-                stream.response_head = bytearray()
-            if self.output is not None:
-                stream.output = OutputTokens(content_type)
+        elif pick is not None and not stream.freed:
+            if pick.counted:
+                stream.usage = Usage()
+            if pick.tracked:
+                self._follow_answer(stream, pick, headers)
         stream.phase = Phase.RESPONSE_BODY
         if pick is None:
             return epp.CONTINUE_RESPONSE_HEADERS
@@ -520,6 +515,15 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             # drops the content-length of an answer whose streamed body the processor may change)
             stream.restorer = ModelNameRestorer(*pick.renamed)
         return answer
+
+    def _follow_answer(self, stream: _Stream, pick: Pick, headers: pb.HttpHeaders) -> None:
+        """A tracked request's 2xx answer begins: what its body is looked at for."""
+        content_type = _header(headers, "content-type")
+        stream.chunks_are_tokens = not content_type or content_type.lower().startswith("text/event-stream")
+        if pick.responses_api and pick.response_id is None:
+            stream.response_head = bytearray()
+        if self.output is not None:
+            stream.output = OutputTokens(content_type)
 
     @staticmethod
     def _response_body_answer(stream: _Stream, body: pb.HttpBody) -> pb.ProcessingResponse:
@@ -606,7 +610,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if pick is not None and not stream.freed:
             stream.freed = True
             self.picker.finish(pick, cause)
-            if pick.tracked:
+            if pick.counted:
                 self.objectives.ended(pick.labels)
                 if cause == "complete":
                     self._answered(stream, pick)

@@ -62,8 +62,10 @@ class Usage:
                 self._carried = data[at:]
                 return
             at = data.find(KEY, end)
-        quote = data.rfind(b'"', 1 - len(KEY))  # where a key cut by the chunk's end would begin
-        if quote >= 0 and KEY.startswith(data[quote:]):
+        # a key the chunk's end cut begins at its last quote (carried bytes that begin no key are
+        # harmless: no key can straddle them)
+        quote = data.rfind(b'"', 1 - len(KEY))
+        if quote >= 0:
             self._carried = data[quote:]
 
     def _read(self, data: bytes, at: int) -> int | None:

@@ -59,7 +59,12 @@ class Pick:
     # second again
     renamed: tuple[str, str] | None = None
     prompt_tokens: int = 0  # its prompt's tokens as tokenized here (0: routed on load alone)
-    labels: ObjectiveLabels = NO_LABELS  # a tracked request's, for the per-request series
+    labels: ObjectiveLabels = NO_LABELS  # for the per-request series: a request that named a model
+
+    @property
+    def counted(self) -> bool:
+        """Whether the per-request series count it: it named a model (not GET /v1/models, /health)."""
+        return self.labels is not NO_LABELS
 
 
 def label_refusal(exc: BaseException, labels: ObjectiveLabels) -> None:

@@ -374,7 +374,16 @@ class EndpointPicker:
         restrictions = self._restrictions(subset, headers)
         if body is None or not _is_routable(path):  # decided normalised, as parse_openai_body does
             model = await self.bodies.model_of(body) if body else None
-            return await self._pick_untracked(path, restrictions, model)
+            if model is None:
+                return await self._pick_untracked(path, restrictions, model)
+            labels = ObjectiveLabels(self.model_label(model), self.model_label(model))
+            try:  # a model's request (embeddings, ...): counted in the per-request series too
+                pick = await self._pick_untracked(path, restrictions, model)
+            except (PickerError, RouterError, GroupError) as exc:
+                label_refusal(exc, labels)
+                raise
+            pick.labels = labels
+            return pick
         parsed = await self.bodies.request(body, path)
         request = parsed.request
         asked = request.model

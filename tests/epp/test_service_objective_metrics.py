@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from openai.types import CreateEmbeddingResponse, Embedding
 from prometheus_client import CollectorRegistry
 
 from extproc.config import ModelConfig
@@ -247,3 +248,31 @@ def test_each_series_says_what_it_counts() -> None:
     expected = {f"inference_objective_{name}": text for name, text in HELP.items()}
     expected |= {f"inference_objective_{name}": text for name, (text, _) in HISTOGRAMS.items()}
     assert families == expected
+
+
+async def test_an_embeddings_request_is_counted_under_its_model_with_the_engines_prompt_tokens() -> None:
+    """Routed on load alone and not tracked, but it named a model: counted, as the Inference
+    Extension's picker counts every request it parses."""
+    answer_body = (
+        CreateEmbeddingResponse(
+            data=[Embedding(embedding=[0.1, 0.2], index=0, object="embedding")],
+            model=MODEL,
+            object="list",
+            usage={"prompt_tokens": 3, "total_tokens": 3},
+        )
+        .model_dump_json()
+        .encode()
+    )
+    picker, service, scrape = make()
+    request = json.dumps({"model": MODEL, "input": "the soup is good"}).encode()
+    headers = request_headers("/v1/embeddings")
+    await run(service, [headers, request_body(request), *answer(answer_body, 1 << 10, "application/json")])
+    assert scrape("request_total", **MODELS, priority="0") == 1
+    assert scrape("input_tokens_sum", **MODELS) == 3
+    assert scrape("output_tokens_count", **MODELS) is None
+    assert scrape("running_requests", model_name=MODEL) == 0
+    unknown = json.dumps({"model": "no-such-embedder", "input": "x"}).encode()
+    await run(service, [request_headers("/v1/embeddings"), request_body(unknown)])
+    names = {"model_name": "unlisted", "target_model_name": "unlisted"}
+    assert scrape("request_error_total", **names, error_code="NotFound") == 1
+    assert picker.is_idle()
