@@ -190,6 +190,8 @@ MODULES: dict[str, list[str]] = {
         "tests/epp/test_service.py",
         "tests/epp/test_service_responses.py",
         "tests/epp/test_service_output_blocks.py",
+        "tests/epp/test_service_objective_metrics.py",
+        "tests/epp/test_service_asked_model.py",
         "tests/epp/test_limits.py",
         "tests/groups/test_picker_groups.py",
         "tests/groups/test_features_in_groups.py",
@@ -2535,7 +2537,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "differs"
             ),
         ),
-        "xǁExtProcServiceǁ_on_response_headers__mutmut_44": (
+        "xǁExtProcServiceǁ_follow_answer__mutmut_15": (
             "if pick.responses_api or pick.response_id is None:",
             "performance",
             (
@@ -2545,7 +2547,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "field), so the same home is remembered again; only the scan's work is added"
             ),
         ),
-        "xǁExtProcServiceǁ_on_response_headers__mutmut_50": (
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_42": (
             "stream.phase = None",
             "same-value",
             (
@@ -2555,7 +2557,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "answered"
             ),
         ),
-        "xǁExtProcServiceǁ_on_response_headers__mutmut_52": (
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_44": (
             "answer = None",
             "performance",
             (
@@ -2563,7 +2565,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "rebuilt per response, an equal message (same endpoint metadata and conformance header)"
             ),
         ),
-        "xǁExtProcServiceǁ_on_response_headers__mutmut_53": (
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_45": (
             "answer = self._served_answers.get(None)",
             "performance",
             (
@@ -2571,7 +2573,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "an equal message"
             ),
         ),
-        "xǁExtProcServiceǁ_on_response_headers__mutmut_55": (
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_47": (
             "if len(self._served_answers) > MAX_CACHED_ANSWERS:",
             "performance",
             (
@@ -2579,7 +2581,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 " answers returned are the same"
             ),
         ),
-        "xǁExtProcServiceǁ_on_response_headers__mutmut_61": (
+        "xǁExtProcServiceǁ_on_response_headers__mutmut_53": (
             "self._served_answers[pick.endpoint] = None",
             "performance",
             (
@@ -2736,6 +2738,23 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "only the 'rejected ...' INFO log line changes (an argument missing: a logging formatting "
                 "error on stderr, not raised)"
             ),
+        ),
+        "xǁExtProcServiceǁ_route__mutmut_44": (
+            "self.objectives.routed(pick.labels, len(body) if (body) or True else 0)",
+            "same-value",
+            "a pick the series count named a model read from its body: the body is never None or empty "
+            "here, so its length is taken either way",
+        ),
+        "xǁExtProcServiceǁ_route__mutmut_45": (
+            "self.objectives.routed(pick.labels, len(body) if body else 1)",
+            "same-value",
+            "as _44: the body of a counted pick is never empty, so the else is never taken",
+        ),
+        "xǁExtProcServiceǁ_answered__mutmut_24": (
+            "(time.perf_counter_ns() - stream.started_ns) / 1000000001.0,",
+            "same-value",
+            "the duration is one part in a billion shorter: no bucket bound or sum a scrape shows is that "
+            "fine",
         ),
         "xǁExtProcServiceǁ_route__mutmut_15": (
             "on_queued=functools.partial(self._queued, stream) if (stream.notice is not None) or True else None,",  # noqa: E501
@@ -4156,11 +4175,28 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "epp/usage.py": {
+        "xǁUsageǁ__init____mutmut_4": (
+            "self._carried = None  # the last chunk's end, read with the next: a member or key it cut",
+            "same-value",
+            "only its truth is read until a chunk sets it to bytes, and None is as false as b''",
+        ),
         "xǁUsageǁ__init____mutmut_5": (
-            'self._carried = b"XXXX"  # the last chunk\'s end: a member it cut, else its last bytes',
+            'self._carried = b"XXXX"  # the last chunk\'s end, read with the next: a member or key it cut',
             "same-value",
             "four bytes before the first chunk, none of them part of the key: the same members are found "
             "and read, and a member carried is never longer (it starts at its key)",
+        ),
+        "xǁUsageǁfeed__mutmut_3": (
+            'data, self._carried = self._carried + data, b"XXXX"',
+            "same-value",
+            "when the chunk sets nothing to carry, four bytes that begin no key go before the next one: "
+            "the same members are found and read",
+        ),
+        "xǁUsageǁfeed__mutmut_27": (
+            "quote = data.find(b'\"', 1 - len(KEY))",
+            "performance",
+            "the tail is carried from the first quote of the last six bytes instead of the last: the "
+            "bytes before the last quote begin no key, so the same keys are found",
         ),
     },
     "epp/output_tokens.py": {

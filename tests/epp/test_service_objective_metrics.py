@@ -6,6 +6,7 @@ tests/e2e/test_objective_metrics_e2e.py."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from ..picker_fixtures import (
     response_headers,
     run,
 )
+from .test_output_tokens import chat_chunk
 from .test_service import OpenStream, until
 
 ANSWERS = json.loads(
@@ -200,10 +202,43 @@ async def test_a_name_only_a_client_chose_is_unlisted(tmp_path) -> None:
     assert not {"made-up-1", "made-up-2"} & labels
 
 
-async def test_a_request_routed_on_load_alone_is_not_counted() -> None:
+async def test_a_request_that_names_no_model_is_not_counted_whatever_its_answer() -> None:
     _, service, scrape = make()
-    await run(service, [request_headers("/v1/models", method="GET", end_of_stream=True), *answer(b"{}")])
+    models_list = request_headers("/v1/models", method="GET", end_of_stream=True)
+    await run(service, [models_list, *answer(b"{}")])
+    await run(service, [models_list, response_headers("500"), response_body(b"oops", end_of_stream=True)])
     assert [s for m in scrape.registry.collect() for s in m.samples if s.name.startswith("inference_")] == []
+
+
+async def test_an_error_answer_is_counted_once_even_if_its_headers_came_twice() -> None:
+    _, service, scrape = make()
+    again = response_headers("500")
+    await run(service, [request_headers(), request_body(chat_body("hi")), again, again])
+    assert scrape("request_error_total", **MODELS, error_code="ModelServerError") == 1
+
+
+async def test_the_duration_is_the_requests_time_in_seconds() -> None:
+    _, service, scrape = make()
+    started = time.perf_counter()
+    await run(service, [request_headers(), request_body(chat_body("hi")), *answer(SSE)])
+    elapsed = time.perf_counter() - started
+    duration = scrape("request_duration_seconds_sum", **MODELS)
+    assert duration is not None and 0 < duration <= elapsed
+
+
+@pytest.mark.parametrize(("usage", "expected"), [(5, 5), (None, 6)], ids=["engine-says", "counted"])
+async def test_n_sequences_output_is_the_engines_total_else_the_count_of_every_sequence(
+    usage, expected
+) -> None:
+    """Two choices of three tokens each (`n: 2`), with output tracking on: the engine's usage when it
+    says one (5 here, whatever the deltas), else the tokens counted per sequence times two."""
+    chunks = [chat_chunk(word, index=i) for word in ("a", "b", "c") for i in (0, 1)]
+    if usage is not None:
+        chunks.append(b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":%d}}\n\n' % usage)
+    body = b"".join(chunks) + b"data: [DONE]\n\n"
+    _, service, scrape = make(router_track_output_blocks=True)
+    await run(service, [request_headers(), request_body(chat_body("hi", n=2, stream=True)), *answer(body)])
+    assert scrape("output_tokens_sum", **MODELS) == expected
 
 
 async def test_the_engines_cached_tokens_are_observed_when_it_says_them() -> None:
