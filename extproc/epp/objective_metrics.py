@@ -19,8 +19,10 @@ names, meanings and bucket bounds are those of llm-d's picker (`pkg/epp/metrics/
     inference_objective_prompt_cached_tokens{...}           prompt tokens the engine found cached
     inference_objective_normalized_time_per_output_token_seconds{...}   duration / output tokens
 
-(`{...}` is `{model_name, target_model_name}`.) The last seven are observed when a routed request's
-2xx answer ends; an error answer, a cancelled or reset stream count only in the first three. Token
+(`{...}` is `{model_name, target_model_name}`.) The first four are counted when a request is routed
+and ends (a refused one only in the errors); the last six when a routed request's 2xx answer ends.
+An error answer, a cancelled or reset stream are not in those six (the Inference Extension's picker
+times error answers too: here a fast error does not pull the latency percentiles down). Token
 counts are the engine's `usage` (`epp.usage`): a streamed answer has one when its client asked
 with `stream_options.include_usage`. Without it, input tokens are the prompt as tokenized here
 (exact where the picker tokenizes as the engine does) and output tokens are those counted from the
