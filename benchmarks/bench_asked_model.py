@@ -59,6 +59,13 @@ def chunk(model: str, index: int) -> bytes:
 
 
 def messages(asked: str, sent: str, chunks: int) -> list[pb.ProcessingRequest]:
+    data = [chunk(sent, i) for i in range(chunks - 1)]
+    return stream_messages(asked, [*data, b"data: [DONE]\n\n"])
+
+
+def stream_messages(asked: str, answer: list[bytes]) -> list[pb.ProcessingRequest]:
+    """One whole ext_proc stream: a chat request for `asked` (BUFFERED request body), a 2xx event
+    stream's headers, and `answer`'s chunks, the last ending the body (STREAMED)."""
     headers = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "bench"}
     body = json.dumps({"model": asked, "messages": [{"role": "user", "content": "hi " * 200}]}).encode()
     status = [base_pb2.HeaderValue(key=":status", raw_value=b"200")]
@@ -75,9 +82,9 @@ def messages(asked: str, sent: str, chunks: int) -> list[pb.ProcessingRequest]:
         pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
         pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=status))),
     ]
-    for i in range(chunks):
-        data = chunk(sent, i) if i < chunks - 1 else b"data: [DONE]\n\n"
-        out.append(pb.ProcessingRequest(response_body=pb.HttpBody(body=data, end_of_stream=i == chunks - 1)))
+    last = len(answer) - 1
+    for i, data in enumerate(answer):
+        out.append(pb.ProcessingRequest(response_body=pb.HttpBody(body=data, end_of_stream=i == last)))
     return out
 
 

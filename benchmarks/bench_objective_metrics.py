@@ -22,9 +22,12 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_asked_model import one_stream, stream_messages
 
 import extproc.epp.service as service_module
 from extproc.config import ModelConfig, PickerConfig, RouterConfig, WorkerConfig
@@ -50,26 +53,8 @@ def chunk(index: int, last: bool) -> bytes:
 
 
 def messages(chunks: int) -> list[pb.ProcessingRequest]:
-    headers = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "bench"}
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 200}]}).encode()
-    status = [base_pb2.HeaderValue(key=":status", raw_value=b"200")]
-    status.append(base_pb2.HeaderValue(key="content-type", raw_value=b"text/event-stream"))
-    out = [
-        pb.ProcessingRequest(
-            request_headers=pb.HttpHeaders(
-                headers=base_pb2.HeaderMap(
-                    headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
-                )
-            ),
-            protocol_config=pb.ProtocolConfiguration(request_body_mode=2, response_body_mode=1),
-        ),
-        pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
-        pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=status))),
-    ]
-    for i in range(chunks):
-        data = chunk(i, i == chunks - 2) if i < chunks - 1 else b"data: [DONE]\n\n"
-        out.append(pb.ProcessingRequest(response_body=pb.HttpBody(body=data, end_of_stream=i == chunks - 1)))
-    return out
+    answer = [chunk(i, i == chunks - 2) for i in range(chunks - 1)]
+    return stream_messages(MODEL, [*answer, b"data: [DONE]\n\n"])
 
 
 class NoSeries:
@@ -93,17 +78,6 @@ class NoUsage(Usage):
 
     def feed(self, data: bytes) -> None:
         pass
-
-
-async def one_stream(service: ExtProcService, stream: list[pb.ProcessingRequest]) -> float:
-    async def feed():
-        for message in stream:
-            yield message
-
-    start = time.perf_counter()
-    async for _ in service.Process(feed(), None):
-        pass
-    return time.perf_counter() - start
 
 
 async def measure(chunks: int, rounds: int, streams: int) -> dict[str, object]:

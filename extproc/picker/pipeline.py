@@ -376,7 +376,8 @@ class EndpointPicker:
             model = await self.bodies.model_of(body) if body else None
             if model is None:
                 return await self._pick_untracked(path, restrictions, model)
-            labels = ObjectiveLabels(self.model_label(model), self.model_label(model))
+            label = self.model_label(model)  # asked and sent as the same
+            labels = ObjectiveLabels(label, label)
             try:  # a model's request (embeddings, ...): counted in the per-request series too
                 pick = await self._pick_untracked(path, restrictions, model)
             except (PickerError, RouterError, GroupError) as exc:

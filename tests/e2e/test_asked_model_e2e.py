@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,13 @@ from aiohttp import web
 
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
+from extproc.devstack.envoy_config import Variant
 from extproc.picker.inference_extension import MODEL_REWRITE_HEADER
 from extproc.router import RouterConfig
 from extproc.runtime.server import RunningPicker
 
 from ..config.test_inference_extension import rewrite
-from .harness import behind_envoy
+from .harness import EnvoyProcess, behind_envoy
 from .test_admission_e2e import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -105,6 +107,34 @@ class ReplayWorker:
         return response
 
 
+@asynccontextmanager
+async def replay_behind_envoy(
+    worker: ReplayWorker,
+    root: Path,
+    mode: Variant,
+    resources: str,
+    adapters: tuple[str, ...] = (ADAPTER,),
+    **options: Any,
+) -> AsyncIterator[tuple[RunningPicker, EnvoyProcess]]:
+    """The picker for `worker` (serving BASE and `adapters`, reading `resources`; `options`: more of
+    PickerConfig) behind a real Envoy of template `mode`, the worker told the picker's first tokens."""
+    path = root / "resources.yaml"
+    path.write_text(resources)
+    config = PickerConfig(
+        router=RouterConfig(block_size=16, use_kv_events=False),
+        workers=(WorkerConfig("w0", f"127.0.0.1:{worker.port}", BASE),),
+        models=(ModelConfig(BASE, lora_adapters=adapters),),
+        port=0,
+        health_port=0,
+        inference_extension=InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool())),
+        **options,
+    )
+    async with behind_envoy(config, root, mode) as (picker, envoy):
+        ttft = picker.picker.metrics.ttft
+        worker.first_tokens = lambda: sum(ttft.child((BASE,))[0])
+        yield picker, envoy
+
+
 @pytest_asyncio.fixture(
     scope="module", loop_scope="module", params=[(e, m) for e in ENGINES for m in ("buffered", "duplex")]
 )
@@ -113,21 +143,12 @@ async def stack(
 ) -> AsyncIterator[tuple[RunningPicker, str, ReplayWorker]]:
     engine, mode = request.param
     root = tmp_path_factory.mktemp(f"asked-model-{engine}-{mode}")
-    path = root / "resources.yaml"
-    path.write_text(rewrite("foodreview-rollout", ROLLOUT))
     worker = await ReplayWorker(recorded(engine)).start()
-    config = PickerConfig(
-        router=RouterConfig(block_size=16, use_kv_events=False),
-        workers=(WorkerConfig("w0", f"127.0.0.1:{worker.port}", BASE),),
-        models=(ModelConfig(BASE, lora_adapters=(ADAPTER,)),),
-        port=0,
-        health_port=0,
-        inference_extension=InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool())),
-    )
     try:
-        async with behind_envoy(config, root, mode) as (picker, envoy):
-            ttft = picker.picker.metrics.ttft
-            worker.first_tokens = lambda: sum(ttft.child((BASE,))[0])
+        async with replay_behind_envoy(worker, root, mode, rewrite("foodreview-rollout", ROLLOUT)) as (
+            picker,
+            envoy,
+        ):
             yield picker, envoy.url, worker
     finally:
         await worker.stop()

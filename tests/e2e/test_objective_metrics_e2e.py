@@ -12,7 +12,6 @@ one error per failed request (the picker's 404, a worker's 500), nothing left ru
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -21,16 +20,21 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.config import ModelConfig, PickerConfig, WorkerConfig
-from extproc.config.inference_extension import InferenceExtensionConfig, Pool, read_resources
-from extproc.router import RouterConfig
 from extproc.runtime.server import RunningPicker
 
 from ..config.test_inference_extension import objective, rewrite
 from ..runtime.test_engine_metrics import fixture
-from .harness import behind_envoy
 from .test_admission_e2e import until
-from .test_asked_model_e2e import ADAPTER, BASE, ENGINES, ROLLOUT, ReplayWorker, client, recorded
+from .test_asked_model_e2e import (
+    ADAPTER,
+    BASE,
+    ENGINES,
+    ROLLOUT,
+    ReplayWorker,
+    client,
+    recorded,
+    replay_behind_envoy,
+)  # fmt: skip
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -63,23 +67,13 @@ async def stack(
 ) -> AsyncIterator[tuple[RunningPicker, str, str]]:
     engine, mode = request.param
     root = tmp_path_factory.mktemp(f"objective-metrics-{engine}-{mode}")
-    path = root / "resources.yaml"
-    path.write_text(rewrite("foodreview-rollout", ROLLOUT) + "---\n" + objective("critical", 2))
+    resources = rewrite("foodreview-rollout", ROLLOUT) + "---\n" + objective("critical", 2)
     # its /metrics: what vLLM 0.33.0 exports (the pool gauges are read from it)
     worker = await ReplayWorker(recorded(engine), fixture("vllm", "0.33.0", "single-engine")).start()
-    config = PickerConfig(
-        router=RouterConfig(block_size=16, use_kv_events=False),
-        workers=(WorkerConfig("w0", f"127.0.0.1:{worker.port}", BASE),),
-        models=(ModelConfig(BASE, lora_adapters=(ADAPTER, UNRECORDED)),),
-        port=0,
-        health_port=0,
-        admin_port=0,
-        inference_extension=InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool())),
-    )
     try:
-        async with behind_envoy(config, root, mode) as (picker, envoy):
-            ttft = picker.picker.metrics.ttft
-            worker.first_tokens = lambda: sum(ttft.child((BASE,))[0])
+        async with replay_behind_envoy(
+            worker, root, mode, resources, (ADAPTER, UNRECORDED), admin_port=0
+        ) as (picker, envoy):
             yield picker, envoy.url, engine
     finally:
         await worker.stop()
@@ -135,12 +129,9 @@ async def test_every_series_llm_ds_end_to_end_test_requires_is_there_with_each_r
                 model=UNRECORDED, messages=[{"role": "user", "content": "hi"}]
             )
     await until(lambda: picker.picker.is_idle())
-    ready = ("inference_pool_ready_pods", (("name", BASE),))
-    for _ in range(100):  # the engine's metrics are scraped every second: a pod is ready once read
-        after = await scrape(picker)
-        if after.get(ready[0], {}).get(ready[1]) == 1:
-            break
-        await asyncio.sleep(0.05)
+    router = picker.picker.pools[BASE].router  # the engine's metrics are read every second
+    await until(lambda: all(router.reported.get(w) is not None for w in router.workers()))
+    after = await scrape(picker)
     after = await scrape(picker)
     present = {name.removesuffix("_bucket") for name in after} | set(after)
     assert [name for name in EXPECTED if name not in present] == []
