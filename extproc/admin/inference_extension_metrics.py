@@ -13,6 +13,7 @@ Inference Extension endpoint picker's, as llm-d ships it (`pkg/epp/metrics/metri
     inference_pool_per_pod_queue_size{name, model_server_pod}   each worker's waiting requests
     inference_extension_model_rewrite_decisions_total{model_rewrite_name, model_name, target_model}
     inference_extension_info{commit, build_ref}            1
+    inference_extension_prefix_indexer_size                (worker, cached block) entries the routers know
 
 As there, a worker is ready while its engine's metrics are fresh (`--engine-metrics-interval-ms`,
 every second by default; three intervals old is stale), and the averages are over the ready ones,
@@ -22,9 +23,12 @@ worker's data-parallel rank, `<worker>-rank-<r>` as llm-d names its endpoints (`
 serve); without it, one pool per model, named after the model. A rewrite's `model_name` is the
 model its rule names, or `*` for a rule without matches (never a client's free text).
 
-The per-request `inference_objective_*` series are the ext_proc servicer's, which sees each request
-and answer (`extproc/epp/objective_metrics.py`). Not rendered: the flow-control series and the
-scheduler's plugin latencies: ours are the admission queue's and `extproc_decision_stage_seconds`.
+The per-request `inference_objective_*` series and the scheduler's attempts, durations and prefix
+matches are the ext_proc servicer's, which sees each request and answer
+(`extproc/epp/objective_metrics.py`, `extproc/epp/scheduler_metrics.py`); the flow-control series
+are the admission queue's (`extproc/picker/flow_metrics.py`). Not rendered: the scheduler's plugin
+latencies (ours, per stage: `extproc_decision_stage_seconds`) and the latency predictor's
+(`request_predicted_*`, SLO violations).
 """
 
 from __future__ import annotations
@@ -104,6 +108,12 @@ class InferenceExtensionMetricsCollector(Collector):
         for (rewrite, model, target), count in sorted(self.picker.metrics.model_rewrites.values.items()):
             rewrites.add_metric([rewrite, model, target], count)
         yield rewrites
+        size = GaugeMetricFamily(
+            "inference_extension_prefix_indexer_size",
+            "Size of the prefix indexer: (worker, cached block) entries over every model's workers.",
+        )
+        size.add_metric([], self._indexed_blocks())
+        yield size
         info = GaugeMetricFamily(
             "inference_extension_info",
             "General information of the current build.",
@@ -111,6 +121,15 @@ class InferenceExtensionMetricsCollector(Collector):
         )
         info.add_metric(["", f"extproc-{extproc.__version__}"], 1)
         yield info
+
+    def _indexed_blocks(self) -> int:
+        """The blocks the routers know cached, once per worker (every dp rank, every tier)."""
+        return sum(
+            router.indexer.num_blocks(worker)
+            for pool in self.picker.pools.values()
+            for router in pool.routers()
+            for worker in router.workers()
+        )
 
     def _pools(self) -> dict[str, list[_Pod]]:
         """Pool name -> its workers (each data-parallel rank a pod), each counted once."""

@@ -18,9 +18,14 @@ names, meanings and bucket bounds are those of llm-d's picker (`pkg/epp/metrics/
     inference_objective_output_tokens{...}                  generated tokens
     inference_objective_prompt_cached_tokens{...}           prompt tokens the engine found cached
     inference_objective_normalized_time_per_output_token_seconds{...}   duration / output tokens
+    inference_objective_request_ttft_seconds{...}           from the stream's start to the first token
+    inference_objective_request_tpot_seconds{...}           from the first token to the answer's end,
+                                                            over the tokens after the first (per sequence)
 
 (`{...}` is `{model_name, target_model_name}`.) The first four are counted when a request is routed
-and ends (a refused one only in the errors); the last six when a routed request's 2xx answer ends.
+and ends (a refused one only in the errors); the others when a routed request's 2xx answer ends,
+the last two only for an answer that streamed its tokens (server-sent events: a whole answer has
+no first token of its own) and, for the time per token, whose output tokens are known.
 An error answer, a cancelled or reset stream are not in those six (the Inference Extension's picker
 times error answers too: here a fast error does not pull the latency percentiles down). Token
 counts are the engine's `usage` (`epp.usage`): a streamed answer has one when its client asked
@@ -68,6 +73,10 @@ _REQUEST_BYTES = tuple(2**n for n in range(6, 31))  # 64 B to 1 GiB
 _RESPONSE_BYTES = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536)
 _INPUT_TOKENS = (*_RESPONSE_BYTES, 131072, 262144, 524288, 1048576)
 _OUTPUT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_TPOT = (
+    0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1,
+    1.5, 2, 3, 4.5, 6, 12, 18, 24, 30, 36, 48, 60, 90, 120, 180, 270, 360,
+)  # fmt: skip
 _NTPOT = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 _MODELS = ("model_name", "target_model_name")
 # series (after `inference_objective_`) -> its HELP and, for a histogram, its bucket bounds
@@ -89,6 +98,11 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
     "normalized_time_per_output_token_seconds": (
         "A request's duration divided by its generated tokens.",
         _NTPOT,
+    ),
+    "request_ttft_seconds": ("Seconds from a streamed request's arrival to its first token.", _LATENCY),
+    "request_tpot_seconds": (
+        "Per streamed answer: seconds between its tokens after the first (per sequence), on average.",
+        _TPOT,
     ),
 }
 
@@ -119,6 +133,8 @@ class ObjectiveMetrics:
         self.output_tokens = _histogram("output_tokens")
         self.cached_tokens = _histogram("prompt_cached_tokens")
         self.ntpot = _histogram("normalized_time_per_output_token_seconds")
+        self.ttft = _histogram("request_ttft_seconds")
+        self.tpot = _histogram("request_tpot_seconds")
 
     def routed(self, labels: ObjectiveLabels, request_bytes: int) -> None:
         models = (labels.model_name, labels.target_model_name)
@@ -141,8 +157,11 @@ class ObjectiveMetrics:
         input_tokens: int | None,
         output_tokens: int | None,
         cached_tokens: int | None,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
     ) -> None:
-        """A routed request's 2xx answer ended; token counts None where unknown."""
+        """A routed request's 2xx answer ended; token counts None where unknown; its first token's
+        time and the time per token after it None unless it streamed tokens."""
         models = (labels.model_name, labels.target_model_name)
         self.duration.observe(models, duration_s)
         self.response_bytes.observe(models, response_bytes)
@@ -153,6 +172,10 @@ class ObjectiveMetrics:
             self.ntpot.observe(models, duration_s / output_tokens)
         if cached_tokens is not None:
             self.cached_tokens.observe(models, cached_tokens)
+        if ttft_s is not None:
+            self.ttft.observe(models, ttft_s)
+        if tpot_s is not None:
+            self.tpot.observe(models, tpot_s)
 
     def collect(self) -> Iterator[Metric]:
         yield from self.requests.collect()
@@ -165,6 +188,6 @@ class ObjectiveMetrics:
         yield running
         for family in (
             self.request_bytes, self.duration, self.response_bytes, self.input_tokens,
-            self.output_tokens, self.cached_tokens, self.ntpot,
+            self.output_tokens, self.cached_tokens, self.ntpot, self.ttft, self.tpot,
         ):  # fmt: skip
             yield from family.collect()

@@ -72,7 +72,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.epp import answers as epp
-from extproc.epp import responses_stream
+from extproc.epp import responses_stream, scheduler_metrics
 from extproc.epp.asked_model import ModelNameRestorer
 from extproc.epp.objective_metrics import MODEL_SERVER_ERROR, ObjectiveMetrics, error_code
 from extproc.epp.output_tokens import OutputTokens
@@ -241,6 +241,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             self.output = picker if on is True else None
         self.output_lines_skipped = 0  # SSE lines over the bound, over all streams
         self.objectives = ObjectiveMetrics()  # the Inference Extension's per-request series
+        self.scheduler = scheduler_metrics.for_picker(picker)  # and its scheduler's
         # Answers are built once per (endpoint, headers) and sent again as they are: a protobuf
         # message is only serialised on the way out, never changed after it is built here.
         self._routing_answers: dict[tuple[str, tuple[tuple[str, str], ...], bool], pb.ProcessingResponse] = {}
@@ -452,6 +453,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.phase = Phase.UPSTREAM
         if pick.counted:
             self.objectives.routed(pick.labels, len(body) if body else 0)
+            self.scheduler.scheduled(pick)
         if pick.body is not None and in_body:  # a rewritten body: an answer of its own, never cached
             body, pick.body = pick.body, None  # not held while the answer streams
             return epp.route_in_body(pick.endpoint, pick.headers, self.owned_headers, body)
@@ -481,6 +483,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         log.info("rejected %s with %d (%s): %s", stream.request_id, status, reason, exc)
         self.picker.rejected(status, reason)
         self.objectives.failed(refusal_labels(exc), error_code(status))
+        self.scheduler.refused(exc)
         return epp.error_answer(exc)
 
     # --- response path -----------------------------------------------------------------------
@@ -622,13 +625,22 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         output = usage.completion_tokens
         if output is None and self.output is not None and pick.output_tokens:
             output = pick.output_tokens * stream.output_sequences
+        end_ns = time.perf_counter_ns()
+        ttft_s = tpot_s = None
+        if pick.first_token_ns:  # it streamed its tokens
+            ttft_s = (pick.first_token_ns - stream.started_ns) / 1e9
+            per_sequence = output // max(1, pick.sequences) if output else 0
+            if per_sequence > 1:
+                tpot_s = (end_ns - pick.first_token_ns) / 1e9 / (per_sequence - 1)
         self.objectives.answered(
             pick.labels,
-            (time.perf_counter_ns() - stream.started_ns) / 1e9,
+            (end_ns - stream.started_ns) / 1e9,
             stream.response_bytes,
             usage.prompt_tokens if usage.prompt_tokens is not None else pick.prompt_tokens,
             output,
             usage.cached_tokens,
+            ttft_s,
+            tpot_s,
         )
 
 

@@ -33,3 +33,4 @@ class ServiceCollector(Collector):
             value=self._service.output_lines_skipped,
         )
         yield from self._service.objectives.collect()
+        yield from self._service.scheduler.collect()

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from extproc.picker.flow_metrics import DISPATCHED, EVICTED_CANCELLED, EVICTED_TTL, Flow, FlowMetrics
 from extproc.router import AdmissionQueue, QueuedRequest, QueueFairness, QueuePolicy, QueueTimeout
 from extproc.tasks import cancel_and_wait
 
@@ -65,8 +66,12 @@ class AdmissionGate:
         max_wait_s: float,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = POLL_S,
+        flow_metrics: FlowMetrics | None = None,
     ) -> None:
+        """`flow_metrics`: where each request's passage is recorded (the Inference Extension's
+        flow-control series), for a request `admit` is given a `flow` for."""
         self.enabled = enabled
+        self.flow_metrics = flow_metrics
         self.max_wait_s = max_wait_s
         self.clock = clock
         self.poll_s = poll_s
@@ -89,6 +94,7 @@ class AdmissionGate:
         on_queued: Callable[[float], None] | None = None,
         new_tokens: Callable[[], int] | None = None,
         undo: Callable[[T], object] | None = None,
+        flow: Flow | None = None,
     ) -> tuple[T, float]:
         """Run `decide` now if a worker has room (and nobody waits), else when one frees.
 
@@ -96,9 +102,13 @@ class AdmissionGate:
         with the same key share one capacity answer per round. `on_queued(max_wait_s)` is called
         when the request starts waiting; `new_tokens()` estimates its uncached prompt tokens for
         wspt (asked only then); `undo(result)` gives back a decision its client no longer wants.
-        Raises QueueTimeout, or whatever `decide` raises.
+        `flow`: the request's labels and size for `flow_metrics`. Raises QueueTimeout, or whatever
+        `decide` raises.
         """
-        if not self.enabled or (not self.queue and await has_capacity()):
+        if not self.enabled:
+            return await decide(), 0.0
+        if not self.queue and await has_capacity():
+            self._left(flow, DISPATCHED, 0.0, waited=False)
             return await decide(), 0.0
         loop = asyncio.get_running_loop()
         waiter: _Waiter[T] = _Waiter(loop.create_future(), decide, has_capacity, key, undo)
@@ -108,6 +118,9 @@ class AdmissionGate:
         self.queue.push(entry)
         self.stats.queued += 1
         start = self.clock()
+        if flow is not None and self.flow_metrics is not None:
+            self.flow_metrics.queued(flow)
+        outcome = DISPATCHED
         log.info(
             "queued %s: every eligible worker is saturated (%d waiting, policy %s)",
             entry.request_id,
@@ -129,6 +142,7 @@ class AdmissionGate:
                 else:
                     self.stats.timed_out += 1
                 log.warning("%s left the queue after %.1f s without capacity", entry.request_id, waited)
+                outcome = EVICTED_TTL
                 raise QueueTimeout(waited, sheddable=entry.sheddable) from None
             if waiter.future.exception() is not None:  # decided at the last moment, like any other
                 self.stats.failed += 1
@@ -138,10 +152,13 @@ class AdmissionGate:
                 self._give_back(waiter)  # decided as the client left
             self.stats.cancelled += 1
             log.info("%s left the queue: its client went away", entry.request_id)
+            outcome = EVICTED_CANCELLED
             raise
         except Exception:
             self.stats.failed += 1
             raise
+        finally:
+            self._left(flow, outcome, self.clock() - start, waited=True)
         waited = self.clock() - start
         self.stats.released += 1
         self.stats.wait_s.append(waited)
@@ -166,7 +183,10 @@ class AdmissionGate:
     async def _drain_rounds(self) -> None:
         while True:
             self._again = False
+            started = time.perf_counter()
             await self._drain()
+            if self.flow_metrics is not None:
+                self.flow_metrics.dispatch_cycle(time.perf_counter() - started)
             if not self._again:
                 return
 
@@ -198,6 +218,10 @@ class AdmissionGate:
                 else:
                     waiter.future.set_result(result)
             no_room.clear()
+
+    def _left(self, flow: Flow | None, outcome: str, seconds: float, *, waited: bool) -> None:
+        if flow is not None and self.flow_metrics is not None:
+            self.flow_metrics.left(flow, outcome, seconds, waited=waited)
 
     def _withdraw(self, request_id: str, waiter: _Waiter[Any]) -> bool:
         """Take a request out of the queue; False if it had already been decided."""

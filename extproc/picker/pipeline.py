@@ -57,6 +57,7 @@ from extproc.picker import client_ids
 from extproc.picker.admission import AdmissionGate
 from extproc.picker.body_parser import BodyParser
 from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
+from extproc.picker.flow_metrics import FlowMetrics
 from extproc.picker.home_waits import HomeWaits
 from extproc.picker.inference_extension import FAIRNESS_HEADER, InferenceExtension, queue_entry
 from extproc.picker.local_group import LocalGroup, RouteListener
@@ -179,6 +180,8 @@ class EndpointPicker:
         self.home_waits = HomeWaits()  # follow-ups waiting for another replica's word on theirs
         self.metrics.registry.register(ResponseHomesCollector(self.response_homes, self.home_waits))
         self._sweeper: asyncio.Task[None] | None = None
+        self.flow_metrics = FlowMetrics(config.inference_extension.pool.name)  # GIE's flow control
+        self.metrics.registry.register(self.flow_metrics)
         self._gates = {
             model: AdmissionGate(
                 enabled=config.router.router_queue_threshold is not None,
@@ -186,6 +189,7 @@ class EndpointPicker:
                 fairness=config.router.router_queue_fairness,
                 max_wait_s=config.queue_max_wait_s,
                 clock=clock,
+                flow_metrics=self.flow_metrics,
             )
             for model in self._pools
         }
@@ -481,6 +485,7 @@ class EndpointPicker:
                     on_queued=on_queued,
                     new_tokens=lambda: self._uncached_tokens(group_request),
                     undo=lambda _: self.selector.finish(request_id, "its client left the queue"),
+                    flow=self.flow_metrics.flow(fairness_id, objective, request.model, labels, len(body)),
                 )
             timings["queue"] = int(waited_s * 1e9)
             if request.n > 1:  # n sequences decode from the one prompt, each holding its blocks (any group)
@@ -506,7 +511,7 @@ class EndpointPicker:
                 responses_api=request.responses_api, response_id=request.response_id, started_ns=t0,
                 body=body if rewritten is not None else None,
                 renamed=(rewritten, asked) if rewritten is not None else None,
-                prompt_tokens=len(tokens) if tokens is not None else 0,
+                prompt_tokens=len(tokens) if tokens is not None else 0, sequences=request.n,
                 labels=dataclasses.replace(labels, priority=objective or 0),
             )  # fmt: skip
             self.metrics.observe_stages(timings)

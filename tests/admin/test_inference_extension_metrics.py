@@ -137,6 +137,24 @@ async def test_the_pool_is_named_by_pool_name_and_rewrites_are_counted_by_rule(
     ]
 
 
+async def test_the_prefix_indexer_size_is_every_workers_cached_blocks(engines) -> None:
+    """Approximate mode (no KV events): each routed prompt's full blocks are predicted cached on its
+    worker, so the size grows with what was routed and equals the per-worker gauges' sum."""
+    picker = picker_for(engines)
+    try:
+        for i in range(2):
+            chosen = await picker.pick(
+                body=chat_body(f"prompt {i} " * 40), path="/v1/chat/completions", headers={},
+                subset=[f"127.0.0.1:{engines[i].port}"], client_request_id=f"r{i}",
+            )  # fmt: skip
+            picker.finish(chosen, "complete")
+        found = await scraped(picker)
+    finally:
+        await picker.close()
+    cached = sum(value for _, value in found["extproc_worker_cached_blocks"])
+    assert cached > 0 and found["inference_extension_prefix_indexer_size"] == [({}, cached)]
+
+
 async def test_without_fresh_engine_metrics_no_pod_is_ready_and_no_average_is_made() -> None:
     silent = [await server(None) for _ in range(3)]
     picker = picker_for(silent)

@@ -159,3 +159,39 @@ async def test_every_series_llm_ds_end_to_end_test_requires_is_there_with_each_r
     running = after["inference_objective_running_requests"]
     assert set(running.values()) == {0.0}
     assert not any("never-served" in str(labels) for series in after.values() for labels in series)
+
+
+async def test_the_scheduler_prefix_and_latency_series_follow_a_streamed_request(stack) -> None:
+    """The rest of the Inference Extension's series a dashboard of its picker reads: the scheduler's
+    attempts (on the worker's pod and port) and decision time, the prefix match, and the streamed
+    answer's time to first token and per output token."""
+    picker, url, _ = stack
+    before = await scrape(picker)
+    async with client(url) as openai_client:
+        stream = await openai_client.chat.completions.create(
+            model="foodreview",
+            messages=[{"role": "user", "content": "Is the soup good?"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces = [chunk async for chunk in stream]
+        assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == 3
+    await until(lambda: picker.picker.is_idle())
+    after = await scrape(picker)
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    port = picker.picker.config.workers[0].endpoint.rpartition(":")[2]
+    pod = {"target_model_name": ADAPTER, "pod_name": "w0-rank-0", "namespace": "", "port": port}
+    assert grew("inference_extension_scheduler_attempts_total", status="success", **pod) == 1
+    assert grew("inference_extension_scheduler_e2e_duration_seconds_count") == 1
+    assert grew("inference_extension_prefix_indexer_hit_ratio_count") == 1
+    assert value(after, "inference_extension_prefix_indexer_size") > 0  # its prompt, predicted cached
+    assert grew("inference_objective_request_ttft_seconds_count", **ASKED) == 1
+    assert grew("inference_objective_request_tpot_seconds_count", **ASKED) == 1  # 3 tokens: 2 after the first
+    ttft = grew("inference_objective_request_ttft_seconds_sum", **ASKED)
+    assert 0 < ttft <= grew("inference_objective_request_duration_seconds_sum", **ASKED)
+    # no admission queue here (no --router-queue-threshold): no flow control, as GIE's without it
+    assert not any(name.startswith("inference_extension_flow_control") for name in after)

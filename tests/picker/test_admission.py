@@ -12,6 +12,7 @@ import random
 import pytest
 
 from extproc.picker.admission import AdmissionGate
+from extproc.picker.flow_metrics import FlowMetrics
 from extproc.router import KvRouter, QueuedRequest, QueueTimeout, RouterConfig, Worker, WorkerSpec
 
 from ..router.clock import FakeClock
@@ -24,7 +25,11 @@ def prompt(request_id: str) -> list[int]:
 
 
 def make(
-    policy: str = "fcfs", *, max_wait_s: float = 5.0, fairness: str = "global-strict"
+    policy: str = "fcfs",
+    *,
+    max_wait_s: float = 5.0,
+    fairness: str = "global-strict",
+    flow_metrics: FlowMetrics | None = None,
 ) -> tuple[KvRouter, Gate]:
     router = KvRouter(
         RouterConfig(
@@ -37,13 +42,15 @@ def make(
         rng=random.Random(1),
         workers=[WorkerSpec("a"), WorkerSpec("b")],
     )
-    return router, Gate(router, max_wait_s=max_wait_s)
+    return router, Gate(router, max_wait_s=max_wait_s, flow_metrics=flow_metrics)
 
 
 class Gate(AdmissionGate):
     """The gate over one router: its capacity test, and a decision's undo frees the request."""
 
-    def __init__(self, router: KvRouter, *, max_wait_s: float) -> None:
+    def __init__(
+        self, router: KvRouter, *, max_wait_s: float, flow_metrics: FlowMetrics | None = None
+    ) -> None:
         cfg = router.config
         super().__init__(
             enabled=cfg.router_queue_threshold is not None,
@@ -51,6 +58,7 @@ class Gate(AdmissionGate):
             fairness=cfg.router_queue_fairness,
             max_wait_s=max_wait_s,
             poll_s=0.01,
+            flow_metrics=flow_metrics,
         )
         self.router = router
 
@@ -62,7 +70,11 @@ class Gate(AdmissionGate):
             return decide()
 
         return await super().admit(
-            entry, decide_now, has_capacity=has_capacity, undo=lambda _: self.router.free(entry.request_id)
+            entry,
+            decide_now,
+            has_capacity=has_capacity,
+            undo=lambda _: self.router.free(entry.request_id),
+            flow=kwargs.get("flow"),
         )
 
 
