@@ -1,15 +1,17 @@
-"""What the Inference Extension's per-request series cost a request: in process, side by side.
+"""What the Inference Extension's per-request and scheduler series cost a request: in process, side by
+side.
 
     .venv/bin/python benchmarks/bench_objective_metrics.py            # about 20 s
     .venv/bin/python benchmarks/bench_objective_metrics.py --quick    # about 5 s
 
 The servicer counts each routed request and its answer for the `inference_objective_*` series
-(`extproc/epp/objective_metrics.py`) and reads the engine's `usage` from every chunk of a 2xx answer
+(`extproc/epp/objective_metrics.py`) and the scheduler's (`extproc/epp/scheduler_metrics.py`), and
+reads the engine's `usage` from every chunk of a 2xx answer
 (`extproc/epp/usage.py`). This drives whole ext_proc streams through `ExtProcService.Process` in
 this process (no gRPC, no Envoy): request headers and body, response headers, then `--chunks`
 event-stream chunks as vLLM writes them (one token each, about 200 bytes, the last with its
-`usage`), through the servicer as it is (`on`) and through the same servicer with the series
-replaced by a recorder that does nothing and the usage reader by one that reads nothing (`off`),
+`usage`), through the servicer as it is (`on`) and through the same servicer with both series
+replaced by recorders that do nothing and the usage reader by one that reads nothing (`off`),
 interleaved, `--rounds` rounds; the lowest time per stream of each is kept. Also `feed_us`:
 `Usage.feed` alone per chunk. Prints one JSON object (progress on stderr): the cost per stream of
 each, their difference per request and per chunk, and their ratio.
@@ -33,7 +35,7 @@ import extproc.epp.service as service_module
 from extproc.config import ModelConfig, PickerConfig, RouterConfig, WorkerConfig
 from extproc.epp.service import ExtProcService
 from extproc.epp.usage import Usage
-from extproc.picker.pick import ObjectiveLabels
+from extproc.picker.pick import ObjectiveLabels, Pick
 from extproc.picker.pipeline import EndpointPicker
 
 MODEL = "demo-model"
@@ -73,6 +75,16 @@ class NoSeries:
         pass
 
 
+class NoScheduler:
+    """The scheduler series' recorder, doing nothing (the `off` side)."""
+
+    def scheduled(self, pick: Pick) -> None:
+        pass
+
+    def refused(self, exc: BaseException) -> None:
+        pass
+
+
 class NoUsage(Usage):
     """A usage reader reading nothing (the `off` side)."""
 
@@ -90,6 +102,7 @@ async def measure(chunks: int, rounds: int, streams: int) -> dict[str, object]:
     services = {"on": ExtProcService(picker, max_body_bytes=1 << 20)}
     services["off"] = ExtProcService(picker, max_body_bytes=1 << 20)
     services["off"].objectives = NoSeries()  # type: ignore[assignment]
+    services["off"].scheduler = NoScheduler()  # type: ignore[assignment]
     stream = messages(chunks)
     readers = {"on": Usage, "off": NoUsage}
     best = dict.fromkeys(services, float("inf"))
