@@ -146,13 +146,27 @@ MODULES: dict[str, list[str]] = {
     ],
     # the rounds engine metrics and LoRA discovery read the workers in
     "runtime/rounds.py": ["tests/runtime/test_lora_discovery.py", "tests/runtime/test_engine_metrics.py"],
-    "picker/admission.py": ["tests/picker/test_admission.py", "tests/picker/test_admission_edges.py"],
+    "picker/admission.py": [
+        "tests/picker/test_admission.py",
+        "tests/picker/test_admission_edges.py",
+        "tests/picker/test_flow_metrics.py",  # its passage recorded for the flow-control series
+    ],
+    # the Inference Extension's flow-control series, kept by the admission queue
+    "picker/flow_metrics.py": [
+        "tests/picker/test_flow_metrics.py",
+        "tests/epp/test_service_scheduler_metrics.py",
+    ],
     # output tokens counted from responses as they stream (OpenAI SSE and JSON, Responses, Messages)
     "epp/output_tokens.py": ["tests/epp/test_output_tokens.py", "tests/epp/test_output_tokens_edges.py"],
     # the engine's token counts read from answers (vLLM's and SGLang's bytes, cut anywhere)
     "epp/usage.py": ["tests/epp/test_usage.py"],
     # the Inference Extension's per-request series, as the servicer keeps them
-    "epp/objective_metrics.py": ["tests/epp/test_service_objective_metrics.py"],
+    "epp/objective_metrics.py": [
+        "tests/epp/test_service_objective_metrics.py",
+        "tests/epp/test_service_scheduler_metrics.py",  # time to first token and per output token
+    ],
+    # the Inference Extension's scheduler and prefix-match series, as the servicer keeps them
+    "epp/scheduler_metrics.py": ["tests/epp/test_service_scheduler_metrics.py"],
     # a rewritten request's answer: the asked model said again in every chunk
     "epp/asked_model.py": ["tests/epp/test_asked_model.py", "tests/epp/test_service_asked_model.py"],
     # the local router group: candidates, disaggregated pairs, preferred workers, request ids, set_workers

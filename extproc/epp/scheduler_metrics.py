@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import Metric
 
+from extproc.config import PickerConfig
 from extproc.errors import NoEligibleWorker
 from extproc.groups.errors import GroupError
 from extproc.picker.metrics import LabelledCounts, LabelledHistogram
@@ -53,36 +54,39 @@ def decision_seconds(timings_ns: Mapping[str, int]) -> float:
     return sum(ns for stage, ns in timings_ns.items() if stage in DECISION_STAGES) / 1e9
 
 
+# series -> its HELP (what a person reads in a metrics browser)
+HELP: dict[str, str] = {
+    "inference_extension_scheduler_e2e_duration_seconds": (
+        "Seconds one routing decision took, from hashing the prompt's blocks to the chosen worker."
+    ),
+    "inference_extension_scheduler_attempts": (
+        "Routing decisions, by outcome and, for a success, the chosen pod (a worker's dp rank)."
+    ),
+    "inference_extension_prefix_indexer_hit_ratio": (
+        "Per decision on a tokenized prompt: its blocks cached on the chosen worker, over its blocks."
+    ),
+    "inference_extension_prefix_indexer_hit_bytes": (
+        f"Per decision on a tokenized prompt: its cached prefix on the chosen worker, as tokens x "
+        f"{CHARACTERS_PER_TOKEN} bytes."
+    ),
+}
+
+
+def _histogram(name: str, buckets: tuple[float, ...]) -> LabelledHistogram:
+    return LabelledHistogram(name, HELP[name], (), buckets)
+
+
 class SchedulerMetrics:
-    """The series above, as plain numbers per label tuple (rendered with the request path's)."""
+    """The series above, as plain numbers per label tuple (rendered with the servicer's)."""
 
     def __init__(self, namespace: str = "", block_size: int = 16) -> None:
         self.namespace = namespace  # the pool's (`--pool-namespace`), as every success's label
         self.block_size = block_size  # tokens a block holds (`--router-block-size`)
-        self.duration = LabelledHistogram(
-            "inference_extension_scheduler_e2e_duration_seconds",
-            "Seconds one routing decision took, from hashing the prompt's blocks to the chosen worker.",
-            (),
-            _DECISION_SECONDS,
-        )
-        self.attempts = LabelledCounts(
-            "inference_extension_scheduler_attempts",
-            "Routing decisions, by outcome and, for a success, the chosen pod (a worker's dp rank).",
-            _ATTEMPT_LABELS,
-        )
-        self.hit_ratio = LabelledHistogram(
-            "inference_extension_prefix_indexer_hit_ratio",
-            "Per decision on a tokenized prompt: its blocks cached on the chosen worker, over its blocks.",
-            (),
-            _RATIO,
-        )
-        self.hit_bytes = LabelledHistogram(
-            "inference_extension_prefix_indexer_hit_bytes",
-            f"Per decision on a tokenized prompt: its cached prefix on the chosen worker, as tokens x "
-            f"{CHARACTERS_PER_TOKEN} bytes.",
-            (),
-            _HIT_BYTES,
-        )
+        self.duration = _histogram("inference_extension_scheduler_e2e_duration_seconds", _DECISION_SECONDS)
+        name = "inference_extension_scheduler_attempts"
+        self.attempts = LabelledCounts(name, HELP[name], _ATTEMPT_LABELS)
+        self.hit_ratio = _histogram("inference_extension_prefix_indexer_hit_ratio", _RATIO)
+        self.hit_bytes = _histogram("inference_extension_prefix_indexer_hit_bytes", _HIT_BYTES)
 
     def scheduled(self, pick: Pick) -> None:
         """A decision chose `pick.worker`; a pick routed on load alone has no prompt blocks."""
@@ -108,12 +112,8 @@ class SchedulerMetrics:
 
 def for_picker(picker: object) -> SchedulerMetrics:
     """The series for `picker`, labelled with its config's pool namespace and block size (the
-    defaults for a picker without that config, as in tests)."""
+    defaults for a picker without a `PickerConfig`, as in tests)."""
     config = getattr(picker, "config", None)
-    pool = getattr(getattr(config, "inference_extension", None), "pool", None)
-    namespace = getattr(pool, "namespace", None)
-    block_size = getattr(getattr(config, "router", None), "block_size", None)
-    return SchedulerMetrics(
-        namespace if isinstance(namespace, str) else "",
-        block_size if isinstance(block_size, int) and block_size > 0 else 16,
-    )
+    if not isinstance(config, PickerConfig):
+        return SchedulerMetrics()
+    return SchedulerMetrics(config.inference_extension.pool.namespace or "", config.router.block_size)

@@ -56,6 +56,17 @@ _QUEUE_SECONDS = (
 )  # fmt: skip
 _CYCLE_SECONDS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 _FLOW_LABELS = ["fairness_id", "priority", "inference_pool", "model_name", "target_model_name"]
+# series (after PREFIX) -> its HELP (what a person reads in a metrics browser)
+HELP: dict[str, str] = {
+    "request_queue_duration_seconds": (
+        "Seconds from a request's arrival at the admission queue to its outcome."
+    ),
+    "dispatch_cycle_duration_seconds": (
+        "Seconds one pass over the waiting requests took, deciding those whose workers have room."
+    ),
+    "queue_size": "Requests waiting in the admission queue now.",
+    "queue_bytes": "Body bytes of the requests waiting in the admission queue now.",
+}
 
 
 class FlowLabels(NamedTuple):
@@ -85,13 +96,13 @@ class FlowMetrics(Collector):
         self.waiting_bytes: Counter[FlowLabels] = Counter()
         self.duration = LabelledHistogram(
             f"{PREFIX}request_queue_duration_seconds",
-            "Seconds from a request's arrival at the admission queue to its outcome.",
+            HELP["request_queue_duration_seconds"],
             ["fairness_id", "priority", "outcome", "inference_pool", "model_name", "target_model_name"],
             _QUEUE_SECONDS,
         )
         self.cycles = LabelledHistogram(
             f"{PREFIX}dispatch_cycle_duration_seconds",
-            "Seconds one pass over the waiting requests took, deciding those whose workers have room.",
+            HELP["dispatch_cycle_duration_seconds"],
             [],
             _CYCLE_SECONDS,
         )
@@ -150,14 +161,8 @@ class FlowMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self.duration.collect()
         yield from self.cycles.collect()
-        size = GaugeMetricFamily(
-            f"{PREFIX}queue_size", "Requests waiting in the admission queue now.", labels=_FLOW_LABELS
-        )
-        size_bytes = GaugeMetricFamily(
-            f"{PREFIX}queue_bytes",
-            "Body bytes of the requests waiting in the admission queue now.",
-            labels=_FLOW_LABELS,
-        )
+        size = GaugeMetricFamily(f"{PREFIX}queue_size", HELP["queue_size"], labels=_FLOW_LABELS)
+        size_bytes = GaugeMetricFamily(f"{PREFIX}queue_bytes", HELP["queue_bytes"], labels=_FLOW_LABELS)
         for labels, count in sorted(self.waiting.items()):
             size.add_metric(list(labels), count)
             size_bytes.add_metric(list(labels), self.waiting_bytes[labels])

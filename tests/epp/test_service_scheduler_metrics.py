@@ -14,12 +14,21 @@ from prometheus_client import CollectorRegistry
 
 from extproc.config.inference_extension import InferenceExtensionConfig, Pool
 from extproc.epp import answers as epp
-from extproc.epp.scheduler_metrics import CHARACTERS_PER_TOKEN, SchedulerMetrics, decision_seconds
+from extproc.epp.scheduler_metrics import (
+    CHARACTERS_PER_TOKEN,
+    HELP,
+    SchedulerMetrics,
+    decision_seconds,
+    for_picker,
+)
 from extproc.epp.service import ExtProcService
 from extproc.epp.service_metrics import ServiceCollector
+from extproc.errors import NoEligibleWorker, RequestInvalid
 from extproc.picker.flow_metrics import DISPATCHED, EVICTED_TTL
 from extproc.picker.inference_extension import FAIRNESS_HEADER
+from extproc.picker.pick import ObjectiveLabels, Pick, label_refusal
 from extproc.picker.pipeline import EndpointPicker
+from extproc.router import Worker
 
 from ..picker_fixtures import MODEL, chat_body, picker_config, request_body, request_headers, run
 from .test_service import OpenStream, until
@@ -105,8 +114,8 @@ async def test_no_eligible_worker_is_a_failed_attempt_and_a_bad_request_is_no_at
 
 def test_the_scheduler_duration_is_the_routers_stages_alone() -> None:
     timings = {"parse": 10**9, "tokenize": 10**9, "queue": 10**9, "hash": 1000, "match": 2000, "select": 3000}
-    assert decision_seconds(timings) == pytest.approx(6e-6)
-    assert decision_seconds({"groups": 5000, "queue": 10**9}) == pytest.approx(5e-6)  # remote groups
+    assert decision_seconds(timings) == 6000 / 1e9
+    assert decision_seconds({"groups": 5000, "queue": 10**9}) == 5000 / 1e9  # remote groups
 
 
 # --- the prefix match --------------------------------------------------------------------------------
@@ -262,3 +271,64 @@ async def test_without_a_queue_nothing_is_recorded_as_flow_control() -> None:
     _, service, scrape = make()
     await run(service, [request_headers(), request_body(chat_body("a question"))])
     assert [s for f in scrape.picker_registry.collect() if "flow_control" in f.name for s in f.samples] == []
+
+
+# --- the recorder alone ------------------------------------------------------------------------------
+
+
+def pick(endpoint: str = "10.0.0.1:8000", *, blocks: int = 4, overlap: int = 3, tokens: int = 64) -> Pick:
+    return Pick(
+        "r", MODEL, Worker("w7", 1), endpoint, {}, overlap, blocks, tracked=True,
+        timings_ns={"hash": 1000, "parse": 10**6}, prompt_tokens=tokens, labels=ObjectiveLabels("a", "b"),
+    )  # fmt: skip
+
+
+def test_each_attempt_counts_on_its_pod_and_an_ipv6_endpoints_port_is_its_last_part() -> None:
+    metrics = SchedulerMetrics("ns", block_size=32)
+    for _ in range(2):
+        metrics.scheduled(pick("[fd00::1]:8000"))
+    (family,) = [f for f in metrics.collect() if f.name == "inference_extension_scheduler_attempts"]
+    (sample,) = [s for s in family.samples if s.name.endswith("_total")]
+    assert sample.labels == {
+        "status": "success", "target_model_name": "b", "pod_name": "w7-rank-1", "namespace": "ns",
+        "port": "8000",
+    }  # fmt: skip
+    assert sample.value == 2
+    assert metrics.hit_bytes.series[()][1] == [2 * 3 * 32 * CHARACTERS_PER_TOKEN]
+    assert metrics.hit_ratio.series[()][1] == [2 * 0.75]
+    assert metrics.duration.series[()][1] == [2 * 1000 / 1e9]
+
+
+def test_a_pick_without_a_tokenized_prompt_or_without_blocks_has_no_prefix_match() -> None:
+    metrics = SchedulerMetrics()
+    metrics.scheduled(pick(blocks=5, overlap=0, tokens=0))  # routed on load alone: blocks from its size
+    metrics.scheduled(pick(blocks=0, overlap=0, tokens=3))  # a prompt shorter than a block
+    assert metrics.hit_ratio.series == {} and metrics.hit_bytes.series == {}
+    assert metrics.attempts.values[("success", "b", "w7-rank-1", "", "8000")] == 2
+
+
+def test_only_a_refusal_no_worker_could_take_is_a_failed_attempt() -> None:
+    metrics = SchedulerMetrics()
+    unlabelled, labelled = NoEligibleWorker("none"), NoEligibleWorker("none")
+    label_refusal(labelled, ObjectiveLabels("a", "b"))
+    for exc in (unlabelled, labelled, labelled, RequestInvalid("bad")):
+        metrics.refused(exc)
+    assert dict(metrics.attempts.values) == {("failure", "", "", "", ""): 1, ("failure", "b", "", "", ""): 2}
+
+
+def test_the_labels_come_from_the_pickers_config_and_default_without_one() -> None:
+    default = for_picker(object())
+    assert (default.namespace, default.block_size) == ("", 16)
+    config = replace(
+        picker_config(block_size=32), inference_extension=InferenceExtensionConfig(None, Pool("p", "ns"))
+    )
+    picker = EndpointPicker(config)
+    configured = for_picker(picker)
+    assert (configured.namespace, configured.block_size) == ("ns", 32)
+    unnamespaced = for_picker(EndpointPicker(picker_config()))
+    assert (unnamespaced.namespace, unnamespaced.block_size) == ("", 16)
+
+
+def test_each_scheduler_series_says_what_it_counts() -> None:
+    families = {f.name: f.documentation for f in SchedulerMetrics().collect()}
+    assert families == HELP

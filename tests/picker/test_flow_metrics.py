@@ -13,6 +13,7 @@ from extproc.picker.flow_metrics import (
     DISPATCHED,
     EVICTED_CANCELLED,
     EVICTED_TTL,
+    HELP,
     OTHER,
     PREFIX,
     Flow,
@@ -186,3 +187,22 @@ def test_the_series_carry_the_inference_extensions_names_labels_and_bounds() -> 
         "+Inf",
     ]
     assert [s.value for s in families[f"{PREFIX}queue_bytes"].samples] == [100]
+
+
+def test_one_request_leaving_leaves_the_others_of_its_labels_counted_with_their_bytes() -> None:
+    metrics = FlowMetrics("pool")
+    first, second = flow(metrics, size=100), flow(metrics, size=250)
+    metrics.queued(first)
+    metrics.queued(second)
+    metrics.left(first, DISPATCHED, 0.5, waited=True)
+    scrape = Scrape(metrics)
+    assert scrape("queue_size", **flow_labels()) == 1
+    assert scrape("queue_bytes", **flow_labels()) == 250
+    metrics.left(second, EVICTED_TTL, 0.5, waited=True)
+    assert scrape("queue_size", **flow_labels()) is None and metrics.waiting_bytes == {}
+
+
+def test_each_series_says_what_it_counts() -> None:
+    """The HELP a person reads in a metrics browser: ours, for every series."""
+    families = {f.name: f.documentation for f in FlowMetrics().collect()}
+    assert families == {f"{PREFIX}{name}": text for name, text in HELP.items()}
