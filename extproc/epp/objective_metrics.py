@@ -21,11 +21,15 @@ names, meanings and bucket bounds are those of llm-d's picker (`pkg/epp/metrics/
     inference_objective_request_ttft_seconds{...}           from the stream's start to the first token
     inference_objective_request_tpot_seconds{...}           from the first token to the answer's end,
                                                             over the tokens after the first (per sequence)
+    inference_objective_request_predicted_ttft_seconds{...} the time to first token the router predicted
+                                                            (its timing or aic prefill model: the default)
 
 (`{...}` is `{model_name, target_model_name}`.) The first four are counted when a request is routed
 and ends (a refused one only in the errors); the others when a routed request's 2xx answer ends,
-the last two only for an answer that streamed its tokens (server-sent events: a whole answer has
-no first token of its own) and, for the time per token, whose output tokens are known.
+the last three only for an answer that streamed its tokens (server-sent events: a whole answer has
+no first token of its own) and, for the time per token, whose output tokens are known; the
+predicted time only where a local router group's prefill model predicted one (not `none`), for
+the same answers as the measured one, so the two compare like with like.
 An error answer, a cancelled or reset stream are not in those six (the Inference Extension's picker
 times error answers too: here a fast error does not pull the latency percentiles down). Token
 counts are the engine's `usage` (`epp.usage`): a streamed answer has one when its client asked
@@ -100,6 +104,10 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
         _NTPOT,
     ),
     "request_ttft_seconds": ("Seconds from a streamed request's arrival to its first token.", _LATENCY),
+    "request_predicted_ttft_seconds": (
+        "Per streamed answer: its time to first token as the router predicted it when it chose the worker.",
+        _LATENCY,
+    ),
     "request_tpot_seconds": (
         "Per streamed answer: seconds between its tokens after the first (per sequence), on average.",
         _TPOT,
@@ -134,6 +142,7 @@ class ObjectiveMetrics:
         self.cached_tokens = _histogram("prompt_cached_tokens")
         self.ntpot = _histogram("normalized_time_per_output_token_seconds")
         self.ttft = _histogram("request_ttft_seconds")
+        self.predicted_ttft = _histogram("request_predicted_ttft_seconds")
         self.tpot = _histogram("request_tpot_seconds")
 
     def routed(self, labels: ObjectiveLabels, request_bytes: int) -> None:
@@ -159,6 +168,7 @@ class ObjectiveMetrics:
         cached_tokens: int | None,
         ttft_s: float | None = None,
         tpot_s: float | None = None,
+        predicted_ttft_s: float | None = None,
     ) -> None:
         """A routed request's 2xx answer ended; token counts None where unknown; its first token's
         time and the time per token after it None unless it streamed tokens."""
@@ -174,6 +184,8 @@ class ObjectiveMetrics:
             self.cached_tokens.observe(models, cached_tokens)
         if ttft_s is not None:
             self.ttft.observe(models, ttft_s)
+            if predicted_ttft_s is not None:
+                self.predicted_ttft.observe(models, predicted_ttft_s)
         if tpot_s is not None:
             self.tpot.observe(models, tpot_s)
 
@@ -189,5 +201,6 @@ class ObjectiveMetrics:
         for family in (
             self.request_bytes, self.duration, self.response_bytes, self.input_tokens,
             self.output_tokens, self.cached_tokens, self.ntpot, self.ttft, self.tpot,
+            self.predicted_ttft,
         ):  # fmt: skip
             yield from family.collect()

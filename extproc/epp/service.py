@@ -626,9 +626,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if output is None and self.output is not None and pick.output_tokens:
             output = pick.output_tokens * stream.output_sequences
         end_ns = time.perf_counter_ns()
-        ttft_s = tpot_s = None
+        ttft_s = tpot_s = predicted_s = None
         if pick.first_token_ns:  # it streamed its tokens
             ttft_s = (pick.first_token_ns - stream.started_ns) / 1e9
+            predicted_s = pick.predicted_ttft_ms / 1000 if pick.predicted_ttft_ms is not None else None
             per_sequence = output // max(1, pick.sequences) if output else 0
             if per_sequence > 1:
                 tpot_s = (end_ns - pick.first_token_ns) / 1e9 / (per_sequence - 1)
@@ -641,6 +642,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             usage.cached_tokens,
             ttft_s,
             tpot_s,
+            predicted_s,
         )
 
 

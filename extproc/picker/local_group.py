@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 from typing import Protocol
 
@@ -186,7 +186,7 @@ class LocalGroup:
                 expected_output_tokens=request.expected_output_tokens,
             )
         self._hashes = None
-        choice = _choice(pool, decision)
+        choice = _choice(pool, decision, pool.router.sequences.predicted_ttft_ms(tracked_id))
         prefill, prefill_overlap = None, 0
         if split is not None:
             choice, prefill = self._name_prefill_worker(pool, choice, split, tracked_id)
@@ -416,10 +416,9 @@ class LocalGroup:
         headers = {**choice.headers, self.config.disagg.prefill_header: endpoint}
         log.info("%s prefills on %s (%s) overlap=%d/%d blocks", request_id, split.prefill.worker, endpoint,
                  split.prefill.overlap_blocks, split.prefill.request_blocks)  # fmt: skip
-        named = GroupChoice(
-            choice.worker, choice.endpoint, headers, choice.overlap_blocks, choice.request_blocks,
-            choice.cost, choice.best_overlap_blocks, split.prefill.worker, endpoint,
-        )  # fmt: skip
+        named = replace(
+            choice, headers=headers, prefill_worker=split.prefill.worker, prefill_endpoint=endpoint
+        )
         return named, split.prefill.worker
 
     def _unique_id(self, router: KvRouter, request_id: str) -> str:
@@ -452,7 +451,7 @@ def _resolve(router: KvRouter, probed: Worker) -> Worker | None:
     return None
 
 
-def _choice(pool: ModelPool, decision: Decision) -> GroupChoice:
+def _choice(pool: ModelPool, decision: Decision, predicted_ttft_ms: float | None = None) -> GroupChoice:
     return GroupChoice(
         worker=decision.worker,
         endpoint=pool.endpoint_of(decision.worker),
@@ -461,4 +460,5 @@ def _choice(pool: ModelPool, decision: Decision) -> GroupChoice:
         request_blocks=decision.request_blocks,
         cost=decision.cost,
         best_overlap_blocks=max(decision.best_overlap_blocks, decision.overlap_blocks),
+        predicted_ttft_ms=predicted_ttft_ms,
     )

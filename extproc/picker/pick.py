@@ -60,6 +60,7 @@ class Pick:
     renamed: tuple[str, str] | None = None
     prompt_tokens: int = 0  # its prompt's tokens as tokenized here (0: routed on load alone)
     sequences: int = 1  # sequences generated from its prompt (the request's `n`)
+    predicted_ttft_ms: float | None = None  # its time to first token as its router predicted it
     labels: ObjectiveLabels = NO_LABELS  # for the per-request series: a request that named a model
 
     @property

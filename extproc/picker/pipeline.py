@@ -505,6 +505,7 @@ class EndpointPicker:
                 request_id, request.model, choice.worker, choice.endpoint, dict(choice.headers),
                 choice.overlap_blocks, choice.request_blocks, tracked=True, timings_ns=timings,
                 session_id=session_id, queued_s=waited_s, group=decision.group,
+                predicted_ttft_ms=choice.predicted_ttft_ms,
                 prefill_worker=choice.prefill_worker, prefill_endpoint=choice.prefill_endpoint,
                 session_pin=session_pin, session_opened_on=opened_on, session_opened_new=opened_new,
                 session_close_on=choice.endpoint if worker_session == "close" else None,

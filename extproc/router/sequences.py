@@ -65,6 +65,7 @@ class _Request:
     prefilled: bool = False  # the first token came back
     routed_ms: float = 0.0  # timing model: when it was added, and the time to first token predicted
     predicted_ttft_ms: float = 0.0  # then on its worker (0: nothing to learn from, e.g. another replica's)
+    guessed_ttft_ms: float = 0.0  # that prediction, learned from or not (timing and aic models; 0: none)
 
 
 @dataclass(slots=True)
@@ -296,6 +297,15 @@ class ActiveSequences:
         """`new_blocks` on a worker that holds none of the request's blocks in flight."""
         return self._new_blocks(None, block_keys, isl)
 
+    def predicted_ttft_ms(self, request_id: str) -> float | None:
+        """The time to first token predicted for a request when it was added here (the timing and
+        aic prefill models); None for another model, a request added without a prompt to prefill,
+        or one not tracked."""
+        request = self._requests.get(request_id)
+        if request is None or not request.guessed_ttft_ms:
+            return None
+        return request.guessed_ttft_ms
+
     def num_requests(self, worker: Worker) -> int:
         load = self._loads.get(worker)
         return load.requests if load else 0
@@ -395,6 +405,7 @@ class ActiveSequences:
             if timeline is None:
                 timeline = self._timelines[worker] = PrefillTimeline(self.timing(worker))
             timeline.add(request_id, guess.uncached_tokens, now, guess.decode_ms)
+            request.guessed_ttft_ms = guess.ttft_ms
             if self._arrivals is not None:
                 self._arrivals.add(worker, now)
             if learn and self._learner is not None and self._learner.measures(guess):
@@ -419,10 +430,10 @@ class ActiveSequences:
         worker = request.worker
         own = expected_prefill_ms(self.timing(worker), request.prefill_tokens)
         decay = self._decays.get(worker)
-        if learn and self._learner is not None:
-            guess = admission_estimate(decay, own, request.prefill_tokens, now)
-            if self._learner.measures(guess):
-                request.routed_ms, request.predicted_ttft_ms = now, guess.ttft_ms
+        guess = admission_estimate(decay, own, request.prefill_tokens, now)
+        request.guessed_ttft_ms = guess.ttft_ms
+        if learn and self._learner is not None and self._learner.measures(guess):
+            request.routed_ms, request.predicted_ttft_ms = now, guess.ttft_ms
         if decay is None:
             decay = self._decays[worker] = OldestPrefillDecay()
         decay.add(request_id, request.prefill_tokens, own, now)

@@ -164,7 +164,7 @@ async def test_every_series_llm_ds_end_to_end_test_requires_is_there_with_each_r
 async def test_the_scheduler_prefix_and_latency_series_follow_a_streamed_request(stack) -> None:
     """The rest of the Inference Extension's series a dashboard of its picker reads: the scheduler's
     attempts (on the worker's pod and port) and decision time, the prefix match, and the streamed
-    answer's time to first token and per output token."""
+    answer's time to first token (measured and as predicted) and per output token."""
     picker, url, _ = stack
     before = await scrape(picker)
     async with client(url) as openai_client:
@@ -191,6 +191,9 @@ async def test_the_scheduler_prefix_and_latency_series_follow_a_streamed_request
     assert value(after, "inference_extension_prefix_indexer_size") > 0  # its prompt, predicted cached
     assert grew("inference_objective_request_ttft_seconds_count", **ASKED) == 1
     assert grew("inference_objective_request_tpot_seconds_count", **ASKED) == 1  # 3 tokens: 2 after the first
+    # the default prefill model (timing) predicted its time to first token when it chose the worker
+    assert grew("inference_objective_request_predicted_ttft_seconds_count", **ASKED) == 1
+    assert grew("inference_objective_request_predicted_ttft_seconds_sum", **ASKED) > 0
     ttft = grew("inference_objective_request_ttft_seconds_sum", **ASKED)
     assert 0 < ttft <= grew("inference_objective_request_duration_seconds_sum", **ASKED)
     # no admission queue here (no --router-queue-threshold): no flow control, as GIE's without it

@@ -332,3 +332,27 @@ def test_the_labels_come_from_the_pickers_config_and_default_without_one() -> No
 def test_each_scheduler_series_says_what_it_counts() -> None:
     families = {f.name: f.documentation for f in SchedulerMetrics().collect()}
     assert families == HELP
+
+
+# --- the router's predicted time to first token --------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["timing", "aic"])
+async def test_a_streamed_answer_shows_the_time_to_first_token_its_router_predicted(model) -> None:
+    picker, service, scrape = make(picker_config(prefill_load_model=model))
+    await run(service, [request_headers(), request_body(chat_body(LONG, stream=True)), *answer(SSE)])
+    predicted = scrape("inference_objective_request_predicted_ttft_seconds_sum", **MODELS)
+    assert scrape("inference_objective_request_predicted_ttft_seconds_count", **MODELS) == 1
+    timing = picker.pools[MODEL].router.sequences.timing(picker.pools[MODEL].router.workers()[0])
+    assert predicted is not None and predicted > timing.prompt_ms(16) / 1000  # a prompt of many blocks
+
+
+async def test_no_prediction_without_a_timed_model_nor_for_a_whole_answer() -> None:
+    _, service, scrape = make()  # prefill_load_model "none": Dynamo's static count predicts no time
+    await run(service, [request_headers(), request_body(chat_body(LONG, stream=True)), *answer(SSE)])
+    assert scrape("inference_objective_request_ttft_seconds_count", **MODELS) == 1
+    assert scrape("inference_objective_request_predicted_ttft_seconds_count", **MODELS) is None
+    _, service, scrape = make(picker_config(prefill_load_model="timing"))
+    whole = answer(JSON, content_type="application/json")
+    await run(service, [request_headers(), request_body(chat_body(LONG)), *whole])
+    assert scrape("inference_objective_request_predicted_ttft_seconds_count", **MODELS) is None
