@@ -28,7 +28,7 @@ names, meanings and bucket bounds are those of llm-d's picker (`pkg/epp/metrics/
 and ends (a refused one only in the errors); the others when a routed request's 2xx answer ends,
 the last three only for an answer that streamed its tokens (server-sent events: a whole answer has
 no first token of its own) and, for the time per token, whose output tokens are known; the
-predicted time only where a local router group's prefill model predicted one (not `none`), for
+predicted time only where the deciding router group's prefill model predicted one (not `none`), for
 the same answers as the measured one, so the two compare like with like.
 An error answer, a cancelled or reset stream are not in those six (the Inference Extension's picker
 times error answers too: here a fast error does not pull the latency percentiles down). Token

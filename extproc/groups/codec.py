@@ -102,6 +102,7 @@ def encode_choice(choice: GroupChoice) -> pb.Choice:
         cost=choice.cost,
         best_overlap_blocks=choice.best_overlap_blocks,
         prefill_endpoint=choice.prefill_endpoint or "",
+        predicted_ttft_ms=choice.predicted_ttft_ms or 0.0,
     )
     if choice.prefill_worker is not None:
         message.prefill_worker.CopyFrom(encode_worker(choice.prefill_worker))
@@ -119,6 +120,7 @@ def decode_choice(message: pb.Choice) -> GroupChoice:
         best_overlap_blocks=message.best_overlap_blocks,
         prefill_worker=decode_worker(message.prefill_worker) if message.HasField("prefill_worker") else None,
         prefill_endpoint=message.prefill_endpoint or None,
+        predicted_ttft_ms=message.predicted_ttft_ms or None,
     )
 
 

@@ -65,8 +65,8 @@ class GroupChoice:
     best_overlap_blocks: int = 0  # the largest overlap of any candidate in the group (regret = best - chosen)
     prefill_worker: Worker | None = None  # disaggregated: the worker that prefills the prompt
     prefill_endpoint: str | None = None  # its ip:port (also in `headers`, under the prefill header)
-    # the time to first token the group's router predicted for it there (its timing or aic prefill
-    # model; None: no prediction, or a remote group's choice: the wire does not carry it)
+    # the time to first token the group's router predicted for it there when it was added (its
+    # timing or aic prefill model; None: no prediction, as for a probe, which adds nothing)
     predicted_ttft_ms: float | None = None
 
 

@@ -76,6 +76,25 @@ async def test_commit_and_lifecycle_over_the_wire(served):
     assert picker.is_idle() and picker.local.in_flight() == 0
 
 
+async def test_a_remote_groups_predicted_time_to_first_token_reaches_the_picker_that_committed() -> None:
+    """Its router's timing model predicted it when it chose; the committing picker observes it beside
+    the measured one (`inference_objective_request_predicted_ttft_seconds`)."""
+    picker = EndpointPicker(group_config("w", 2, prefill_load_model="timing"))
+    api = await start_group_api(picker.local, "127.0.0.1", 0)
+    remote = RemoteGroup("g", f"127.0.0.1:{api.port}")
+    try:
+        probe = await remote.probe(request(prompt(1)), timeout_s=1)
+        decision = await remote.commit(request(prompt(1)), "r1", probe.choice.worker)
+        predicted = picker.pools[MODEL].router.sequences.predicted_ttft_ms("r1")
+        assert predicted is not None and decision.choice.predicted_ttft_ms == predicted
+        assert probe.choice.predicted_ttft_ms is None  # a probe adds nothing, so predicts nothing kept
+        remote.free(MODEL, "r1")
+        await remote.drain()
+    finally:
+        await remote.close()
+        await api.stop(0)
+
+
 async def test_a_prefill_complete_after_the_first_token_crosses_the_wire():
     """A non-streamed answer's end (`at_first_token=False`) ends the prompt's load in the remote group
     and teaches its pass-time model (the default timing model, learning) nothing; a first token does."""

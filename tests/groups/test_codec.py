@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -104,6 +106,15 @@ def test_answers_round_trip():
     assert decode_commit("g", encode_commit(decision)) == decision
     loads = GroupLoads("g", (GroupWorkerLoad(Worker("w0"), "10.0.0.1:8000", 320, 20.0, 3),), LOAD, 64)
     assert decode_loads("g", encode_loads(loads)) == loads
+
+
+def test_a_choices_predicted_time_to_first_token_travels_and_none_stays_none() -> None:
+    predicted = dataclasses.replace(CHOICE, predicted_ttft_ms=123.25)
+    for choice in (predicted, CHOICE):
+        decision = GroupDecision("g", "rid@1", choice)
+        wire = pb.CommitResponse.FromString(encode_commit(decision).SerializeToString())
+        assert decode_commit("g", wire).choice.predicted_ttft_ms == choice.predicted_ttft_ms
+    assert CHOICE.predicted_ttft_ms is None
 
 
 def test_potential_loads_carry_a_credited_overlap_and_an_older_groups_whole_one() -> None:

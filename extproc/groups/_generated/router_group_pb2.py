@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,extproc/groups/_generated/router_group.proto\x12\x11\x65xtproc.groups.v1\"w\n\x0fRouterOverrides\x12!\n\x14overlap_score_weight\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x42\x17\n\x15_overlap_score_weightB\x0e\n\x0c_temperature\"!\n\x0c\x45ndpointList\x12\x11\n\tendpoints\x18\x01 \x03(\t\"\x94\x02\n\x0eRoutingRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x01(\x0c\x12\x11\n\tlora_name\x18\x03 \x01(\t\x12\x35\n\toverrides\x18\x04 \x01(\x0b\x32\".extproc.groups.v1.RouterOverrides\x12#\n\x16\x65xpected_output_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x35\n\x0crestrictions\x18\x06 \x03(\x0b\x32\x1f.extproc.groups.v1.EndpointList\x12\x0b\n\x03isl\x18\x07 \x01(\r\x12\x12\n\ncache_salt\x18\x08 \x01(\tB\x19\n\x17_expected_output_tokens\",\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\"r\n\tGroupLoad\x12\x0f\n\x07workers\x18\x01 \x01(\r\x12\x17\n\x0f\x61\x63tive_requests\x18\x02 \x01(\r\x12\x1d\n\x15\x61\x63tive_prefill_tokens\x18\x03 \x01(\x04\x12\x1c\n\x14\x61\x63tive_decode_blocks\x18\x04 \x01(\x01\"\xd6\x02\n\x06\x43hoice\x12)\n\x06worker\x18\x01 \x01(\x0b\x32\x19.extproc.groups.v1.Worker\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x37\n\x07headers\x18\x03 \x03(\x0b\x32&.extproc.groups.v1.Choice.HeadersEntry\x12\x16\n\x0eoverlap_blocks\x18\x04 \x01(\r\x12\x16\n\x0erequest_blocks\x18\x05 \x01(\r\x12\x0c\n\x04\x63ost\x18\x06 \x01(\x01\x12\x1b\n\x13\x62\x65st_overlap_blocks\x18\x07 \x01(\r\x12\x31\n\x0eprefill_worker\x18\x08 \x01(\x0b\x32\x19.extproc.groups.v1.Worker\x12\x18\n\x10prefill_endpoint\x18\t \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x0cProbeRequest\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.extproc.groups.v1.RoutingRequest\"\x8d\x01\n\rProbeResponse\x12)\n\x06\x63hoice\x18\x01 \x01(\x0b\x32\x19.extproc.groups.v1.Choice\x12*\n\x04load\x18\x02 \x01(\x0b\x32\x1c.extproc.groups.v1.GroupLoad\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x11\n\tsaturated\x18\x04 \x01(\x08\"\xbc\x01\n\rCommitRequest\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.extproc.groups.v1.RoutingRequest\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x30\n\rprobed_worker\x18\x03 \x01(\x0b\x32\x19.extproc.groups.v1.Worker\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x11\n\towner_seq\x18\x05 \x01(\x04\x12\x0f\n\x07lease_s\x18\x06 \x01(\x01\"b\n\x0e\x43ommitResponse\x12)\n\x06\x63hoice\x18\x01 \x01(\x0b\x32\x19.extproc.groups.v1.Choice\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tredecided\x18\x03 \x01(\x08\"`\n\x10LifecycleRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\r\x12\x19\n\x11\x61\x66ter_first_token\x18\x04 \x01(\x08\"\"\n\x11LifecycleResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"[\n\x13OutputTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x11\n\tsequences\x18\x04 \x01(\r\"K\n\x15PotentialLoadsRequest\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.extproc.groups.v1.RoutingRequest\"\xc0\x01\n\nWorkerLoad\x12)\n\x06worker\x18\x01 \x01(\x0b\x32\x19.extproc.groups.v1.Worker\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x16\n\x0eprefill_tokens\x18\x03 \x01(\x04\x12\x15\n\rdecode_blocks\x18\x04 \x01(\x01\x12\x16\n\x0eoverlap_blocks\x18\x05 \x01(\r\x12\x1b\n\x0eoverlap_credit\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x11\n\x0f_overlap_credit\"\x86\x01\n\x16PotentialLoadsResponse\x12,\n\x05loads\x18\x01 \x03(\x0b\x32\x1d.extproc.groups.v1.WorkerLoad\x12*\n\x04load\x18\x02 \x01(\x0b\x32\x1c.extproc.groups.v1.GroupLoad\x12\x12\n\nblock_size\x18\x03 \x01(\r\"O\n\x0cRenewRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x0f\n\x07lease_s\x18\x02 \x01(\x01\x12\x0c\n\x04live\x18\x03 \x03(\t\x12\x11\n\tup_to_seq\x18\x04 \x01(\x04\"\x1e\n\rRenewResponse\x12\r\n\x05\x66reed\x18\x01 \x01(\r2\xf1\x04\n\x0bRouterGroup\x12J\n\x05Probe\x12\x1f.extproc.groups.v1.ProbeRequest\x1a .extproc.groups.v1.ProbeResponse\x12M\n\x06\x43ommit\x12 .extproc.groups.v1.CommitRequest\x1a!.extproc.groups.v1.CommitResponse\x12`\n\x13MarkPrefillComplete\x12#.extproc.groups.v1.LifecycleRequest\x1a$.extproc.groups.v1.LifecycleResponse\x12Q\n\x04\x46ree\x12#.extproc.groups.v1.LifecycleRequest\x1a$.extproc.groups.v1.LifecycleResponse\x12\x65\n\x0ePotentialLoads\x12(.extproc.groups.v1.PotentialLoadsRequest\x1a).extproc.groups.v1.PotentialLoadsResponse\x12J\n\x05Renew\x12\x1f.extproc.groups.v1.RenewRequest\x1a .extproc.groups.v1.RenewResponse\x12_\n\x0f\x41\x64\x64OutputTokens\x12&.extproc.groups.v1.OutputTokensRequest\x1a$.extproc.groups.v1.LifecycleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,extproc/groups/_generated/router_group.proto\x12\x11\x65xtproc.groups.v1\"w\n\x0fRouterOverrides\x12!\n\x14overlap_score_weight\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x42\x17\n\x15_overlap_score_weightB\x0e\n\x0c_temperature\"!\n\x0c\x45ndpointList\x12\x11\n\tendpoints\x18\x01 \x03(\t\"\x94\x02\n\x0eRoutingRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x01(\x0c\x12\x11\n\tlora_name\x18\x03 \x01(\t\x12\x35\n\toverrides\x18\x04 \x01(\x0b\x32\".extproc.groups.v1.RouterOverrides\x12#\n\x16\x65xpected_output_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x35\n\x0crestrictions\x18\x06 \x03(\x0b\x32\x1f.extproc.groups.v1.EndpointList\x12\x0b\n\x03isl\x18\x07 \x01(\r\x12\x12\n\ncache_salt\x18\x08 \x01(\tB\x19\n\x17_expected_output_tokens\",\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\"r\n\tGroupLoad\x12\x0f\n\x07workers\x18\x01 \x01(\r\x12\x17\n\x0f\x61\x63tive_requests\x18\x02 \x01(\r\x12\x1d\n\x15\x61\x63tive_prefill_tokens\x18\x03 \x01(\x04\x12\x1c\n\x14\x61\x63tive_decode_blocks\x18\x04 \x01(\x01\"\xf1\x02\n\x06\x43hoice\x12)\n\x06worker\x18\x01 \x01(\x0b\x32\x19.extproc.groups.v1.Worker\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x37\n\x07headers\x18\x03 \x03(\x0b\x32&.extproc.groups.v1.Choice.HeadersEntry\x12\x16\n\x0eoverlap_blocks\x18\x04 \x01(\r\x12\x16\n\x0erequest_blocks\x18\x05 \x01(\r\x12\x0c\n\x04\x63ost\x18\x06 \x01(\x01\x12\x1b\n\x13\x62\x65st_overlap_blocks\x18\x07 \x01(\r\x12\x31\n\x0eprefill_worker\x18\x08 \x01(\x0b\x32\x19.extproc.groups.v1.Worker\x12\x18\n\x10prefill_endpoint\x18\t \x01(\t\x12\x19\n\x11predicted_ttft_ms\x18\n \x01(\x01\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x0cProbeRequest\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.extproc.groups.v1.RoutingRequest\"\x8d\x01\n\rProbeResponse\x12)\n\x06\x63hoice\x18\x01 \x01(\x0b\x32\x19.extproc.groups.v1.Choice\x12*\n\x04load\x18\x02 \x01(\x0b\x32\x1c.extproc.groups.v1.GroupLoad\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x11\n\tsaturated\x18\x04 \x01(\x08\"\xbc\x01\n\rCommitRequest\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.extproc.groups.v1.RoutingRequest\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x30\n\rprobed_worker\x18\x03 \x01(\x0b\x32\x19.extproc.groups.v1.Worker\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x11\n\towner_seq\x18\x05 \x01(\x04\x12\x0f\n\x07lease_s\x18\x06 \x01(\x01\"b\n\x0e\x43ommitResponse\x12)\n\x06\x63hoice\x18\x01 \x01(\x0b\x32\x19.extproc.groups.v1.Choice\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tredecided\x18\x03 \x01(\x08\"`\n\x10LifecycleRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\r\x12\x19\n\x11\x61\x66ter_first_token\x18\x04 \x01(\x08\"\"\n\x11LifecycleResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"[\n\x13OutputTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x11\n\tsequences\x18\x04 \x01(\r\"K\n\x15PotentialLoadsRequest\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.extproc.groups.v1.RoutingRequest\"\xc0\x01\n\nWorkerLoad\x12)\n\x06worker\x18\x01 \x01(\x0b\x32\x19.extproc.groups.v1.Worker\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x16\n\x0eprefill_tokens\x18\x03 \x01(\x04\x12\x15\n\rdecode_blocks\x18\x04 \x01(\x01\x12\x16\n\x0eoverlap_blocks\x18\x05 \x01(\r\x12\x1b\n\x0eoverlap_credit\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x11\n\x0f_overlap_credit\"\x86\x01\n\x16PotentialLoadsResponse\x12,\n\x05loads\x18\x01 \x03(\x0b\x32\x1d.extproc.groups.v1.WorkerLoad\x12*\n\x04load\x18\x02 \x01(\x0b\x32\x1c.extproc.groups.v1.GroupLoad\x12\x12\n\nblock_size\x18\x03 \x01(\r\"O\n\x0cRenewRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x0f\n\x07lease_s\x18\x02 \x01(\x01\x12\x0c\n\x04live\x18\x03 \x03(\t\x12\x11\n\tup_to_seq\x18\x04 \x01(\x04\"\x1e\n\rRenewResponse\x12\r\n\x05\x66reed\x18\x01 \x01(\r2\xf1\x04\n\x0bRouterGroup\x12J\n\x05Probe\x12\x1f.extproc.groups.v1.ProbeRequest\x1a .extproc.groups.v1.ProbeResponse\x12M\n\x06\x43ommit\x12 .extproc.groups.v1.CommitRequest\x1a!.extproc.groups.v1.CommitResponse\x12`\n\x13MarkPrefillComplete\x12#.extproc.groups.v1.LifecycleRequest\x1a$.extproc.groups.v1.LifecycleResponse\x12Q\n\x04\x46ree\x12#.extproc.groups.v1.LifecycleRequest\x1a$.extproc.groups.v1.LifecycleResponse\x12\x65\n\x0ePotentialLoads\x12(.extproc.groups.v1.PotentialLoadsRequest\x1a).extproc.groups.v1.PotentialLoadsResponse\x12J\n\x05Renew\x12\x1f.extproc.groups.v1.RenewRequest\x1a .extproc.groups.v1.RenewResponse\x12_\n\x0f\x41\x64\x64OutputTokens\x12&.extproc.groups.v1.OutputTokensRequest\x1a$.extproc.groups.v1.LifecycleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,33 +44,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GROUPLOAD']._serialized_start=548
   _globals['_GROUPLOAD']._serialized_end=662
   _globals['_CHOICE']._serialized_start=665
-  _globals['_CHOICE']._serialized_end=1007
-  _globals['_CHOICE_HEADERSENTRY']._serialized_start=961
-  _globals['_CHOICE_HEADERSENTRY']._serialized_end=1007
-  _globals['_PROBEREQUEST']._serialized_start=1009
-  _globals['_PROBEREQUEST']._serialized_end=1075
-  _globals['_PROBERESPONSE']._serialized_start=1078
-  _globals['_PROBERESPONSE']._serialized_end=1219
-  _globals['_COMMITREQUEST']._serialized_start=1222
-  _globals['_COMMITREQUEST']._serialized_end=1410
-  _globals['_COMMITRESPONSE']._serialized_start=1412
-  _globals['_COMMITRESPONSE']._serialized_end=1510
-  _globals['_LIFECYCLEREQUEST']._serialized_start=1512
-  _globals['_LIFECYCLEREQUEST']._serialized_end=1608
-  _globals['_LIFECYCLERESPONSE']._serialized_start=1610
-  _globals['_LIFECYCLERESPONSE']._serialized_end=1644
-  _globals['_OUTPUTTOKENSREQUEST']._serialized_start=1646
-  _globals['_OUTPUTTOKENSREQUEST']._serialized_end=1737
-  _globals['_POTENTIALLOADSREQUEST']._serialized_start=1739
-  _globals['_POTENTIALLOADSREQUEST']._serialized_end=1814
-  _globals['_WORKERLOAD']._serialized_start=1817
-  _globals['_WORKERLOAD']._serialized_end=2009
-  _globals['_POTENTIALLOADSRESPONSE']._serialized_start=2012
-  _globals['_POTENTIALLOADSRESPONSE']._serialized_end=2146
-  _globals['_RENEWREQUEST']._serialized_start=2148
-  _globals['_RENEWREQUEST']._serialized_end=2227
-  _globals['_RENEWRESPONSE']._serialized_start=2229
-  _globals['_RENEWRESPONSE']._serialized_end=2259
-  _globals['_ROUTERGROUP']._serialized_start=2262
-  _globals['_ROUTERGROUP']._serialized_end=2887
+  _globals['_CHOICE']._serialized_end=1034
+  _globals['_CHOICE_HEADERSENTRY']._serialized_start=988
+  _globals['_CHOICE_HEADERSENTRY']._serialized_end=1034
+  _globals['_PROBEREQUEST']._serialized_start=1036
+  _globals['_PROBEREQUEST']._serialized_end=1102
+  _globals['_PROBERESPONSE']._serialized_start=1105
+  _globals['_PROBERESPONSE']._serialized_end=1246
+  _globals['_COMMITREQUEST']._serialized_start=1249
+  _globals['_COMMITREQUEST']._serialized_end=1437
+  _globals['_COMMITRESPONSE']._serialized_start=1439
+  _globals['_COMMITRESPONSE']._serialized_end=1537
+  _globals['_LIFECYCLEREQUEST']._serialized_start=1539
+  _globals['_LIFECYCLEREQUEST']._serialized_end=1635
+  _globals['_LIFECYCLERESPONSE']._serialized_start=1637
+  _globals['_LIFECYCLERESPONSE']._serialized_end=1671
+  _globals['_OUTPUTTOKENSREQUEST']._serialized_start=1673
+  _globals['_OUTPUTTOKENSREQUEST']._serialized_end=1764
+  _globals['_POTENTIALLOADSREQUEST']._serialized_start=1766
+  _globals['_POTENTIALLOADSREQUEST']._serialized_end=1841
+  _globals['_WORKERLOAD']._serialized_start=1844
+  _globals['_WORKERLOAD']._serialized_end=2036
+  _globals['_POTENTIALLOADSRESPONSE']._serialized_start=2039
+  _globals['_POTENTIALLOADSRESPONSE']._serialized_end=2173
+  _globals['_RENEWREQUEST']._serialized_start=2175
+  _globals['_RENEWREQUEST']._serialized_end=2254
+  _globals['_RENEWRESPONSE']._serialized_start=2256
+  _globals['_RENEWRESPONSE']._serialized_end=2286
+  _globals['_ROUTERGROUP']._serialized_start=2289
+  _globals['_ROUTERGROUP']._serialized_end=2914
 # @@protoc_insertion_point(module_scope)

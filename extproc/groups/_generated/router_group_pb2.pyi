@@ -61,7 +61,7 @@ class GroupLoad(_message.Message):
     def __init__(self, workers: _Optional[int] = ..., active_requests: _Optional[int] = ..., active_prefill_tokens: _Optional[int] = ..., active_decode_blocks: _Optional[float] = ...) -> None: ...
 
 class Choice(_message.Message):
-    __slots__ = ("worker", "endpoint", "headers", "overlap_blocks", "request_blocks", "cost", "best_overlap_blocks", "prefill_worker", "prefill_endpoint")
+    __slots__ = ("worker", "endpoint", "headers", "overlap_blocks", "request_blocks", "cost", "best_overlap_blocks", "prefill_worker", "prefill_endpoint", "predicted_ttft_ms")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class Choice(_message.Message):
     BEST_OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
     PREFILL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     worker: Worker
     endpoint: str
     headers: _containers.ScalarMap[str, str]
@@ -87,7 +88,8 @@ class Choice(_message.Message):
     best_overlap_blocks: int
     prefill_worker: Worker
     prefill_endpoint: str
-    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., endpoint: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., overlap_blocks: _Optional[int] = ..., request_blocks: _Optional[int] = ..., cost: _Optional[float] = ..., best_overlap_blocks: _Optional[int] = ..., prefill_worker: _Optional[_Union[Worker, _Mapping]] = ..., prefill_endpoint: _Optional[str] = ...) -> None: ...
+    predicted_ttft_ms: float
+    def __init__(self, worker: _Optional[_Union[Worker, _Mapping]] = ..., endpoint: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., overlap_blocks: _Optional[int] = ..., request_blocks: _Optional[int] = ..., cost: _Optional[float] = ..., best_overlap_blocks: _Optional[int] = ..., prefill_worker: _Optional[_Union[Worker, _Mapping]] = ..., prefill_endpoint: _Optional[str] = ..., predicted_ttft_ms: _Optional[float] = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("request",)
