@@ -4286,12 +4286,22 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "picker/admission.py": {
-        "xǁAdmissionGateǁ__init____mutmut_13": (
+        "xǁAdmissionGateǁadmit__mutmut_8": (
+            "self._left(flow, DISPATCHED, 0.0, waited=None)",
+            "same-value",
+            "the queue is empty on this path: no request of any labels waits, so nothing to take back",
+        ),
+        "xǁAdmissionGateǁadmit__mutmut_14": (
+            "self._left(flow, DISPATCHED, 0.0, waited=True)",
+            "same-value",
+            "the queue is empty on this path: no request of any labels waits, so nothing to take back",
+        ),
+        "xǁAdmissionGateǁ__init____mutmut_14": (
             "self._again = None",
             "same-value",
             "`_again` is read only in `_drain_rounds`, after that sets it to False",
         ),
-        "xǁAdmissionGateǁ__init____mutmut_14": (
+        "xǁAdmissionGateǁ__init____mutmut_15": (
             "self._again = True",
             "same-value",
             "`_again` is read only in `_drain_rounds`, after that sets it to False",
@@ -4306,92 +4316,92 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "None is read as False (`not self._again`), and `kick` only sets True",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_28": (
+        "xǁAdmissionGateǁadmit__mutmut_43": (
             "None,",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_29": (
+        "xǁAdmissionGateǁadmit__mutmut_44": (
             "None,",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_30": (
+        "xǁAdmissionGateǁadmit__mutmut_45": (
             "None,",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_31": (
+        "xǁAdmissionGateǁadmit__mutmut_46": (
             "None,",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_32": (
+        "xǁAdmissionGateǁadmit__mutmut_47": (
             "",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_33": (
+        "xǁAdmissionGateǁadmit__mutmut_48": (
             "",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_34": (
+        "xǁAdmissionGateǁadmit__mutmut_49": (
             "",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_35": (
+        "xǁAdmissionGateǁadmit__mutmut_50": (
             ")",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_36": (
+        "xǁAdmissionGateǁadmit__mutmut_51": (
             '"XXqueued %s: every eligible worker is saturated (%d waiting, policy %s)XX",',
             "message",
             "an error's or a log line's text",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_37": (
+        "xǁAdmissionGateǁadmit__mutmut_52": (
             '"QUEUED %S: EVERY ELIGIBLE WORKER IS SATURATED (%D WAITING, POLICY %S)",',
             "message",
             "an error's or a log line's text",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_56": (
+        "xǁAdmissionGateǁadmit__mutmut_71": (
             'log.warning("%s left the queue after %.1f s without capacity", None, waited)',
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_61": (
+        "xǁAdmissionGateǁadmit__mutmut_76": (
             'log.warning("XX%s left the queue after %.1f s without capacityXX", entry.request_id, waited)',
             "message",
             "an error's or a log line's text",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_81": (
+        "xǁAdmissionGateǁadmit__mutmut_97": (
             "log.info(None, entry.request_id)",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_82": (
+        "xǁAdmissionGateǁadmit__mutmut_98": (
             'log.info("%s left the queue: its client went away", None)',
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_83": (
+        "xǁAdmissionGateǁadmit__mutmut_99": (
             "log.info(entry.request_id)",
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_84": (
+        "xǁAdmissionGateǁadmit__mutmut_100": (
             'log.info("%s left the queue: its client went away", )',
             "message",
             "a log line's arguments",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_85": (
+        "xǁAdmissionGateǁadmit__mutmut_101": (
             'log.info("XX%s left the queue: its client went awayXX", entry.request_id)',
             "message",
             "an error's or a log line's text",
         ),
-        "xǁAdmissionGateǁadmit__mutmut_86": (
+        "xǁAdmissionGateǁadmit__mutmut_102": (
             'log.info("%S LEFT THE QUEUE: ITS CLIENT WENT AWAY", entry.request_id)',
             "message",
             "an error's or a log line's text",

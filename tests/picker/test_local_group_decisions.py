@@ -157,6 +157,17 @@ def test_a_remote_prefill_is_named_in_the_choice_tracked_and_heard():
     assert decisions(group)("remote", "") == 2
 
 
+@GROUPS
+def test_a_commit_carries_the_time_to_first_token_its_router_predicted(make: Callable[..., LocalGroup]):
+    timed = make(prefill_load_model="timing")
+    decision = timed.commit_now(request(prompt(1) + prompt(2)), "r1", None)
+    predicted = timed.pools[MODEL].router.sequences.predicted_ttft_ms("r1")
+    assert predicted is not None and decision.choice.predicted_ttft_ms == predicted
+    assert timed.probe_now(request(prompt(3))).choice.predicted_ttft_ms is None  # a probe adds nothing
+    static = make()  # Dynamo's block count predicts no time
+    assert static.commit_now(request(prompt(1)), "r1", None).choice.predicted_ttft_ms is None
+
+
 def test_a_short_uncached_prompt_is_prefilled_on_its_decode_worker():
     group = disagg_group(1, 2)
     heard = RouteListener()
