@@ -29,7 +29,9 @@ and ends (a refused one only in the errors); the others when a routed request's 
 the last three only for an answer that streamed its tokens (server-sent events: a whole answer has
 no first token of its own) and, for the time per token, whose output tokens are known; the
 predicted time only where the deciding router group's prefill model predicted one (not `none`), for
-the same answers as the measured one, so the two compare like with like.
+the same answers as the measured one, so the two compare like with like. The prediction starts at
+the decision, the measured time at the stream's start: a wait in the admission queue (its own
+series, `extproc/picker/flow_metrics.py`) and the parsing before are in the second only.
 An error answer, a cancelled or reset stream are not in those six (the Inference Extension's picker
 times error answers too: here a fast error does not pull the latency percentiles down). Token
 counts are the engine's `usage` (`epp.usage`): a streamed answer has one when its client asked
