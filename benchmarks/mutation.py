@@ -4003,7 +4003,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁLocalGroupǁcommit_now__mutmut_78": (
+        "xǁLocalGroupǁcommit_now__mutmut_81": (
             "choice, prefill = self._name_prefill_worker(pool, choice, split, None)",
             "message",
             "the request id reaches only the log lines of `_name_prefill_worker`",
@@ -9893,6 +9893,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/sequences.py": {
+        "xǁActiveSequencesǁ_admit_aic__mutmut_14": (
+            "guess = admission_estimate(decay, own, None, now)",
+            "same-value",
+            "an aic estimate's uncached tokens are read by nobody (the learner reads its times, the "
+            "timing model's timeline its own estimate's)",
+        ),
         "xǁActiveSequencesǁpotential__mutmut_15": (
             "prefill = self.prefill_tokens(worker) if (self._timed or self._aic) or True "
             "else load.prefill_tokens",

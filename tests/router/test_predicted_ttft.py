@@ -47,3 +47,11 @@ def test_the_aic_model_predicts_its_decayed_queue_and_dynamos_static_count_nothi
     static = ActiveSequences(B, prefill_load_model="none")
     static.add_request("a", W, [], isl=1000, overlap_blocks=0)
     assert static.predicted_ttft_ms("a") is None
+
+
+def test_aic_predicts_only_a_prompt_with_tokens_to_compute() -> None:
+    seqs = aic_sequences(FakeClock())
+    seqs.add_request("cached", W, [1, 2], isl=32, overlap_blocks=2)  # nothing to compute: no prefill
+    seqs.add_request("one-token", W, [1, 2], isl=33, overlap_blocks=2)  # its last token to compute
+    assert seqs.predicted_ttft_ms("cached") is None
+    assert seqs.predicted_ttft_ms("one-token") is not None
