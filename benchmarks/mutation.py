@@ -128,6 +128,7 @@ MODULES: dict[str, list[str]] = {
         "tests/epp/test_service_output_edges.py",
         "tests/epp/test_service_asked_model.py",
         "tests/epp/test_service_objective_metrics.py",
+        "tests/epp/test_service_scheduler_metrics.py",
         "tests/epp/test_limits.py",
         "tests/fuzz/test_ext_proc_fuzz.py",
     ],
