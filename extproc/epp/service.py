@@ -630,9 +630,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if pick.first_token_ns:  # it streamed its tokens
             ttft_s = (pick.first_token_ns - stream.started_ns) / 1e9
             predicted_s = pick.predicted_ttft_ms / 1000 if pick.predicted_ttft_ms is not None else None
-            per_sequence = output // max(1, pick.sequences) if output else 0
-            if per_sequence > 1:
-                tpot_s = (end_ns - pick.first_token_ns) / 1e9 / (per_sequence - 1)
+            if output:  # the longest sequence's tokens, when the n sequences ended at different lengths
+                per_sequence = -(-output // max(1, pick.sequences))
+                if per_sequence > 1:
+                    tpot_s = (end_ns - pick.first_token_ns) / 1e9 / (per_sequence - 1)
         self.objectives.answered(
             pick.labels,
             (end_ns - stream.started_ns) / 1e9,

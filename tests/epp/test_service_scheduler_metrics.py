@@ -202,7 +202,10 @@ def sse_with_usage(completion_tokens: int) -> bytes:
     return f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode()
 
 
-@pytest.mark.parametrize(("n", "completion_tokens", "per_sequence"), [(2, 8, 4), (1, 1, 1), (3, 3, 1)])
+@pytest.mark.parametrize(
+    ("n", "completion_tokens", "per_sequence"),
+    [(2, 8, 4), (2, 7, 4), (1, 2, 2), (1, 1, 1), (3, 3, 1)],  # 7 of 2: the longer sequence's 4
+)
 async def test_the_time_per_token_is_per_sequence_and_needs_a_second_token(
     n, completion_tokens, per_sequence
 ):
@@ -340,11 +343,24 @@ def test_each_scheduler_series_says_what_it_counts() -> None:
 @pytest.mark.parametrize("model", ["timing", "aic"])
 async def test_a_streamed_answer_shows_the_time_to_first_token_its_router_predicted(model) -> None:
     picker, service, scrape = make(picker_config(prefill_load_model=model))
+    picks: list[Pick] = []
+    pick_one = picker.pick
+
+    async def seen(**kwargs) -> Pick:  # the picker as it is; its picks kept to read their prediction
+        chosen = await pick_one(**kwargs)
+        picks.append(chosen)
+        return chosen
+
+    picker.pick = seen  # type: ignore[method-assign]
     await run(service, [request_headers(), request_body(chat_body(LONG, stream=True)), *answer(SSE)])
     predicted = scrape("inference_objective_request_predicted_ttft_seconds_sum", **MODELS)
     assert scrape("inference_objective_request_predicted_ttft_seconds_count", **MODELS) == 1
-    timing = picker.pools[MODEL].router.sequences.timing(picker.pools[MODEL].router.workers()[0])
-    assert predicted is not None and predicted > timing.prompt_ms(16) / 1000  # a prompt of many blocks
+    (chosen,) = picks
+    assert chosen.predicted_ttft_ms is not None and predicted == pytest.approx(
+        chosen.predicted_ttft_ms / 1000
+    )
+    timing = picker.pools[MODEL].router.sequences.timing(chosen.worker)
+    assert chosen.predicted_ttft_ms > timing.prompt_ms(16)  # a prompt of many blocks
 
 
 async def test_no_prediction_without_a_timed_model_nor_for_a_whole_answer() -> None:
