@@ -20,8 +20,8 @@ names, meanings and bucket bounds are those of llm-d's picker (`pkg/epp/metrics/
     inference_objective_normalized_time_per_output_token_seconds{...}   duration / output tokens
     inference_objective_request_ttft_seconds{...}           from the stream's start to the first token
     inference_objective_request_tpot_seconds{...}           from the first token to the answer's end,
-                                                            over the tokens after the first (of the longest
-                                                            of its n sequences)
+                                                            over the tokens after the first (per sequence,
+                                                            rounded up: it ends with its longest)
     inference_objective_request_predicted_ttft_seconds{...} the time to first token the router predicted
                                                             (its timing or aic prefill model: the default)
 
@@ -112,7 +112,7 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
         _LATENCY,
     ),
     "request_tpot_seconds": (
-        "Per streamed answer: seconds between its tokens after the first (its longest sequence's), on "
+        "Per streamed answer: seconds between its tokens after the first (per sequence, rounded up), on "
         "average.",
         _TPOT,
     ),

@@ -630,7 +630,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         if pick.first_token_ns:  # it streamed its tokens
             ttft_s = (pick.first_token_ns - stream.started_ns) / 1e9
             predicted_s = pick.predicted_ttft_ms / 1000 if pick.predicted_ttft_ms is not None else None
-            if output:  # the longest sequence's tokens, when the n sequences ended at different lengths
+            if output:  # per sequence, rounded up: the answer ends with its longest sequence
                 per_sequence = -(-output // max(1, pick.sequences))
                 if per_sequence > 1:
                     tpot_s = (end_ns - pick.first_token_ns) / 1e9 / (per_sequence - 1)

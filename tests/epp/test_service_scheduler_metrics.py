@@ -204,7 +204,7 @@ def sse_with_usage(completion_tokens: int) -> bytes:
 
 @pytest.mark.parametrize(
     ("n", "completion_tokens", "per_sequence"),
-    [(2, 8, 4), (2, 7, 4), (1, 2, 2), (1, 1, 1), (3, 3, 1)],  # 7 of 2: the longer sequence's 4
+    [(2, 8, 4), (2, 7, 4), (1, 2, 2), (1, 1, 1), (3, 3, 1)],  # 7 of 2: 3.5 each, rounded up
 )
 async def test_the_time_per_token_is_per_sequence_and_needs_a_second_token(
     n, completion_tokens, per_sequence
