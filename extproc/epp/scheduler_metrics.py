@@ -18,8 +18,9 @@ Names, label names, meanings and bucket bounds are those of llm-d's picker (`pkg
 
 `inference_extension_prefix_indexer_size` is rendered at scrape time from the routers
 (`extproc/admin/inference_extension_metrics.py`). A request routed on load alone (no prompt to
-match) is in the first two series only. `target_model_name` is the model the request was sent as,
-as the per-request series label it (`extproc.picker.pick.ObjectiveLabels`: never a client's text).
+match) has no prefix match; an untracked one (embeddings and the like, chosen without the router's
+stages) is not timed either. `target_model_name` is the model the request was sent as, as the
+per-request series label it (`extproc.picker.pick.ObjectiveLabels`: never a client's text).
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ _HIT_BYTES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768
 _ATTEMPT_LABELS = ("status", "target_model_name", "pod_name", "namespace", "port")
 
 
-def decision_seconds(timings_ns: Mapping[str, int]) -> float:
-    """The scheduler's part of a request's stage timings (`Pick.timings_ns`)."""
-    return sum(ns for stage, ns in timings_ns.items() if stage in DECISION_STAGES) / 1e9
+def decision_seconds(timings_ns: Mapping[str, int]) -> float | None:
+    """The scheduler's part of a request's stage timings (`Pick.timings_ns`); None when they hold
+    none (a request routed untracked, on load alone, is not timed)."""
+    stages = [ns for stage, ns in timings_ns.items() if stage in DECISION_STAGES]
+    return sum(stages) / 1e9 if stages else None
 
 
 # series -> its HELP (what a person reads in a metrics browser)
@@ -94,7 +97,9 @@ class SchedulerMetrics:
         port = pick.endpoint.rpartition(":")[2]
         pod = f"{worker.worker_id}-rank-{worker.dp_rank}"
         self.attempts.values[SUCCESS, pick.labels.target_model_name, pod, self.namespace, port] += 1
-        self.duration.observe((), decision_seconds(pick.timings_ns))
+        seconds = decision_seconds(pick.timings_ns)
+        if seconds is not None:
+            self.duration.observe((), seconds)
         if pick.request_blocks and pick.prompt_tokens:
             self.hit_ratio.observe((), pick.overlap_blocks / pick.request_blocks)
             self.hit_bytes.observe((), pick.overlap_blocks * self.block_size * CHARACTERS_PER_TOKEN)

@@ -116,6 +116,7 @@ def test_the_scheduler_duration_is_the_routers_stages_alone() -> None:
     timings = {"parse": 10**9, "tokenize": 10**9, "queue": 10**9, "hash": 1000, "match": 2000, "select": 3000}
     assert decision_seconds(timings) == 6000 / 1e9
     assert decision_seconds({"groups": 5000, "queue": 10**9}) == 5000 / 1e9  # remote groups
+    assert decision_seconds({"parse": 10**6}) is None and decision_seconds({}) is None  # untracked
 
 
 # --- the prefix match --------------------------------------------------------------------------------
@@ -150,6 +151,7 @@ async def test_a_request_routed_on_load_alone_has_no_prefix_match() -> None:
         == 1
     )
     assert scrape("inference_extension_prefix_indexer_hit_ratio_count") is None
+    assert scrape("inference_extension_scheduler_e2e_duration_seconds_count") is None  # not timed
 
 
 def test_the_scheduler_series_carry_the_inference_extensions_names_and_bounds() -> None:
