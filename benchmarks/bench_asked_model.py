@@ -22,6 +22,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from envoy.config.core.v3 import base_pb2
@@ -147,15 +148,21 @@ async def measure(chunks: int, rounds: int, streams: int) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def cli(description: str | None, measure: Callable[[int, int, int], Awaitable[dict[str, object]]]) -> None:
+    """Both stream benchmarks' command line: `--quick`, `--chunks`; `measure(chunks, rounds,
+    streams)`'s JSON on stdout."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer rounds and streams (about 5 s)")
     parser.add_argument("--chunks", type=int, default=256, help="response chunks per stream (default 256)")
     args = parser.parse_args()
     rounds, streams = (3, 20) if args.quick else (7, 60)
     print(json.dumps(asyncio.run(measure(args.chunks, rounds, streams)), indent=2))
+
+
+def main() -> None:
+    cli(__doc__, measure)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ each, their difference per request and per chunk, and their ratio.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import sys
 import time
@@ -29,7 +27,7 @@ from pathlib import Path
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_asked_model import one_stream, stream_messages
+from bench_asked_model import cli, one_stream, stream_messages
 
 import extproc.epp.service as service_module
 from extproc.config import ModelConfig, PickerConfig, RouterConfig, WorkerConfig
@@ -138,14 +136,7 @@ async def measure(chunks: int, rounds: int, streams: int) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and streams (about 5 s)")
-    parser.add_argument("--chunks", type=int, default=256, help="response chunks per stream (default 256)")
-    args = parser.parse_args()
-    rounds, streams = (3, 20) if args.quick else (7, 60)
-    print(json.dumps(asyncio.run(measure(args.chunks, rounds, streams)), indent=2))
+    cli(__doc__, measure)
 
 
 if __name__ == "__main__":

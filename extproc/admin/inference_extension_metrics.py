@@ -40,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 import extproc
+from extproc.picker.pick import pod_name
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
 from extproc.router.reported import ReportedLoad
@@ -146,7 +147,5 @@ class InferenceExtensionMetricsCollector(Collector):
 
 
 def _pod(report: ReportedLoad | None, age_s: float | None, worker: Worker) -> _Pod:
-    """llm-d names an endpoint `<pod>-rank-<i>`, i its port's index (a data-parallel rank), even
-    when the pod has one."""
     fresh = report is not None and age_s is not None and age_s <= report.max_age_s
-    return _Pod(f"{worker.worker_id}-rank-{worker.dp_rank}", report, fresh)
+    return _Pod(pod_name(worker), report, fresh)

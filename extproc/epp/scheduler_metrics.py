@@ -33,7 +33,7 @@ from extproc.config import PickerConfig
 from extproc.errors import NoEligibleWorker
 from extproc.groups.errors import GroupError
 from extproc.picker.metrics import LabelledCounts, LabelledHistogram
-from extproc.picker.pick import Pick, refusal_labels
+from extproc.picker.pick import Pick, pod_name, refusal_labels
 from extproc.router.errors import AllWorkersBusy, NoWorkers, PinnedWorkerUnavailable
 
 CHARACTERS_PER_TOKEN = 4  # the Inference Extension's prefix plugin: bytes counted per matched token
@@ -93,9 +93,8 @@ class SchedulerMetrics:
 
     def scheduled(self, pick: Pick) -> None:
         """A decision chose `pick.worker`; a pick routed on load alone has no prompt blocks."""
-        worker = pick.worker
         port = pick.endpoint.rpartition(":")[2]
-        pod = f"{worker.worker_id}-rank-{worker.dp_rank}"
+        pod = pod_name(pick.worker)
         self.attempts.values[SUCCESS, pick.labels.target_model_name, pod, self.namespace, port] += 1
         seconds = decision_seconds(pick.timings_ns)
         if seconds is not None:

@@ -23,7 +23,7 @@ flow control, as the Inference Extension's picker without its flow-control featu
 
 Labels: `priority` is the request's InferenceObjective's (0 without one), never a body's hint.
 `fairness_id` is the `x-gateway-inference-fairness-id` header a client (or its gateway) sent, as
-the queue's round-robin fairness reads it (its first 256 characters); the first
+the queue's round-robin fairness names its flow (`queue_entry`: the first 256 characters); the first
 `MAX_FAIRNESS_LABELS` distinct ids are kept as labels and any later one is `other`, so a client
 cannot grow the series without bound.
 `inference_pool` is `--pool-name` (else the model); the models are the per-request series' labels
@@ -42,7 +42,6 @@ from typing import NamedTuple
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from extproc.picker.inference_extension import MAX_FAIRNESS_ID
 from extproc.picker.metrics import LabelledHistogram
 from extproc.picker.pick import ObjectiveLabels
 
@@ -110,11 +109,10 @@ class FlowMetrics(Collector):
         )
 
     def fairness_label(self, fairness_id: str | None) -> str:
-        """`fairness_id` as a label: its first `MAX_FAIRNESS_ID` characters (the queue's flow name),
-        while at most `max_fairness_labels` distinct ids were seen."""
+        """`fairness_id` (the queue's flow name, `QueuedRequest.flow`: cut to its length already) as
+        a label: itself while at most `max_fairness_labels` distinct ids were seen."""
         if not fairness_id:
             return ""
-        fairness_id = fairness_id[:MAX_FAIRNESS_ID]
         if fairness_id in self._fairness_ids:
             return fairness_id
         if len(self._fairness_ids) < self.max_fairness_labels:

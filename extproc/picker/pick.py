@@ -27,6 +27,12 @@ class ObjectiveLabels:
 NO_LABELS = ObjectiveLabels()
 
 
+def pod_name(worker: Worker) -> str:
+    """A worker's data-parallel rank as the Inference Extension's series name its pod: llm-d names an
+    endpoint `<pod>-rank-<i>`, i its port's index (a data-parallel rank), even when the pod has one."""
+    return f"{worker.worker_id}-rank-{worker.dp_rank}"
+
+
 @dataclass(slots=True)
 class Pick:
     """A routed request: where it goes and what the router tracks for it."""

@@ -485,7 +485,7 @@ class EndpointPicker:
                     on_queued=on_queued,
                     new_tokens=lambda: self._uncached_tokens(group_request),
                     undo=lambda _: self.selector.finish(request_id, "its client left the queue"),
-                    flow=self.flow_metrics.flow(fairness_id, objective, request.model, labels, len(body)),
+                    flow=self.flow_metrics.flow(entry.flow, objective, request.model, labels, len(body)),
                 )
             timings["queue"] = int(waited_s * 1e9)
             if request.n > 1:  # n sequences decode from the one prompt, each holding its blocks (any group)

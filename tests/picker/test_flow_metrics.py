@@ -19,6 +19,7 @@ from extproc.picker.flow_metrics import (
     Flow,
     FlowMetrics,
 )
+from extproc.picker.inference_extension import queue_entry
 from extproc.picker.pick import ObjectiveLabels
 from extproc.router import QueuedRequest, QueueTimeout
 
@@ -157,8 +158,12 @@ def test_fairness_ids_are_labels_up_to_a_bound_then_other() -> None:
     ]
     assert metrics.fairness_label("b") == "b"  # a kept id stays itself
     long = FlowMetrics()
-    assert long.fairness_label("t" * 10_000) == "t" * 256  # as the queue names its flow
-    assert long.fairness_label("t" * 256 + "other text") == "t" * 256 and len(long._fairness_ids) == 1
+
+    def label(header: str) -> str:  # as the picker labels a queued request: by its queue entry's flow
+        return long.fairness_label(queue_entry("r", 0.0, 1, {}, None, header).flow)
+
+    assert label("t" * 10_000) == "t" * 256  # as the queue names its flow
+    assert label("t" * 256 + "other text") == "t" * 256 and len(long._fairness_ids) == 1
 
 
 def test_a_flow_is_labelled_with_the_pool_name_else_its_model_and_the_objective_priority() -> None:
