@@ -9904,8 +9904,13 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
         ),
     },
     "router/sequences.py": {
-        "xǁActiveSequencesǁ_admit_aic__mutmut_14": (
-            "guess = admission_estimate(decay, own, None, now)",
+        "xǁActiveSequencesǁmark_prefill_complete__mutmut_10": (
+            "request.teaches = None  # its time is not the first token's",
+            "same-value",
+            "None is read as False (`teaches` is only read as a condition)",
+        ),
+        "xǁActiveSequencesǁ_admit_aic__mutmut_21": (
+            "request, admission_estimate(decay, own, None, now), now, learn=learn",
             "same-value",
             "an aic estimate's uncached tokens are read by nobody (the learner reads its times, the "
             "timing model's timeline its own estimate's)",

@@ -63,9 +63,9 @@ class _Request:
     output_weight: float = 0.0  # placeholder output blocks, decayed
     sequences: int = 1  # sequences generated from the prompt (the request's `n`, as the response shows)
     prefilled: bool = False  # the first token came back
-    routed_ms: float = 0.0  # timing model: when it was added, and the time to first token predicted
-    predicted_ttft_ms: float = 0.0  # then on its worker (0: nothing to learn from, e.g. another replica's)
-    guessed_ttft_ms: float = 0.0  # that prediction, learned from or not (timing and aic models; 0: none)
+    routed_ms: float = 0.0  # timing and aic models: when it was added, and the time to first token
+    predicted_ttft_ms: float = 0.0  # predicted then on its worker (0: none predicted)
+    teaches: bool = False  # its first token's time teaches the pass-time learner (not another replica's)
 
 
 @dataclass(slots=True)
@@ -302,9 +302,9 @@ class ActiveSequences:
         aic prefill models); None for another model, a request added without a prompt to prefill,
         or one not tracked."""
         request = self._requests.get(request_id)
-        if request is None or not request.guessed_ttft_ms:
+        if request is None or not request.predicted_ttft_ms:
             return None
-        return request.guessed_ttft_ms
+        return request.predicted_ttft_ms
 
     def num_requests(self, worker: Worker) -> int:
         load = self._loads.get(worker)
@@ -405,11 +405,9 @@ class ActiveSequences:
             if timeline is None:
                 timeline = self._timelines[worker] = PrefillTimeline(self.timing(worker))
             timeline.add(request_id, guess.uncached_tokens, now, guess.decode_ms)
-            request.guessed_ttft_ms = guess.ttft_ms
+            self._predicted(request, guess, now, learn=learn)
             if self._arrivals is not None:
                 self._arrivals.add(worker, now)
-            if learn and self._learner is not None and self._learner.measures(guess):
-                request.routed_ms, request.predicted_ttft_ms = now, guess.ttft_ms
         self._requests[request_id] = request
         load = self._loads.setdefault(worker, _WorkerLoad())
         load.requests += 1
@@ -430,13 +428,18 @@ class ActiveSequences:
         worker = request.worker
         own = expected_prefill_ms(self.timing(worker), request.prefill_tokens)
         decay = self._decays.get(worker)
-        guess = admission_estimate(decay, own, request.prefill_tokens, now)
-        request.guessed_ttft_ms = guess.ttft_ms
-        if learn and self._learner is not None and self._learner.measures(guess):
-            request.routed_ms, request.predicted_ttft_ms = now, guess.ttft_ms
+        self._predicted(
+            request, admission_estimate(decay, own, request.prefill_tokens, now), now, learn=learn
+        )
         if decay is None:
             decay = self._decays[worker] = OldestPrefillDecay()
         decay.add(request_id, request.prefill_tokens, own, now)
+
+    def _predicted(self, request: _Request, guess: PrefillEstimate, now: float, *, learn: bool) -> None:
+        """Keep the time to first token predicted for `request` as it is added; `learn`: its first
+        token's time teaches the learner, when it measures such a guess."""
+        request.routed_ms, request.predicted_ttft_ms = now, guess.ttft_ms
+        request.teaches = learn and self._learner is not None and self._learner.measures(guess)
 
     def _aic_done(self, worker: Worker, request_id: str) -> None:
         decay = self._decays.get(worker)
@@ -452,9 +455,9 @@ class ActiveSequences:
             return False
         request.prefilled = True
         if not at_first_token:
-            request.predicted_ttft_ms = 0.0  # nothing to learn from
+            request.teaches = False  # its time is not the first token's
         if self._aic:
-            if self._learner is not None and request.predicted_ttft_ms > 0:
+            if self._learner is not None and request.teaches:
                 observed = self._now_ms() - request.routed_ms
                 self._learner.observe(request.worker, request.predicted_ttft_ms, observed)
             self._aic_done(request.worker, request_id)
@@ -463,7 +466,7 @@ class ActiveSequences:
         load.decoding += 1
         request.prefill_tokens = 0
         if self._timed:
-            if self._learner is not None and request.predicted_ttft_ms > 0:
+            if self._learner is not None and request.teaches:
                 observed = self._now_ms() - request.routed_ms
                 timing = self._learner.observe(request.worker, request.predicted_ttft_ms, observed)
                 timeline = self._timelines.get(request.worker)
