@@ -31,8 +31,10 @@ class RequestInvalid(PickerError):
 class BodyTooLarge(PickerError):
     """The request body is larger than the configured limit."""
 
-    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
-        super().__init__(f"request body of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes")
+    def __init__(self, size_bytes: int, limit_bytes: int, hint: str = "") -> None:
+        """`hint`: what was awaited when the limit was passed, and what to do (ends the message)."""
+        message = f"request body of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes"
+        super().__init__(f"{message} {hint}" if hint else message)
         self.size_bytes = size_bytes
         self.limit_bytes = limit_bytes
 

@@ -9,7 +9,10 @@ Speaks only Envoy's `envoy.service.ext_proc.v3` protocol (REFERENCE sections 1-2
   then trailers without data (our configs send trailers) is a 400: nothing can route it any more.
 - FULL_DUPLEX_STREAMED: hold the headers answer until the body ends (its `end_of_stream`, or the
   request trailers), then send the routing headers answer and echo the body back in chunks of at
-  most ~62 KB, the last one ending the stream.
+  most ~62 KB, the last one ending the stream. An upload (a multipart form to a path other than
+  a generation request's: `/v1/audio/transcriptions`) is routed as soon as its form's `model` field
+  is read (`extproc.request.form`): the bytes held so far follow the headers answer, and each later
+  chunk is echoed as it comes, so the file streams to its worker and is never held whole.
 - No body (GET, or body mode NONE): route on the headers. A POST to a routable path without a
   body is decided on an empty body (400 `invalid-request`), never routed untracked.
 Paths are decided normalised (`extproc.request.parse.normalize_path`, as our Envoy configs forward
@@ -79,6 +82,7 @@ from extproc.epp.output_tokens import OutputTokens
 from extproc.epp.usage import Usage
 from extproc.errors import BodyTooLarge, PickerError, RequestInvalid, TooManyStreams
 from extproc.picker.pick import Pick, refusal_labels
+from extproc.request.form import FormModel, is_form
 from extproc.request.parse import ROUTABLE_PATHS, normalize_path
 from extproc.router.errors import RouterError
 
@@ -90,6 +94,10 @@ DUPLEX = _BodyMode.FULL_DUPLEX_STREAMED
 
 
 _TRAILERS_WITHOUT_BODY = "a request with trailers but no body cannot be routed (BUFFERED mode); send a body"
+_FORM_TOO_LARGE = (
+    "before its form's `model` field: send the field before the file (as the OpenAI clients do), "
+    "or raise --max-body-bytes"
+)
 MAX_CACHED_ANSWERS = 4096  # routing answers kept per (endpoint, headers, phase); emptied when full
 
 # A deployment serves a handful of paths: each is normalised once (a failure is not kept).
@@ -161,6 +169,8 @@ class _Stream:
     response_head: bytearray | None = None  # a Responses API answer's first bytes, until its id is read
     output: OutputTokens | None = None  # counting generated tokens (output-block tracking)
     restorer: ModelNameRestorer | None = None  # a rewritten request's answer: the asked model said again
+    form: FormModel | None = None  # a duplex form upload's model field, read as the body comes
+    echo_body: bool = False  # routed before its body ended (a form): the rest passes through as it comes
     started_ns: int = field(default_factory=time.perf_counter_ns)  # the stream opened: the request came
     response_bytes: int = 0  # a routed request's answer body, as the worker sent it
     usage: Usage | None = None  # the engine's token counts, read from a routed request's 2xx answer
@@ -385,16 +395,22 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             return [await self._route(stream, None, in_body=False)]
         stream.phase = Phase.REQUEST_BODY
         if stream.request_body_mode == DUPLEX:
-            return []  # held until the body ends
+            content_type = stream.headers.get("content-type", "")
+            if is_form(content_type) and stream.path.partition("?")[0] not in ROUTABLE_PATHS:
+                stream.form = FormModel(content_type)  # an upload: routed once its model field is read
+            return []  # held until the body ends (or a form's model field)
         return [epp.CONTINUE_REQUEST_HEADERS]
 
     async def _on_request_body(self, stream: _Stream, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if stream.phase is not Phase.REQUEST_BODY:
+            if stream.echo_body:  # a form routed on its model field: the rest of the upload streams on
+                return list(epp.streamed_body(body.body, end_of_stream=body.end_of_stream))
             return [epp.CONTINUE_REQUEST_BODY]
         data, held = body.body, stream.body
         if len(held) + len(data) > self.max_body_bytes:
             stream.phase = Phase.DONE
-            return [self._reject(stream, BodyTooLarge(len(held) + len(data), self.max_body_bytes))]
+            hint = _FORM_TOO_LARGE if stream.form is not None else ""
+            return [self._reject(stream, BodyTooLarge(len(held) + len(data), self.max_body_bytes, hint))]
         if body.end_of_stream or stream.body_in_one_message:
             if held:  # earlier chunks (duplex): the whole body, once
                 held += data
@@ -402,7 +418,20 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
                 stream.body = bytearray()
             return await self._body_complete(stream, data, end_of_stream=body.end_of_stream)
         held += data
+        if stream.form is not None and stream.form.feed(data):
+            return await self._route_form(stream)
         return []
+
+    async def _route_form(self, stream: _Stream) -> list[pb.ProcessingResponse]:
+        """Route a form upload (duplex) once its model field is read, or known to be absent: the
+        headers answer and the bytes held so far, then each later chunk as it comes (`echo_body`).
+        The file streams to its worker as the client sends it, never held whole by the picker."""
+        body, stream.body, stream.form = bytes(stream.body), bytearray(), None
+        answer = await self._route(stream, body, in_body=False, size=_declared_size(stream.headers, body))
+        if answer.HasField("immediate_response"):
+            return [answer]
+        stream.echo_body = True
+        return [answer, *epp.streamed_body(body, end_of_stream=False)]
 
     async def _on_request_trailers(self, stream: _Stream) -> list[pb.ProcessingResponse]:
         if stream.phase is Phase.REQUEST_BODY and stream.body_in_one_message:
@@ -431,7 +460,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
             body, stream.pick.body = stream.pick.body, None  # not held while the answer streams
         return [answer, *epp.streamed_body(body, end_of_stream=end_of_stream)]
 
-    async def _route(self, stream: _Stream, body: bytes | None, *, in_body: bool) -> pb.ProcessingResponse:
+    async def _route(
+        self, stream: _Stream, body: bytes | None, *, in_body: bool, size: int | None = None
+    ) -> pb.ProcessingResponse:
+        """Route the request on `body` (None: its headers alone). `size`: the request's size in bytes
+        when `body` is only its start (a form routed on its model field), else `body`'s."""
         try:
             pick = await self.picker.pick(
                 body=body,
@@ -452,7 +485,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):
         stream.pick = pick
         stream.phase = Phase.UPSTREAM
         if pick.counted:
-            self.objectives.routed(pick.labels, len(body) if body else 0)
+            self.objectives.routed(pick.labels, size if size is not None else len(body) if body else 0)
             self.scheduler.scheduled(pick)
         if pick.body is not None and in_body:  # a rewritten body: an answer of its own, never cached
             body, pick.body = pick.body, None  # not held while the answer streams
@@ -677,3 +710,9 @@ def configured_prefill_header(picker: object) -> str:
     default: a decode side given this header sends the prompt to the address it names."""
     header = getattr(getattr(getattr(picker, "config", None), "disagg", None), "prefill_header", None)
     return header if isinstance(header, str) and header.strip() else epp.DEFAULT_PREFILL_HEADER
+
+
+def _declared_size(headers: Mapping[str, str], start: bytes) -> int:
+    """A request's size from its `content-length`, when it declares one; else its `start`'s."""
+    declared = headers.get("content-length", "")
+    return int(declared) if declared.isascii() and declared.isdigit() else len(start)

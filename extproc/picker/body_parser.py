@@ -57,6 +57,7 @@ from extproc.picker.parse_worker import (
     read_request_answer,
     with_model,
 )
+from extproc.request.form import form_model, is_form
 from extproc.request.parse import body_prefixes, parse_openai_body, parse_shared_body
 
 log = logging.getLogger("extproc.picker")
@@ -184,9 +185,15 @@ class BodyParser:
         self.stats.shared_on_loop += 1
         return parsed
 
-    async def model_of(self, body: bytes) -> str | None:
-        """The `model` of a JSON object body (any path: embeddings, ...), or None when the body is
-        not a JSON object with a non-empty string `model`."""
+    async def model_of(self, body: bytes, content_type: str = "") -> str | None:
+        """The `model` of a JSON object body (any path: embeddings, ...) or of a multipart form
+        (`content_type`'s; an audio upload: `extproc.request.form`), or None when the body names no
+        model (not a JSON object with a non-empty string `model`, or a form without the field).
+
+        A form is read on the loop: python-multipart finds its field in the first bytes (the OpenAI
+        clients send fields before files) and skips a file at about 5 GB/s."""
+        if is_form(content_type):
+            return form_model(body, content_type)
         if len(body) > self.max_bytes:
             return None
         if self.on_loop(body):

@@ -377,7 +377,7 @@ class EndpointPicker:
         t0 = time.perf_counter_ns()
         restrictions = self._restrictions(subset, headers)
         if body is None or not _is_routable(path):  # decided normalised, as parse_openai_body does
-            model = await self.bodies.model_of(body) if body else None
+            model = await self.bodies.model_of(body, headers.get("content-type", "")) if body else None
             if model is None:
                 return await self._pick_untracked(path, restrictions, model)
             label = self.model_label(model)  # asked and sent as the same

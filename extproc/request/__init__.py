@@ -8,4 +8,5 @@ piecewise.py         chat prompts encoded piece by piece between added tokens, e
 token_cache.py       the pieces' token ids: an LRU bounded by bytes (--tokenizer-cache-bytes)
 cache_metrics.py     the piece caches' counters as Prometheus metrics, at scrape time
 remote_tokenizer.py  the engine's own /tokenize endpoint as a tokenizer
+form.py              an audio upload's multipart form -> its `model` field, read as the engines read it
 """
