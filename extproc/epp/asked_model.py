@@ -59,20 +59,36 @@ class ModelNameRestorer:
         data = self._held + chunk if self._held else chunk
         if not data:
             return data
-        for old, new in self._replacements:
-            if old in data:
-                data = data.replace(old, new)
+        replaced_to = 0
+        if any(old in data for old, _ in self._replacements):  # most chunks: none
+            data, replaced_to = self._replace(data)
         if end or data.endswith(b"\n"):  # a line's end: no name spans it (JSON writes "\\n" in one)
             self._held = b""
             return data
-        cut = self._partial_tail(data)
+        cut = self._partial_tail(data, replaced_to)
         self._held = data[cut:]
         return data[:cut]
 
-    def _partial_tail(self, data: bytes) -> int:
+    def _replace(self, data: bytes) -> tuple[bytes, int]:
+        """`data` with its occurrences replaced from left to right, and where the last replacement
+        ends in what is returned. An occurrence that begins inside one replaced is none (the two
+        share a quote: `"model":"x"model":"x"`), whatever the chunks the bytes came in."""
+        out = bytearray()
+        at = 0
+        while found := [(i, old, new) for old, new in self._replacements if (i := data.find(old, at)) != -1]:
+            i, old, new = min(found)
+            out += data[at:i]
+            out += new
+            at = i + len(old)
+        replaced_to = len(out)
+        out += data[at:]
+        return bytes(out), replaced_to
+
+    def _partial_tail(self, data: bytes, floor: int) -> int:
         """Where the tail that may begin a pattern starts (len(data): no such tail). Only a tail
-        shorter than the longest pattern is looked at, from its first `"` on."""
-        start = max(0, len(data) - self._longest + 1)
+        shorter than the longest pattern is looked at, after `floor` (what was replaced: none of
+        its bytes begins another occurrence), from its first `"` on."""
+        start = max(floor, len(data) - self._longest + 1)
         quote = data.find(b'"', start)
         while quote != -1:
             tail = data[quote:]

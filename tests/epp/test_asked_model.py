@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from extproc.epp.asked_model import ModelNameRestorer
@@ -115,6 +115,7 @@ PIECES = st.sampled_from(
 
 
 @given(st.lists(PIECES, max_size=12).map(b"".join), st.lists(st.integers(0, 300), max_size=6))
+@example(b'"model":"foodreview-v2"model":"foodreview-v2"', [23])  # two sharing a quote, cut between
 def test_any_bytes_cut_anywhere_give_what_the_whole_body_gives(body: bytes, cuts: list[int]) -> None:
     assert restored(body, [min(c, len(body)) for c in cuts]) == restored(body, [])
 
