@@ -129,6 +129,7 @@ MODULES: dict[str, list[str]] = {
         "tests/epp/test_service_asked_model.py",
         "tests/epp/test_service_objective_metrics.py",
         "tests/epp/test_service_scheduler_metrics.py",
+        "tests/epp/test_service_forms.py",
         "tests/epp/test_limits.py",
         "tests/fuzz/test_ext_proc_fuzz.py",
     ],
@@ -170,6 +171,8 @@ MODULES: dict[str, list[str]] = {
     "epp/scheduler_metrics.py": ["tests/epp/test_service_scheduler_metrics.py"],
     # a rewritten request's answer: the asked model said again in every chunk
     "epp/asked_model.py": ["tests/epp/test_asked_model.py", "tests/epp/test_service_asked_model.py"],
+    # an audio upload's form read for its model field, as the engines' parser reads it
+    "request/form.py": ["tests/request/test_form.py", "tests/epp/test_service_forms.py"],
     # the local router group: candidates, disaggregated pairs, preferred workers, request ids, set_workers
     "picker/local_group.py": [
         "tests/picker/test_local_group.py",
@@ -4163,28 +4166,72 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "with no hashes `find_matches([])` is empty, so the max is its default 0 either way",
         ),
     },
-    "epp/asked_model.py": {
-        "xǁModelNameRestorerǁ_partial_tail__mutmut_1": (
-            "start = None",
-            "performance",
-            "the tail is looked for from the chunk's first quote instead of the last pattern's length: "
-            "a tail longer than every pattern begins none, so the same cut is found, later",
+    "request/form.py": {
+        "x__decode__mutmut_4": (
+            'return raw.decode("LATIN-1")',
+            "same-value",
+            "codec names are looked up without regard to case",
         ),
-        "xǁModelNameRestorerǁ_partial_tail__mutmut_7": (
-            "start = max(0, len(data) - self._longest - 1)",
+        "x__form_params__mutmut_22": (
+            'charset = params.get(b"charset", b"UTF-8").decode("latin-1")',
+            "same-value",
+            "as x__decode__mutmut_4: `codecs.lookup` gives the same codec",
+        ),
+        "x__form_params__mutmut_24": (
+            'charset = params.get(b"charset", b"utf-8").decode("LATIN-1")',
+            "same-value",
+            "as x__decode__mutmut_4",
+        ),
+        "x__form_params__mutmut_28": (
+            'charset = "XXlatin-1XX"',
+            "same-value",
+            "an unknown charset: `_decode` meets the LookupError itself and decodes as Latin-1, as this "
+            "branch says to",
+        ),
+        "x__form_params__mutmut_29": (
+            'charset = "LATIN-1"',
+            "same-value",
+            "as x__decode__mutmut_4",
+        ),
+        "xǁFormModelǁ__init____mutmut_11": (
+            "self._disposition = None",
+            "same-value",
+            "the parser begins every part (`_on_part_begin`, which empties it) before any header is read",
+        ),
+        "xǁFormModelǁ__init____mutmut_12": (
+            'self._disposition = b"XXXX"',
+            "same-value",
+            "as xǁFormModelǁ__init____mutmut_11",
+        ),
+        "xǁFormModelǁ__init____mutmut_13": (
+            'self._value: bytearray | None = ""  # the field\'s bytes while its part is read',
+            "same-value",
+            "every part's headers end (`_on_headers_finished`, which sets it) before any of its data comes",
+        ),
+        "xǁFormModelǁ_on_part_begin__mutmut_2": (
+            'self._disposition = b"XXXX"',
+            "same-value",
+            "a part without a Content-Disposition then reads as one of type `xxxx` without parameters: "
+            "no `name` either way, and refused",
+        ),
+        "xǁFormModelǁ_on_headers_finished__mutmut_5": (
+            '_, options = parse_options_header(self._disposition.decode("LATIN-1"))',
+            "same-value",
+            "as x__decode__mutmut_4",
+        ),
+    },
+    "epp/asked_model.py": {
+        "xǁModelNameRestorerǁ_partial_tail__mutmut_6": (
+            "start = max(floor, len(data) - self._longest - 1)",
             "same-value",
             "two more bytes are looked at: a tail as long as a pattern or longer is no proper beginning "
             "of one (a whole occurrence was replaced just before)",
         ),
-        "xǁModelNameRestorerǁ_partial_tail__mutmut_12": (
-            "quote = data.find(b'\"', None)",
-            "performance",
-            "as _partial_tail__mutmut_1: looked for from the chunk's start",
-        ),
-        "xǁModelNameRestorerǁ_partial_tail__mutmut_14": (
-            "quote = data.find(b'\"', )",
-            "performance",
-            "as _partial_tail__mutmut_1: looked for from the chunk's start",
+        "xǁModelNameRestorerǁ_replace__mutmut_2": (
+            "at = None",
+            "same-value",
+            "`find` and slicing read a start of None as 0: the first search and slice are the same, and "
+            "`at` is an int from then on",
         ),
         "xǁModelNameRestorerǁfeed__mutmut_15": (
             'if end or data.endswith(b"XX\\nXX"):  '

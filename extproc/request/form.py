@@ -16,8 +16,9 @@ Decisions:
   few hundred bytes, and the servicer routes it then and lets the file stream on (`FormModel`);
   `curl -F` keeps the order it is given. FastAPI reads the last of a repeated field: a form naming
   two models goes to the first one's workers, which serve it or answer 404.
-- A form the parser refuses, a part's headers over `MAX_HEADER_BYTES`, a value over
-  `MAX_MODEL_BYTES` and a form without the field give no model: the request is routed as one that
+- A form the parser refuses (its bounds included: at most 8 header lines a part, of at most 4,224
+  bytes each, in python-multipart 0.0.34), a value over `MAX_MODEL_BYTES` and a form without the
+  field give no model: the request is routed as one that
   names none, and the engine answers it as it would (a 400 for a bad form, its default model when
   the field is absent: both engines allow that).
 - Only `multipart/form-data` with a boundary is a form here. A urlencoded body cannot carry the file
@@ -36,10 +37,9 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
-__all__ = ["MAX_HEADER_BYTES", "MAX_MODEL_BYTES", "FormModel", "form_model", "is_form"]
+__all__ = ["MAX_MODEL_BYTES", "FormModel", "form_model", "is_form"]
 
 FIELD = "model"
-MAX_HEADER_BYTES = 8192  # a part's header lines, together
 MAX_MODEL_BYTES = 1024  # a model name (Hugging Face ids are at most 96 characters)
 # python-multipart logs each malformed form it meets as a warning: a client's mistake, answered by the
 # engine, not the picker's. Its parsers log here, to nothing.
@@ -79,7 +79,8 @@ class FormModel:
 
     `feed` each chunk in order; it returns True once the answer is known (`settled`): the field was
     read (`model`), the form ended or failed without it (`model` None). Chunks fed after that are
-    not read. Memory is bounded: a part's headers and the field's value, never the file.
+    not read. Memory is bounded: one header line (the parser's bound) and the field's value, never
+    the file.
     """
 
     def __init__(self, content_type: str) -> None:
@@ -91,7 +92,6 @@ class FormModel:
         self.settled = False
         self._header_name = bytearray()
         self._header_value = bytearray()
-        self._header_bytes = 0
         self._disposition = b""
         self._value: bytearray | None = None  # the field's bytes while its part is read
         callbacks: MultipartCallbacks = {
@@ -126,20 +126,12 @@ class FormModel:
 
     def _on_part_begin(self) -> None:
         self._disposition = b""
-        self._header_bytes = 0
 
     def _on_header_field(self, data: bytes, start: int, end: int) -> None:
-        self._count_header(end - start)
-        self._header_name += data[start:end]
+        self._header_name += data[start:end]  # bounded by the parser (a header line's length)
 
     def _on_header_value(self, data: bytes, start: int, end: int) -> None:
-        self._count_header(end - start)
         self._header_value += data[start:end]
-
-    def _count_header(self, size: int) -> None:
-        self._header_bytes += size
-        if self._header_bytes > MAX_HEADER_BYTES:
-            raise _Settled
 
     def _on_header_end(self) -> None:
         if self._header_name.lower() == b"content-disposition":  # the last one counts, as Starlette's

@@ -20,6 +20,7 @@ from extproc.picker.body_parser import PIPE_BYTES, WORKER_MMAP_THRESHOLD, BodyPa
 from extproc.picker.pipeline import EndpointPicker
 
 from ..picker_fixtures import MODEL, chat_body, picker_config
+from ..request.test_form import openai_upload
 
 CHAT = "/v1/chat/completions"
 MiB = 1024 * 1024
@@ -334,3 +335,14 @@ async def test_a_users_malloc_settings_reach_the_worker(monkeypatch) -> None:
         assert environ["MALLOC_MMAP_THRESHOLD_"] == str(WORKER_MMAP_THRESHOLD)
     finally:
         await parser.close()
+
+
+async def test_a_forms_model_is_read_on_the_loop_at_any_size() -> None:
+    """An upload's form (`extproc.request.form`): read on the loop, never sent to a worker process,
+    and not bound by the JSON limit (the field comes first; the file is skipped, not parsed)."""
+    small = BodyParser(max_bytes=2048, workers=1, inline_max_bytes=1024)
+    content_type, body = openai_upload({"model": "whisper"}, audio=b"\0" * 8192)
+    assert await small.model_of(body, content_type) == "whisper"
+    assert await small.model_of(body) is None  # without its content type: not JSON, no model
+    assert await small.model_of(body, "application/json") is None
+    assert small.stats.in_worker == 0

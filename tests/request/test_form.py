@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartParser
 
-from extproc.request.form import MAX_HEADER_BYTES, MAX_MODEL_BYTES, FormModel, form_model, is_form
+from extproc.request.form import MAX_MODEL_BYTES, FormModel, form_model, is_form
 
 MODEL = "openai/whisper-large-v3"
 AUDIO = bytes(range(256)) * 64  # 16 KiB of every byte value, the delimiter's bytes among them
@@ -184,7 +184,6 @@ CT = "multipart/form-data; boundary=xYz"
         ([field(b"model", "caf\u00e9".encode())], CT + "; charset=bogus", "caf\u00c3\u00a9"),
         ([field(b"model", b"m" * MAX_MODEL_BYTES)], CT, "m" * MAX_MODEL_BYTES),
         ([field(b"model", b"m" * (MAX_MODEL_BYTES + 1))], CT, None),
-        ([b"X-Pad: " + b"p" * MAX_HEADER_BYTES + b"\r\n" + field(b"model", b"m")], CT, None),
         ([b"Content-Disposition: form-data\r\n\r\nm", field(b"model", b"m")], CT, None),  # no name: refused
         ([field(b"language", b"en")], CT, None),
     ],
@@ -284,3 +283,44 @@ def test_a_damaged_form_never_names_a_model_starlette_would_not(parts, edits, cu
     except _Refused:
         return  # the engine refuses the whole form (a 400): routing on its first field steers nothing
     assert model == expected
+
+
+def test_a_part_without_a_disposition_names_no_model() -> None:
+    """Starlette refuses a part without a name (here, without any Content-Disposition)."""
+    no_disposition = b"Content-Type: text/plain\r\n\r\nm"
+    for parts in (
+        [no_disposition, field(b"model", b"m")],
+        [field(b"language", b"en"), no_disposition, field(b"model", b"m")],  # not the part before's
+    ):
+        body = form(parts)
+        assert form_model(body, CT) is None
+        with pytest.raises(_Refused):
+            asyncio.run(starlette_model(CT, [body]))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b"\r\nX-Pad: " + b"p" * 4000,  # a long header line, within the parser's bound
+        b"".join(b"\r\nX-%d: v" % i for i in range(7)),  # eight header lines
+        b"\r\nX-Pad: " + b"p" * 5000,  # a header line over the parser's bound: refused
+        b"".join(b"\r\nX-%d: v" % i for i in range(8)),  # nine header lines: refused
+    ],
+)
+def test_a_parts_headers_are_read_within_the_parsers_bounds_as_starlette_reads_them(extra) -> None:
+    body = form([field(b"language", b"en", extra), field(b"model", b"m", extra)])
+    try:
+        expected = asyncio.run(starlette_model(CT, [body]))
+    except _Refused:
+        expected = None
+    assert form_model(body, CT) == expected
+    assert expected == ("m" if len(extra) < 4100 and extra.count(b"\r\n") < 8 else None)
+
+
+def test_what_a_form_model_says_before_and_after() -> None:
+    with pytest.raises(ValueError, match=r"^not a multipart form: 'application/json'$"):
+        FormModel("application/json")
+    form_ = FormModel(CT)
+    assert form_.settled is False and form_.model is None
+    assert form_.feed(b"--xYz\r\n") is False
+    assert form_.end() is None and form_.settled is True
