@@ -6,8 +6,10 @@ endpoint header) to the placeholders of `envoy/{buffered,duplex,failopen}.yaml`;
 everything else and are documented in `envoy/README.md`. Every variant includes
 `envoy/local_replies.yaml` (Envoy's own answers as OpenAI-style JSON; a failed TLS handshake with the
 picker named as such) and `envoy/access_log.yaml` (every 5xx answer as a JSON line on Envoy's stderr,
-with Envoy's details: the TLS verification error, for one), and removes the request headers
-the picker owns (`extproc.epp.answers.owned_headers`) before the picker runs. No I/O besides reading
+with Envoy's details: the TLS verification error, for one), removes the request headers
+the picker owns (`extproc.epp.answers.owned_headers`) before the picker runs, and passes WebSocket
+upgrades (the Realtime API) on a route whose ext_proc sends the picker their headers alone
+(`envoy/websocket_route.yaml`). No I/O besides reading
 the templates; the caller writes or runs the result (see `extproc.devstack.procs.start_envoy`).
 
 Variants:
@@ -64,6 +66,7 @@ PICKER_RETRY = TEMPLATE_DIR / "picker_retry.yaml"  # the ext_proc stream's retry
 ROUND_ROBIN = TEMPLATE_DIR / "failopen_round_robin.yaml"
 MODEL_FILTER = TEMPLATE_DIR / "failopen_model_filter.yaml"
 MODEL_SUBSETS = TEMPLATE_DIR / "failopen_model_subsets.yaml"
+WEBSOCKET_ROUTE = TEMPLATE_DIR / "websocket_route.yaml"  # upgrades routed on their headers alone
 # every fragment a variant may include (all ship in the wheel beside the variants)
 FRAGMENTS: tuple[Path, ...] = (
     LOCAL_REPLIES,
@@ -73,6 +76,7 @@ FRAGMENTS: tuple[Path, ...] = (
     ROUND_ROBIN,
     MODEL_FILTER,
     MODEL_SUBSETS,
+    WEBSOCKET_ROUTE,
 )
 
 Workers = Sequence[str] | Mapping[str, Sequence[str]]  # endpoints, or each model's endpoints
@@ -209,6 +213,7 @@ def render_envoy_config(
     values["access_log"] = _included(ACCESS_LOG, values, indent=10)
     values["picker_cluster"] = _included(PICKER_CLUSTER, values, indent=2)
     values["picker_retry_policy"] = _included(PICKER_RETRY, values, indent=16)
+    values["websocket_route"] = _included(WEBSOCKET_ROUTE, values, indent=14)
     per_model = len({m for models in served.values() for m in models}) > 1
     values["model_metadata_filter"] = _included(MODEL_FILTER, values, indent=10) if per_model else ""
     values["fallback_policy"] = _included(MODEL_SUBSETS if per_model else ROUND_ROBIN, values, indent=14)

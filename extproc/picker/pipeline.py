@@ -68,7 +68,7 @@ from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
 from extproc.picker.response_homes import Home, ResponseHomes, ResponseHomesCollector
 from extproc.picker.worker_sessions import Outcome, WorkerSessionCollector, WorkerSessions, session_timeout
 from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixCollector
-from extproc.request.parse import ParsedRequest, is_routable, route_of
+from extproc.request.parse import ParsedRequest, is_routable, realtime_model, route_of
 from extproc.request.responses import RESPONSES_PATH
 from extproc.router import KvRouter, RouterConfigOverride, RouterError, SessionPins, Worker
 from extproc.router.hashing import CHECKPOINT_TOKENS, PREFIX_CACHE, PromptTokens
@@ -377,7 +377,12 @@ class EndpointPicker:
         t0 = time.perf_counter_ns()
         restrictions = self._restrictions(subset, headers)
         if body is None or not _is_routable(path):  # decided normalised, as parse_openai_body does
-            model = await self.bodies.model_of(body, headers.get("content-type", "")) if body else None
+            # a body's model (JSON, or an upload's form), or a Realtime connection's (its query)
+            model = (
+                await self.bodies.model_of(body, headers.get("content-type", ""))
+                if body
+                else realtime_model(path)
+            )
             if model is None:
                 return await self._pick_untracked(path, restrictions, model)
             label = self.model_label(model)  # asked and sent as the same

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal, NoReturn
+from urllib.parse import unquote_plus
 
 from extproc.errors import BodyTooLarge, RequestInvalid
 from extproc.request import anthropic
@@ -50,6 +51,7 @@ from extproc.request.responses import RESPONSES_PATH, to_chat_fields
 CHAT_PATH: Final = "/v1/chat/completions"
 COMPLETIONS_PATH: Final = "/v1/completions"
 ROUTABLE_PATHS: Final = frozenset({CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH, MESSAGES_PATH})
+REALTIME_PATH: Final = "/v1/realtime"  # the Realtime API: a WebSocket, routed on its request headers
 MAX_TOKEN_ID: Final = 2**32 - 1  # token ids are u32 everywhere downstream (block hashing, events)
 MAX_CHOICES: Final = 128  # `n`: Dynamo's frontend accepts 1..128 (its validate.rs MAX_N)
 
@@ -151,6 +153,23 @@ def normalize_path(path: str) -> str:
 def route_of(path: str) -> str:
     """The normalised path of a `:path` without its query string (see `normalize_path`)."""
     return normalize_path(path).partition("?")[0]
+
+
+def realtime_model(path: str) -> str | None:
+    """The model a Realtime API connection names in its query (`/v1/realtime?model=<name>`, as the
+    OpenAI clients' `realtime.connect` opens it), decoded; None on another path or when none is named.
+
+    vLLM and SGLang read the model from the session's `session.update` event instead, which passes
+    the picker by: a connection that names none in its query is routed as a request naming no model.
+    The first non-empty `model` parameter counts."""
+    route, _, query = normalize_path(path).partition("?")
+    if route != REALTIME_PATH:
+        return None
+    for parameter in query.split("&"):
+        name, _, value = parameter.partition("=")
+        if unquote_plus(name) == "model" and value:
+            return unquote_plus(value)
+    return None
 
 
 def is_routable(path: str) -> bool:

@@ -87,3 +87,32 @@ async def test_without_a_model_a_subset_hint_finds_the_model_it_allows() -> None
         assert str(chosen.worker.worker_id) == "b1"
     with pytest.raises(NoEligibleWorker):
         await route(picker, "/v1/models", subset=["10.9.9.9:1"])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/realtime?model=embedder",
+        "/v1/realtime?intent=transcription&model=embedder",
+        "/v1/realtime?model=&model=embedder",  # the first non-empty one
+        "/v1//realtime?model=embedd%65r",  # normalised, decoded
+        "/v1/realtime?mo%64el=embedder",
+    ],
+)
+async def test_a_realtime_connection_goes_to_the_workers_of_the_model_its_query_names(path) -> None:
+    """The OpenAI clients open `/v1/realtime?model=...` (a WebSocket, routed on its headers alone)."""
+    picker = two_models()
+    for _ in range(4):
+        chosen = await route(picker, path)
+        assert chosen.model == "embedder" and not chosen.tracked
+
+
+async def test_a_realtime_model_nobody_serves_is_a_404() -> None:
+    with pytest.raises(UnknownModel):
+        await route(two_models(), "/v1/realtime?model=nope")
+
+
+@pytest.mark.parametrize("path", ["/v1/realtime", "/v1/realtime?model=", "/v1/models?model=embedder"])
+async def test_a_model_in_the_query_counts_only_for_a_realtime_connection(path) -> None:
+    picker = two_models()
+    assert [(await route(picker, path)).model for _ in range(2)] == ["model-a", "embedder"]
