@@ -185,6 +185,15 @@ MODULES: dict[str, list[str]] = {
     ],
     # request bodies parsed on the loop or in worker processes, chats' shared turns, dead workers
     "picker/body_parser.py": ["tests/picker/test_body_parser.py", "tests/picker/test_body_parser_edges.py"],
+    # what the groups are handed: the prompt limit, a long prompt's ids, overrides and hints
+    "picker/group_request.py": [
+        "tests/picker/test_pipeline.py",
+        "tests/picker/test_pipeline_requests.py",
+        "tests/picker/test_aic_and_n.py",
+        "tests/picker/test_hash_prefix_cache.py",
+        "tests/epp/test_service_output_blocks.py",
+        "tests/picker/test_lora_adapters.py",
+    ],
     # follow-ups waiting, bounded, for another replica's word on their answer's worker
     "picker/home_waits.py": ["tests/picker/test_home_waits.py", "tests/picker/test_route_share.py"],
     # the one decision pipeline: parse, model, restrictions, tokens, groups, sessions, request ids
@@ -2857,6 +2866,38 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             ),
         ),
     },
+    "picker/group_request.py": {
+        "x__non_negative__mutmut_6": (
+            'if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= float("inf"):',  # noqa: E501
+            "same-value",
+            "agent hints are finite numbers (the parser refuses others): never inf",
+        ),
+        "x__non_negative__mutmut_9": (
+            'if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("INF"):',  # noqa: E501
+            "same-value",
+            "float('INF') == float('inf')",
+        ),
+        "x_group_request__mutmut_19": (
+            "override = _override(None, load_only=True)",
+            "same-value",
+            "with load_only, `_override` answers before it reads the request",
+        ),
+        "x_group_request__mutmut_27": (
+            "override = _override(request, load_only=None)",
+            "same-value",
+            "None is read as False (`if load_only`)",
+        ),
+        "x_group_request__mutmut_32": (
+            "isl = len(tokens) if (tokens is not None) and False else max(1, request.body_size // 4)",
+            "same-value",
+            "a tokenized request's isl is only new_tokens, which `admit` sets afresh under wspt",
+        ),
+        "x_group_request__mutmut_39": (
+            "isl = len(tokens) if tokens is not None else max(2, request.body_size // 4)",
+            "same-value",
+            "differs only for a body under 8 bytes; a routed body (model and prompt) is longer",
+        ),
+    },
     "picker/pipeline.py": {
         "xǁEndpointPickerǁ_pick_untracked__mutmut_2": (
             "raise NoEligibleWorker(None)",
@@ -2872,16 +2913,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'raise NoEligibleWorker("NO WORKER IS CONFIGURED")',
             "message",
             "an error's or a log line's text",
-        ),
-        "x__non_negative__mutmut_6": (
-            'if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= float("inf"):',  # noqa: E501
-            "same-value",
-            "agent hints are finite numbers (the parser refuses others): never inf",
-        ),
-        "x__non_negative__mutmut_9": (
-            'if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("INF"):',  # noqa: E501
-            "same-value",
-            "float('INF') == float('inf')",
         ),
         "xǁEndpointPickerǁ_groups__mutmut_15": (
             "g.name, g.address, weight=g.weight, tls=config.groups.tls, owner=None,",
@@ -3202,26 +3233,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "self.metrics.ttft.observe((pick.model,), (pick.first_token_ns - pick.started_ns) / 1000000001.0)",  # noqa: E501
             "margin",
             "a time to first token divided by 1,000,000,001 instead of 1e9: one part in a billion, which moves an observation only where it lands that close to a bucket bound",  # noqa: E501
-        ),
-        "xǁEndpointPickerǁpick__mutmut_118": (
-            "override = _override(None, load_only=True)",
-            "same-value",
-            "with load_only, `_override` answers before it reads the request",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_126": (
-            "override = _override(request, load_only=None)",
-            "same-value",
-            "None is read as False (`if load_only`)",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_131": (
-            "isl = len(tokens) if (tokens is not None) and False else max(1, request.body_size // 4)",
-            "same-value",
-            "a tokenized request's isl is only new_tokens, which `admit` sets afresh under wspt",
-        ),
-        "xǁEndpointPickerǁpick__mutmut_138": (
-            "isl = len(tokens) if tokens is not None else max(2, request.body_size // 4)",
-            "same-value",
-            "differs only for a body under 8 bytes; a routed body (model and prompt) is longer",
         ),
         "xǁEndpointPickerǁpick__mutmut_190": (
             "now = None",

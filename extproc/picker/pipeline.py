@@ -20,10 +20,12 @@ Where each feature lives (the same in every mode: no feature is off because grou
   response status travels with the free so its outlier ejection sees its workers' failures.
 
 A request whose path is not an OpenAI generation endpoint is routed on load alone and not tracked:
-to the workers of the `model` its JSON body names (`/v1/embeddings`, `/v1/rerank`, ...; an unknown
-model is a 404), or, without one (GET /v1/models, /health, ...), to any worker, the models taken in
-turn. A request whose tokenization fails, or whose prompt is too large to bring back from a parse
-worker, is routed on load alone and tracked until `finish`.
+to the workers of the model it names (a JSON body's `model`: `/v1/embeddings`, `/v1/rerank`, ...;
+an audio upload form's `model` field, `extproc.request.form`; a Realtime connection's `?model=`; an
+unknown model is a 404), or, without one (GET /v1/models, /health, ...), to any worker, the models
+taken in turn. A request whose tokenization fails, or whose prompt is too large to bring back from
+a parse worker, is routed on load alone and tracked until `finish`. What the groups are handed
+(limits, hints, the prompt's ids) is built in `group_request.py`.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from extproc.epp import answers as epp
 from extproc.errors import (
     NoEligibleWorker,
     PickerError,
-    PromptTooLong,
     RequestInvalid,
     TokenizerUnavailable,
     UnknownModel,
@@ -58,11 +59,13 @@ from extproc.picker.admission import AdmissionGate
 from extproc.picker.body_parser import BodyParser
 from extproc.picker.client_ids import SESSION_HEADER, RequestIds, loggable
 from extproc.picker.flow_metrics import FlowMetrics
+from extproc.picker.group_request import group_request as group_request_of
 from extproc.picker.home_waits import HomeWaits
 from extproc.picker.inference_extension import FAIRNESS_HEADER, InferenceExtension, queue_entry
 from extproc.picker.local_group import LocalGroup, RouteListener
 from extproc.picker.metrics import PickMetrics
 from extproc.picker.model_names import ModelNames
+from extproc.picker.parse_worker import ParsedBody
 from extproc.picker.pick import UNLISTED, ObjectiveLabels, Pick, label_refusal
 from extproc.picker.pools import DP_RANK_HEADER, ModelPool, build_pools
 from extproc.picker.response_homes import Home, ResponseHomes, ResponseHomesCollector
@@ -71,7 +74,7 @@ from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixC
 from extproc.request.parse import ParsedRequest, is_routable, realtime_model, route_of
 from extproc.request.responses import RESPONSES_PATH
 from extproc.router import KvRouter, RouterConfigOverride, RouterError, SessionPins, Worker
-from extproc.router.hashing import CHECKPOINT_TOKENS, PREFIX_CACHE, PromptTokens
+from extproc.router.hashing import PREFIX_CACHE
 from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
 
@@ -377,23 +380,7 @@ class EndpointPicker:
         t0 = time.perf_counter_ns()
         restrictions = self._restrictions(subset, headers)
         if body is None or not _is_routable(path):  # decided normalised, as parse_openai_body does
-            # a body's model (JSON, or an upload's form), or a Realtime connection's (its query)
-            model = (
-                await self.bodies.model_of(body, headers.get("content-type", ""))
-                if body
-                else realtime_model(path)
-            )
-            if model is None:
-                return await self._pick_untracked(path, restrictions, model)
-            label = self.model_label(model)  # asked and sent as the same
-            labels = ObjectiveLabels(label, label)
-            try:  # a model's request (embeddings, ...): counted in the per-request series too
-                pick = await self._pick_untracked(path, restrictions, model)
-            except (PickerError, RouterError, GroupError) as exc:
-                label_refusal(exc, labels)
-                raise
-            pick.labels = labels
-            return pick
+            return await self._pick_not_generating(body, path, headers, restrictions)
         parsed = await self.bodies.request(body, path)
         request = parsed.request
         asked = request.model
@@ -413,49 +400,13 @@ class EndpointPicker:
             session_id = client_ids.session_id(request.session_id, headers, self.config.session_id_max_length)
             objective = self.inference.objective(request.model, headers)
             worker_session = self._worker_session_action(request, session_id)
-            tokens: Sequence[int] | None = None
-            if request.load_only_reason is not None:
-                reason = request.load_only_reason
-                log.info("%s: %s: routing on load only", loggable(client_request_id), reason)
-            elif not parsed.has_prompt:
-                log.warning(
-                    "%s: its prompt holds more than %d JSON values: routing on load only",
-                    loggable(client_request_id), self.bodies.max_prompt_values,
-                )  # fmt: skip
-            else:
-                if request.system_merged is not None and pool.tokenizer.merges_inline_system:
-                    # as vLLM renders it
-                    request = dataclasses.replace(request, messages=request.system_merged)
-                try:
-                    tokens = await pool.tokenizer.token_ids(request)
-                except TokenizerUnavailable as exc:
-                    log.warning(
-                        "tokenizer failed for %s (%s): routing on load only",
-                        loggable(client_request_id),
-                        exc.message,
-                    )
+            request, tokens = await self._tokens(parsed, request, pool, client_request_id)
             t2 = time.perf_counter_ns()
             timings = {"parse": t1 - t0, "tokenize": t2 - t1}
-            limit = self.config.max_prompt_tokens
-            if limit is not None and tokens is not None and len(tokens) > limit:
-                raise PromptTooLong(len(tokens), limit)
-            if tokens is not None and len(tokens) >= 2 * CHECKPOINT_TOKENS:
-                tokens = _prompt_tokens(tokens)
-            if tokens is None:
-                override = _override(request, load_only=True)
-            elif override is None:
-                override = _override(request, load_only=False)
-            isl = len(tokens) if tokens is not None else max(1, request.body_size // 4)
-            group_request = GroupRequest(
-                request.model,
-                tokens or [],
-                lora_name=request.lora_name,
-                cache_salt=request.cache_salt,
-                overrides=override,
-                expected_output_tokens=_expected_output(request),
-                restrictions=tuple(tuple(r) for r in restrictions) if restrictions else None,
-                isl=None if tokens is not None else isl,
-            )
+            group_request, isl = group_request_of(
+                request, tokens, restrictions=restrictions, override=override,
+                max_prompt_tokens=self.config.max_prompt_tokens,
+            )  # fmt: skip
             request_id = self._request_id(client_request_id)
             # first what already came: another replica's load, and the pin or answer's worker it shared
             # just before this client's next turn reached this replica (a NATS socket held until later)
@@ -679,6 +630,54 @@ class EndpointPicker:
 
     # --- internals ---------------------------------------------------------------------------
 
+    async def _pick_not_generating(
+        self, body: bytes | None, path: str, headers: Mapping[str, str], restrictions: list[list[str]]
+    ) -> Pick:
+        """A request that is not a generation request: routed on load alone, untracked, to the
+        workers of the model it names (a JSON body's or an upload form's `model`, a Realtime
+        connection's query) and counted in the per-request series under it; or to any worker."""
+        if body:
+            model = await self.bodies.model_of(body, headers.get("content-type", ""))
+        else:
+            model = realtime_model(path)
+        if model is None:
+            return await self._pick_untracked(path, restrictions, model)
+        label = self.model_label(model)  # asked and sent as the same
+        labels = ObjectiveLabels(label, label)
+        try:
+            pick = await self._pick_untracked(path, restrictions, model)
+        except (PickerError, RouterError, GroupError) as exc:
+            label_refusal(exc, labels)
+            raise
+        pick.labels = labels
+        return pick
+
+    async def _tokens(
+        self, parsed: ParsedBody, request: ParsedRequest, pool: ModelPool, client_request_id: str
+    ) -> tuple[ParsedRequest, Sequence[int] | None]:
+        """The prompt's token ids as the engine will prefill them, and the request as tokenized (a
+        chat's system turn merged inline where the model's template does, as vLLM renders it). None:
+        routed on load alone (the body says so, its prompt was too large to bring back from a parse
+        worker, or the tokenizer failed), each logged."""
+        if request.load_only_reason is not None:
+            log.info("%s: %s: routing on load only", loggable(client_request_id), request.load_only_reason)
+            return request, None
+        if not parsed.has_prompt:
+            log.warning(
+                "%s: its prompt holds more than %d JSON values: routing on load only",
+                loggable(client_request_id), self.bodies.max_prompt_values,
+            )  # fmt: skip
+            return request, None
+        if request.system_merged is not None and pool.tokenizer.merges_inline_system:
+            request = dataclasses.replace(request, messages=request.system_merged)
+        try:
+            return request, await pool.tokenizer.token_ids(request)
+        except TokenizerUnavailable as exc:
+            log.warning(
+                "tokenizer failed for %s (%s): routing on load only", loggable(client_request_id), exc.message
+            )
+            return request, None
+
     async def _pick_untracked(self, path: str, restrictions: list[list[str]], model: str | None) -> Pick:
         """Route on load alone, tracking nothing: to `model`'s workers, or without one to any worker
         (every model's workers serve /v1/models, /health, ...), the models taken in turn. What names a
@@ -859,42 +858,3 @@ class EndpointPicker:
 
     def _request_id(self, client_request_id: str) -> str:
         return self._ids.make(client_request_id, self._id_in_use)
-
-
-def _prompt_tokens(tokens: Sequence[int]) -> Sequence[int]:
-    """A long prompt's ids as `PromptTokens`: the router then takes the block hashes of a prefix it
-    hashed before (the earlier turns of a chat) from the prefix cache (`extproc.router.hashing`).
-    An array is copied in C (about 10 us for 100k ids); a list costs what hashing would pay anyway.
-    Ids outside uint32 stay as they are (hashing refuses them)."""
-    if isinstance(tokens, PromptTokens):
-        return tokens
-    try:
-        return PromptTokens("I", tokens)
-    except (OverflowError, TypeError):
-        return tokens
-
-
-def _expected_output(request: ParsedRequest) -> int | None:
-    osl = request.agent_hints.get("osl")
-    if isinstance(osl, int) and not isinstance(osl, bool) and osl > 0:
-        return osl
-    return request.max_tokens
-
-
-def _override(request: ParsedRequest, *, load_only: bool) -> RouterConfigOverride | None:
-    if load_only:
-        return RouterConfigOverride(overlap_score_weight=0.0)
-    hints = request.agent_hints
-    if not hints:
-        return None
-    weight = _non_negative(hints.get("kv_overlap_score_weight"))
-    temperature = _non_negative(hints.get("temperature"))
-    if weight is None and temperature is None:
-        return None
-    return RouterConfigOverride(overlap_score_weight=weight, temperature=temperature)
-
-
-def _non_negative(value: object) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf"):
-        return float(value)
-    return None
