@@ -130,6 +130,7 @@ MODULES: dict[str, list[str]] = {
         "tests/epp/test_service_objective_metrics.py",
         "tests/epp/test_service_scheduler_metrics.py",
         "tests/epp/test_service_forms.py",
+        "tests/epp/test_service_realtime.py",
         "tests/epp/test_limits.py",
         "tests/fuzz/test_ext_proc_fuzz.py",
     ],
@@ -2487,7 +2488,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "handling is never read (with may_queue False notice stays None)"
             ),
         ),
-        "xǁExtProcServiceǁ_on_request_body__mutmut_20": (
+        "xǁExtProcServiceǁ_on_request_body__mutmut_32": (
             "stream.body = None",
             "same-value",
             (
@@ -2766,16 +2767,30 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "error on stderr, not raised)"
             ),
         ),
-        "xǁExtProcServiceǁ_route__mutmut_44": (
-            "self.objectives.routed(pick.labels, len(body) if (body) or True else 0)",
+        "xǁExtProcServiceǁ_route_form__mutmut_6": (
+            "answer = await self._route(stream, body, in_body=None, size=_declared_size(stream.headers, body))",  # noqa: E501
             "same-value",
-            "a pick the series count named a model read from its body: the body is never None or empty "
-            "here, so its length is taken either way",
+            "None is read as False (`if pick.body is not None and in_body`, `route_in_body if in_body`)",
         ),
-        "xǁExtProcServiceǁ_route__mutmut_45": (
-            "self.objectives.routed(pick.labels, len(body) if body else 1)",
+        "x__declared_size__mutmut_8": (
+            'declared = headers.get("content-length", "XXXX")',
             "same-value",
-            "as _44: the body of a counted pick is never empty, so the else is never taken",
+            "no content-length: 'XXXX' is no more digits than '', so the start's length either way",
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_80": (
+            'content_type = stream.headers.get("content-type", None)',
+            "same-value",
+            "no content type: `is_form` reads None as it reads '' (not a form)",
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_82": (
+            'content_type = stream.headers.get("content-type", )',
+            "same-value",
+            "as _on_request_headers__mutmut_80",
+        ),
+        "xǁExtProcServiceǁ_on_request_headers__mutmut_85": (
+            'content_type = stream.headers.get("content-type", "XXXX")',
+            "same-value",
+            "as _on_request_headers__mutmut_80: 'XXXX' is no multipart form either",
         ),
         "xǁExtProcServiceǁ_answered__mutmut_15": (
             "ttft_s = (pick.first_token_ns - stream.started_ns) / 1000000001.0",

@@ -190,3 +190,27 @@ async def test_an_upload_answered_before_it_ends_passes_its_last_chunks_and_trai
     assert "response_headers" in kinds and "response_body" in kinds
     assert b"".join(chunk for chunk, _ in echoed(answers)) == body
     assert picker.is_idle()
+
+
+@pytest.mark.parametrize("length", [None, "12x", "\u00b2"])
+async def test_an_upload_without_a_readable_length_counts_the_bytes_it_was_routed_on(length) -> None:
+    _, service = make_service()
+    content_type, body = openai_upload({"model": "whisper"}, audio=b"\x0a" * 100_000)
+    messages = upload_messages(content_type, body, mode=DUPLEX)
+    extra = {"content-type": content_type} | ({"content-length": length} if length is not None else {})
+    messages[0] = request_headers(PATH, mode=DUPLEX, extra=extra)
+    await run(service, messages)
+    counts, total = service.objectives.request_bytes.child(("whisper", "whisper"))
+    assert sum(counts) == 1 and total == [65536]  # the first chunk's, which named the model
+
+
+async def test_a_form_to_a_chat_path_is_held_as_any_chat_body_even_with_a_query() -> None:
+    """Only an upload is routed on its form's field: a chat body over the limit is a 413, never an
+    early 400 from a form read on its first chunk."""
+    _, service = make_service()
+    content_type, body = openai_upload({"model": "chat"}, audio=b"\x0b" * (2 * LIMIT))
+    for path in ("/v1/chat/completions", "/v1/chat/completions?api-version=1"):
+        messages = upload_messages(content_type, body, mode=DUPLEX)
+        messages[0] = request_headers(path, mode=DUPLEX, extra={"content-type": content_type})
+        answers = await run(service, messages)
+        assert [a.immediate_response.status.code for a in answers] == [413]
