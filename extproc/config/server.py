@@ -113,7 +113,14 @@ WORKER_SESSION_CONTROL = Option(
     "counted in extproc_worker_session_calls_total); off makes no call (pins still work).",
     choices=("sglang", "off"),
 )
-MAX_BODY_BYTES = Option("--max-body-bytes", int, 16 * 1024 * 1024, "Larger request bodies are answered 413.")
+MAX_BODY_BYTES = Option(
+    "--max-body-bytes",
+    int,
+    16 * 1024 * 1024,
+    "Larger request bodies are answered 413. An upload (a multipart form, such as "
+    "/v1/audio/transcriptions) sent FULL_DUPLEX_STREAMED is routed once its form's model field is read: "
+    "only what comes before that field counts.",
+)
 BODY_PARSE_WORKERS = Option(
     "--body-parse-workers",
     int,
