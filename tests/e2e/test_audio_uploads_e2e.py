@@ -14,7 +14,6 @@ picker's 16 MiB body limit, is routed on its first bytes and streams on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import shutil
@@ -26,7 +25,6 @@ from typing import Annotated
 import openai
 import pytest
 import pytest_asyncio
-import uvicorn
 from fastapi import FastAPI, File, Form, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
@@ -35,6 +33,7 @@ from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import Variant
 from extproc.router import RouterConfig
 
+from ..picker.test_worker_sessions_edges import fastapi_worker
 from .harness import behind_envoy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -85,31 +84,12 @@ def sglang_like() -> FastAPI:
     return app
 
 
-@contextlib.asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[str]:
-    """`app` on uvicorn at 127.0.0.1 on a free port, stopped on exit."""
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve())
-    for _ in range(1000):  # until it listens (bounded)
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    try:
-        yield f"127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["buffered", "duplex"])
 async def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[str]:
     variant: Variant = request.param
-    async with serving(vllm_like()) as speech, serving(sglang_like()) as omni:
+    async with fastapi_worker(vllm_like()) as speech, fastapi_worker(sglang_like()) as omni:
         config = PickerConfig(
             router=RouterConfig(block_size=16, use_kv_events=False),
             workers=(WorkerConfig("vllm", speech, SPEECH), WorkerConfig("sglang", omni, OMNI)),

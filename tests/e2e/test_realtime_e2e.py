@@ -30,8 +30,8 @@ from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import VARIANTS, Variant
 from extproc.router import RouterConfig
 
+from ..picker.test_worker_sessions_edges import fastapi_worker
 from .harness import behind_envoy
-from .test_audio_uploads_e2e import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -75,7 +75,8 @@ async def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[str]:
     variant: Variant = request.param
-    async with serving(realtime_worker("a", SPEECH)) as a, serving(realtime_worker("b", OTHER)) as b:
+    speech, other = realtime_worker("a", SPEECH), realtime_worker("b", OTHER)
+    async with fastapi_worker(speech) as a, fastapi_worker(other) as b:
         config = PickerConfig(
             router=RouterConfig(block_size=16, use_kv_events=False),
             workers=(WorkerConfig("a", a, SPEECH), WorkerConfig("b", b, OTHER)),
