@@ -346,3 +346,17 @@ async def test_a_forms_model_is_read_on_the_loop_at_any_size() -> None:
     assert await small.model_of(body) is None  # without its content type: not JSON, no model
     assert await small.model_of(body, "application/json") is None
     assert small.stats.in_worker == 0
+
+
+async def test_a_model_is_read_and_rewritten_where_the_bodys_size_says(parser) -> None:
+    """Small bodies on the loop, large ones in the worker (the fixture's inline bound: 1 KiB); a
+    rewrite (an InferenceModelRewrite) changes the model and nothing else, wherever it is written."""
+    small, large = chat_body("hi"), chat_body("x" * 5000)
+    assert await parser.model_of(small) == MODEL
+    assert (parser.stats.on_loop, parser.stats.in_worker) == (1, 0)
+    assert await parser.model_of(large) == MODEL
+    assert (parser.stats.on_loop, parser.stats.in_worker) == (1, 1)
+    for body, counts in ((small, (2, 1)), (large, (2, 2))):
+        rewritten = await parser.with_model(body, "other-model")
+        assert json.loads(rewritten) == {**json.loads(body), "model": "other-model"}
+        assert (parser.stats.on_loop, parser.stats.in_worker) == counts
