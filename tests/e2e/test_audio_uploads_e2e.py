@@ -84,20 +84,25 @@ def sglang_like() -> FastAPI:
     return app
 
 
+def one_worker_per_model(workers: dict[str, tuple[str, str]]) -> PickerConfig:
+    """A picker (free ports, no KV events, no session calls) for `{model: (worker id, endpoint)}`."""
+    return PickerConfig(
+        router=RouterConfig(block_size=16, use_kv_events=False),
+        workers=tuple(WorkerConfig(worker, endpoint, model) for model, (worker, endpoint) in workers.items()),
+        models=tuple(ModelConfig(model) for model in workers),
+        port=0,
+        health_port=0,
+        worker_session_control="off",
+    )
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["buffered", "duplex"])
 async def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[str]:
     variant: Variant = request.param
     async with fastapi_worker(vllm_like()) as speech, fastapi_worker(sglang_like()) as omni:
-        config = PickerConfig(
-            router=RouterConfig(block_size=16, use_kv_events=False),
-            workers=(WorkerConfig("vllm", speech, SPEECH), WorkerConfig("sglang", omni, OMNI)),
-            models=(ModelConfig(SPEECH), ModelConfig(OMNI)),
-            port=0,
-            health_port=0,
-            worker_session_control="off",
-        )
+        config = one_worker_per_model({SPEECH: ("vllm", speech), OMNI: ("sglang", omni)})
         log_dir = tmp_path_factory.mktemp(f"audio-{variant}")
         async with behind_envoy(config, log_dir, variant, workers={SPEECH: [speech], OMNI: [omni]}) as (
             _,

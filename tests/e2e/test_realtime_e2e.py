@@ -26,12 +26,11 @@ import pytest_asyncio
 import websockets
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
-from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import VARIANTS, Variant
-from extproc.router import RouterConfig
 
 from ..picker.test_worker_sessions_edges import fastapi_worker
 from .harness import behind_envoy
+from .test_audio_uploads_e2e import one_worker_per_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -77,14 +76,7 @@ async def stack(
     variant: Variant = request.param
     speech, other = realtime_worker("a", SPEECH), realtime_worker("b", OTHER)
     async with fastapi_worker(speech) as a, fastapi_worker(other) as b:
-        config = PickerConfig(
-            router=RouterConfig(block_size=16, use_kv_events=False),
-            workers=(WorkerConfig("a", a, SPEECH), WorkerConfig("b", b, OTHER)),
-            models=(ModelConfig(SPEECH), ModelConfig(OTHER)),
-            port=0,
-            health_port=0,
-            worker_session_control="off",
-        )
+        config = one_worker_per_model({SPEECH: ("a", a), OTHER: ("b", b)})
         log_dir: Path = tmp_path_factory.mktemp(f"realtime-{variant}")
         async with behind_envoy(config, log_dir, variant, workers={SPEECH: [a], OTHER: [b]}) as (_, envoy):
             yield envoy.url
