@@ -81,7 +81,7 @@ from extproc.config.workers import (
     worker_role,
 )
 from extproc.request.token_cache import DEFAULT_PIECE_CACHE_BYTES
-from extproc.router import RouterConfig
+from extproc.router import RouterConfig, RouterMode
 
 __all__ = [
     "DISAGG_OPTIONS",
@@ -246,6 +246,7 @@ def load_config(
         events_config.kv_events_port is not None
         or events_config.nats_url is not None
         or any(w.kv_events for w in workers)
+        or events_config.kv_indexer_url is not None
     )
     router_config = read_router(reader(router.SECTION), kv_events_source=kv_events_source)
     notices = router_notices(reader(router.SECTION), kv_events=router_config.use_kv_events) + notices
@@ -260,6 +261,7 @@ def load_config(
             "--inference-resources: an objective's priority orders the admission queue, which is off "
             "(--router-queue-threshold unset): requests are counted per objective, in arrival order",
         )
+    notices += _kv_indexer_check(events_config, router_config, workers, discovery_config, disagg_config)
     if discovery_config.reload_config and not config_path:
         raise ConfigError("--reload-config needs a config file (--config or DYN_CONFIG)")
     return PickerConfig(
@@ -318,3 +320,34 @@ def _read_file(config_path: str) -> Mapping[str, Any]:
     if loaded is not None and not isinstance(loaded, Mapping):
         raise ConfigError(f"config file {config_path}: expected a mapping at the top level")
     return loaded or {}
+
+
+def _kv_indexer_check(
+    events_config: EventsConfig,
+    router_config: RouterConfig,
+    workers: Sequence[WorkerConfig],
+    discovery_config: DiscoveryConfig,
+    disagg_config: DisaggConfig,
+) -> tuple[str, ...]:
+    """What --kv-indexer-url cannot be combined with (ConfigError), and what it makes moot (notices)."""
+    if events_config.kv_indexer_url is None:
+        return ()
+    if not router_config.use_kv_events:
+        raise ConfigError(
+            "--kv-indexer-url with --no-router-kv-events: the indexer's view of the engines' KV events "
+            "is what replaces this picker's own; drop one of them"
+        )
+    if events_config.durable_kv_events:
+        raise ConfigError(
+            "--kv-indexer-url with --router-durable-kv-events: with an indexer this picker consumes no "
+            "KV events, durable or not; drop one of them"
+        )
+    if any(w.role != "both" for w in workers) or discovery_config.prefill_dns_name is not None:
+        raise ConfigError(
+            "--kv-indexer-url does not route disaggregated workers yet (prefill and decode workers "
+            "are chosen by their own routers here): serve them with the picker's own KV events"
+        )
+    if router_config.mode not in (RouterMode.KV, RouterMode.DEVICE_AWARE_WEIGHTED):
+        return (f"--kv-indexer-url is not queried in --router-mode {router_config.mode.value}, which routes "
+                "without overlaps",)  # fmt: skip
+    return ()

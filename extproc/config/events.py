@@ -48,6 +48,8 @@ class EventsConfig:
     replica_sync_batch_s: float = 0.01  # lifecycle messages gathered this long into one batch (0: none)
     queue_size: int = 10_000  # per subscription: ZMQ SUB high-water mark, NATS pending messages
     nats_read_delay_s: float = 0.2  # NATS is read with the loop's next wake-up, or after this at most
+    kv_indexer_url: str | None = None  # a Dynamo standalone KV indexer answers overlaps (no events here)
+    kv_indexer_timeout_s: float = 0.05
     nats_tls: ClientTlsConfig = field(default_factory=ClientTlsConfig)
     nats_creds_file: str | None = None  # a NATS .creds file (JWT + nkey seed)
     nats_user: str | None = None
@@ -182,9 +184,30 @@ NATS_READ_DELAY_MS: Option[float | None] = Option(
     "--router-durable-kv-events (each JetStream fetch of an idle picker waits for the delay).",
 )
 
+KV_INDEXER_URL: Option[str | None] = Option(
+    "--kv-indexer-url",
+    str,
+    None,
+    "A Dynamo standalone KV indexer (`python -m dynamo.indexer --port 8090`, ai-dynamo-runtime "
+    "1.6.1): http://host:8090. The indexer consumes the engines' ZMQ KV events, once for every "
+    "picker replica, and each decision asks it for the prompt's cached prefix on each worker; this "
+    "picker consumes no KV events itself. It registers each worker that has a ZMQ endpoint here "
+    "(`kv-events:` or --kv-events-port) under its instance id (`instance-id:`, or a numeric worker "
+    "id) and its model's name; others must be registered by whoever runs the indexer. A query "
+    "that fails or takes over --kv-indexer-timeout-ms routes that request by load alone.",
+)
+KV_INDEXER_TIMEOUT_MS = Option(
+    "--kv-indexer-timeout-ms",
+    float,
+    50.0,
+    "--kv-indexer-url: how long a decision waits for the indexer's answer before it routes by load.",
+)
+
 EVENT_OPTIONS: tuple[Option[Any], ...] = (
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
+    KV_INDEXER_URL,
+    KV_INDEXER_TIMEOUT_MS,
     NATS_URL,
     NAMESPACE,
     COMPONENT,
@@ -283,6 +306,12 @@ def read_events(reader: Reader) -> EventsConfig:
     lease_s = read(REPLICA_SYNC_LEASE_SECS)
     batch_ms = read(REPLICA_SYNC_BATCH_MS)
     queue_size = read(EVENT_QUEUE_SIZE)
+    kv_indexer_url = read(KV_INDEXER_URL)
+    kv_indexer_timeout_ms = read(KV_INDEXER_TIMEOUT_MS)
+    if kv_indexer_url is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", kv_indexer_url):
+        raise ConfigError(f"invalid kv-indexer-url={kv_indexer_url!r}: expected http://host:port")
+    if not 0 < kv_indexer_timeout_ms <= 10_000:
+        raise ConfigError(f"invalid kv-indexer-timeout-ms={kv_indexer_timeout_ms}: expected > 0 and <= 10000")
     read_delay_ms = read(NATS_READ_DELAY_MS)
     if read_delay_ms is None:
         read_delay_ms = DURABLE_READ_DELAY_MS if durable else DEFAULT_READ_DELAY_MS
@@ -344,6 +373,8 @@ def read_events(reader: Reader) -> EventsConfig:
         replica_sync_batch_s=batch_ms / 1000,
         queue_size=queue_size,
         nats_read_delay_s=read_delay_ms / 1000,
+        kv_indexer_url=kv_indexer_url,
+        kv_indexer_timeout_s=kv_indexer_timeout_ms / 1000,
         nats_tls=ClientTlsConfig(ca_file=tls_ca_file, cert_file=tls_cert_file, key_file=tls_key_file),
         nats_creds_file=creds_file,
         nats_user=user,

@@ -10,7 +10,9 @@
   other replicas' requests on a worker applied again when discovery brings it back).
 
 With KV events off (`--no-kv-events`) nothing is started and the routers predict cache state
-from their own decisions.
+from their own decisions. With a KV indexer (`--kv-indexer-url`) no KV event is consumed here: the
+workers with a ZMQ endpoint are registered with the indexer (`extproc.events.kv_indexer`), which
+consumes their events, and each decision asks it for overlaps; NATS still carries replica sync.
 
 Every subscription buffers at most `--event-queue-size` messages (`EventsConfig.queue_size`);
 what overflows is dropped, counted and the worker concerned resynchronised (see each transport).
@@ -38,6 +40,7 @@ from extproc.events.dynamo_json import kv_events_subject
 from extproc.events.dynamo_plane import event_plane_subject
 from extproc.events.dynamo_recovery import LocalIndexerRecovery, start_recovery
 from extproc.events.feed import RouterFeed
+from extproc.events.kv_indexer import KvIndexerRegistrar, Registration
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
 from extproc.events.nats_security import connect_nats
 from extproc.events.replica_sync import ReplicaSync, active_sequences_subject
@@ -69,6 +72,7 @@ class EventSources:
     durable: DurableKvEvents | None = None
     recovery: LocalIndexerRecovery | None = None  # Dynamo workers rebuilt from their local indexers
     replica_sync: ReplicaSync | None = None
+    kv_indexer: KvIndexerRegistrar | None = None  # --kv-indexer-url: the workers it should consume
     closers: list[Callable[[], Awaitable[object]]] = field(default_factory=list)  # stopped in reverse order
     instance_ids: dict[int, WorkerId] = field(default_factory=dict)  # NATS instance id -> worker id
 
@@ -109,13 +113,15 @@ async def start_event_sources(
     config: PickerConfig, picker: EndpointPicker, *, timings: SubscriberTimings | None = None
 ) -> EventSources:
     """Start every configured source; a source that cannot start is logged and routing goes on."""
-    counters = EventCounters()
+    counters = picker.kv_indexer.counters if picker.kv_indexer is not None else EventCounters()
     sources = EventSources(RouterFeed(picker.routers_by_worker(), counters), counters)
     sources.instance_ids = _instance_ids(config.workers)
     try:
         if config.events.nats_url is not None:
             await _start_nats(config, picker, sources)
-        if config.router.use_kv_events:
+        if picker.kv_indexer is not None:
+            _start_kv_indexer(config, picker, sources)
+        elif config.router.use_kv_events:
             await _start_zmq(config, sources, timings)
         else:
             log.info("KV events off: every worker's cache is predicted from routing decisions")
@@ -166,7 +172,7 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
     def worker_id_of(instance_id: int) -> WorkerId:
         return ids.get(instance_id, str(instance_id))
 
-    if config.router.use_kv_events:
+    if config.router.use_kv_events and picker.kv_indexer is None:
         if events.durable_kv_events:
             durable = DurableKvEvents(
                 link.nc,
@@ -251,6 +257,45 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         )  # fmt: skip
 
 
+def _start_kv_indexer(config: PickerConfig, picker: EndpointPicker, sources: EventSources) -> None:
+    client = picker.kv_indexer
+    assert client is not None
+    client.instance_ids = sources.instance_ids  # one map, kept current by the WorkerSetFollower
+    registrar = KvIndexerRegistrar(client)
+    wanted = _registrations(config, picker, config.workers)
+    registrar.want(wanted)
+    registrar.start()
+    sources.kv_indexer = registrar
+    sources.closers.append(registrar.stop)
+    log.info("overlaps from the KV indexer at %s (no KV events consumed here); registering %d worker "
+             "endpoints with it", client.url, len(wanted))  # fmt: skip
+
+
+def _registrations(
+    config: PickerConfig, picker: EndpointPicker, workers: Sequence[WorkerConfig]
+) -> list[Registration]:
+    """What the indexer should consume for `workers`: each dp rank's ZMQ endpoint, when known here.
+    Their routers take them as event-fed (nothing predicted from decisions: the indexer knows)."""
+    wanted: list[Registration] = []
+    for w in workers:
+        pool = picker.pools.get(w.model)
+        if pool is not None:
+            for rank in w.dp_ranks:
+                pool.router_for(w).set_event_fed(Worker(w.id, rank), True)
+        iid = _instance_id(w)
+        if iid is None:
+            log.warning("worker %s has no instance id (instance-id:, or a numeric id): the KV indexer's "
+                        "answers cannot name it, so it is routed by load alone", w.id)  # fmt: skip
+            continue
+        pub, replay = _worker_zmq(w, config)
+        if pub is not None:
+            wanted += [
+                Registration(iid, e.worker.dp_rank, e.pub, w.model, config.router.block_size, e.replay)
+                for e in ZmqEndpoint.for_dp_ranks(w.id, pub, replay, w.dp_ranks)
+            ]
+    return wanted
+
+
 def _int_or_none(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
@@ -297,10 +342,12 @@ class WorkerSetFollower:
     def on_workers_changed(self, model: str, added: Sequence[WorkerConfig], removed: Sequence[str]) -> None:
         feed, ids = self.sources.feed, self.sources.instance_ids
         pool = self.picker.pools[model]
+        forgotten: list[int] = []
         for wid in removed:
             feed.routers.pop(wid, None)
             for gone in [i for i, w in ids.items() if w == wid]:
                 del ids[gone]
+                forgotten.append(gone)
         for w in added:
             feed.routers[w.id] = pool.router_for(w)  # a prefill worker's events feed the prefill router
             if (iid := _instance_id(w)) is not None:
@@ -309,6 +356,8 @@ class WorkerSetFollower:
             self.sources.replica_sync.workers_added({w.id for w in added})
         if self.sources.recovery is not None and added:  # their blocks from their local indexers
             self.sources.recovery.rescan()
+        if self.sources.kv_indexer is not None:
+            self.sources.kv_indexer.want(_registrations(self.config, self.picker, added), forget=forgotten)
         if self.sources.zmq is not None:
             task = asyncio.get_running_loop().create_task(self._resubscribe(list(added), list(removed)))
             self._pending.add(task)

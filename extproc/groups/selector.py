@@ -135,9 +135,9 @@ class GroupSelector:
         self._candidates = [g for g in self.groups if g is not self.fallback]
         self._owned: dict[str, _Owned] = {}
         self._single = self.groups[0] if len(self.groups) == 1 and self.groups[0].in_process else None
-        # its synchronous commit (a local group's `commit_now`), for `route_now`
-        self._commit_now: Callable[[GroupRequest, str, Worker | None], GroupDecision] | None = getattr(
-            self._single, "commit_now", None
+        # its synchronous commit (a local group's `commit_now`, unless it asks a KV indexer), for `route_now`
+        self._commit_now: Callable[[GroupRequest, str, Worker | None], GroupDecision] | None = (
+            getattr(self._single, "commit_now", None) if getattr(self._single, "decides_now", True) else None
         )
 
     @property

@@ -57,6 +57,8 @@ class ServedGroup(Protocol):
 
     def probe_now(self, request: GroupRequest) -> GroupProbe: ...
 
+    async def fetch_overlaps(self, request: GroupRequest) -> None: ...
+
     def commit_now(self, request: GroupRequest, request_id: str, worker: Worker | None) -> GroupDecision: ...
 
     def first_token(self, request_id: str, *, at_first_token: bool = True) -> bool: ...
@@ -94,17 +96,19 @@ class RouterGroupServicer(pb_grpc.RouterGroupServicer):
     async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeResponse:
         if self.before_decision is not None:
             await self.before_decision()
-        return await _answer(
-            context, lambda: encode_probe(self.group.probe_now(decode_request(request.request)))
-        )
+        asked = await _answer(context, lambda: decode_request(request.request))
+        await self.group.fetch_overlaps(asked)
+        return await _answer(context, lambda: encode_probe(self.group.probe_now(asked)))
 
     async def Commit(self, request: pb.CommitRequest, context: grpc.aio.ServicerContext) -> pb.CommitResponse:
         if self.before_decision is not None:
             await self.before_decision()
+        asked = await _answer(context, lambda: decode_request(request.request))
+        await self.group.fetch_overlaps(asked)
 
         def commit() -> pb.CommitResponse:
             probed = decode_worker(request.probed_worker) if request.HasField("probed_worker") else None
-            decision = self.group.commit_now(decode_request(request.request), request.request_id, probed)
+            decision = self.group.commit_now(asked, request.request_id, probed)
             if decision.redecided:
                 log.info("commit %s: worker %s cannot take it any more; re-decided on %s",
                          request.request_id, probed, decision.choice.worker)  # fmt: skip
@@ -139,9 +143,9 @@ class RouterGroupServicer(pb_grpc.RouterGroupServicer):
     async def PotentialLoads(
         self, request: pb.PotentialLoadsRequest, context: grpc.aio.ServicerContext
     ) -> pb.PotentialLoadsResponse:
-        return await _answer(
-            context, lambda: encode_loads(self.group.potential_loads_now(decode_request(request.request)))
-        )
+        asked = await _answer(context, lambda: decode_request(request.request))
+        await self.group.fetch_overlaps(asked)
+        return await _answer(context, lambda: encode_loads(self.group.potential_loads_now(asked)))
 
     async def Renew(self, request: pb.RenewRequest, context: grpc.aio.ServicerContext) -> pb.RenewResponse:
         if not request.owner or not request.lease_s > 0:

@@ -16,7 +16,10 @@ comes, the decision is the same, so no feature depends on the mode:
 
 Probes change no state. Errors are the decision's own (UnknownModel, NoEligibleWorker, NoWorkers,
 AllWorkersBusy); the selector reads them as a remote group's refusals. Runs on the event loop:
-its async methods never await anything, so a local decision is as cheap as a direct call.
+its async methods await nothing, so a local decision is as cheap as a direct call, except with a
+KV indexer (`--kv-indexer-url`): then `fetch_overlaps` asks it for the prompt's cached blocks
+first (the async methods do), and the synchronous ones decide with that answer (`decides_now` is
+False: the selector awaits).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Protocol
 from extproc.config import PickerConfig, WorkerConfig
 from extproc.epp.answers import endpoint_matches
 from extproc.errors import NoEligibleWorker, UnknownModel
+from extproc.events.kv_indexer import KvIndexerClient
 from extproc.groups.types import (
     GroupChoice,
     GroupDecision,
@@ -44,11 +48,13 @@ from extproc.picker.metrics import PickMetrics
 from extproc.picker.outlier import OutlierEjection
 from extproc.picker.pools import ModelPool, specs
 from extproc.picker.prefill_health import WorkerHealth
-from extproc.router import Decision, DisaggDecision, KvRouter, Worker, WorkerId
+from extproc.router import Decision, DisaggDecision, KvRouter, OverlapScores, Worker, WorkerId
+from extproc.router.router import KV_RULES
 
 log = logging.getLogger("extproc.picker")
 
 _ROLE_NAMES = {"prefill": "prefill", "decode": "decode", "both": "aggregated"}
+MAX_FETCHED = 4096  # requests whose KV indexer answer is held between their probe and their commit
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +99,7 @@ class LocalGroup:
         metrics: PickMetrics,
         listeners: list[RouteListener],
         weight: float = 1.0,
+        kv_indexer: KvIndexerClient | None = None,
     ) -> None:
         self._name = name
         self._weight = weight
@@ -111,6 +118,9 @@ class LocalGroup:
         self._tracked: dict[str, Routed] = {}
         self._ids = count(1)
         self._hashes: tuple[GroupRequest, int, list[int]] | None = None  # a probe's hashes, for its commit
+        self.kv_indexer = kv_indexer
+        # the indexer's answer per request being decided (by identity; the request is held with it)
+        self._found: dict[int, tuple[GroupRequest, OverlapScores]] = {}
 
     @property
     def name(self) -> str:
@@ -124,9 +134,44 @@ class LocalGroup:
     def in_process(self) -> bool:
         return True
 
+    @property
+    def decides_now(self) -> bool:
+        """Whether a decision needs no I/O (no KV indexer to ask): `commit_now` may be called directly."""
+        return self.kv_indexer is None
+
+    async def fetch_overlaps(self, request: GroupRequest) -> None:
+        """With a KV indexer, ask it for `request`'s cached blocks on each worker, for the decisions
+        about this request that follow (its probe and commit ask once). Without an answer, those go
+        by load alone, as do salted requests: Dynamo 1.6.1's indexer hashes vLLM's blocks without
+        their salt, so a salted prompt matches nothing there, or blocks the engine will not share
+        with it (tests/events/test_kv_indexer.py). Raises nothing."""
+        if self.kv_indexer is None or id(request) in self._found:
+            return
+        pool = self.pools.get(request.model)
+        if pool is None or pool.router.config.mode not in KV_RULES:
+            return
+        router = pool.router
+        hashes = self._block_hashes(router, request)
+        found: OverlapScores | None = {}
+        if request.cache_salt is not None:  # its blocks are not told apart by Dynamo 1.6.1's indexer
+            self.kv_indexer.counters.add("kv_indexer.salted_by_load")
+        elif hashes:
+            found = await self.kv_indexer.overlaps(pool.model, router.config.block_size, hashes)
+        if len(self._found) >= MAX_FETCHED:  # probed, never committed (another group won): the oldest go
+            del self._found[next(iter(self._found))]
+        self._found[id(request)] = (request, found if found is not None else {})
+
+    def _found_for(self, request: GroupRequest) -> OverlapScores | None:
+        """What the indexer answered for `request` ({} without an answer); None: no indexer (ours)."""
+        if self.kv_indexer is None:
+            return None
+        held = self._found.get(id(request))
+        return held[1] if held is not None and held[0] is request else {}
+
     # --- decisions ---------------------------------------------------------------------------
 
     async def probe(self, request: GroupRequest, *, timeout_s: float = 0.0) -> GroupProbe:
+        await self.fetch_overlaps(request)
         return self.probe_now(request)
 
     def probe_now(self, request: GroupRequest) -> GroupProbe:
@@ -140,6 +185,7 @@ class LocalGroup:
             config_override=request.overrides,
             allowed_workers=allowed,
             expected_output_tokens=request.expected_output_tokens,
+            found=self._found_for(request),
         )
         return GroupProbe(
             self._name,
@@ -150,6 +196,7 @@ class LocalGroup:
         )
 
     async def commit(self, request: GroupRequest, request_id: str, worker: Worker | None) -> GroupDecision:
+        await self.fetch_overlaps(request)
         return self.commit_now(request, request_id, worker)
 
     def commit_now(self, request: GroupRequest, request_id: str, worker: Worker | None) -> GroupDecision:
@@ -184,8 +231,10 @@ class LocalGroup:
                 preferred_worker=preferred,
                 allowed_workers=allowed,
                 expected_output_tokens=request.expected_output_tokens,
+                found=self._found_for(request),
             )
         self._hashes = None
+        self._found.pop(id(request), None)
         choice = _choice(pool, decision, pool.router.sequences.predicted_ttft_ms(tracked_id))
         prefill, prefill_overlap = None, 0
         if split is not None:
@@ -213,10 +262,14 @@ class LocalGroup:
         pool = self._pool(request.model)
         router = pool.router
         hashes = self._block_hashes(router, request)
-        best = max(router.indexer.find_matches(hashes).values(), default=0) if hashes else 0
+        found = self._found_for(request)
+        if found is None and hashes:
+            found = router.indexer.find_matches(hashes)
+        best = max(found.values(), default=0) if found else 0
         return max(1, request.input_tokens - best * router.config.block_size)
 
     async def potential_loads(self, request: GroupRequest) -> GroupLoads:
+        await self.fetch_overlaps(request)
         return self.potential_loads_now(request)
 
     def potential_loads_now(self, request: GroupRequest) -> GroupLoads:
@@ -229,6 +282,7 @@ class LocalGroup:
             cache_salt=request.cache_salt,
             allowed_workers=self._candidates(pool, request.restrictions),
             config_override=request.overrides,
+            found=self._found_for(request),
         )
         workers = tuple(
             GroupWorkerLoad(

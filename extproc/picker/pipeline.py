@@ -51,6 +51,7 @@ from extproc.errors import (
     TokenizerUnavailable,
     UnknownModel,
 )
+from extproc.events.kv_indexer import KvIndexerClient
 from extproc.groups import GroupCollector, GroupError, GroupRequest, GroupSelector, RemoteGroup, RouterGroup
 from extproc.groups.policy import parse_policy
 from extproc.groups.types import GroupDecision
@@ -144,6 +145,12 @@ class EndpointPicker:
         self._pools = build_pools(config, clock=clock, rng=self._rng)
         # aliases and LoRA adapters, configured and listed by the workers: what requests resolve with
         self._names = ModelNames(self._pools, other_names(config.models))
+        events = config.events  # --kv-indexer-url: this process's decisions ask that indexer for overlaps
+        self.kv_indexer = (
+            KvIndexerClient(events.kv_indexer_url, timeout_s=events.kv_indexer_timeout_s, clock=clock)
+            if events.kv_indexer_url is not None
+            else None
+        )
         groups = self._groups(config)
         local = [g for g in groups if isinstance(g, LocalGroup)]
         # this process's workers: routed to when configured as a group, served by --group-api-port
@@ -217,7 +224,7 @@ class EndpointPicker:
     def _local_group(self, name: str, weight: float = 1.0) -> LocalGroup:
         return LocalGroup(
             name, self._pools, config=self.config, clock=self._clock, metrics=self.metrics,
-            listeners=self.listeners, weight=weight,
+            listeners=self.listeners, weight=weight, kv_indexer=self.kv_indexer,
         )  # fmt: skip
 
     @property
@@ -347,6 +354,8 @@ class EndpointPicker:
         for model, pool in self._pools.items():
             await self._gates[model].close()
             await pool.tokenizer.close()
+        if self.kv_indexer is not None:
+            await self.kv_indexer.close()
 
     async def hear_before_deciding(self) -> None:
         """Await `before_decision` if set: every decision of this process, its own and those it

@@ -5,8 +5,7 @@ mark_prefill_complete, free, dump_events) so its users find their way. Pure logi
 clock it is given (only for the approximate indexer's TTL) and draws randomness from the `rng`
 it is given, so tests and the simulator drive it deterministically.
 
-A call without `request_id` changes no state (a probe); with one, the request is tracked until
-`free`.
+A call without `request_id` changes no state (a probe); with one, it is tracked until `free`.
 
 Fleet-sized decisions. Past `full_scan_max_workers` workers, a decision at temperature 0
 evaluates only the workers that cache or hold in flight part of the prompt, one idle worker (under
@@ -300,14 +299,16 @@ class KvRouter:
         preferred_worker: Worker | WorkerId | None = None,
         allowed_workers: WorkerFilter | None = None,
         expected_output_tokens: int | None = None,
+        found: OverlapScores | None = None,
     ) -> Decision:
-        """As `best_worker`, for a caller that already has the local block hashes and the ISL."""
+        """As `best_worker`, given the local block hashes, the ISL and maybe each worker's cached
+        blocks (`found`: a KV indexer's answer, in place of this router's own index)."""
         timer = self._timer
         t0 = timer() if timer is not None else 0
         cfg = self.config.merged(config_override)
         candidates = self._candidates(allowed_workers)
         block_keys = self._block_keys(local_hashes)
-        overlaps = self._overlaps(cfg, local_hashes)
+        overlaps = self._overlaps(cfg, local_hashes, found)
         t1 = timer() if timer is not None else 0
         fast = None
         if self._fast_path_applies(cfg, pinned_worker, preferred_worker, allowed_workers):
@@ -319,7 +320,6 @@ class KvRouter:
             worker, cost, costs = self._full_scan(
                 cfg, candidates, pinned_worker, preferred_worker, block_keys, isl, overlaps, request_id
             )
-
         overlap = overlaps.get(worker, 0)  # credited (device and lower tiers): the tracked prefill's
         if request_id is not None:
             self._track(request_id, worker, local_hashes, block_keys, isl, overlap, expected_output_tokens)
@@ -738,18 +738,16 @@ class KvRouter:
         cache_salt: str | None = None,
         allowed_workers: WorkerFilter | None = None,
         config_override: RouterConfigOverride | None = None,
+        found: OverlapScores | None = None,
     ) -> list[WorkerLoad]:
         """Per worker: prefill tokens and decode blocks if the request went there, and its overlap."""
         cfg = self.config.merged(config_override)
         local_hashes = self.block_hashes(tokens, lora_name=lora_name, cache_salt=cache_salt)
-        candidates = self._candidates(allowed_workers)
-        return self._loads(
-            candidates, self._block_keys(local_hashes), len(tokens), self._overlaps(cfg, local_hashes)
-        )
+        keys, overlaps = self._block_keys(local_hashes), self._overlaps(cfg, local_hashes, found)
+        return self._loads(self._candidates(allowed_workers), keys, len(tokens), overlaps)
 
     def find_matches(self, local_hashes: Sequence[int]) -> OverlapScores:
-        """The leading blocks of `local_hashes` each worker caches now, as a decision sees them:
-        predictions past their TTL are dropped first."""
+        """Each worker's cached leading blocks of `local_hashes` (expired predictions dropped first)."""
         if len(self.approx):
             self.approx.expire(self._clock())
         return self.indexer.find_matches(local_hashes)
@@ -852,11 +850,13 @@ class KvRouter:
             return local_hashes  # only their count matters
         return compute_sequence_hashes(local_hashes)
 
-    def _overlaps(self, cfg: RouterConfig, local_hashes: Sequence[int]) -> OverlapScores | TierMatch:
-        """Each worker's cached blocks: the device tree's, credited with the lower tiers' when any."""
+    def _overlaps(
+        self, cfg: RouterConfig, local_hashes: Sequence[int], found: OverlapScores | None
+    ) -> OverlapScores | TierMatch:
+        """Each worker's cached blocks (`found`, else the device tree's), plus lower tiers' if any."""
         if cfg.mode not in KV_RULES or cfg.overlap_score_weight == 0 or not local_hashes:
             return {}
-        found, tiers = self.find_matches(local_hashes), self.tiers
+        found, tiers = self.find_matches(local_hashes) if found is None else found, self.tiers
         if not tiers.active:
             return found
         return tiers.credit(

@@ -21,3 +21,43 @@ def test_nats_read_delay_is_200_ms_by_default_50_with_durable_events_settable_an
     for bad in ("-1", "1001", "nan"):
         with pytest.raises(ConfigError, match="nats-read-delay-ms"):
             load_config(["--nats-read-delay-ms", bad], environ={})
+
+
+def test_a_kv_indexer_turns_kv_events_on_and_its_url_and_timeout_are_checked():
+    config = load_config(["--kv-indexer-url", "http://indexer:8090"], environ={})
+    assert config.events.kv_indexer_url == "http://indexer:8090"
+    assert config.events.kv_indexer_timeout_s == 0.05
+    assert config.router.use_kv_events  # exact overlaps, as from events: nothing predicted from decisions
+    env = {"DYN_KV_INDEXER_URL": "https://10.0.0.9:8090/", "DYN_KV_INDEXER_TIMEOUT_MS": "20"}
+    assert load_config([], environ=env).events.kv_indexer_timeout_s == 0.02
+    for bad in ("indexer:8090", "tcp://indexer:8090", "http://", "http://a b"):
+        with pytest.raises(ConfigError, match="kv-indexer-url"):
+            load_config(["--kv-indexer-url", bad], environ={})
+    for bad in ("0", "-5", "10001"):
+        with pytest.raises(ConfigError, match="kv-indexer-timeout-ms"):
+            load_config(["--kv-indexer-url", "http://i:1", "--kv-indexer-timeout-ms", bad], environ={})
+
+
+def test_a_kv_indexer_is_refused_where_it_cannot_stand_for_the_kv_events(tmp_path):
+    url = ["--kv-indexer-url", "http://indexer:8090"]
+    with pytest.raises(ConfigError, match="--no-router-kv-events"):
+        load_config([*url, "--no-router-kv-events"], environ={})
+    with pytest.raises(ConfigError, match="--router-durable-kv-events"):
+        load_config([*url, "--router-durable-kv-events", "--nats-url", "nats://n:4222"], environ={})
+    disagg = tmp_path / "disagg.yaml"
+    disagg.write_text(
+        "workers:\n"
+        "  - {id: p0, endpoint: 10.0.0.1:8000, model: m, role: prefill}\n"
+        "  - {id: d0, endpoint: 10.0.0.2:8000, model: m, role: decode}\n"
+    )
+    with pytest.raises(ConfigError, match="disaggregated"):
+        load_config([*url, "--config", str(disagg)], environ={})
+    with pytest.raises(ConfigError, match="disaggregated"):
+        load_config([*url, "--discovery-dns", "d.svc", "--discovery-prefill-dns", "p.svc"], environ={})
+    replicas = load_config([*url, "--router-replica-sync", "--nats-url", "nats://n:4222"], environ={})
+    assert replicas.events.replica_sync and replicas.events.kv_indexer_url  # the load is still shared
+
+
+def test_a_kv_indexer_in_a_mode_without_overlaps_is_said_to_be_unused(caplog):
+    config = load_config(["--kv-indexer-url", "http://i:1", "--router-mode", "round-robin"], environ={})
+    assert any("not queried in --router-mode round-robin" in n for n in config.notices)

@@ -608,3 +608,20 @@ def test_an_unknown_threshold_is_refused_with_its_value():
         router.set_thresholds(active_decode_blocks=0.5)
     assert (caught.value.name, caught.value.value) == ("active_decode_blocks", 0.5)
     assert "active_decode_blocks_threshold" in caught.value.accepted
+
+
+def test_found_overlaps_stand_in_for_the_routers_own_index():
+    """A KV indexer's answer (`found`) is what a decision and the potential loads count, not the
+    router's own tree; {} means nothing is known cached (a decision by load)."""
+    router = make_router()
+    cache(router, C, PROMPT)  # the router's own tree says c
+    hashes = compute_block_hashes(PROMPT, BS)
+    assert router.best_worker_for_hashes(hashes, len(PROMPT)).worker == C
+    told = router.best_worker_for_hashes(hashes, len(PROMPT), found={A: 8})
+    assert (told.worker, told.overlap_blocks, told.best_overlap_blocks) == (A, 8, 8)
+    nothing = router.best_worker_for_hashes(hashes, len(PROMPT), found={})
+    assert nothing.overlap_blocks == nothing.best_overlap_blocks == 0
+    loads = {load.worker: load.overlap_blocks for load in router.get_potential_loads(PROMPT, found={B: 5})}
+    assert loads == {A: 0, B: 5, C: 0}
+    tracked = router.best_worker_for_hashes(hashes, len(PROMPT), request_id="r", found={B: 8})
+    assert tracked.worker == B and router.sequences.prefill_tokens(B) == 0  # its 8 blocks: all cached
