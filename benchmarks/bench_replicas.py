@@ -3,7 +3,9 @@
 Real processes on 127.0.0.1, stopped by pid: a nats-server, mock workers (`extproc mock-worker
 --kv-events nats`, Dynamo JSON KV events over NATS core, one event per message; with `--kv-events
 dynamo-relay`, vLLM's ZMQ batches republished on Dynamo's event plane by ai-dynamo-runtime 1.6.1's
-own relay, `benchmarks/dynamo_relay.py`, as a Dynamo vLLM worker runs it), and `extproc serve`
+own relay, `benchmarks/dynamo_relay.py`, as a Dynamo vLLM worker runs it; with `--kv-events
+indexer`, vLLM's ZMQ batches consumed by Dynamo 1.6.1's standalone indexer, `python -m
+dynamo.indexer`, which the pickers ask for overlaps: `--kv-indexer-url`), and `extproc serve`
 pickers with KV events from NATS, the replicas with `--router-replica-sync`. This script is the
 client (Envoy's part): per request it opens an ext_proc stream to a picker (round robin over the
 replicas), sends the request headers and body, reads the chosen worker from the answer, sends the
@@ -34,7 +36,9 @@ ended) over the window, never wall time: the machine is shared. Prints one JSON 
 0.45, issue 22). The single picker is measured again after the replicas (`single_again`;
 `--no-repeat-single` skips it): `per_replica_vs_single_again` holds the ratios against it,
 `single_again_vs_single` how far the two singles are apart, and the goal counts as met only against
-both.
+both. With `--kv-events indexer --compare-kv-events json`, `indexer_vs_events` holds each
+indexer-mode replica against the single picker that consumes the events itself (`before`), alone
+and with a third of the indexer's CPU added (`with_indexer_share`).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2  # noq
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb  # noqa: E402
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc  # noqa: E402
 
+from extproc.devstack.dynamo_indexer import DynamoIndexer  # noqa: E402
 from extproc.devstack.procs import ManagedProcess, start_nats_server, wait_http_ok  # noqa: E402
 from extproc.events.dynamo_json import encode_event, kv_events_subject  # noqa: E402
 from extproc.events.dynamo_plane import event_plane_subject  # noqa: E402
@@ -175,7 +180,7 @@ def start_workers(
     message); "dynamo-relay": each publishes vLLM's ZMQ batches (one per engine pass) for
     `start_relay` to republish."""
     procs = []
-    relay = kv_events == "dynamo-relay"
+    relay = kv_events in ("dynamo-relay", "indexer")  # vLLM's ZMQ batches, consumed by a Dynamo process
     for i in range(n):
         ports_file = tmp / f"worker{i}.ports.json"
         argv = [
@@ -215,16 +220,23 @@ def start_relay(workers: Sequence[Proc], nats_url: str, tmp: Path) -> Proc:
     return Proc("dynamo_relay", process)
 
 
-def write_config(workers: Sequence[Proc], path: Path) -> Path:
+def write_config(workers: Sequence[Proc], path: Path, *, zmq: bool = False) -> Path:
+    """The pickers' config; with `zmq`, each worker's KV event and replay sockets (for an indexer)."""
     lines = [
         f"models: [{{name: {MODEL}}}]",
         f"router: {{kv-cache-block-size: {BLOCK_SIZE}}}",
         "workers:",
     ]
     for i, w in enumerate(workers):
+        sockets = (
+            f", kv-events: 'tcp://127.0.0.1:{w.ports['kv_events_port']}', "
+            f"kv-replay: 'tcp://127.0.0.1:{w.ports['kv_replay_port']}'"
+            if zmq
+            else ""
+        )
         lines.append(
             f"  - {{id: {w.name}, endpoint: '127.0.0.1:{w.ports['port']}', model: {MODEL}, "
-            f"instance-id: {100 + i}}}"
+            f"instance-id: {100 + i}{sockets}}}"
         )
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -546,10 +558,14 @@ async def run_setup(
     relays: list[Proc] = []
     pickers: list[Proc] = []
     observing: list[Proc] = []
+    indexer: DynamoIndexer | None = None
     try:
         if kv_events == "dynamo-relay":
             relays.append(start_relay(workers, nats_url, stage))
-        config = write_config(workers, stage / "picker.yaml")
+        if kv_events == "indexer":
+            indexer = DynamoIndexer(stage / "dynamo_indexer.log", threads=1).start()
+            extra = [*extra, "--kv-indexer-url", indexer.url]
+        config = write_config(workers, stage / "picker.yaml", zmq=indexer is not None)
         sync = replicas > 1
         pickers = [
             start_picker(
@@ -593,6 +609,7 @@ async def run_setup(
                                          stage / "profile.txt")  # fmt: skip
                 wire = await WireCount.start(nats_url)
                 c0 = {p.name: await counters(http, p) for p in everyone}
+                i0 = cpu_s(indexer.process.pid) if indexer is not None else 0.0
                 t0 = {p.name: cpu_s(p.pid) for p in everyone}
                 k0 = {p.name: sys_s(p.pid) for p in everyone}
                 s0 = {p.name: sleeps(p.pid) for p in everyone}
@@ -602,6 +619,7 @@ async def run_setup(
                 await asyncio.sleep(0.5)  # the frees and KV events of the last requests arrive
                 wall = time.monotonic() - w0
                 t1 = {p.name: cpu_s(p.pid) for p in everyone}
+                i1 = cpu_s(indexer.process.pid) if indexer is not None else 0.0
                 k1 = {p.name: sys_s(p.pid) for p in everyone}
                 s1 = {p.name: sleeps(p.pid) for p in everyone}
                 c1 = {p.name: await counters(http, p) for p in everyone}
@@ -628,6 +646,9 @@ async def run_setup(
         }
         if probe is not None:
             out["transport_probe"] = probe
+        if indexer is not None:  # Dynamo's indexer process: every worker's KV events, every query
+            out["indexer_cpu_s"] = round(i1 - i0, 3)
+            out["indexer_ms_per_cluster_request"] = round(1e3 * (i1 - i0) / max(requests, 1), 3)
         if observers:
             kv, sy = "observer_kv", "observer_sync"
             kv_cpu = cpu[kv] - idle_rate[kv] * wall
@@ -649,6 +670,8 @@ async def run_setup(
     finally:
         for p in observing + pickers + relays + workers:
             p.stop()
+        if indexer is not None:
+            indexer.stop()
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -678,13 +701,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu-blocks", type=int, default=4096, help="mock workers' KV blocks (evictions)")
     parser.add_argument(
         "--kv-events",
-        choices=("json", "dynamo-relay"),
+        choices=("json", "dynamo-relay", "indexer"),
         default="json",
         help="json: the workers publish Dynamo JSON on NATS, one event per message; "
         "dynamo-relay: vLLM ZMQ batches republished by Dynamo 1.6.1's own relay on "
-        "its event plane (benchmarks/dynamo_relay.py, the compat extra)",
+        "its event plane (benchmarks/dynamo_relay.py, the compat extra); indexer: vLLM ZMQ "
+        "batches consumed by Dynamo 1.6.1's standalone indexer, which the pickers ask for "
+        "overlaps (--kv-indexer-url; the compat extra)",
     )
-    parser.add_argument("--compare-kv-events", choices=("json", "dynamo-relay"), metavar="MODE",
+    parser.add_argument("--compare-kv-events", choices=("json", "dynamo-relay", "indexer"), metavar="MODE",
                         help="both setups again (`before`) with the workers' KV events so")  # fmt: skip
     parser.add_argument("--single-only", action="store_true", help="only the single picker (no ratio)")
     parser.add_argument("--no-observers", action="store_true", help="no observer pickers (no attribution)")
@@ -797,6 +822,8 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             again[variant] = {f"r{i}": round(many[f"r{i}"] / last, 3) for i in range(args.replicas)}
             drift[variant] = round(last / single, 3)
     out: dict[str, Any] = {}
+    if kv_events["after"] == "indexer" and kv_events["before"] != "indexer" and ratios.get("after"):
+        out["indexer_vs_events"] = indexer_vs_events(results, many_name, args.replicas)
     if again:
         out["per_replica_vs_single_again"] = again
         out["single_again_vs_single"] = drift
@@ -819,6 +846,25 @@ async def amain(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             },
         },
     }
+
+
+def indexer_vs_events(results: dict[str, dict[str, Any]], many_name: str, replicas: int) -> dict[str, Any]:
+    """Each replica asking the indexer (`after`) against the single picker consuming the KV events
+    itself (`before`, and `single_again` where measured), alone and with its share of the indexer."""
+    many = results["after"][many_name]
+    share = many.get("indexer_cpu_s", 0.0) / replicas
+    out: dict[str, Any] = {"indexer_share_cpu_s": round(share, 3)}
+    for single_name in ("single", "single_again"):
+        if single_name not in results["before"]:
+            continue
+        single = results["before"][single_name]["cpu_s"]["r0"]
+        out[f"vs_{single_name}"] = {
+            f"r{i}": round(many["cpu_s"][f"r{i}"] / single, 3) for i in range(replicas)
+        }
+        out[f"vs_{single_name}_with_indexer_share"] = {
+            f"r{i}": round((many["cpu_s"][f"r{i}"] + share) / single, 3) for i in range(replicas)
+        }
+    return out
 
 
 def decompose(by_setup: dict[str, Any], many_name: str, replicas: int) -> dict[str, Any]:

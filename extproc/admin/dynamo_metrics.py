@@ -35,7 +35,8 @@ the answers' tokens, `--router-track-output-blocks`).
 
 Dynamo router metrics we cannot produce honestly are left out (the README lists them):
 sequence hashing and total overhead (our sequence hashing is inside the select stage; we keep no
-per-request total), shared-cache and remote-indexer metrics, backend-reported reused tokens, KV
+per-request total), shared-cache metrics and remote-indexer writes (the picker's KV indexer,
+`--kv-indexer-url`, is only queried; its failed queries are counted), backend-reported reused tokens, KV
 transfer latency, the router queue gauges (Dynamo's `policy_class` values) and the per-worker
 last-TTFT/ITL gauges.
 """
@@ -103,6 +104,7 @@ def exported_names() -> list[str]:
         "dynamo_component_router_kv_selected_cached_prefix_tokens_total",
         "dynamo_component_router_non_max_overlap_selections_total",
         "dynamo_component_router_overlap_blocks_lost",
+        "dynamo_component_router_remote_indexer_query_failures_total",
         *(name for name, _ in OVERHEAD_STAGES.values()),
         *REQUEST_HISTOGRAMS,
     ]
@@ -197,7 +199,14 @@ class DynamoMetricsCollector(Collector):
             buckets, total, n = _cumulative(regret, (model,), above_zero=True)
             non_max.add_metric(["decode", model, rid, COMPONENT], n)
             lost.add_metric(["decode", model, rid, COMPONENT], buckets, total)
-        yield from (started, finished, best, selected, non_max, lost)
+        failures = CounterMetricFamily(
+            "dynamo_component_router_remote_indexer_query_failures_total",
+            "Total number of remote indexer overlap queries that failed (--kv-indexer-url)",
+            labels=["router_id", "dynamo_component"],
+        )
+        indexer = self.picker.kv_indexer
+        failures.add_metric([rid, COMPONENT], indexer.counters["kv_indexer.query_failed"] if indexer else 0)
+        yield from (started, finished, best, selected, non_max, lost, failures)
 
     def _overhead(self) -> Iterator[Metric]:
         stage = self.picker.metrics.stage

@@ -32,8 +32,12 @@ of it):
   unsigned local hashes, two's complement); `{"scores": {instance_id: {dp_rank: tokens}}}`, the
   matched prefix in tokens, not blocks.
 
-Counters (`EventCounters`): kv_indexer.query, kv_indexer.query_failed, kv_indexer.registered,
-kv_indexer.register_failed, kv_indexer.unregistered.
+A model none of whose workers the indexer has registered (1.6.1 answers 404, "no indexer for
+model") has nothing cached there: that is an empty answer, not a failure.
+
+Counters (`EventCounters`): kv_indexer.query, kv_indexer.query_failed, kv_indexer.model_unknown,
+kv_indexer.registered, kv_indexer.register_failed, kv_indexer.unregistered (and, from the local
+group, kv_indexer.salted_by_load).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ _U64 = 1 << 64
 _I64_MAX = (1 << 63) - 1
 MAX_ANSWER_BYTES = 4 << 20  # an answer names each (instance, rank) once: far below this
 LOG_EVERY_S = 60.0
+NO_MODEL = "no indexer for model"  # 1.6.1's 404 for a model none of whose workers are registered
 
 
 def as_i64(hashes: Sequence[int]) -> list[int]:
@@ -82,6 +87,15 @@ def parse_scores(
             if worker_id is not None and tokens >= block_size:
                 found[Worker(worker_id, int(rank))] = tokens // block_size
     return found
+
+
+class Refused(ValueError):
+    """The indexer answered an error status."""
+
+    def __init__(self, method: str, path: str, status: int, text: str) -> None:
+        super().__init__(f"{method} {path} answered {status}: {text}")
+        self.status = status
+        self.text = text
 
 
 class KvIndexerClient:
@@ -119,6 +133,12 @@ class KvIndexerClient:
             except aiohttp.ServerDisconnectedError:  # a kept-alive connection the indexer had closed
                 answer = await self._request("POST", "/query_by_hash", body)
             return parse_scores(answer, block_size, self.worker_of)
+        except Refused as exc:
+            if exc.status == 404 and NO_MODEL in exc.text:  # none of the model's workers registered
+                self.counters.add("kv_indexer.model_unknown")
+                return {}
+            self._failed(exc)
+            return None
         except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
             self._failed(exc)
             return None
@@ -168,9 +188,7 @@ class KvIndexerClient:
             if conflict_ok and resp.status in (404, 409):
                 return None
             if not 200 <= resp.status < 300:
-                raise ValueError(
-                    f"{method} {path} answered {resp.status}: {raw[:200].decode(errors='replace')}"
-                )
+                raise Refused(method, path, resp.status, raw[:200].decode(errors="replace"))
             try:
                 return json.loads(raw) if raw else {}
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -129,16 +129,16 @@ async def test_concurrent_decisions_each_count_their_own_prompts_overlaps(stack,
         body = chat(texts[target.worker_id])
         await send(url, body, target)
         await until_indexed(client, await prompt_hashes(picker, body), Worker(target.worker_id))
-    asked = []
-    for n in range(4):
+    for n in range(4):  # one follow-up of each prompt at a time: more at once would balance load
+        asked = []
         for wid, text in texts.items():
             body = chat(text)
             body["messages"].append({"role": "user", "content": f"question {n}"})
             asked.append((wid, body))
-    served = await asyncio.gather(*(send(url, body) for _, body in asked))
-    assert [r.headers["x-worker-id"] for r in served] == [wid for wid, _ in asked]
-    hits = [int(r.headers["x-prefix-cache-hit-tokens"]) for r in served]
-    assert min(hits) >= 10 * BLOCK, (hits, client.counters.snapshot())
+        served = await asyncio.gather(*(send(url, body) for _, body in asked))
+        assert [r.headers["x-worker-id"] for r in served] == [wid for wid, _ in asked]
+        hits = [int(r.headers["x-prefix-cache-hit-tokens"]) for r in served]
+        assert min(hits) >= 10 * BLOCK, (hits, client.counters.snapshot())
 
 
 async def test_salted_requests_go_by_load_without_asking(stack):

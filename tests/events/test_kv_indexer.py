@@ -135,6 +135,15 @@ def test_the_fixtures_hold_lora_salted_uncached_and_dp_rank_1_chains():
     assert any(manifest()["fixtures"][name]["dp_rank"] == 1 for name in FIXTURES)
 
 
+@in_module_loop
+async def test_a_model_the_indexer_has_no_worker_of_has_nothing_cached_and_is_no_failure(client, caplog):
+    caplog.set_level(logging.WARNING, logger="extproc.events")
+    assert await client.overlaps("a-model-nobody-registered", BS, [1, 2, 3]) == {}
+    assert client.counters["kv_indexer.model_unknown"] == 1
+    assert client.counters["kv_indexer.query_failed"] == 0
+    assert not caplog.records
+
+
 # --- registration --------------------------------------------------------------------------------
 
 
