@@ -311,6 +311,8 @@ MODULES: dict[str, list[str]] = {
     "events/snapshot.py": ["tests/nats/test_snapshot.py", "tests/fuzz/test_snapshot_fuzz.py"],
     "events/object_read.py": ["tests/nats/test_object_read.py", "tests/nats/test_durable.py"],
     "runtime/heap.py": ["tests/runtime/test_heap.py"],
+    # --kv-indexer-url: the client and registrar, against Dynamo 1.6.1's own indexer
+    "events/kv_indexer.py": ["tests/events/test_kv_indexer.py", "tests/e2e/test_kv_indexer_e2e.py"],
 }
 
 EQUIVALENT_CLASSES = {

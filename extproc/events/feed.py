@@ -216,6 +216,14 @@ class RouterFeed:
         else:
             self._set(worker, PREDICTED, reason)
 
+    def fed_elsewhere(self, worker: Worker, reason: str) -> None:
+        """Another process consumes the worker's KV events and routing asks it (a KV indexer): the
+        router predicts nothing for it, and the operator sees it event-fed, for `reason`."""
+        router = self._router(worker)
+        if router is not None:
+            router.set_event_fed(worker, True)
+        self._set(worker, EVENT_FED, reason)
+
     def synced(self, worker: Worker) -> bool:
         """Whether the worker has been event-fed with a whole view at some point (first sync done)."""
         return worker in self._synced

@@ -262,7 +262,7 @@ def _start_kv_indexer(config: PickerConfig, picker: EndpointPicker, sources: Eve
     assert client is not None
     client.instance_ids = sources.instance_ids  # one map, kept current by the WorkerSetFollower
     registrar = KvIndexerRegistrar(client)
-    wanted = _registrations(config, picker, config.workers)
+    wanted = _registrations(config, sources.feed, config.workers)
     registrar.want(wanted)
     registrar.start()
     sources.kv_indexer = registrar
@@ -272,16 +272,15 @@ def _start_kv_indexer(config: PickerConfig, picker: EndpointPicker, sources: Eve
 
 
 def _registrations(
-    config: PickerConfig, picker: EndpointPicker, workers: Sequence[WorkerConfig]
+    config: PickerConfig, feed: RouterFeed, workers: Sequence[WorkerConfig]
 ) -> list[Registration]:
     """What the indexer should consume for `workers`: each dp rank's ZMQ endpoint, when known here.
-    Their routers take them as event-fed (nothing predicted from decisions: the indexer knows)."""
+    They count as event-fed (nothing predicted from decisions: the indexer knows)."""
     wanted: list[Registration] = []
+    url = config.events.kv_indexer_url
     for w in workers:
-        pool = picker.pools.get(w.model)
-        if pool is not None:
-            for rank in w.dp_ranks:
-                pool.router_for(w).set_event_fed(Worker(w.id, rank), True)
+        for rank in w.dp_ranks:
+            feed.fed_elsewhere(Worker(w.id, rank), f"its KV events are the KV indexer's at {url}")
         iid = _instance_id(w)
         if iid is None:
             log.warning("worker %s has no instance id (instance-id:, or a numeric id): the KV indexer's "
@@ -357,7 +356,8 @@ class WorkerSetFollower:
         if self.sources.recovery is not None and added:  # their blocks from their local indexers
             self.sources.recovery.rescan()
         if self.sources.kv_indexer is not None:
-            self.sources.kv_indexer.want(_registrations(self.config, self.picker, added), forget=forgotten)
+            wanted = _registrations(self.config, feed, added)
+            self.sources.kv_indexer.want(wanted, forget=forgotten)
         if self.sources.zmq is not None:
             task = asyncio.get_running_loop().create_task(self._resubscribe(list(added), list(removed)))
             self._pending.add(task)

@@ -95,6 +95,17 @@ async def test_the_picker_registers_its_workers_and_consumes_no_kv_event(stack, 
     assert await indexer_workers(indexer.url) == want
     assert picker.sources.zmq is None and picker.sources.nats_events is None
     assert picker.sources.counters["zmq.batch"] == 0
+    admin = f"http://127.0.0.1:{picker.admin.port}"
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+        async with http.get(f"{admin}/debug/workers") as r:
+            rows = (await r.json())["workers"]
+        async with http.get(f"{admin}/readyz") as r:
+            ready = r.status
+    # nothing is predicted for them, and readiness does not wait 30 s for events it will never hear
+    assert {(row["cache_source"], row["cache_source_reason"]) for row in rows} == {
+        ("event-fed", f"its KV events are the KV indexer's at {indexer.url}")
+    }
+    assert ready == 200
 
 
 async def test_follow_ups_go_where_the_indexer_says_their_prefix_is_cached(stack, workers):

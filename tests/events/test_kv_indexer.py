@@ -16,6 +16,7 @@ ai-dynamo-runtime 1.6.1, the `compat` extra `make test` installs), fed the engin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterator
 
@@ -24,6 +25,7 @@ import pytest_asyncio
 import zmq
 import zmq.asyncio
 
+from extproc.config import EventsConfig, WorkerConfig
 from extproc.devstack.dynamo_indexer import DynamoIndexer, start_dynamo_indexer
 from extproc.events.counters import EventCounters
 from extproc.events.kv_indexer import (
@@ -33,6 +35,8 @@ from extproc.events.kv_indexer import (
     as_i64,
     parse_scores,
 )
+from extproc.events.sources import start_event_sources
+from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
 from extproc.router.hashing import compute_block_hashes
 from tests.events.test_engine_fixtures import BS, FIXTURES, live, manifest
@@ -290,3 +294,51 @@ def test_scores_are_tokens_turned_into_whole_blocks_of_known_workers():
 
 def test_hashes_go_out_as_the_signed_integers_the_indexer_parses():
     assert as_i64([0, 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]) == [0, 1, (1 << 63) - 1, -(1 << 63), -1]
+
+
+# --- the picker's worker set ----------------------------------------------------------------------
+
+
+@in_module_loop
+async def test_the_indexer_follows_the_pickers_worker_set(indexer):
+    """Workers discovery adds, moves and removes are registered, moved and unregistered; their
+    routers take them as event-fed (nothing predicted from decisions), and the picker subscribes to
+    no ZMQ socket itself."""
+    from tests.events.test_worker_set import events_config
+    from tests.picker_fixtures import MODEL
+
+    def worker(wid: str, iid: int, port: int) -> WorkerConfig:
+        endpoint = f"tcp://127.0.0.1:{port}"
+        return WorkerConfig(wid, "127.0.0.1:8000", MODEL, kv_events=endpoint, instance_id=iid)
+
+    config = events_config((worker("w0", 500, 45000),))
+    config = dataclasses.replace(config, events=EventsConfig(kv_indexer_url=indexer.url))
+    picker = EndpointPicker(config)
+    sources = await start_event_sources(config, picker)
+    client = picker.kv_indexer
+    assert client is not None and sources.kv_indexer is not None and sources.zmq is None
+    sources.kv_indexer.interval_s = 0.1
+    mine = {500, 501}
+
+    async def ours() -> dict[tuple[int, int], tuple[str, str]]:
+        return {k: v for k, v in (await registered(client)).items() if k[0] in mine}
+
+    try:
+        first = {(500, 0): ("tcp://127.0.0.1:45000", MODEL)}
+        await until(lambda: _same(ours(), first), 10.0, "w0 registered")
+        router = picker.pools[MODEL].router
+        assert router.is_event_fed(Worker("w0"))
+        picker.set_workers(MODEL, [worker("w0", 500, 45001), worker("w1", 501, 45002)])
+        want = {(500, 0): ("tcp://127.0.0.1:45001", MODEL), (501, 0): ("tcp://127.0.0.1:45002", MODEL)}
+        await until(lambda: _same(ours(), want), 10.0, "w0 moved and w1 added")
+        assert router.is_event_fed(Worker("w1")) and client.worker_of(501) == "w1"
+        picker.set_workers(MODEL, [worker("w1", 501, 45002)])
+        await until(lambda: _same(ours(), {(501, 0): want[(501, 0)]}), 10.0, "w0 unregistered")
+        assert client.worker_of(500) is None
+    finally:
+        await sources.stop()
+        await picker.close()
+
+
+async def _same(value: object, want: object) -> bool:
+    return await value == want  # type: ignore[misc]
