@@ -36,7 +36,8 @@ A model none of whose workers the indexer has registered (1.6.1 answers 404, "no
 model") has nothing cached there: that is an empty answer, not a failure.
 
 Counters (`EventCounters`): kv_indexer.query, kv_indexer.query_failed, kv_indexer.model_unknown,
-kv_indexer.registered, kv_indexer.register_failed, kv_indexer.unregistered (and, from the local
+kv_indexer.registered, kv_indexer.register_conflict, kv_indexer.register_failed,
+kv_indexer.unregistered (and, from the local
 group, kv_indexer.salted_by_load).
 """
 
@@ -60,6 +61,7 @@ log = logging.getLogger("extproc.events")
 _U64 = 1 << 64
 _I64_MAX = (1 << 63) - 1
 MAX_ANSWER_BYTES = 4 << 20  # an answer names each (instance, rank) once: far below this
+CHUNK_BYTES = 64 << 10
 LOG_EVERY_S = 60.0
 NO_MODEL = "no indexer for model"  # 1.6.1's 404 for a model none of whose workers are registered
 
@@ -109,7 +111,7 @@ class KvIndexerClient:
         counters: EventCounters | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.url = url.removesuffix("/")
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.counters = counters if counters is not None else EventCounters()
         self.instance_ids: dict[int, WorkerId] = {}  # the indexer's instance id -> our worker id
@@ -174,24 +176,20 @@ class KvIndexerClient:
         self, method: str, path: str, body: object = None, *, conflict_ok: bool = False
     ) -> object:
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=self.timeout, connector=aiohttp.TCPConnector(limit=64, force_close=False)
-            )
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
-        headers = None if data is None else {"content-type": "application/json"}
-        async with self._session.request(method, self.url + path, data=data, headers=headers) as resp:
+            self._session = aiohttp.ClientSession(timeout=self.timeout)  # kept-alive connections
+        async with self._session.request(method, self.url + path, json=body) as resp:
             raw = b""
-            while chunk := await resp.content.read(65536):
+            while chunk := await resp.content.read(CHUNK_BYTES):
                 raw += chunk
                 if len(raw) > MAX_ANSWER_BYTES:
                     raise ValueError(f"{method} {path} answered more than {MAX_ANSWER_BYTES} bytes")
             if conflict_ok and resp.status in (404, 409):
                 return None
-            if not 200 <= resp.status < 300:
+            if resp.status >= 300:
                 raise Refused(method, path, resp.status, raw[:200].decode(errors="replace"))
             try:
-                return json.loads(raw) if raw else {}
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                return json.loads(raw)
+            except ValueError as exc:  # not UTF-8, or not JSON
                 raise ValueError(f"{method} {path} answered no JSON: {exc}") from exc
 
     def _failed(self, exc: BaseException) -> None:
@@ -245,12 +243,7 @@ class KvIndexerRegistrar:
     async def reconcile(self) -> None:
         """One pass: unregister the forgotten, register what the indexer lacks. Raises on failure."""
         counters = self.client.counters
-        have: dict[tuple[int, int], tuple[object, str]] = {}  # (instance, rank) -> (endpoint, model)
-        for w in await self.client.workers():
-            endpoints, model = w.get("endpoints"), str(w.get("model_name"))
-            if isinstance(endpoints, Mapping):
-                for rank, endpoint in endpoints.items():
-                    have[(_int(w.get("instance_id")), _int(rank))] = (endpoint, model)
+        have = registered(await self.client.workers())
 
         wanted = self.wanted
         models = {r.instance_id: r.model for r in wanted.values()}
@@ -269,10 +262,12 @@ class KvIndexerRegistrar:
         for key, r in sorted(wanted.items()):
             if have.get(key) == (r.endpoint, r.model):
                 continue
-            if await self.client.register(r):
-                counters.add("kv_indexer.registered")
-                log.info("registered worker instance %d dp rank %d (%s, model %s) with the KV indexer at %s",
-                         r.instance_id, r.dp_rank, r.endpoint, r.model, self.client.url)  # fmt: skip
+            if not await self.client.register(r):  # registered meanwhile (another replica, say)
+                counters.add("kv_indexer.register_conflict")
+                continue
+            counters.add("kv_indexer.registered")
+            log.info("registered worker instance %d dp rank %d (%s, model %s) with the KV indexer at %s",
+                     r.instance_id, r.dp_rank, r.endpoint, r.model, self.client.url)  # fmt: skip
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="kv-indexer-registrar")
@@ -304,8 +299,14 @@ class KvIndexerRegistrar:
                 await asyncio.wait_for(self._wake.wait(), self.interval_s)
 
 
-def _int(value: object) -> int:
-    try:
-        return int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return -1
+def registered(workers: list[dict[str, object]]) -> dict[tuple[int, int], tuple[object, str]]:
+    """`GET /workers`'s answer as (instance id, dp rank) -> (endpoint, model); entries without
+    integer ids are left out (they cannot be ours)."""
+    have: dict[tuple[int, int], tuple[object, str]] = {}
+    for w in workers:
+        endpoints, model = w.get("endpoints"), str(w.get("model_name"))
+        if isinstance(endpoints, Mapping):
+            for rank, endpoint in endpoints.items():
+                with contextlib.suppress(TypeError, ValueError):
+                    have[(int(w.get("instance_id")), int(rank))] = (endpoint, model)  # type: ignore[call-overload]
+    return have

@@ -265,7 +265,7 @@ class LocalGroup:
         found = self._found_for(request)
         if found is None and hashes:
             found = router.indexer.find_matches(hashes)
-        best = max(found.values(), default=0) if found else 0
+        best = max(found.values()) if found else 0
         return max(1, request.input_tokens - best * router.config.block_size)
 
     async def potential_loads(self, request: GroupRequest) -> GroupLoads:

@@ -1,0 +1,156 @@
+"""A local group that asks Dynamo 1.6.1's own KV indexer (`python -m dynamo.indexer`) for overlaps.
+
+Worker w1's cache is told to the real indexer as vLLM-format ZMQ events (our publisher, whose bytes
+tests/events/test_engine_fixtures.py checks against vLLM's); the group's decisions, potential loads
+and queue estimate must then count what the indexer answers, ask it once per request, keep nothing
+after the request is committed, and never ask for salted requests, unknown models or modes that
+route without overlaps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+
+from extproc.devstack.dynamo_indexer import DynamoIndexer, start_dynamo_indexer
+from extproc.errors import UnknownModel
+from extproc.events.kv_indexer import KvIndexerClient, Registration
+from extproc.events.vllm import WireBlockStored
+from extproc.events.zmq_publisher import ZmqEventPublisher
+from extproc.groups import GroupRequest
+from extproc.picker import local_group as local_group_module
+from extproc.picker.local_group import LocalGroup
+from extproc.picker.pipeline import EndpointPicker
+from extproc.router import Worker
+from extproc.router.hashing import compute_block_hashes
+from tests.groups.builders import BLOCK, MODEL, group_config, prompt, request
+from tests.replica_helpers import until
+
+in_module_loop = pytest.mark.asyncio(loop_scope="module")
+
+CACHED = prompt(1)  # 10 blocks, all cached on w1 (the indexer knows)
+W1 = Worker("w1")
+
+
+@pytest.fixture(scope="module")
+def indexer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DynamoIndexer]:
+    started = start_dynamo_indexer(tmp_path_factory.mktemp("group-indexer") / "indexer.log")
+    yield started
+    started.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def told(indexer: DynamoIndexer) -> AsyncIterator[str]:
+    """The indexer holds CACHED's blocks on w1 (instance 1)."""
+    publisher = ZmqEventPublisher(port=0, replay_port=0)
+    await publisher.start()
+    client = KvIndexerClient(indexer.url, timeout_s=2.0)
+    client.instance_ids[1] = "w1"
+    try:
+        await client.register(Registration(1, 0, publisher.endpoint, MODEL, BLOCK))
+        hashes = compute_block_hashes(CACHED, BLOCK)
+        stored = [WireBlockStored([900 + i for i in range(10)], None, CACHED, BLOCK)]
+
+        async def held() -> bool:
+            publisher.publish(stored)  # again until the indexer's listener has connected
+            return await client.overlaps(MODEL, BLOCK, hashes) == {W1: 10}
+
+        await until(held, 15.0, "the indexer holds w1's blocks")
+        yield indexer.url
+    finally:
+        await client.close()
+        await publisher.stop()
+
+
+def asking(url: str, **router) -> tuple[LocalGroup, KvIndexerClient]:
+    config = group_config("w", 3, use_kv_events=True, **router)
+    picker = EndpointPicker(config)
+    client = KvIndexerClient(url, timeout_s=2.0)
+    client.instance_ids.update({0: "w0", 1: "w1", 2: "w2"})
+    group = LocalGroup(
+        "g", picker.pools, config=config, clock=time.monotonic, metrics=picker.metrics, listeners=[],
+        kv_indexer=client,
+    )  # fmt: skip
+    return group, client
+
+
+@in_module_loop
+async def test_probe_commit_loads_and_the_queue_estimate_count_the_indexers_overlaps_asked_once(told):
+    group, client = asking(told)
+    try:
+        assert not group.decides_now
+        asked = request(CACHED + prompt(2, 32))  # 12 blocks, the first 10 cached on w1
+        probe = await group.probe(asked)
+        assert (probe.choice.worker, probe.choice.overlap_blocks, probe.choice.request_blocks) == (W1, 10, 12)
+        assert group.uncached_tokens(asked) == 192 - 10 * BLOCK
+        loads = await group.potential_loads(asked)
+        overlaps = {w.worker: w.overlap_blocks for w in loads.workers}
+        assert overlaps == {Worker("w0"): 0, W1: 10, Worker("w2"): 0}
+        decision = await group.commit(asked, "r1", probe.choice.worker)
+        assert (decision.choice.worker, decision.choice.overlap_blocks) == (W1, 10)
+        assert client.counters["kv_indexer.query"] == 1  # the probe's answer served all four
+        assert not group._found  # nothing held once the request is committed
+
+        fresh = request(CACHED)
+        decision = await group.commit(fresh, "r2", None)  # no probe: the commit asks
+        assert (decision.choice.overlap_blocks, client.counters["kv_indexer.query"]) == (10, 2)
+        assert group.pools[MODEL].router.sequences.worker_of("r2") == W1
+    finally:
+        await client.close()
+
+
+@in_module_loop
+async def test_without_an_answer_a_decision_goes_by_load_and_the_queue_counts_every_token(told):
+    group, client = asking("http://127.0.0.1:9")  # nothing listens
+    try:
+        await group.commit(request(CACHED), "warm", None)  # what the router itself predicts: not used
+        asked = request(CACHED)
+        probe = await group.probe(asked)
+        assert probe.choice.overlap_blocks == 0 and client.counters["kv_indexer.query_failed"] == 2
+        assert group.uncached_tokens(asked) == 160
+        untold = request(CACHED)  # never fetched (a synchronous caller): nothing known cached either
+        assert group.probe_now(untold).choice.overlap_blocks == 0
+        assert group.uncached_tokens(untold) == 160
+    finally:
+        await client.close()
+
+
+@in_module_loop
+async def test_salted_requests_unknown_models_and_modes_without_overlaps_ask_nothing(told):
+    group, client = asking(told)
+    round_robin, rr_client = asking(told, mode="round-robin")
+    try:
+        salted = request(CACHED, cache_salt="tenant-a")
+        assert (await group.probe(salted)).choice.overlap_blocks == 0
+        assert client.counters["kv_indexer.salted_by_load"] == 1
+        await group.fetch_overlaps(GroupRequest("no-such-model", CACHED))  # the decision says 404, not this
+        with pytest.raises(UnknownModel):
+            await group.probe(GroupRequest("no-such-model", CACHED))
+        await round_robin.probe(request(CACHED))
+        assert client.counters["kv_indexer.query"] == rr_client.counters["kv_indexer.query"] == 0
+    finally:
+        await client.close()
+        await rr_client.close()
+
+
+@in_module_loop
+async def test_answers_held_for_requests_never_committed_are_bounded(told, monkeypatch):
+    monkeypatch.setattr(local_group_module, "MAX_FETCHED", 2)
+    group, client = asking(told)
+    try:
+        probed = [request([*CACHED, i]) for i in range(3)]  # three probes another group won
+        for r in probed:
+            await group.probe(r)
+        assert [held for held, _ in group._found.values()] == probed[1:]  # the oldest went
+        await group.commit(probed[0], "r0", None)  # asked again: its answer was let go
+        assert client.counters["kv_indexer.query"] == 4
+    finally:
+        await client.close()
+
+
+def test_a_group_without_an_indexer_decides_at_once():
+    picker = EndpointPicker(group_config("w", 2))
+    assert picker.local.decides_now and picker.kv_indexer is None
