@@ -851,7 +851,7 @@ class KvRouter:
         return compute_sequence_hashes(local_hashes)
 
     def _overlaps(
-        self, cfg: RouterConfig, local_hashes: Sequence[int], found: OverlapScores | None
+        self, cfg: RouterConfig, local_hashes: Sequence[int], found: OverlapScores | None = None
     ) -> OverlapScores | TierMatch:
         """Each worker's cached blocks (`found`, else the device tree's), plus lower tiers' if any."""
         if cfg.mode not in KV_RULES or cfg.overlap_score_weight == 0 or not local_hashes:
