@@ -5,14 +5,13 @@ Dynamo ships its KV indexer as a service of its own: `python -m dynamo.indexer` 
 (vLLM's and SGLang's own publishers), keeps Dynamo's radix tree and answers overlap queries over
 HTTP. With it, the engines' events are consumed once, by the indexer, however many picker
 replicas route: each replica asks the indexer for the prompt's overlaps instead of consuming every
-worker's events itself, which cost each replica about as much CPU as routing did (issue 22).
+worker's events itself (issue 22; what each costs: benchmarks/README.md, "Picker replicas").
 
 What a decision does (`KvIndexerClient.overlaps`): one `POST /query_by_hash` with the prompt's
 local block hashes and the model's name, answered with each (instance, dp rank)'s matched tokens.
 A query that fails (refused, timed out after `timeout_s`, an error status, an answer that does not
-parse) is counted and logged at most once a minute, and that decision goes by load alone, as
-Dynamo's router does when its remote indexer does not answer: a request is never held up longer
-than the timeout, never refused, and never steered by a guess.
+parse) is counted and logged at most once a minute, and that decision goes by load alone: a
+request is never held up longer than the timeout, never refused, and never steered by a guess.
 
 Registration (`KvIndexerRegistrar`): the picker registers each worker it knows with a ZMQ endpoint
 (`kv-events:` in the config file, or `--kv-events-port`), one (instance id, dp rank) at a time, under
@@ -37,8 +36,7 @@ model") has nothing cached there: that is an empty answer, not a failure.
 
 Counters (`EventCounters`): kv_indexer.query, kv_indexer.query_failed, kv_indexer.model_unknown,
 kv_indexer.registered, kv_indexer.register_conflict, kv_indexer.register_failed,
-kv_indexer.unregistered (and, from the local
-group, kv_indexer.salted_by_load).
+kv_indexer.unregistered, and from the local group kv_indexer.salted_by_load.
 """
 
 from __future__ import annotations
