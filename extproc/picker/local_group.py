@@ -55,6 +55,7 @@ log = logging.getLogger("extproc.picker")
 
 _ROLE_NAMES = {"prefill": "prefill", "decode": "decode", "both": "aggregated"}
 MAX_FETCHED = 4096  # requests whose KV indexer answer is held between their probe and their commit
+FETCHED_FOR_S = 0.1  # an answer older than this is asked again (a request that waited in the queue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +120,8 @@ class LocalGroup:
         self._ids = count(1)
         self._hashes: tuple[GroupRequest, int, list[int]] | None = None  # a probe's hashes, for its commit
         self.kv_indexer = kv_indexer
-        # the indexer's answer per request being decided (by identity; the request is held with it)
-        self._found: dict[int, tuple[GroupRequest, OverlapScores]] = {}
+        # the indexer's answer per request being decided, and when (by identity; the request is held)
+        self._found: dict[int, tuple[GroupRequest, OverlapScores, float]] = {}
 
     @property
     def name(self) -> str:
@@ -141,11 +142,13 @@ class LocalGroup:
 
     async def fetch_overlaps(self, request: GroupRequest) -> None:
         """With a KV indexer, ask it for `request`'s cached blocks on each worker, for the decisions
-        about this request that follow (its probe and commit ask once). Without an answer, those go
+        about this request that follow within `FETCHED_FOR_S` (its probe and commit ask once; after
+        a wait in the admission queue it is asked again). Without an answer, those go
         by load alone, as do salted requests: Dynamo 1.6.1's indexer hashes vLLM's blocks without
         their salt, so a salted prompt matches nothing there, or blocks the engine will not share
         with it (tests/events/test_kv_indexer.py). Raises nothing."""
-        if self.kv_indexer is None or id(request) in self._found:
+        held = self._found.get(id(request))
+        if self.kv_indexer is None or (held is not None and self._clock() - held[2] <= FETCHED_FOR_S):
             return
         pool = self.pools.get(request.model)
         if pool is None or pool.router.config.mode not in KV_RULES:
@@ -159,14 +162,15 @@ class LocalGroup:
             found = await self.kv_indexer.overlaps(pool.model, router.config.block_size, hashes)
         if len(self._found) >= MAX_FETCHED:  # probed, never committed (another group won): the oldest go
             del self._found[next(iter(self._found))]
-        self._found[id(request)] = (request, found if found is not None else {})
+        self._found.pop(id(request), None)  # a fresh answer goes last, as the newest
+        self._found[id(request)] = (request, found if found is not None else {}, self._clock())
 
     def _found_for(self, request: GroupRequest) -> OverlapScores | None:
         """What the indexer answered for `request` ({} without an answer); None: no indexer (ours)."""
         if self.kv_indexer is None:
             return None
         held = self._found.get(id(request))
-        return held[1] if held is not None and held[0] is request else {}
+        return held[1] if held is not None else {}
 
     # --- decisions ---------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ from extproc.picker.worker_sessions import Outcome, WorkerSessionCollector, Work
 from extproc.request.cache_metrics import BlockHashCacheCollector, PromptPrefixCollector
 from extproc.request.parse import ParsedRequest, is_routable, realtime_model, route_of
 from extproc.request.responses import RESPONSES_PATH
-from extproc.router import KvRouter, RouterConfigOverride, RouterError, SessionPins, Worker
+from extproc.router import KvRouter, QueuePolicy, RouterConfigOverride, RouterError, SessionPins, Worker
 from extproc.router.hashing import PREFIX_CACHE
 from extproc.runtime.wakeups import lazy_sleep
 from extproc.tasks import cancel_and_wait
@@ -438,6 +438,8 @@ class EndpointPicker:
                     else await self.selector.route(group_request, request_id, pinned=pinned)
                 )
             else:
+                if self.kv_indexer is not None and gate.queue.policy is QueuePolicy.WSPT:
+                    await self.local.fetch_overlaps(group_request)  # for wspt's estimate, if it waits
                 fairness_id = headers.get(FAIRNESS_HEADER)
                 entry = queue_entry(
                     request_id, self._clock(), isl, request.agent_hints, objective, fairness_id

@@ -9,12 +9,15 @@ route without overlaps.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import pytest_asyncio
 
+from extproc.config import EventsConfig
 from extproc.devstack.dynamo_indexer import DynamoIndexer, start_dynamo_indexer
 from extproc.errors import UnknownModel
 from extproc.events.kv_indexer import KvIndexerClient, Registration
@@ -22,11 +25,14 @@ from extproc.events.vllm import WireBlockStored
 from extproc.events.zmq_publisher import ZmqEventPublisher
 from extproc.groups import GroupRequest
 from extproc.picker import local_group as local_group_module
-from extproc.picker.local_group import LocalGroup
+from extproc.picker.local_group import FETCHED_FOR_S, LocalGroup
 from extproc.picker.pipeline import EndpointPicker
+from extproc.request.parse import parse_openai_body
 from extproc.router import Worker
 from extproc.router.hashing import compute_block_hashes
 from tests.groups.builders import BLOCK, MODEL, group_config, prompt, request
+from tests.picker.test_pipeline_lifecycle import route
+from tests.picker_fixtures import chat_body, picker_config
 from tests.replica_helpers import until
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -144,7 +150,7 @@ async def test_answers_held_for_requests_never_committed_are_bounded(told, monke
         probed = [request([*CACHED, i]) for i in range(3)]  # three probes another group won
         for r in probed:
             await group.probe(r)
-        assert [held for held, _ in group._found.values()] == probed[1:]  # the oldest went
+        assert [held for held, _, _ in group._found.values()] == probed[1:]  # the oldest went
         await group.commit(probed[0], "r0", None)  # asked again: its answer was let go
         assert client.counters["kv_indexer.query"] == 4
     finally:
@@ -154,3 +160,61 @@ async def test_answers_held_for_requests_never_committed_are_bounded(told, monke
 def test_a_group_without_an_indexer_decides_at_once():
     picker = EndpointPicker(group_config("w", 2))
     assert picker.local.decides_now and picker.kv_indexer is None
+
+
+@in_module_loop
+async def test_an_answer_is_asked_again_once_it_is_older_than_a_decision_takes(told):
+    """A probe and its commit share one answer; a request that waited in the admission queue is
+    decided with a new one."""
+    group, client = asking(told)
+    now = [100.0]
+    group._clock = lambda: now[0]
+    try:
+        asked = request(CACHED)
+        await group.probe(asked)
+        now[0] += FETCHED_FOR_S  # still the same decision
+        await group.probe(asked)
+        assert client.counters["kv_indexer.query"] == 1
+        now[0] += 0.001
+        decision = await group.commit(asked, "r1", None)
+        assert client.counters["kv_indexer.query"] == 2 and decision.choice.overlap_blocks == 10
+    finally:
+        await client.close()
+
+
+@in_module_loop
+async def test_a_request_queued_under_wspt_is_estimated_with_the_indexers_answer(told, indexer):
+    """The admission queue's shortest-first order counts a waiting request's uncached tokens: with
+    an indexer, those the indexer does not know cached."""
+    config = picker_config(1, router_queue_threshold=0.01, router_queue_policy="wspt", use_kv_events=True)
+    config = dataclasses.replace(config, events=EventsConfig(kv_indexer_url=told))
+    picker = EndpointPicker(config)
+    assert picker.kv_indexer is not None
+    picker.kv_indexer.instance_ids[5] = "w0"
+    publisher = ZmqEventPublisher(port=0, replay_port=0)
+    await publisher.start()
+    try:
+        body = chat_body("a long prompt the indexer knows of " * 8)
+        parsed = parse_openai_body(body, "/v1/chat/completions", max_bytes=1 << 20)
+        tokens = list(await picker.pools[MODEL].tokenizer.tokenize(parsed))
+        cached = len(tokens) // BLOCK - 1  # all but the last full block
+        await picker.kv_indexer.register(Registration(5, 0, publisher.endpoint, MODEL, BLOCK))
+        stored = [WireBlockStored(list(range(7000, 7000 + cached)), None, tokens[: cached * BLOCK], BLOCK)]
+        hashes = compute_block_hashes(tokens, BLOCK)
+
+        async def held() -> bool:
+            publisher.publish(stored)
+            return await picker.kv_indexer.overlaps(MODEL, BLOCK, hashes) == {Worker("w0"): cached}
+
+        await until(held, 15.0, "the indexer holds the prompt's blocks")
+        hog = await route(picker, body=chat_body("hog " * 100), rid="hog")  # in prefill: saturated
+        waiting = asyncio.create_task(route(picker, body=body, rid="known"))
+        gate = picker.gate(MODEL)
+        await until(lambda: len(gate) == 1, 5.0, "the request never queued")
+        (entry,) = gate.queue.in_order()
+        assert entry.new_tokens == len(tokens) - cached * BLOCK
+        picker.first_token(hog)
+        assert (await waiting).endpoint == picker.pools[MODEL].endpoint_of(Worker("w0"))
+    finally:
+        await publisher.stop()
+        await picker.close()
