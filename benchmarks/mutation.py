@@ -4110,7 +4110,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "an error's or a log line's text",
         ),
-        "xǁLocalGroupǁfetch_overlaps__mutmut_16": (
+        "xǁLocalGroupǁfetch_overlaps__mutmut_10": (
+            "if self.kv_indexer is None or (held is not None and self._clock() - held[2] < FETCHED_FOR_S):",
+            "margin",
+            "an answer exactly FETCHED_FOR_S old, to the float, is kept or asked again",
+        ),
+        "xǁLocalGroupǁfetch_overlaps__mutmut_22": (
             "found: OverlapScores | None = None",
             "same-value",
             "what stays None (a salted request, no hashes) is stored as {} below, as the {} it starts as",

@@ -218,3 +218,22 @@ async def test_a_request_queued_under_wspt_is_estimated_with_the_indexers_answer
     finally:
         await publisher.stop()
         await picker.close()
+
+
+@in_module_loop
+async def test_an_answer_asked_again_is_the_last_to_go(told, monkeypatch):
+    monkeypatch.setattr(local_group_module, "MAX_FETCHED", 3)
+    group, client = asking(told)
+    now = [100.0]
+    group._clock = lambda: now[0]
+    a, b, c, d = (request([*CACHED, i]) for i in range(4))
+    try:
+        await group.probe(a)
+        await group.probe(b)
+        now[0] += 1.0
+        await group.probe(a)  # asked again: now the newest
+        await group.probe(c)
+        await group.probe(d)  # one must go: b, the oldest answer
+        assert [held for held, _, _ in group._found.values()] == [a, c, d]
+    finally:
+        await client.close()
