@@ -81,7 +81,8 @@ from extproc.config.workers import (
     worker_role,
 )
 from extproc.request.token_cache import DEFAULT_PIECE_CACHE_BYTES
-from extproc.router import RouterConfig, RouterMode
+from extproc.router import RouterConfig
+from extproc.router.router import KV_RULES
 
 __all__ = [
     "DISAGG_OPTIONS",
@@ -261,7 +262,7 @@ def load_config(
             "--inference-resources: an objective's priority orders the admission queue, which is off "
             "(--router-queue-threshold unset): requests are counted per objective, in arrival order",
         )
-    notices += _kv_indexer_check(events_config, router_config, workers, discovery_config, disagg_config)
+    notices += _kv_indexer_check(events_config, router_config, workers, discovery_config)
     if discovery_config.reload_config and not config_path:
         raise ConfigError("--reload-config needs a config file (--config or DYN_CONFIG)")
     return PickerConfig(
@@ -327,7 +328,6 @@ def _kv_indexer_check(
     router_config: RouterConfig,
     workers: Sequence[WorkerConfig],
     discovery_config: DiscoveryConfig,
-    disagg_config: DisaggConfig,
 ) -> tuple[str, ...]:
     """What --kv-indexer-url cannot be combined with (ConfigError), and what it makes moot (notices)."""
     if events_config.kv_indexer_url is None:
@@ -347,7 +347,7 @@ def _kv_indexer_check(
             "--kv-indexer-url does not route disaggregated workers yet (prefill and decode workers "
             "are chosen by their own routers here): serve them with the picker's own KV events"
         )
-    if router_config.mode not in (RouterMode.KV, RouterMode.DEVICE_AWARE_WEIGHTED):
+    if router_config.mode not in KV_RULES:
         return (f"--kv-indexer-url is not queried in --router-mode {router_config.mode.value}, which routes "
                 "without overlaps",)  # fmt: skip
     return ()

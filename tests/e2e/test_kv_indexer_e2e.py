@@ -19,12 +19,11 @@ import pytest_asyncio
 
 from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.dynamo_indexer import DynamoIndexer, start_dynamo_indexer
-from extproc.devstack.envoy_config import render_envoy_config
-from extproc.devstack.procs import start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
 from extproc.events.kv_indexer import KvIndexerClient
 from extproc.router import RouterConfig, Worker
-from extproc.runtime.server import RunningPicker, start_picker
+from extproc.runtime.server import RunningPicker
+from tests.e2e.harness import behind_envoy
 from tests.e2e.test_kv_events_e2e import TIMEOUT, chat, prompt_hashes, send
 from tests.replica_helpers import until
 
@@ -66,16 +65,8 @@ async def stack(workers, indexer, log_dir) -> AsyncIterator[tuple[RunningPicker,
         events=EventsConfig(kv_indexer_url=indexer.url, kv_indexer_timeout_s=1.0),
         kv_events_source=True,
     )
-    picker = await start_picker(config)
-    envoy_yaml = render_envoy_config(
-        "buffered", picker_address=f"127.0.0.1:{picker.port}", workers=[w.endpoint for w in workers]
-    )
-    envoy = start_envoy(envoy_yaml, log_path=log_dir / "envoy.log")
-    try:
+    async with behind_envoy(config, log_dir, workers=[w.endpoint for w in workers]) as (picker, envoy):
         yield picker, envoy.url
-    finally:
-        envoy.stop()
-        await picker.stop(0)
 
 
 def worker_config(w: WorkerProcess, instance_id: int) -> WorkerConfig:

@@ -56,19 +56,28 @@ async def told(indexer: DynamoIndexer) -> AsyncIterator[str]:
     client = KvIndexerClient(indexer.url, timeout_s=2.0)
     client.instance_ids[1] = "w1"
     try:
-        await client.register(Registration(1, 0, publisher.endpoint, MODEL, BLOCK))
-        hashes = compute_block_hashes(CACHED, BLOCK)
-        stored = [WireBlockStored([900 + i for i in range(10)], None, CACHED, BLOCK)]
-
-        async def held() -> bool:
-            publisher.publish(stored)  # again until the indexer's listener has connected
-            return await client.overlaps(MODEL, BLOCK, hashes) == {W1: 10}
-
-        await until(held, 15.0, "the indexer holds w1's blocks")
+        await tell(client, publisher, 1, CACHED, W1)
         yield indexer.url
     finally:
         await client.close()
         await publisher.stop()
+
+
+async def tell(
+    client: KvIndexerClient, publisher: ZmqEventPublisher, instance_id: int, tokens: list[int], worker: Worker
+) -> None:
+    """Register `publisher` as `instance_id` and publish `tokens`' blocks from it (again, until the
+    indexer's listener has connected) until the indexer answers them all cached on `worker`."""
+    await client.register(Registration(instance_id, 0, publisher.endpoint, MODEL, BLOCK))
+    blocks = len(tokens) // BLOCK
+    stored = [WireBlockStored([1000 * instance_id + i for i in range(blocks)], None, tokens, BLOCK)]
+    hashes = compute_block_hashes(tokens, BLOCK)
+
+    async def held() -> bool:
+        publisher.publish(stored)
+        return await client.overlaps(MODEL, BLOCK, hashes) == {worker: blocks}
+
+    await until(held, 15.0, f"the indexer holds {worker}'s {blocks} blocks")
 
 
 def asking(url: str, **router) -> tuple[LocalGroup, KvIndexerClient]:
@@ -198,15 +207,7 @@ async def test_a_request_queued_under_wspt_is_estimated_with_the_indexers_answer
         parsed = parse_openai_body(body, "/v1/chat/completions", max_bytes=1 << 20)
         tokens = list(await picker.pools[MODEL].tokenizer.tokenize(parsed))
         cached = len(tokens) // BLOCK - 1  # all but the last full block
-        await picker.kv_indexer.register(Registration(5, 0, publisher.endpoint, MODEL, BLOCK))
-        stored = [WireBlockStored(list(range(7000, 7000 + cached)), None, tokens[: cached * BLOCK], BLOCK)]
-        hashes = compute_block_hashes(tokens, BLOCK)
-
-        async def held() -> bool:
-            publisher.publish(stored)
-            return await picker.kv_indexer.overlaps(MODEL, BLOCK, hashes) == {Worker("w0"): cached}
-
-        await until(held, 15.0, "the indexer holds the prompt's blocks")
+        await tell(picker.kv_indexer, publisher, 5, tokens[: cached * BLOCK], Worker("w0"))
         hog = await route(picker, body=chat_body("hog " * 100), rid="hog")  # in prefill: saturated
         waiting = asyncio.create_task(route(picker, body=body, rid="known"))
         gate = picker.gate(MODEL)
