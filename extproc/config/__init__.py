@@ -262,7 +262,7 @@ def load_config(
             "--inference-resources: an objective's priority orders the admission queue, which is off "
             "(--router-queue-threshold unset): requests are counted per objective, in arrival order",
         )
-    notices += _kv_indexer_check(events_config, router_config, workers, discovery_config)
+    notices += _kv_indexer_check(events_config, router_config)
     if discovery_config.reload_config and not config_path:
         raise ConfigError("--reload-config needs a config file (--config or DYN_CONFIG)")
     return PickerConfig(
@@ -323,12 +323,7 @@ def _read_file(config_path: str) -> Mapping[str, Any]:
     return loaded or {}
 
 
-def _kv_indexer_check(
-    events_config: EventsConfig,
-    router_config: RouterConfig,
-    workers: Sequence[WorkerConfig],
-    discovery_config: DiscoveryConfig,
-) -> tuple[str, ...]:
+def _kv_indexer_check(events_config: EventsConfig, router_config: RouterConfig) -> tuple[str, ...]:
     """What --kv-indexer-url cannot be combined with (ConfigError), and what it makes moot (notices)."""
     if events_config.kv_indexer_url is None:
         return ()
@@ -341,11 +336,6 @@ def _kv_indexer_check(
         raise ConfigError(
             "--kv-indexer-url with --router-durable-kv-events: with an indexer this picker consumes no "
             "KV events, durable or not; drop one of them"
-        )
-    if any(w.role != "both" for w in workers) or discovery_config.prefill_dns_name is not None:
-        raise ConfigError(
-            "--kv-indexer-url does not route disaggregated workers yet (prefill and decode workers "
-            "are chosen by their own routers here): serve them with the picker's own KV events"
         )
     if router_config.mode not in KV_RULES:
         return (f"--kv-indexer-url is not queried in --router-mode {router_config.mode.value}, which routes "

@@ -224,6 +224,7 @@ class LocalGroup:
                 allowed_workers=allowed,
                 prefill_allowed=self._healthy_prefill(pool),
                 expected_output_tokens=request.expected_output_tokens,
+                found=self._found_for(request),
             )
             decision = split.decode
         else:

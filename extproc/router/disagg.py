@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from extproc.router.config import RouterConfig, RouterConfigOverride
 from extproc.router.errors import AllWorkersBusy, NoWorkers
+from extproc.router.radix import OverlapScores
 from extproc.router.router import KV_RULES, KvRouter, WorkerFilter
 from extproc.router.types import Decision, Worker, WorkerId
 
@@ -99,8 +100,12 @@ class DisaggRouter:
         allowed_workers: WorkerFilter | None = None,
         prefill_allowed: WorkerFilter | None = None,
         expected_output_tokens: int | None = None,
+        found: OverlapScores | None = None,
     ) -> DisaggDecision:
         """Choose the decode worker, then (unless prefilling locally) the prefill worker.
+
+        `found`: a KV indexer's answer for every worker of the model, decode and prefill (each
+        router reads its own workers' part), in place of both routers' own indexes.
 
         Raises what the decode router raises (NoWorkers, AllWorkersBusy); never fails for want
         of a prefill worker.
@@ -109,7 +114,9 @@ class DisaggRouter:
         cfg = self.decode.config.merged(decode_override)
         looked_up = cfg.mode in KV_RULES and cfg.overlap_score_weight > 0
         # the decision records its own prediction of the worker's cache: look up before it
-        cached = {} if looked_up or not local_hashes else self.decode.find_matches(local_hashes)
+        cached: OverlapScores = {}
+        if not looked_up and local_hashes:
+            cached = self.decode.find_matches(local_hashes) if found is None else found
         decode = self.decode.best_worker_for_hashes(
             local_hashes,
             isl,
@@ -118,6 +125,7 @@ class DisaggRouter:
             preferred_worker=preferred_worker,
             allowed_workers=allowed_workers,
             expected_output_tokens=expected_output_tokens,
+            found=found,
         )
         cached_blocks = decode.overlap_blocks if looked_up else cached.get(decode.worker, 0)
         reason = self.policy.local_reason(isl, cached_blocks * self.block_size)
@@ -130,6 +138,7 @@ class DisaggRouter:
                 request_id=request_id,
                 config_override=config_override,
                 allowed_workers=prefill_allowed,
+                found=found,
             )
         except NoWorkers:
             return DisaggDecision(decode, None, LOCAL_NO_PREFILL)

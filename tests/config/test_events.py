@@ -38,7 +38,7 @@ def test_a_kv_indexer_turns_kv_events_on_and_its_url_and_timeout_are_checked():
             load_config(["--kv-indexer-url", "http://i:1", "--kv-indexer-timeout-ms", bad], environ={})
 
 
-def test_a_kv_indexer_is_refused_where_it_cannot_stand_for_the_kv_events(tmp_path):
+def test_a_kv_indexer_is_refused_where_it_cannot_stand_for_the_kv_events_and_serves_disaggregation(tmp_path):
     url = ["--kv-indexer-url", "http://indexer:8090"]
     with pytest.raises(ConfigError, match="--no-router-kv-events"):
         load_config([*url, "--no-router-kv-events"], environ={})
@@ -50,10 +50,13 @@ def test_a_kv_indexer_is_refused_where_it_cannot_stand_for_the_kv_events(tmp_pat
         "  - {id: p0, endpoint: 10.0.0.1:8000, model: m, role: prefill}\n"
         "  - {id: d0, endpoint: 10.0.0.2:8000, model: m, role: decode}\n"
     )
-    with pytest.raises(ConfigError, match="disaggregated"):
-        load_config([*url, "--config", str(disagg)], environ={})
-    with pytest.raises(ConfigError, match="disaggregated"):
-        load_config([*url, "--discovery-dns", "d.svc", "--discovery-prefill-dns", "p.svc"], environ={})
+    assert {w.role for w in load_config([*url, "--config", str(disagg)], environ={}).workers} == {
+        "prefill",
+        "decode",
+    }  # the indexer's answer names prefill and decode workers alike: each router reads its own
+    dns = ["--discovery-dns", "d.svc", "--discovery-prefill-dns", "p.svc"]
+    discovered = load_config([*url, *dns], environ={})
+    assert discovered.discovery.prefill_dns_name == "p.svc"
     replicas = load_config([*url, "--router-replica-sync", "--nats-url", "nats://n:4222"], environ={})
     assert replicas.events.replica_sync and replicas.events.kv_indexer_url  # the load is still shared
 

@@ -10,7 +10,8 @@ child processes, stopped by pid.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -25,7 +26,7 @@ from extproc.router import RouterConfig, Worker
 from extproc.runtime.server import RunningPicker
 from tests.e2e.harness import behind_envoy
 from tests.e2e.test_kv_events_e2e import TIMEOUT, chat, prompt_hashes, send
-from tests.replica_helpers import until
+from tests.replica_helpers import until, within
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -66,6 +67,7 @@ async def stack(workers, indexer, log_dir) -> AsyncIterator[tuple[RunningPicker,
         kv_events_source=True,
     )
     async with behind_envoy(config, log_dir, workers=[w.endpoint for w in workers]) as (picker, envoy):
+        await until_heard(picker, workers)
         yield picker, envoy.url
 
 
@@ -182,6 +184,25 @@ async def test_without_the_indexer_requests_are_routed_by_load_and_it_is_refille
     assert (await send(url, follow_up)).headers["x-worker-id"] == target.worker_id
 
 
+async def until_heard(picker: RunningPicker, workers: Sequence[WorkerProcess]) -> None:
+    """Until the indexer hears each worker's KV events: a prompt of its own, sent to it directly, is
+    indexed on it. The picker registers its workers at start, and the indexer's ZMQ listener then
+    connects: a batch published before that is lost, so another prompt is sent each second."""
+    client = picker.picker.kv_indexer
+    assert client is not None
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+        for w in workers:
+            for attempt in range(20):
+                body = chat(f"is {w.worker_id} heard yet, attempt {attempt} " * 4)
+                hashes = await prompt_hashes(picker, body)
+                async with http.post(f"{w.url}/v1/chat/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                if await within(partial(_holds_all, client, hashes, Worker(w.worker_id)), 1.0) is not None:
+                    break
+            else:
+                pytest.fail(f"the indexer never heard {w.worker_id}'s KV events")
+
+
 async def until_indexed(client: KvIndexerClient, hashes: list[int], worker: Worker) -> None:
     """Until the indexer holds the whole prompt for `worker` (others may hold the template's start)."""
     seen: list[object] = []
@@ -191,6 +212,10 @@ async def until_indexed(client: KvIndexerClient, hashes: list[int], worker: Work
         return isinstance(seen[0], dict) and seen[0].get(worker) == len(hashes)
 
     await until(holds, 10.0, lambda: f"the indexer holds {worker}'s {len(hashes)} blocks: {seen}")
+
+
+async def _holds_all(client: KvIndexerClient, hashes: list[int], worker: Worker) -> bool:
+    return (await client.overlaps(MODEL, BLOCK, hashes) or {}).get(worker) == len(hashes)
 
 
 async def _equals(value: object, want: object) -> bool:

@@ -30,7 +30,7 @@ from extproc.picker.pipeline import EndpointPicker
 from extproc.request.parse import parse_openai_body
 from extproc.router import Worker
 from extproc.router.hashing import compute_block_hashes
-from tests.groups.builders import BLOCK, MODEL, group_config, prompt, request
+from tests.groups.builders import BLOCK, MODEL, disagg_config, group_config, prompt, request
 from tests.picker.test_pipeline_lifecycle import route
 from tests.picker_fixtures import chat_body, picker_config
 from tests.replica_helpers import until
@@ -238,3 +238,46 @@ async def test_an_answer_asked_again_is_the_last_to_go(told, monkeypatch):
         assert [held for held, _, _ in group._found.values()] == [a, c, d]
     finally:
         await client.close()
+
+
+@in_module_loop
+async def test_a_disaggregated_model_chooses_both_workers_by_the_indexers_answer(told):
+    """One answer names decode and prefill workers alike: the decode router reads its workers' part
+    (a decode worker caching most of the prompt prefills it itself), the prefill router its own
+    (the prefill worker caching the prompt's prefix prefills it)."""
+    prefill = ("127.0.9.1:8000", "127.0.9.2:8000")
+    config = disagg_config(2, prefill, disagg={"min_remote_prefill_tokens": 16}, use_kv_events=True)
+    picker = EndpointPicker(config)
+    client = KvIndexerClient(told, timeout_s=2.0)
+    client.instance_ids.update({0: "w0", 1: "w1", 10: "p0", 11: "p1"})
+    group = LocalGroup(
+        "g", picker.pools, config=config, clock=time.monotonic, metrics=picker.metrics, listeners=[],
+        kv_indexer=client,
+    )  # fmt: skip
+    on_p0, on_p1 = prompt(20), prompt(21)
+    publishers = [ZmqEventPublisher(port=0, replay_port=0) for _ in range(2)]
+    try:
+        for publisher, instance, tokens, worker in zip(
+            publishers, (10, 11), (on_p0, on_p1), (Worker("p0"), Worker("p1")), strict=True
+        ):
+            await publisher.start()
+            await tell(client, publisher, instance, tokens, worker)
+        for n, (tokens, prefill) in enumerate([(on_p1, "p1"), (on_p0, "p0"), (on_p1, "p1"), (on_p0, "p0")]):
+            asked = request(tokens + prompt(30 + n, 320))  # 30 blocks, 10 cached on the prefill worker
+            decision = await group.commit(asked, f"r{n}", None)
+            routed = group.tracked(decision.request_id)
+            assert routed is not None and routed.prefill_worker == Worker(prefill), (n, routed)
+            assert routed.prefill_overlap_blocks == 10
+            group.free(MODEL, decision.request_id)
+
+        decision = await group.commit(request(CACHED + prompt(40, 32)), "local", None)  # 10 of 12 on w1
+        routed = group.tracked(decision.request_id)
+        assert routed is not None
+        assert (routed.worker, routed.prefill_worker, routed.overlap_blocks) == (W1, None, 10)
+        local = {"model": MODEL, "where": "local", "reason": "decode-cached"}
+        assert picker.metrics.registry.get_sample_value("extproc_disagg_decisions_total", local) == 1
+        assert client.counters["kv_indexer.query"] >= 5 and client.counters["kv_indexer.query_failed"] == 0
+    finally:
+        await client.close()
+        for publisher in publishers:
+            await publisher.stop()

@@ -115,6 +115,28 @@ def test_with_decode_overlap_weight_zero_the_cached_prefix_is_still_looked_up_fo
     assert decision.local_reason == LOCAL_CACHED
 
 
+def test_a_kv_indexers_answer_stands_in_for_both_routers_own_indexes():
+    """One answer for the model's decode and prefill workers alike (`--kv-indexer-url`): each stage
+    reads its own workers' part, whatever its own index holds."""
+    hashes = compute_block_hashes(PROMPT, BS)
+    router = make(DisaggPolicy(min_remote_prefill_tokens=0, max_decode_prefix_frac=0.75))
+    cache(router.prefill, P0, PROMPT)  # the routers' own view, which the answer replaces
+    decision = router.route(hashes, len(PROMPT), request_id="r1", found={P1: 48, D0: 8})
+    assert (decision.prefill_worker, decision.prefill.overlap_blocks) == (P1, 48)
+    assert (decision.decode.worker, decision.decode.overlap_blocks) == (D0, 8)
+    decision = router.route(hashes, len(PROMPT), request_id="r2", found={D1: 56, P0: 64})
+    assert (decision.decode.worker, decision.prefill, decision.local_reason) == (D1, None, LOCAL_CACHED)
+
+    policy = DisaggPolicy(min_remote_prefill_tokens=0, max_decode_prefix_frac=0.75, decode_overlap_weight=0)
+    balancing = make(policy)
+    for w in (D0, D1):
+        cache(balancing.decode, w, PROMPT)  # cached everywhere by its own index: the answer says not
+    decision = balancing.route(hashes, len(PROMPT), request_id="r1", found={P1: 1})
+    assert decision.local_reason is None and decision.prefill_worker == P1
+    decision = balancing.route(hashes, len(PROMPT), request_id="r2", found={D0: 60, D1: 60})
+    assert decision.local_reason == LOCAL_CACHED  # the skip is looked up in the answer too
+
+
 def test_no_prefill_worker_falls_back_to_aggregated_serving():
     router = make(prefill_workers=())
     decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
