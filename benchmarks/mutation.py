@@ -8889,14 +8889,9 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "the lookup apart finds what the decision's lookup finds (same state, expired alike)",
         ),
         "xǁDisaggRouterǁroute__mutmut_11": (
-            "cached = {} if (looked_up or not local_hashes) and False else self.decode.find_matches(local_hashes)",  # noqa: E501
-            "same-value",
-            "the lookup's result is only read when the decision did not look up",
-        ),
-        "xǁDisaggRouterǁroute__mutmut_13": (
-            "cached = {} if looked_up and not local_hashes else self.decode.find_matches(local_hashes)",
-            "same-value",
-            "the lookup's result is only read when the decision did not look up",
+            "if not looked_up or local_hashes:",
+            "performance",
+            "a lookup the decision made already (its answer is not read) or of no hashes (nothing found)",
         ),
     },
     "router/hashing.py": {

@@ -137,6 +137,14 @@ def test_a_kv_indexers_answer_stands_in_for_both_routers_own_indexes():
     assert decision.local_reason == LOCAL_CACHED  # the skip is looked up in the answer too
 
 
+def test_a_prompt_shorter_than_a_block_is_prefilled_locally_whatever_the_decode_weight():
+    for weight in (None, 0):
+        router = make(DisaggPolicy(decode_overlap_weight=weight))
+        decision = router.route([], BS - 1, request_id="r1")  # no full block: nothing to look up
+        assert (decision.prefill, decision.local_reason) == (None, LOCAL_SHORT)
+        assert router.route([], BS - 1, request_id="r2", found={P0: 3}).local_reason == LOCAL_SHORT
+
+
 def test_no_prefill_worker_falls_back_to_aggregated_serving():
     router = make(prefill_workers=())
     decision = router.route(compute_block_hashes(PROMPT, BS), len(PROMPT), request_id="r1")
