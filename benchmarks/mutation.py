@@ -4120,7 +4120,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "what stays None (a salted request, no hashes) is stored as {} below, as the {} it starts as",
         ),
-        "xǁLocalGroupǁcommit_now__mutmut_88": (
+        "xǁLocalGroupǁcommit_now__mutmut_91": (
             "choice, prefill = self._name_prefill_worker(pool, choice, split, None)",
             "message",
             "the request id reaches only the log lines of `_name_prefill_worker`",
