@@ -4,7 +4,10 @@ What lives where, on the NATS server:
 
 - stream `kv-events-<ns>-<component>` captures the `kv_events` subject (Dynamo JSON, published
   with NATS core by the workers) and the endpoint's event-plane subject (`...endpoint.<e>.kv-events`,
-  the msgpack envelopes of Dynamo's own `KvEventPublisher`), file storage, `max_age` one hour;
+  the msgpack envelopes of Dynamo's own `KvEventPublisher`), file storage, `max_age` one hour. It
+  also sources the stream Dynamo 1.0-1.3 workers publish into themselves (`namespace-<ns>-component-
+  <component>-kv-events`, Dynamo JSON: `dynamo_json.jetstream_stream`), whether it exists yet or
+  not: the server copies each of its messages here as it comes, under its own subject;
 - one durable pull consumer per router replica, named `router-<replica id>` (replica ids must be
   unique), acking in stream order; unused consumers disappear after `max_age`;
 - object store bucket `kv-snapshots-<ns>-<component>`, object `radix-tree`: the router's tree as
@@ -50,7 +53,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from extproc.events.counters import EventCounters
-from extproc.events.dynamo_json import decode_event, kv_events_subject
+from extproc.events.dynamo_json import decode_event, jetstream_stream, kv_events_subject
 from extproc.events.dynamo_plane import DEFAULT_ENDPOINT, PlaneEvent, decode_envelope, event_plane_subject
 from extproc.events.nats_events import EventIdTracker, GapHook, follow_gap
 from extproc.events.object_read import ObjectReadError, read_object
@@ -118,6 +121,11 @@ class DurableConfig:
     @property
     def stream(self) -> str:
         return _name(f"kv-events-{self.namespace}-{self.component}")
+
+    @property
+    def dynamo_stream(self) -> str:
+        """The stream Dynamo 1.0-1.3 workers create and publish into (sourced into `stream`)."""
+        return jetstream_stream(self.namespace, self.component)
 
     @property
     def consumer(self) -> str:
@@ -409,6 +417,7 @@ class DurableKvEvents:
         stream = api.StreamConfig(
             name=cfg.stream,
             subjects=cfg.subjects,
+            sources=[api.StreamSource(name=cfg.dynamo_stream)],
             retention=api.RetentionPolicy.LIMITS,
             storage=api.StorageType.FILE,
             max_age=cfg.max_age_s,
@@ -496,7 +505,8 @@ class DurableKvEvents:
 
     def _decode(self, data: bytes, subject: str | None) -> list[PlaneEvent]:
         """The events of one stream message: a Dynamo JSON event, or an event-plane envelope."""
-        if subject is not None and subject != self.config.subject:
+        cfg = self.config
+        if subject is not None and subject != cfg.subject and not subject.startswith(f"{cfg.dynamo_stream}."):
             return decode_envelope(data, self.counters, worker_id_of=self._worker_id_of)
         decoded = decode_event(data, self.counters, worker_id_of=self._worker_id_of)
         if decoded is None:

@@ -15,6 +15,12 @@ names them by string, so `decode_event` maps the wire id through `worker_id_of` 
 Decoding never raises: malformed JSON, unknown variants and out-of-range numbers are counted
 loudly in `EventCounters` under `dynamo.*` keys and the message is dropped.
 
+The same JSON is what a Dynamo worker of ai-dynamo-runtime 1.0 to 1.3 publishes by default (without
+`--enable-local-indexer`: the router guide's "JetStream mode"): into a JetStream stream it creates,
+`jetstream_stream(ns, component)`, on the subject `<stream>.kv-events`, with the worker's Dynamo
+instance id as `worker_id` (1.0 to 1.2; 1.3 the publisher's `worker_id`) and, in 1.0, event ids from
+0 and no `storage_tier` (tests/nats/fixtures/dynamo-jetstream/, captured from each release).
+
 The RouterEvent shape is shared with Dynamo's msgpack event plane (`extproc.events.dynamo_plane`),
 which parses its envelope and hands each RouterEvent to `router_event_header` / `router_event_data`.
 """
@@ -46,6 +52,19 @@ DecodedEvent = tuple[WorkerId, int, KvEvent]  # (worker id, event id, event)
 def kv_events_subject(namespace: str, component: str) -> str:
     """The NATS subject Dynamo publishes a component's KV events on."""
     return f"namespace.{namespace}.component.{component}.kv_events"
+
+
+def jetstream_stream(namespace: str, component: str) -> str:
+    """The JetStream stream a Dynamo 1.0-1.3 worker publishes a component's KV events into: Dynamo's
+    slug of `namespace.<ns>.component.<component>.kv-events` (lower case, every character but a
+    letter, a digit or `-` made `-`), e.g. `namespace-dynamo-component-backend-kv-events`."""
+    name = f"namespace.{namespace}.component.{component}.kv-events".lower()
+    return "".join(c if c.isascii() and (c.isalnum() or c == "-") else "-" for c in name)
+
+
+def jetstream_subject(namespace: str, component: str) -> str:
+    """The subjects of that stream (its workers publish on `<stream>.kv-events`)."""
+    return f"{jetstream_stream(namespace, component)}.*"
 
 
 def encode_event(worker_id: int, event: KvEvent, event_id: int, dp_rank: int) -> bytes:

@@ -265,8 +265,10 @@ class NatsEventSubscriber:
 
     `subject` carries Dynamo JSON (one event per message) and `event_plane_subject` Dynamo's event
     plane (msgpack envelopes of one or more events; it may hold a `*` wildcard); either may be None,
-    not both. Every decoded event, whichever the subject, goes through the same per-worker event-id
-    check and the same sink calls. Counter keys: `nats.event` (applied), `nats.gap`, plus the
+    not both. `jetstream_subject` carries Dynamo JSON too: what Dynamo 1.0-1.3 workers publish into
+    their JetStream stream (`dynamo_json.jetstream_subject`), heard here as it is published. Every
+    decoded event, whichever the subject, goes through the same per-worker event-id check and the
+    same sink calls. Counter keys: `nats.event` (applied), `nats.gap`, plus the
     decoders' `dynamo.*` and the link's.
     """
 
@@ -277,6 +279,7 @@ class NatsEventSubscriber:
         subject: str | None,
         *,
         event_plane_subject: str | None = None,
+        jetstream_subject: str | None = None,
         counters: EventCounters | None = None,
         on_gap: GapHook | None = None,
         worker_id_of: Callable[[int], WorkerId] = str,
@@ -290,6 +293,7 @@ class NatsEventSubscriber:
         self.sink = sink
         self.subject = subject
         self.event_plane_subject = event_plane_subject
+        self.jetstream_subject = jetstream_subject
         self.queue_size = queue_size
         self.counters = counters if counters is not None else link.counters
         self.on_gap: GapHook = on_gap or self._follow_gap
@@ -305,8 +309,8 @@ class NatsEventSubscriber:
 
     @property
     def subjects(self) -> list[str]:
-        """The subjects subscribed to: the JSON one, then the event plane's."""
-        return [s for s in (self.subject, self.event_plane_subject) if s is not None]
+        """The subjects subscribed to: the JSON one, the event plane's, then Dynamo's JetStream one."""
+        return [s for s in (self.subject, self.event_plane_subject, self.jetstream_subject) if s is not None]
 
     @property
     def gaps(self) -> int:
@@ -319,7 +323,11 @@ class NatsEventSubscriber:
 
     async def start(self) -> None:
         self._unwatch = self.link.watch(self._on_link_state)
-        handlers = ((self.subject, self._on_message), (self.event_plane_subject, self._on_plane_message))
+        handlers = (
+            (self.subject, self._on_message),
+            (self.event_plane_subject, self._on_plane_message),
+            (self.jetstream_subject, self._on_message),
+        )
         for subject, handler in handlers:
             if subject is None:
                 continue
@@ -356,18 +364,18 @@ class NatsEventSubscriber:
         )
 
     async def _on_message(self, msg: Msg) -> None:
-        self.handle(msg.data)
+        self.handle(msg.data, msg.subject)
 
     async def _on_plane_message(self, msg: Msg) -> None:
         self.handle_event_plane(msg.data, msg.subject)
 
-    def handle(self, data: bytes) -> None:
+    def handle(self, data: bytes, subject: str | None = None) -> None:
         """Decode and apply one Dynamo JSON message (what its subscription does); never raises."""
         decoded = decode_event(data, self.counters, worker_id_of=self._worker_id_of)
         if decoded is None:
             return
         _, event_id, event = decoded
-        self._apply(event.worker, event_id, event, self.subject or "")
+        self._apply(event.worker, event_id, event, subject or self.subject or "")
 
     def handle_event_plane(self, data: bytes, subject: str | None = None) -> None:
         """Decode and apply one event-plane message, each of its events in order; never raises."""

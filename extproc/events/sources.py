@@ -36,7 +36,7 @@ import zmq.asyncio
 from extproc.config import PickerConfig, WorkerConfig
 from extproc.events.counters import EventCounters
 from extproc.events.durable import DurableConfig, DurableKvEvents
-from extproc.events.dynamo_json import kv_events_subject
+from extproc.events.dynamo_json import jetstream_subject, kv_events_subject
 from extproc.events.dynamo_plane import event_plane_subject
 from extproc.events.dynamo_recovery import LocalIndexerRecovery, start_recovery
 from extproc.events.feed import RouterFeed
@@ -197,11 +197,13 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
         else:
             subject = kv_events_subject(events.namespace, events.component)
             plane = event_plane_subject(events.namespace, events.component, events.dynamo_endpoint)
+            jetstream = jetstream_subject(events.namespace, events.component)
             subscriber = NatsEventSubscriber(
                 link,
                 sources.feed,
                 subject,
                 event_plane_subject=plane,
+                jetstream_subject=jetstream,
                 counters=sources.counters,
                 worker_id_of=worker_id_of,
                 queue_size=events.queue_size,
@@ -209,8 +211,9 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             await subscriber.start()
             sources.nats_events = subscriber
             sources.closers.append(subscriber.stop)
-            log.info("subscribed to Dynamo KV events on %s (JSON) and %s (event plane) at %s",
-                     subject, plane, events.nats_url)  # fmt: skip
+            log.info("subscribed to Dynamo KV events on %s (JSON), %s (event plane) and %s (Dynamo 1.0-1.3 "
+                     "workers' JetStream stream, heard live) at %s", subject, plane, jetstream,
+                     events.nats_url)  # fmt: skip
             if events.dynamo_file_kv is not None:  # after subscribing: nothing between a dump and the stream
                 sources.recovery = await start_recovery(events, subscriber, sources.feed, worker_id_of)
                 sources.closers.append(sources.recovery.stop)
