@@ -122,6 +122,24 @@ def test_each_golden_message_decodes_to_the_router_events(name):
     assert counters.snapshot() == {k: v for k, v in counts.items() if v}
 
 
+@pytest.mark.parametrize("release", ["1.4.2", "1.5.1"])
+def test_older_releases_put_the_same_events_on_the_plane(release):
+    """ai-dynamo-runtime 1.4.2 and 1.5.1 driven by the same script (`fixtures/dynamo-<release>/`) send
+    the same envelopes (1.4.2 without `residency_domain`, read as the worker's own cache)."""
+    older = FIXTURES.parent / f"dynamo-{release}"
+    m = json.loads((older / "manifest.json").read_text())
+    assert m["ai-dynamo-runtime"] == release
+    assert [e["file"] for e in m["messages"]] == [f"{name}.msgpack" for name in EXPECTED]
+    for name, events in EXPECTED.items():
+        assert decode_envelope((older / f"{name}.msgpack").read_bytes(), EventCounters()) == events, name
+    domains = {
+        "residency_domain" in event
+        for name in EXPECTED
+        for event in msgpack.unpackb(msgpack.unpackb((older / f"{name}.msgpack").read_bytes())["payload"])
+    }
+    assert domains == ({False} if release == "1.4.2" else {True})
+
+
 def test_tokens_hash_is_our_local_hash_and_the_salt_vector_holds():
     assert SALTED == [7339200549687331636]  # REFERENCE section 4's vector for cache_salt "salt-A"
     assert h(range(300, 316))[0] != MM_HASH  # a multimodal block hashes its media too
