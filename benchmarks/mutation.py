@@ -99,7 +99,11 @@ MODULES: dict[str, list[str]] = {
     # the gRPC-over-HTTP/2 server Envoy's ext_proc streams reach (frames, flow control, limits)
     "runtime/h2_server.py": ["tests/runtime/test_h2_server.py", "tests/runtime/test_h2_server_edges.py"],
     # the KV events of Dynamo deployments: its router guide's JSON and its 1.6.1 event plane
-    "events/dynamo_json.py": ["tests/nats/test_dynamo_json.py", "tests/fuzz/test_dynamo_fuzz.py"],
+    "events/dynamo_json.py": [
+        "tests/nats/test_dynamo_json.py",
+        "tests/fuzz/test_dynamo_fuzz.py",
+        "tests/nats/test_dynamo_jetstream.py",
+    ],
     "events/dynamo_plane.py": [
         "tests/nats/test_dynamo_plane.py",
         "tests/events/test_tier_fixtures.py",
@@ -111,6 +115,7 @@ MODULES: dict[str, list[str]] = {
         "tests/events/test_engine_fixtures.py",
         "tests/events/test_tier_fixtures.py",
         "tests/fuzz/test_vllm_fuzz.py",
+        "tests/events/test_vllm_releases.py",
     ],
     # SGLang's session calls on the worker a session uses (golden fixture from SGLang 0.5.23's code)
     "picker/worker_sessions.py": [
@@ -252,6 +257,7 @@ MODULES: dict[str, list[str]] = {
         "tests/nats/test_dynamo_recovery_wire.py",
         "tests/nats/test_dynamo_runtime.py",
         "tests/fuzz/test_dynamo_fuzz.py",
+        "tests/nats/test_dynamo_jetstream.py",
     ],
     # request bodies parsed in worker processes: the pool, its limits, a dead worker replaced
     "picker/parse_worker.py": [

@@ -59,7 +59,7 @@ def jetstream_stream(namespace: str, component: str) -> str:
     slug of `namespace.<ns>.component.<component>.kv-events` (lower case, every character but a
     letter, a digit or `-` made `-`), e.g. `namespace-dynamo-component-backend-kv-events`."""
     name = f"namespace.{namespace}.component.{component}.kv-events".lower()
-    return "".join(c if c.isascii() and (c.isalnum() or c == "-") else "-" for c in name)
+    return "".join(c if c.isascii() and c.isalnum() else "-" for c in name)
 
 
 def jetstream_subject(namespace: str, component: str) -> str:
