@@ -1336,7 +1336,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "text of the no-subject ValueError only",
         ),
-        "xǁNatsEventSubscriberǁ__init____mutmut_28": (
+        "xǁNatsEventSubscriberǁ__init____mutmut_29": (
             "self._gap_subject = None  # the subject of the event being checked, for the default gap reason",
             "same-value",
             (
@@ -1344,10 +1344,10 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "which only _apply calls, right after setting _gap_subject = subject"
             ),
         ),
-        "xǁNatsEventSubscriberǁ__init____mutmut_29": (
+        "xǁNatsEventSubscriberǁ__init____mutmut_30": (
             'self._gap_subject = "XXXX"  # the subject of the event being checked, for the default gap reason',  # noqa: E501
             "same-value",
-            "as __init__ 28: the initial value is always overwritten before _follow_gap reads it",
+            "as __init__ 29: the initial value is always overwritten before _follow_gap reads it",
         ),
         "xǁNatsEventSubscriberǁ__init____mutmut_3": (
             "raise ValueError(None)",
@@ -1442,13 +1442,13 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "case of the nats.queue_full warning text",
         ),
-        "xǁNatsEventSubscriberǁhandle__mutmut_19": (
-            'self._apply(event.worker, event_id, event, self.subject or "XXXX")',
+        "xǁNatsEventSubscriberǁhandle__mutmut_20": (
+            'self._apply(event.worker, event_id, event, subject or self.subject or "XXXX")',
             "same-value",
             (
-                "the right side of `self.subject or ...` is reached only when subject is None; handle is fed"
-                " only by the JSON subscription, which exists only when subject is set (a non-empty NATS "
-                "subject); no product code calls handle() on a plane-only subscriber"
+                "the last `or` is reached only when neither a subject is given nor the subscriber has a JSON "
+                "subject; the subscriptions always pass their message's subject (never empty in NATS), so "
+                "only a direct call on a plane-only subscriber could, and no product code makes one"
             ),
         ),
         "xǁNatsEventSubscriberǁhandle_event_plane__mutmut_4": (

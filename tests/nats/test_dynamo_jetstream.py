@@ -208,3 +208,28 @@ async def test_a_durable_picker_sources_dynamos_stream_and_a_later_replica_rebui
         if second is not None:
             await second.stop(0)
         await first.stop(0)
+
+
+async def test_a_jetstream_worker_is_named_by_its_subject_and_a_restarted_one_forgets_its_blocks(nats_server):
+    """The operator's view names the stream's subject the worker published on (not the JSON subject
+    the picker also hears). When its event ids start again (the worker restarted, its cache empty),
+    what it stored before is forgotten."""
+    release = "1.3.1"
+    picker = await start_picker(picker_config(nats_server.url, release))
+    try:
+        await as_the_worker_publishes(nats_server.url, release)
+        await holds_what_the_worker_stored(picker, "heard live")
+        feed, router, w0 = picker.sources.feed, picker.picker.pools["m"].router, Worker("w", 0)
+        assert feed.reason(w0) == f"first event on {STREAM}.kv-events"
+        nc = await nats.connect(nats_server.url)
+        try:
+            entry, data = message(release, "stored-root")  # event 1 again: the publisher restarted
+            await nc.jetstream().publish(entry["subject"], data)
+        finally:
+            await nc.close()
+        await eventually(
+            lambda: not matches(router, LORA), 10.0, "the LoRA block it stored before is forgotten"
+        )
+        assert matches(router, ROOT) == {w0: 2, Worker("w", 1): 1}  # what it stored again, and dp rank 1's
+    finally:
+        await picker.stop(0)

@@ -294,3 +294,21 @@ async def test_a_sender_made_on_the_loop_takes_a_first_message_from_another_thre
     finally:
         await sender.stop()
         await link.close()
+
+
+async def test_a_sender_made_off_the_loop_takes_the_loop_of_its_first_message(nats_server):
+    """Made where no loop runs (an engine's start-up thread), it publishes from the loop of the first
+    `submit`, and later ones from another thread follow in order."""
+    link = await connect(nats_server, "worker-7")
+    received = await listen(link.nc)
+    counters = EventCounters()
+    sender = await asyncio.to_thread(OrderedSender, link.nc, counters, "nats", drop_while_down=False)
+    try:
+        sender.submit(SUBJECT, b"first, from the loop")
+        await asyncio.to_thread(sender.submit, SUBJECT, b"then from a thread")
+        await eventually(lambda: len(received) == 2, 5.0, "both messages")
+        assert [m.data for m in received] == [b"first, from the loop", b"then from a thread"]
+        assert counters["nats.publish_failed"] == 0
+    finally:
+        await sender.stop()
+        await link.close()
