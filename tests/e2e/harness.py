@@ -15,12 +15,15 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import re
 import signal
+import subprocess
 import sys
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,7 +34,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc.config import EventsConfig, ModelConfig, PickerConfig, WorkerConfig
 from extproc.devstack.envoy_config import PickerHealth, Variant, render_envoy_config
-from extproc.devstack.procs import EnvoyProcess, ManagedProcess, start_envoy
+from extproc.devstack.procs import EnvoyProcess, ManagedProcess, find_envoy, start_envoy
 from extproc.devstack.stack import MODEL, WorkerProcess
 from extproc.router import RouterConfig
 from extproc.runtime.ports_file import write_ports_file
@@ -143,6 +146,17 @@ class EchoWorker:
             if key is not None:
                 self._gates.pop(key, None)
         return response
+
+
+@cache
+def envoy_version() -> tuple[int, int]:
+    """(major, minor) of the Envoy these tests start: 1.40 from the project's extras; another one first
+    on PATH runs the suite against it (extproc/devstack/envoy/README.md, "Envoy versions"), and the few
+    tests whose answer differs by version expect that version's."""
+    out = subprocess.run([find_envoy(), "--version"], capture_output=True, text=True, timeout=60, check=True)
+    found = re.search(r"/(\d+)\.(\d+)\.\d+/", out.stdout)
+    assert found is not None, out.stdout
+    return int(found.group(1)), int(found.group(2))
 
 
 async def start_echo_workers(count: int) -> list[EchoWorker]:

@@ -26,6 +26,7 @@ from .harness import (
     EchoWorker,
     EnvoyUnderTest,
     InProcessPicker,
+    envoy_version,
     start_echo_workers,
     start_envoy_variant,
     start_noop_picker,
@@ -172,13 +173,16 @@ async def test_a_request_with_no_model_or_an_unknown_one_goes_to_any_worker(
 async def test_a_body_nested_past_envoys_json_limit_goes_to_any_worker(
     envoys: dict[str, EnvoyUnderTest], workers: list[EchoWorker]
 ) -> None:
-    """Envoy's JSON parser gives up on nesting deeper than about 1,000 levels (Envoy 1.40); such a
-    body carries no model to Envoy and goes to any worker (documented)."""
+    """Envoy's JSON parser gives up on nesting deeper than about 1,000 levels (Envoy 1.38 and later;
+    1.36 and 1.37 read 2,000 levels); such a body carries no model to Envoy and goes to any worker
+    (documented)."""
     url = envoys["down"].url
     shallow = b'{"model": "chat", "x": ' + b"[" * 500 + b"]" * 500 + b"}"
     assert {(await send(url, shallow))["worker"] for _ in range(6)} == set(served(workers)["chat"])
     deep = b'{"model": "chat", "x": ' + b"[" * 2000 + b"]" * 2000 + b"}"
-    assert {(await send(url, deep))["worker"] for _ in range(len(workers))} == {w.address for w in workers}
+    reached = {(await send(url, deep))["worker"] for _ in range(len(workers))}
+    everyone = {w.address for w in workers}
+    assert reached == (everyone if envoy_version() >= (1, 38) else set(served(workers)["chat"]))
 
 
 async def test_the_pickers_destination_is_used_as_it_is(

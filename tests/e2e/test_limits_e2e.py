@@ -30,7 +30,7 @@ from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import RouterConfig
 
-from .harness import EchoWorker, EnvoyUnderTest, start_echo_workers, start_envoy_variant
+from .harness import EchoWorker, EnvoyUnderTest, envoy_version, start_echo_workers, start_envoy_variant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -139,6 +139,9 @@ async def test_a_dead_worker_gets_envoys_503_counted_as_failures_in_a_row_until_
     tmp_path: Path, refusing_port
 ) -> None:
     dead = EchoWorker(port=refusing_port())  # held for the test: nothing listens there until it starts
+    # Envoy 1.36 sends ext_proc none of its own replies (from 1.37 on it does, envoyproxy/envoy#41769):
+    # the client gets the same 503, but the picker is not told, and cannot eject the worker
+    told = envoy_version() >= (1, 37)
     async with serving([dead.address], "buffered", tmp_path) as (picker, _service, envoy):
         sample = picker.metrics.registry.get_sample_value
         labels = {"model": MODEL, "worker": "w0"}
@@ -151,14 +154,16 @@ async def test_a_dead_worker_gets_envoys_503_counted_as_failures_in_a_row_until_
                 assert headers[epp.DROPPED_REASON_HEADER] == "upstream-unavailable"
                 assert headers["retry-after"] == "1"
                 await until(picker.is_idle)  # freed like any other failed request
-                assert sample("extproc_worker_consecutive_failures", labels) == attempt
-            assert sample("extproc_upstream_responses_total", {**labels, "status": "503"}) == 3
+                assert sample("extproc_worker_consecutive_failures", labels) == (attempt if told else None)
+            assert sample("extproc_upstream_responses_total", {**labels, "status": "503"}) == (
+                3 if told else None
+            )
             await dead.start()  # the worker comes (back) up
             try:
                 status, _, answer = await post(http, envoy.url, "hello again")
                 assert status == 200 and answer["worker"] == dead.address
                 await until(picker.is_idle)
-                assert sample("extproc_worker_consecutive_failures", labels) == 0
+                assert sample("extproc_worker_consecutive_failures", labels) == (0 if told else None)
                 assert sample("extproc_upstream_responses_total", {**labels, "status": "200"}) == 1
             finally:
                 await dead.stop()

@@ -29,7 +29,7 @@ from extproc.runtime.server import RunningPicker, start_picker
 
 from ..certs import TestCa
 from ..replica_helpers import until
-from .harness import EchoWorker, start_echo_workers, start_envoy_variant
+from .harness import EchoWorker, envoy_version, start_echo_workers, start_envoy_variant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -172,6 +172,8 @@ async def test_envoy_gets_no_route_when_the_handshake_fails(mtls_picker, cas, lo
     }[envoy_side]
     answer = await through_envoy(mtls_picker, tls, log_dir)
     details = assert_picker_unavailable(answer, tls_named=envoy_side != "without a client certificate")
+    if envoy_version() < (1, 37):  # Envoy 1.36 names BoringSSL's reason alone, not the failed check
+        logged = logged.split(":")[0]
     assert logged in details, details
     await until(mtls_picker.picker.is_idle, 5.0, "the picker freed every request")
 
@@ -192,7 +194,10 @@ async def test_an_expired_picker_certificate_is_named(worker, cas, log_dir):
     finally:
         await running.stop(0)
     details = assert_picker_unavailable(answer, tls_named=True)
-    assert "CERTIFICATE_VERIFY_FAILED" in details and "certificate_has_expired" in details, details
+    assert "CERTIFICATE_VERIFY_FAILED" in details, details
+    assert "certificate_has_expired" in details or envoy_version() < (1, 37), (
+        details
+    )  # 1.36: the reason alone
 
 
 async def test_envoy_encrypts_to_a_self_signed_picker_without_verifying(worker, log_dir):
