@@ -115,7 +115,7 @@ MODULES: dict[str, list[str]] = {
         "tests/events/test_engine_fixtures.py",
         "tests/events/test_tier_fixtures.py",
         "tests/fuzz/test_vllm_fuzz.py",
-        "tests/events/test_vllm_releases.py",
+        "tests/events/test_engine_releases.py",
     ],
     # SGLang's session calls on the worker a session uses (golden fixture from SGLang 0.5.23's code)
     "picker/worker_sessions.py": [

@@ -1,26 +1,28 @@
-"""Records `tests/events/engines/vllm-wire/`: the KV event bytes of older vLLM releases, from their own code.
+"""Records `tests/events/engines/engine-wire/`: older vLLM and SGLang releases' KV event bytes, from source.
 
-`generate_fixtures.py` drives vLLM 0.33.0's whole block pool. Engines in the field run older
-releases, whose wire format differs: events as tagged msgpack arrays up to 0.20 (maps from 0.25),
-fields added release by release (`medium` in 0.10, `lora_name` and `extra_keys` in 0.18,
-`group_idx` in 0.20, `kv_cache_spec_*` in 0.25, `locality`/`ownership`/`session_id` in 0.30), and
-the replay end marker with the topic frame only from 0.30. This script records each format from
-that release's `vllm/distributed/kv_events.py` (its event structs and its `ZmqEventPublisher`):
+`generate_fixtures.py` drives vLLM 0.33.0's whole block pool and SGLang 0.5.23's recorder. Engines in
+the field run older releases, whose wire format differs: vLLM's events are tagged msgpack arrays up
+to 0.20 (maps from 0.25), with fields added release by release (`medium` in 0.10, `lora_name` and
+`extra_keys` in 0.18, `group_idx` in 0.20, `kv_cache_spec_*` in 0.25, `locality`/`ownership`/
+`session_id` in 0.30), and the replay end marker with the topic frame only from 0.30; SGLang's were
+arrays of five fields (0.4) and six (`medium`, 0.5.10), with signed block ids. This script records
+each format from that release's own module (`vllm/distributed/kv_events.py`,
+`sglang/srt/disaggregation/kv_events.py`: its event structs and its `ZmqEventPublisher`):
 
     python3 -m venv /tmp/genvenv
-    /tmp/genvenv/bin/pip install msgspec pyzmq msgpack numpy
-    /tmp/genvenv/bin/python tests/events/engines/generate_vllm_wire.py [--cache DIR]
+    /tmp/genvenv/bin/pip install msgspec pyzmq msgpack numpy pydantic
+    /tmp/genvenv/bin/python tests/events/engines/generate_engine_wire.py [--cache DIR]
 
-1. Downloads each release's source archive (the wheels are 400 MB each; the module is the same)
+1. Downloads each release's source archive (vLLM's wheels are 400 MB each; the module is the same)
    from PyPI's simple index, checks its sha256 against the index, and extracts that one module.
-2. Loads it with stubs for what it imports but need not run (vllm.logger, vllm.config's
-   KVEventsConfig, vllm.v1.core.kv_cache_utils.ExternalBlockHash).
+2. Loads it with stubs for what it imports but need not run (vLLM: vllm.logger, vllm.config's
+   KVEventsConfig, vllm.v1.core.kv_cache_utils.ExternalBlockHash; SGLang's imports nothing of its own).
 3. Builds one scenario's batches with the release's own structs, filling only the fields it has:
    a plain prompt, its continuation (a parent id), a LoRA prompt (a release without `lora_name`
    names its adapter by number only, which the router cannot hash: dropped, counted), a salted
    prompt (the salt in the first block's `extra_keys`, where the release has them; older ones
    sent no salt at all, so their salted blocks look unsalted), a removal, and the cache cleared
-   and filled again.
+   and filled again. SGLang's block ids are negative, as its hashes of token tuples often are.
 4. Publishes them through the release's `ZmqEventPublisher` on ipc:// sockets (its bind-or-connect
    rule binds those; no TCP port is opened), and records with `generate_fixtures.record` every live
    message and two replay exchanges (from seq 0 and from the middle), verbatim.
@@ -32,6 +34,7 @@ come from what the script asked the publisher to send, never from decoding it.
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import importlib.util
 import json
@@ -49,19 +52,23 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import generate_fixtures as gf  # noqa: E402  (the recording helpers, from the same folder)
 
-OUT = HERE / "vllm-wire"
-VERSIONS = ("0.9.2", "0.11.0", "0.18.1", "0.20.2", "0.25.1", "0.30.0")  # one per wire change
-MODULE = "vllm/distributed/kv_events.py"
-INDEX = "https://pypi.org/simple/vllm/"
-log = logging.getLogger("generate_vllm_wire")
+OUT = HERE / "engine-wire"
+RELEASES = (  # one per wire change
+    ("vllm", "0.9.2"), ("vllm", "0.11.0"), ("vllm", "0.18.1"), ("vllm", "0.20.2"), ("vllm", "0.25.1"),
+    ("vllm", "0.30.0"), ("sglang", "0.4.7"), ("sglang", "0.5.10"),
+)  # fmt: skip
+MODULES = {"vllm": "vllm/distributed/kv_events.py", "sglang": "sglang/srt/disaggregation/kv_events.py"}
+INDEX = "https://pypi.org/simple/{engine}/"
+log = logging.getLogger("generate_engine_wire")
 
 
-def fetch_source(version: str, cache: Path) -> tuple[Path, str]:
+def fetch_source(engine: str, version: str, cache: Path) -> tuple[Path, str]:
     """The release's sdist in `cache` (downloaded unless there) and its sha256, checked."""
-    request = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    index = INDEX.format(engine=engine)
+    request = urllib.request.Request(index, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(request, timeout=60) as answer:
         files = json.load(answer)["files"]
-    (entry,) = [f for f in files if f["filename"] == f"vllm-{version}.tar.gz"]
+    (entry,) = [f for f in files if f["filename"] == f"{engine}-{version}.tar.gz"]
     path = cache / entry["filename"]
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
@@ -73,9 +80,9 @@ def fetch_source(version: str, cache: Path) -> tuple[Path, str]:
     return path, digest
 
 
-def load_kv_events(sdist: Path, version: str) -> types.ModuleType:
+def load_kv_events(sdist: Path, engine: str, version: str) -> types.ModuleType:
     """The release's kv_events module, loaded under its own name with its imports stubbed."""
-    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+    for name in [n for n in sys.modules if n.split(".")[0] in MODULES]:
         del sys.modules[name]  # each release is loaded afresh
 
     class KVEventsConfig:
@@ -87,13 +94,14 @@ def load_kv_events(sdist: Path, version: str) -> types.ModuleType:
     gf.stub("vllm.logger", init_logger=logging.getLogger)
     gf.stub("vllm.v1.core.kv_cache_utils", ExternalBlockHash=bytes | int)
     with tarfile.open(sdist) as tar:
-        source = tar.extractfile(f"vllm-{version}/{MODULE}")
+        source = tar.extractfile(f"{engine}-{version}/{MODULES[engine]}")
         assert source is not None
         code = source.read()
     target = Path(tempfile.mkdtemp()) / "kv_events.py"
     target.write_bytes(code)
-    gf.package("vllm.distributed")
-    spec = importlib.util.spec_from_file_location("vllm.distributed.kv_events", target)
+    name = MODULES[engine].removesuffix(".py").replace("/", ".")
+    gf.package(name.rpartition(".")[0])
+    spec = importlib.util.spec_from_file_location(name, target)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -104,18 +112,20 @@ def load_kv_events(sdist: Path, version: str) -> types.ModuleType:
 class Scenario:
     """Batches built with one release's structs, and what each must decode to."""
 
-    def __init__(self, kv: types.ModuleType, version: str) -> None:
+    def __init__(self, kv: types.ModuleType, engine: str, version: str) -> None:
         self.kv = kv
         self.fields = set(kv.BlockStored.__struct_fields__)
+        self.sign = -1 if engine == "sglang" else 1  # SGLang's ids: Python hashes, often negative
         self.capture = gf.Capture(
-            "vllm",
+            engine,
             version,
-            f"vLLM {version}'s own event structs and ZmqEventPublisher (fields: "
+            f"{'vLLM' if engine == 'vllm' else 'SGLang'} {version}'s own event structs and ZmqEventPublisher "
+            "(fields: "
             f"{', '.join(kv.BlockStored.__struct_fields__)}): a plain prompt and its continuation, a "
             "LoRA prompt, a salted prompt, a removal, the cache cleared and filled again.",
             0,
         )
-        self.next_id = 10_000 + 1_000 * VERSIONS.index(version)
+        self.next_id = 10_000 + 1_000 * RELEASES.index((engine, version))
         self.events: list[Any] = []
         self.expect = gf.Expect()
 
@@ -124,7 +134,7 @@ class Scenario:
     ) -> list[int]:
         """One BlockStored of len(tokens) / 16 blocks; its engine ids."""
         n = len(tokens) // gf.BLOCK_SIZE
-        ids = list(range(self.next_id, self.next_id + n))
+        ids = [self.sign * i for i in range(self.next_id, self.next_id + n)]
         self.next_id += n
         values: dict[str, Any] = {
             "block_hashes": ids, "parent_block_hash": parent, "token_ids": tokens,
@@ -137,18 +147,19 @@ class Scenario:
             self.expect.count("vllm.lora_without_name")  # a number the router cannot hash: dropped
             return ids
         seen_salt = salt if "extra_keys" in self.fields else None  # older releases send no salt
-        prev = parent
+        prev = parent % (1 << 64) if parent is not None else None
         for i, engine_id in enumerate(ids):
             block = tokens[i * gf.BLOCK_SIZE : (i + 1) * gf.BLOCK_SIZE]
-            self.expect.stored.append(gf.block_json(engine_id, prev, block, lora, seen_salt))
-            prev = engine_id
+            unsigned = engine_id % (1 << 64)  # what the router keys it by
+            self.expect.stored.append(gf.block_json(unsigned, prev, block, lora, seen_salt))
+            prev = unsigned
         return ids
 
     def remove(self, ids: list[int]) -> None:
         values = {"block_hashes": ids, "medium": "GPU"}
         fields = set(self.kv.BlockRemoved.__struct_fields__)
         self.events.append(self.kv.BlockRemoved(**{k: v for k, v in values.items() if k in fields}))
-        self.expect.removed += ids
+        self.expect.removed += [i % (1 << 64) for i in ids]
 
     def clear(self) -> None:
         self.events.append(self.kv.AllBlocksCleared())
@@ -157,13 +168,13 @@ class Scenario:
     def flush(self) -> None:
         """The events so far as one batch (one engine step)."""
         ts = gf.TS0 + len(self.capture.batches) / 2
-        self.capture.batches.append(self.kv.KVEventBatch(ts=ts, events=self.events, data_parallel_rank=0))
+        self.capture.batches.append(self.kv.KVEventBatch(ts, self.events, 0))  # vLLM's and SGLang's dp rank
         self.capture.expects.append(self.expect)
         self.events, self.expect = [], gf.Expect()
 
 
-def scenario(kv: types.ModuleType, version: str) -> gf.Capture:
-    s = Scenario(kv, version)
+def scenario(kv: types.ModuleType, engine: str, version: str) -> gf.Capture:
+    s = Scenario(kv, engine, version)
     s.store(gf.toks(100, 32), None)
     s.flush()  # 0
     s.clear()
@@ -195,9 +206,10 @@ def scenario(kv: types.ModuleType, version: str) -> gf.Capture:
 
 def publisher(kv: types.ModuleType) -> Callable[[], gf.Publisher]:
     def start() -> gf.Publisher:
-        directory = tempfile.mkdtemp(prefix="vllm-wire-")
+        directory = tempfile.mkdtemp(prefix="engine-wire-")
         pub, replay = f"ipc://{directory}/pub", f"ipc://{directory}/replay"
         p = kv.ZmqEventPublisher(0, endpoint=pub, replay_endpoint=replay, buffer_steps=100)
+        atexit.unregister(p.shutdown)  # SGLang registers itself; it is shut down once, by record()
         return gf.Publisher(pub, replay, p.publish, p.shutdown)
 
     return start
@@ -210,23 +222,23 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     OUT.mkdir(exist_ok=True)
     manifest: dict[str, Any] = {
-        "generated_by": "tests/events/engines/generate_vllm_wire.py",
+        "generated_by": "tests/events/engines/generate_engine_wire.py",
         "python": sys.version.split()[0],
         "router_block_size": gf.BLOCK_SIZE,
         "releases": {},
     }
-    for version in VERSIONS:
-        sdist, digest = fetch_source(version, args.cache)
-        kv = load_kv_events(sdist, version)
-        capture = scenario(kv, version)
+    for engine, version in RELEASES:
+        sdist, digest = fetch_source(engine, version, args.cache)
+        kv = load_kv_events(sdist, engine, version)
+        capture = scenario(kv, engine, version)
         data = gf.record(capture, publisher(kv)())
-        file = f"{version}.json"
+        file = f"{engine}-{version}.json"
         (OUT / file).write_text(gf.dump(data))
-        entry = gf.capture_json(capture, f"vllm-wire/{file}")
+        entry = gf.capture_json(capture, f"engine-wire/{file}")
         module_sha = hashlib.sha256(Path(kv.__file__).read_bytes()).hexdigest()
         entry |= {"sdist": sdist.name, "sdist_sha256": digest, "module_sha256": module_sha}
         entry["fields"] = list(kv.BlockStored.__struct_fields__)
-        manifest["releases"][version] = entry
+        manifest["releases"][f"{engine}-{version}"] = entry
         log.info("wrote %s: %d batches", file, len(capture.batches))
     (OUT / "manifest.json").write_text(gf.dump(manifest))
 

@@ -1,16 +1,19 @@
-"""The picker against the KV event bytes of older vLLM releases (`tests/events/engines/vllm-wire/`).
+"""The picker against the KV event bytes of older vLLM and SGLang releases (`engines/engine-wire/`).
 
-Fleets run the vLLM they deployed, not the newest. Each release's own event structs and
-`ZmqEventPublisher` (its `vllm/distributed/kv_events.py`, from the source archive on PyPI) sent the
-recorded bytes (`engines/generate_vllm_wire.py`): tagged msgpack arrays through 0.20 and maps from
-0.25, five to fifteen fields, the replay end marker with the topic frame from 0.30. For each:
+Fleets run the engine they deployed, not the newest. Each release's own event structs and
+`ZmqEventPublisher` (vLLM's `vllm/distributed/kv_events.py`, SGLang's `sglang/srt/disaggregation/
+kv_events.py`, from the source archives on PyPI) sent the recorded bytes
+(`engines/generate_engine_wire.py`): vLLM's tagged msgpack arrays through 0.20 and maps from 0.25,
+five to fifteen fields, the replay end marker with the topic frame from 0.30; SGLang 0.4.7's and
+0.5.10's arrays of five and six fields, with negative block ids. For each:
 
 - every live batch decodes to exactly the blocks the script asked the publisher to send;
 - the recorded replay, served verbatim, rebuilds a real `KvRouter` through the real
   `ZmqEventSubscriber` to what the engine holds, and the replay from the middle fills a gap;
-- what a release cannot say is handled as documented: before 0.18 a LoRA block names its adapter
-  by number only (dropped, counted `vllm.lora_without_name`) and a salted block carries no salt
-  (indexed as plain tokens, the same tokens asked with the salt match nothing).
+- what a release cannot say is handled as documented: before vLLM 0.18 (and in these SGLang
+  releases) a LoRA block names its adapter by number only (dropped, counted
+  `vllm.lora_without_name`) and a salted block carries no salt (indexed as plain tokens, the same
+  tokens asked with the salt match nothing).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from tests.events.test_engine_fixtures import LOUD, TIMINGS, Frames, Recorded, d
 from tests.events.test_zmq import RouterSink, wait_until
 from tests.events.zmq_fakes import FakeEngine
 
-WIRE = Path(__file__).parent / "engines" / "vllm-wire"
+WIRE = Path(__file__).parent / "engines" / "engine-wire"
 W0 = Worker("w0")
 __all__ = ["engine"]  # the FakeEngine fixture, shared with test_engine_fixtures.py
 
@@ -74,17 +77,19 @@ def first_event(release: str) -> Any:
 
 
 def test_the_releases_their_sources_and_both_wire_shapes_are_recorded():
-    assert RELEASES == ["0.9.2", "0.11.0", "0.18.1", "0.20.2", "0.25.1", "0.30.0"]
+    vllm = ["vllm-0.9.2", "vllm-0.11.0", "vllm-0.18.1", "vllm-0.20.2", "vllm-0.25.1", "vllm-0.30.0"]
+    assert [*vllm, "sglang-0.4.7", "sglang-0.5.10"] == RELEASES
     for release, entry in manifest()["releases"].items():
-        assert entry["sdist"] == f"vllm-{release}.tar.gz" and len(entry["sdist_sha256"]) == 64
+        assert entry["sdist"] == f"{release}.tar.gz" and len(entry["sdist_sha256"]) == 64
         assert len(recording(release)["live"]) == len(entry["batches"]) == 5
         assert [r["start"] for r in recording(release)["replays"]] == [0, 2]
     arrays = [r for r in RELEASES if isinstance(first_event(r), list)]
-    assert arrays == ["0.9.2", "0.11.0", "0.18.1", "0.20.2"]  # maps from 0.25: both decoder paths run
-    assert first_event("0.9.2")[0] == "BlockStored" and len(first_event("0.9.2")) == 6
+    assert arrays == [*vllm[:4], "sglang-0.4.7", "sglang-0.5.10"]  # vLLM maps from 0.25: both paths run
+    assert first_event("vllm-0.9.2")[0] == "BlockStored" and len(first_event("vllm-0.9.2")) == 6
+    assert first_event("sglang-0.4.7")[1][0] < 0  # SGLang's signed block ids
     markers = {r: exchange(r, 0)[1][-1] for r in RELEASES}
-    assert {r for r, m in markers.items() if len(m) == 4} == {"0.30.0"}  # [b"", topic, END, b""]
-    assert {r for r, m in markers.items() if len(m) == 3} == set(RELEASES) - {"0.30.0"}
+    assert {r for r, m in markers.items() if len(m) == 4} == {"vllm-0.30.0"}  # [b"", topic, END, b""]
+    assert {r for r, m in markers.items() if len(m) == 3} == set(RELEASES) - {"vllm-0.30.0"}
 
 
 @pytest.mark.parametrize("release", RELEASES)
