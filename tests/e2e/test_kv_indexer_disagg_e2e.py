@@ -18,31 +18,25 @@ import pytest
 import pytest_asyncio
 
 from extproc.config import DisaggConfig, EventsConfig, ModelConfig, PickerConfig, WorkerConfig
-from extproc.devstack.dynamo_indexer import DynamoIndexer, start_dynamo_indexer
+from extproc.devstack.dynamo_indexer import DynamoIndexer
 from extproc.devstack.stack import MODEL
 from extproc.router import RouterConfig, Worker
 from extproc.runtime.server import RunningPicker
 from tests.e2e.harness import behind_envoy
 from tests.e2e.test_disagg_e2e import TIMEOUT, Recorder, Workers, chat, prompt_hashes, running_workers, send
-from tests.e2e.test_kv_indexer_e2e import indexer_workers, until_heard, until_indexed
+from tests.e2e.test_kv_indexer_e2e import indexer, indexer_workers, until_heard, until_indexed
 from tests.replica_helpers import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 BLOCK = 16
+__all__ = ["indexer"]  # the module's own Dynamo indexer, started as test_kv_indexer_e2e.py starts it
 Stack = tuple[RunningPicker, str, Recorder]  # the picker, Envoy's URL, what the picker routed
 
 
 @pytest.fixture(scope="module")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("kv-indexer-disagg-e2e")
-
-
-@pytest.fixture(scope="module")
-def indexer(log_dir: Path) -> Iterator[DynamoIndexer]:
-    started = start_dynamo_indexer(log_dir / "indexer.log")
-    yield started
-    started.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from functools import cache
+from collections.abc import AsyncIterator, Callable
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -244,8 +244,11 @@ def make_router() -> KvRouter:
 
 
 def assert_holds_the_engines_cache(router: KvRouter, name: str) -> None:
-    final = manifest()["fixtures"][name]["final"]
-    w = worker(name)
+    holds(router, worker(name), manifest()["fixtures"][name]["final"])
+
+
+def holds(router: KvRouter, w: Worker, final: dict[str, Any]) -> None:
+    """The router holds exactly a capture's `final` state for `w` (its blocks, each chain's match)."""
     assert router.indexer.num_blocks(w) == final["num_blocks"]
     for chain in final["chains"]:
         query = compute_block_hashes(
@@ -257,26 +260,69 @@ def assert_holds_the_engines_cache(router: KvRouter, name: str) -> None:
 async def subscriber(
     engine: FakeEngine, name: str, router: KvRouter, counters: EventCounters
 ) -> ZmqEventSubscriber:
-    endpoint = ZmqEndpoint(worker(name), engine.pub_endpoint, engine.replay_endpoint)
+    return await subscribe(engine, worker(name), router, counters)
+
+
+async def subscribe(
+    engine: FakeEngine, w: Worker, router: KvRouter, counters: EventCounters
+) -> ZmqEventSubscriber:
+    endpoint = ZmqEndpoint(w, engine.pub_endpoint, engine.replay_endpoint)
     sub = ZmqEventSubscriber(endpoint, RouterSink(router), block_size=BS, counters=counters, timings=TIMINGS)
     await sub.start()
     return sub
 
 
-@pytest.mark.parametrize("name", FIXTURES)
-async def test_the_engines_replay_rebuilds_the_router_to_exactly_its_cache(engine, name):
-    request, reply = exchange(name, 0)
-    engine.script = Recorded(name, {0: [r for r in reply]})
+async def rebuilds_from_its_replay(
+    engine: FakeEngine, w: Worker, final: dict[str, Any], request: Frames, reply: list[Frames]
+) -> None:
+    """An engine's replay from seq 0 (`request` answered with `reply`, verbatim) rebuilds a real
+    router through the real subscriber to the capture's `final` state."""
+    engine.script = Recorded("replay", {0: reply})
     router, counters = make_router(), EventCounters()
-    sub = await subscriber(engine, name, router, counters)
+    sub = await subscribe(engine, w, router, counters)
     try:
         await wait_until(lambda: sub.status.up, what="rebuilt from the engine's replay")
         assert sub.status.reason == f"rebuilt from replay ({len(reply) - 1} batches)" and sub.status.complete
         assert engine.requests == [request]
-        assert_holds_the_engines_cache(router, name)
+        holds(router, w, final)
         assert counters["zmq.replay_malformed"] == 0
     finally:
         await sub.stop()
+
+
+async def fills_a_gap_from_its_replay(
+    engine: FakeEngine,
+    w: Worker,
+    final: dict[str, Any],
+    messages: list[Frames],
+    exchange_at: Callable[[int], tuple[Frames, list[Frames]]],
+) -> None:
+    """Live `messages` missing their middle: the engine's replay from there (`exchange_at(start)`,
+    verbatim) fills the gap, and the router ends with the capture's `final` state."""
+    middle = len(messages) // 2
+    request, reply = exchange_at(middle)
+    end_marker = reply[-1]  # the engine's own end marker: its buffer was empty when we connected
+    engine.script = Recorded("gap", {0: [end_marker], middle: reply})
+    router, counters = make_router(), EventCounters()
+    sub = await subscribe(engine, w, router, counters)
+    try:
+        await wait_until(lambda: sub.status.up, what="rebuilt from an empty buffer")
+        await engine.wait_subscribed()
+        for message in messages[:middle] + messages[-1:]:  # batches middle..n-2 never arrive live
+            await engine.publish(message)
+        await wait_until(lambda: sub.status.last_seq == len(messages) - 1, what="the last batch")
+        assert engine.requests[1] == request and engine.script.unexpected == []
+        assert counters["zmq.gap"] == 1 and counters["zmq.unfilled_gap"] == 0
+        holds(router, w, final)
+        assert sub.status.up and sub.status.complete
+    finally:
+        await sub.stop()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+async def test_the_engines_replay_rebuilds_the_router_to_exactly_its_cache(engine, name):
+    final = manifest()["fixtures"][name]["final"]
+    await rebuilds_from_its_replay(engine, worker(name), final, *exchange(name, 0))
 
 
 def unsalted_twin(name: str, chain: dict[str, Any]) -> int:
@@ -327,25 +373,8 @@ GAPPED = [name for name in FIXTURES if len(recording(name)["live"]) >= 3]
 
 @pytest.mark.parametrize("name", GAPPED)
 async def test_the_engines_replay_from_the_middle_fills_a_gap_in_its_live_frames(engine, name):
-    messages = live(name)
-    middle = len(messages) // 2
-    request, reply = exchange(name, middle)
-    end_marker = reply[-1]  # the engine's own end marker: its buffer was empty when we connected
-    engine.script = Recorded(name, {0: [end_marker], middle: reply})
-    router, counters = make_router(), EventCounters()
-    sub = await subscriber(engine, name, router, counters)
-    try:
-        await wait_until(lambda: sub.status.up, what="rebuilt from an empty buffer")
-        await engine.wait_subscribed()
-        for message in messages[:middle] + messages[-1:]:  # batches middle..n-2 never arrive live
-            await engine.publish(message)
-        await wait_until(lambda: sub.status.last_seq == len(messages) - 1, what="the last batch")
-        assert engine.requests[1] == request and engine.script.unexpected == []
-        assert counters["zmq.gap"] == 1 and counters["zmq.unfilled_gap"] == 0
-        assert_holds_the_engines_cache(router, name)
-        assert sub.status.up and sub.status.complete
-    finally:
-        await sub.stop()
+    final = manifest()["fixtures"][name]["final"]
+    await fills_a_gap_from_its_replay(engine, worker(name), final, live(name), partial(exchange, name))
 
 
 async def test_a_replay_of_malformed_frames_leaves_the_worker_down_with_the_cause(engine):

@@ -19,7 +19,7 @@ five to fifteen fields, the replay end marker with the topic frame from 0.30; SG
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +28,17 @@ import pytest
 
 from extproc.events.counters import EventCounters
 from extproc.events.vllm import VllmEventDecoder, parse_frames
-from extproc.events.zmq_subscriber import ZmqEndpoint, ZmqEventSubscriber
-from extproc.router import KvRouter, RouterConfig
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import Worker
-from tests.events.test_engine_fixtures import LOUD, TIMINGS, Frames, Recorded, decoded_blocks, engine, frames
-from tests.events.test_zmq import RouterSink, wait_until
-from tests.events.zmq_fakes import FakeEngine
+from tests.events.test_engine_fixtures import (
+    LOUD,
+    Frames,
+    decoded_blocks,
+    engine,
+    fills_a_gap_from_its_replay,
+    frames,
+    rebuilds_from_its_replay,
+)
 
 WIRE = Path(__file__).parent / "engines" / "engine-wire"
 W0 = Worker("w0")
@@ -110,59 +114,13 @@ def test_every_batch_of_a_release_decodes_to_the_blocks_it_was_asked_to_store(re
         assert {k: n for k, n in changed.items() if n} == expected["counters"], seq
 
 
-def make_router() -> KvRouter:
-    return KvRouter(RouterConfig(block_size=BS, use_kv_events=True), clock=lambda: 0.0)
-
-
-def assert_holds_the_engines_cache(router: KvRouter, release: str) -> None:
-    final = manifest()["releases"][release]["final"]
-    assert router.indexer.num_blocks(W0) == final["num_blocks"]
-    for chain in final["chains"]:
-        query = compute_block_hashes(
-            chain["tokens"], BS, lora_name=chain["lora_name"], namespace=chain["cache_salt"]
-        )
-        assert router.indexer.find_matches(query).get(W0, 0) == chain["blocks"], chain["note"]
-
-
-async def subscriber(engine: FakeEngine, router: KvRouter, counters: EventCounters) -> ZmqEventSubscriber:
-    endpoint = ZmqEndpoint(W0, engine.pub_endpoint, engine.replay_endpoint)
-    sub = ZmqEventSubscriber(endpoint, RouterSink(router), block_size=BS, counters=counters, timings=TIMINGS)
-    await sub.start()
-    return sub
-
-
 @pytest.mark.parametrize("release", RELEASES)
 async def test_a_releases_replay_rebuilds_the_router_to_what_the_engine_holds(engine, release):
-    request, reply = exchange(release, 0)
-    engine.script = Recorded(release, {0: reply})
-    router, counters = make_router(), EventCounters()
-    sub = await subscriber(engine, router, counters)
-    try:
-        await wait_until(lambda: sub.status.up, what="rebuilt from the engine's replay")
-        assert sub.status.reason == f"rebuilt from replay ({len(reply) - 1} batches)" and sub.status.complete
-        assert engine.requests == [request]
-        assert_holds_the_engines_cache(router, release)
-        assert counters["zmq.replay_malformed"] == 0
-    finally:
-        await sub.stop()
+    final = manifest()["releases"][release]["final"]
+    await rebuilds_from_its_replay(engine, W0, final, *exchange(release, 0))
 
 
 @pytest.mark.parametrize("release", RELEASES)
 async def test_a_releases_replay_from_the_middle_fills_a_gap_in_its_live_frames(engine, release):
-    messages = live(release)
-    middle = len(messages) // 2
-    request, reply = exchange(release, middle)
-    engine.script = Recorded(release, {0: [reply[-1]], middle: reply})  # its end marker: nothing yet
-    router, counters = make_router(), EventCounters()
-    sub = await subscriber(engine, router, counters)
-    try:
-        await wait_until(lambda: sub.status.up, what="rebuilt from an empty buffer")
-        await engine.wait_subscribed()
-        for message in messages[:middle] + messages[-1:]:  # batches middle..n-2 never arrive live
-            await engine.publish(message)
-        await wait_until(lambda: sub.status.last_seq == len(messages) - 1, what="the last batch")
-        assert engine.requests[1] == request and engine.script.unexpected == []
-        assert counters["zmq.gap"] == 1 and counters["zmq.unfilled_gap"] == 0
-        assert_holds_the_engines_cache(router, release)
-    finally:
-        await sub.stop()
+    final = manifest()["releases"][release]["final"]
+    await fills_a_gap_from_its_replay(engine, W0, final, live(release), partial(exchange, release))

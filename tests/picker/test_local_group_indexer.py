@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-from extproc.config import EventsConfig
+from extproc.config import EventsConfig, PickerConfig
 from extproc.devstack.dynamo_indexer import DynamoIndexer, start_dynamo_indexer
 from extproc.errors import UnknownModel
 from extproc.events.kv_indexer import KvIndexerClient, Registration
@@ -80,11 +80,13 @@ async def tell(
     await until(held, 15.0, f"the indexer holds {worker}'s {blocks} blocks")
 
 
-def asking(url: str, **router) -> tuple[LocalGroup, KvIndexerClient]:
-    config = group_config("w", 3, use_kv_events=True, **router)
+def asking(url: str, config: PickerConfig | None = None, **router) -> tuple[LocalGroup, KvIndexerClient]:
+    """A local group over `config`'s pools (else workers w0..w2) asking the indexer at `url`, which
+    names each worker by the number in its id (w1: instance 1, p0: instance 10, p1: 11)."""
+    config = config or group_config("w", 3, use_kv_events=True, **router)
     picker = EndpointPicker(config)
     client = KvIndexerClient(url, timeout_s=2.0)
-    client.instance_ids.update({0: "w0", 1: "w1", 2: "w2"})
+    client.instance_ids.update({0: "w0", 1: "w1", 2: "w2", 10: "p0", 11: "p1"})
     group = LocalGroup(
         "g", picker.pools, config=config, clock=time.monotonic, metrics=picker.metrics, listeners=[],
         kv_indexer=client,
@@ -247,13 +249,7 @@ async def test_a_disaggregated_model_chooses_both_workers_by_the_indexers_answer
     (the prefill worker caching the prompt's prefix prefills it)."""
     prefill = ("127.0.9.1:8000", "127.0.9.2:8000")
     config = disagg_config(2, prefill, disagg={"min_remote_prefill_tokens": 16}, use_kv_events=True)
-    picker = EndpointPicker(config)
-    client = KvIndexerClient(told, timeout_s=2.0)
-    client.instance_ids.update({0: "w0", 1: "w1", 10: "p0", 11: "p1"})
-    group = LocalGroup(
-        "g", picker.pools, config=config, clock=time.monotonic, metrics=picker.metrics, listeners=[],
-        kv_indexer=client,
-    )  # fmt: skip
+    group, client = asking(told, config)
     on_p0, on_p1 = prompt(20), prompt(21)
     publishers = [ZmqEventPublisher(port=0, replay_port=0) for _ in range(2)]
     try:
@@ -275,7 +271,7 @@ async def test_a_disaggregated_model_chooses_both_workers_by_the_indexers_answer
         assert routed is not None
         assert (routed.worker, routed.prefill_worker, routed.overlap_blocks) == (W1, None, 10)
         local = {"model": MODEL, "where": "local", "reason": "decode-cached"}
-        assert picker.metrics.registry.get_sample_value("extproc_disagg_decisions_total", local) == 1
+        assert group.metrics.registry.get_sample_value("extproc_disagg_decisions_total", local) == 1
         assert client.counters["kv_indexer.query"] >= 5 and client.counters["kv_indexer.query_failed"] == 0
     finally:
         await client.close()
