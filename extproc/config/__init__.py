@@ -240,14 +240,16 @@ def load_config(
     events_reader = reader(events.SECTION)
     notices = dynamo.dynamo_notices(reader(router.SECTION), events_reader)
     events_config = read_events(dynamo.with_event_plane(reader(router.SECTION), events_reader))
+    events_config = dynamo.with_zmq_plane(reader(router.SECTION), events_config)
     if (file_kv := dynamo.local_indexer_store(reader(router.SECTION), events_config)) is not None:
         events_config = dataclasses.replace(events_config, dynamo_file_kv=file_kv)
-    # ZMQ from the workers, or Dynamo-style events on NATS core (JetStream when durable)
+    # ZMQ from the workers, Dynamo-style events on NATS core (JetStream when durable) or Dynamo's ZMQ plane
     kv_events_source = (
         events_config.kv_events_port is not None
         or events_config.nats_url is not None
         or any(w.kv_events for w in workers)
         or events_config.kv_indexer_url is not None
+        or events_config.hears_zmq_plane
     )
     router_config = read_router(reader(router.SECTION), kv_events_source=kv_events_source)
     notices = router_notices(reader(router.SECTION), kv_events=router_config.use_kv_events) + notices

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 from extproc.config.events import NATS_URL, EventsConfig, read_events
-from extproc.config.options import Option, Reader, _int_or_none
+from extproc.config.options import ConfigError, Option, Reader, _int_or_none
 
 DEFAULT_NATS_URL = "nats://localhost:4222"  # Dynamo's runtime without NATS_SERVER
+_TCP = re.compile(r"tcp://[^\s/]+:\d{1,5}")
 
 
 def _engine(flag: str, whose: str, what: str, kind: Any = bool) -> Option[Any]:
@@ -46,18 +48,28 @@ EVENT_PLANE = Option(
     "nats",
     "Dynamo's KV event transport. nats, given: the picker hears Dynamo's NATS event plane at --nats-url, "
     f"NATS_SERVER or else {DEFAULT_NATS_URL}, as Dynamo does (not given: only with --nats-url or "
-    "NATS_SERVER); zmq: Dynamo's ZMQ event plane is not spoken here (startup says so; the engines' own "
-    "ZMQ publishers are: --kv-events-port).",
+    "NATS_SERVER). zmq: the picker hears Dynamo's ZMQ event plane, through the brokers of "
+    "--zmq-broker-url, else from each publisher advertised in Dynamo's file store (--discovery-backend "
+    "file); Dynamo's etcd and Kubernetes discovery cannot be read here (startup says so).",
     choices=("nats", "zmq"),
+)
+ZMQ_BROKER_URL: Option[str | None] = Option(
+    "--zmq-broker-url",
+    str,
+    None,
+    "Dynamo's ZMQ event plane brokers, as its workers' DYN_ZMQ_BROKER_URL: 'xsub=tcp://host:5555 , "
+    "xpub=tcp://host:5556' (several brokers: URLs separated by ';'). With --event-plane zmq the picker "
+    "subscribes at every xpub endpoint; a message that comes through two brokers is applied once.",
 )
 DISCOVERY_BACKEND: Option[str | None] = Option(
     "--discovery-backend",
     str,
     None,
     "Dynamo's worker discovery (etcd, kubernetes, file, mem). The picker's workers come from the config "
-    "file's workers: or --discovery-dns. file: with KV events on NATS core, the picker reads the workers' "
-    "KV event sources in Dynamo's file store (--file-kv) and rebuilds each worker that has a local "
-    "indexer from it, on start, when it appears and after lost events. The others: accepted, no effect "
+    "file's workers: or --discovery-dns. file: with KV events on NATS core or Dynamo's ZMQ event plane, "
+    "the picker reads the workers' KV event sources in Dynamo's file store (--file-kv), rebuilds each "
+    "worker that has a local indexer from it (on start, when it appears, after lost events) and, with "
+    "--event-plane zmq, connects to each ZMQ publisher advertised there. The others: accepted, no effect "
     "(startup says so).",
 )
 FILE_KV: Option[str | None] = Option(
@@ -91,6 +103,7 @@ HTTP_PORT = Option(
 
 DYNAMO_OPTIONS: tuple[Option[Any], ...] = (
     EVENT_PLANE,
+    ZMQ_BROKER_URL,
     DISCOVERY_BACKEND,
     FILE_KV,
     REQUEST_PLANE,
@@ -118,11 +131,48 @@ def file_store(reader: Reader) -> str | None:
     return reader.read(FILE_KV) or f"{reader.environ.get('TMPDIR') or '/tmp'}/dynamo_store_kv"
 
 
+def parse_broker_url(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Dynamo's DYN_ZMQ_BROKER_URL, `xsub=<urls> , xpub=<urls>` (urls `;`-separated): the XSUB and
+    XPUB endpoints. Raises ValueError, naming what is wrong."""
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) != 2:
+        raise ValueError(f"expected 'xsub=<urls> , xpub=<urls>', got {text!r}")
+    found: dict[str, tuple[str, ...]] = {}
+    for part in parts:
+        name, sep, urls = part.partition("=")
+        if not sep or name.strip() not in ("xsub", "xpub"):
+            raise ValueError(f"expected an 'xsub=' or 'xpub=' part, got {part!r}")
+        found[name.strip()] = tuple(url.strip() for url in urls.split(";") if url.strip())
+    xsub, xpub = found.get("xsub", ()), found.get("xpub", ())
+    if not xsub or not xpub:
+        raise ValueError(f"at least one xsub and one xpub endpoint are needed, got {text!r}")
+    for url in xsub + xpub:
+        if not _TCP.fullmatch(url):
+            raise ValueError(f"expected tcp://host:port, got {url!r}")
+    return xsub, xpub
+
+
+def with_zmq_plane(reader: Reader, events: EventsConfig) -> EventsConfig:
+    """`events` with Dynamo's ZMQ event plane when --event-plane zmq: its brokers (--zmq-broker-url)
+    and, with --discovery-backend file, the store its direct publishers are listed in. Raises
+    ConfigError for a malformed broker URL."""
+    if reader.read(EVENT_PLANE) != "zmq":
+        return events
+    brokers: tuple[str, ...] = ()
+    if (url := reader.read(ZMQ_BROKER_URL)) is not None:
+        try:
+            _, brokers = parse_broker_url(url)
+        except ValueError as exc:
+            raise ConfigError(f"invalid zmq-broker-url: {exc}") from None
+    return dataclasses.replace(events, dynamo_zmq_plane=True, zmq_brokers=brokers)
+
+
 def local_indexer_store(reader: Reader, events: EventsConfig) -> str | None:
-    """The file store the picker recovers workers from: --discovery-backend file with KV events over
-    NATS core (the JetStream consumer of --router-durable-kv-events has its own snapshots)."""
+    """The file store the picker reads Dynamo's workers from: --discovery-backend file with KV events
+    over NATS core or Dynamo's ZMQ event plane (the JetStream consumer of --router-durable-kv-events
+    has its own snapshots)."""
     store = file_store(reader)
-    usable = events.nats_url is not None and not events.durable_kv_events
+    usable = (events.nats_url is not None or events.dynamo_zmq_plane) and not events.durable_kv_events
     return store if usable else None
 
 
@@ -132,11 +182,7 @@ def dynamo_notices(reader: Reader, events: Reader) -> tuple[str, ...]:
     if _nats_by_default(reader, events):
         plane_line = f"no --nats-url or NATS_SERVER, so NATS at {DEFAULT_NATS_URL} as in Dynamo"
     elif plane == "zmq":
-        plane_line = (
-            "accepted from Dynamo, no effect here: its ZMQ event plane is not spoken; the picker subscribes "
-            "to the engines' own ZMQ publishers (--kv-events-port and --kv-replay-port, or each worker's "
-            "kv-events:)"
-        )
+        plane_line = _zmq_plane_line(reader, events)
     else:
         plane_line = ""  # nats with a server named: the picker does what Dynamo does, nothing to say
     lines: dict[Option[Any], str] = {
@@ -158,7 +204,7 @@ def dynamo_notices(reader: Reader, events: Reader) -> tuple[str, ...]:
         MODEL: "an engine flag: the picker's models come from the config file's models: "
         "(or --discovery-model)",
     }
-    recovering = local_indexer_store(reader, read_events(with_event_plane(reader, events))) is not None
+    recovering = local_indexer_store(reader, _events(reader, events)) is not None
     notices = []
     for opt, line in lines.items():
         source = reader.source(opt)
@@ -177,17 +223,40 @@ def _discovery_line(reader: Reader, events: Reader) -> str:
             "the picker does not use Dynamo's discovery: workers come from the config file's workers: or "
             "--discovery-dns (--discovery-backend file recovers workers from their local indexers)"
         )
-    config = read_events(with_event_plane(reader, events))
-    if local_indexer_store(reader, config) is None:
+    if local_indexer_store(reader, _events(reader, events)) is None:
         return (
             f"Dynamo's discovery: its file store {store} is read only with KV events over NATS core "
-            "(--nats-url, not --router-durable-kv-events); workers come from the config file's workers: or "
-            "--discovery-dns"
+            "(--nats-url) or Dynamo's ZMQ event plane (--event-plane zmq), not with "
+            "--router-durable-kv-events; workers come from the config file's workers: or --discovery-dns"
         )
     return (
         f"Dynamo's file discovery at {store}: each worker with a local indexer is rebuilt from it (on "
         "start, when it appears, after lost events); workers still come from the config file's workers: "
         "or --discovery-dns"
+    )
+
+
+def _events(reader: Reader, events: Reader) -> EventsConfig:
+    return with_zmq_plane(reader, read_events(with_event_plane(reader, events)))
+
+
+def _zmq_plane_line(reader: Reader, events: Reader) -> str:
+    config = _events(reader, events)
+    if config.durable_kv_events:
+        return (
+            "Dynamo's ZMQ event plane is not heard with --router-durable-kv-events (JetStream carries them)"
+        )
+    if config.zmq_brokers:
+        brokers = ", ".join(config.zmq_brokers)
+        return f"the picker hears Dynamo's ZMQ event plane through the brokers at {brokers}"
+    store = local_indexer_store(reader, config)
+    if store is not None:
+        return f"the picker hears Dynamo's ZMQ event plane from each publisher advertised in {store}"
+    return (
+        "Dynamo's ZMQ event plane cannot be heard: its publishers are advertised in Dynamo's discovery, "
+        "which the picker reads only as a file store (--discovery-backend file, --file-kv), or give the "
+        "brokers (--zmq-broker-url, DYN_ZMQ_BROKER_URL); the workers' caches are predicted from routing "
+        "decisions meanwhile"
     )
 
 

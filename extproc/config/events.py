@@ -37,7 +37,9 @@ class EventsConfig:
     namespace: str = "dynamo"
     component: str = "backend"
     dynamo_endpoint: str = "generate"  # event plane: namespace.<ns>.component.<c>.endpoint.<this>.kv-events
-    dynamo_file_kv: str | None = None  # Dynamo's file discovery store: workers rebuilt from local indexers
+    dynamo_file_kv: str | None = None  # Dynamo's file discovery store: local indexers, ZMQ publishers
+    dynamo_zmq_plane: bool = False  # --event-plane zmq: Dynamo's ZMQ event plane
+    zmq_brokers: tuple[str, ...] = ()  # its brokers' XPUB endpoints (--zmq-broker-url)
     durable_kv_events: bool = False
     snapshot_threshold: int = 100_000
     reset_states: bool = False
@@ -59,6 +61,12 @@ class EventsConfig:
     @property
     def nats_needed(self) -> bool:
         return self.nats_url is not None
+
+    @property
+    def hears_zmq_plane(self) -> bool:
+        """Dynamo's ZMQ event plane is heard: through its brokers, or from the publishers in the store."""
+        live = self.dynamo_zmq_plane and not self.durable_kv_events
+        return live and (bool(self.zmq_brokers) or self.dynamo_file_kv is not None)
 
 
 KV_EVENTS_PORT = Option(

@@ -26,7 +26,7 @@ current snapshot. A replica whose next message was purged meanwhile sees a hole 
 sequence and reloads the snapshot. In a quiet stream no message may come to show the hole, so an
 idle replica asks the stream every `PURGE_CHECK_EVERY_S` whether its next messages are gone. A
 hole no snapshot covers (the stream aged out, or was reset) is counted as lost, and the per-worker
-event-id check follows the gap (`nats_events.follow_gap`).
+event-id check follows the gap (`dynamo_intake.follow_gap`).
 
 `reset_states()` (Dynamo's `--router-reset-states`) purges the stream, empties the snapshot and
 deletes every consumer: replicas started afterwards begin empty. A replica that starts without a
@@ -53,9 +53,9 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from extproc.events.counters import EventCounters
+from extproc.events.dynamo_intake import EventIdTracker, GapHook, follow_gap
 from extproc.events.dynamo_json import decode_event, jetstream_stream, kv_events_subject
 from extproc.events.dynamo_plane import DEFAULT_ENDPOINT, PlaneEvent, decode_envelope, event_plane_subject
-from extproc.events.nats_events import EventIdTracker, GapHook, follow_gap
 from extproc.events.object_read import ObjectReadError, read_object
 from extproc.events.sink import EventSink
 from extproc.events.snapshot import Snapshot, SnapshotError, SnapshotWriter, decode_snapshot, encode_snapshot

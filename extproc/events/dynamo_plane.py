@@ -16,12 +16,14 @@ The wire, as captured from the real publisher (`tests/nats/fixtures/capture_dyna
 
 `<endpoint>` is the publisher's KV state endpoint, by default the endpoint it serves (`generate` for
 Dynamo's engine workers). `sequence` counts one publisher's messages from 0 and `event_id` its events
-from 1 (one publisher per worker and dp rank); a restarted publisher has a new `publisher_id` and
-starts both again, which the subscriber sees as an event-id gap. Hashes are unsigned on the wire (the
-publisher's signed inputs arrive as their two's complement). `tokens_hash` is the router's local block
-hash (`extproc.router.hashing`, LoRA name and cache salt included) and is used as is; `block_hash` is
-the engine's own id. `start_position` and `mm_extra_info` are ignored (a multimodal block's
-`tokens_hash` covers its media too, so only a request hashed the same way can match it).
+from 1 (one publisher per worker and dp rank); a restarted publisher has a new `publisher_id` and starts
+both again: the subscriber takes a worker's new publisher id as its restart
+(`dynamo_intake.DynamoEventIntake`), whatever the event ids it happens to hear first. Hashes are
+unsigned on the wire (the publisher's signed inputs arrive as their two's complement). `tokens_hash` is
+the router's local block hash (`extproc.router.hashing`, LoRA name and cache salt included) and is used
+as is; `block_hash` is the engine's own id. `start_position` and `mm_extra_info` are ignored (a
+multimodal block's `tokens_hash` covers its media too, so only a request hashed the same way can match
+it).
 
 `storage_tier: "device"` blocks of `residency_domain: "worker"` (or without these keys) are the
 engine's GPU prefix cache. The lower tiers Dynamo names (`host_pinned`, `disk`, `external`: KVBM's and
@@ -84,7 +86,19 @@ def decode_envelope(
     *,
     worker_id_of: Callable[[int], WorkerId] = str,
 ) -> list[PlaneEvent]:
-    """The RouterEvents of one event-plane message, in order; [] (counted) when it is unusable.
+    """The RouterEvents of one event-plane message, in order; [] (counted) when it is unusable
+    (`read_envelope` without the publisher id)."""
+    return read_envelope(data, counters, worker_id_of=worker_id_of)[1]
+
+
+def read_envelope(
+    data: bytes,
+    counters: EventCounters,
+    *,
+    worker_id_of: Callable[[int], WorkerId] = str,
+) -> tuple[int | None, list[PlaneEvent]]:
+    """The publisher id (None when absent) and RouterEvents of one event-plane message, in order;
+    (None, []) (counted) when it is unusable.
 
     Worker ids go through `worker_id_of` (the wire's u64 to the picker's worker id), as in
     `dynamo_json.decode_event`. Counter keys: `dynamo.event` (a device event decoded),
@@ -95,17 +109,17 @@ def decode_envelope(
         envelope = msgpack.unpackb(data, raw=False)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         counters.loud("dynamo.malformed", "Dynamo event-plane message is not msgpack (%r); dropped", exc)
-        return []
+        return None, []
     try:
         raw_events = _payload(envelope)
     except _WrongTopic as exc:
         counters.loud(
             "dynamo.unknown_topic", "Dynamo event-plane message with topic %.80r; dropped", exc.topic
         )
-        return []
+        return None, []
     except MalformedEvent as exc:
         counters.loud("dynamo.malformed", "malformed Dynamo event-plane message (%s); dropped", exc)
-        return []
+        return None, []
     decoded: list[PlaneEvent] = []
     for raw in raw_events:
         try:
@@ -114,7 +128,8 @@ def decode_envelope(
             counters.loud(
                 "dynamo.malformed", "malformed Dynamo KV event on the event plane (%s); dropped", exc
             )
-    return decoded
+    publisher = envelope.get("publisher_id")
+    return (publisher if isinstance(publisher, int) and not isinstance(publisher, bool) else None), decoded
 
 
 class _WrongTopic(Exception):

@@ -3,9 +3,9 @@
 A Dynamo worker whose `KvEventPublisher` has `enable_local_indexer=True` keeps its own index of the
 blocks it published and its last 1024 events, and serves them on its request plane. Dynamo's router
 queries it to rebuild a worker's blocks on start, when a worker appears and when the worker's event
-stream shows a gap; this module does the same for the picker, beside the NATS event plane
-(`extproc.events.nats_events`). What is spoken, as read from ai-dynamo-runtime 1.6.1 and checked
-against its own worker side (tests/nats/test_dynamo_recovery.py):
+stream shows a gap; this module does the same for the picker, beside Dynamo's event plane on NATS
+(`extproc.events.nats_events`) or ZMQ (`extproc.events.dynamo_zmq_plane`). What is spoken, as read
+from ai-dynamo-runtime 1.6.1 and checked against its own worker side (tests/nats/test_dynamo_recovery.py):
 
 Discovery (`--discovery-backend file`, Dynamo's file store at DYN_FILE_KV, default
 $TMPDIR/dynamo_store_kv): each publisher writes `<root>/v1/event_sources/<key>`, JSON
@@ -59,7 +59,7 @@ usual; the dump then replaces them), and every worker added to the picker's list
 once (`rescan`: one whose events were ignored until then). A stored block under a parent the picker
 does not know (the feed's orphan detection, `RouterFeed.set_resync`) dumps the worker again. A
 failed query is retried 8 times with backoff from 0.2 s, at most 16 queries in flight (Dynamo's
-numbers); then the worker is released to the subscriber's own handling (`nats_events.follow_gap`,
+numbers); then the worker is released to the subscriber's own handling (`dynamo_intake.follow_gap`,
 the feed's orphan detection) and taken again after 30 s.
 """
 
@@ -83,9 +83,9 @@ import msgpack
 
 from extproc.config.events import EventsConfig
 from extproc.events.counters import EventCounters
+from extproc.events.dynamo_intake import DynamoEventIntake
 from extproc.events.dynamo_plane import TOPIC, decode_envelope
 from extproc.events.feed import RouterFeed
-from extproc.events.nats_events import NatsEventSubscriber
 from extproc.events.sink import EventSink
 from extproc.router.types import KvEvent, Worker, WorkerId
 
@@ -354,13 +354,13 @@ class _Rank:
 class LocalIndexerRecovery:
     """Rebuilds Dynamo workers from their local indexers and orders their live events after that.
 
-    The `NatsEventSubscriber` hands each decoded event-plane event to `take` (its `gate`): True means
-    this class took it (applied it, held it, or dropped it as already known); False leaves it to the
-    subscriber (a worker without a local indexer, or released after failures). `start` recovers every
-    worker whose source is advertised then; a worker that appears later is recovered at its first
-    event. `sources` lists the advertised targets (blocking: it runs in a thread), `query` asks one
-    (tests give their own). `on_owned(worker, owned)` says when a worker is taken and released (the
-    feed's `set_resync`: a store under a parent the picker does not know dumps the worker again).
+    The event plane's subscriber (a `DynamoEventIntake`) hands each decoded event to `take` (its
+    `gate`): True means this class took it (applied it, held it, or dropped it as already known); False
+    leaves it to the subscriber (a worker without a local indexer, or released after failures). `start`
+    recovers every worker whose source is advertised then; a worker that appears later is recovered at
+    its first event. `sources` lists the advertised targets (blocking: it runs in a thread), `query`
+    asks one (tests give their own). `on_owned(worker, owned)` says when a worker is taken and released
+    (the feed's `set_resync`: a store under a parent the picker does not know dumps the worker again).
     Counter keys: `recovery.dump` (tree dumps applied), `recovery.catch_up` (event ranges applied),
     `recovery.gap`, `recovery.restart`, `recovery.resync`, and loudly `recovery.query_failed`,
     `recovery.released`.
@@ -451,6 +451,19 @@ class LocalIndexerRecovery:
             log.info("%s: rebuilding it from its local indexer (%s)", worker, reason)
             self.counters.add("recovery.resync")
             self._begin(worker, rank, None)
+
+    def restarted(self, worker: Worker) -> bool:
+        """`worker`'s events now come from a new publisher: its new source is dumped. True when this
+        class owns the worker (else the subscriber resets it)."""
+        rank = self._ranks.get(worker)
+        if rank is None:
+            return False
+        self.counters.add("recovery.restart")
+        if not rank.inflight:  # in flight: a held event at or below the cursor asks again when drained
+            log.info("%s: its publisher restarted; rebuilding it", worker)
+            rank.pending.clear()  # the old publisher's, if any: the dump has what is left of them
+            self._begin(worker, rank, None)
+        return True
 
     # --- the gate ----------------------------------------------------------------------------------
 
@@ -633,12 +646,13 @@ class LocalIndexerRecovery:
 
 async def start_recovery(
     events: EventsConfig,
-    subscriber: NatsEventSubscriber,
+    intakes: Sequence[DynamoEventIntake],
     feed: RouterFeed,
     worker_id_of: Callable[[int], WorkerId],
 ) -> LocalIndexerRecovery:
     """Recover the workers advertised in Dynamo's file store (`events.dynamo_file_kv`) and order the
-    subscriber's events of every recovered worker (its `gate`); call once the subscriber listens."""
+    live events of every recovered worker (each intake's `gate`: the NATS subscriber, Dynamo's ZMQ
+    event plane); call once they listen."""
     root = events.dynamo_file_kv
     assert root is not None
     where = (root, events.namespace, events.component, events.dynamo_endpoint)
@@ -652,7 +666,9 @@ async def start_recovery(
             worker, functools.partial(recovery.resync, worker) if owned else None
         ),
     )
-    subscriber.gate = recovery.take
+    for intake in intakes:
+        intake.gate = recovery.take
+        intake.restarted = recovery.restarted
     started = await recovery.start()
     log.info("local-indexer recovery from Dynamo's file discovery at %s: %d workers found", root, started)
     return recovery

@@ -6,12 +6,7 @@
   `extproc.events.dynamo_json`) and, beside it, Dynamo's event plane
   `namespace.<ns>.component.<c>.endpoint.<e>.kv-events` (the msgpack envelopes of Dynamo's own
   `KvEventPublisher`, `extproc.events.dynamo_plane`) into the router's event model and hands it to
-  an `EventSink`. Both go through one event-id check: ids are consecutive per worker and dp rank;
-  any other id is a gap and calls `on_gap(worker, expected, got)` before the event is applied; by
-  default (`follow_gap`) an id that goes back is a restarted publisher, whose engine starts with an
-  empty cache (the worker is reset), and an id that jumps ahead is events lost (an outage, a slow
-  consumer): the blocks known stay, since they are still the best knowledge, and a store lost in the
-  gap shows when the engine stores under it (the feed then marks the worker lost and relearns it).
+  an `EventSink`. Both go through one event-id check (`dynamo_intake.DynamoEventIntake`).
   While the connection is down every worker seen so far is reported `stream_state(worker, False)`;
   on reconnect, up again.
 - `NatsEventPublisher`: the worker side, a `KvCacheListener` (extproc/sim/prefix_cache.py) that
@@ -46,8 +41,8 @@ from nats.aio.msg import Msg
 from nats.errors import SlowConsumerError
 
 from extproc.events.counters import EventCounters
+from extproc.events.dynamo_intake import DynamoEventIntake, GapHook
 from extproc.events.dynamo_json import decode_event, encode_event
-from extproc.events.dynamo_plane import decode_envelope
 from extproc.events.sink import EventSink
 from extproc.router.hashing import compute_block_hashes
 from extproc.router.types import (
@@ -63,7 +58,6 @@ from extproc.tasks import cancel_and_wait
 
 log = logging.getLogger("extproc.events.nats")
 
-GapHook = Callable[[Worker, int, int], None]  # (worker, expected event id, received event id)
 StateWatcher = Callable[[bool, str], None]  # (connection up, reason)
 
 DEFAULT_QUEUE_SIZE = 10_000  # messages a subscription buffers for its callback (--event-queue-size)
@@ -215,52 +209,7 @@ def _backoff(servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]:
     return server, delay * random.uniform(0.5, 1.0)
 
 
-def follow_gap(
-    sink: EventSink, counters: EventCounters, worker: Worker, expected: int, got: int, where: str
-) -> None:
-    """The default answer to an event-id gap of `worker` on `where` (a subject, a stream).
-
-    An id lower than expected: the publisher restarted (Dynamo's count from 1 again), and with it
-    its engine, whose cache is empty: forget the worker's blocks. A higher id: `got - expected`
-    events were lost (counted as dropped); the known blocks are kept: resetting would throw away
-    blocks the engine still holds (its chat templates' first blocks are stored once and then
-    reused for hours) and leave every later store of the worker under unknown parents.
-    """
-    if got < expected:
-        sink.reset_worker(worker, f"its publisher restarted on {where} (event {got} after {expected - 1})")
-        return
-    counters.dropped("nats", str(worker), "event-id-gap", got - expected)
-
-
-class EventIdTracker:
-    """The next expected event id per worker and dp rank (Dynamo numbers events per publisher)."""
-
-    def __init__(self) -> None:
-        self._next: dict[Worker, int] = {}
-
-    def check(self, worker: Worker, event_id: int) -> int | None:
-        """Record `event_id`; returns the id that was expected instead, or None if in order.
-
-        The first id seen from a worker is always in order (nothing earlier is known).
-        """
-        expected = self._next.get(worker)
-        self._next[worker] = event_id + 1
-        return None if expected is None or expected == event_id else expected
-
-    def knows(self, worker: Worker) -> bool:
-        return worker in self._next
-
-    def workers(self) -> list[Worker]:
-        return list(self._next)
-
-    def forget(self, worker: Worker) -> None:
-        self._next.pop(worker, None)
-
-    def clear(self) -> None:
-        self._next.clear()
-
-
-class NatsEventSubscriber:
+class NatsEventSubscriber(DynamoEventIntake):
     """Applies Dynamo KV events from NATS to an `EventSink`, detecting event-id gaps.
 
     `subject` carries Dynamo JSON (one event per message) and `event_plane_subject` Dynamo's event
@@ -268,9 +217,11 @@ class NatsEventSubscriber:
     not both. `jetstream_subject` carries Dynamo JSON too: what Dynamo 1.0-1.3 workers publish into
     their JetStream stream (`dynamo_json.jetstream_subject`), heard here as it is published. Every
     decoded event, whichever the subject, goes through the same per-worker event-id check and the
-    same sink calls. Counter keys: `nats.event` (applied), `nats.gap`, plus the
+    same sink calls (`DynamoEventIntake`). Counter keys: `nats.event` (applied), `nats.gap`, plus the
     decoders' `dynamo.*` and the link's.
     """
+
+    source = "nats"
 
     def __init__(
         self,
@@ -289,23 +240,20 @@ class NatsEventSubscriber:
             raise ValueError(f"queue_size must be at least 1, got {queue_size}")
         if subject is None and event_plane_subject is None:
             raise ValueError("NatsEventSubscriber needs a subject, an event_plane_subject or both")
+        super().__init__(
+            sink,
+            counters if counters is not None else link.counters,
+            on_gap=on_gap,
+            worker_id_of=worker_id_of,
+        )
         self.link = link
-        self.sink = sink
         self.subject = subject
         self.event_plane_subject = event_plane_subject
         self.jetstream_subject = jetstream_subject
         self.queue_size = queue_size
-        self.counters = counters if counters is not None else link.counters
-        self.on_gap: GapHook = on_gap or self._follow_gap
-        self._worker_id_of = worker_id_of
-        self.event_ids = EventIdTracker()
-        # Offered each event first; True: it took the event, whose order it keeps itself (the workers
-        # rebuilt from their local indexers: dynamo_recovery.LocalIndexerRecovery.take)
-        self.gate: Callable[[Worker, int, KvEvent | None], bool] | None = None
         self._subs: list[Any] = []
         self._unwatch: Callable[[], None] | None = None
         self._unwatch_overflow: list[Callable[[], None]] = []
-        self._gap_subject = ""  # the subject of the event being checked, for the default gap reason
 
     @property
     def subjects(self) -> list[str]:
@@ -313,16 +261,12 @@ class NatsEventSubscriber:
         return [s for s in (self.subject, self.event_plane_subject, self.jetstream_subject) if s is not None]
 
     @property
-    def gaps(self) -> int:
-        return self.counters["nats.gap"]
-
-    @property
     def pending(self) -> int:
         """Messages received and not yet handled (at most `queue_size` per subject)."""
         return sum(sub.pending_msgs for sub in self._subs)
 
     async def start(self) -> None:
-        self._unwatch = self.link.watch(self._on_link_state)
+        self._unwatch = self.link.watch(self.report_state)
         handlers = (
             (self.subject, self._on_message),
             (self.event_plane_subject, self._on_plane_message),
@@ -350,9 +294,6 @@ class NatsEventSubscriber:
                 await sub.unsubscribe()
         self._subs.clear()
 
-    def _follow_gap(self, worker: Worker, expected: int, got: int) -> None:
-        follow_gap(self.sink, self.counters, worker, expected, got, self._gap_subject)
-
     def _on_overflow(self, subject: str) -> None:
         self.counters.dropped("nats", "*", "queue-full")
         self.counters.loud(
@@ -377,38 +318,9 @@ class NatsEventSubscriber:
         _, event_id, event = decoded
         self._apply(event.worker, event_id, event, subject or self.subject or "")
 
-    def handle_event_plane(self, data: bytes, subject: str | None = None) -> None:
+    def handle_event_plane(self, data: bytes, where: str | None = None) -> None:
         """Decode and apply one event-plane message, each of its events in order; never raises."""
-        where = subject or self.event_plane_subject or ""
-        for item in decode_envelope(data, self.counters, worker_id_of=self._worker_id_of):
-            self._apply(item.worker, item.event_id, item.event, where)
-
-    def _apply(self, worker: Worker, event_id: int, event: KvEvent | None, subject: str) -> None:
-        """Check `event_id` for a gap, then apply `event` (None: the id only, nothing to apply)."""
-        if self.gate is not None and self.gate(worker, event_id, event):
-            self.event_ids.check(worker, event_id)  # heard (link-state reports); the gate keeps the order
-            return
-        first = not self.event_ids.knows(worker)
-        expected = self.event_ids.check(worker, event_id)
-        try:
-            if first:
-                self.sink.stream_state(worker, True, f"first event on {subject}")
-            if expected is not None:
-                self.counters.loud(
-                    "nats.gap", "KV event gap from %s: expected event %d, got %d", worker, expected, event_id
-                )
-                self._gap_subject = subject
-                self.on_gap(worker, expected, event_id)
-            if event is not None:
-                self.sink.apply_events((event,))
-                self.counters.add("nats.event")
-        except Exception:
-            self.counters.loud("nats.sink_error", "applying KV event %d from %s failed", event_id, worker)
-            log.exception("event sink failed")
-
-    def _on_link_state(self, up: bool, reason: str) -> None:
-        for worker in self.event_ids.workers():
-            self.sink.stream_state(worker, up, reason)
+        super().handle_event_plane(data, where or self.event_plane_subject or "")
 
 
 class OrderedSender:

@@ -25,6 +25,7 @@ per-worker ZMQ subscribers in step with it, and tells replica sync of workers ad
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -39,6 +40,7 @@ from extproc.events.durable import DurableConfig, DurableKvEvents
 from extproc.events.dynamo_json import jetstream_subject, kv_events_subject
 from extproc.events.dynamo_plane import event_plane_subject
 from extproc.events.dynamo_recovery import LocalIndexerRecovery, start_recovery
+from extproc.events.dynamo_zmq_plane import DynamoZmqPlaneSubscriber, read_file_channels
 from extproc.events.feed import RouterFeed
 from extproc.events.kv_indexer import KvIndexerRegistrar, Registration
 from extproc.events.nats_events import NatsEventSubscriber, NatsLink
@@ -69,6 +71,7 @@ class EventSources:
     zmq: ZmqEventSubscribers | None = None
     nats: NatsLink | None = None
     nats_events: NatsEventSubscriber | None = None  # core NATS: JSON and event-plane subjects
+    zmq_plane: DynamoZmqPlaneSubscriber | None = None  # Dynamo's ZMQ event plane (--event-plane zmq)
     durable: DurableKvEvents | None = None
     recovery: LocalIndexerRecovery | None = None  # Dynamo workers rebuilt from their local indexers
     replica_sync: ReplicaSync | None = None
@@ -78,6 +81,11 @@ class EventSources:
 
     def states(self) -> dict[Worker, str]:
         return self.feed.states()
+
+    def worker_id_of(self, instance_id: int) -> WorkerId:
+        """The picker's worker of a Dynamo instance id (`instance_ids`, kept current by the
+        WorkerSetFollower; else the id as text)."""
+        return self.instance_ids.get(instance_id, str(instance_id))
 
     async def stop(self) -> None:
         for close in reversed(self.closers):
@@ -122,6 +130,8 @@ async def start_event_sources(
         if picker.kv_indexer is not None:
             _start_kv_indexer(config, picker, sources)
         elif config.router.use_kv_events:
+            if config.events.hears_zmq_plane:
+                await _start_zmq_plane(config, sources)
             await _start_zmq(config, sources, timings)
         else:
             log.info("KV events off: every worker's cache is predicted from routing decisions")
@@ -161,17 +171,43 @@ async def _start_zmq(config: PickerConfig, sources: EventSources, timings: Subsc
     )
 
 
+async def _start_zmq_plane(config: PickerConfig, sources: EventSources) -> None:
+    """Dynamo's ZMQ event plane: its brokers, or the publishers listed in Dynamo's file store; with
+    the store, the workers with a local indexer are rebuilt from it too (as over NATS)."""
+    events = config.events
+    root = events.dynamo_file_kv
+    where = (events.namespace, events.component, events.dynamo_endpoint)
+    plane = DynamoZmqPlaneSubscriber(
+        sources.feed,
+        sources.counters,
+        event_plane_subject(*where),
+        channels=functools.partial(read_file_channels, root, *where) if root is not None else None,
+        brokers=events.zmq_brokers,
+        worker_id_of=sources.worker_id_of,
+        queue_size=events.queue_size,
+    )
+    await plane.start()
+    sources.zmq_plane = plane
+    sources.closers.append(plane.stop)
+    if events.zmq_brokers:
+        log.info("Dynamo's ZMQ event plane: KV events of %s through the brokers at %s",
+                 event_plane_subject(*where), ", ".join(events.zmq_brokers))  # fmt: skip
+    else:
+        log.info("Dynamo's ZMQ event plane: KV events from the publishers advertised in %s (%d now)",
+                 root, len(plane.publishers))  # fmt: skip
+    if root is not None:  # after subscribing: nothing between a dump and the stream
+        intakes = [plane] + ([sources.nats_events] if sources.nats_events is not None else [])
+        sources.recovery = await start_recovery(events, intakes, sources.feed, sources.worker_id_of)
+        sources.closers.append(sources.recovery.stop)
+
+
 async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: EventSources) -> None:
     events = config.events
     router_id = events.router_id or f"{socket.gethostname()}-{os.getpid()}"
     link = await connect_nats(events, name=f"extproc-{router_id}", counters=sources.counters)
     sources.nats = link
     sources.closers.append(link.close)
-    ids = sources.instance_ids  # kept current by the WorkerSetFollower
-
-    def worker_id_of(instance_id: int) -> WorkerId:
-        return ids.get(instance_id, str(instance_id))
-
+    worker_id_of = sources.worker_id_of
     if config.router.use_kv_events and picker.kv_indexer is None:
         if events.durable_kv_events:
             durable = DurableKvEvents(
@@ -214,8 +250,9 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             log.info("subscribed to Dynamo KV events on %s (JSON), %s (event plane) and %s (Dynamo 1.0-1.3 "
                      "workers' JetStream stream, heard live) at %s", subject, plane, jetstream,
                      events.nats_url)  # fmt: skip
-            if events.dynamo_file_kv is not None:  # after subscribing: nothing between a dump and the stream
-                sources.recovery = await start_recovery(events, subscriber, sources.feed, worker_id_of)
+            recovering = events.dynamo_file_kv is not None and not events.hears_zmq_plane  # else: there
+            if recovering:  # after subscribing: nothing between a dump and the stream
+                sources.recovery = await start_recovery(events, [subscriber], sources.feed, worker_id_of)
                 sources.closers.append(sources.recovery.stop)
     if events.replica_sync:
         subject = active_sequences_subject(events.namespace, events.component)

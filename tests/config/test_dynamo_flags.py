@@ -153,6 +153,12 @@ KNOBS: dict[str, Knob] = {
     ),
     "--router-ttl": Knob(("--router-ttl", "30"), field="router.router_ttl_secs", value=30.0),
     "--router-ttl-secs": Knob(("--router-ttl-secs", "30"), field="router.router_ttl_secs", value=30.0),
+    "--zmq-broker-url": Knob(
+        ("--event-plane", "zmq", "--zmq-broker-url", "xsub=tcp://10.0.0.5:5555 , xpub=tcp://10.0.0.5:5556"),
+        field="events.zmq_brokers",
+        value=("tcp://10.0.0.5:5556",),
+        notice="through the brokers at tcp://10.0.0.5:5556",
+    ),
     "--static-endpoint": Knob(("--static-endpoint", "dynamo.backend.generate"), notice="KV routing works"),
     # the --aic-* flags the aic model takes (the guides name them `--aic-*`; Dynamo's frontend has these)
     **{
@@ -213,7 +219,7 @@ VALUES: dict[tuple[str, ...], Knob] = {
     ),
     ("--router-prefill-load-model", "none"): Knob(field="router.prefill_load_model", value="none"),
     ("--router-queue-threshold", "None"): Knob(field="router.router_queue_threshold", value=None),
-    ("--event-plane", "zmq"): Knob(notice="ZMQ event plane is not spoken"),
+    ("--event-plane", "zmq"): Knob(notice="ZMQ event plane cannot be heard"),  # no discovery it can read
     ("--discovery-backend", "mem"): Knob(notice="Dynamo's discovery"),
     ("--event-plane", "nats", *NATS): Knob(
         field="events.nats_url", value=NATS[1]
@@ -228,6 +234,24 @@ REFUSED: dict[tuple[str, ...], str] = {
     ("--router-queue-threshold", "0"): r"router-queue-threshold=0.0: expected > 0 \(as Dynamo requires\)",
     ("--router-queue-threshold", "-1"): "expected > 0",
     ("--router-event-threads", "0"): "router-event-threads=0: expected > 0",
+    (
+        "--event-plane",
+        "zmq",
+        "--zmq-broker-url",
+        "tcp://10.0.0.5:5556",
+    ): "invalid zmq-broker-url: expected 'xsub",
+    (
+        "--event-plane",
+        "zmq",
+        "--zmq-broker-url",
+        "xsub=tcp://b:5555 , xpub=",
+    ): "at least one xsub and one xpub",
+    (
+        "--event-plane",
+        "zmq",
+        "--zmq-broker-url",
+        "xsub=tcp://b:5555 , xpub=ipc:///x",
+    ): "expected tcp://host:port",
 }
 
 

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry
 
 from extproc.admin.metrics import PickerCollector
 from extproc.events.counters import MAX_DROPPED_AT_ONCE, EventCounters
+from extproc.events.dynamo_intake import follow_gap
 from extproc.events.feed import RouterFeed
-from extproc.events.nats_events import follow_gap
 from extproc.events.sources import EventSources
 from extproc.events.vllm import WireBlockStored
 from extproc.events.zmq_publisher import ZmqEventPublisher

@@ -55,12 +55,15 @@ class DynamoWorker:
         self.log_path = log_path
 
     @classmethod
-    async def start(cls, nats_url: str, log_path: Path, **env_vars: str) -> DynamoWorker:
-        """`env_vars` go to its environment (DYNAMO_WORKER_DISCOVERY, DYN_FILE_KV)."""
+    async def start(cls, nats_url: str | None, log_path: Path, **env_vars: str) -> DynamoWorker:
+        """`env_vars` go to its environment (DYNAMO_WORKER_DISCOVERY, DYN_FILE_KV, ...); without a
+        NATS server, Dynamo's ZMQ event plane (DYNAMO_WORKER_EVENT_PLANE=zmq) on 127.0.0.1."""
+        plane = {"NATS_SERVER": nats_url} if nats_url is not None else {"DYNAMO_WORKER_EVENT_PLANE": "zmq"}
         env = {
             **os.environ,
             **env_vars,
-            "NATS_SERVER": nats_url,
+            **plane,
+            "DYN_EVENT_PLANE_HOST": "127.0.0.1",  # a direct ZMQ publisher advertises loopback
             "DYN_TCP_RPC_HOST": "127.0.0.1",  # the request plane (local indexer queries) on loopback
             "DYN_SYSTEM_ENABLED": "false",
             "PYTHONPATH": str(ROOT),

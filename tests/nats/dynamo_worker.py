@@ -2,13 +2,16 @@
 
     python -m tests.nats.dynamo_worker        # NATS_SERVER names the nats-server
 
-Runs `dynamo._core.DistributedRuntime(loop, "mem", "tcp", event_plane="nats")` (ai-dynamo-runtime,
-the `compat` extra) and any number of `KvEventPublisher`s. DYNAMO_WORKER_DISCOVERY=file selects
-Dynamo's file discovery instead (its store at DYN_FILE_KV), where a publisher with
-`enable_local_indexer` advertises the query endpoint of its local indexer, which this process serves
-(on its TCP request plane, DYN_TCP_RPC_HOST) for as long as it runs. Each stdin line is a JSON command; each
-gets one JSON answer line on stdout, `{"ok": true}` or `{"ok": false, "error": "..."}` (Dynamo logs
-to stderr). The runtime's threads stay out of the test process; the test stops this one by pid.
+Runs `dynamo._core.DistributedRuntime(loop, "mem", "tcp", event_plane="nats")` (ai-dynamo-runtime, the
+`compat` extra) and any number of `KvEventPublisher`s. DYNAMO_WORKER_DISCOVERY=file selects Dynamo's
+file discovery instead (its store at DYN_FILE_KV), where a publisher with `enable_local_indexer`
+advertises the query endpoint of its local indexer, which this process serves (on its TCP request plane,
+DYN_TCP_RPC_HOST) for as long as it runs. DYNAMO_WORKER_EVENT_PLANE=zmq selects Dynamo's ZMQ event
+plane: each publisher binds its own PUB socket and advertises it in the discovery (at
+DYN_EVENT_PLANE_HOST), or connects to the brokers of DYN_ZMQ_BROKER_URL. Each stdin line is a JSON
+command; each gets one JSON answer line on stdout, `{"ok": true}` or `{"ok": false, "error": "..."}`
+(Dynamo logs to stderr). The runtime's threads stay out of the test process; the test stops this one by
+pid.
 
     {"op": "publisher", "name": "w7", "endpoint": "ns1.backend.generate", "worker_id": 7,
      "block_size": 16, "dp_rank": 0, "zmq_endpoint": null, "enable_local_indexer": false}
@@ -34,7 +37,8 @@ async def main() -> None:
 
     loop = asyncio.get_running_loop()
     discovery = os.environ.get("DYNAMO_WORKER_DISCOVERY", "mem")
-    runtime = DistributedRuntime(loop, discovery, "tcp", event_plane="nats")
+    plane = os.environ.get("DYNAMO_WORKER_EVENT_PLANE", "nats")
+    runtime = DistributedRuntime(loop, discovery, "tcp", event_plane=plane)
     publishers: dict[str, Any] = {}
 
     def run(command: dict[str, Any]) -> None:

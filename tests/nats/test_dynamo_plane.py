@@ -233,7 +233,7 @@ def test_the_relayed_cpu_and_disk_blocks_are_credited_per_tier_and_removed_per_t
     assert r.tiers.num_blocks(W9) == {DISK_TIER: 1}
 
 
-def test_a_missing_message_and_a_restarted_publisher_are_gaps():
+def test_a_missing_message_is_a_gap_and_a_restarted_publisher_is_told_by_its_publisher_id():
     gaps: list = []
     r = router()
     sub = subscriber(r, gaps)
@@ -241,8 +241,24 @@ def test_a_missing_message_and_a_restarted_publisher_are_gaps():
     sub.handle_event_plane(fixture("removed"))  # ids 2..9 never arrived
     sub.handle_event_plane(fixture("batch"))
     sub.handle_event_plane(fixture("restarted-removed"))  # a new publisher for w7 dp0 starts at 1
-    assert gaps == [(W7, 2, 10), (W7, 13, 1)]
-    assert sub.gaps == 2
+    assert gaps == [(W7, 2, 10)] and sub.gaps == 1
+    assert sub.counters["nats.new_publisher"] == 1
+    assert envelope_of("restarted-removed")["publisher_id"] != envelope_of("batch")["publisher_id"]
+
+
+def test_a_new_publisher_whose_first_ids_heard_look_in_order_is_still_a_restart():
+    """A subscriber that joins late (a ZMQ subscription reaching a new publisher) may miss the new
+    publisher's first events: the next id it hears can be the one the old publisher would have sent."""
+    r = router()
+    sub = subscriber(r)
+    sub.handle_event_plane(fixture("stored-root"))  # event 1 of the first publisher
+    restarted = envelope_of("restarted-removed")
+    restarted["payload"] = msgpack.packb(
+        [{**e, "event": {**e["event"], "event_id": 2}} for e in msgpack.unpackb(restarted["payload"])]
+    )
+    sub.handle_event_plane(msgpack.packb(restarted))  # "event 2", from the new publisher
+    assert matches(r, ROOT) == {}
+    assert sub.sink.counters["feed.reset"] == 1 and sub.gaps == 0
 
 
 def test_by_default_lost_events_keep_the_blocks_and_a_restarted_publisher_resets():

@@ -1,9 +1,10 @@
 """NATS core: a worker's publisher -> nats-server -> subscriber -> a real KvRouter; event-id gaps."""
 
 from extproc.events.counters import EventCounters
+from extproc.events.dynamo_intake import EventIdTracker
 from extproc.events.dynamo_json import kv_events_subject
 from extproc.events.feed import EVENT_FED
-from extproc.events.nats_events import EventIdTracker, NatsEventPublisher, NatsEventSubscriber
+from extproc.events.nats_events import NatsEventPublisher, NatsEventSubscriber
 from extproc.router import Worker, WorkerSpec, compute_block_hashes
 from extproc.router.hashing import compute_sequence_hashes
 from extproc.sim.prefix_cache import BlockTable, PrefixCache

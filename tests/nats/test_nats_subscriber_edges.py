@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 
 from extproc.events.counters import EventCounters
+from extproc.events.dynamo_intake import EventIdTracker
 from extproc.events.dynamo_json import encode_event, kv_events_subject
 from extproc.events.dynamo_plane import event_plane_subject
 from extproc.events.feed import EVENT_FED, STALE, RouterFeed
-from extproc.events.nats_events import EventIdTracker, NatsEventSubscriber
+from extproc.events.nats_events import NatsEventSubscriber
 from extproc.router.hashing import compute_block_hashes, compute_sequence_hashes
 from extproc.router.types import AllBlocksCleared, BlocksStored, StoredBlock, Worker
 
