@@ -109,6 +109,20 @@ MODULES: dict[str, list[str]] = {
         "tests/events/test_tier_fixtures.py",
         "tests/fuzz/test_dynamo_fuzz.py",
     ],
+    # what every transport of Dynamo's events does with them: the event-id check, restarts, the gate
+    "events/dynamo_intake.py": [
+        "tests/nats/test_dynamo_plane.py",
+        "tests/nats/test_nats_subscriber_edges.py",
+        "tests/nats/test_nats_events.py",
+        "tests/events/test_backpressure.py",
+        "tests/nats/test_durable.py",
+        "tests/nats/test_dynamo_runtime.py",
+        "tests/nats/test_dynamo_zmq_plane.py",
+        "tests/nats/test_dynamo_recovery.py",
+        "tests/nats/test_dynamo_recovery_merge.py",
+    ],
+    # Dynamo 1.6.1's ZMQ event plane: direct publishers from its file store, brokers
+    "events/dynamo_zmq_plane.py": ["tests/nats/test_dynamo_zmq_plane.py"],
     # vLLM's and SGLang's ZMQ KV events (golden fixtures from their published code)
     "events/vllm.py": [
         "tests/events/test_vllm_decode.py",
@@ -7631,6 +7645,88 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'message = _object(message, "MESSAGE")',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+    },
+    "events/dynamo_zmq_plane.py": {
+        "x_unframe__mutmut_11": (
+            'raise ValueError("XXpublisher id and sequence must be 8 bytes eachXX")',
+            "message",
+            "text of the malformed-frame error only",
+        ),
+        "x_unframe__mutmut_26": (
+            "int.from_bytes(publisher, ),",
+            "same-value",
+            "int.from_bytes reads big-endian by default since Python 3.11 (the project needs 3.11+)",
+        ),
+        "x_unframe__mutmut_32": (
+            "int.from_bytes(sequence, ),",
+            "same-value",
+            "int.from_bytes reads big-endian by default since Python 3.11 (the project needs 3.11+)",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁ__init____mutmut_5": (
+            'raise ValueError("XXDynamoZmqPlaneSubscriber needs a channel listing, brokers or bothXX")',
+            "message",
+            "text of the constructor's ValueError only; the raise itself is tested",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁ__init____mutmut_6": (
+            'raise ValueError("dynamozmqplanesubscriber needs a channel listing, brokers or both")',
+            "message",
+            "case of the constructor's ValueError text",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁstart__mutmut_8": (
+            "sock.setsockopt(zmq.LINGER, 1)",
+            "same-value",
+            "the socket is only ever closed by stop, with close(linger=0), which overrides this option",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁstart__mutmut_25": (
+            'sock.setsockopt(zmq.SUBSCRIBE, self.subject.split("*", )[0].encode())',
+            "same-value",
+            "the first piece of a split is the same whatever the number of splits",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁstart__mutmut_28": (
+            'sock.setsockopt(zmq.SUBSCRIBE, self.subject.split("*", 2)[0].encode())',
+            "same-value",
+            "the first piece of a split is the same whatever the number of splits",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁstop__mutmut_3": (
+            "self._sock.close(linger=None)",
+            "same-value",
+            "linger=None keeps the socket's own LINGER, which start set to 0",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁstop__mutmut_4": (
+            "self._sock.close(linger=1)",
+            "performance",
+            "a SUB socket waits up to 1 ms at close for subscription frames not yet sent",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁrescan__mutmut_20": (
+            '"XXDynamo\'s discovery lists %d ZMQ publishers; connecting to the first %d onlyXX",',
+            "message",
+            "text of the channels_capped warning (the test reads the text inside)",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁrescan__mutmut_27": (
+            "with contextlib.suppress(None):",
+            "same-value",
+            "only URLs this socket connected are disconnected (`_connected`), which libzmq never refuses",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁrescan__mutmut_52": (
+            'self.counters.loud("zmq_plane.connect_failed", "XXcannot connect to %s: %sXX", url, exc)',
+            "message",
+            "text of the connect_failed warning (the test reads the text inside)",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁhandle_frames__mutmut_11": (
+            '"zmq_plane.malformed", "XXmalformed message on Dynamo\'s ZMQ event plane (%s)XX", exc',
+            "message",
+            "text of the malformed warning (the test reads the text inside)",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁhandle_frames__mutmut_30": (
+            'self._seen[key] = ""',
+            "same-value",
+            "the remembered pairs' values are never read",
+        ),
+        "xǁDynamoZmqPlaneSubscriberǁhandle_frames__mutmut_32": (
+            "self._seen.popitem(last=None)",
+            "same-value",
+            "None is false, as False: the oldest pair goes",
         ),
     },
     "events/dynamo_plane.py": {

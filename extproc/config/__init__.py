@@ -196,7 +196,7 @@ HELP_GROUPS: tuple[tuple[str, tuple[Option[Any], ...]], ...] = (
     ("worker discovery", DISCOVERY_OPTIONS),
     ("engine metrics (the workers' own load)", ENGINE_METRICS_OPTIONS),
     ("Inference Extension resources (objectives, model rewrites)", INFERENCE_EXTENSION_OPTIONS),
-    ("accepted from Dynamo's command lines, not applied (startup names each one given)", DYNAMO_OPTIONS),
+    ("from Dynamo's command lines (startup names each one given, with what it does here)", DYNAMO_OPTIONS),
 )
 
 

@@ -1,14 +1,16 @@
-"""Knobs of Dynamo's frontend and engines that a picker cannot apply: accepted, each named at startup.
+"""Knobs of Dynamo's frontend and engines on a picker's command line: each named at startup.
 
 Dynamo's router guides (../shared/dynamo-docs/) give whole command lines: the frontend's HTTP port,
 its discovery and request planes, the engines' own event flags. So that such a command line starts
 the picker unchanged, every one of them is an option here, and `dynamo_notices` turns each one given
 (flag, DYN_<FLAG> variable or `router:` file key) into one startup line saying what it means here and
-what to use instead; never a silent no-op, never a refusal. The one that can apply does:
+what to use instead; never a silent no-op, never a refusal. Those that can apply do:
 `--event-plane nats` without a NATS server means Dynamo's default, nats://localhost:4222
-(`with_event_plane`). The router's own such knobs (--router-track-output-blocks, --router-event-threads,
---aic-*) are in router.py, beside the settings they qualify.
-"""
+(`with_event_plane`); `--event-plane zmq` hears Dynamo's ZMQ event plane through `--zmq-broker-url`
+or the publishers in the file store of `--discovery-backend file` (`with_zmq_plane`), which also
+names the workers' local indexers (`local_indexer_store`). The router's own such knobs
+(--router-track-output-blocks, --router-event-threads, --aic-*) are in router.py, beside the
+settings they qualify."""
 
 from __future__ import annotations
 

@@ -64,6 +64,7 @@ FRAME_HEADER = struct.Struct(">BI")  # version, envelope length
 DEDUP_KEYS = 65_536  # (publisher id, sequence) pairs remembered against a second broker's copy
 RESCAN_S = 1.0  # the file store is listed again this often for publishers that came or went
 MAX_CHANNELS = 4096  # publishers connected at once, at most (each is one TCP connection)
+QUEUE_SIZE = 10_000  # messages the SUB socket holds for the picker by default (--event-queue-size)
 TCP_ENDPOINT = re.compile(r"tcp://[^\s/]+:\d{1,5}")  # what a publisher or broker may be
 
 
@@ -168,7 +169,7 @@ class DynamoZmqPlaneSubscriber(DynamoEventIntake):
         channels: Callable[[], list[Channel]] | None = None,
         brokers: Sequence[str] = (),
         worker_id_of: Callable[[int], WorkerId] = str,
-        queue_size: int = 10_000,
+        queue_size: int = QUEUE_SIZE,
         rescan_s: float = RESCAN_S,
     ) -> None:
         if channels is None and not brokers:

@@ -8,6 +8,8 @@
   with snapshots when `--router-durable-kv-events`; and replica sync of active requests
   (`extproc.events.replica_sync`: heartbeats and leases, resynchronised after a reconnect, the
   other replicas' requests on a worker applied again when discovery brings it back).
+- Dynamo's ZMQ event plane (`--event-plane zmq`): the publishers advertised in Dynamo's file store,
+  or its brokers (`extproc.events.dynamo_zmq_plane`); no NATS needed.
 
 With KV events off (`--no-kv-events`) nothing is started and the routers predict cache state
 from their own decisions. With a KV indexer (`--kv-indexer-url`) no KV event is consumed here: the

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -25,9 +26,10 @@ import pytest_asyncio
 import zmq
 
 from extproc.config import load_config
+from extproc.events import dynamo_zmq_plane
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_plane import event_plane_subject
-from extproc.events.dynamo_zmq_plane import DynamoZmqPlaneSubscriber, read_file_channels, unframe
+from extproc.events.dynamo_zmq_plane import Channel, DynamoZmqPlaneSubscriber, read_file_channels, unframe
 from extproc.events.feed import RouterFeed
 from extproc.events.sources import EventSources, start_event_sources
 from extproc.picker.pipeline import EndpointPicker
@@ -340,7 +342,9 @@ def test_the_publisher_dynamo_advertised_is_read_from_its_file_store_entry_and_f
     variant("other-namespace", {"scope": {**scope, "endpoint": {**scope["endpoint"], "namespace": "ns2"}}})
     variant("other-endpoint", {"scope": {**scope, "endpoint": {**scope["endpoint"], "name": "clear"}}})
     variant("other-topic", {"topic": "kv_metrics"})
-    variant("nats-transport", {"transport": {"kind": "Nats", "config": {"subject_prefix": "x"}}})
+    variant("nats-transport", {"transport": {"kind": "Nats", "config": {"endpoint": url}}})
+    variant("scope-a-list", {"scope": []})
+    variant("config-a-list", {"transport": {"kind": "Zmq", "config": [url]}})
     variant("ipc-endpoint", {"transport": {"kind": "Zmq", "config": {"endpoint": "ipc:///tmp/x"}}})
     variant("a-source", {"type": "EventSource"})
     (folder / "being-written").write_text('{"type": "EventCh')
@@ -349,6 +353,11 @@ def test_the_publisher_dynamo_advertised_is_read_from_its_file_store_entry_and_f
     assert (found.publisher_id, found.endpoint) == (entry["instance_id"], url)
     every_endpoint = read_file_channels(str(tmp_path), "ns1", "backend", "*")
     assert {c.publisher_id for c in every_endpoint} == {entry["instance_id"], len("other-endpoint")}
+    # a component-scoped channel names no endpoint: it is the component's, whichever endpoint is asked
+    component = {"kind": "component", "component": {"namespace": "ns1", "component": "backend"}}
+    variant("component-scope", {"scope": component})
+    found_ids = {c.publisher_id for c in read_file_channels(str(tmp_path), "ns1", "backend", "generate")}
+    assert found_ids == {entry["instance_id"], len("component-scope")}
     assert read_file_channels(str(tmp_path / "nowhere"), "ns1", "backend", "generate") == []
 
 
@@ -356,7 +365,10 @@ def test_the_publisher_dynamo_advertised_is_read_from_its_file_store_entry_and_f
     "frames, reason",
     [
         ([b"kv-events", b"\0" * 8, b"\0" * 8], "3 frames"),
-        ([b"kv-events", b"\0" * 7, b"\0" * 8, b"\1\0\0\0\0"], "8 bytes"),
+        (
+            [b"kv-events", b"\0" * 7, b"\0" * 8, b"\1\0\0\0\0"],
+            "publisher id and sequence must be 8 bytes each",
+        ),
         ([b"kv-events", b"\0" * 8, b"\0" * 8, b"\1\0"], "no header"),
         ([b"kv-events", b"\0" * 8, b"\0" * 8, b"\2\0\0\0\0"], "version 2"),
         ([b"kv-events", b"\0" * 8, b"\0" * 8, b"\1\0\0\0\x09xyz"], "says 9 bytes, carries 3"),
@@ -368,7 +380,7 @@ def test_a_malformed_message_is_counted_and_dropped(frames, reason, caplog):
         unframe(frames)
     plane.handle_frames(frames)
     assert plane.counters["zmq_plane.malformed"] == 1 and held(router) == []
-    assert reason in caplog.text
+    assert "malformed message on Dynamo's ZMQ event plane (" in caplog.text and reason in caplog.text
 
 
 def test_an_envelope_that_is_not_dynamos_is_counted_by_the_decoder_and_dropped():
@@ -377,3 +389,239 @@ def test_an_envelope_that_is_not_dynamos_is_counted_by_the_decoder_and_dropped()
     plane.handle_frames([b"kv-events", b"\0" * 8, b"\0" * 8, b"\1" + len(junk).to_bytes(4, "big") + junk])
     assert held(router) == [] and plane.counters["zmq_plane.event"] == 0
     assert any(k.startswith("dynamo.") for k in plane.counters.snapshot()), plane.counters.snapshot()
+
+
+# --- the subscriber's own mechanics, replaying Dynamo's captured bytes from PUB sockets here ---------
+
+
+@contextlib.contextmanager
+def replaying_publishers(count: int) -> Iterator[list[tuple[zmq.Socket, str]]]:
+    """`count` PUB sockets on 127.0.0.1 (closed on exit): what Dynamo's direct publishers bind."""
+    ctx = zmq.Context()
+    sockets = []
+    for _ in range(count):
+        sock = ctx.socket(zmq.PUB)
+        sockets.append((sock, f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"))
+    try:
+        yield sockets
+    finally:
+        for sock, _ in sockets:
+            sock.close(linger=0)
+        ctx.term()
+
+
+def listed_plane(listing: list[Channel], **options) -> tuple[KvRouter, DynamoZmqPlaneSubscriber]:
+    config = RouterConfig(block_size=BS, use_kv_events=True)
+    router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
+    feed = RouterFeed({"w7": router}, EventCounters())
+    plane = DynamoZmqPlaneSubscriber(
+        feed,
+        feed.counters,
+        SUBJECT,
+        channels=lambda: list(listing),
+        worker_id_of=lambda i: f"w{i}",
+        **options,
+    )
+    return router, plane
+
+
+async def test_publishers_are_connected_as_listed_and_disconnected_when_no_longer_listed():
+    direct = captured("direct")
+    with replaying_publishers(2) as pubs:
+        listing = [Channel(1, pubs[0][1])]
+        router, plane = listed_plane(listing, rescan_s=0.05)
+        await plane.start()
+        try:
+            assert plane.publishers == {pubs[0][1]: 1}
+            listing.append(Channel(2, pubs[1][1]))  # a new publisher: found by the next listing
+            await eventually(lambda: len(plane.publishers) == 2, what="the second publisher connected")
+            for _ in range(100):  # until the subscription reached the publisher
+                pubs[0][0].send_multipart(direct[0])
+                with contextlib.suppress(pytest.fail.Exception):
+                    await eventually(lambda: plane.counters["zmq_plane.event"] > 0, 0.05)
+                    break
+            for frames in direct[1:3]:
+                pubs[0][0].send_multipart(frames)
+            await eventually(lambda: plane.counters["zmq_plane.event"] >= 3)
+            a = list(range(48))
+            assert held(router) == sorted((W7, x) for x in h(a)[:2])
+            listing.pop(0)  # gone from the store
+            await eventually(lambda: plane.publishers == {pubs[1][1]: 2}, what="the first disconnected")
+        finally:
+            await plane.stop()
+        assert plane.publishers == {}
+        await plane.rescan()  # stopped: nothing is connected again
+        assert plane.publishers == {}
+
+
+async def test_no_more_than_max_channels_publishers_are_connected(monkeypatch):
+    monkeypatch.setattr(dynamo_zmq_plane, "MAX_CHANNELS", 2)
+    listing = [Channel(n, f"tcp://127.0.0.1:{40000 + n}") for n in range(3)]
+    _, plane = listed_plane(listing)
+    await plane.start()
+    try:
+        assert list(plane.publishers) == [c.endpoint for c in listing[:2]]
+        assert plane.counters["zmq_plane.channels_capped"] == 1
+    finally:
+        await plane.stop()
+
+
+async def test_a_publisher_zmq_cannot_connect_to_is_counted_and_the_others_are_connected():
+    listing = [Channel(1, "tcp://*:5555"), Channel(2, "tcp://127.0.0.1:40002")]  # a bind address
+    _, plane = listed_plane(listing)
+    await plane.start()
+    try:
+        assert plane.publishers == {"tcp://127.0.0.1:40002": 2}
+        assert plane.counters["zmq_plane.connect_failed"] == 1
+    finally:
+        await plane.stop()
+
+
+def test_a_subscriber_needs_a_listing_or_brokers():
+    feed = RouterFeed({}, EventCounters())
+    with pytest.raises(ValueError, match="listing, brokers or both"):
+        DynamoZmqPlaneSubscriber(feed, feed.counters, SUBJECT)
+
+
+async def test_what_the_subscriber_does_with_publishers_is_logged(caplog):
+    with replaying_publishers(2) as pubs:
+        listing = [Channel(0x1A, pubs[0][1]), Channel(0x2B, pubs[1][1])]
+        _, plane = listed_plane(listing)
+        with caplog.at_level(logging.INFO, logger="extproc.events.dynamo"):
+            await plane.start()
+            try:
+                listing.pop()
+                await plane.rescan()
+            finally:
+                await plane.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert f"Dynamo ZMQ event plane: connected to publisher 1a at {pubs[0][1]}" in lines
+    assert (
+        f"Dynamo ZMQ event plane: publisher 2b at {pubs[1][1]} is gone from discovery; disconnected" in lines
+    )
+
+
+async def test_the_brokers_connected_to_are_logged_and_stopping_twice_or_unstarted_is_harmless(caplog):
+    feed = RouterFeed({}, EventCounters())
+    brokers = ("tcp://127.0.0.1:40001", "tcp://127.0.0.1:40002")
+    plane = DynamoZmqPlaneSubscriber(feed, feed.counters, SUBJECT, brokers=brokers)
+    await plane.stop()  # never started
+    with caplog.at_level(logging.INFO, logger="extproc.events.dynamo"):
+        await plane.start()
+    tasks = list(plane._tasks)
+    await plane.stop()
+    await plane.stop()
+    assert all(task.done() for task in tasks) and tasks
+    lines = [r.getMessage() for r in caplog.records]
+    assert (
+        "Dynamo ZMQ event plane: connected to the brokers tcp://127.0.0.1:40001, tcp://127.0.0.1:40002"
+        in lines
+    )
+
+
+async def test_a_listing_that_fails_is_logged_and_the_connected_publishers_stay(caplog):
+    calls = []
+
+    def listing() -> list[Channel]:
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError("the store's disk went away")
+        return [Channel(1, "tcp://127.0.0.1:40003")]
+
+    feed = RouterFeed({}, EventCounters())
+    plane = DynamoZmqPlaneSubscriber(feed, feed.counters, SUBJECT, channels=listing, rescan_s=0.01)
+    with caplog.at_level(logging.INFO, logger="extproc.events.dynamo"):
+        await plane.start()
+        try:
+            await eventually(lambda: len(calls) >= 3, what="listed again after a failure")
+            assert plane.publishers == {"tcp://127.0.0.1:40003": 1}
+        finally:
+            await plane.stop()
+    failed = [r for r in caplog.records if r.getMessage() == "listing Dynamo's ZMQ publishers failed"]
+    assert failed and failed[0].exc_info is not None
+
+
+async def test_exactly_max_channels_publishers_are_all_connected_without_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(dynamo_zmq_plane, "MAX_CHANNELS", 2)
+    _, plane = listed_plane([Channel(n, f"tcp://127.0.0.1:{40000 + n}") for n in range(2)])
+    await plane.start()
+    await plane.stop()
+    assert plane.counters["zmq_plane.channels_capped"] == 0
+    monkeypatch.setattr(dynamo_zmq_plane, "MAX_CHANNELS", 1)
+    _, plane = listed_plane([Channel(n, f"tcp://127.0.0.1:{40000 + n}") for n in range(2)])
+    with caplog.at_level(logging.WARNING):
+        await plane.start()
+        await plane.stop()
+    assert "Dynamo's discovery lists 2 ZMQ publishers; connecting to the first 1 only" in caplog.text
+
+
+async def test_a_publisher_that_cannot_be_connected_to_is_named_in_the_warning(caplog):
+    _, plane = listed_plane([Channel(1, "tcp://*:5555")])
+    with caplog.at_level(logging.WARNING):
+        await plane.start()
+        await plane.stop()
+    assert "cannot connect to tcp://*:5555: Invalid argument" in caplog.text
+
+
+async def test_with_every_endpoint_a_broker_subscription_takes_each_endpoint_of_the_component():
+    """`--dynamo-endpoint '*'`: the SUB prefix stops at the first wildcard, the topic is matched by token."""
+    root, child, _, _ = captured("broker")
+    with replaying_publishers(1) as ((pub, url),):
+        config = RouterConfig(block_size=BS, use_kv_events=True)
+        router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
+        feed = RouterFeed({"w7": router}, EventCounters())
+        every = event_plane_subject("*", "backend", "*")  # any namespace too, as a NATS subject reads it
+        plane = DynamoZmqPlaneSubscriber(
+            feed, feed.counters, every, brokers=(url,), worker_id_of=lambda i: f"w{i}"
+        )
+        await plane.start()
+        try:
+            for _ in range(100):  # until the subscription reached the socket
+                pub.send_multipart(root)
+                with contextlib.suppress(pytest.fail.Exception):
+                    await eventually(lambda: plane.counters["zmq_plane.event"] > 0, 0.05)
+                    break
+            for topic in (SUBJECT.replace("generate", "clear"), SUBJECT.replace("backend", "prefill")):
+                pub.send_multipart(
+                    [topic.encode(), *child[1:]]
+                )  # another endpoint: ours; another component: not
+            await eventually(
+                lambda: plane.counters["zmq_plane.event"] + plane.counters["zmq_plane.duplicate"] >= 2
+            )
+        finally:
+            await plane.stop()
+    assert plane.counters["zmq_plane.event"] == 2 and plane.counters["zmq_plane.duplicate"] == 0
+    assert len(held(router)) == 3  # the root's two blocks and the LoRA child
+
+
+def test_a_topic_that_is_not_utf8_is_not_ours_and_does_not_raise():
+    _, plane = plane_into_router()
+    root = captured("broker")[0]
+    plane.handle_frames([b"\xff\xfe", *root[1:]])
+    assert plane.counters["zmq_plane.topic"] == 1
+
+
+def test_the_last_dedup_keys_messages_are_remembered_and_no_more(monkeypatch):
+    monkeypatch.setattr(dynamo_zmq_plane, "DEDUP_KEYS", 2)
+    _, plane = plane_into_router()
+    a, b, c, _ = captured("broker")
+    for frames in (a, b, a, c, c):  # a is a repeat (2 remembered); c is remembered once it came
+        plane.handle_frames(frames)
+    assert plane.counters["zmq_plane.duplicate"] == 2
+    plane.handle_frames(a)  # evicted by c: the oldest goes first
+    assert plane.counters["zmq_plane.duplicate"] == 2
+
+
+def test_a_restart_names_the_zmq_publisher_it_was_heard_from(caplog):
+    _, plane = plane_into_router()
+    root, child, _, _ = captured("broker")
+    restarted = msgpack.unpackb(unframe(child)[3])
+    restarted["publisher_id"] += 1
+    envelope = msgpack.packb(restarted)
+    frame = b"\x01" + len(envelope).to_bytes(4, "big") + envelope
+    with caplog.at_level(logging.INFO, logger="extproc.events.dynamo"):
+        plane.handle_frames(root)
+        plane.handle_frames([child[0], (restarted["publisher_id"]).to_bytes(8, "big"), child[2], frame])
+    pid = restarted["publisher_id"]
+    assert f"on Dynamo's ZMQ event plane (publisher {pid:x}): it restarted" in caplog.text
+    assert plane.counters["zmq_plane.new_publisher"] == 1
