@@ -111,6 +111,7 @@ MODULES: dict[str, list[str]] = {
     ],
     # what every transport of Dynamo's events does with them: the event-id check, restarts, the gate
     "events/dynamo_intake.py": [
+        "tests/events/test_dynamo_intake.py",
         "tests/nats/test_dynamo_plane.py",
         "tests/nats/test_nats_subscriber_edges.py",
         "tests/nats/test_nats_events.py",
@@ -7645,6 +7646,47 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'message = _object(message, "MESSAGE")',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
+        ),
+    },
+    "events/dynamo_intake.py": {
+        "x_follow_gap__mutmut_3": (
+            "if got <= expected:",
+            "same-value",
+            (
+                "got == expected never reaches follow_gap: its callers (DynamoEventIntake._apply via on_gap, "
+                "durable._apply) call it only when EventIdTracker.check returned an expected id, which is "
+                "never the id received"
+            ),
+        ),
+        "xǁDynamoEventIntakeǁ__init____mutmut_10": (
+            "self._gap_where = None  # where the event being checked came from, for the default gap reason",
+            "same-value",
+            "the initial value is never read: _follow_gap reads it only after _apply has set it",
+        ),
+        "xǁDynamoEventIntakeǁ__init____mutmut_11": (
+            'self._gap_where = "XXXX"  # where the event being checked came from, for the default gap reason',
+            "same-value",
+            "the initial value is never read: _follow_gap reads it only after _apply has set it",
+        ),
+        "xǁDynamoEventIntakeǁ_apply__mutmut_40": (
+            '"XXKV event gap from %s: expected event %d, got %dXX",',
+            "message",
+            "text of the gap warning (the test reads the text inside)",
+        ),
+        "xǁDynamoEventIntakeǁ_apply__mutmut_61": (
+            'f"{source}.sink_error", "XXapplying KV event %d from %s failedXX", event_id, worker',
+            "message",
+            "text of the sink_error warning (the test reads the text inside)",
+        ),
+        "xǁDynamoEventIntakeǁ_heard_from__mutmut_17": (
+            'log.info("XX%s: a new publisher (%x, was %x) on %s: it restartedXX", worker, publisher, last, where)',  # noqa: E501
+            "message",
+            "text of the restart log line (the test reads the text inside)",
+        ),
+        "xǁDynamoEventIntakeǁ_heard_from__mutmut_33": (
+            'self.counters.loud(f"{self.source}.sink_error", "XXresetting %s after its restart failedXX", worker)',  # noqa: E501
+            "message",
+            "text of the sink_error warning on a restart (the test reads the text inside)",
         ),
     },
     "events/dynamo_zmq_plane.py": {
