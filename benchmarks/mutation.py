@@ -7842,97 +7842,97 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "the worker and variant are only the log line's arguments (the counter key is fixed)",
         ),
-        "x_decode_envelope__mutmut_12": (
+        "x_read_envelope__mutmut_12": (
             'counters.loud("dynamo.malformed", "Dynamo event-plane message is not msgpack (%r); dropped", )',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_15": (
+        "x_read_envelope__mutmut_15": (
             'counters.loud("dynamo.malformed", "XXDynamo event-plane message is not msgpack (%r); droppedXX", exc)',  # noqa: E501
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_16": (
+        "x_read_envelope__mutmut_16": (
             'counters.loud("dynamo.malformed", "dynamo event-plane message is not msgpack (%r); dropped", exc)',  # noqa: E501
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_22": (
+        "x_read_envelope__mutmut_22": (
             '"dynamo.unknown_topic", "Dynamo event-plane message with topic %.80r; dropped", None',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_24": (
+        "x_read_envelope__mutmut_24": (
             '"dynamo.unknown_topic", exc.topic',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_25": (
+        "x_read_envelope__mutmut_25": (
             '"dynamo.unknown_topic", "Dynamo event-plane message with topic %.80r; dropped", )',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_28": (
+        "x_read_envelope__mutmut_28": (
             '"dynamo.unknown_topic", "XXDynamo event-plane message with topic %.80r; droppedXX", exc.topic',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_29": (
+        "x_read_envelope__mutmut_29": (
             '"dynamo.unknown_topic", "dynamo event-plane message with topic %.80r; dropped", exc.topic',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_3": (
+        "x_read_envelope__mutmut_3": (
             "envelope = msgpack.unpackb(data, raw=None)",
             "same-value",
             "msgpack's raw defaults to False (1.0+); None is false alike",
         ),
-        "x_decode_envelope__mutmut_33": (
+        "x_read_envelope__mutmut_33": (
             'counters.loud("dynamo.malformed", "malformed Dynamo event-plane message (%s); dropped", None)',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_36": (
+        "x_read_envelope__mutmut_36": (
             'counters.loud("dynamo.malformed", "malformed Dynamo event-plane message (%s); dropped", )',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_39": (
+        "x_read_envelope__mutmut_39": (
             'counters.loud("dynamo.malformed", "XXmalformed Dynamo event-plane message (%s); droppedXX", exc)',  # noqa: E501
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_40": (
+        "x_read_envelope__mutmut_40": (
             'counters.loud("dynamo.malformed", "malformed dynamo event-plane message (%s); dropped", exc)',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_5": (
+        "x_read_envelope__mutmut_5": (
             "envelope = msgpack.unpackb(data, )",
             "same-value",
             "msgpack's raw defaults to False (1.0+); None is false alike",
         ),
-        "x_decode_envelope__mutmut_52": (
+        "x_read_envelope__mutmut_52": (
             '"dynamo.malformed", "malformed Dynamo KV event on the event plane (%s); dropped", None',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_55": (
+        "x_read_envelope__mutmut_55": (
             '"dynamo.malformed", "malformed Dynamo KV event on the event plane (%s); dropped", )',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_58": (
+        "x_read_envelope__mutmut_58": (
             '"dynamo.malformed", "XXmalformed Dynamo KV event on the event plane (%s); droppedXX", exc',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_59": (
+        "x_read_envelope__mutmut_59": (
             '"dynamo.malformed", "malformed dynamo kv event on the event plane (%s); dropped", exc',
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",
         ),
-        "x_decode_envelope__mutmut_9": (
+        "x_read_envelope__mutmut_9": (
             'counters.loud("dynamo.malformed", "Dynamo event-plane message is not msgpack (%r); dropped", None)',  # noqa: E501
             "message",
             "an error's or a log line's text (a field named in it, its arguments)",

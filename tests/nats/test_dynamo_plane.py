@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extproc.events.counters import EventCounters
-from extproc.events.dynamo_plane import PlaneEvent, decode_envelope, event_plane_subject
+from extproc.events.dynamo_plane import PlaneEvent, decode_envelope, event_plane_subject, read_envelope
 from extproc.events.feed import RouterFeed
 from extproc.events.nats_events import NatsEventSubscriber
 from extproc.router import KvRouter, RouterConfig, WorkerSpec
@@ -244,6 +244,18 @@ def test_a_missing_message_is_a_gap_and_a_restarted_publisher_is_told_by_its_pub
     assert gaps == [(W7, 2, 10)] and sub.gaps == 1
     assert sub.counters["nats.new_publisher"] == 1
     assert envelope_of("restarted-removed")["publisher_id"] != envelope_of("batch")["publisher_id"]
+
+
+@pytest.mark.parametrize("publisher_id", ["a1", True, None, 2.5])
+def test_a_publisher_id_that_is_not_a_u64_is_not_one(publisher_id):
+    envelope = envelope_of("stored-root")
+    envelope["publisher_id"] = publisher_id
+    publisher, events = read_envelope(msgpack.packb(envelope), EventCounters())
+    assert publisher is None and len(events) == 1
+    assert (
+        read_envelope(fixture("stored-root"), EventCounters())[0]
+        == envelope_of("stored-root")["publisher_id"]
+    )
 
 
 def test_a_new_publisher_whose_first_ids_heard_look_in_order_is_still_a_restart():
