@@ -1279,15 +1279,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "nats.py 2.16 Client always has _subs (set in __init__): the getattr default is never used",
         ),
-        "x_follow_gap__mutmut_1": (
-            "if got <= expected:",
-            "same-value",
-            (
-                "got == expected never reaches follow_gap: its callers (NatsEventSubscriber._apply via "
-                "on_gap, durable._apply) call it only when EventIdTracker.check returned an expected id, "
-                "which it does only when expected != event_id"
-            ),
-        ),
         "xǁNatsEventPublisherǁ__init____mutmut_11": (
             "self._worker = None",
             "same-value",
@@ -1351,19 +1342,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "message",
             "text of the no-subject ValueError only",
         ),
-        "xǁNatsEventSubscriberǁ__init____mutmut_29": (
-            "self._gap_subject = None  # the subject of the event being checked, for the default gap reason",
-            "same-value",
-            (
-                "initial _gap_subject is never read: it is read only by _follow_gap (the default on_gap), "
-                "which only _apply calls, right after setting _gap_subject = subject"
-            ),
-        ),
-        "xǁNatsEventSubscriberǁ__init____mutmut_30": (
-            'self._gap_subject = "XXXX"  # the subject of the event being checked, for the default gap reason',  # noqa: E501
-            "same-value",
-            "as __init__ 29: the initial value is always overwritten before _follow_gap reads it",
-        ),
         "xǁNatsEventSubscriberǁ__init____mutmut_3": (
             "raise ValueError(None)",
             "message",
@@ -1383,54 +1361,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'raise ValueError("natseventsubscriber needs a subject, an event_plane_subject or both")',
             "message",
             "text of the no-subject ValueError only",
-        ),
-        "xǁNatsEventSubscriberǁ_apply__mutmut_31": (
-            '"nats.gap", "KV event gap from %s: expected event %d, got %d", None, expected, event_id',
-            "message",
-            (
-                "worker argument of the rate-limited nats.gap warning (None still formats with %s); the "
-                "nats.gap counter is unchanged"
-            ),
-        ),
-        "xǁNatsEventSubscriberǁ_apply__mutmut_41": (
-            '"nats.gap", "XXKV event gap from %s: expected event %d, got %dXX", worker, expected, event_id',
-            "message",
-            "text of the nats.gap warning",
-        ),
-        "xǁNatsEventSubscriberǁ_apply__mutmut_42": (
-            '"nats.gap", "kv event gap from %s: expected event %d, got %d", worker, expected, event_id',
-            "message",
-            "case of the nats.gap warning text",
-        ),
-        "xǁNatsEventSubscriberǁ_apply__mutmut_59": (
-            'self.counters.loud("nats.sink_error", "applying KV event %d from %s failed", event_id, None)',
-            "message",
-            "worker argument of the nats.sink_error warning (None formats with %s); counter unchanged",
-        ),
-        "xǁNatsEventSubscriberǁ_apply__mutmut_66": (
-            'self.counters.loud("nats.sink_error", "XXapplying KV event %d from %s failedXX", event_id, worker)',  # noqa: E501
-            "message",
-            "text of the nats.sink_error warning",
-        ),
-        "xǁNatsEventSubscriberǁ_apply__mutmut_67": (
-            'self.counters.loud("nats.sink_error", "applying kv event %d from %s failed", event_id, worker)',
-            "message",
-            "case of the nats.sink_error warning text (%d/%s kept)",
-        ),
-        "xǁNatsEventSubscriberǁ_apply__mutmut_69": (
-            "log.exception(None)",
-            "message",
-            "log.exception(None) still logs the traceback, with message 'None'",
-        ),
-        "xǁNatsEventSubscriberǁ_apply__mutmut_70": (
-            'log.exception("XXevent sink failedXX")',
-            "message",
-            "text of the log.exception line",
-        ),
-        "xǁNatsEventSubscriberǁ_apply__mutmut_71": (
-            'log.exception("EVENT SINK FAILED")',
-            "message",
-            "case of the log.exception line",
         ),
         "xǁNatsEventSubscriberǁ_on_overflow__mutmut_14": (
             "None,",
@@ -1464,15 +1394,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "the last `or` is reached only when neither a subject is given nor the subscriber has a JSON "
                 "subject; the subscriptions always pass their message's subject (never empty in NATS), so "
                 "only a direct call on a plane-only subscriber could, and no product code makes one"
-            ),
-        ),
-        "xǁNatsEventSubscriberǁhandle_event_plane__mutmut_4": (
-            'where = subject or self.event_plane_subject or "XXXX"',
-            "same-value",
-            (
-                "the final `or` operand is reached only when both subject and event_plane_subject are empty;"
-                " the plane subscription exists only when event_plane_subject is set and always passes "
-                "msg.subject (non-empty); no product caller passes neither"
             ),
         ),
         "xǁNatsEventSubscriberǁstart__mutmut_20": (
@@ -1701,6 +1622,14 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self._counters.loud(f"{self._key}.publish_failed", "PUBLISH OUTSIDE AN EVENT LOOP; DROPPED")',
             "message",
             "outside-a-loop warning text upper-cased (no placeholders); <key>.publish_failed still counted",
+        ),
+        "xǁNatsEventSubscriberǁhandle_event_plane__mutmut_7": (
+            'super().handle_event_plane(data, where or self.event_plane_subject or "XXXX")',
+            "same-value",
+            (
+                "the final `or` operand is reached only when both where and event_plane_subject are empty;"
+                " the plane subscription exists only when event_plane_subject is set, and passes its subject"
+            ),
         ),
     },
     "picker/parse_worker.py": {
