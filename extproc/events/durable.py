@@ -4,7 +4,8 @@ What lives where, on the NATS server:
 
 - stream `kv-events-<ns>-<component>` captures the `kv_events` subject (Dynamo JSON, published
   with NATS core by the workers) and the endpoint's event-plane subject (`...endpoint.<e>.kv-events`,
-  the msgpack envelopes of Dynamo's own `KvEventPublisher`), file storage, `max_age` one hour. It
+  the msgpack envelopes of Dynamo's own `KvEventPublisher`; Dynamo 1.0-1.3 workers with a local
+  indexer: the component's, `...component.<c>.kv-events`), file storage, `max_age` one hour. It
   also sources the stream Dynamo 1.0-1.3 workers publish into themselves (`namespace-<ns>-component-
   <component>-kv-events`, Dynamo JSON: `dynamo_json.jetstream_stream`), whether it exists yet or
   not: the server copies each of its messages here as it comes, under its own subject;
@@ -55,7 +56,13 @@ from nats.js.object_store import ObjectStore
 from extproc.events.counters import EventCounters
 from extproc.events.dynamo_intake import EventIdTracker, GapHook, follow_gap
 from extproc.events.dynamo_json import decode_event, jetstream_stream, kv_events_subject
-from extproc.events.dynamo_plane import DEFAULT_ENDPOINT, PlaneEvent, decode_envelope, event_plane_subject
+from extproc.events.dynamo_plane import (
+    DEFAULT_ENDPOINT,
+    PlaneEvent,
+    component_plane_subject,
+    decode_envelope,
+    event_plane_subject,
+)
 from extproc.events.object_read import ObjectReadError, read_object
 from extproc.events.sink import EventSink
 from extproc.events.snapshot import Snapshot, SnapshotError, SnapshotWriter, decode_snapshot, encode_snapshot
@@ -116,7 +123,10 @@ class DurableConfig:
 
     @property
     def subjects(self) -> list[str]:
-        return [self.subject] + ([self.plane_subject] if self.plane_subject else [])
+        """The JSON subject, and with an endpoint the event plane's and Dynamo 1.0-1.3's component one."""
+        if self.plane_subject is None:
+            return [self.subject]
+        return [self.subject, self.plane_subject, component_plane_subject(self.namespace, self.component)]
 
     @property
     def stream(self) -> str:

@@ -5,9 +5,11 @@ The wire, as captured from the real publisher (`tests/nats/fixtures/capture_dyna
 `tests/nats/fixtures/dynamo-1.6.1/`):
 
     subject   namespace.<ns>.component.<component>.endpoint.<endpoint>.kv-events
+              (Dynamo 1.0-1.3 workers with a local indexer: namespace.<ns>.component.<component>.kv-events)
     message   msgpack map {publisher_id: u64, sequence: u64, published_at: u64 (ms since the epoch),
                            topic: "kv-events", payload: bin}
-    payload   msgpack array of one or more RouterEvents, in event-id order:
+    payload   msgpack array of one or more RouterEvents, in event-id order (Dynamo 1.0-1.3: one
+              RouterEvent, not in an array, and no residency_domain):
               {worker_id: u64, storage_tier: "device" | "host_pinned" | "disk" | ...,
                residency_domain: "worker", event: {event_id: u64, data: DATA, dp_rank: u32}}
     DATA      {"stored": {parent_hash: u64 | nil, start_position: nil, blocks: [{block_hash: u64,
@@ -68,6 +70,12 @@ DEFAULT_ENDPOINT = "generate"  # the endpoint Dynamo's vLLM, SGLang and TensorRT
 def event_plane_subject(namespace: str, component: str, endpoint: str = DEFAULT_ENDPOINT) -> str:
     """The NATS subject of an endpoint's KV events on Dynamo's event plane (`*`: every endpoint)."""
     return f"namespace.{namespace}.component.{component}.endpoint.{endpoint}.{TOPIC}"
+
+
+def component_plane_subject(namespace: str, component: str) -> str:
+    """The NATS subject of a component's KV events on Dynamo 1.0-1.3's event plane: what their workers
+    with a local indexer publish on (no endpoint in it; one RouterEvent a message)."""
+    return f"namespace.{namespace}.component.{component}.{TOPIC}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +159,8 @@ def _payload(envelope: Any) -> list[Any]:
         events = msgpack.unpackb(payload, raw=False)
     except Exception as exc:
         raise MalformedEvent(f"payload is not msgpack ({exc!r})") from None
+    if isinstance(events, dict):  # Dynamo 1.0-1.3: one RouterEvent per message
+        return [events]
     if not isinstance(events, list):
         raise MalformedEvent(f"payload is {type(events).__name__}, not an array of RouterEvents")
     return events

@@ -1,7 +1,8 @@
 """Dynamo's KV event plane over ZMQ (a Dynamo worker with `--event-plane zmq`), heard by the picker.
 
-What is spoken, as ai-dynamo-runtime 1.6.1's own `KvEventPublisher` sends it (its bytes are in
-tests/events/fixtures/dynamo-zmq-plane/, and tests/events/test_dynamo_zmq_plane.py runs it):
+What is spoken, as ai-dynamo-runtime 1.6.1's and 1.3.1's own `KvEventPublisher` send it (their bytes
+are in tests/nats/fixtures/dynamo-zmq-<release>/; tests/nats/test_dynamo_zmq_plane.py decodes them
+and runs 1.6.1's publishers):
 
 Each message is four ZMQ frames: the topic, the publisher id (u64, big-endian), the sequence (u64,
 big-endian) and a frame of one version byte (1), a u32 big-endian length and the envelope: the same
@@ -15,15 +16,24 @@ msgpack envelope as on Dynamo's NATS event plane (`extproc.events.dynamo_plane`)
        "topic": "kv-events", "instance_id": <publisher id>,
        "transport": {"kind": "Zmq", "config": {"endpoint": "tcp://<DYN_EVENT_PLANE_HOST or host IP>:<port>"}}}
 
-  removed when the publisher shuts down. The topic frame is `kv-events`. The picker lists the store
-  every `rescan_s` and connects its SUB socket to every matching publisher (and disconnects those
-  gone). Dynamo's etcd and Kubernetes discovery are not read here (startup says so).
+  removed when the publisher shuts down (Dynamo 1.0-1.3, whose publishers are on this plane only
+  with a local indexer: `{"type": "EventChannel", "namespace", "component", "topic", "instance_id",
+  "transport"}`, the component's, and the host's IP without DYN_EVENT_PLANE_HOST). The topic frame
+  is `kv-events`. The envelope of 1.0-1.3 carries one RouterEvent, not an array (`dynamo_plane`
+  reads both). The picker lists the store every `rescan_s` and connects its SUB socket to every
+  matching publisher (and disconnects those gone). Dynamo's etcd and Kubernetes discovery are not
+  read here (startup says so).
 - Broker (`DYN_ZMQ_BROKER_URL="xsub=tcp://a:5555;tcp://b:5555 , xpub=tcp://a:5556;tcp://b:5556"`):
   publishers connect to the brokers' XSUB sockets and nothing is advertised; subscribers connect to
   every XPUB. The topic frame is then the whole subject,
-  `namespace.<ns>.component.<c>.endpoint.<e>.kv-events` (`dynamo_plane.event_plane_subject`).
+  `namespace.<ns>.component.<c>.endpoint.<e>.kv-events` (`dynamo_plane.event_plane_subject`); from
+  Dynamo 1.0-1.3 publishers it is `kv-events` there too, which names no namespace or component: all
+  of a broker's KV events are then taken, as Dynamo 1.3's own router takes them (the picker applies
+  only those of its workers' instance ids).
   With several brokers every message arrives once per broker: the last `DEDUP_KEYS` (publisher id,
-  sequence) pairs are remembered and repeats dropped (`zmq_plane.duplicate`), as Dynamo does.
+  sequence) pairs are remembered and repeats dropped (`zmq_plane.duplicate`), as Dynamo does (only
+  then: Dynamo 1.0's publishers of one runtime share a publisher id, so the pair names a message
+  only within one publisher's socket).
 
 The decoded events go through `DynamoEventIntake` (event-id gaps, restarts, the local-indexer
 recovery's gate), as those of the NATS event plane. The SUB socket buffers at most `queue_size`
@@ -102,8 +112,8 @@ def _channel(document: Any, namespace: str, component: str, endpoint: str) -> Ch
         return None
     if document.get("topic") != TOPIC:
         return None
-    scope = document.get("scope")
-    where = scope.get(scope.get("kind")) if isinstance(scope, dict) else None
+    scope = document.get("scope", document)  # Dynamo 1.0-1.3: namespace and component at the top
+    where = scope.get(scope.get("kind"), scope) if isinstance(scope, dict) else None
     if not isinstance(where, dict) or where.get("namespace") != namespace:
         return None
     if where.get("component") != component or endpoint not in ("*", where.get("name", endpoint)):
@@ -198,8 +208,7 @@ class DynamoZmqPlaneSubscriber(DynamoEventIntake):
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, self.queue_size)
-        if self.channels is not None:
-            sock.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
+        sock.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())  # direct publishers, and brokers of Dynamo 1.0-1.3
         if self.brokers:
             sock.setsockopt(zmq.SUBSCRIBE, self.subject.split("*", 1)[0].encode())
             for url in self.brokers:
@@ -284,11 +293,12 @@ class DynamoZmqPlaneSubscriber(DynamoEventIntake):
         if where != TOPIC and not self._is_ours(where):
             self.counters.add("zmq_plane.topic")  # a broker's other namespace or endpoint
             return
-        key = (publisher_id, sequence)
-        if key in self._seen:
-            self.counters.add("zmq_plane.duplicate")
-            return
-        self._seen[key] = None
-        if len(self._seen) > DEDUP_KEYS:
-            self._seen.popitem(last=False)
+        if len(self.brokers) > 1:  # each broker delivers every message
+            key = (publisher_id, sequence)
+            if key in self._seen:
+                self.counters.add("zmq_plane.duplicate")
+                return
+            self._seen[key] = None
+            if len(self._seen) > DEDUP_KEYS:
+                self._seen.popitem(last=False)
         self.handle_event_plane(envelope, f"Dynamo's ZMQ event plane (publisher {publisher_id:x})")

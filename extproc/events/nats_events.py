@@ -215,7 +215,9 @@ class NatsEventSubscriber(DynamoEventIntake):
     `subject` carries Dynamo JSON (one event per message) and `event_plane_subject` Dynamo's event
     plane (msgpack envelopes of one or more events; it may hold a `*` wildcard); either may be None,
     not both. `jetstream_subject` carries Dynamo JSON too: what Dynamo 1.0-1.3 workers publish into
-    their JetStream stream (`dynamo_json.jetstream_subject`), heard here as it is published. Every
+    their JetStream stream (`dynamo_json.jetstream_subject`), heard here as it is published;
+    `component_plane_subject` the event plane of Dynamo 1.0-1.3 workers with a local indexer
+    (`dynamo_plane.component_plane_subject`), read as the event plane is. Every
     decoded event, whichever the subject, goes through the same per-worker event-id check and the
     same sink calls (`DynamoEventIntake`). Counter keys: `nats.event` (applied), `nats.gap`, plus the
     decoders' `dynamo.*` and the link's.
@@ -231,6 +233,7 @@ class NatsEventSubscriber(DynamoEventIntake):
         *,
         event_plane_subject: str | None = None,
         jetstream_subject: str | None = None,
+        component_plane_subject: str | None = None,
         counters: EventCounters | None = None,
         on_gap: GapHook | None = None,
         worker_id_of: Callable[[int], WorkerId] = str,
@@ -250,6 +253,7 @@ class NatsEventSubscriber(DynamoEventIntake):
         self.subject = subject
         self.event_plane_subject = event_plane_subject
         self.jetstream_subject = jetstream_subject
+        self.component_plane_subject = component_plane_subject
         self.queue_size = queue_size
         self._subs: list[Any] = []
         self._unwatch: Callable[[], None] | None = None
@@ -257,8 +261,10 @@ class NatsEventSubscriber(DynamoEventIntake):
 
     @property
     def subjects(self) -> list[str]:
-        """The subjects subscribed to: the JSON one, the event plane's, then Dynamo's JetStream one."""
-        return [s for s in (self.subject, self.event_plane_subject, self.jetstream_subject) if s is not None]
+        """The subjects subscribed to: the JSON one, the event plane's, then Dynamo 1.0-1.3's JetStream
+        and event plane ones."""
+        named = (self.subject, self.event_plane_subject, self.jetstream_subject, self.component_plane_subject)
+        return [s for s in named if s is not None]
 
     @property
     def pending(self) -> int:
@@ -271,6 +277,7 @@ class NatsEventSubscriber(DynamoEventIntake):
             (self.subject, self._on_message),
             (self.event_plane_subject, self._on_plane_message),
             (self.jetstream_subject, self._on_message),
+            (self.component_plane_subject, self._on_plane_message),
         )
         for subject, handler in handlers:
             if subject is None:

@@ -40,7 +40,7 @@ from extproc.config import PickerConfig, WorkerConfig
 from extproc.events.counters import EventCounters
 from extproc.events.durable import DurableConfig, DurableKvEvents
 from extproc.events.dynamo_json import jetstream_subject, kv_events_subject
-from extproc.events.dynamo_plane import event_plane_subject
+from extproc.events.dynamo_plane import component_plane_subject, event_plane_subject
 from extproc.events.dynamo_recovery import LocalIndexerRecovery, start_recovery
 from extproc.events.dynamo_zmq_plane import DynamoZmqPlaneSubscriber, read_file_channels
 from extproc.events.feed import RouterFeed
@@ -236,12 +236,14 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             subject = kv_events_subject(events.namespace, events.component)
             plane = event_plane_subject(events.namespace, events.component, events.dynamo_endpoint)
             jetstream = jetstream_subject(events.namespace, events.component)
+            component_plane = component_plane_subject(events.namespace, events.component)
             subscriber = NatsEventSubscriber(
                 link,
                 sources.feed,
                 subject,
                 event_plane_subject=plane,
                 jetstream_subject=jetstream,
+                component_plane_subject=component_plane,
                 counters=sources.counters,
                 worker_id_of=worker_id_of,
                 queue_size=events.queue_size,
@@ -249,8 +251,9 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
             await subscriber.start()
             sources.nats_events = subscriber
             sources.closers.append(subscriber.stop)
-            log.info("subscribed to Dynamo KV events on %s (JSON), %s (event plane) and %s (Dynamo 1.0-1.3 "
-                     "workers' JetStream stream, heard live) at %s", subject, plane, jetstream,
+            log.info("subscribed to Dynamo KV events on %s (JSON), %s (event plane), %s (Dynamo 1.0-1.3 "
+                     "workers' JetStream stream, heard live) and %s (Dynamo 1.0-1.3 workers with a local "
+                     "indexer) at %s", subject, plane, jetstream, component_plane,
                      events.nats_url)  # fmt: skip
             recovering = events.dynamo_file_kv is not None and not events.hears_zmq_plane  # else: there
             if recovering:  # after subscribing: nothing between a dump and the stream

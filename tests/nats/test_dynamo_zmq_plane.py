@@ -42,8 +42,8 @@ from .dynamo_helpers import BS, ENDPOINT, DynamoWorker, require_dynamo
 from .test_dynamo_recovery import advertised, h, held
 
 W7, W7_DP1, W8 = Worker("w7"), Worker("w7", 1), Worker("w8")
+RELEASES = ("1.6.1", "1.3.1")  # the compat extra's, and the last before 1.4 changed the plane's shapes
 FIXTURES = Path(__file__).parent / "fixtures" / "dynamo-zmq-1.6.1"
-MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 SUBJECT = event_plane_subject("ns1", "backend", "generate")
 CONFIG = """\
 workers:
@@ -274,14 +274,15 @@ async def test_the_picker_says_when_it_cannot_hear_dynamos_zmq_event_plane(tmp_p
     assert "cannot be heard" in line and "--zmq-broker-url" in line and "--discovery-backend file" in line
 
 
-# --- the bytes Dynamo 1.6.1 sent (tests/nats/fixtures/capture_dynamo_zmq.py) ---------------------------
+# --- the bytes Dynamo 1.6.1 and 1.3.1 sent (tests/nats/fixtures/capture_dynamo_zmq.py) -----------------
 
 
-def captured(mode: str) -> list[list[bytes]]:
+def captured(mode: str, release: str = "1.6.1") -> list[list[bytes]]:
+    folder = FIXTURES.parent / f"dynamo-zmq-{release}"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["ai-dynamo-runtime"] == release
     return [
-        msgpack.unpackb((FIXTURES / m["file"]).read_bytes())
-        for m in MANIFEST["messages"]
-        if m["mode"] == mode
+        msgpack.unpackb((folder / m["file"]).read_bytes()) for m in manifest["messages"] if m["mode"] == mode
     ]
 
 
@@ -289,20 +290,25 @@ def plane_into_router() -> tuple[KvRouter, DynamoZmqPlaneSubscriber]:
     config = RouterConfig(block_size=BS, use_kv_events=True)
     router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
     feed = RouterFeed({"w7": router}, EventCounters())
+    brokers = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")  # two: each message comes twice
     plane = DynamoZmqPlaneSubscriber(
-        feed, feed.counters, SUBJECT, brokers=("tcp://127.0.0.1:1",), worker_id_of=lambda i: f"w{i}"
+        feed, feed.counters, SUBJECT, brokers=brokers, worker_id_of=lambda i: f"w{i}"
     )
     return router, plane
 
 
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("mode", ["direct", "broker"])
-def test_dynamo_1_6_1s_messages_decode_to_what_each_call_asked_for(mode):
-    assert MANIFEST["ai-dynamo-runtime"] == "1.6.1"
-    messages = captured(mode)
+def test_each_releases_messages_decode_to_what_each_call_asked_for(mode, release):
+    messages = captured(mode, release)
     assert len(messages) == 4
     for frames in messages:
         topic, publisher_id, sequence, envelope = unframe(frames)
-        assert topic == (b"kv-events" if mode == "direct" else SUBJECT.encode())
+        # through a broker 1.6.1 names the whole subject; 1.3.1 the topic alone, as a direct publisher
+        assert topic == (SUBJECT.encode() if (mode, release) == ("broker", "1.6.1") else b"kv-events")
+        # 1.3.1's envelope carries one RouterEvent, 1.6.1's an array of them
+        payload = msgpack.unpackb(msgpack.unpackb(envelope)["payload"])
+        assert isinstance(payload, list if release == "1.6.1" else dict)
         assert msgpack.unpackb(envelope)["publisher_id"] == publisher_id  # the frames repeat the envelope's
         assert msgpack.unpackb(envelope)["sequence"] == sequence
     router, plane = plane_into_router()
@@ -353,6 +359,17 @@ def test_the_publisher_dynamo_advertised_is_read_from_its_file_store_entry_and_f
     assert (found.publisher_id, found.endpoint) == (entry["instance_id"], url)
     every_endpoint = read_file_channels(str(tmp_path), "ns1", "backend", "*")
     assert {c.publisher_id for c in every_endpoint} == {entry["instance_id"], len("other-endpoint")}
+    # Dynamo 1.3.1 names the namespace and component at the top, no endpoint: the component's
+    old = json.loads((FIXTURES.parent / "dynamo-zmq-1.3.1" / "direct-channel.json").read_text())
+    assert "scope" not in old and old["namespace"] == "ns1" and old["component"] == "backend"
+    (folder / "dynamo-1.3.1").write_text(json.dumps(old))
+    (folder / "dynamo-1.3.1-other-component").write_text(
+        json.dumps({**old, "component": "prefill", "instance_id": 3})
+    )
+    found_ids = {c.publisher_id for c in read_file_channels(str(tmp_path), "ns1", "backend", "generate")}
+    assert found_ids == {entry["instance_id"], old["instance_id"]}
+    (folder / "dynamo-1.3.1").unlink()
+    (folder / "dynamo-1.3.1-other-component").unlink()
     # a component-scoped channel names no endpoint: it is the component's, whichever endpoint is asked
     component = {"kind": "component", "component": {"namespace": "ns1", "component": "backend"}}
     variant("component-scope", {"scope": component})
@@ -625,3 +642,43 @@ def test_a_restart_names_the_zmq_publisher_it_was_heard_from(caplog):
     pid = restarted["publisher_id"]
     assert f"on Dynamo's ZMQ event plane (publisher {pid:x}): it restarted" in caplog.text
     assert plane.counters["zmq_plane.new_publisher"] == 1
+
+
+async def test_through_a_broker_dynamo_1_3_1s_messages_are_heard_though_their_topic_names_no_subject():
+    messages = captured("broker", "1.3.1")
+    with replaying_publishers(1) as ((pub, url),):
+        config = RouterConfig(block_size=BS, use_kv_events=True)
+        router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
+        feed = RouterFeed({"w7": router}, EventCounters())
+        plane = DynamoZmqPlaneSubscriber(
+            feed, feed.counters, SUBJECT, brokers=(url,), worker_id_of=lambda i: f"w{i}"
+        )
+        await plane.start()
+        try:
+            for _ in range(100):  # until the subscription reached the socket
+                pub.send_multipart(messages[0])
+                with contextlib.suppress(pytest.fail.Exception):
+                    await eventually(lambda: plane.counters["zmq_plane.event"] > 0, 0.05)
+                    break
+            for frames in messages[1:]:
+                pub.send_multipart(frames)
+            await eventually(
+                lambda: plane.counters["zmq_plane.event"] == 4, what=lambda: plane.counters.snapshot()
+            )
+        finally:
+            await plane.stop()
+    a = list(range(48))
+    assert held(router) == sorted([(W7, x) for x in h(a)[:2]] + [(W7_DP1, h(a)[0])])
+
+
+def test_through_one_broker_or_directly_a_repeated_pair_is_not_taken_for_a_copy():
+    """Dynamo 1.0's publishers of one runtime share a publisher id, so (publisher id, sequence) names
+    a message only within one socket: without a second broker nothing is dropped as a copy."""
+    config = RouterConfig(block_size=BS, use_kv_events=True)
+    router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
+    feed = RouterFeed({"w7": router}, EventCounters())
+    plane = DynamoZmqPlaneSubscriber(feed, feed.counters, SUBJECT, brokers=("tcp://127.0.0.1:1",))
+    root = captured("broker")[0]
+    plane.handle_frames(root)
+    plane.handle_frames(root)
+    assert plane.counters["zmq_plane.duplicate"] == 0 and plane.counters["zmq_plane.event"] == 2
