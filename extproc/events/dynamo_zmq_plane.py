@@ -165,7 +165,8 @@ class DynamoZmqPlaneSubscriber(DynamoEventIntake):
 
     `subject` is the event plane subject of the picker's namespace, component and endpoint (a `*`
     token allowed): what a broker's topic must be. Counter keys: `zmq_plane.event`, `zmq_plane.gap`,
-    `zmq_plane.malformed`, `zmq_plane.topic`, `zmq_plane.duplicate`, `zmq_plane.channels_capped`.
+    `zmq_plane.new_publisher`, `zmq_plane.malformed`, `zmq_plane.topic`, `zmq_plane.duplicate`, and
+    loudly `zmq_plane.channels_capped`, `zmq_plane.connect_failed`.
     """
 
     source = "zmq_plane"
