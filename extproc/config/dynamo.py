@@ -63,6 +63,13 @@ ZMQ_BROKER_URL: Option[str | None] = Option(
     "xpub=tcp://host:5556' (several brokers: URLs separated by ';'). With --event-plane zmq the picker "
     "subscribes at every xpub endpoint; a message that comes through two brokers is applied once.",
 )
+ZMQ_BROKER_ENABLED = Option(
+    "--zmq-broker-enabled",
+    bool,
+    False,
+    "Dynamo's DYN_ZMQ_BROKER_ENABLED: its ZMQ event plane's brokers found in Dynamo's discovery. "
+    "Accepted; not read here (startup says so): name the brokers with --zmq-broker-url.",
+)
 DISCOVERY_BACKEND: Option[str | None] = Option(
     "--discovery-backend",
     str,
@@ -106,6 +113,7 @@ HTTP_PORT = Option(
 DYNAMO_OPTIONS: tuple[Option[Any], ...] = (
     EVENT_PLANE,
     ZMQ_BROKER_URL,
+    ZMQ_BROKER_ENABLED,
     DISCOVERY_BACKEND,
     FILE_KV,
     REQUEST_PLANE,
@@ -189,6 +197,11 @@ def dynamo_notices(reader: Reader, events: Reader) -> tuple[str, ...]:
         plane_line = ""  # nats with a server named: the picker does what Dynamo does, nothing to say
     lines: dict[Option[Any], str] = {
         EVENT_PLANE: plane_line,
+        ZMQ_BROKER_URL: ""
+        if plane == "zmq"
+        else "Dynamo's ZMQ event plane brokers, used only with --event-plane zmq (as in Dynamo)",
+        ZMQ_BROKER_ENABLED: "brokers found in Dynamo's discovery are not looked up: name them with "
+        "--zmq-broker-url (DYN_ZMQ_BROKER_URL)",
         DISCOVERY_BACKEND: _discovery_line(reader, events),
         REQUEST_PLANE: "requests reach the workers through Envoy over HTTP, not over Dynamo's request plane",
         STATIC_ENDPOINT: "the picker's workers are listed in the config file (or found with "

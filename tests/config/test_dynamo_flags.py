@@ -159,6 +159,7 @@ KNOBS: dict[str, Knob] = {
         value=("tcp://10.0.0.5:5556",),
         notice="through the brokers at tcp://10.0.0.5:5556",
     ),
+    "--zmq-broker-enabled": Knob(("--zmq-broker-enabled",), notice="name them with --zmq-broker-url"),
     "--static-endpoint": Knob(("--static-endpoint", "dynamo.backend.generate"), notice="KV routing works"),
     # the --aic-* flags the aic model takes (the guides name them `--aic-*`; Dynamo's frontend has these)
     **{
@@ -221,6 +222,10 @@ VALUES: dict[tuple[str, ...], Knob] = {
     ("--router-queue-threshold", "None"): Knob(field="router.router_queue_threshold", value=None),
     ("--event-plane", "zmq"): Knob(notice="ZMQ event plane cannot be heard"),  # no discovery it can read
     ("--discovery-backend", "mem"): Knob(notice="Dynamo's discovery"),
+    # the brokers without the ZMQ plane: Dynamo's workers would not use them either
+    ("--zmq-broker-url", "xsub=tcp://10.0.0.5:5555 , xpub=tcp://10.0.0.5:5556"): Knob(
+        field="events.zmq_brokers", value=(), notice="used only with --event-plane zmq"
+    ),
     ("--event-plane", "nats", *NATS): Knob(
         field="events.nats_url", value=NATS[1]
     ),  # a server named: no notice
