@@ -232,15 +232,22 @@ async def query_local_indexer(
 
 async def _query(target: QueryTarget, start: int | None, end: int | None) -> IndexerAnswer:
     frames: asyncio.Queue[tuple[bytes, bytes] | None] = asyncio.Queue()
-    streams: list[asyncio.StreamWriter] = []
+    handlers: set[asyncio.Task[Any]] = set()  # one per response stream the worker opened
+    ended: list[bool] = []  # the query is over: a stream that starts now is closed at once
 
     async def on_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        streams.append(writer)
+        task = asyncio.current_task()
+        if task is not None:
+            handlers.add(task)
         try:
+            if ended:
+                return
             while True:
                 await frames.put(await _read_two_part(reader))
         except (asyncio.IncompleteReadError, ConnectionError, RecoveryError):
             await frames.put(None)  # the stream ended (after the sentinel, or early)
+        finally:
+            writer.close()  # also when the query ended first (answered, failed or cancelled)
 
     reader, writer = await asyncio.open_connection(target.host, target.port)
     try:
@@ -277,9 +284,11 @@ async def _query(target: QueryTarget, start: int | None, end: int | None) -> Ind
                 raise RecoveryError(f"the worker refused the query: {ack.decode(errors='replace')}")
             return await _answer(frames, subject, target.codec)
         finally:
-            for stream in streams:
-                stream.close()
-            server.close()
+            ended.append(True)
+            server.close()  # no stream is accepted after this: end those that were
+            for handler in handlers:
+                handler.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
     finally:
         writer.close()
 
