@@ -135,6 +135,7 @@ async def start_event_sources(
             if config.events.hears_zmq_plane:
                 await _start_zmq_plane(config, sources)
             await _start_zmq(config, sources, timings)
+            await _start_recovery(config, sources)
         else:
             log.info("KV events off: every worker's cache is predicted from routing decisions")
     except BaseException:
@@ -174,8 +175,7 @@ async def _start_zmq(config: PickerConfig, sources: EventSources, timings: Subsc
 
 
 async def _start_zmq_plane(config: PickerConfig, sources: EventSources) -> None:
-    """Dynamo's ZMQ event plane: its brokers, or the publishers listed in Dynamo's file store; with
-    the store, the workers with a local indexer are rebuilt from it too (as over NATS)."""
+    """Dynamo's ZMQ event plane: its brokers, or the publishers listed in Dynamo's file store."""
     events = config.events
     root = events.dynamo_file_kv
     where = (events.namespace, events.component, events.dynamo_endpoint)
@@ -197,10 +197,16 @@ async def _start_zmq_plane(config: PickerConfig, sources: EventSources) -> None:
     else:
         log.info("Dynamo's ZMQ event plane: KV events from the publishers advertised in %s (%d now)",
                  root, len(plane.publishers))  # fmt: skip
-    if root is not None:  # after subscribing: nothing between a dump and the stream
-        intakes = [plane] + ([sources.nats_events] if sources.nats_events is not None else [])
-        sources.recovery = await start_recovery(events, intakes, sources.feed, sources.worker_id_of)
-        sources.closers.append(sources.recovery.stop)
+
+
+async def _start_recovery(config: PickerConfig, sources: EventSources) -> None:
+    """Dynamo's workers with a local indexer rebuilt from it (the file store names where), ordering the
+    live events of both event planes; after they subscribed: nothing falls between a dump and them."""
+    intakes = [i for i in (sources.nats_events, sources.zmq_plane) if i is not None]
+    if config.events.dynamo_file_kv is None or not intakes:
+        return
+    sources.recovery = await start_recovery(config.events, intakes, sources.feed, sources.worker_id_of)
+    sources.closers.append(sources.recovery.stop)
 
 
 async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: EventSources) -> None:
@@ -255,10 +261,6 @@ async def _start_nats(config: PickerConfig, picker: EndpointPicker, sources: Eve
                      "workers' JetStream stream, heard live) and %s (Dynamo 1.0-1.3 workers with a local "
                      "indexer) at %s", subject, plane, jetstream, component_plane,
                      events.nats_url)  # fmt: skip
-            recovering = events.dynamo_file_kv is not None and not events.hears_zmq_plane  # else: there
-            if recovering:  # after subscribing: nothing between a dump and the stream
-                sources.recovery = await start_recovery(events, [subscriber], sources.feed, worker_id_of)
-                sources.closers.append(sources.recovery.stop)
     if events.replica_sync:
         subject = active_sequences_subject(events.namespace, events.component)
         routers = _AllRouters(picker, sources.feed)

@@ -10,7 +10,6 @@ publish nothing themselves. Every process is stopped by pid; everything binds 12
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
@@ -20,13 +19,13 @@ import pytest_asyncio
 
 from extproc.config import load_config
 from extproc.devstack.stack import MODEL, WorkerProcess, start_workers
-from extproc.request.parse import parse_openai_body
 from extproc.router import KvRouter, Worker
 from extproc.runtime.server import RunningPicker
 from tests.e2e.harness import behind_envoy
-from tests.e2e.test_kv_events_e2e import chat, send
+from tests.e2e.test_kv_events_e2e import chat, prompt_tokens, send
 from tests.nats.dynamo_helpers import DynamoWorker, require_dynamo
-from tests.replica_helpers import until, within
+from tests.nats.test_dynamo_zmq_plane import heard
+from tests.replica_helpers import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -87,25 +86,6 @@ async def stack(workers, dynamo, log_dir) -> AsyncIterator[tuple[RunningPicker, 
         yield picker, envoy.url
 
 
-async def heard(picker: RunningPicker, dynamo: DynamoWorker, name: str) -> None:
-    """Until the picker hears publisher `name` (a ZMQ subscription reaches a publisher after a moment)."""
-    plane = picker.sources.zmq_plane
-    assert plane is not None
-    worker = Worker(name)
-    for _ in range(100):
-        await plane.rescan()
-        await dynamo.call("removed", name=name, block_hashes=[0])
-        if await within(lambda: plane.event_ids.knows(worker), 0.1) is not None:
-            return
-    pytest.fail(f"the picker never heard Dynamo's publisher {name}")
-
-
-async def prompt_tokens(picker: RunningPicker, body: dict) -> list[int]:
-    """The token ids the picker routes `body` by (what an engine caching it would publish)."""
-    request = parse_openai_body(json.dumps(body).encode(), "/v1/chat/completions", max_bytes=1 << 20)
-    return list(await picker.picker.pools[MODEL].tokenizer.tokenize(request))
-
-
 def cached(router: KvRouter, hashes: list[int], worker: Worker) -> bool:
     return router.indexer.find_matches(hashes).get(worker) == len(hashes)
 
@@ -113,8 +93,10 @@ def cached(router: KvRouter, hashes: list[int], worker: Worker) -> bool:
 async def test_a_prompt_goes_to_the_worker_whose_dynamo_publisher_says_it_caches_it(stack, dynamo, workers):
     picker, url = stack
     router = picker.picker.pools[MODEL].router
+    plane = picker.sources.zmq_plane
+    assert plane is not None
     for name in INSTANCE_IDS:
-        await heard(picker, dynamo, name)
+        await heard(dynamo, name, Worker(name), plane)
     for n, cached_on in enumerate(["w1", "w1", "w0", "w1"]):
         body = chat(f"conversation {n}: what the engines' own events say decides the worker " * 12)
         tokens = await prompt_tokens(picker, body)

@@ -89,11 +89,14 @@ def chat(text: str) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
 
 
-async def prompt_hashes(picker: RunningPicker, body: dict) -> list[int]:
-    pool = picker.picker.pools[MODEL]
+async def prompt_tokens(picker: RunningPicker, body: dict) -> list[int]:
+    """The token ids the picker routes `body` by (what an engine caching it would store)."""
     request = parse_openai_body(json.dumps(body).encode(), "/v1/chat/completions", max_bytes=1 << 20)
-    tokens = await pool.tokenizer.tokenize(request)
-    return pool.router.block_hashes(tokens)
+    return list(await picker.picker.pools[MODEL].tokenizer.tokenize(request))
+
+
+async def prompt_hashes(picker: RunningPicker, body: dict) -> list[int]:
+    return picker.picker.pools[MODEL].router.block_hashes(await prompt_tokens(picker, body))
 
 
 async def send(url: str, body: dict, worker: WorkerProcess | None = None) -> aiohttp.ClientResponse:

@@ -14,11 +14,13 @@ stopped by pid.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -39,22 +41,17 @@ from tests.router.clock import FakeClock
 
 from .conftest import eventually
 from .dynamo_helpers import BS, ENDPOINT, DynamoWorker, require_dynamo
-from .test_dynamo_recovery import advertised, h, held
+from .test_dynamo_recovery import CONFIG, W7, W7_DP1, W8, advertised, h, held
 
-W7, W7_DP1, W8 = Worker("w7"), Worker("w7", 1), Worker("w8")
 RELEASES = ("1.6.1", "1.3.1")  # the compat extra's, and the last before 1.4 changed the plane's shapes
 FIXTURES = Path(__file__).parent / "fixtures" / "dynamo-zmq-1.6.1"
 SUBJECT = event_plane_subject("ns1", "backend", "generate")
-CONFIG = """\
-workers:
-  - {id: w7, endpoint: "127.0.0.1:8001", model: m, instance-id: 7, dp-size: 2}
-  - {id: w8, endpoint: "127.0.0.1:8002", model: m, instance-id: 8}
-"""
+TWO_BROKERS = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")  # not connected to: each message is fed twice
 
 
 @pytest_asyncio.fixture
 async def store(tmp_path: Path) -> Path:
-    return tmp_path / "dynamo_store_kv"
+    return tmp_path / "dynamo_store_kv"  # as test_dynamo_recovery's
 
 
 async def start_worker(tmp_path: Path, **env: str) -> DynamoWorker:
@@ -100,16 +97,29 @@ async def heard(
     plane: DynamoZmqPlaneSubscriber,
     until: Callable[[], bool] | None = None,
 ) -> None:
-    """Until the picker hears publisher `name` (`until`, by default: an event of `worker` arrived; a
-    ZMQ subscriber misses what is sent before its subscription reaches the publisher): removals of a
-    block nobody stored, until one arrives."""
-    for _ in range(100):
-        await plane.rescan()  # the store's newest publishers, without waiting for the next listing
+    """Until the picker hears publisher `name` (`until`, by default: an event of `worker` arrived):
+    removals of a block nobody stored, each after listing the store's newest publishers."""
+
+    async def probe() -> None:
+        await plane.rescan()  # without waiting for the next listing
         await dynamo.call("removed", name=name, block_hashes=[0])
+
+    await keep_sending(
+        probe, until or (lambda: plane.event_ids.knows(worker)), f"Dynamo's publisher {name} heard"
+    )
+
+
+async def keep_sending(send: Callable[[], object], done: Callable[[], object], what: str) -> None:
+    """`send()` (awaited if it is a coroutine) until `done()` holds, at most 100 times 0.1 s: a ZMQ
+    subscriber misses what a publisher sends before the subscription reached it."""
+    for _ in range(100):
+        sent = send()
+        if inspect.isawaitable(sent):
+            await sent
         with contextlib.suppress(pytest.fail.Exception):
-            await eventually(until or (lambda: plane.event_ids.knows(worker)), 0.1)
+            await eventually(done, 0.1)
             return
-    pytest.fail(f"the picker never heard Dynamo's publisher {name}")
+    pytest.fail(f"never: {what}")
 
 
 def channels(store: Path) -> dict[int, str]:
@@ -248,16 +258,25 @@ async def test_through_two_brokers_each_event_is_applied_once_and_other_endpoint
                 assert sources.counters["zmq_plane.gap"] == 0
                 assert held(router) == sorted((W7, x) for x in h(a))
 
-                # another component's worker publishes through the same brokers: not this picker's
+                # another component's worker publishes through the same brokers: a plain subscriber
+                # there sees its events go by; the picker's subscription never takes them (its
+                # worker id 8 is one of the picker's workers, so one taken would show)
                 await dynamo.call(
                     "publisher", name="other", endpoint="ns1.prefill.generate", worker_id=8, block_size=BS
                 )
-                for _ in range(100):
-                    await dynamo.stored("other", a[:16], [41])
-                    with contextlib.suppress(pytest.fail.Exception):
-                        await eventually(lambda: sources.counters["zmq_plane.topic"] > 0, 0.1)
-                        break
+                with zmq.Context() as ctx, ctx.socket(zmq.SUB) as onlooker:
+                    onlooker.connect(urls[0][1])
+                    onlooker.setsockopt(zmq.SUBSCRIBE, b"namespace.ns1.component.prefill.")
+                    await keep_sending(
+                        lambda: dynamo.stored("other", a[:16], [41]),
+                        lambda: onlooker.poll(0),
+                        "the other component's event through the broker",
+                    )
+                    onlooker.setsockopt(zmq.LINGER, 0)
+                await dynamo.call("removed", name="w7", block_hashes=[13])  # after it, from our worker
+                await eventually(lambda: router.best_worker(a).overlap_blocks == 2, what=lambda: held(router))
                 assert not any(w == W8 for w, _ in held(router))
+                assert sources.counters["zmq_plane.topic"] == 0  # filtered by the subscription itself
         finally:
             await dynamo.stop()
 
@@ -286,14 +305,13 @@ def captured(mode: str, release: str = "1.6.1") -> list[list[bytes]]:
     ]
 
 
-def plane_into_router() -> tuple[KvRouter, DynamoZmqPlaneSubscriber]:
+def plane_into_router(subject: str = SUBJECT, **options: Any) -> tuple[KvRouter, DynamoZmqPlaneSubscriber]:
+    """A subscriber (`options`: its brokers or channels, ...) feeding a router of worker w7's two dp
+    ranks (Dynamo's worker id 7 is w7)."""
     config = RouterConfig(block_size=BS, use_kv_events=True)
     router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
     feed = RouterFeed({"w7": router}, EventCounters())
-    brokers = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")  # two: each message comes twice
-    plane = DynamoZmqPlaneSubscriber(
-        feed, feed.counters, SUBJECT, brokers=brokers, worker_id_of=lambda i: f"w{i}"
-    )
+    plane = DynamoZmqPlaneSubscriber(feed, feed.counters, subject, worker_id_of=lambda i: f"w{i}", **options)
     return router, plane
 
 
@@ -311,7 +329,7 @@ def test_each_releases_messages_decode_to_what_each_call_asked_for(mode, release
         assert isinstance(payload, list if release == "1.6.1" else dict)
         assert msgpack.unpackb(envelope)["publisher_id"] == publisher_id  # the frames repeat the envelope's
         assert msgpack.unpackb(envelope)["sequence"] == sequence
-    router, plane = plane_into_router()
+    router, plane = plane_into_router(brokers=TWO_BROKERS)
     for frames in messages:
         plane.handle_frames(frames)
     a = list(range(48))
@@ -322,7 +340,7 @@ def test_each_releases_messages_decode_to_what_each_call_asked_for(mode, release
 
 
 def test_a_copy_from_a_second_broker_and_a_message_of_another_endpoint_are_dropped():
-    router, plane = plane_into_router()
+    router, plane = plane_into_router(brokers=TWO_BROKERS)
     root, child, removed, dp1 = captured("broker")
     for frames in (root, root, child, dp1, child):
         plane.handle_frames(frames)
@@ -392,7 +410,7 @@ def test_the_publisher_dynamo_advertised_is_read_from_its_file_store_entry_and_f
     ],
 )
 def test_a_malformed_message_is_counted_and_dropped(frames, reason, caplog):
-    router, plane = plane_into_router()
+    router, plane = plane_into_router(brokers=TWO_BROKERS)
     with pytest.raises(ValueError, match=reason):
         unframe(frames)
     plane.handle_frames(frames)
@@ -401,7 +419,7 @@ def test_a_malformed_message_is_counted_and_dropped(frames, reason, caplog):
 
 
 def test_an_envelope_that_is_not_dynamos_is_counted_by_the_decoder_and_dropped():
-    router, plane = plane_into_router()
+    router, plane = plane_into_router(brokers=TWO_BROKERS)
     junk = msgpack.packb({"publisher_id": 1, "sequence": 1, "payload": b"\xc1"})
     plane.handle_frames([b"kv-events", b"\0" * 8, b"\0" * 8, b"\1" + len(junk).to_bytes(4, "big") + junk])
     assert held(router) == [] and plane.counters["zmq_plane.event"] == 0
@@ -427,19 +445,8 @@ def replaying_publishers(count: int) -> Iterator[list[tuple[zmq.Socket, str]]]:
         ctx.term()
 
 
-def listed_plane(listing: list[Channel], **options) -> tuple[KvRouter, DynamoZmqPlaneSubscriber]:
-    config = RouterConfig(block_size=BS, use_kv_events=True)
-    router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
-    feed = RouterFeed({"w7": router}, EventCounters())
-    plane = DynamoZmqPlaneSubscriber(
-        feed,
-        feed.counters,
-        SUBJECT,
-        channels=lambda: list(listing),
-        worker_id_of=lambda i: f"w{i}",
-        **options,
-    )
-    return router, plane
+def listed_plane(listing: list[Channel], **options: Any) -> tuple[KvRouter, DynamoZmqPlaneSubscriber]:
+    return plane_into_router(channels=lambda: list(listing), **options)
 
 
 async def test_publishers_are_connected_as_listed_and_disconnected_when_no_longer_listed():
@@ -452,11 +459,11 @@ async def test_publishers_are_connected_as_listed_and_disconnected_when_no_longe
             assert plane.publishers == {pubs[0][1]: 1}
             listing.append(Channel(2, pubs[1][1]))  # a new publisher: found by the next listing
             await eventually(lambda: len(plane.publishers) == 2, what="the second publisher connected")
-            for _ in range(100):  # until the subscription reached the publisher
-                pubs[0][0].send_multipart(direct[0])
-                with contextlib.suppress(pytest.fail.Exception):
-                    await eventually(lambda: plane.counters["zmq_plane.event"] > 0, 0.05)
-                    break
+            await keep_sending(
+                lambda: pubs[0][0].send_multipart(direct[0]),
+                lambda: plane.counters["zmq_plane.event"] > 0,
+                "the first publisher heard",
+            )
             for frames in direct[1:3]:
                 pubs[0][0].send_multipart(frames)
             await eventually(lambda: plane.counters["zmq_plane.event"] >= 3)
@@ -584,20 +591,13 @@ async def test_with_every_endpoint_a_broker_subscription_takes_each_endpoint_of_
     """`--dynamo-endpoint '*'`: the SUB prefix stops at the first wildcard, the topic is matched by token."""
     root, child, _, _ = captured("broker")
     with replaying_publishers(1) as ((pub, url),):
-        config = RouterConfig(block_size=BS, use_kv_events=True)
-        router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
-        feed = RouterFeed({"w7": router}, EventCounters())
         every = event_plane_subject("*", "backend", "*")  # any namespace too, as a NATS subject reads it
-        plane = DynamoZmqPlaneSubscriber(
-            feed, feed.counters, every, brokers=(url,), worker_id_of=lambda i: f"w{i}"
-        )
+        router, plane = plane_into_router(every, brokers=(url,))
         await plane.start()
         try:
-            for _ in range(100):  # until the subscription reached the socket
-                pub.send_multipart(root)
-                with contextlib.suppress(pytest.fail.Exception):
-                    await eventually(lambda: plane.counters["zmq_plane.event"] > 0, 0.05)
-                    break
+            await keep_sending(
+                lambda: pub.send_multipart(root), lambda: plane.counters["zmq_plane.event"] > 0, "heard"
+            )
             for topic in (SUBJECT.replace("generate", "clear"), SUBJECT.replace("backend", "prefill")):
                 pub.send_multipart(
                     [topic.encode(), *child[1:]]
@@ -612,7 +612,7 @@ async def test_with_every_endpoint_a_broker_subscription_takes_each_endpoint_of_
 
 
 def test_a_topic_that_is_not_utf8_is_not_ours_and_does_not_raise():
-    _, plane = plane_into_router()
+    _, plane = plane_into_router(brokers=TWO_BROKERS)
     root = captured("broker")[0]
     plane.handle_frames([b"\xff\xfe", *root[1:]])
     assert plane.counters["zmq_plane.topic"] == 1
@@ -620,7 +620,7 @@ def test_a_topic_that_is_not_utf8_is_not_ours_and_does_not_raise():
 
 def test_the_last_dedup_keys_messages_are_remembered_and_no_more(monkeypatch):
     monkeypatch.setattr(dynamo_zmq_plane, "DEDUP_KEYS", 2)
-    _, plane = plane_into_router()
+    _, plane = plane_into_router(brokers=TWO_BROKERS)
     a, b, c, _ = captured("broker")
     for frames in (a, b, a, c, c):  # a is a repeat (2 remembered); c is remembered once it came
         plane.handle_frames(frames)
@@ -630,7 +630,7 @@ def test_the_last_dedup_keys_messages_are_remembered_and_no_more(monkeypatch):
 
 
 def test_a_restart_names_the_zmq_publisher_it_was_heard_from(caplog):
-    _, plane = plane_into_router()
+    _, plane = plane_into_router(brokers=TWO_BROKERS)
     root, child, _, _ = captured("broker")
     restarted = msgpack.unpackb(unframe(child)[3])
     restarted["publisher_id"] += 1
@@ -647,19 +647,14 @@ def test_a_restart_names_the_zmq_publisher_it_was_heard_from(caplog):
 async def test_through_a_broker_dynamo_1_3_1s_messages_are_heard_though_their_topic_names_no_subject():
     messages = captured("broker", "1.3.1")
     with replaying_publishers(1) as ((pub, url),):
-        config = RouterConfig(block_size=BS, use_kv_events=True)
-        router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
-        feed = RouterFeed({"w7": router}, EventCounters())
-        plane = DynamoZmqPlaneSubscriber(
-            feed, feed.counters, SUBJECT, brokers=(url,), worker_id_of=lambda i: f"w{i}"
-        )
+        router, plane = plane_into_router(brokers=(url,))
         await plane.start()
         try:
-            for _ in range(100):  # until the subscription reached the socket
-                pub.send_multipart(messages[0])
-                with contextlib.suppress(pytest.fail.Exception):
-                    await eventually(lambda: plane.counters["zmq_plane.event"] > 0, 0.05)
-                    break
+            await keep_sending(
+                lambda: pub.send_multipart(messages[0]),
+                lambda: plane.counters["zmq_plane.event"] > 0,
+                "heard",
+            )
             for frames in messages[1:]:
                 pub.send_multipart(frames)
             await eventually(
@@ -674,11 +669,9 @@ async def test_through_a_broker_dynamo_1_3_1s_messages_are_heard_though_their_to
 def test_through_one_broker_or_directly_a_repeated_pair_is_not_taken_for_a_copy():
     """Dynamo 1.0's publishers of one runtime share a publisher id, so (publisher id, sequence) names
     a message only within one socket: without a second broker nothing is dropped as a copy."""
-    config = RouterConfig(block_size=BS, use_kv_events=True)
-    router = KvRouter(config, clock=FakeClock(), workers=[WorkerSpec("w7", (0, 1))])
-    feed = RouterFeed({"w7": router}, EventCounters())
-    plane = DynamoZmqPlaneSubscriber(feed, feed.counters, SUBJECT, brokers=("tcp://127.0.0.1:1",))
+    router, plane = plane_into_router(brokers=("tcp://127.0.0.1:1",))
     root = captured("broker")[0]
     plane.handle_frames(root)
     plane.handle_frames(root)
     assert plane.counters["zmq_plane.duplicate"] == 0 and plane.counters["zmq_plane.event"] == 2
+    assert len(held(router)) == 2
