@@ -29,7 +29,7 @@ from extproc.runtime.server import start_picker
 
 from ..conftest import grow
 from ..picker_fixtures import MODEL, picker_config
-from .conftest import connect, eventually, make_router
+from .conftest import connect, eventually, make_router, prime
 from .sync_nodes import LEASE_S, SUBJECT, W7, W8, Node
 from .test_replica_sync_routes import Homes
 
@@ -579,12 +579,21 @@ async def test_a_stopped_replica_hears_nothing_more_on_its_subject_or_its_inbox(
 
         await link.nc.subscribe("test.sentinel", cb=arrived)
         await link.nc.flush()
+
+        async def probe(n: int) -> None:
+            await other.nc.publish("test.sentinel", b"probe %d" % n)
+            await other.nc.flush()
+
+        # A fresh subscription may miss the first messages (see `prime`): until one probe arrives,
+        # a lost "after" would read as a timeout, not as the stopped replica's silence.
+        await prime(probe, lambda: not sentinel.empty())
         heartbeat = {"v": VERSION, "router": "b", "boot": 1, "seq": 1, "op": "hb", "n": 0, "digest": 0}
         await other.nc.publish(SUBJECT, msgpack.packb(heartbeat))
         await other.nc.publish(inbox, answer_message("b", 1, 0, True, []))
         await other.nc.publish("test.sentinel", b"after")  # the same publisher: it comes after them
         await other.nc.flush()
-        assert await asyncio.wait_for(sentinel.get(), 5.0) == b"after"
+        while (data := await asyncio.wait_for(sentinel.get(), 5.0)) != b"after":
+            assert data.startswith(b"probe ")
         assert sync.counters.snapshot() == before
     finally:
         await other.close()
