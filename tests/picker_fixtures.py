@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -11,9 +12,29 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from extproc.config import ModelConfig, PickerConfig, WorkerConfig
 from extproc.router import RouterConfig
 
+if TYPE_CHECKING:
+    from extproc.picker.pipeline import EndpointPicker
+
 MODEL = "demo-model"
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+
+
+_OPEN_PICKERS: list[EndpointPicker] = []
+
+
+def closed_after_test(picker: EndpointPicker) -> EndpointPicker:
+    """`picker`, closed when the test ends (by `close_pickers`, autouse in tests/epp/conftest.py).
+
+    A body over 16 KiB starts a parse worker process: left open, it outlives its test, and its pipe
+    is collected after the test's event loop closed, a ResourceWarning that fails a later test."""
+    _OPEN_PICKERS.append(picker)
+    return picker
+
+
+async def close_pickers() -> None:
+    while _OPEN_PICKERS:
+        await _OPEN_PICKERS.pop().close()
 
 
 def picker_config(n_workers: int = 2, *, dp_ranks=(0,), **router) -> PickerConfig:

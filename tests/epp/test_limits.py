@@ -28,7 +28,15 @@ from extproc.epp.service import ExtProcService
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.server import start_picker
 
-from ..picker_fixtures import chat_body, mutation_headers, picker_config, request_body, request_headers, run
+from ..picker_fixtures import (
+    chat_body,
+    closed_after_test,
+    mutation_headers,
+    picker_config,
+    request_body,
+    request_headers,
+    run,
+)
 
 BOUND_SLACK_S = 1.0  # scheduling slack on a shared 2-core machine; the deadlines tested are 0.2-0.3 s
 
@@ -80,7 +88,7 @@ def routed_to(answer: pb.ProcessingResponse) -> str:
 
 
 async def test_a_stream_beyond_the_limit_is_answered_429_at_once_and_counted():
-    picker = EndpointPicker(picker_config())
+    picker = closed_after_test(EndpointPicker(picker_config()))
     service = ExtProcService(picker, max_body_bytes=1 << 20, max_concurrent_streams=2)
     held = [OpenStream(service), OpenStream(service)]
     for i, stream in enumerate(held):

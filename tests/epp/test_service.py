@@ -20,6 +20,7 @@ from ..picker_fixtures import (
     BUFFERED,
     DUPLEX,
     chat_body,
+    closed_after_test,
     mutation_headers,
     picker_config,
     request_body,
@@ -31,7 +32,7 @@ from ..picker_fixtures import (
 
 
 def make_service(**router):
-    picker = EndpointPicker(picker_config(**router))
+    picker = closed_after_test(EndpointPicker(picker_config(**router)))
     return picker, ExtProcService(picker, max_body_bytes=1 << 20)
 
 
@@ -268,7 +269,7 @@ async def test_subset_hint_restricts_the_choice_and_an_empty_match_is_503():
 
 
 async def test_conformance_selection_header_only_when_hooks_are_enabled():
-    picker = EndpointPicker(picker_config())
+    picker = closed_after_test(EndpointPicker(picker_config()))
     hooked = ExtProcService(picker, max_body_bytes=1 << 20, conformance_hooks=True)
     plain = ExtProcService(picker, max_body_bytes=1 << 20)
     extra = {epp.CONFORMANCE_SELECTION_HEADER: "127.0.0.2"}
@@ -284,7 +285,7 @@ async def test_conformance_selection_header_only_when_hooks_are_enabled():
 
 
 async def test_dp_rank_is_passed_to_the_engine_in_a_header():
-    picker = EndpointPicker(picker_config(1, dp_ranks=(0, 1)))
+    picker = closed_after_test(EndpointPicker(picker_config(1, dp_ranks=(0, 1))))
     service = ExtProcService(picker, max_body_bytes=1 << 20)
     ranks = set()
     for i in range(8):
@@ -326,7 +327,7 @@ async def test_every_routing_answer_removes_the_client_copies_of_owned_headers(m
 
 
 async def test_owned_headers_the_pick_sets_are_set_not_removed():
-    picker = EndpointPicker(picker_config(1, dp_ranks=(0, 1)))
+    picker = closed_after_test(EndpointPicker(picker_config(1, dp_ranks=(0, 1))))
     service = ExtProcService(picker, max_body_bytes=1 << 20)
     answers = await run(service, [request_headers(extra=CLIENT_COPIES), request_body(chat_body())])
     routed = answers[-1]
@@ -340,13 +341,15 @@ async def test_the_configured_prefill_header_is_owned():
     from extproc.config.disagg import DisaggConfig
 
     config = replace(picker_config(), disagg=DisaggConfig(prefill_header="x-my-prefill"))
-    service = ExtProcService(EndpointPicker(config), max_body_bytes=1 << 20)
+    service = ExtProcService(closed_after_test(EndpointPicker(config)), max_body_bytes=1 << 20)
     answers = await run(
         service, [request_headers(extra={"x-my-prefill": "10.9.9.9:80"}), request_body(chat_body())]
     )
     assert "x-my-prefill" in removed_headers(answers[-1])
     assert "x-prefill-endpoint" not in service.owned_headers
-    explicit = ExtProcService(EndpointPicker(config), max_body_bytes=1 << 20, owned_headers=["X-Other"])
+    explicit = ExtProcService(
+        closed_after_test(EndpointPicker(config)), max_body_bytes=1 << 20, owned_headers=["X-Other"]
+    )
     assert explicit.owned_headers == {"x-other"}
 
 

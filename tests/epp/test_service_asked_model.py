@@ -28,6 +28,7 @@ from ..picker_fixtures import (
     DUPLEX,
     MODEL,
     chat_body,
+    closed_after_test,
     picker_config,
     request_body,
     request_headers,
@@ -48,7 +49,7 @@ def make_service(tmp_path, rules: str | None = None) -> tuple[EndpointPicker, Ex
         path.write_text(rewrite("to-adapter", rules))
         resources = InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool()))
         config = replace(config, inference_extension=resources)
-    picker = EndpointPicker(config)
+    picker = closed_after_test(EndpointPicker(config))
     return picker, ExtProcService(picker, max_body_bytes=1 << 20)
 
 

@@ -24,6 +24,7 @@ from extproc.router import RouterConfig
 from ..picker_fixtures import (
     BUFFERED,
     DUPLEX,
+    closed_after_test,
     mutation_headers,
     request_body,
     request_headers,
@@ -51,7 +52,7 @@ def make_service() -> tuple[EndpointPicker, ExtProcService]:
         seed=1,
         worker_session_control="off",
     )
-    picker = EndpointPicker(config)
+    picker = closed_after_test(EndpointPicker(config))
     return picker, ExtProcService(picker, max_body_bytes=LIMIT)
 
 

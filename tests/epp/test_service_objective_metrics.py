@@ -26,6 +26,7 @@ from ..config.test_inference_extension import objective, rewrite
 from ..picker_fixtures import (
     MODEL,
     chat_body,
+    closed_after_test,
     picker_config,
     request_body,
     request_headers,
@@ -66,7 +67,7 @@ def make(
         path.write_text(resources)
         ie = InferenceExtensionConfig(str(path), Pool(), read_resources(str(path), Pool()))
         config = replace(config, inference_extension=ie)
-    picker = EndpointPicker(config)
+    picker = closed_after_test(EndpointPicker(config))
     service = ExtProcService(picker, max_body_bytes=1 << 20)
     return picker, service, Scrape(service)
 

@@ -24,6 +24,7 @@ from ..picker_fixtures import (
     DUPLEX,
     MODEL,
     chat_body,
+    closed_after_test,
     mutation_headers,
     picker_config,
     request_body,
@@ -496,7 +497,7 @@ async def test_an_sse_line_over_the_bound_is_skipped_counted_once_and_the_stream
 
 
 async def test_a_picker_that_takes_no_output_tokens_has_no_response_body_read():
-    picker = EndpointPicker(picker_config(router_track_output_blocks=True))
+    picker = closed_after_test(EndpointPicker(picker_config(router_track_output_blocks=True)))
     service = ExtProcService(PlainPicker(picker), max_body_bytes=1 << 20)
     assert service.output is None
     stream = await routed_stream(service)

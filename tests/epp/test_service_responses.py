@@ -17,6 +17,7 @@ from extproc.picker.pipeline import EndpointPicker
 
 from ..picker_fixtures import (
     MODEL,
+    closed_after_test,
     mutation_headers,
     picker_config,
     request_body,
@@ -34,7 +35,7 @@ SSE = "text/event-stream; charset=utf-8"
 
 def make_service(workers: int = 4):
     # no cache credit: idle workers tie and requests spread (ties are broken at random)
-    picker = EndpointPicker(picker_config(workers, overlap_score_weight=0.0))
+    picker = closed_after_test(EndpointPicker(picker_config(workers, overlap_score_weight=0.0)))
     return picker, ExtProcService(picker, max_body_bytes=1 << 20)
 
 

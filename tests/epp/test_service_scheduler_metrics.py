@@ -30,7 +30,15 @@ from extproc.picker.pick import ObjectiveLabels, Pick, label_refusal
 from extproc.picker.pipeline import EndpointPicker
 from extproc.router import Worker
 
-from ..picker_fixtures import MODEL, chat_body, picker_config, request_body, request_headers, run
+from ..picker_fixtures import (
+    MODEL,
+    chat_body,
+    closed_after_test,
+    picker_config,
+    request_body,
+    request_headers,
+    run,
+)
 from .test_service import OpenStream, until
 from .test_service_objective_metrics import JSON, SSE, answer
 
@@ -52,7 +60,7 @@ class Scrape:
 
 
 def make(config=None) -> tuple[EndpointPicker, ExtProcService, Scrape]:
-    picker = EndpointPicker(config or picker_config())
+    picker = closed_after_test(EndpointPicker(config or picker_config()))
     service = ExtProcService(picker, max_body_bytes=1 << 20)
     return picker, service, Scrape(picker, service)
 
@@ -327,10 +335,10 @@ def test_the_labels_come_from_the_pickers_config_and_default_without_one() -> No
     config = replace(
         picker_config(block_size=32), inference_extension=InferenceExtensionConfig(None, Pool("p", "ns"))
     )
-    picker = EndpointPicker(config)
+    picker = closed_after_test(EndpointPicker(config))
     configured = for_picker(picker)
     assert (configured.namespace, configured.block_size) == ("ns", 32)
-    unnamespaced = for_picker(EndpointPicker(picker_config()))
+    unnamespaced = for_picker(closed_after_test(EndpointPicker(picker_config())))
     assert (unnamespaced.namespace, unnamespaced.block_size) == ("", 16)
 
 
