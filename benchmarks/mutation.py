@@ -126,6 +126,13 @@ MODULES: dict[str, list[str]] = {
     ],
     # Dynamo 1.6.1's ZMQ event plane: direct publishers from its file store, brokers
     "events/dynamo_zmq_plane.py": ["tests/nats/test_dynamo_zmq_plane.py"],
+    # Dynamo 1.6.1's local indexers: the query on its request plane, and the merge with the live stream
+    "events/dynamo_recovery.py": [
+        "tests/nats/test_dynamo_recovery_wire.py",
+        "tests/nats/test_dynamo_recovery_merge.py",
+        "tests/nats/test_dynamo_recovery.py",
+        "tests/nats/test_dynamo_zmq_plane.py",
+    ],
     # vLLM's and SGLang's ZMQ KV events (golden fixtures from their published code)
     "events/vllm.py": [
         "tests/events/test_vllm_decode.py",

@@ -69,7 +69,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import struct
 import time
 import uuid
@@ -100,11 +99,6 @@ RESCAN_S = 1.0  # the sources are listed again for workers not recovered at most
 UNADVERTISED_S = 30.0  # ... and a worker not found there is not looked for again before this long
 QUERY_TIMEOUT_S = 30.0  # one query, connection to last frame (a tree dump of a large cache)
 MAX_FRAME = 256 * 1024 * 1024  # bytes in one response frame
-
-
-def default_file_store() -> str:
-    """Dynamo's file discovery root when DYN_FILE_KV is not set: $TMPDIR/dynamo_store_kv."""
-    return str(Path(os.environ.get("TMPDIR") or "/tmp") / "dynamo_store_kv")
 
 
 class RecoveryError(Exception):
@@ -198,7 +192,7 @@ class IndexerAnswer:
     detail: str = ""
 
 
-def _two_part(header: bytes, body: bytes = b"") -> bytes:
+def _two_part(header: bytes, body: bytes) -> bytes:
     return struct.pack(">QQQ", len(header), len(body), 0) + header + body
 
 
@@ -231,7 +225,8 @@ async def query_local_indexer(
 
 
 async def _query(target: QueryTarget, start: int | None, end: int | None) -> IndexerAnswer:
-    frames: asyncio.Queue[tuple[bytes, bytes] | None] = asyncio.Queue()
+    # frames of the response stream; None: it ended; a RecoveryError: it broke that way
+    frames: asyncio.Queue[tuple[bytes, bytes] | RecoveryError | None] = asyncio.Queue()
     handlers: set[asyncio.Task[Any]] = set()  # one per response stream the worker opened
     ended: list[bool] = []  # the query is over: a stream that starts now is closed at once
 
@@ -244,7 +239,9 @@ async def _query(target: QueryTarget, start: int | None, end: int | None) -> Ind
                 return
             while True:
                 await frames.put(await _read_two_part(reader))
-        except (asyncio.IncompleteReadError, ConnectionError, RecoveryError):
+        except RecoveryError as exc:
+            await frames.put(exc)
+        except (asyncio.IncompleteReadError, ConnectionError):
             await frames.put(None)  # the stream ended (after the sentinel, or early)
         finally:
             writer.close()  # also when the query ended first (answered, failed or cancelled)
@@ -278,8 +275,13 @@ async def _query(target: QueryTarget, start: int | None, end: int | None) -> Ind
                 + struct.pack(">I", len(payload)) + payload
             )  # fmt: skip
             await writer.drain()
-            (ack_len,) = struct.unpack(">I", await reader.readexactly(4))
-            ack = await reader.readexactly(ack_len)
+            try:
+                (ack_len,) = struct.unpack(">I", await reader.readexactly(4))
+                ack = await reader.readexactly(ack_len)
+            except asyncio.IncompleteReadError as exc:
+                raise RecoveryError(
+                    "the worker closed the connection before acknowledging the query"
+                ) from exc
             if ack.startswith(b"Server unavailable:"):
                 raise RecoveryError(f"the worker refused the query: {ack.decode(errors='replace')}")
             return await _answer(frames, subject, target.codec)
@@ -294,9 +296,15 @@ async def _query(target: QueryTarget, start: int | None, end: int | None) -> Ind
 
 
 async def _answer(
-    frames: asyncio.Queue[tuple[bytes, bytes] | None], subject: str, codec: str
+    frames: asyncio.Queue[tuple[bytes, bytes] | RecoveryError | None], subject: str, codec: str
 ) -> IndexerAnswer:
-    first = await frames.get()
+    async def frame() -> tuple[bytes, bytes] | None:
+        got = await frames.get()
+        if isinstance(got, RecoveryError):
+            raise got
+        return got
+
+    first = await frame()
     if first is None:
         raise RecoveryError("the response stream closed before its handshake")
     handshake = json.loads(first[0] or b"null")
@@ -304,8 +312,8 @@ async def _answer(
         raise RecoveryError(f"unexpected response handshake {handshake!r:.200}")
     answers: list[Any] = []
     prologue = False
-    while (frame := await frames.get()) is not None:
-        header, body = frame
+    while (next_frame := await frame()) is not None:
+        header, body = next_frame
         if header:
             control = json.loads(header)
             if control == "sentinel":
@@ -334,11 +342,9 @@ def _indexer_answer(data: Any) -> IndexerAnswer:
     ((tag, value),) = data.items()
     if tag in ("TreeDump", "Events") and isinstance(value, dict) and isinstance(value.get("events"), list):
         last = value.get("last_event_id")
-        return IndexerAnswer(
-            TREE_DUMP if tag == "TreeDump" else EVENTS,
-            value["events"],
-            int(last) if last is not None else None,
-        )
+        if not isinstance(last, int):  # a u64 in Dynamo: without it the events cannot be ordered
+            raise RecoveryError(f"a {tag} answer without its last_event_id: {last!r:.50}")
+        return IndexerAnswer(TREE_DUMP if tag == "TreeDump" else EVENTS, value["events"], last)
     if tag == "TooNew":
         return IndexerAnswer(TOO_NEW, detail=json.dumps(value, default=str))
     return IndexerAnswer(FAILED, detail=f"{tag}: {value!r:.300}")
@@ -492,10 +498,8 @@ class LocalIndexerRecovery:
         if rank.inflight:
             rank.pending.append((event_id, event))
             return True
-        if rank.cursor is None:  # not reached: a rank is owned in flight or with a cursor
-            rank.pending.append((event_id, event))
-            self._begin(worker, rank, None)
-            return True
+        # a rank owned and not in flight has its cursor: every answer applied names its last event id
+        assert rank.cursor is not None
         if event_id == rank.cursor + 1:
             rank.cursor = event_id
             self._apply(worker, [event])
@@ -591,8 +595,7 @@ class LocalIndexerRecovery:
                 after = -1 if rank.cursor is None else rank.cursor
                 self._apply(worker, [e for i, e in self._decode(answer.events) if i > after])
                 self.counters.add("recovery.catch_up")
-            if answer.last_event_id is not None:
-                rank.cursor = answer.last_event_id
+            rank.cursor = answer.last_event_id  # an int in every dump and events answer (_indexer_answer)
             start = self._drain(worker, rank)
             if start is None:
                 rank.inflight = False
@@ -629,7 +632,7 @@ class LocalIndexerRecovery:
 
     def _decode(self, raw_events: list[Any]) -> list[tuple[int, KvEvent | None]]:
         """RouterEvents decoded exactly as the event plane's (`dynamo_plane.decode_envelope`)."""
-        envelope = msgpack.packb({"topic": TOPIC, "payload": msgpack.packb(raw_events)})
+        envelope = msgpack.packb({"payload": msgpack.packb(raw_events)})  # its topic: the default
         return [
             (e.event_id, e.event)
             for e in decode_envelope(envelope, self.counters, worker_id_of=self.worker_id_of)
@@ -640,7 +643,6 @@ class LocalIndexerRecovery:
         self._ranks.pop(worker, None)
         self.on_owned(worker, False)
         self._released[worker] = self.clock() + RELEASE_S
-        rank.inflight = False
         held = [e for _, e in rank.pending]
         rank.pending.clear()
         self.counters.loud(
