@@ -130,6 +130,7 @@ MODULES: dict[str, list[str]] = {
     "events/dynamo_recovery.py": [
         "tests/nats/test_dynamo_recovery_wire.py",
         "tests/nats/test_dynamo_recovery_merge.py",
+        "tests/nats/test_dynamo_recovery_edges.py",
         "tests/nats/test_dynamo_recovery.py",
         "tests/nats/test_dynamo_zmq_plane.py",
     ],
@@ -7626,6 +7627,133 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self.counters.loud(f"{self.source}.sink_error", "XXresetting %s after its restart failedXX", worker)',  # noqa: E501
             "message",
             "text of the sink_error warning on a restart (the test reads the text inside)",
+        ),
+    },
+    "events/dynamo_recovery.py": {
+        "x__answer__mutmut_21": (
+            "prologue = None",
+            "same-value",
+            "None is falsy like False; only `not prologue` reads it",
+        ),
+        "x__decode__mutmut_8": (
+            'return json.loads(data) if codec == "json" else msgpack.unpackb(data, raw=None, '
+            "strict_map_key=False)",
+            "same-value",
+            "msgpack 1.x decodes str as str by default (raw=False; None is falsy alike)",
+        ),
+        "x__decode__mutmut_11": (
+            'return json.loads(data) if codec == "json" else msgpack.unpackb(data, strict_map_key=False)',
+            "same-value",
+            "msgpack 1.x decodes str as str by default (raw=False; None is falsy alike)",
+        ),
+        "x__decode__mutmut_9": (
+            'return json.loads(data) if codec == "json" else msgpack.unpackb(data, raw=False, '
+            "strict_map_key=None)",
+            "same-value",
+            "every map in a WorkerKvQueryResponse (rmp-serde, struct fields by name) is keyed by "
+            "strings, which strict_map_key accepts too",
+        ),
+        "x__decode__mutmut_12": (
+            'return json.loads(data) if codec == "json" else msgpack.unpackb(data, raw=False, )',
+            "same-value",
+            "every map in a WorkerKvQueryResponse (rmp-serde, struct fields by name) is keyed by "
+            "strings, which strict_map_key accepts too",
+        ),
+        "x__decode__mutmut_14": (
+            'return json.loads(data) if codec == "json" else msgpack.unpackb(data, raw=False, '
+            "strict_map_key=True)",
+            "same-value",
+            "every map in a WorkerKvQueryResponse (rmp-serde, struct fields by name) is keyed by "
+            "strings, which strict_map_key accepts too",
+        ),
+        "x__query__mutmut_113": (
+            'struct.pack(">H", len(path)) + path + struct.pack(">h", len(headers)) + headers',
+            "same-value",
+            "the headers are one request id in JSON (about 60 bytes): signed and unsigned u16 pack "
+            "alike below 32 KiB",
+        ),
+        "x__query__mutmut_119": (
+            '+ struct.pack(">i", len(payload)) + payload',
+            "same-value",
+            "a query's payload is a few hundred bytes: signed and unsigned u32 pack alike below 2 GiB",
+        ),
+        "x__query__mutmut_126": (
+            '(ack_len,) = struct.unpack(">i", await reader.readexactly(4))',
+            "same-value",
+            "an acknowledgement is empty or a short refusal: signed and unsigned u32 read alike below 2 GiB",
+        ),
+        "x__query__mutmut_148": (
+            "ended.append(None)",
+            "same-value",
+            "only whether the list is empty is read",
+        ),
+        "x__query__mutmut_149": (
+            "ended.append(False)",
+            "same-value",
+            "only whether the list is empty is read",
+        ),
+        "x__query__mutmut_24": (
+            "server = await asyncio.start_server(on_stream, own_host, None)",
+            "same-value",
+            "port None, like 0, binds a free port",
+        ),
+        "x__query__mutmut_27": (
+            "server = await asyncio.start_server(on_stream, own_host, )",
+            "same-value",
+            "no port, like 0, binds a free port",
+        ),
+        "x__two_part__mutmut_12": (
+            'return struct.pack(">qqq", len(header), len(body), 0) + header + body',
+            "same-value",
+            "lengths under 2^63 and the checksum 0 pack alike signed and unsigned",
+        ),
+        "x__two_part__mutmut_13": (
+            'return struct.pack(">QQQ", len(header), len(body), 1) + header + body',
+            "wire",
+            "Dynamo 1.6.1's worker does not check the request's checksum field: its live tests "
+            "(test_dynamo_recovery.py) pass with 1",
+        ),
+        "x_read_file_sources__mutmut_32": (
+            "if key not in found or found[key].mtime < target.mtime:",
+            "same-value",
+            "between two sources of one worker written in the same clock tick, either wins: the "
+            "directory's listing order is arbitrary under both",
+        ),
+        "x_start_recovery__mutmut_28": (
+            "worker, functools.partial(recovery.resync, worker) if (owned) or True else None",
+            "same-value",
+            "a released worker's resync finds no rank and does nothing, as no resync does",
+        ),
+        "xǁLocalIndexerRecoveryǁ__init____mutmut_25": (
+            "self._listing = None",
+            "same-value",
+            "None is falsy like False; only `not self._listing` reads it",
+        ),
+        "xǁLocalIndexerRecoveryǁ_adopt__mutmut_3": (
+            "self._listing = None",
+            "same-value",
+            "None is falsy like False; only `not self._listing` reads it",
+        ),
+        "xǁLocalIndexerRecoveryǁ_adopt_all__mutmut_7": (
+            "self._released.pop(None, None)",
+            "same-value",
+            "the release time is read only for workers not owned; the worker is owned from here, and a "
+            "later release writes it anew",
+        ),
+        "xǁLocalIndexerRecoveryǁ_recover__mutmut_75": (
+            "after = -2 if rank.cursor is None else rank.cursor",
+            "same-value",
+            "event ids are u64: none lies between -2 and -1",
+        ),
+        "xǁLocalIndexerRecoveryǁ_recover__mutmut_93": (
+            "rank.inflight = None",
+            "same-value",
+            "None is falsy like False; only its truth is read",
+        ),
+        "xǁLocalIndexerRecoveryǁ_release__mutmut_3": (
+            "self._ranks.pop(worker, )",
+            "same-value",
+            "a worker is released only from its own recovery, while it is owned: the key is there",
         ),
     },
     "events/dynamo_zmq_plane.py": {

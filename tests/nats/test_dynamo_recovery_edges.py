@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import struct
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ class Responder:
 @pytest.mark.parametrize(
     ("handshake", "frames", "message"),
     [
-        (b"", (), "the response stream closed before its handshake"),
+        (b"", (), "^the response stream closed before its handshake$"),
         (wire.two_part(b""), (), "unexpected response handshake None"),
         (wire.two_part(b"[1]"), (), r"unexpected response handshake \[1\]"),
         (wire.two_part(b'{"subject":"another query"}'), (), "unexpected response handshake {'subject'"),
@@ -155,6 +156,7 @@ async def test_the_final_answer_ends_the_query_without_waiting_for_the_sentinel(
         ({"InvalidRange": {"start": 9, "end": 2}}, FAILED, "InvalidRange: {'start': 9, 'end': 2}"),
         ({"Events": ["not", "a", "map"]}, FAILED, "Events: ['not', 'a', 'map']"),
         ({"Error": "the tree dump failed"}, FAILED, "Error: 'the tree dump failed'"),
+        ({"TooNew": {"newest_available": b"\x01"}}, TOO_NEW, '{"newest_available": "b\'\\\\x01\'"}'),
     ],
 )  # fmt: skip
 async def test_an_answer_that_is_not_events_comes_back_with_its_detail(played, answer, kind, detail):
@@ -178,7 +180,9 @@ async def test_a_worker_that_closes_before_its_acknowledgement_fails_the_query_a
         writer.write(b"\x00\x00")  # half a length, then the connection closes
 
     played.reply = close
-    with pytest.raises(RecoveryError, match="closed the connection before acknowledging the query"):
+    with pytest.raises(
+        RecoveryError, match=r"^the worker closed the connection before acknowledging the query$"
+    ):
         await query_local_indexer(played.target(), None, timeout_s=5)
 
 
@@ -315,9 +319,27 @@ async def test_retries_back_off_doubling_from_the_first_delay(monkeypatch):
     await recovery.start()
     await recovery.wait_idle()
     assert slept == [0.5, 1.0, 2.0] and recovery.owns(W8)
-    recovery.resync(W8, "again")  # a success starts the count over
+    recovery.resync(W8, "again")  # each recovery counts its own failures
     await recovery.wait_idle()
     assert slept == [0.5, 1.0, 2.0, 0.5] and recovery.cursor(W8) == 2
+
+
+async def test_an_answer_within_a_recovery_starts_its_failure_count_over(monkeypatch):
+    slept: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    monkeypatch.setattr("extproc.events.dynamo_recovery.asyncio.sleep", sleep)
+    too_new = IndexerAnswer(TOO_NEW, detail="newest 2")  # an answer: then a dump, in the same recovery
+    worker = Worker8(dump(5), OSError("1"), OSError("2"), too_new, OSError("3"), OSError("4"), dump(7, 102))
+    recovery = LocalIndexerRecovery(Sink(), lambda: [TARGET], query=worker.query, backoff_s=0.5, retries=2)
+    await recovery.start()
+    await recovery.wait_idle()
+    assert recovery.take(W8, 7, live(7))  # 6 missing
+    await recovery.wait_idle()
+    assert worker.starts == [None, 6, 6, 6, None, None, None]
+    assert slept == [0.5, 1.0, 0.5, 1.0] and recovery.cursor(W8) == 7 and recovery.owns(W8)
 
 
 async def test_a_failed_answer_is_retried_and_its_detail_reported(caplog):
@@ -440,7 +462,8 @@ async def test_a_dump_asks_the_newest_source_and_the_last_one_known_when_none_is
     assert asked == [TARGET, MOVED, MOVED]
 
 
-async def test_workers_found_by_a_later_listing_are_asked_where_that_listing_said():
+async def test_workers_found_by_a_later_listing_are_asked_where_that_listing_said(caplog):
+    caplog.set_level(logging.INFO, logger="extproc.events")
     asked: list[QueryTarget] = []
 
     async def query(target: QueryTarget, start: int | None) -> IndexerAnswer:
@@ -456,6 +479,30 @@ async def test_workers_found_by_a_later_listing_are_asked_where_that_listing_sai
     added.rescan()
     await added.wait_idle()
     assert asked == [TARGET, MOVED] and seen.cursor(W8) == added.cursor(W8) == 1
+    assert [m for m in messages(caplog) if "rebuilt" not in m] == [
+        "8: its source advertises a local indexer; rebuilding it from there",
+        "recovering 0 Dynamo workers from their local indexers",
+        "8: added; rebuilding it from its local indexer",
+    ]
+
+
+async def test_a_listing_still_running_after_a_second_is_not_started_again():
+    now = [0.0]
+    listings: list[int] = []
+    go_on = threading.Event()
+
+    def sources() -> list[QueryTarget]:
+        listings.append(1)
+        assert go_on.wait(10)
+        return []
+
+    recovery = LocalIndexerRecovery(Sink(), sources, clock=lambda: now[0])
+    recovery.take(Worker("9"), 1, None)
+    now[0] = 2.0
+    recovery.take(Worker("10"), 1, None)  # the first listing has not come back
+    go_on.set()
+    await recovery.wait_idle()
+    assert len(listings) == 1
 
 
 async def test_start_counts_every_worker_it_recovers():
@@ -582,19 +629,17 @@ def test_a_source_names_its_codec_address_rank_and_publisher_or_takes_dynamos_de
     source(
         tmp_path,
         "b",
-        {"worker": {"worker_id": 8}, "recovery_target": recovery_target("h:5/c")},
+        {
+            "worker": {"worker_id": 8},
+            "recovery_target": recovery_target("XBOX:5/c"),  # a host name's Xs are its own
+        },
         publisher_id=12,
     )
     source(tmp_path, "c", {"worker": {"worker_id": 9}, "recovery_target": recovery_target("h:6/d")})
     seven, eight, nine = read_file_sources(str(tmp_path), "ns1", "backend", "gen")
     assert seven == QueryTarget(7, 2, 11, "::1", 4000, "a/b", "json", os.stat(full).st_mtime)
-    assert (eight.dp_rank, eight.publisher_id, eight.codec, eight.host, eight.port) == (
-        0,
-        12,
-        "msgpack",
-        "h",
-        5,
-    )
+    assert (eight.dp_rank, eight.publisher_id, eight.codec) == (0, 12, "msgpack")
+    assert (eight.host, eight.port) == ("XBOX", 5)
     assert (nine.publisher_id, nine.path) == (0, "d")
 
 
