@@ -7740,12 +7740,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "the release time is read only for workers not owned; the worker is owned from here, and a "
             "later release writes it anew",
         ),
-        "xǁLocalIndexerRecoveryǁ_recover__mutmut_75": (
+        "xǁLocalIndexerRecoveryǁ_query_until_current__mutmut_75": (
             "after = -2 if rank.cursor is None else rank.cursor",
             "same-value",
             "event ids are u64: none lies between -2 and -1",
         ),
-        "xǁLocalIndexerRecoveryǁ_recover__mutmut_93": (
+        "xǁLocalIndexerRecoveryǁ_query_until_current__mutmut_93": (
             "rank.inflight = None",
             "same-value",
             "None is falsy like False; only its truth is read",

@@ -562,6 +562,15 @@ class LocalIndexerRecovery:
         task.add_done_callback(self._tasks.discard)
 
     async def _recover(self, worker: Worker, rank: _Rank, start: int | None) -> None:
+        try:
+            await self._query_until_current(worker, rank, start)
+        except Exception as exc:  # nothing expected it: give the worker back rather than hold its events
+            log.exception("%s: its recovery from its local indexer failed", worker)
+            self._release(worker, rank, f"{type(exc).__name__}: {exc}")
+
+    async def _query_until_current(self, worker: Worker, rank: _Rank, start: int | None) -> None:
+        """Query `worker`'s local indexer from `start` (None: a tree dump) until the held events follow
+        on from what it answered; retries with backoff, then gives the worker back."""
         failures = 0
         while True:
             if start is None:  # a dump asks the newest source (a restarted publisher has a new one)

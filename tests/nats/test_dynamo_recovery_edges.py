@@ -352,6 +352,20 @@ async def test_a_failed_answer_is_retried_and_its_detail_reported(caplog):
     assert recovery.cursor(W8) == 1
 
 
+async def test_an_unexpected_failure_gives_the_worker_back_with_its_held_events_applied(caplog):
+    worker, sink = Worker8(RuntimeError("a bug"), dump(1, 101)), Sink()
+    worker.released.clear()
+    recovery = recovery_of(worker, sink)
+    await recovery.start()
+    assert recovery.take(W8, 1, live(1))
+    worker.released.set()
+    await recovery.wait_idle()
+    assert not recovery.owns(W8) and [x for kind, x, _ in sink.log if kind == "apply"] == [1]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == ["8: its recovery from its local indexer failed"]
+    assert "8: its local indexer could not be queried (RuntimeError: a bug)" in messages(caplog)[-1]
+
+
 async def test_a_released_worker_is_not_taken_again_until_its_time_is_up():
     now = [100.0]
     worker, sink = Worker8(OSError("down"), dump(2, 101)), Sink()
