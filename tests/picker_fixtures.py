@@ -33,8 +33,10 @@ def closed_after_test(picker: EndpointPicker) -> EndpointPicker:
 
 
 async def close_pickers() -> None:
-    while _OPEN_PICKERS:
-        await _OPEN_PICKERS.pop().close()
+    pickers = list(_OPEN_PICKERS)
+    _OPEN_PICKERS.clear()  # none left for the next test's loop, even if a close below fails
+    for picker in pickers:
+        await picker.close()
 
 
 def picker_config(n_workers: int = 2, *, dp_ranks=(0,), **router) -> PickerConfig:
