@@ -394,6 +394,7 @@ class LocalIndexerRecovery:
         retries: int = RETRIES,
         backoff_s: float = BACKOFF_S,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self.sink = sink
         self.sources = sources
@@ -405,6 +406,7 @@ class LocalIndexerRecovery:
         self.retries = retries
         self.backoff_s = backoff_s
         self.clock = clock
+        self.sleep = sleep  # the pause between a failed query and the next
         self._ranks: dict[Worker, _Rank] = {}
         self._released: dict[Worker, float] = {}  # worker -> when it may be taken again
         self._looked_for: set[Worker] = set()  # workers whose source the next listing looks for
@@ -592,7 +594,7 @@ class LocalIndexerRecovery:
                 if failures > self.retries:
                     self._release(worker, rank, why)
                     return
-                await asyncio.sleep(self.backoff_s * 2 ** (failures - 1))
+                await self.sleep(self.backoff_s * 2 ** (failures - 1))
                 continue
             failures = 0
             if answer.kind == TOO_NEW:  # the worker has less than was seen: it restarted

@@ -307,15 +307,16 @@ async def test_a_worker_given_back_is_logged_with_why_and_for_how_long(caplog):
     assert not recovery.owns(W8)
 
 
-async def test_retries_back_off_doubling_from_the_first_delay(monkeypatch):
+async def test_retries_back_off_doubling_from_the_first_delay():
     slept: list[float] = []
 
     async def sleep(delay: float) -> None:
         slept.append(delay)
 
-    monkeypatch.setattr("extproc.events.dynamo_recovery.asyncio.sleep", sleep)
     worker = Worker8(OSError("1"), OSError("2"), OSError("3"), dump(1, 101), OSError("4"), dump(2, 102))
-    recovery = LocalIndexerRecovery(Sink(), lambda: [TARGET], query=worker.query, backoff_s=0.5, retries=3)
+    recovery = LocalIndexerRecovery(
+        Sink(), lambda: [TARGET], query=worker.query, backoff_s=0.5, retries=3, sleep=sleep
+    )
     await recovery.start()
     await recovery.wait_idle()
     assert slept == [0.5, 1.0, 2.0] and recovery.owns(W8)
@@ -324,16 +325,17 @@ async def test_retries_back_off_doubling_from_the_first_delay(monkeypatch):
     assert slept == [0.5, 1.0, 2.0, 0.5] and recovery.cursor(W8) == 2
 
 
-async def test_an_answer_within_a_recovery_starts_its_failure_count_over(monkeypatch):
+async def test_an_answer_within_a_recovery_starts_its_failure_count_over():
     slept: list[float] = []
 
     async def sleep(delay: float) -> None:
         slept.append(delay)
 
-    monkeypatch.setattr("extproc.events.dynamo_recovery.asyncio.sleep", sleep)
     too_new = IndexerAnswer(TOO_NEW, detail="newest 2")  # an answer: then a dump, in the same recovery
     worker = Worker8(dump(5), OSError("1"), OSError("2"), too_new, OSError("3"), OSError("4"), dump(7, 102))
-    recovery = LocalIndexerRecovery(Sink(), lambda: [TARGET], query=worker.query, backoff_s=0.5, retries=2)
+    recovery = LocalIndexerRecovery(
+        Sink(), lambda: [TARGET], query=worker.query, backoff_s=0.5, retries=2, sleep=sleep
+    )
     await recovery.start()
     await recovery.wait_idle()
     assert recovery.take(W8, 7, live(7))  # 6 missing
