@@ -43,7 +43,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -187,9 +187,11 @@ class DurableKvEvents:
         on_gap: GapHook | None = None,
         worker_id_of: Callable[[int], WorkerId] = str,
         lossy: Callable[[], Sequence[Worker]] = tuple,
+        retry_sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         """`lossy()` names the workers whose view is known to miss blocks (`RouterFeed.lossy`): while
-        there is any, no snapshot is written, so a good snapshot is never replaced by a poorer one."""
+        there is any, no snapshot is written, so a good snapshot is never replaced by a poorer one.
+        `retry_sleep` waits out the pause after a JetStream error (0.1 s, doubling up to `RETRY_MAX_S`)."""
         self.nc = nc
         self.js = nc.jetstream()
         self.sink = sink
@@ -199,6 +201,7 @@ class DurableKvEvents:
         self.on_gap: GapHook = on_gap or self._follow_gap
         self._worker_id_of = worker_id_of
         self._lossy = lossy
+        self._retry_sleep = retry_sleep
         self.event_ids = EventIdTracker()
         self.applied_seq = 0  # last stream sequence applied (0: none yet)
         self._seq_known = False  # whether applied_seq + 1 is the next sequence to expect
@@ -494,7 +497,7 @@ class DurableKvEvents:
                 raise
             except Exception as exc:
                 self.counters.loud("durable.error", "durable KV event consumer error: %r; retrying", exc)
-                await asyncio.sleep(retry_s)
+                await self._retry_sleep(retry_s)
                 retry_s = min(RETRY_MAX_S, retry_s * 2)
                 if not restart:
                     with contextlib.suppress(Exception):
