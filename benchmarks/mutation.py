@@ -126,10 +126,10 @@ MODULES: dict[str, list[str]] = {
     ],
     # Dynamo 1.6.1's ZMQ event plane: direct publishers from its file store, brokers
     "events/dynamo_zmq_plane.py": ["tests/nats/test_dynamo_zmq_plane.py"],
-    # Dynamo's durable KV events: the JetStream log, object-store snapshots, the snapshot lock (first
-    # run, session 34, without test_dynamo_jetstream.py: 61.7 % of 724; survivors not yet worked through)
+    # Dynamo's durable KV events: the JetStream log, object-store snapshots, the snapshot lock
     "events/durable.py": [
         "tests/nats/test_durable.py",
+        "tests/nats/test_durable_edges.py",
         "tests/nats/test_relearn.py",
         "tests/nats/test_dynamo_jetstream.py",
     ],

@@ -192,7 +192,6 @@ class DurableKvEvents:
         """`lossy()` names the workers whose view is known to miss blocks (`RouterFeed.lossy`): while
         there is any, no snapshot is written, so a good snapshot is never replaced by a poorer one.
         `retry_sleep` waits out the pause after a JetStream error (0.1 s, doubling up to `RETRY_MAX_S`)."""
-        self.nc = nc
         self.js = nc.jetstream()
         self.sink = sink
         self.tree = tree
@@ -386,20 +385,27 @@ class DurableKvEvents:
 
         A cancel (stop) while the create is in flight does not leave the lock taken: the server may
         already have granted it, so the create is awaited to its end and a granted lock released.
+        nats.py's create, refused because the key exists, reads the key to tell a deleted one: when
+        the holder's TTL runs out in between, it raises KeyNotFoundError. The lock is free then, so
+        the create is tried once more.
         """
         assert self._locks is not None
         cfg = self.config
-        create = asyncio.ensure_future(
-            self._locks.create(LOCK_KEY, cfg.replica_id.encode(), msg_ttl=cfg.lock_ttl_s)
-        )
-        try:
-            return await asyncio.shield(create)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return None
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await self._release_lock(await create)
-            raise
+        for _ in range(2):
+            create = asyncio.ensure_future(
+                self._locks.create(LOCK_KEY, cfg.replica_id.encode(), msg_ttl=cfg.lock_ttl_s)
+            )
+            try:
+                return await asyncio.shield(create)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                return None
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await self._release_lock(await create)
+                raise
+        return None
 
     async def _release_lock(self, revision: int) -> None:
         assert self._locks is not None

@@ -8,30 +8,35 @@ test drives a step itself (`stopped`), so that nothing else moves meanwhile.
 """
 
 import asyncio
+import gc
 import logging
 
+import nats.js.errors
 import pytest
 from nats.js import api
 
 from extproc.events import durable as durable_module
 from extproc.events.durable import SNAPSHOT_OBJECT, DurableConfig, DurableKvEvents, _ReadProgress
 from extproc.events.dynamo_json import encode_event
-from extproc.events.snapshot import Snapshot, encode_snapshot
+from extproc.events.snapshot import Snapshot, SnapshotError, decode_snapshot, encode_snapshot
 from extproc.router.types import BlocksStored, StoredBlock, Worker
 
 from .conftest import connect, eventually, make_feed, make_router
-from .test_durable import COMPONENT, NS, Replica
+from .test_durable import COMPONENT, NS, Replica, _write_snapshot
 
 W7 = Worker("7", 0)
 
 
 class Clock:
-    """`durable`'s `time` module: monotonic seconds the test moves, and a wall clock beside it."""
+    """`durable`'s `time` module: monotonic seconds the test moves (or that move by `step` at each
+    reading), and a wall clock beside it."""
 
     def __init__(self, now: float = 10_000.0) -> None:
         self.now = now
+        self.step = 0.0
 
     def monotonic(self) -> float:
+        self.now += self.step
         return self.now
 
     def time(self) -> float:
@@ -68,6 +73,11 @@ async def publish(replica: Replica, count: int, first_event_id: int = 1) -> int:
     return ack.seq
 
 
+def messages(caplog) -> list[str]:
+    """Each log record's message, whole: a check that it is in the text would pass a longer one."""
+    return [record.getMessage() for record in caplog.records]
+
+
 class Calls:
     """Counts the calls of an async method, each still made."""
 
@@ -94,9 +104,11 @@ def test_names_keep_letters_digits_dashes_and_underscores_and_replace_the_rest()
 
 
 def test_a_config_that_cannot_work_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="snapshot_threshold must be at least 1, got 0"):
+    with pytest.raises(ValueError, match=r"^snapshot_threshold must be at least 1, got 0$"):
         DurableConfig(NS, COMPONENT, "r1", snapshot_threshold=0)
-    with pytest.raises(ValueError, match=r"replica_id must not be empty \(it names this replica's durable"):
+    with pytest.raises(
+        ValueError, match=r"^replica_id must not be empty \(it names this replica's durable consumer\)$"
+    ):
         DurableConfig(NS, COMPONENT, "")
 
 
@@ -247,7 +259,7 @@ async def test_a_lossy_view_withholds_the_snapshot_and_names_its_workers(nats_se
         assert (
             "no KV snapshot written: the view of 7, 8/dp1 misses blocks its engine holds (a snapshot of "
             "it would replace a better one); waiting until it is whole again"
-        ) in caplog.text
+        ) in messages(caplog)
         assert replica.durable.counters["durable.snapshot_withheld"] == 1
     finally:
         await replica.stop()
@@ -320,7 +332,7 @@ async def test_a_hole_of_one_message_is_seen_and_counted_lost(nats_server, caplo
         await durable._handle(4, stored(1, 100), replica.config.subject)
         with caplog.at_level(logging.WARNING, "extproc"):
             await durable._handle(6, stored(2, 101), replica.config.subject)
-        assert "KV event stream seqs 5..5 are gone and no snapshot covers them" in caplog.text
+        assert "KV event stream seqs 5..5 are gone and no snapshot covers them" in messages(caplog)
         assert durable.counters["durable.lost"] == 1 and durable.applied_seq == 6
         await durable._handle(7, stored(3, 102), replica.config.subject)  # the next one follows
         assert durable.counters["durable.lost"] == 1 and durable.counters["durable.event"] == 3
@@ -333,14 +345,22 @@ async def test_a_message_the_reloaded_snapshot_covers_is_not_applied_again(nats_
     durable = replica.durable
     try:
         await durable._handle(2, stored(1, 100), replica.config.subject)
-        snapshot = Snapshot((BlocksStored(W7, (StoredBlock(100, 101), StoredBlock(200, 201))),), 5, "r2")
+        snapshot = Snapshot(
+            (
+                BlocksStored(W7, (StoredBlock(100, 101), StoredBlock(200, 201))),
+                BlocksStored(Worker("8", 0), (StoredBlock(300, 301),)),
+            ),
+            5,
+            "r2",
+        )
         await durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(snapshot))
         with caplog.at_level(logging.INFO, "extproc"):
             await durable._handle(5, stored(2, 200), replica.config.subject)
-        assert "stream seq 5 follows 2: reloading the snapshot at 5" in caplog.text
+        assert "stream seq 5 follows 2: reloading the snapshot at 5" in messages(caplog)
         assert "worker 7: forgetting its cached blocks (reloading the KV snapshot at stream seq 5)" in (
-            caplog.text
+            messages(caplog)
         )
+        assert durable.sink.reason(Worker("8", 0)) == "reloaded snapshot"  # first named by the snapshot
         assert durable.counters["durable.reload"] == 1 and durable.counters["durable.event"] == 1
         assert durable.counters["durable.lost"] == 0 and durable.applied_seq == 5
     finally:
@@ -365,21 +385,25 @@ async def test_a_replica_starting_from_a_snapshot_reads_only_what_follows_it(nat
     writer = await stopped(nats_server, "writer")
     try:
         await publish(writer, 5)
-        snapshot = Snapshot((BlocksStored(W7, (StoredBlock(100, 101),)),), 3, "writer")
-        await writer.durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(snapshot))
+        snapshot = encode_snapshot(Snapshot((BlocksStored(W7, (StoredBlock(100, 101),)),), 3, "writer"))
+        snapshot_bytes = len(snapshot)
+        await writer.durable._objects.put(SNAPSHOT_OBJECT, snapshot)
     finally:
         await writer.stop()
     with caplog.at_level(logging.INFO, "extproc"):
         replica = await Replica(nats_server, "r1").start()
-    feed_reason = replica.durable.sink.reason(W7)
+    feed_reason, feed_state = replica.durable.sink.reason(W7), replica.durable.sink.state(W7)
     try:
         await eventually(lambda: replica.durable.applied_seq == 5, what="messages 4 and 5 applied")
         counters = replica.durable.counters
         assert counters["durable.event"] == 2 and counters["durable.redelivered"] == 0
-        assert feed_reason == "starting from the snapshot"
-        assert "read the KV snapshot at stream seq 3: 1 events" in caplog.text
-        seconds = float(caplog.text.split("read the KV snapshot at stream seq 3: 1 events, ")[1].split()[3])
-        assert 0 <= seconds < 60
+        assert feed_reason == "starting from the snapshot" and feed_state == "event-fed"
+        assert replica.durable.sink.reason(W7) == "starting from the snapshot"  # not news: 4 and 5 are its
+        read = [m for m in messages(caplog) if m.startswith("read the KV snapshot")]
+        assert len(read) == 1, read
+        head, seconds = read[0].removesuffix(" s").rsplit(" in ", 1)
+        assert head == f"read the KV snapshot at stream seq 3: 1 events, {snapshot_bytes} bytes"
+        assert 0 <= float(seconds) < 60
     finally:
         await replica.stop()
 
@@ -403,10 +427,13 @@ async def test_an_event_id_gap_is_logged_and_followed_on_the_stream(nats_server,
         with caplog.at_level(logging.INFO, "extproc"):
             await durable._handle(2, stored(4, 101), replica.config.subject)
             await durable._handle(3, stored(1, 102), replica.config.subject)
-        assert "KV event gap from 7: expected event 2, got 4" in caplog.text
+        assert "KV event gap from 7: expected event 2, got 4" in messages(caplog)
         assert durable.counters["durable.gap"] == 2
         assert durable.counters.drops[("nats", "7", "event-id-gap")] == 2
-        assert "its publisher restarted on stream kv-events-test-backend (event 1 after 4)" in caplog.text
+        assert (
+            "worker 7: forgetting its cached blocks (its publisher restarted on stream "
+            "kv-events-test-backend (event 1 after 4))"
+        ) in messages(caplog)
     finally:
         await replica.stop()
 
@@ -463,6 +490,7 @@ async def test_an_idle_replica_reloads_for_a_hole_of_one_and_not_for_a_next_mess
     try:
         await publish(replica, 4)
         durable.applied_seq, durable._seq_known = 1, True
+        await replica.link.nc.jetstream().purge_stream(replica.config.stream, seq=2)  # 1 gone, 2 first
         await durable._reload_if_purged()  # message 2 is there: it will come
         assert durable.counters["durable.purged_while_idle"] == 0
         await replica.link.nc.jetstream().purge_stream(replica.config.stream, seq=3)  # 1 and 2 gone
@@ -471,7 +499,7 @@ async def test_an_idle_replica_reloads_for_a_hole_of_one_and_not_for_a_next_mess
         with caplog.at_level(logging.INFO, "extproc"):
             await durable._reload_if_purged()
         assert durable.counters["durable.purged_while_idle"] == 1 and durable.counters["durable.reload"] == 1
-        assert "stream seq 3 follows 1: reloading the snapshot at 2" in caplog.text
+        assert "stream seq 3 follows 1: reloading the snapshot at 2" in messages(caplog)
         assert durable.applied_seq == 2 and durable.counters["durable.lost"] == 0
     finally:
         await replica.stop()
@@ -491,8 +519,9 @@ async def test_a_replica_whose_consumer_was_deleted_makes_it_again_where_it_stan
         await eventually(
             lambda: replica.durable.applied_seq == last, timeout_s=10, what="the 2 later messages applied"
         )
-        assert replica.durable.counters["durable.resubscribe"] == 1
-        assert replica.durable.counters["durable.event"] == 5 and replica.durable.counters["durable.gap"] == 0
+        counters = replica.durable.counters
+        assert counters["durable.resubscribe"] == 1 and counters["durable.redelivered"] == 0
+        assert counters["durable.event"] == 5 and counters["durable.gap"] == 0
     finally:
         await replica.stop()
 
@@ -518,7 +547,7 @@ async def test_reset_states_survives_a_consumer_deleted_under_it_and_says_what_i
             await replica.durable.reset_states()
         assert (
             "durable KV events reset: stream kv-events-test-backend purged, snapshot emptied, "
-            "consumers deleted" in caplog.text
+            "consumers deleted" in messages(caplog)
         )
         assert (await js.consumers_info(replica.config.stream)) == []
         empty = await replica.durable.load_snapshot()
@@ -553,7 +582,7 @@ async def test_a_replica_with_no_snapshot_and_purged_history_says_which_events_i
             "no KV snapshot in bucket kv-snapshots-test-backend, but stream kv-events-test-backend starts "
             "at seq 2: the blocks stored by events 1..1 are unknown to this replica (snapshot deleted, "
             "or the stream aged out before one was written); it learns them again as engines store blocks"
-        ) in caplog.text
+        ) in messages(caplog)
     finally:
         await replica.stop()
 
@@ -601,7 +630,9 @@ async def test_a_snapshot_read_that_keeps_failing_gives_up_after_its_attempts(
         ):
             await replica.durable.load_snapshot()
         assert replica.durable.counters["durable.snapshot_read_retry"] == 2
-        assert "reading the KV snapshot failed (the object store did not answer); retrying" in caplog.text
+        assert "reading the KV snapshot failed (the object store did not answer); retrying" in messages(
+            caplog
+        )
     finally:
         await replica.stop()
 
@@ -635,16 +666,21 @@ async def test_stop_leaves_no_subscription_behind(nats_server):
 
 class FailingFetches:
     """A pull subscription whose `fetch` raises for the first `failures` calls marked True, then
-    answers as the real one does; `failures` is consumed in order (False: a real fetch)."""
+    answers as the real one does; `failures` is consumed in order (False: a real fetch). `batches`:
+    how many messages each fetch that brought any brought."""
 
     def __init__(self, real, failures: list[bool]) -> None:
         self.real = real
         self.failures = failures
+        self.batches: list[int] = []
 
     async def fetch(self, *args, **kwargs):
         if self.failures and self.failures.pop(0):
             raise RuntimeError("boom")
-        return await self.real.fetch(*args, **kwargs)
+        msgs = await self.real.fetch(*args, **kwargs)
+        if msgs:
+            self.batches.append(len(msgs))
+        return msgs
 
     async def unsubscribe(self) -> None:
         await self.real.unsubscribe()
@@ -679,7 +715,7 @@ async def test_errors_in_a_row_pause_longer_each_time_up_to_five_seconds_and_suc
             await eventually(lambda: len(pauses) == 10, what=lambda: f"ten pauses: {pauses}")
         assert pauses == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 0.1, 0.2]
         assert durable.counters["durable.error"] == 10
-        assert "durable KV event consumer error: RuntimeError('boom'); retrying" in caplog.text
+        assert "durable KV event consumer error: RuntimeError('boom'); retrying" in messages(caplog)
         last = await publish(replica, 2)
         await eventually(lambda: durable.applied_seq == last, what="the consumer goes on")
     finally:
@@ -737,3 +773,234 @@ async def test_a_batch_left_half_handled_is_taken_up_after_its_last_applied_mess
         assert counters["durable.redelivered"] == 0 and counters["durable.lost"] == 0
     finally:
         await replica.stop()
+
+
+async def test_a_fetch_that_fails_right_after_a_restart_is_not_a_reason_to_restart_again(nats_server):
+    replica, pauses = await replica_with_recorded_pauses(nats_server)
+    durable = replica.durable
+    real_apply, real_subscribe = durable.sink.apply_events, durable._subscribe
+    failed: list[int] = []
+
+    def apply_events(events) -> None:
+        events = list(events)
+        if not failed:
+            failed.append(1)
+            raise RuntimeError("a bug in applying")
+        real_apply(events)
+
+    async def subscribe(start_seq):
+        await real_subscribe(start_seq)
+        durable._psub = FailingFetches(durable._psub, [True])  # the first fetch after it fails
+
+    durable.sink.apply_events = apply_events
+    try:
+        last = await publish(replica, 3)
+        await durable.resume()
+        durable._subscribe = subscribe
+        await eventually(lambda: durable.applied_seq == last, what="all three handled")
+        assert durable.counters["durable.resubscribe"] == 1 and pauses == [0.1, 0.2]
+    finally:
+        await replica.stop()
+
+
+async def test_messages_waiting_come_in_one_fetch(nats_server):
+    replica = await stopped(nats_server)
+    durable = replica.durable
+    try:
+        last = await publish(replica, 5)
+        await durable.resume()
+        durable._psub = recorder = FailingFetches(durable._psub, [])
+        await eventually(lambda: durable.applied_seq == last, what="all five applied")
+        assert recorder.batches == [5]
+    finally:
+        await replica.stop()
+
+
+async def test_a_snapshot_is_applied_in_slices_that_end_before_the_store_that_fills_one(nats_server):
+    """A slice ends before a store once it holds `SNAPSHOT_SLICE_BLOCKS` (4,096) blocks."""
+    sizes = (4096, 4095, 1, 1)
+    events = tuple(
+        BlocksStored(W7, tuple(StoredBlock(1000 * n + k, 1000 * n + k + 1) for k in range(size)))
+        for n, size in enumerate(sizes, start=1)
+    )
+    await _write_snapshot(nats_server, events, stream_seq=0)
+    replica = Replica(nats_server, "r1")
+    feed = make_feed(replica.router)
+    real_apply = feed.apply_events
+    calls: list[int] = []
+
+    def apply_events(batch) -> None:
+        batch = list(batch)
+        calls.append(len(batch))
+        real_apply(batch)
+
+    feed.apply_events = apply_events
+    replica.link = await connect(nats_server, "r1")
+    replica.durable = DurableKvEvents(replica.link.nc, feed, replica.router, replica.config)
+    try:
+        await replica.durable.start()
+        assert calls == [1, 2, 1]
+    finally:
+        await replica.stop()
+
+
+async def test_a_snapshot_read_logs_its_progress_while_it_goes_on(nats_server, clock, caplog):
+    """Three chunks of the object store (128 KiB each), each read 3 s after the last on `clock`."""
+    replica = await stopped(nats_server)
+    junk = bytes(range(256)) * 1172  # 300,032 bytes, not a snapshot
+    try:
+        await replica.durable._objects.put(SNAPSHOT_OBJECT, junk)
+        clock.step = 3.0
+        with caplog.at_level(logging.INFO, "extproc"):
+            assert await replica.durable.load_snapshot() is None
+        with pytest.raises(SnapshotError) as unreadable:
+            decode_snapshot(junk)
+        assert messages(caplog) == [
+            "reading the KV snapshot: 0.3 of 0.3 MB",
+            f"ignoring unreadable KV snapshot: {unreadable.value}",
+        ]
+    finally:
+        await replica.stop()
+
+
+# --- the lock: nats.py's race, cancels, and what the loop is told ---------------------------------------
+
+
+async def test_a_lock_that_expires_while_nats_py_looks_at_it_is_taken_on_the_second_try(nats_server):
+    """nats.py's `KeyValue.create`, refused because the key exists, reads the key to tell a deleted
+    one; when the holder's TTL runs out in between it raises KeyNotFoundError (seen in
+    `test_a_lock_left_by_a_replica_that_died_expires_after_its_ttl`, about one run in ten). Here the
+    first create raises it as nats.py does."""
+    replica = await stopped(nats_server)
+    locks = replica.durable._locks
+    real_create = locks.create
+    raised: list[int] = []
+
+    async def expired_meanwhile(*args, **kwargs):
+        if len(raised) < times:
+            raised.append(1)
+            raise nats.js.errors.KeyNotFoundError
+        return await real_create(*args, **kwargs)
+
+    locks.create = expired_meanwhile
+    try:
+        times = 1
+        revision = await replica.durable._take_lock()
+        assert revision is not None and (await locks.get("snapshot")).value == b"r1"
+        await replica.durable._release_lock(revision)
+        raised.clear()
+        times = 2
+        assert await replica.durable._take_lock() is None  # twice in a row: left for the next check
+        assert len(raised) == 2
+    finally:
+        await replica.stop()
+
+
+async def test_a_released_lock_is_gone_when_the_release_returns(nats_server):
+    replica = await stopped(nats_server)
+    try:
+        revision = await replica.durable._take_lock()
+        await replica.durable._release_lock(revision)
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await replica.durable._locks.get("snapshot")
+    finally:
+        await replica.stop()
+
+
+async def test_a_snapshot_that_outlasts_its_lock_leaves_the_next_holders_lock(nats_server):
+    slow = await stopped(nats_server, "slow", lock_ttl_s=1.0)
+    other = await stopped(nats_server, "other")
+    objects = slow.durable._objects
+    real_put = objects.put
+
+    async def put_after_the_lock_expired(*args, **kwargs):
+        async def taken_by_other() -> bool:
+            return await other.durable._take_lock() is not None
+
+        await eventually(taken_by_other, timeout_s=10, what="the slow replica's lock expired")
+        return await real_put(*args, **kwargs)
+
+    objects.put = put_after_the_lock_expired
+    try:
+        await publish(slow, 1)
+        slow.durable.applied_seq, slow.durable._seq_known = 1, True
+        assert await slow.durable.snapshot_now()
+        assert (await slow.durable._locks.get("snapshot")).value == b"other"
+    finally:
+        await slow.stop()
+        await other.stop()
+
+
+async def test_a_take_cancelled_while_another_holds_the_lock_is_a_plain_cancel(nats_server):
+    holder = await stopped(nats_server, "holder")
+    replica = await stopped(nats_server)
+    try:
+        assert await holder.durable._take_lock() is not None
+        take = asyncio.ensure_future(replica.durable._take_lock())
+        await asyncio.sleep(0)  # the create is on its way
+        take.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await take
+        assert (await replica.durable._locks.get("snapshot")).value == b"holder"
+    finally:
+        await holder.stop()
+        await replica.stop()
+
+
+@pytest.fixture
+async def loop_errors():
+    """What the event loop's exception handler is given meanwhile (never-retrieved errors, failing
+    callbacks), after a full collection at the end."""
+    loop = asyncio.get_running_loop()
+    seen: list[dict] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    yield seen
+    loop.set_exception_handler(previous)
+
+
+async def test_a_release_tells_the_loop_nothing(nats_server, loop_errors):
+    replica = await stopped(nats_server)
+    try:
+        await replica.durable._release_lock(await replica.durable._take_lock())
+        await asyncio.sleep(0)  # the release's done callbacks run
+        gc.collect()
+        assert loop_errors == []
+    finally:
+        await replica.stop()
+
+
+async def test_a_release_cancelled_whose_delete_then_fails_leaves_no_unretrieved_error(
+    nats_server, loop_errors
+):
+    """A stop while the lock is released: the release goes on, and its failure is nobody's to hear."""
+    replica = await stopped(nats_server)
+    locks = replica.durable._locks
+    go = asyncio.Event()
+
+    async def delete_that_fails(*args, **kwargs):
+        await go.wait()
+        raise ConnectionError("the server went away")
+
+    try:
+        revision = await replica.durable._take_lock()
+        locks.delete = delete_that_fails
+        release = asyncio.ensure_future(replica.durable._release_lock(revision))
+        await asyncio.sleep(0)
+        release.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await release
+        go.set()
+        for _ in range(3):
+            await asyncio.sleep(0)  # the delete fails and its callbacks run
+        gc.collect()
+        assert loop_errors == []
+    finally:
+        await replica.stop()
+
+
+async def test_a_replica_stops_cleanly_after_its_connection_closed(nats_server):
+    replica = await Replica(nats_server, "r1").start()
+    await replica.link.close()
+    await replica.durable.stop()  # nothing raised
+    assert replica.durable._psub is None and replica.durable._task is None
