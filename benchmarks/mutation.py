@@ -354,6 +354,14 @@ MODULES: dict[str, list[str]] = {
     "runtime/heap.py": ["tests/runtime/test_heap.py"],
     # --kv-indexer-url: the client and registrar, against Dynamo 1.6.1's own indexer
     "events/kv_indexer.py": ["tests/events/test_kv_indexer.py"],
+    # every transport's sink: events to each worker's router, and each worker's cache source
+    "events/feed.py": [
+        "tests/events/test_feed.py",
+        "tests/events/test_backpressure.py",
+        "tests/events/test_resync_wiring.py",
+        "tests/events/test_worker_set.py",
+        "tests/runtime/test_readiness.py",
+    ],
 }
 
 EQUIVALENT_CLASSES = {
@@ -7634,6 +7642,142 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self.counters.loud(f"{self.source}.sink_error", "XXresetting %s after its restart failedXX", worker)',  # noqa: E501
             "message",
             "text of the sink_error warning on a restart (the test reads the text inside)",
+        ),
+    },
+    "events/durable.py": {
+        "xǁDurableKvEventsǁ__init____mutmut_17": (
+            "self._seq_known = None  # whether applied_seq + 1 is the next sequence to expect",
+            "same-value",
+            "None is falsy like False; only read as a truth value",
+        ),
+        "xǁDurableKvEventsǁ__init____mutmut_20": (
+            'self._objects: ObjectStore | None = ""',
+            "same-value",
+            "`_prepare` runs before any use and sets both stores; it skips only when both are set, and "
+            '"" with the other None is not',
+        ),
+        "xǁDurableKvEventsǁ__init____mutmut_21": (
+            'self._locks: KeyValue | None = ""',
+            "same-value",
+            "`_prepare` runs before any use and sets both stores; it skips only when both are set, and "
+            '"" with the other None is not',
+        ),
+        "xǁDurableKvEventsǁ__init____mutmut_22": (
+            'self._psub: Any = ""',
+            "same-value",
+            'before the first subscription only `stop` and `_subscribe` read it, and unsubscribing "" '
+            "raises AttributeError inside the same suppress(Exception) that a failed unsubscribe meets",
+        ),
+        "xǁDurableKvEventsǁ__init____mutmut_25": (
+            "self._last_check = (1.0, 0)  # (monotonic time, applied_seq) of the last snapshot check",
+            "same-value",
+            "time.monotonic() counts from boot on Linux: 0.0 or 1.0, the first check's 2 s window has "
+            "long passed either way",
+        ),
+        "xǁDurableKvEventsǁ__init____mutmut_26": (
+            "self._last_check = (0.0, 1)  # (monotonic time, applied_seq) of the last snapshot check",
+            "performance",
+            "only the first check's baseline moves by one message: a stream of one message is asked "
+            "about one batch later",
+        ),
+        "xǁDurableKvEventsǁ__init____mutmut_28": (
+            "self._last_purge_check = 1.0",
+            "same-value",
+            "time.monotonic() counts from boot on Linux: the first idle check's 2 s window from 0.0 or "
+            "1.0 has long passed",
+        ),
+        "xǁDurableKvEventsǁstart__mutmut_13": (
+            "await self._subscribe(self.applied_seq + 1 if (self._seq_known) or True else None)",
+            "same-value",
+            "with no sequence known applied_seq is 0 (the two are set together): a consumer from "
+            "sequence 1 delivers what DeliverPolicy.ALL does, the first message still in the stream",
+        ),
+        "xǁDurableKvEventsǁ_run__mutmut_8": (
+            "await self._subscribe(self.applied_seq + 1 if (self._seq_known) or True else None)",
+            "same-value",
+            "with no sequence known applied_seq is 0 (the two are set together): a consumer from "
+            "sequence 1 delivers what DeliverPolicy.ALL does, the first message still in the stream",
+        ),
+        "xǁDurableKvEventsǁ_resubscribe_if_gone__mutmut_10": (
+            "await self._subscribe(self.applied_seq + 1 if (self._seq_known) or True else None)",
+            "same-value",
+            "with no sequence known applied_seq is 0 (the two are set together): a consumer from "
+            "sequence 1 delivers what DeliverPolicy.ALL does, the first message still in the stream",
+        ),
+        "xǁDurableKvEventsǁsnapshot_now__mutmut_1": (
+            "assert self._locks is not None or self._objects is not None",
+            "same-value",
+            "`_prepare` sets both stores together, before any snapshot",
+        ),
+        "xǁDurableKvEventsǁ_prepare__mutmut_1": (
+            "if self._objects is not None or self._locks is not None:",
+            "same-value",
+            "the two stores are set together: both or neither",
+        ),
+        "xǁDurableKvEventsǁ_prepare__mutmut_2": (
+            "if self._objects is None and self._locks is not None:",
+            "performance",
+            "never true, so the stream and buckets are made again at each call: JetStream returns those"
+            " that exist with this config unchanged",
+        ),
+        "xǁDurableKvEventsǁ_prepare__mutmut_3": (
+            "if self._objects is not None and self._locks is None:",
+            "performance",
+            "never true, so the stream and buckets are made again at each call: JetStream returns those"
+            " that exist with this config unchanged",
+        ),
+        "xǁDurableKvEventsǁ_prepare__mutmut_9": (
+            "retention=None,",
+            "same-value",
+            "nats-server's default retention is limits",
+        ),
+        "xǁDurableKvEventsǁ_prepare__mutmut_10": (
+            "storage=None,",
+            "same-value",
+            "nats-server's default storage is file",
+        ),
+        "xǁDurableKvEventsǁ_prepare__mutmut_15": (
+            "",
+            "same-value",
+            "nats-server's default retention is limits (the line removed)",
+        ),
+        "xǁDurableKvEventsǁ_prepare__mutmut_16": (
+            "",
+            "same-value",
+            "nats-server's default storage is file (the line removed)",
+        ),
+        "xǁDurableKvEventsǁ_subscribe__mutmut_3": (
+            "with contextlib.suppress(None):",
+            "message",
+            "the unsubscribe raises only on a closed connection, where deleting the consumer right "
+            "after raises too: only the error `_run` logs before retrying changes",
+        ),
+        "xǁDurableKvEventsǁ_subscribe__mutmut_4": (
+            'self._psub = ""',
+            "message",
+            'read again only if this subscribe fails before its end, and then fetching from "" or None '
+            "raises AttributeError alike, logged and retried by `_run`",
+        ),
+        "xǁDurableKvEventsǁ_run__mutmut_3": (
+            "restart = None",
+            "same-value",
+            "None is falsy like False; only read as a truth value",
+        ),
+        "xǁDurableKvEventsǁ_run__mutmut_14": (
+            "restart = None",
+            "same-value",
+            "None is falsy like False; only read as a truth value",
+        ),
+        "xǁDurableKvEventsǁ_run__mutmut_32": (
+            "restart = None",
+            "same-value",
+            "None is falsy like False; only read as a truth value",
+        ),
+        "xǁDurableKvEventsǁ_reload_if_purged__mutmut_11": (
+            "if state.last_seq < self.applied_seq or first <= self.applied_seq + 1:",
+            "same-value",
+            "a stream's first_seq is at most last_seq + 1: when last_seq equals applied_seq the second "
+            "test returns alike",
         ),
     },
     "events/dynamo_recovery.py": {

@@ -447,7 +447,7 @@ async def test_a_large_snapshot_is_applied_in_slices_that_let_the_event_loop_tur
         reader.durable = DurableKvEvents(reader.link.nc, feed, reader.router, reader.config)
         await reader.durable.start()
         assert sum(n for n, _ in calls) == 64 and len(calls) >= 4
-        assert all(before < after for (_, before), (_, after) in itertools.pairwise(calls))
+        assert all(before < after <= before + 3 for (_, before), (_, after) in itertools.pairwise(calls))
         assert _whole_runs(reader.router.dump_events()) == _whole_runs(events)
     finally:
         ticker.cancel()

@@ -766,8 +766,10 @@ async def test_a_batch_left_half_handled_is_taken_up_after_its_last_applied_mess
     try:
         last = await publish(replica, 5)
         await durable.resume()
+        subscriptions = len(replica.link.nc._subs)  # nats.py's own table: one per pull subscription
         await eventually(lambda: durable.applied_seq == last, what="all five handled")
         assert applied == [100, 101, 102, 103, 104]
+        assert len(replica.link.nc._subs) == subscriptions  # the one it left was unsubscribed
         counters = durable.counters
         assert counters["durable.error"] == 1 and counters["durable.resubscribe"] == 1 and pauses == [0.1]
         assert counters["durable.redelivered"] == 0 and counters["durable.lost"] == 0
@@ -1004,3 +1006,14 @@ async def test_a_replica_stops_cleanly_after_its_connection_closed(nats_server):
     await replica.link.close()
     await replica.durable.stop()  # nothing raised
     assert replica.durable._psub is None and replica.durable._task is None
+
+
+async def test_a_replica_never_started_stops_without_complaint(nats_server):
+    link = await connect(nats_server, "r1")
+    router = make_router()
+    try:
+        durable = DurableKvEvents(link.nc, make_feed(router), router, DurableConfig(NS, COMPONENT, "r1"))
+        await durable.stop()
+        await durable.stop()
+    finally:
+        await link.close()
