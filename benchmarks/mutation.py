@@ -7875,7 +7875,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "same-value",
             "a released worker's resync finds no rank and does nothing, as no resync does",
         ),
-        "xǁLocalIndexerRecoveryǁ__init____mutmut_25": (
+        "xǁLocalIndexerRecoveryǁ__init____mutmut_26": (
             "self._listing = None",
             "same-value",
             "None is falsy like False; only `not self._listing` reads it",
