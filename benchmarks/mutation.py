@@ -357,6 +357,7 @@ MODULES: dict[str, list[str]] = {
     # every transport's sink: events to each worker's router, and each worker's cache source
     "events/feed.py": [
         "tests/events/test_feed.py",
+        "tests/events/test_feed_edges.py",
         "tests/events/test_backpressure.py",
         "tests/events/test_resync_wiring.py",
         "tests/events/test_worker_set.py",
@@ -7642,6 +7643,24 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self.counters.loud(f"{self.source}.sink_error", "XXresetting %s after its restart failedXX", worker)',  # noqa: E501
             "message",
             "text of the sink_error warning on a restart (the test reads the text inside)",
+        ),
+    },
+    "events/feed.py": {
+        "xǁRouterFeedǁ_orphaned__mutmut_25": (
+            "parent = event.parent_hash if (isinstance(event, BlocksStored)) or True else None",
+            "same-value",
+            "only a store is ever dropped as an orphan: the radix tree's and the tiers' `apply_event` "
+            "return False for nothing else",
+        ),
+        "xǁRouterFeedǁ_orphaned__mutmut_36": (
+            "self._refresh(worker, None)",
+            "same-value",
+            'None is falsy like ""; `_refresh` only tests it before using it',
+        ),
+        "xǁRouterFeedǁreset_worker__mutmut_19": (
+            'self._found(worker, f"reset ({reason})", promote=None)  # nothing left that could be wrong',
+            "same-value",
+            "None is falsy like False; only `promote or loss is not None` reads it",
         ),
     },
     "events/durable.py": {
