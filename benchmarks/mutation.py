@@ -366,6 +366,16 @@ MODULES: dict[str, list[str]] = {
         "tests/events/test_worker_set.py",
         "tests/events/test_engine_releases.py",
     ],
+    # piecewise encoding: a chat prompt's ids from its pieces' cached ids, and when that is exact
+    "request/piecewise.py": [
+        "tests/request/test_piecewise.py",
+        "tests/request/test_piecewise_exactness.py",
+        "tests/request/test_piece_cache_config.py",
+        "tests/request/test_prompt_prefixes.py",
+        "tests/request/test_tokenizer_hf_edges.py",
+        "tests/request/test_tokenizer_request_edges.py",
+        "tests/request/test_piece_splitter.py",
+    ],
     # every transport's sink: events to each worker's router, and each worker's cache source
     "events/feed.py": [
         "tests/events/test_feed.py",
