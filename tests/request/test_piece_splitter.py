@@ -15,7 +15,9 @@ import pytest
 import tokenizers
 from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 
-from extproc.request.piecewise import PieceSplitter, inexact_reason
+from extproc.request.piecewise import PieceSplitter, PiecewiseEncoder, inexact_reason
+from extproc.request.prefix_cache import PromptPrefixes
+from extproc.request.token_cache import TokenCache
 
 ALPHABET = string.ascii_letters + string.digits + " \n\t<>|/_-."
 
@@ -171,3 +173,37 @@ def test_stripping_tokens_beside_a_token_that_ends_in_white_space_refuse():
     for content in ("<b>\n", "\t<b>"):
         assert inexact_reason(char_tokenizer(stripping, AddedToken(content, normalized=False))) == refused
     assert inexact_reason(char_tokenizer(stripping, AddedToken("<b>x", normalized=False))) is None
+
+
+# --- the encoder with stored prompt prefixes ------------------------------------------------------------
+
+
+SYSTEM = "you are a helpful assistant. " * 10  # longer than a stored prefix's key (its 256 first characters)
+LONGER = [
+    AddedToken("<end>", normalized=False),
+    AddedToken("<end>\n", normalized=False),
+]  # one extends the other
+
+
+@pytest.mark.parametrize("kind", ["plain", "prefix", "special", "longer"])
+def test_prompts_encoded_after_others_from_stored_prefixes_get_the_whole_prompts_ids(kind):
+    """A prefix is stored only up to a prompt's last added token, and only where the text may be cut:
+    a prompt with no added token stores nothing, and a later prompt sharing its first characters must
+    not take them as a prefix."""
+    tok = char_tokenizer(*(LONGER if kind == "longer" else KINDS[kind]))
+    encoder = PiecewiseEncoder(tok, TokenCache(1 << 20), PromptPrefixes(1 << 20, min_chars=0))
+    prompts = [
+        "hello there",  # no added token
+        "help me",  # shares "hel" with it
+        "<im>user\nhi<end>\n<im>assistant",
+        "<im>user\nhi<end>\n<im>assistant\nhello<end>\n<im>user",  # extends it past its last token
+        "<im>user\nhi<end>x",  # shares a prefix that ends inside nothing stored
+        "<im_start>sys<im>u",
+        "<im_start>sys<im>u<end>",
+        "h",
+        f"{SYSTEM}<end>",  # stored up to <end> ...
+        f"{SYSTEM}<end>\nmore<end>",  # ... which <end>\n crosses here: that prefix must not be taken
+        f"{SYSTEM}<end>more<end>",  # here it may
+    ]
+    for prompt in [*prompts, *reversed(prompts)]:
+        assert encoder.encode(prompt) == tok.encode(prompt, add_special_tokens=False).ids, prompt
