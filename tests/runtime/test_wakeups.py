@@ -398,7 +398,7 @@ def test_a_callback_when_idle_runs_once_the_loop_has_nothing_else_to_run() -> No
             assert calls == []
         cancelled = wakeups.call_when_idle(lambda: calls.append("cancelled"), 3600.0)
         cancelled.cancel()
-        await asyncio.sleep(0.001)  # the loop would sleep: the callback runs first
+        await asyncio.sleep(0.05)  # the loop would sleep (50 ms: 1 ms may pass before a busy loop polls)
         assert calls == ["idle"]
         busy_since = time.monotonic()
         wakeups.call_when_idle(lambda: calls.append("busy"), 0.02)
@@ -409,7 +409,7 @@ def test_a_callback_when_idle_runs_once_the_loop_has_nothing_else_to_run() -> No
         for _ in range(3):
             await asyncio.sleep(0)  # still busy: the other one waits for the loop to be idle
         assert calls == ["idle", "busy"]
-        await asyncio.sleep(0.001)  # the loop would sleep: the waiting one runs first
+        await asyncio.sleep(0.05)  # the loop would sleep (50 ms, as above): the waiting one runs first
         assert calls == ["idle", "busy", "when idle"]
 
     _run(main)
