@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -229,14 +229,6 @@ class Recorded:
             self.unexpected.append(start)
             return []
         return self.answers[start]
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[FakeEngine]:
-    fake = FakeEngine()
-    fake.start()
-    yield fake
-    await fake.close()
 
 
 def make_router() -> KvRouter:

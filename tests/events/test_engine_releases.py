@@ -34,7 +34,6 @@ from tests.events.test_engine_fixtures import (
     LOUD,
     Frames,
     decoded_blocks,
-    engine,
     fills_a_gap_from_its_replay,
     frames,
     rebuilds_from_its_replay,
@@ -42,7 +41,6 @@ from tests.events.test_engine_fixtures import (
 
 WIRE = Path(__file__).parent / "engines" / "engine-wire"
 W0 = Worker("w0")
-__all__ = ["engine"]  # the FakeEngine fixture, shared with test_engine_fixtures.py
 
 
 @cache

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,21 +19,6 @@ from extproc.events.zmq_subscriber import SubscriberTimings, ZmqEndpoint, ZmqEve
 from tests.events.test_zmq import wait_until
 from tests.events.test_zmq_state import END_CURRENT, W0, Harness, current, held, store
 from tests.events.zmq_fakes import FakeEngine
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[FakeEngine]:
-    fake = FakeEngine()
-    fake.start()
-    yield fake
-    await fake.close()
-
-
-@pytest.fixture
-async def harness(engine: FakeEngine) -> AsyncIterator[Harness]:
-    h = Harness(engine)
-    yield h
-    await h.sub.stop()
 
 
 def live(seq: int, first_token: int) -> list[bytes]:

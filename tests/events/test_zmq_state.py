@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -75,21 +74,6 @@ class Harness:
     @property
     def ups(self) -> list[bool]:
         return [up for _, up, _ in self.sink.states]
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[FakeEngine]:
-    fake = FakeEngine()
-    fake.start()
-    yield fake
-    await fake.close()
-
-
-@pytest.fixture
-async def harness(engine: FakeEngine) -> AsyncIterator[Harness]:
-    h = Harness(engine)
-    yield h
-    await h.sub.stop()
 
 
 async def test_older_vllms_replay_layout_rebuilds_the_worker_too(engine, harness):
