@@ -56,11 +56,21 @@ def stored(event_id: int, first_block: int, worker_id: int = 7) -> bytes:
     return encode_event(worker_id, event, event_id, 0)
 
 
-async def stopped(server, replica_id: str = "r1", **config) -> Replica:
-    """A started replica whose consumer task is stopped: the test drives each step."""
-    replica = await Replica(server, replica_id, **config).start()
-    await replica.durable.stop()
-    return replica
+@pytest.fixture
+async def stopped(nats_server):
+    """Makes started replicas whose consumer task is stopped (the test drives each step), each
+    stopped again after the test: `await stopped("r2", lock_ttl_s=1.0)`."""
+    made: list[Replica] = []
+
+    async def make(replica_id: str = "r1", **config) -> Replica:
+        replica = await Replica(nats_server, replica_id, **config).start()
+        made.append(replica)
+        await replica.durable.stop()
+        return replica
+
+    yield make
+    for replica in made:
+        await replica.stop()
 
 
 async def publish(replica: Replica, count: int, first_event_id: int = 1) -> int:
@@ -112,31 +122,27 @@ def test_a_config_that_cannot_work_is_refused_with_the_reason():
         DurableConfig(NS, COMPONENT, "")
 
 
-async def test_the_stream_and_consumers_are_made_as_the_docstring_says(nats_server):
+async def test_the_stream_and_consumers_are_made_as_the_docstring_says(stopped):
     """File storage, limits retention, an hour's max age, Dynamo 1.0-1.3's stream sourced; consumers
     that ack a batch with its last message, hold at least 1,000 unacknowledged messages (four
     batches when larger) and vanish after an idle max age."""
-    small = await stopped(nats_server, "small", fetch_batch=10)
-    large = await stopped(nats_server, "large", fetch_batch=300)
-    try:
-        js = small.link.nc.jetstream()
-        stream = (await js.stream_info(small.config.stream)).config
-        assert sorted(stream.subjects) == sorted(small.config.subjects)
-        assert [s.name for s in stream.sources] == [small.config.dynamo_stream]
-        assert stream.storage == api.StorageType.FILE and stream.retention == api.RetentionPolicy.LIMITS
-        assert stream.max_age == 3600.0
-        for replica, pending in ((small, 1000), (large, 1200)):
-            consumer = (await js.consumer_info(replica.config.stream, replica.config.consumer)).config
-            assert consumer.durable_name == replica.config.consumer
-            assert consumer.ack_policy == api.AckPolicy.ALL
-            assert consumer.max_ack_pending == pending
-            assert consumer.inactive_threshold == 3600.0
-    finally:
-        await small.stop()
-        await large.stop()
+    small = await stopped("small", fetch_batch=10)
+    large = await stopped("large", fetch_batch=300)
+    js = small.link.nc.jetstream()
+    stream = (await js.stream_info(small.config.stream)).config
+    assert sorted(stream.subjects) == sorted(small.config.subjects)
+    assert [s.name for s in stream.sources] == [small.config.dynamo_stream]
+    assert stream.storage == api.StorageType.FILE and stream.retention == api.RetentionPolicy.LIMITS
+    assert stream.max_age == 3600.0
+    for replica, pending in ((small, 1000), (large, 1200)):
+        consumer = (await js.consumer_info(replica.config.stream, replica.config.consumer)).config
+        assert consumer.durable_name == replica.config.consumer
+        assert consumer.ack_policy == api.AckPolicy.ALL
+        assert consumer.max_ack_pending == pending
+        assert consumer.inactive_threshold == 3600.0
 
 
-async def test_a_stream_left_with_another_config_is_brought_to_ours(nats_server):
+async def test_a_stream_left_with_another_config_is_brought_to_ours(nats_server, stopped):
     """An older picker (or a hand) made the stream with one subject and a minute's max age."""
     link = await connect(nats_server, "old")
     config = DurableConfig(NS, COMPONENT, "r1")
@@ -146,13 +152,10 @@ async def test_a_stream_left_with_another_config_is_brought_to_ours(nats_server)
         )
     finally:
         await link.close()
-    replica = await stopped(nats_server)
-    try:
-        stream = (await replica.link.nc.jetstream().stream_info(config.stream)).config
-        assert sorted(stream.subjects) == sorted(config.subjects) and stream.max_age == 3600.0
-        assert [s.name for s in stream.sources] == [config.dynamo_stream]
-    finally:
-        await replica.stop()
+    replica = await stopped()
+    stream = (await replica.link.nc.jetstream().stream_info(config.stream)).config
+    assert sorted(stream.subjects) == sorted(config.subjects) and stream.max_age == 3600.0
+    assert [s.name for s in stream.sources] == [config.dynamo_stream]
 
 
 async def test_a_batch_is_acknowledged_whole_so_nothing_comes_again_after_the_ack_wait(nats_server):
@@ -174,72 +177,58 @@ async def test_a_batch_is_acknowledged_whole_so_nothing_comes_again_after_the_ac
 # --- the snapshot lock ----------------------------------------------------------------------------
 
 
-async def test_a_lock_left_by_a_replica_that_died_expires_after_its_ttl(nats_server, caplog):
-    dead = await stopped(nats_server, "dead", lock_ttl_s=1.0)
-    alive = await stopped(nats_server, "alive")
-    try:
-        await publish(alive, 2)
-        alive.durable.applied_seq, alive.durable._seq_known = 2, True
-        assert await dead.durable._take_lock() is not None
-        await dead.link.close()  # gone without releasing it
-        assert await alive.durable.snapshot_now() is False
-        assert alive.durable.counters["durable.snapshot_lock_busy"] == 1
-        await eventually(alive.durable.snapshot_now, timeout_s=10, what="the dead replica's lock expired")
-        assert alive.durable.counters["durable.snapshot"] == 1
-    finally:
-        await alive.stop()
-        await dead.durable.stop()
+async def test_a_lock_left_by_a_replica_that_died_expires_after_its_ttl(stopped, caplog):
+    dead = await stopped("dead", lock_ttl_s=1.0)
+    alive = await stopped("alive")
+    await publish(alive, 2)
+    alive.durable.applied_seq, alive.durable._seq_known = 2, True
+    assert await dead.durable._take_lock() is not None
+    await dead.link.close()  # gone without releasing it
+    assert await alive.durable.snapshot_now() is False
+    assert alive.durable.counters["durable.snapshot_lock_busy"] == 1
+    await eventually(alive.durable.snapshot_now, timeout_s=10, what="the dead replica's lock expired")
+    assert alive.durable.counters["durable.snapshot"] == 1
 
 
-async def test_a_replica_releasing_a_lock_that_expired_does_not_release_the_next_holders(nats_server):
-    slow = await stopped(nats_server, "slow", lock_ttl_s=1.0)
-    other = await stopped(nats_server, "other")
-    try:
-        old = await slow.durable._take_lock()
-        assert old is not None
+async def test_a_replica_releasing_a_lock_that_expired_does_not_release_the_next_holders(stopped):
+    slow = await stopped("slow", lock_ttl_s=1.0)
+    other = await stopped("other")
+    old = await slow.durable._take_lock()
+    assert old is not None
 
-        async def taken_by_other() -> bool:
-            return await other.durable._take_lock() is not None
+    async def taken_by_other() -> bool:
+        return await other.durable._take_lock() is not None
 
-        await eventually(taken_by_other, timeout_s=10, what="the slow replica's lock expired")
-        await slow.durable._release_lock(old)  # its snapshot took longer than the TTL
-        assert await slow.durable._take_lock() is None  # still the other's
-    finally:
-        await slow.stop()
-        await other.stop()
+    await eventually(taken_by_other, timeout_s=10, what="the slow replica's lock expired")
+    await slow.durable._release_lock(old)  # its snapshot took longer than the TTL
+    assert await slow.durable._take_lock() is None  # still the other's
 
 
 # --- when a snapshot is written --------------------------------------------------------------------
 
 
-async def test_a_replica_that_applied_nothing_writes_no_snapshot(nats_server):
-    replica = await stopped(nats_server)
-    try:
-        assert await replica.durable.snapshot_now() is False
-        assert await replica.durable.load_snapshot() is None
-        assert await replica.durable._take_lock() is not None  # and the lock was given back
-    finally:
-        await replica.stop()
+async def test_a_replica_that_applied_nothing_writes_no_snapshot(stopped):
+    replica = await stopped()
+    assert await replica.durable.snapshot_now() is False
+    assert await replica.durable.load_snapshot() is None
+    assert await replica.durable._take_lock() is not None  # and the lock was given back
 
 
-async def test_a_snapshot_never_replaces_a_newer_one(nats_server):
+async def test_a_snapshot_never_replaces_a_newer_one(stopped):
     """The stream starts two after this replica's position: another replica's snapshot at the one
     between covers more than this one's would. Right after it, this replica's is as new: written."""
-    replica = await stopped(nats_server)
-    try:
-        await publish(replica, 4)
-        js = replica.link.nc.jetstream()
-        await js.purge_stream(replica.config.stream, seq=3)  # 1 and 2 purged, as a snapshot at 2 would
-        newer = Snapshot((), 2, "newer")
-        await replica.durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(newer))
-        replica.durable.applied_seq, replica.durable._seq_known = 1, True
-        assert await replica.durable.snapshot_now() is False
-        assert (await replica.durable.load_snapshot()).created_by == "newer"
-        replica.durable.applied_seq = 2
-        assert await replica.durable.snapshot_now() is True
-        assert (await replica.durable.load_snapshot()).created_by == "r1"
-    finally:
-        await replica.stop()
+    replica = await stopped()
+    await publish(replica, 4)
+    js = replica.link.nc.jetstream()
+    await js.purge_stream(replica.config.stream, seq=3)  # 1 and 2 purged, as a snapshot at 2 would
+    newer = Snapshot((), 2, "newer")
+    await replica.durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(newer))
+    replica.durable.applied_seq, replica.durable._seq_known = 1, True
+    assert await replica.durable.snapshot_now() is False
+    assert (await replica.durable.load_snapshot()).created_by == "newer"
+    replica.durable.applied_seq = 2
+    assert await replica.durable.snapshot_now() is True
+    assert (await replica.durable.load_snapshot()).created_by == "r1"
 
 
 async def test_a_lossy_view_withholds_the_snapshot_and_names_its_workers(nats_server, caplog):
@@ -284,112 +273,95 @@ async def test_a_lossy_view_withholds_the_snapshot_and_names_its_workers(nats_se
     ],
 )
 async def test_when_a_replica_asks_the_stream_and_snapshots(
-    nats_server, clock, threshold, messages, new, since_check_s, since_try_s, interval_s, asks, writes
+    stopped, clock, threshold, messages, new, since_check_s, since_try_s, interval_s, asks, writes
 ):
     """It asks the server only after a quarter of the threshold in new messages, 2 s since it last
     asked, or when a snapshot is due; it snapshots over the threshold, or when due and not empty."""
-    replica = await stopped(nats_server, snapshot_threshold=threshold, snapshot_interval_s=interval_s)
+    replica = await stopped(snapshot_threshold=threshold, snapshot_interval_s=interval_s)
     durable = replica.durable
-    try:
-        if messages:
-            await publish(replica, messages)
-        durable.applied_seq, durable._seq_known = 10 + new, True
-        durable._last_check = (clock.now - since_check_s, 10)
-        durable._last_snapshot_try = clock.now - since_try_s
-        info = Calls(durable.js, "stream_info")
-        written: list[bool] = []
+    if messages:
+        await publish(replica, messages)
+    durable.applied_seq, durable._seq_known = 10 + new, True
+    durable._last_check = (clock.now - since_check_s, 10)
+    durable._last_snapshot_try = clock.now - since_try_s
+    info = Calls(durable.js, "stream_info")
+    written: list[bool] = []
 
-        async def snapshot_now() -> bool:
-            written.append(True)
-            return True
+    async def snapshot_now() -> bool:
+        written.append(True)
+        return True
 
-        durable.snapshot_now = snapshot_now
-        await durable._maybe_snapshot()
-        assert (info.count == 1, bool(written)) == (asks, writes)
-    finally:
-        await replica.stop()
+    durable.snapshot_now = snapshot_now
+    await durable._maybe_snapshot()
+    assert (info.count == 1, bool(written)) == (asks, writes)
 
 
 # --- the sequence: redelivery, holes, reloads --------------------------------------------------------
 
 
-async def test_the_last_applied_message_delivered_again_is_not_applied_again(nats_server):
-    replica = await stopped(nats_server)
+async def test_the_last_applied_message_delivered_again_is_not_applied_again(stopped):
+    replica = await stopped()
     durable = replica.durable
-    try:
-        await durable._handle(1, stored(1, 100), replica.config.subject)
-        await durable._handle(1, stored(1, 100), replica.config.subject)
-        assert durable.counters["durable.redelivered"] == 1 and durable.counters["durable.event"] == 1
-        assert durable.counters["durable.gap"] == 0
-    finally:
-        await replica.stop()
+    await durable._handle(1, stored(1, 100), replica.config.subject)
+    await durable._handle(1, stored(1, 100), replica.config.subject)
+    assert durable.counters["durable.redelivered"] == 1 and durable.counters["durable.event"] == 1
+    assert durable.counters["durable.gap"] == 0
 
 
-async def test_a_hole_of_one_message_is_seen_and_counted_lost(nats_server, caplog):
-    replica = await stopped(nats_server)
+async def test_a_hole_of_one_message_is_seen_and_counted_lost(stopped, caplog):
+    replica = await stopped()
     durable = replica.durable
-    try:
-        await durable._handle(4, stored(1, 100), replica.config.subject)
-        with caplog.at_level(logging.WARNING, "extproc"):
-            await durable._handle(6, stored(2, 101), replica.config.subject)
-        assert "KV event stream seqs 5..5 are gone and no snapshot covers them" in messages(caplog)
-        assert durable.counters["durable.lost"] == 1 and durable.applied_seq == 6
-        await durable._handle(7, stored(3, 102), replica.config.subject)  # the next one follows
-        assert durable.counters["durable.lost"] == 1 and durable.counters["durable.event"] == 3
-    finally:
-        await replica.stop()
+    await durable._handle(4, stored(1, 100), replica.config.subject)
+    with caplog.at_level(logging.WARNING, "extproc"):
+        await durable._handle(6, stored(2, 101), replica.config.subject)
+    assert "KV event stream seqs 5..5 are gone and no snapshot covers them" in messages(caplog)
+    assert durable.counters["durable.lost"] == 1 and durable.applied_seq == 6
+    await durable._handle(7, stored(3, 102), replica.config.subject)  # the next one follows
+    assert durable.counters["durable.lost"] == 1 and durable.counters["durable.event"] == 3
 
 
-async def test_a_message_the_reloaded_snapshot_covers_is_not_applied_again(nats_server, caplog):
-    replica = await stopped(nats_server)
+async def test_a_message_the_reloaded_snapshot_covers_is_not_applied_again(stopped, caplog):
+    replica = await stopped()
     durable = replica.durable
-    try:
-        await durable._handle(2, stored(1, 100), replica.config.subject)
-        snapshot = Snapshot(
-            (
-                BlocksStored(W7, (StoredBlock(100, 101), StoredBlock(200, 201))),
-                BlocksStored(Worker("8", 0), (StoredBlock(300, 301),)),
-            ),
-            5,
-            "r2",
-        )
-        await durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(snapshot))
-        with caplog.at_level(logging.INFO, "extproc"):
-            await durable._handle(5, stored(2, 200), replica.config.subject)
-        assert "stream seq 5 follows 2: reloading the snapshot at 5" in messages(caplog)
-        assert "worker 7: forgetting its cached blocks (reloading the KV snapshot at stream seq 5)" in (
-            messages(caplog)
-        )
-        assert durable.sink.reason(Worker("8", 0)) == "reloaded snapshot"  # first named by the snapshot
-        assert durable.counters["durable.reload"] == 1 and durable.counters["durable.event"] == 1
-        assert durable.counters["durable.lost"] == 0 and durable.applied_seq == 5
-    finally:
-        await replica.stop()
+    await durable._handle(2, stored(1, 100), replica.config.subject)
+    snapshot = Snapshot(
+        (
+            BlocksStored(W7, (StoredBlock(100, 101), StoredBlock(200, 201))),
+            BlocksStored(Worker("8", 0), (StoredBlock(300, 301),)),
+        ),
+        5,
+        "r2",
+    )
+    await durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(snapshot))
+    with caplog.at_level(logging.INFO, "extproc"):
+        await durable._handle(5, stored(2, 200), replica.config.subject)
+    assert "stream seq 5 follows 2: reloading the snapshot at 5" in messages(caplog)
+    assert "worker 7: forgetting its cached blocks (reloading the KV snapshot at stream seq 5)" in (
+        messages(caplog)
+    )
+    assert durable.sink.reason(Worker("8", 0)) == "reloaded snapshot"  # first named by the snapshot
+    assert durable.counters["durable.reload"] == 1 and durable.counters["durable.event"] == 1
+    assert durable.counters["durable.lost"] == 0 and durable.applied_seq == 5
 
 
-async def test_a_snapshot_no_newer_than_the_replica_is_not_reloaded(nats_server):
-    replica = await stopped(nats_server)
+async def test_a_snapshot_no_newer_than_the_replica_is_not_reloaded(stopped):
+    replica = await stopped()
     durable = replica.durable
-    try:
-        await durable._handle(3, stored(1, 100), replica.config.subject)
-        await durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(Snapshot((), 3, "r2")))
-        await durable._handle(5, stored(2, 101), replica.config.subject)
-        assert durable.counters["durable.reload"] == 0 and durable.counters["durable.lost"] == 1
-        assert durable.sink.counters["feed.reset"] == 0
-    finally:
-        await replica.stop()
+    await durable._handle(3, stored(1, 100), replica.config.subject)
+    await durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(Snapshot((), 3, "r2")))
+    await durable._handle(5, stored(2, 101), replica.config.subject)
+    assert durable.counters["durable.reload"] == 0 and durable.counters["durable.lost"] == 1
+    assert durable.sink.counters["feed.reset"] == 0
 
 
-async def test_a_replica_starting_from_a_snapshot_reads_only_what_follows_it(nats_server, caplog):
+async def test_a_replica_starting_from_a_snapshot_reads_only_what_follows_it(nats_server, stopped, caplog):
     """The snapshot was written at 3 and the stream not purged (its writer stopped in between)."""
-    writer = await stopped(nats_server, "writer")
-    try:
-        await publish(writer, 5)
-        snapshot = encode_snapshot(Snapshot((BlocksStored(W7, (StoredBlock(100, 101),)),), 3, "writer"))
-        snapshot_bytes = len(snapshot)
-        await writer.durable._objects.put(SNAPSHOT_OBJECT, snapshot)
-    finally:
-        await writer.stop()
+    writer = await stopped("writer")
+    await publish(writer, 5)
+    snapshot = encode_snapshot(Snapshot((BlocksStored(W7, (StoredBlock(100, 101),)),), 3, "writer"))
+    snapshot_bytes = len(snapshot)
+    await writer.durable._objects.put(SNAPSHOT_OBJECT, snapshot)
+    await writer.stop()
     with caplog.at_level(logging.INFO, "extproc"):
         replica = await Replica(nats_server, "r1").start()
     feed_reason, feed_state = replica.durable.sink.reason(W7), replica.durable.sink.state(W7)
@@ -408,34 +380,28 @@ async def test_a_replica_starting_from_a_snapshot_reads_only_what_follows_it(nat
         await replica.stop()
 
 
-async def test_a_workers_first_event_says_where_it_came_from(nats_server):
-    replica = await stopped(nats_server)
-    try:
-        await replica.durable._handle(1, stored(1, 100), replica.config.subject)
-        assert replica.durable.sink.reason(W7) == "first durable event from stream kv-events-test-backend"
-    finally:
-        await replica.stop()
+async def test_a_workers_first_event_says_where_it_came_from(stopped):
+    replica = await stopped()
+    await replica.durable._handle(1, stored(1, 100), replica.config.subject)
+    assert replica.durable.sink.reason(W7) == "first durable event from stream kv-events-test-backend"
 
 
-async def test_an_event_id_gap_is_logged_and_followed_on_the_stream(nats_server, caplog):
+async def test_an_event_id_gap_is_logged_and_followed_on_the_stream(stopped, caplog):
     """A higher id: the events between were lost (counted dropped); a lower one: the publisher
     restarted, and its engine's blocks are forgotten."""
-    replica = await stopped(nats_server)
+    replica = await stopped()
     durable = replica.durable
-    try:
-        await durable._handle(1, stored(1, 100), replica.config.subject)
-        with caplog.at_level(logging.INFO, "extproc"):
-            await durable._handle(2, stored(4, 101), replica.config.subject)
-            await durable._handle(3, stored(1, 102), replica.config.subject)
-        assert "KV event gap from 7: expected event 2, got 4" in messages(caplog)
-        assert durable.counters["durable.gap"] == 2
-        assert durable.counters.drops[("nats", "7", "event-id-gap")] == 2
-        assert (
-            "worker 7: forgetting its cached blocks (its publisher restarted on stream "
-            "kv-events-test-backend (event 1 after 4))"
-        ) in messages(caplog)
-    finally:
-        await replica.stop()
+    await durable._handle(1, stored(1, 100), replica.config.subject)
+    with caplog.at_level(logging.INFO, "extproc"):
+        await durable._handle(2, stored(4, 101), replica.config.subject)
+        await durable._handle(3, stored(1, 102), replica.config.subject)
+    assert "KV event gap from 7: expected event 2, got 4" in messages(caplog)
+    assert durable.counters["durable.gap"] == 2
+    assert durable.counters.drops[("nats", "7", "event-id-gap")] == 2
+    assert (
+        "worker 7: forgetting its cached blocks (its publisher restarted on stream "
+        "kv-events-test-backend (event 1 after 4))"
+    ) in messages(caplog)
 
 
 async def test_wire_worker_ids_are_named_as_configured(nats_server):
@@ -462,47 +428,41 @@ async def test_wire_worker_ids_are_named_as_configured(nats_server):
 # --- an idle replica asking whether its messages were purged ---------------------------------------
 
 
-async def test_an_idle_replica_asks_the_stream_at_most_every_two_seconds(nats_server, clock):
-    replica = await stopped(nats_server)
+async def test_an_idle_replica_asks_the_stream_at_most_every_two_seconds(stopped, clock):
+    replica = await stopped()
     durable = replica.durable
-    try:
-        info = Calls(durable.js, "stream_info")
-        await durable._reload_if_purged()
-        assert info.count == 0  # nothing applied yet: nothing to miss
-        durable.applied_seq, durable._seq_known = 3, True
-        await durable._reload_if_purged()
-        assert info.count == 1
-        clock.now += 1.9
-        await durable._reload_if_purged()
-        assert info.count == 1
-        clock.now += 0.1
-        await durable._reload_if_purged()
-        assert info.count == 2
-    finally:
-        await replica.stop()
+    info = Calls(durable.js, "stream_info")
+    await durable._reload_if_purged()
+    assert info.count == 0  # nothing applied yet: nothing to miss
+    durable.applied_seq, durable._seq_known = 3, True
+    await durable._reload_if_purged()
+    assert info.count == 1
+    clock.now += 1.9
+    await durable._reload_if_purged()
+    assert info.count == 1
+    clock.now += 0.1
+    await durable._reload_if_purged()
+    assert info.count == 2
 
 
 async def test_an_idle_replica_reloads_for_a_hole_of_one_and_not_for_a_next_message_still_there(
-    nats_server, clock, caplog
+    stopped, clock, caplog
 ):
-    replica = await stopped(nats_server)
+    replica = await stopped()
     durable = replica.durable
-    try:
-        await publish(replica, 4)
-        durable.applied_seq, durable._seq_known = 1, True
-        await replica.link.nc.jetstream().purge_stream(replica.config.stream, seq=2)  # 1 gone, 2 first
-        await durable._reload_if_purged()  # message 2 is there: it will come
-        assert durable.counters["durable.purged_while_idle"] == 0
-        await replica.link.nc.jetstream().purge_stream(replica.config.stream, seq=3)  # 1 and 2 gone
-        await durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(Snapshot((), 2, "r2")))
-        clock.now += 2.0
-        with caplog.at_level(logging.INFO, "extproc"):
-            await durable._reload_if_purged()
-        assert durable.counters["durable.purged_while_idle"] == 1 and durable.counters["durable.reload"] == 1
-        assert "stream seq 3 follows 1: reloading the snapshot at 2" in messages(caplog)
-        assert durable.applied_seq == 2 and durable.counters["durable.lost"] == 0
-    finally:
-        await replica.stop()
+    await publish(replica, 4)
+    durable.applied_seq, durable._seq_known = 1, True
+    await replica.link.nc.jetstream().purge_stream(replica.config.stream, seq=2)  # 1 gone, 2 first
+    await durable._reload_if_purged()  # message 2 is there: it will come
+    assert durable.counters["durable.purged_while_idle"] == 0
+    await replica.link.nc.jetstream().purge_stream(replica.config.stream, seq=3)  # 1 and 2 gone
+    await durable._objects.put(SNAPSHOT_OBJECT, encode_snapshot(Snapshot((), 2, "r2")))
+    clock.now += 2.0
+    with caplog.at_level(logging.INFO, "extproc"):
+        await durable._reload_if_purged()
+    assert durable.counters["durable.purged_while_idle"] == 1 and durable.counters["durable.reload"] == 1
+    assert "stream seq 3 follows 1: reloading the snapshot at 2" in messages(caplog)
+    assert durable.applied_seq == 2 and durable.counters["durable.lost"] == 0
 
 
 # --- a consumer that vanished --------------------------------------------------------------------------
@@ -529,41 +489,37 @@ async def test_a_replica_whose_consumer_was_deleted_makes_it_again_where_it_stan
 # --- reset, and what is logged ------------------------------------------------------------------------
 
 
-async def test_reset_states_survives_a_consumer_deleted_under_it_and_says_what_it_did(nats_server, caplog):
+async def test_reset_states_survives_a_consumer_deleted_under_it_and_says_what_it_did(stopped, caplog):
     """Two replicas resetting at once: the other deleted a consumer between the listing and our delete."""
-    replica = await stopped(nats_server)
-    other = await stopped(nats_server, "r2")
-    try:
-        await publish(replica, 2)
-        js = replica.durable.js
-        real_delete = js.delete_consumer
+    replica = await stopped()
+    other = await stopped("r2")
+    await publish(replica, 2)
+    js = replica.durable.js
+    real_delete = js.delete_consumer
 
-        async def deleted_first(stream, consumer):
-            await other.link.nc.jetstream().delete_consumer(stream, consumer)
-            return await real_delete(stream, consumer)
+    async def deleted_first(stream, consumer):
+        await other.link.nc.jetstream().delete_consumer(stream, consumer)
+        return await real_delete(stream, consumer)
 
-        js.delete_consumer = deleted_first
-        with caplog.at_level(logging.INFO, "extproc"):
-            await replica.durable.reset_states()
-        assert (
-            "durable KV events reset: stream kv-events-test-backend purged, snapshot emptied, "
-            "consumers deleted" in messages(caplog)
-        )
-        assert (await js.consumers_info(replica.config.stream)) == []
-        empty = await replica.durable.load_snapshot()
-        assert empty is not None and empty.stream_seq == 2 and empty.events == ()
-        assert empty.created_at_s > 1.6e9  # when (wall clock), for operators
-    finally:
-        await replica.stop()
-        await other.stop()
+    js.delete_consumer = deleted_first
+    with caplog.at_level(logging.INFO, "extproc"):
+        await replica.durable.reset_states()
+    assert (
+        "durable KV events reset: stream kv-events-test-backend purged, snapshot emptied, "
+        "consumers deleted" in messages(caplog)
+    )
+    assert (await js.consumers_info(replica.config.stream)) == []
+    empty = await replica.durable.load_snapshot()
+    assert empty is not None and empty.stream_seq == 2 and empty.events == ()
+    assert empty.created_at_s > 1.6e9  # when (wall clock), for operators
 
 
-async def test_a_replica_with_no_snapshot_and_purged_history_says_which_events_it_misses(nats_server, caplog):
-    first = await stopped(nats_server, "first")
-    try:
-        await publish(first, 3)
-    finally:
-        await first.stop()
+async def test_a_replica_with_no_snapshot_and_purged_history_says_which_events_it_misses(
+    nats_server, stopped, caplog
+):
+    first = await stopped("first")
+    await publish(first, 3)
+    await first.stop()
     replica = await Replica(nats_server, "r1").start()  # history from seq 1, no snapshot: nothing to say
     await replica.stop()
     assert replica.durable.counters["durable.snapshot_missing"] == 0
@@ -601,54 +557,41 @@ def test_a_long_snapshot_read_logs_its_progress_every_five_seconds(clock, caplog
     ]
 
 
-async def test_an_unreadable_snapshot_is_ignored_loudly_with_the_reason(nats_server, caplog):
-    replica = await stopped(nats_server)
-    try:
-        await replica.durable._objects.put(SNAPSHOT_OBJECT, b"not msgpack at all \xc1")
-        with caplog.at_level(logging.WARNING, "extproc"):
-            assert await replica.durable.load_snapshot() is None
-        assert replica.durable.counters["durable.bad_snapshot"] == 1
-        message = next(r.getMessage() for r in caplog.records if "unreadable" in r.getMessage())
-        assert message.startswith("ignoring unreadable KV snapshot: ") and len(message) > 34
-    finally:
-        await replica.stop()
+async def test_an_unreadable_snapshot_is_ignored_loudly_with_the_reason(stopped, caplog):
+    replica = await stopped()
+    await replica.durable._objects.put(SNAPSHOT_OBJECT, b"not msgpack at all \xc1")
+    with caplog.at_level(logging.WARNING, "extproc"):
+        assert await replica.durable.load_snapshot() is None
+    assert replica.durable.counters["durable.bad_snapshot"] == 1
+    message = next(r.getMessage() for r in caplog.records if "unreadable" in r.getMessage())
+    assert message.startswith("ignoring unreadable KV snapshot: ") and len(message) > 34
 
 
-async def test_a_snapshot_read_that_keeps_failing_gives_up_after_its_attempts(
-    nats_server, monkeypatch, caplog
-):
-    replica = await stopped(nats_server, snapshot_read_attempts=2)
+async def test_a_snapshot_read_that_keeps_failing_gives_up_after_its_attempts(stopped, monkeypatch, caplog):
+    replica = await stopped(snapshot_read_attempts=2)
 
     async def timed_out(*args, **kwargs):
         raise TimeoutError("the object store did not answer")
 
     monkeypatch.setattr(durable_module, "read_object", timed_out)
-    try:
-        with (
-            caplog.at_level(logging.WARNING, "extproc"),
-            pytest.raises(TimeoutError, match="could not read the KV snapshot in 2 attempts"),
-        ):
-            await replica.durable.load_snapshot()
-        assert replica.durable.counters["durable.snapshot_read_retry"] == 2
-        assert "reading the KV snapshot failed (the object store did not answer); retrying" in messages(
-            caplog
-        )
-    finally:
-        await replica.stop()
+    with (
+        caplog.at_level(logging.WARNING, "extproc"),
+        pytest.raises(TimeoutError, match="could not read the KV snapshot in 2 attempts"),
+    ):
+        await replica.durable.load_snapshot()
+    assert replica.durable.counters["durable.snapshot_read_retry"] == 2
+    assert "reading the KV snapshot failed (the object store did not answer); retrying" in messages(caplog)
 
 
-async def test_a_snapshot_written_says_where_and_how_large(nats_server, caplog):
-    replica = await stopped(nats_server)
-    try:
-        await publish(replica, 1)
-        await replica.durable._handle(1, stored(1, 100), replica.config.subject)
-        with caplog.at_level(logging.INFO, "extproc"):
-            assert await replica.durable.snapshot_now()
-        message = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV snapshot at"))
-        size = (await replica.durable._objects.get_info(SNAPSHOT_OBJECT)).size
-        assert message == f"KV snapshot at stream seq 1: 1 events, {size} bytes; stream purged"
-    finally:
-        await replica.stop()
+async def test_a_snapshot_written_says_where_and_how_large(stopped, caplog):
+    replica = await stopped()
+    await publish(replica, 1)
+    await replica.durable._handle(1, stored(1, 100), replica.config.subject)
+    with caplog.at_level(logging.INFO, "extproc"):
+        assert await replica.durable.snapshot_now()
+    message = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV snapshot at"))
+    size = (await replica.durable._objects.get_info(SNAPSHOT_OBJECT)).size
+    assert message == f"KV snapshot at stream seq 1: 1 events, {size} bytes; stream purged"
 
 
 async def test_stop_leaves_no_subscription_behind(nats_server):
@@ -805,17 +748,14 @@ async def test_a_fetch_that_fails_right_after_a_restart_is_not_a_reason_to_resta
         await replica.stop()
 
 
-async def test_messages_waiting_come_in_one_fetch(nats_server):
-    replica = await stopped(nats_server)
+async def test_messages_waiting_come_in_one_fetch(stopped):
+    replica = await stopped()
     durable = replica.durable
-    try:
-        last = await publish(replica, 5)
-        await durable.resume()
-        durable._psub = recorder = FailingFetches(durable._psub, [])
-        await eventually(lambda: durable.applied_seq == last, what="all five applied")
-        assert recorder.batches == [5]
-    finally:
-        await replica.stop()
+    last = await publish(replica, 5)
+    await durable.resume()
+    durable._psub = recorder = FailingFetches(durable._psub, [])
+    await eventually(lambda: durable.applied_seq == last, what="all five applied")
+    assert recorder.batches == [5]
 
 
 async def test_a_snapshot_is_applied_in_slices_that_end_before_the_store_that_fills_one(nats_server):
@@ -846,34 +786,31 @@ async def test_a_snapshot_is_applied_in_slices_that_end_before_the_store_that_fi
         await replica.stop()
 
 
-async def test_a_snapshot_read_logs_its_progress_while_it_goes_on(nats_server, clock, caplog):
+async def test_a_snapshot_read_logs_its_progress_while_it_goes_on(stopped, clock, caplog):
     """Three chunks of the object store (128 KiB each), each read 3 s after the last on `clock`."""
-    replica = await stopped(nats_server)
+    replica = await stopped()
     junk = bytes(range(256)) * 1172  # 300,032 bytes, not a snapshot
-    try:
-        await replica.durable._objects.put(SNAPSHOT_OBJECT, junk)
-        clock.step = 3.0
-        with caplog.at_level(logging.INFO, "extproc"):
-            assert await replica.durable.load_snapshot() is None
-        with pytest.raises(SnapshotError) as unreadable:
-            decode_snapshot(junk)
-        assert messages(caplog) == [
-            "reading the KV snapshot: 0.3 of 0.3 MB",
-            f"ignoring unreadable KV snapshot: {unreadable.value}",
-        ]
-    finally:
-        await replica.stop()
+    await replica.durable._objects.put(SNAPSHOT_OBJECT, junk)
+    clock.step = 3.0
+    with caplog.at_level(logging.INFO, "extproc"):
+        assert await replica.durable.load_snapshot() is None
+    with pytest.raises(SnapshotError) as unreadable:
+        decode_snapshot(junk)
+    assert messages(caplog) == [
+        "reading the KV snapshot: 0.3 of 0.3 MB",
+        f"ignoring unreadable KV snapshot: {unreadable.value}",
+    ]
 
 
 # --- the lock: nats.py's race, cancels, and what the loop is told ---------------------------------------
 
 
-async def test_a_lock_that_expires_while_nats_py_looks_at_it_is_taken_on_the_second_try(nats_server):
+async def test_a_lock_that_expires_while_nats_py_looks_at_it_is_taken_on_the_second_try(stopped):
     """nats.py's `KeyValue.create`, refused because the key exists, reads the key to tell a deleted
     one; when the holder's TTL runs out in between it raises KeyNotFoundError (seen in
     `test_a_lock_left_by_a_replica_that_died_expires_after_its_ttl`, about one run in ten). Here the
     first create raises it as nats.py does."""
-    replica = await stopped(nats_server)
+    replica = await stopped()
     locks = replica.durable._locks
     real_create = locks.create
     raised: list[int] = []
@@ -885,33 +822,27 @@ async def test_a_lock_that_expires_while_nats_py_looks_at_it_is_taken_on_the_sec
         return await real_create(*args, **kwargs)
 
     locks.create = expired_meanwhile
-    try:
-        times = 1
-        revision = await replica.durable._take_lock()
-        assert revision is not None and (await locks.get("snapshot")).value == b"r1"
-        await replica.durable._release_lock(revision)
-        raised.clear()
-        times = 2
-        assert await replica.durable._take_lock() is None  # twice in a row: left for the next check
-        assert len(raised) == 2
-    finally:
-        await replica.stop()
+    times = 1
+    revision = await replica.durable._take_lock()
+    assert revision is not None and (await locks.get("snapshot")).value == b"r1"
+    await replica.durable._release_lock(revision)
+    raised.clear()
+    times = 2
+    assert await replica.durable._take_lock() is None  # twice in a row: left for the next check
+    assert len(raised) == 2
 
 
-async def test_a_released_lock_is_gone_when_the_release_returns(nats_server):
-    replica = await stopped(nats_server)
-    try:
-        revision = await replica.durable._take_lock()
-        await replica.durable._release_lock(revision)
-        with pytest.raises(nats.js.errors.NotFoundError):
-            await replica.durable._locks.get("snapshot")
-    finally:
-        await replica.stop()
+async def test_a_released_lock_is_gone_when_the_release_returns(stopped):
+    replica = await stopped()
+    revision = await replica.durable._take_lock()
+    await replica.durable._release_lock(revision)
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await replica.durable._locks.get("snapshot")
 
 
-async def test_a_snapshot_that_outlasts_its_lock_leaves_the_next_holders_lock(nats_server):
-    slow = await stopped(nats_server, "slow", lock_ttl_s=1.0)
-    other = await stopped(nats_server, "other")
+async def test_a_snapshot_that_outlasts_its_lock_leaves_the_next_holders_lock(stopped):
+    slow = await stopped("slow", lock_ttl_s=1.0)
+    other = await stopped("other")
     objects = slow.durable._objects
     real_put = objects.put
 
@@ -923,30 +854,22 @@ async def test_a_snapshot_that_outlasts_its_lock_leaves_the_next_holders_lock(na
         return await real_put(*args, **kwargs)
 
     objects.put = put_after_the_lock_expired
-    try:
-        await publish(slow, 1)
-        slow.durable.applied_seq, slow.durable._seq_known = 1, True
-        assert await slow.durable.snapshot_now()
-        assert (await slow.durable._locks.get("snapshot")).value == b"other"
-    finally:
-        await slow.stop()
-        await other.stop()
+    await publish(slow, 1)
+    slow.durable.applied_seq, slow.durable._seq_known = 1, True
+    assert await slow.durable.snapshot_now()
+    assert (await slow.durable._locks.get("snapshot")).value == b"other"
 
 
-async def test_a_take_cancelled_while_another_holds_the_lock_is_a_plain_cancel(nats_server):
-    holder = await stopped(nats_server, "holder")
-    replica = await stopped(nats_server)
-    try:
-        assert await holder.durable._take_lock() is not None
-        take = asyncio.ensure_future(replica.durable._take_lock())
-        await asyncio.sleep(0)  # the create is on its way
-        take.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await take
-        assert (await replica.durable._locks.get("snapshot")).value == b"holder"
-    finally:
-        await holder.stop()
-        await replica.stop()
+async def test_a_take_cancelled_while_another_holds_the_lock_is_a_plain_cancel(stopped):
+    holder = await stopped("holder")
+    replica = await stopped()
+    assert await holder.durable._take_lock() is not None
+    take = asyncio.ensure_future(replica.durable._take_lock())
+    await asyncio.sleep(0)  # the create is on its way
+    take.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await take
+    assert (await replica.durable._locks.get("snapshot")).value == b"holder"
 
 
 @pytest.fixture
@@ -961,22 +884,17 @@ async def loop_errors():
     loop.set_exception_handler(previous)
 
 
-async def test_a_release_tells_the_loop_nothing(nats_server, loop_errors):
-    replica = await stopped(nats_server)
-    try:
-        await replica.durable._release_lock(await replica.durable._take_lock())
-        await asyncio.sleep(0)  # the release's done callbacks run
-        gc.collect()
-        assert loop_errors == []
-    finally:
-        await replica.stop()
+async def test_a_release_tells_the_loop_nothing(stopped, loop_errors):
+    replica = await stopped()
+    await replica.durable._release_lock(await replica.durable._take_lock())
+    await asyncio.sleep(0)  # the release's done callbacks run
+    gc.collect()
+    assert loop_errors == []
 
 
-async def test_a_release_cancelled_whose_delete_then_fails_leaves_no_unretrieved_error(
-    nats_server, loop_errors
-):
+async def test_a_release_cancelled_whose_delete_then_fails_leaves_no_unretrieved_error(stopped, loop_errors):
     """A stop while the lock is released: the release goes on, and its failure is nobody's to hear."""
-    replica = await stopped(nats_server)
+    replica = await stopped()
     locks = replica.durable._locks
     go = asyncio.Event()
 
@@ -984,21 +902,18 @@ async def test_a_release_cancelled_whose_delete_then_fails_leaves_no_unretrieved
         await go.wait()
         raise ConnectionError("the server went away")
 
-    try:
-        revision = await replica.durable._take_lock()
-        locks.delete = delete_that_fails
-        release = asyncio.ensure_future(replica.durable._release_lock(revision))
-        await asyncio.sleep(0)
-        release.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await release
-        go.set()
-        for _ in range(3):
-            await asyncio.sleep(0)  # the delete fails and its callbacks run
-        gc.collect()
-        assert loop_errors == []
-    finally:
-        await replica.stop()
+    revision = await replica.durable._take_lock()
+    locks.delete = delete_that_fails
+    release = asyncio.ensure_future(replica.durable._release_lock(revision))
+    await asyncio.sleep(0)
+    release.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await release
+    go.set()
+    for _ in range(3):
+        await asyncio.sleep(0)  # the delete fails and its callbacks run
+    gc.collect()
+    assert loop_errors == []
 
 
 async def test_a_replica_stops_cleanly_after_its_connection_closed(nats_server):
