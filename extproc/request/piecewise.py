@@ -17,7 +17,8 @@ gets the ids it gets inside the whole text. `inexact_reason` refuses, at load, w
 - a Metaspace pre-tokenizer with `prepend_scheme: first` (it prepends only to the piece at offset 0);
 - BPE dropout (random), truncation or padding configured in tokenizer.json;
 - a normaliser, pre-tokenizer or post-processor type not known here (a new one could look at offsets).
-The post-processors known here add ids only when asked (`add_special_tokens`): `special_wrapping` probes
+The post-processors known here add ids only when asked (`add_special_tokens`); a template that puts the
+text in other than once is refused (it would repeat or drop each piece). `special_wrapping` probes
 which ids, once, and they go around the concatenation. Last, `probe_mismatch` encodes tricky texts both
 ways at load and any difference refuses the piecewise path too.
 
@@ -177,6 +178,11 @@ def inexact_reason(backend: tokenizers.Tokenizer) -> str | None:
                 return f"its {kind} {part_type!r} is not known to act on each piece alone"
             if part_type == "Metaspace" and part.get("prepend_scheme") == "first":
                 return "its Metaspace pre-tokenizer prepends to the first piece only (prepend_scheme: first)"
+            if (
+                part_type == "TemplateProcessing"
+                and (times := sum("Sequence" in piece for piece in part.get("single") or ())) != 1
+            ):
+                return f"its post-processor's template puts the text in {times} times, not once"
     pass1 = [t for t in backend.get_added_tokens_decoder().values() if not t.normalized]
     if single := [t.content for t in pass1 if t.single_word]:
         return f"added token {single[0]!r} is single_word: whether it matches depends on its neighbours"
@@ -232,7 +238,6 @@ class PiecewiseEncoder:
         the backend's `batch_encoder`, when the caller has it already."""
         if (reason := inexact_reason(backend)) is not None:
             raise ValueError(reason)
-        self._backend = backend
         self._encode_batch = encode_batch or batch_encoder(backend)
         self.cache = cache
         self.splitter = PieceSplitter(
