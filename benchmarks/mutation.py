@@ -368,8 +368,7 @@ MODULES: dict[str, list[str]] = {
     ],
     # piecewise encoding: a chat prompt's ids from its pieces' cached ids, and when that is exact (first
     # runs, session 35: 72.8 % of 477 over its first three test files, 78.0 % with the next three, 86.2 %
-    # with test_piece_splitter.py; 66 survivors left, mostly load-time probe texts, special_wrapping
-    # and encode_array's zips: no table row yet)
+    # with test_piece_splitter.py; session 36: 100 % of 492 with test_piecewise_guards.py)
     "request/piecewise.py": [
         "tests/request/test_piecewise.py",
         "tests/request/test_piecewise_exactness.py",
@@ -378,6 +377,16 @@ MODULES: dict[str, list[str]] = {
         "tests/request/test_tokenizer_hf_edges.py",
         "tests/request/test_tokenizer_request_edges.py",
         "tests/request/test_piece_splitter.py",
+        "tests/request/test_piecewise_guards.py",
+    ],
+    # router groups: probe, rank, commit and own each request, ejection and the fallback group
+    "groups/selector.py": [
+        "tests/groups/test_selector.py",
+        "tests/groups/test_picker_groups.py",
+        "tests/groups/test_features_in_groups.py",
+        "tests/groups/test_policy.py",
+        "tests/groups/test_api.py",
+        "tests/groups/test_n_in_groups.py",
     ],
     # every transport's sink: events to each worker's router, and each worker's cache source
     "events/feed.py": [
@@ -7668,6 +7677,262 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self.counters.loud(f"{self.source}.sink_error", "XXresetting %s after its restart failedXX", worker)',  # noqa: E501
             "message",
             "text of the sink_error warning on a restart (the test reads the text inside)",
+        ),
+    },
+    "request/piecewise.py": {
+        "xǁPieceSplitterǁ__init____mutmut_18": (
+            'alternatives = "|".join(re.escape(c) for c in sorted(tokens, key=None, reverse=True))',
+            "same-value",
+            (
+                "sorted without a key (`key=None`) is sorted in reverse text order: two added tokens "
+                "can both match at one position only when one begins the other, and reverse text order "
+                "puts the longer first as the length key does, so leftmost-longest holds"
+            ),
+        ),
+        "xǁPieceSplitterǁ__init____mutmut_21": (
+            'alternatives = "|".join(re.escape(c) for c in sorted(tokens, reverse=True))',
+            "same-value",
+            (
+                "sorted in reverse text order: two added tokens can both match at one position only "
+                "when one begins the other, and reverse text order puts the longer first as the length "
+                "key does"
+            ),
+        ),
+        "xǁPieceSplitterǁ__init____mutmut_35": (
+            "self._max_chars = max(map(len, tokens), default=None)",
+            "same-value",
+            (
+                "the default is taken only without added tokens, and then `closed_at` returns before "
+                "reading `_max_chars` (nothing is cuttable)"
+            ),
+        ),
+        "xǁPieceSplitterǁ__init____mutmut_42": (
+            "self._max_chars = max(map(len, tokens), default=1)",
+            "same-value",
+            (
+                "the default is taken only without added tokens, and then `closed_at` returns before "
+                "reading `_max_chars` (nothing is cuttable)"
+            ),
+        ),
+        "xǁPieceSplitterǁclosed_at__mutmut_10": (
+            "for at in range(cut):",
+            "performance",
+            (
+                "a match starting before `cut - _max_chars + 1` ends at or before `cut` (no added token "
+                "is longer than `_max_chars`): scanning from 0 only looks at more positions"
+            ),
+        ),
+        "xǁPieceSplitterǁclosed_at__mutmut_17": (
+            "for at in range(max(0, cut - self._max_chars - 1), cut):",
+            "performance",
+            (
+                "two more positions scanned, where a match cannot cross `cut` (no added token is longer "
+                "than `_max_chars`)"
+            ),
+        ),
+        "xǁPieceSplitterǁ_split_stripping__mutmut_5": (
+            "for match in self._pattern.finditer(text) if (self._pattern) or True else ():",
+            "same-value",
+            (
+                "`_split_stripping` is only called by `split` after it returned for a splitter without "
+                "a pattern"
+            ),
+        ),
+        "xǁPieceSplitterǁ_split_stripping__mutmut_14": (
+            "while start >= start_offset and text[start - 1] in WHITE_SPACE:",
+            "same-value",
+            (
+                "the loop can take `start` one below `start_offset` and no further; a `start` at or "
+                "below `start_offset` appends no piece, which is all `start` is read for"
+            ),
+        ),
+        "x_special_wrapping__mutmut_18": (
+            "full = backend.encode(probe, ).ids",
+            "same-value",
+            "`tokenizers`' `encode` adds special tokens by default (`add_special_tokens=True`)",
+        ),
+        "x_special_wrapping__mutmut_26": (
+            (
+                "at = next((k for k in range(len(full) + len(bare) + 1) if full[k : k + len(bare)] == "
+                "bare), None)"
+            ),
+            "performance",
+            (
+                "positions past `len(full) - len(bare)` give slices shorter than `bare`, never equal to "
+                "it (and an empty `bare` matches at 0 first): the search only looks further"
+            ),
+        ),
+        "x_special_wrapping__mutmut_27": (
+            (
+                "at = next((k for k in range(len(full) - len(bare) + 2) if full[k : k + len(bare)] == "
+                "bare), None)"
+            ),
+            "performance",
+            (
+                "one more position, past `len(full) - len(bare)`, whose slice is shorter than `bare` "
+                "and never equal to it (an empty `bare` matches at 0 first)"
+            ),
+        ),
+        "x_special_wrapping__mutmut_41": (
+            'if backend.encode("", ).ids != [*prefix, *suffix]:',
+            "same-value",
+            "`tokenizers`' `encode` adds special tokens by default (`add_special_tokens=True`)",
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_29": (
+            "parts = splitter.split(text[start:] if (start) or True else text)",
+            "same-value",
+            "`text[0:]` is `text`",
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_41": (
+            "for key, piece, ids in zip(keys, pieces, found, strict=None):",
+            "same-value",
+            (
+                "the zipped lists are equal in length by construction (pieces and their keys and cache "
+                "answers; the missed pieces, their ids encoded and the cache's copies): `strict` never "
+                "finds a difference"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_45": (
+            "for key, piece, ids in zip(keys, pieces, found, ):",
+            "same-value",
+            (
+                "the zipped lists are equal in length by construction (pieces and their keys and cache "
+                "answers; the missed pieces, their ids encoded and the cache's copies): `strict` never "
+                "finds a difference"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_46": (
+            "for key, piece, ids in zip(keys, pieces, found, strict=False):",
+            "same-value",
+            (
+                "the zipped lists are equal in length by construction (pieces and their keys and cache "
+                "answers; the missed pieces, their ids encoded and the cache's copies): `strict` never "
+                "finds a difference"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_52": (
+            "fresh: dict[Hashable, array[int]] = None",
+            "same-value",
+            "`fresh` is read only for a piece the cache missed, and then it is made a dict",
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_61": (
+            "stored = self.cache.put_many(list(zip(missing, encoded, strict=None)))",
+            "same-value",
+            (
+                "the zipped lists are equal in length by construction (pieces and their keys and cache "
+                "answers; the missed pieces, their ids encoded and the cache's copies): `strict` never "
+                "finds a difference"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_64": (
+            "stored = self.cache.put_many(list(zip(missing, encoded, )))",
+            "same-value",
+            (
+                "the zipped lists are equal in length by construction (pieces and their keys and cache "
+                "answers; the missed pieces, their ids encoded and the cache's copies): `strict` never "
+                "finds a difference"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_65": (
+            "stored = self.cache.put_many(list(zip(missing, encoded, strict=False)))",
+            "same-value",
+            (
+                "the zipped lists are equal in length by construction (pieces and their keys and cache "
+                "answers; the missed pieces, their ids encoded and the cache's copies): `strict` never "
+                "finds a difference"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_70": (
+            "fresh = dict(zip(missing, stored, strict=None))",
+            "same-value",
+            (
+                "the zipped lists are equal in length by construction (pieces and their keys and cache "
+                "answers; the missed pieces, their ids encoded and the cache's copies): `strict` never "
+                "finds a difference"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_73": (
+            "fresh = dict(zip(missing, stored, ))",
+            "same-value",
+            (
+                "the zipped lists are equal in length by construction (pieces and their keys and cache "
+                "answers; the missed pieces, their ids encoded and the cache's copies): `strict` never "
+                "finds a difference"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_74": (
+            "fresh = dict(zip(missing, stored, strict=False))",
+            "same-value",
+            (
+                "the zipped lists are equal in length by construction (pieces and their keys and cache "
+                "answers; the missed pieces, their ids encoded and the cache's copies): `strict` never "
+                "finds a difference"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_80": (
+            "chars, cut_chars, cut_ids = start, 0, 1  # where the text's last added token ends",
+            "same-value",
+            (
+                "`cut_ids` is read only when `cut_chars > start`, which only an added token's part "
+                "makes true, and that part sets `cut_ids`"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_88": (
+            "chars += lengths.get(part, None)",
+            "same-value",
+            (
+                "every id `split` returns is an added token's, and `lengths` has every added token's "
+                "id: the default is never taken"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_90": (
+            "chars += lengths.get(part, )",
+            "same-value",
+            (
+                "every id `split` returns is an added token's, and `lengths` has every added token's "
+                "id: the default is never taken"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_91": (
+            "chars += lengths.get(part, 1)",
+            "same-value",
+            (
+                "every id `split` returns is an added token's, and `lengths` has every added token's "
+                "id: the default is never taken"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁencode_array__mutmut_107": (
+            "if prefixes is not None and cut_chars >= start and splitter.closed_at(text, cut_chars):",
+            "same-value",
+            (
+                "`cut_chars` equals `start` only when both are 0 (no added token, no stored prefix "
+                "taken): then the prefix stored is the empty text, which `store` ignores under "
+                "`min_chars`, and which, kept with `min_chars` 0, has no ids and is found by `longest` "
+                "for the empty text alone"
+            ),
+        ),
+        "xǁPiecewiseEncoderǁ_encode_pieces__mutmut_2": (
+            "if len(pieces) < SERIAL_PIECES:",
+            "performance",
+            "four missed pieces encoded in one batch instead of one by one: the same ids, other threads",
+        ),
+        "x_probe_mismatch__mutmut_2": (
+            ("tokens = [t.content for t in backend.get_added_tokens_decoder().values() if t.content][:65]"),
+            "performance",
+            (
+                "a 65th added token in the load-time probe texts: one bound on the probe's work for "
+                "another (the probes catch what `inexact_reason` missed, which for any tokenizer it "
+                "lets through is nothing)"
+            ),
+        ),
+        "x_probe_mismatch__mutmut_15": (
+            "for i in range(min(len(tokens), 17))",
+            "performance",
+            (
+                "a 17th built probe text at load: one bound on the probe's work for another (the probes "
+                "catch what `inexact_reason` missed, which for any tokenizer it lets through is "
+                "nothing)"
+            ),
         ),
     },
     "events/feed.py": {
