@@ -379,9 +379,11 @@ MODULES: dict[str, list[str]] = {
         "tests/request/test_piece_splitter.py",
         "tests/request/test_piecewise_guards.py",
     ],
-    # router groups: probe, rank, commit and own each request, ejection and the fallback group
+    # router groups: probe, rank, commit and own each request, ejection and the fallback group (first run,
+    # session 36: 66.0 % of 758; 100 % with test_selector_edges.py)
     "groups/selector.py": [
         "tests/groups/test_selector.py",
+        "tests/groups/test_selector_edges.py",
         "tests/groups/test_picker_groups.py",
         "tests/groups/test_features_in_groups.py",
         "tests/groups/test_policy.py",
@@ -7677,6 +7679,41 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self.counters.loud(f"{self.source}.sink_error", "XXresetting %s after its restart failedXX", worker)',  # noqa: E501
             "message",
             "text of the sink_error warning on a restart (the test reads the text inside)",
+        ),
+    },
+    "groups/selector.py": {
+        "xǁGroupSelectorǁhas_capacity__mutmut_1": (
+            "single = None",
+            "same-value",
+            (
+                "the one group `single` names runs in this process (a local group): its `has_capacity` "
+                "answers at once and raises nothing, so asking it through `_capacity` (its ejection, "
+                "never set for a group never probed, and the deadline) gives the same answer"
+            ),
+        ),
+        "xǁGroupSelectorǁ_probe_groups__mutmut_20": (
+            "if pending and not _answered_any(done) and self.probe_grace_s >= 0:",
+            "performance",
+            (
+                "with no grace, `_first_answer` gets a deadline already passed and returns at once with "
+                "nothing: the same probes and failures, `waited_s` plus 0"
+            ),
+        ),
+        "xǁGroupSelectorǁ_failed__mutmut_3": (
+            "reason = exc.reason if (isinstance(exc, GroupError)) or True else ERROR",
+            "same-value",
+            (
+                "every failure `_failed` is given is a `GroupError`: `_probe` returns "
+                "`_as_group_error`'s, and the deadline's is a `GroupTimeout`"
+            ),
+        ),
+        "x__first_answer__mutmut_10": (
+            "if remaining < 0:",
+            "performance",
+            (
+                "a remaining time of exactly 0 waits once more with a zero timeout, which returns at "
+                "once with what has finished (then the loop ends as before)"
+            ),
         ),
     },
     "request/piecewise.py": {
