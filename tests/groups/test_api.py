@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -28,16 +29,26 @@ from extproc.picker.pipeline import EndpointPicker
 from .builders import MODEL, group_config, loads, prompt, request
 
 
+@contextlib.asynccontextmanager
+async def served_by(local: LocalGroup, **api_kwargs) -> AsyncIterator[RemoteGroup]:
+    """`local`'s group API on a free port and a RemoteGroup calling it; both closed after, the server
+    also when the client could not be made or closed (no server is left running)."""
+    api = await start_group_api(local, "127.0.0.1", 0, **api_kwargs)
+    try:
+        remote = RemoteGroup("g", f"127.0.0.1:{api.port}")
+        try:
+            yield remote
+        finally:
+            await remote.close()
+    finally:
+        await api.stop(0)
+
+
 @pytest_asyncio.fixture
 async def served() -> AsyncIterator[tuple[EndpointPicker, LocalGroup, RemoteGroup]]:
     picker = EndpointPicker(group_config("w", 3, active_prefill_tokens_threshold=1000))
-    api = await start_group_api(picker.local, "127.0.0.1", 0)
-    remote = RemoteGroup("g", f"127.0.0.1:{api.port}")
-    try:
+    async with served_by(picker.local) as remote:
         yield picker, picker.local, remote
-    finally:
-        await remote.close()
-        await api.stop(0)
 
 
 async def test_probe_over_the_wire_answers_as_the_routers_do_and_changes_nothing(served):
@@ -80,9 +91,7 @@ async def test_a_remote_groups_predicted_time_to_first_token_reaches_the_picker_
     """Its router's timing model predicted it when it chose; the committing picker observes it beside
     the measured one (`inference_objective_request_predicted_ttft_seconds`)."""
     picker = EndpointPicker(group_config("w", 2, prefill_load_model="timing"))
-    api = await start_group_api(picker.local, "127.0.0.1", 0)
-    remote = RemoteGroup("g", f"127.0.0.1:{api.port}")
-    try:
+    async with served_by(picker.local) as remote:
         probe = await remote.probe(request(prompt(1)), timeout_s=1)
         decision = await remote.commit(request(prompt(1)), "r1", probe.choice.worker)
         predicted = picker.pools[MODEL].router.sequences.predicted_ttft_ms("r1")
@@ -90,18 +99,13 @@ async def test_a_remote_groups_predicted_time_to_first_token_reaches_the_picker_
         assert probe.choice.predicted_ttft_ms is None  # a probe adds nothing, so predicts nothing kept
         remote.free(MODEL, "r1")
         await remote.drain()
-    finally:
-        await remote.close()
-        await api.stop(0)
 
 
 async def test_a_prefill_complete_after_the_first_token_crosses_the_wire():
     """A non-streamed answer's end (`at_first_token=False`) ends the prompt's load in the remote group
     and teaches its pass-time model (the default timing model, learning) nothing; a first token does."""
     picker = EndpointPicker(group_config("w", 2, prefill_load_model="timing", learn_prefill_timing=True))
-    api = await start_group_api(picker.local, "127.0.0.1", 0)
-    remote = RemoteGroup("g", f"127.0.0.1:{api.port}")
-    try:
+    async with served_by(picker.local) as remote:
         router = picker.pools[MODEL].router
         whole = await remote.commit(request(prompt(1)), "whole", None)
         worker = whole.choice.worker
@@ -115,9 +119,6 @@ async def test_a_prefill_complete_after_the_first_token_crosses_the_wire():
         remote.mark_prefill_complete(MODEL, "streamed")
         await remote.drain()
         assert router.sequences.learned_pass_time(worker) is not None
-    finally:
-        await remote.close()
-        await api.stop(0)
 
 
 async def test_commit_redecides_over_the_wire_when_the_probed_worker_left(served):
@@ -198,14 +199,16 @@ async def test_a_slow_group_times_out():
     pb_grpc.add_RouterGroupServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    remote = RemoteGroup("slow", f"127.0.0.1:{port}")
     try:
-        with pytest.raises(GroupTimeout, match="50 ms"):
-            await remote.probe(request(prompt(1)), timeout_s=0.05)
-        servicer.release.set()
-        assert (await remote.probe(request(prompt(1)), timeout_s=1)).choice.request_blocks == 10
+        remote = RemoteGroup("slow", f"127.0.0.1:{port}")
+        try:
+            with pytest.raises(GroupTimeout, match="50 ms"):
+                await remote.probe(request(prompt(1)), timeout_s=0.05)
+            servicer.release.set()
+            assert (await remote.probe(request(prompt(1)), timeout_s=1)).choice.request_blocks == 10
+        finally:
+            await remote.close()
     finally:
-        await remote.close()
         await server.stop(0)
 
 
@@ -309,13 +312,8 @@ async def test_probes_and_commits_first_hear_what_the_serving_picker_must_hear_b
         heard.append(picker.local.in_flight())
 
     picker.before_decision = before
-    api = await start_group_api(picker.local, "127.0.0.1", 0, before_decision=picker.hear_before_deciding)
-    remote = RemoteGroup("g", f"127.0.0.1:{api.port}")
-    try:
+    async with served_by(picker.local, before_decision=picker.hear_before_deciding) as remote:
         probed = await remote.probe(request(prompt(1)), timeout_s=1)
         await remote.commit(request(prompt(1)), "r1", probed.choice.worker)
         await remote.probe(request(prompt(2)), timeout_s=1)
         assert heard == [0, 0, 1]  # before each decision, the commit's own request not yet counted
-    finally:
-        await remote.close()
-        await api.stop(0)

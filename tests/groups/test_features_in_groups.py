@@ -71,10 +71,15 @@ class Setup:
         await self.top.selector.drain()
 
     async def close(self) -> None:
-        await self.top.close()
-        if self.api is not None:
-            await self.api.stop(0)
-            await self.group.close()
+        """The top-level picker, then the group's API and picker, each also when the one before failed."""
+        try:
+            await self.top.close()
+        finally:
+            if self.api is not None:
+                try:
+                    await self.api.stop(0)
+                finally:
+                    await self.group.close()
 
 
 async def build(
@@ -99,7 +104,19 @@ async def build(
         return Setup(top, top, None)
     group = EndpointPicker(group_cfg)
     api = await start_group_api(group.local, "127.0.0.1", 0)
-    top = EndpointPicker(
+    try:
+        top = top_picker(group_cfg, api.port, extension, groups_kw, top_router)
+    except BaseException:
+        await api.stop(0)  # no server left running when the top-level picker cannot be made
+        raise
+    return Setup(top, group, api)
+
+
+def top_picker(
+    group_cfg: PickerConfig, port: int, extension: InferenceExtensionConfig, groups_kw: dict, top_router: dict
+) -> EndpointPicker:
+    """A picker with no workers of its own, whose one group is the remote one at `port`."""
+    return EndpointPicker(
         PickerConfig(
             router=RouterConfig(
                 block_size=BLOCK, use_kv_events=False, prefill_load_model="none", **top_router
@@ -109,11 +126,10 @@ async def build(
             seed=3,
             session_ttl_s=group_cfg.session_ttl_s,
             queue_max_wait_s=group_cfg.queue_max_wait_s,
-            groups=GroupsConfig(groups=(GroupConfig("there", f"127.0.0.1:{api.port}"),), **groups_kw),
+            groups=GroupsConfig(groups=(GroupConfig("there", f"127.0.0.1:{port}"),), **groups_kw),
             inference_extension=extension,
         )
     )
-    return Setup(top, group, api)
 
 
 @pytest.fixture(params=["local", "remote"])
@@ -149,8 +165,14 @@ def group_idle(setup: Setup) -> bool:
 async def closing() -> AsyncIterator[list[Setup]]:
     setups: list[Setup] = []
     yield setups
-    for setup in setups:
-        await setup.close()
+    failures = []
+    for setup in setups:  # every one, also after one failed to close
+        try:
+            await setup.close()
+        except Exception as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 async def test_sticky_sessions_pin_a_group_and_worker_and_move_when_it_leaves(mode, closing):
