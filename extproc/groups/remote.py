@@ -93,8 +93,10 @@ class RemoteGroup:
         on_lifecycle_failure: LifecycleFailure | None = None,
         retries: int = RETRIES,
         retry_base_s: float = RETRY_BASE_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """Raises TlsError (extproc.runtime.tls) when `tls` names unusable files."""
+        """Raises TlsError (extproc.runtime.tls) when `tls` names unusable files. `sleep`: the pause
+        between a lifecycle call's attempts and between renewals (tests record them)."""
         if not lease_s > 0:
             raise ValueError(f"lease_s must be positive, got {lease_s!r}")
         self._name = name
@@ -107,6 +109,7 @@ class RemoteGroup:
         self.on_lifecycle_failure = on_lifecycle_failure
         self.retries = retries
         self.retry_base_s = retry_base_s
+        self._sleep = sleep
         self._channel: grpc.aio.Channel | None = None  # opened on first use, in the running event loop
         self._stub_: pb_grpc.RouterGroupStub | None = None
         self._encoded: tuple[GroupRequest, pb.RoutingRequest] | None = None
@@ -291,7 +294,7 @@ class RemoteGroup:
                     self._reconcile = True
                     self._ensure_renewer()
                     return
-                await asyncio.sleep(delay)  # backoff between attempts, not synchronisation
+                await self._sleep(delay)  # backoff between attempts, not synchronisation
                 delay *= 2
 
     def _ensure_renewer(self) -> None:
@@ -303,7 +306,7 @@ class RemoteGroup:
     async def _renew_loop(self) -> None:
         """Renew every third of the lease while requests are held here or a free may be missing."""
         while self._live or self._reconcile:
-            await asyncio.sleep(self.lease_s / 3)  # the renewal period, not synchronisation
+            await self._sleep(self.lease_s / 3)  # the renewal period, not synchronisation
             try:
                 await self.renew()
             except GroupError as exc:
