@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from extproc.config import ConfigError, PickerConfig, load_config
-from extproc.devstack.procs import ManagedProcess
 from extproc.picker.pipeline import EndpointPicker
 from extproc.runtime.discovery import (
     DnsWorkers,
@@ -32,54 +29,9 @@ from extproc.runtime.discovery import (
 )
 from extproc.runtime.server import RunningPicker, start_picker
 
-NAME = "llm-workers.default.svc.cluster.local."
-PREFILL_NAME = "llm-prefill.default.svc.cluster.local."
+from .dns_zone import NAME, PREFILL_NAME, Zone
+
 MODEL = "demo-model"
-
-
-class Zone:
-    """The zone file the DNS server answers from."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.set(["10.1.0.1", "10.1.0.2"])
-
-    def set(
-        self,
-        a: list[str],
-        aaaa: list[str] | None = None,
-        *,
-        mode: str = "ok",
-        exists: bool = True,
-        prefill: list[str] | None = None,
-        failing: tuple[str, ...] = (),
-    ) -> None:
-        """`prefill`: A records of PREFILL_NAME (None: no such name); `failing`: names answered SERVFAIL."""
-        records = {NAME: {"A": a, "AAAA": aaaa or []}} if exists else {}
-        if prefill is not None:
-            records[PREFILL_NAME] = {"A": prefill}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"mode": mode, "records": records, "servfail": list(failing)}))
-        tmp.replace(self.path)  # atomic: the server never reads half a file
-
-
-@pytest.fixture
-def dns_server(tmp_path: Path) -> Iterator[tuple[Zone, int]]:
-    zone = Zone(tmp_path / "zone.json")
-    server = ManagedProcess(
-        [sys.executable, str(Path(__file__).with_name("dns_server.py")), str(zone.path)],
-        log_path=tmp_path / "dns.log",
-    ).start()
-    try:
-        deadline = time.monotonic() + 10
-        while "PORT " not in server.log_tail():
-            assert server.is_running(), server.log_tail()
-            assert time.monotonic() < deadline, "the DNS server did not start"
-            time.sleep(0.02)
-        port = int(server.log_tail().split("PORT ")[1].split()[0])
-        yield zone, port
-    finally:
-        server.stop(grace_s=2)
 
 
 def discovery_config(port: int, tmp_path: Path, *flags: str) -> PickerConfig:
@@ -282,9 +234,9 @@ async def test_a_prefill_name_alone_discovers_prefill_workers(dns_server, tmp_pa
 
 
 def test_an_unknown_discovered_role_or_device_is_refused():
-    with pytest.raises(ConfigError, match="discovery-role"):
+    with pytest.raises(ConfigError, match=r"^invalid discovery-role='encode': expected one of "):
         DnsWorkers(NAME, port=8000, model=MODEL, server="127.0.0.1", role="encode")
-    with pytest.raises(ConfigError, match="discovery-device"):
+    with pytest.raises(ConfigError, match=r"^invalid discovery-device='tpu-pod': expected cuda "):
         DnsWorkers(NAME, port=8000, model=MODEL, server="127.0.0.1", device="tpu-pod")
     workers = DnsWorkers(NAME, port=8000, model=MODEL, server="127.0.0.1", role="aggregated", device="gpu")
     assert (workers.role, workers.device) == ("both", "cuda")
