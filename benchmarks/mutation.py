@@ -379,6 +379,16 @@ MODULES: dict[str, list[str]] = {
         "tests/request/test_piece_splitter.py",
         "tests/request/test_piecewise_guards.py",
     ],
+    # workers from a headless Service's DNS records and the config file, while the picker runs (first run,
+    # session 36: 63.1 % of 450; 99.6 % with test_discovery_edges.py; 2 survivors: a resolver given a server
+    # that also reads the host's resolv.conf, which this host's (no search domains) cannot show, and no
+    # slack for the periodic step's lazy sleep, which only the picker's own event loop would trip on)
+    "runtime/discovery.py": [
+        "tests/k8s/test_discovery_dns.py",
+        "tests/k8s/test_discovery_edges.py",
+        "tests/k8s/test_config_reload.py",
+        "tests/events/test_worker_set.py",
+    ],
     # another picker's group API as a router group: calls with deadlines, gRPC failures, leases, renewals
     # and background lifecycle calls with retries (first run, session 36: 62.1 % of 435; 99.5 % of 436 with
     # test_remote_edges.py and the TLS tests; 2 survivors: the channel's options dropped, which only an
@@ -7693,6 +7703,86 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             'self.counters.loud(f"{self.source}.sink_error", "XXresetting %s after its restart failedXX", worker)',  # noqa: E501
             "message",
             "text of the sink_error warning on a restart (the test reads the text inside)",
+        ),
+    },
+    "runtime/discovery.py": {
+        "x_parse_dns_server__mutmut_7": (
+            'host, _, rest = host[1:].rpartition("]")',
+            "same-value",
+            (
+                "with one `]` the split is the same; with more the text is refused either way, with the "
+                "same message (a port that is not digits, or a host that is not an IP address)"
+            ),
+        ),
+        "x_parse_dns_server__mutmut_24": (
+            'host, _, port_text = host.rpartition(":")',
+            "same-value",
+            "this branch is taken only when the text has exactly one `:`",
+        ),
+        "xǁDnsWorkersǁ__init____mutmut_3": (
+            'role: str = "BOTH",',
+            "same-value",
+            "`worker_role` and `worker_device` read their text in lower case",
+        ),
+        "xǁDnsWorkersǁ__init____mutmut_5": (
+            'device: str = "CUDA",',
+            "same-value",
+            "`worker_role` and `worker_device` read their text in lower case",
+        ),
+        "xǁDnsWorkersǁ__init____mutmut_26": (
+            "self._resolver = dns.asyncresolver.Resolver(configure=None)",
+            "same-value",
+            "dnspython reads resolv.conf only `if configure`: None is falsy as False is",
+        ),
+        "xǁDnsWorkersǁlookup__mutmut_11": (
+            'answers = await asyncio.gather(self._addresses("A"), self._addresses("aaaa"))',
+            "same-value",
+            "dnspython reads a record type's name in any case",
+        ),
+        "xǁDnsShareǁ__init____mutmut_3": (
+            "self._failing = None",
+            "same-value",
+            "None is falsy as False is, and the flag is only tested for truth",
+        ),
+        "xǁDnsShareǁ__init____mutmut_5": (
+            "self._answered = None",
+            "same-value",
+            "None is falsy as False is, and the flag is only tested for truth",
+        ),
+        "xǁDnsShareǁrefresh__mutmut_29": (
+            "self._failing = None",
+            "same-value",
+            "None is falsy as False is, and the flag is only tested for truth",
+        ),
+        "xǁWorkerDiscoveryǁ_every__mutmut_6": (
+            "await lazy_sleep(interval_s, interval_s * 4)",
+            "performance",
+            "how late a periodic step may run to share a wake-up the loop makes anyway",
+        ),
+        "xǁWorkerDiscoveryǁ_every__mutmut_7": (
+            "await lazy_sleep(interval_s, interval_s / 5)",
+            "performance",
+            "how late a periodic step may run to share a wake-up the loop makes anyway",
+        ),
+        "xǁWorkerDiscoveryǁ_every__mutmut_15": (
+            "return asyncio.create_task(loop(), name=None)",
+            "message",
+            "the loop task's name, read only when debugging",
+        ),
+        "xǁWorkerDiscoveryǁ_every__mutmut_17": (
+            "return asyncio.create_task(loop(), )",
+            "message",
+            "the loop task's name, read only when debugging",
+        ),
+        "x_start_discovery__mutmut_38": (
+            'prefill_source = dns_workers(settings.prefill_dns_name, "PREFILL")',
+            "same-value",
+            "`worker_role` and `worker_device` read their text in lower case",
+        ),
+        "x_start_discovery__mutmut_46": (
+            "config.config_path, environ=os.environ if (environ is None) and False else environ",
+            "same-value",
+            "`load_config` reads `os.environ` when it is given None",
         ),
     },
     "groups/remote.py": {
