@@ -85,3 +85,28 @@ def test_an_unknown_policy_names_the_accepted_ones():
     assert parse_policy("min-cost") is GroupPolicy.MIN_COST
     with pytest.raises(ValueError, match="max-overlap, min-cost, weighted"):
         parse_policy("cheapest")
+
+
+def test_max_overlap_orders_the_near_best_by_cost_after_the_even_and_the_rest_by_overlap_then_cost():
+    """Prompts of 160 tokens: overlaps and costs within 16 tokens of the best tie."""
+    near = [probe("b", 10, 30.0), probe("a", 10, 1.0), probe("d", 10, 20.0), probe("c", 10, 10.0)]
+    others = [probe("x", 2, 5.0), probe("y", 5, 9.0), probe("z", 5, 3.0)]
+    for seed in range(8):
+        assert order(near + others, GroupPolicy.MAX_OVERLAP, seed=seed) == ["a", "c", "d", "b", "z", "y", "x"]
+
+
+def test_a_cost_exactly_at_the_slack_ties_with_the_cheapest():
+    """16 and 32 tokens of cost, a slack of 16: both are even, drawn in random order, each once."""
+    orders = {
+        tuple(order([probe("a", 10, 1.0), probe("b", 10, 2.0)], GroupPolicy.MAX_OVERLAP, seed=s))
+        for s in range(16)
+    }
+    assert orders == {("a", "b"), ("b", "a")}
+
+
+def test_weighted_scores_at_the_edges_of_the_highest_cost():
+    free = probe("a", 5, 0.0)  # half the prompt cached
+    assert weighted_score(free, 2.0, 0.0) == 2.0 * (0.5 + 1.0) / 2  # every group costs nothing: no cost term
+    one_token = probe("b", 5, 1 / 16)  # costs one token, the highest
+    assert weighted_score(one_token, 1.0, 1.0) == (0.5 + 1.0 - 1.0) / 2
+    assert order([probe("a", 2, 0.0), probe("b", 8, 0.0)], GroupPolicy.WEIGHTED) == ["b", "a"]
