@@ -24,6 +24,7 @@ from extproc.groups.errors import GroupRefused, GroupTimeout, GroupUnreachable
 from extproc.groups.remote import DEFAULT_LEASE_S, RETRIES, RETRY_BASE_S
 from extproc.groups.servicer import RouterGroupServicer
 from extproc.picker.pipeline import EndpointPicker
+from tests.replica_helpers import until
 
 from .builders import MODEL, group_config, prompt, request
 
@@ -96,13 +97,6 @@ async def recorded(**remote) -> AsyncIterator[tuple[Recorder, RemoteGroup, Endpo
         await server.stop(0)
 
 
-async def until(condition, what: str, timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.005)
-
-
 def messages(caplog) -> list[str]:
     return [record.getMessage() for record in caplog.records]
 
@@ -163,7 +157,7 @@ async def test_output_tokens_are_sent_with_the_model_and_coalesced_while_one_cal
         rid = (await group.commit(request(prompt(1)), "r1", None)).request_id
         servicer.holds["AddOutputTokens"] = hold = asyncio.Event()
         group.add_output_tokens(MODEL, rid, 5, 1)
-        await until(lambda: servicer.messages("AddOutputTokens"), "the first call arrived")
+        await until(lambda: servicer.messages("AddOutputTokens"), 5, "the first call arrived")
         group.add_output_tokens(MODEL, rid, 3, 1)
         group.add_output_tokens(MODEL, rid, 2, 2)
         hold.set()
@@ -261,7 +255,7 @@ async def test_a_free_waits_for_the_requests_output_tokens_call_before_it():
         rid = (await group.commit(request(prompt(1)), "r1", None)).request_id
         servicer.holds["AddOutputTokens"] = hold = asyncio.Event()
         group.add_output_tokens(MODEL, rid, 5, 1)
-        await until(lambda: servicer.messages("AddOutputTokens"), "the output tokens arrived")
+        await until(lambda: servicer.messages("AddOutputTokens"), 5, "the output tokens arrived")
         group.free(MODEL, rid)
         asyncio.get_running_loop().call_later(0.3, hold.set)
         await group.drain()
@@ -278,7 +272,7 @@ async def test_output_tokens_of_a_request_freed_before_they_went_are_not_sent():
         group.mark_prefill_complete(MODEL, rid)  # holds the request's calls behind it
         group.add_output_tokens(MODEL, rid, 5, 1)
         group.add_output_tokens(MODEL, other, 5, 1)  # another request's: not held behind it
-        await until(lambda: servicer.messages("AddOutputTokens"), "the other request's tokens arrived")
+        await until(lambda: servicer.messages("AddOutputTokens"), 5, "the other request's tokens arrived")
         group.free(MODEL, rid)
         hold.set()
         await group.drain()
@@ -311,11 +305,11 @@ async def test_a_lifecycle_call_is_tried_its_number_of_times_with_doubling_pause
             "free in group g failed 3 times (router group 'g': unreachable (UNAVAILABLE: down)); the next "
             "renewal settles it"
         ]
-        await until(lambda: servicer.messages("Renew"), "the renewal that settles it")
+        await until(lambda: servicer.messages("Renew"), 5, "the renewal that settles it")
         assert sleeps.pauses[2] == 3.0  # a third of the lease
         renewal = servicer.messages("Renew")[0]
         assert (list(renewal.live), renewal.up_to_seq) == ([], 1)
-        await until(lambda: picker.is_idle(), "the group freed what its owner no longer holds")
+        await until(lambda: picker.is_idle(), 5, "the group freed what its owner no longer holds")
 
 
 async def test_a_renewal_lists_what_is_held_up_to_the_commits_still_unanswered(caplog):
@@ -323,7 +317,7 @@ async def test_a_renewal_lists_what_is_held_up_to_the_commits_still_unanswered(c
         first = (await group.commit(request(prompt(1)), "r1", None)).request_id
         servicer.holds["Commit"] = hold = asyncio.Event()
         pending = asyncio.ensure_future(group.commit(request(prompt(2)), "r2", None))
-        await until(lambda: len(servicer.messages("Commit")) == 2, "the second commit arrived")
+        await until(lambda: len(servicer.messages("Commit")) == 2, 5, "the second commit arrived")
         with caplog.at_level(logging.INFO, "extproc.groups"):
             assert await group.renew() == 0
         renewal = servicer.messages("Renew")[-1]
@@ -356,7 +350,7 @@ async def test_a_commit_that_failed_is_settled_by_a_renewal():
         with pytest.raises(GroupTimeout, match="50 ms"):
             await group.commit(request(prompt(1)), "r1", None)
         hold.set()
-        await until(lambda: servicer.messages("Renew"), "a renewal")  # in case the group tracked it
+        await until(lambda: servicer.messages("Renew"), 5, "a renewal")  # in case the group tracked it
         renewal = servicer.messages("Renew")[0]
         assert sleeps.pauses[0] == 1.0 and (list(renewal.live), renewal.up_to_seq) == ([], 1)
         assert picker.is_idle()
@@ -373,7 +367,7 @@ async def test_a_renewal_that_fails_is_counted_logged_and_tried_again(caplog):
         servicer.refusals["Renew"] = [(grpc.StatusCode.UNAVAILABLE, "down")]
         with caplog.at_level(logging.WARNING, "extproc.groups"):
             rid = (await group.commit(request(prompt(1)), "r1", None)).request_id
-            await until(lambda: len(servicer.messages("Renew")) >= 2, "a second renewal")
+            await until(lambda: len(servicer.messages("Renew")) >= 2, 5, "a second renewal")
         assert failures[0] == ("g", "renew")
         failed = "renewing the lease of 1 requests in group g failed: router group 'g': unreachable"
         assert messages(caplog)[0] == f"{failed} (UNAVAILABLE: down)"
@@ -385,10 +379,10 @@ async def test_the_renewer_stops_once_nothing_is_held_and_close_cancels_it():
     sleeps = Sleeps()
     async with recorded(sleep=sleeps, lease_s=3.0) as (servicer, group, _):
         rid = (await group.commit(request(prompt(1)), "r1", None)).request_id
-        await until(lambda: servicer.messages("Renew"), "a renewal")
+        await until(lambda: servicer.messages("Renew"), 5, "a renewal")
         group.free(MODEL, rid)
         await group.drain()
-        await until(lambda: group._renewer is not None and group._renewer.done(), "the renewer ended")
+        await until(lambda: group._renewer is not None and group._renewer.done(), 5, "the renewer ended")
         await group.commit(request(prompt(2)), "r2", None)
         renewer = group._renewer
         assert renewer is not None and not renewer.done()  # a new one

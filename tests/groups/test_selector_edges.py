@@ -25,6 +25,7 @@ from extproc.groups import AllGroupsBusy, GroupPolicy, GroupRequest, GroupSelect
 from extproc.groups.errors import GroupTimeout, GroupUnreachable
 from extproc.picker.local_group import LocalGroup
 from extproc.router import AllWorkersBusy, NoWorkers
+from tests.replica_helpers import until
 
 from .builders import MODEL, local_group, prompt, request
 
@@ -542,8 +543,7 @@ async def test_a_request_cancelled_mid_commit_is_freed_under_its_model_and_id():
     a.commit_gate = b.commit_gate = asyncio.Event()
     sel = selector(a, b)
     routing = asyncio.ensure_future(sel.route(request(prompt(1)), "r1"))
-    while not (a.called("commit") or b.called("commit")):
-        await asyncio.sleep(0.001)
+    await until(lambda: a.called("commit") or b.called("commit"), 5, "a commit began")
     routing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await routing
@@ -696,8 +696,7 @@ async def test_a_request_cancelled_mid_commit_in_the_one_group_is_freed_under_it
     g = scripted("g", 1)
     g.commit_gate = asyncio.Event()
     routing = asyncio.ensure_future(selector(g).route(request(prompt(1)), "r1"))
-    while not g.called("commit"):
-        await asyncio.sleep(0.001)
+    await until(lambda: g.called("commit"), 5, "the commit began")
     routing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await routing
@@ -765,8 +764,7 @@ async def test_a_route_cancelled_while_probing_leaves_nothing_for_the_loop_to_re
         a, b = scripted("a", 1), scripted("b", 2)
         a.gate = b.gate = asyncio.Event()
         routing = asyncio.ensure_future(selector(a, b, probe_timeout_s=5.0).route(request(prompt(1)), "r1"))
-        while not (a.called("probe") and b.called("probe")):
-            await asyncio.sleep(0.001)
+        await until(lambda: a.called("probe") and b.called("probe"), 5, "both probes began")
         routing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await routing
