@@ -6,6 +6,7 @@ exec ("Other threads are currently calling into gRPC, skipping fork() handlers",
 This must happen before grpc is first imported, hence here.
 
 `refusing_port`: addresses where nothing listens (a dead worker, picker or group), held for the test.
+`loop_errors`: what the running event loop's exception handler is given during the test.
 `full_collections`: counts Python's full garbage collections (`extproc.runtime.heap`); `grow` makes
 what a bulk load makes.
 
@@ -15,12 +16,13 @@ run, so no test may depend on another having run before it. The seed is printed 
 `-p no:randomly` runs in file order.
 """
 
+import asyncio
 import gc
 import os
 
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -91,3 +93,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     seed = _random_order_seed(terminalreporter.config)
     if seed is not None and exitstatus != 0:
         terminalreporter.write_line(f"this order again: -p randomly --randomly-seed={seed}")
+
+
+@pytest.fixture
+async def loop_errors() -> AsyncIterator[list[dict]]:
+    """What the event loop's exception handler is given during the test (errors never retrieved,
+    callbacks that fail): a test collects garbage first when it looks for the former."""
+    loop = asyncio.get_running_loop()
+    seen: list[dict] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    yield seen
+    loop.set_exception_handler(previous)

@@ -483,20 +483,13 @@ async def test_the_default_grace_is_200_ms():
     assert a.called("probe")[0][2] == pytest.approx(DEADLINE_S + 0.2)
 
 
-async def test_probes_given_up_on_leave_nothing_for_the_loop_to_report():
-    loop = asyncio.get_running_loop()
-    seen: list[dict] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: seen.append(context))
-    try:
-        a, b = scripted("a", 1), scripted("b", 2)
-        b.gate = asyncio.Event()
-        await selector(a, b).route(request(prompt(1)), "r1")
-        for _ in range(3):
-            await asyncio.sleep(0)  # the cancelled probe finishes and its callbacks run
-        assert seen == []
-    finally:
-        loop.set_exception_handler(previous)
+async def test_probes_given_up_on_leave_nothing_for_the_loop_to_report(loop_errors):
+    a, b = scripted("a", 1), scripted("b", 2)
+    b.gate = asyncio.Event()
+    await selector(a, b).route(request(prompt(1)), "r1")
+    for _ in range(3):
+        await asyncio.sleep(0)  # the cancelled probe finishes and its callbacks run
+    assert loop_errors == []
 
 
 # --- commits -----------------------------------------------------------------------------------------
@@ -755,21 +748,14 @@ async def test_a_failure_that_held_the_loop_past_the_grace_ends_the_wait():
     assert raised.value.failures == {"a": "unreachable", "b": "timeout"}
 
 
-async def test_a_route_cancelled_while_probing_leaves_nothing_for_the_loop_to_report():
-    loop = asyncio.get_running_loop()
-    seen: list[dict] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: seen.append(context))
-    try:
-        a, b = scripted("a", 1), scripted("b", 2)
-        a.gate = b.gate = asyncio.Event()
-        routing = asyncio.ensure_future(selector(a, b, probe_timeout_s=5.0).route(request(prompt(1)), "r1"))
-        await until(lambda: a.called("probe") and b.called("probe"), 5, "both probes began")
-        routing.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await routing
-        for _ in range(3):
-            await asyncio.sleep(0)  # the cancelled probes finish and their callbacks run
-        assert seen == []
-    finally:
-        loop.set_exception_handler(previous)
+async def test_a_route_cancelled_while_probing_leaves_nothing_for_the_loop_to_report(loop_errors):
+    a, b = scripted("a", 1), scripted("b", 2)
+    a.gate = b.gate = asyncio.Event()
+    routing = asyncio.ensure_future(selector(a, b, probe_timeout_s=5.0).route(request(prompt(1)), "r1"))
+    await until(lambda: a.called("probe") and b.called("probe"), 5, "both probes began")
+    routing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await routing
+    for _ in range(3):
+        await asyncio.sleep(0)  # the cancelled probes finish and their callbacks run
+    assert loop_errors == []

@@ -119,10 +119,16 @@ def ids(workers) -> list[str]:
     return [w.id for w in workers]
 
 
-def test_the_config_file_is_read_again_only_when_its_bytes_change(tmp_path, caplog):
+@pytest.fixture
+def watched(tmp_path) -> tuple[Path, ConfigFileWorkers]:
+    """A config file with worker `a`, and its source as discovery reads it (no environment)."""
     path = tmp_path / "picker.yaml"
     write(path, ["a"])
-    source = ConfigFileWorkers(str(path), environ={})
+    return path, ConfigFileWorkers(str(path), environ={})
+
+
+def test_the_config_file_is_read_again_only_when_its_bytes_change(watched, caplog):
+    path, source = watched
     assert source.changed_workers() is None  # unchanged since it was made
     write(path, ["a", "b"])
     with caplog.at_level(logging.DEBUG, LOGGER):
@@ -131,10 +137,8 @@ def test_the_config_file_is_read_again_only_when_its_bytes_change(tmp_path, capl
     assert messages(caplog) == []  # only `workers:` changed: nothing to say
 
 
-def test_a_change_to_other_sections_is_said_once_to_need_a_restart(tmp_path, caplog):
-    path = tmp_path / "picker.yaml"
-    write(path, ["a"])
-    source = ConfigFileWorkers(str(path), environ={})
+def test_a_change_to_other_sections_is_said_once_to_need_a_restart(watched, caplog):
+    path, source = watched
     write(path, ["a"], log_level="debug")
     with caplog.at_level(logging.DEBUG, LOGGER):
         assert ids(source.changed_workers()) == ["a"]
@@ -149,10 +153,8 @@ def test_a_change_to_other_sections_is_said_once_to_need_a_restart(tmp_path, cap
     ]
 
 
-def test_a_file_that_does_not_load_keeps_the_previous_workers_and_says_why(tmp_path, caplog):
-    path = tmp_path / "picker.yaml"
-    write(path, ["a"])
-    source = ConfigFileWorkers(str(path), environ={})
+def test_a_file_that_does_not_load_keeps_the_previous_workers_and_says_why(watched, caplog):
+    path, source = watched
     path.write_text("workers: [{id: a}]\n")  # no endpoint
     with caplog.at_level(logging.DEBUG, LOGGER):
         assert source.changed_workers() is None
@@ -172,10 +174,8 @@ def test_the_file_is_loaded_with_the_environment_discovery_was_given(tmp_path, c
     assert "DYN_KV_EVENTS" in messages(caplog)[0]
 
 
-def test_an_unreadable_file_keeps_the_previous_workers_and_says_why(tmp_path, caplog):
-    path = tmp_path / "picker.yaml"
-    write(path, ["a"])
-    source = ConfigFileWorkers(str(path), environ={})
+def test_an_unreadable_file_keeps_the_previous_workers_and_says_why(watched, caplog):
+    path, source = watched
     path.unlink()
     with caplog.at_level(logging.DEBUG, LOGGER):
         assert source.changed_workers() is None
@@ -186,10 +186,8 @@ def test_an_unreadable_file_keeps_the_previous_workers_and_says_why(tmp_path, ca
 
 
 @pytest.mark.parametrize("text", ["- a list\n- not a mapping\n", "key: [unclosed\n", None])
-def test_a_file_whose_other_sections_cannot_be_read_has_none(tmp_path, text):
-    path = tmp_path / "picker.yaml"
-    write(path, ["a"])
-    source = ConfigFileWorkers(str(path), environ={})
+def test_a_file_whose_other_sections_cannot_be_read_has_none(watched, text):
+    path, source = watched
     if text is None:
         path.unlink()
     else:
@@ -342,11 +340,9 @@ async def test_a_worker_of_a_model_the_picker_does_not_serve_is_ignored_and_name
     assert list(target.pools["b"].all_workers()) == ["10.0.0.1:8000"]  # the workers after it still count
 
 
-async def test_an_unchanged_config_file_applies_nothing(tmp_path, caplog):
-    path = tmp_path / "picker.yaml"
-    write(path, ["a"])
+async def test_an_unchanged_config_file_applies_nothing(watched, caplog):
     target = _picker(())
-    discovery = WorkerDiscovery(target, (), config_file=ConfigFileWorkers(str(path), environ={}))
+    discovery = WorkerDiscovery(target, (), config_file=watched[1])
     with caplog.at_level(logging.INFO, LOGGER):
         await discovery.reload_config_file()
     assert messages(caplog) == [] and target.pools[MODEL].all_workers() == {}

@@ -872,18 +872,6 @@ async def test_a_take_cancelled_while_another_holds_the_lock_is_a_plain_cancel(s
     assert (await replica.durable._locks.get("snapshot")).value == b"holder"
 
 
-@pytest.fixture
-async def loop_errors():
-    """What the event loop's exception handler is given meanwhile (never-retrieved errors, failing
-    callbacks), after a full collection at the end."""
-    loop = asyncio.get_running_loop()
-    seen: list[dict] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: seen.append(context))
-    yield seen
-    loop.set_exception_handler(previous)
-
-
 async def test_a_release_tells_the_loop_nothing(stopped, loop_errors):
     replica = await stopped()
     await replica.durable._release_lock(await replica.durable._take_lock())
