@@ -434,6 +434,21 @@ MODULES: dict[str, list[str]] = {
         "tests/events/test_worker_set.py",
         "tests/runtime/test_readiness.py",
     ],
+    # the admin HTTP server: metrics, health and readiness, busy thresholds (auth), debug views (first run,
+    # session 37: 70.6 % of 833; 100 % with test_admin_views.py)
+    "admin/api.py": [
+        "tests/admin/test_api.py",
+        "tests/admin/test_admin_views.py",
+        "tests/admin/test_dynamo_metrics.py",
+        "tests/admin/test_inference_extension_metrics.py",
+        "tests/fuzz/test_admin_fuzz.py",
+        "tests/picker/test_lora_adapters.py",
+        "tests/picker/test_model_aliases.py",
+        "tests/picker/test_aic_and_n.py",
+        "tests/router/test_reported.py",
+        "tests/runtime/test_engine_metrics.py",
+        "tests/runtime/test_shutdown.py",
+    ],
 }
 
 EQUIVALENT_CLASSES = {
@@ -8228,6 +8243,190 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
                 "a 17th built probe text at load: one bound on the probe's work for another (the probes "
                 "catch what `inexact_reason` missed, which for any tokenizer it lets through is "
                 "nothing)"
+            ),
+        ),
+    },
+    "admin/api.py": {
+        "xǁ_BadRequestǁ__init____mutmut_1": (
+            "super().__init__(None)",
+            "same-value",
+            "the answer reads `exc.message`, never `str(exc)`",
+        ),
+        "x_make_admin_app__mutmut_34": (
+            (
+                'if token is not None and not _bearer_matches(request.headers.get("authorization", '
+                '""), token):'
+            ),
+            "same-value",
+            (
+                "aiohttp's request headers are a case-insensitive multidict, so any spelling of the "
+                "name reads the same header"
+            ),
+        ),
+        "x_make_admin_app__mutmut_35": (
+            (
+                'if token is not None and not _bearer_matches(request.headers.get("AUTHORIZATION", '
+                '""), token):'
+            ),
+            "same-value",
+            (
+                "aiohttp's request headers are a case-insensitive multidict, so any spelling of the "
+                "name reads the same header"
+            ),
+        ),
+        "x_make_admin_app__mutmut_36": (
+            (
+                'if token is not None and not _bearer_matches(request.headers.get("Authorization", '
+                '"XXXX"), token):'
+            ),
+            "same-value",
+            "without the header, `_bearer_matches` refuses 'XXXX' as it refuses '' (no Bearer scheme)",
+        ),
+        "x_make_admin_app__mutmut_64": (
+            (
+                'return web.Response(body=generate_latest(registry), headers={"content-type": '
+                "CONTENT_TYPE_LATEST})"
+            ),
+            "same-value",
+            "aiohttp's response headers are case-insensitive (RFC 9110 field names)",
+        ),
+        "x_make_admin_app__mutmut_65": (
+            (
+                'return web.Response(body=generate_latest(registry), headers={"CONTENT-TYPE": '
+                "CONTENT_TYPE_LATEST})"
+            ),
+            "same-value",
+            "aiohttp's response headers are case-insensitive (RFC 9110 field names)",
+        ),
+        "x_make_admin_app__mutmut_151": (
+            "raise _BadRequest(None, str(exc)) from None",
+            "same-value",
+            (
+                "unreachable: the API checks every value exactly as RouterConfig does (fractions in [0, "
+                "1], counts >= 0) before `set_thresholds`, and the names were checked against "
+                "THRESHOLD_FIELDS, so no InvalidConfig comes back; kept so that a stricter RouterConfig "
+                "answers 400, not 500"
+            ),
+        ),
+        "x_make_admin_app__mutmut_152": (
+            "raise _BadRequest(400, None) from None",
+            "same-value",
+            (
+                "unreachable: the API checks every value exactly as RouterConfig does (fractions in [0, "
+                "1], counts >= 0) before `set_thresholds`, and the names were checked against "
+                "THRESHOLD_FIELDS, so no InvalidConfig comes back; kept so that a stricter RouterConfig "
+                "answers 400, not 500"
+            ),
+        ),
+        "x_make_admin_app__mutmut_153": (
+            "raise _BadRequest(str(exc)) from None",
+            "same-value",
+            (
+                "unreachable: the API checks every value exactly as RouterConfig does (fractions in [0, "
+                "1], counts >= 0) before `set_thresholds`, and the names were checked against "
+                "THRESHOLD_FIELDS, so no InvalidConfig comes back; kept so that a stricter RouterConfig "
+                "answers 400, not 500"
+            ),
+        ),
+        "x_make_admin_app__mutmut_154": (
+            "raise _BadRequest(400, ) from None",
+            "same-value",
+            (
+                "unreachable: the API checks every value exactly as RouterConfig does (fractions in [0, "
+                "1], counts >= 0) before `set_thresholds`, and the names were checked against "
+                "THRESHOLD_FIELDS, so no InvalidConfig comes back; kept so that a stricter RouterConfig "
+                "answers 400, not 500"
+            ),
+        ),
+        "x_make_admin_app__mutmut_155": (
+            "raise _BadRequest(401, str(exc)) from None",
+            "same-value",
+            (
+                "unreachable: the API checks every value exactly as RouterConfig does (fractions in [0, "
+                "1], counts >= 0) before `set_thresholds`, and the names were checked against "
+                "THRESHOLD_FIELDS, so no InvalidConfig comes back; kept so that a stricter RouterConfig "
+                "answers 400, not 500"
+            ),
+        ),
+        "x_make_admin_app__mutmut_156": (
+            "raise _BadRequest(400, str(None)) from None",
+            "same-value",
+            (
+                "unreachable: the API checks every value exactly as RouterConfig does (fractions in [0, "
+                "1], counts >= 0) before `set_thresholds`, and the names were checked against "
+                "THRESHOLD_FIELDS, so no InvalidConfig comes back; kept so that a stricter RouterConfig "
+                "answers 400, not 500"
+            ),
+        ),
+        "x_make_admin_app__mutmut_184": (
+            '"role": roles.get(str(worker.worker_id), None),',
+            "same-value",
+            (
+                "every routed worker has its config in `pool.all_workers()` (discovered workers get one "
+                "too), so the default role is never taken"
+            ),
+        ),
+        "x_make_admin_app__mutmut_186": (
+            '"role": roles.get(str(worker.worker_id), ),',
+            "same-value",
+            (
+                "every routed worker has its config in `pool.all_workers()` (discovered workers get one "
+                "too), so the default role is never taken"
+            ),
+        ),
+        "x_make_admin_app__mutmut_188": (
+            '"role": roles.get(str(worker.worker_id), "XXbothXX"),',
+            "same-value",
+            (
+                "every routed worker has its config in `pool.all_workers()` (discovered workers get one "
+                "too), so the default role is never taken"
+            ),
+        ),
+        "x_make_admin_app__mutmut_189": (
+            '"role": roles.get(str(worker.worker_id), "BOTH"),',
+            "same-value",
+            (
+                "every routed worker has its config in `pool.all_workers()` (discovered workers get one "
+                "too), so the default role is never taken"
+            ),
+        ),
+        "x_make_admin_app__mutmut_297": (
+            'return web.Response(text=body, content_type="APPLICATION/JSON")',
+            "same-value",
+            "media types are case-insensitive (RFC 9110 8.3.1): aiohttp's client reads it lowercased",
+        ),
+        "x_start_admin__mutmut_15": (
+            "runner = web.AppRunner(app, )",
+            "message",
+            "aiohttp then writes an access log line per admin call; nothing else changes",
+        ),
+        "x_start_admin__mutmut_25": (
+            "bound = runner.addresses[0][1] if (runner.addresses) or True else port",
+            "same-value",
+            "a started site always has an address, so the fallback to the port asked for is never taken",
+        ),
+        "x__engine_load__mutmut_29": (
+            '"age_s": round(age, 3) if (age is not None) or True else None,',
+            "same-value",
+            "the age is None only without a report, and then the whole record is None before it is read",
+        ),
+        "x__engine_load__mutmut_48": (
+            (
+                '"url": state.url if (state) and False else (scraper.url_of(config) if config is not '
+                "None else None),"
+            ),
+            "same-value",
+            "a scrape state is keyed by its URL, `scraper.url_of(config)`: both give the same string",
+        ),
+        "x__engine_load__mutmut_51": (
+            (
+                '"url": state.url if state else (scraper.url_of(config) if (config is not None) or '
+                "True else None),"
+            ),
+            "same-value",
+            (
+                "every routed worker has its config in `pool.all_workers()` (discovered workers get one "
+                "too), so the None config is never taken"
             ),
         ),
     },
