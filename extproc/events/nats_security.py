@@ -74,19 +74,27 @@ async def connect_nats(events: EventsConfig, *, name: str, counters: EventCounte
 async def _first_attempt(url: str, events: EventsConfig, options: dict[str, Any]) -> None:
     """Connect once without retrying; raise NatsRefused if the server refuses us."""
 
-    async def quiet(_exc: Exception) -> None:  # the reason is logged below, once
-        return None
+    failures: list[Exception] = []
+
+    async def quiet(exc: Exception) -> None:  # the reason is logged below, once
+        failures.append(exc)
 
     try:
+        # nats-py retries a server it cannot reach inside one connect, forever with
+        # max_reconnect_attempts=0 (allow_reconnect=False bails only after it was reached); 1 lets it
+        # try twice, at once, then give up with NoServersError
         nc = await nats.connect(
             url,
             connect_timeout=FIRST_ATTEMPT_TIMEOUT_S,
             allow_reconnect=False,
-            max_reconnect_attempts=0,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0,
             error_cb=quiet,
             **options,
         )
     except Exception as exc:  # (nats-py may leave a refused TLS socket for the collector to close)
+        if isinstance(exc, nats.errors.NoServersError) and failures:
+            exc = failures[-1]  # why the server could not be reached: refused, no such host, ...
         if not _is_refusal(exc, events):
             log.warning(
                 "NATS at %s does not answer yet (%s); retrying until it does",
