@@ -434,6 +434,21 @@ MODULES: dict[str, list[str]] = {
         "tests/events/test_worker_set.py",
         "tests/runtime/test_readiness.py",
     ],
+    # transport security: gRPC and NATS credentials from the TLS settings, self-signed certificates
+    "runtime/tls.py": [
+        "tests/runtime/test_tls.py",
+        "tests/runtime/test_tls_edges.py",
+        "tests/runtime/test_h2_server.py",
+        "tests/config/test_load.py",
+        "tests/nats/test_nats_security.py",  # NATS's client context
+        "tests/nats/test_nats_security_edges.py",
+    ],
+    # NATS authentication and TLS: credentials, nkeys, tokens, user and password, the server's certificate
+    "events/nats_security.py": [
+        "tests/nats/test_nats_security.py",
+        "tests/nats/test_nats_security_edges.py",
+        "tests/config/test_load.py",
+    ],
     # the admin HTTP server: metrics, health and readiness, busy thresholds (auth), debug views (first run,
     # session 37: 70.6 % of 833; 100 % with test_admin_views.py)
     "admin/api.py": [

@@ -103,14 +103,19 @@ async def _first_attempt(url: str, events: EventsConfig, options: dict[str, Any]
             )
             return
         _refused(url, exc, events)
-    # TLS 1.3: the server's verdict on our certificate may come after the handshake, so make one
-    # round trip before calling the connection good (otherwise the link would retry forever).
+    # TLS 1.3: the server's verdict on our certificate comes after our side of the handshake. When its
+    # alert is lost to the close, nats-py's connect returns without the server's PONG (not connected)
+    # and the close shows only as an unexpected EOF; so make one round trip before calling the
+    # connection good (otherwise the link would retry forever).
+    answered = nc.is_connected
     with contextlib.suppress(Exception):
         # nats-py annotates the timeout as int; a float goes to asyncio.wait_for as is
         await nc.flush(timeout=FIRST_ATTEMPT_TIMEOUT_S)  # type: ignore[arg-type]
     error = nc.last_error
     await nc.close()
-    if error is not None and _is_refusal(error, events):
+    if error is None or (answered and isinstance(error, nats.errors.UnexpectedEOF)):
+        return  # good, or a server that answered and then went away: it did not refuse us
+    if _is_refusal(error, events):
         _refused(url, error, events)
 
 
@@ -212,8 +217,10 @@ _CLIENT_CERTIFICATE_ALERTS = ("ALERT_UNKNOWN_CA", "ALERT_BAD_CERTIFICATE", "ALER
 def _client_certificate_refused(exc: BaseException, events: EventsConfig) -> bool:
     """The server rejected our client certificate: it sent an alert, or (TLS 1.3, when the alert
     loses the race with the close) just closed the connection during the handshake: a reset, a
-    broken pipe or an EOF, depending on which write or read meets the close first."""
+    broken pipe or an EOF (nats-py's own after its connect returned), depending on which write or
+    read meets the close first."""
     if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLCertVerificationError):
         return any(alert in str(exc.reason or exc) for alert in _CLIENT_CERTIFICATE_ALERTS)
     tls = events.nats_tls.enabled or (events.nats_url or "").startswith("tls://")
-    return tls and isinstance(exc, ConnectionResetError | BrokenPipeError | EOFError)
+    closed = ConnectionResetError | BrokenPipeError | EOFError | nats.errors.UnexpectedEOF
+    return tls and isinstance(exc, closed)

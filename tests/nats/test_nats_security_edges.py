@@ -7,10 +7,12 @@ errors a real server does not produce on demand is checked on the errors themsel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib.util
 import logging
 import ssl
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ from extproc.runtime.wakeups import run
 
 from ..certs import TestCa
 from .conftest import eventually
-from .test_nats_link_edges import connection_names
+from .test_nats_link_edges import SilentServer, connection_names
 
 TOKEN = "t0ken-secret"
 AUTH_REFUSED = "check --nats-user/--nats-password, --nats-token or --nats-creds-file"
@@ -209,6 +211,34 @@ async def test_a_server_that_is_not_up_yet_is_waited_for_with_one_warning(tmp_pa
         assert lines() == warned  # no refusal, no second warning
 
 
+async def test_a_server_that_accepts_but_never_answers_is_said_so_after_the_first_attempts_timeout(
+    caplog,
+) -> None:
+    """A hung server (or something else on the port): the first attempt gives up after
+    FIRST_ATTEMPT_TIMEOUT_S and says so; the picker goes on waiting, as for a server not up yet."""
+    async with SilentServer() as silent:
+        with caplog.at_level(logging.WARNING, logger="extproc.events.nats"):
+            started = time.monotonic()
+            connecting = asyncio.ensure_future(connect_nats(EventsConfig(nats_url=silent.url), name="early"))
+            try:
+
+                async def warned() -> bool:
+                    return any(r.name == "extproc.events.nats" for r in caplog.records)
+
+                await eventually(warned, 10.0, "the warning that the server does not answer")
+                waited = time.monotonic() - started
+            finally:
+                connecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await connecting
+        with warnings.catch_warnings():  # nats-py leaves a timed-out attempt's socket to the collector
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "extproc.events.nats"]
+    assert line == f"NATS at {silent.url} does not answer yet (TimeoutError); retrying until it does"
+    assert nats_security.FIRST_ATTEMPT_TIMEOUT_S <= waited < nats_security.FIRST_ATTEMPT_TIMEOUT_S + 2.0
+
+
 # --- TLS ------------------------------------------------------------------------------------------------
 
 
@@ -260,6 +290,80 @@ def test_a_tls_url_alone_connects_over_tls_with_the_systems_roots(tmp_path, ca, 
         )
     finally:
         server.stop(grace_s=2.0)
+
+
+class AlertLost:
+    """A TCP proxy to nats-server that loses what the server sends after the client's second TLS
+    flight (TLS 1.3: its verdict on the client certificate, an alert) and closes the connection: the
+    race in which the server's close beats its alert, made certain."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> AlertLost:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _accept(self, client_reader, client_writer) -> None:
+        self._tasks.add(asyncio.current_task())  # type: ignore[arg-type]
+        server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        verdict_due = asyncio.Event()  # set once the client sent its second flight
+
+        async def down() -> None:
+            while data := await server_reader.read(65536):
+                if verdict_due.is_set():
+                    break  # the alert: lost
+                client_writer.write(data)
+                await client_writer.drain()
+            client_writer.close()
+
+        downstream = asyncio.ensure_future(down())
+        try:
+            chunks = 0
+            while data := await client_reader.read(65536):
+                chunks += 1  # 1: the ClientHello (after the server's plaintext INFO); 2: the second flight
+                if chunks == 2:
+                    verdict_due.set()
+                server_writer.write(data)
+                await server_writer.drain()
+        finally:
+            server_writer.close()
+            await asyncio.gather(downstream, return_exceptions=True)
+
+
+async def test_a_client_certificate_refused_is_said_even_when_the_servers_alert_is_lost(tmp_path, ca, caplog):
+    """Before, nats-py's connect returned without the server's PONG, the close showed as an unexpected
+    EOF that was not read as a refusal, and the picker retried the refused certificate forever."""
+    cert = ca.issue("nats-server")
+    server = nats_with(
+        tmp_path,
+        f'tls {{ cert_file: "{cert.cert_file}", key_file: "{cert.key_file}", ca_file: "{ca.ca_file}", '
+        "verify: true }\n",
+    )
+    intruder = TestCa(tmp_path / "other", "other-ca").issue("intruder", client=True)
+    tls = ClientTlsConfig(ca_file=ca.ca_file, cert_file=intruder.cert_file, key_file=intruder.key_file)
+    try:
+        async with AlertLost(server.port) as proxy:
+            events = EventsConfig(nats_url=f"nats://127.0.0.1:{proxy.port}", nats_tls=tls)
+            reason = await asyncio.wait_for(refusal(events, caplog), 10.0)
+    finally:
+        server.stop(grace_s=2.0)
+    assert reason == (
+        f"the server ended the TLS handshake: it did not accept the client certificate {intruder.cert_file} "
+        "(it must be signed by a CA in the server's tls ca_file)"
+    )
 
 
 # --- what a refusal says, on the errors themselves -------------------------------------------------------
