@@ -8445,6 +8445,70 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             ),
         ),
     },
+    "runtime/tls.py": {
+        "x_self_signed_pair__mutmut_15": (
+            'address = ipaddress.ip_address(host.strip("XX[]XX"))',
+            "same-value",
+            "an IP address never holds an X, so stripping X's as well changes no address",
+        ),
+        "x__warn_unless_valid_now__mutmut_4": (
+            "if expires <= now:",
+            "margin",
+            "a certificate that expires at this very microsecond",
+        ),
+        "x__warn_unless_valid_now__mutmut_13": (
+            "elif starts >= now:",
+            "margin",
+            "a certificate that starts at this very microsecond",
+        ),
+        "x_server_pair__mutmut_2": (
+            "if tls.cert_file is not None or tls.key_file is not None:",
+            "same-value",
+            (
+                "every configuration refuses a certificate without its key or a key without its "
+                "certificate (`check_pair` for --tls-*, --group-tls-* and --nats-tls-*), so one set "
+                "alone never reaches here"
+            ),
+        ),
+        "x_server_ssl_context__mutmut_10": (
+            'cert_fd, key_fd = os.memfd_create("XXextproc-certXX"), os.memfd_create("extproc-key")',
+            "same-value",
+            (
+                "a memory file's name shows only in /proc/self/fd's link text, and the files are closed "
+                "as soon as OpenSSL has read them"
+            ),
+        ),
+        "x_server_ssl_context__mutmut_11": (
+            'cert_fd, key_fd = os.memfd_create("EXTPROC-CERT"), os.memfd_create("extproc-key")',
+            "same-value",
+            (
+                "a memory file's name shows only in /proc/self/fd's link text, and the files are closed "
+                "as soon as OpenSSL has read them"
+            ),
+        ),
+        "x_server_ssl_context__mutmut_14": (
+            'cert_fd, key_fd = os.memfd_create("extproc-cert"), os.memfd_create("EXTPROC-KEY")',
+            "same-value",
+            (
+                "a memory file's name shows only in /proc/self/fd's link text, and the files are closed "
+                "as soon as OpenSSL has read them"
+            ),
+        ),
+        "x_channel_credentials__mutmut_9": (
+            "pair = load_pair(tls.cert_file, tls.key_file) if tls.cert_file or tls.key_file else None",
+            "same-value",
+            (
+                "every configuration refuses a certificate without its key or a key without its "
+                "certificate (`check_pair` for --tls-*, --group-tls-* and --nats-tls-*), so one set "
+                "alone never reaches here"
+            ),
+        ),
+        "x__read__mutmut_11": (
+            'raise TlsError(f"cannot read {path}: {os.strerror(exc.errno or 1) or exc}") from None',
+            "same-value",
+            "an OSError from open() always carries its errno",
+        ),
+    },
     "events/feed.py": {
         "xǁRouterFeedǁ_orphaned__mutmut_25": (
             "parent = event.parent_hash if (isinstance(event, BlocksStored)) or True else None",

