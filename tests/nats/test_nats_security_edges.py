@@ -57,6 +57,16 @@ def ca(tmp_path: Path) -> TestCa:
     return TestCa(tmp_path / "ca", "nats-ca")
 
 
+@contextlib.contextmanager
+def failed_attempts_collected() -> Iterator[None]:
+    """nats-py leaves the socket of a first attempt that failed (timed out, closed, refused) to the
+    garbage collector, which may come by at any point: quietly here, and collected before leaving."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        yield
+        gc.collect()
+
+
 def connected_line(events: EventsConfig, caplog: pytest.LogCaptureFixture) -> str:
     """Connect with the picker's own event loop (held reads need it) and return the line it logged."""
 
@@ -75,18 +85,19 @@ def connected_line(events: EventsConfig, caplog: pytest.LogCaptureFixture) -> st
 
 async def refusal(events: EventsConfig, caplog: pytest.LogCaptureFixture) -> str:
     """Why the picker was refused, after checking the one line it logged and the exception it raised."""
-    with caplog.at_level(logging.ERROR, logger="extproc.events.nats"), pytest.raises(NatsRefused) as refused:
-        await connect_nats(events, name="edge")
-    reason = refused.value.reason
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
-        f"NATS at {events.nats_url} refused the picker: {reason}"
-    ]
-    assert refused.value.url == events.nats_url
-    assert str(refused.value) == f"cannot connect to NATS at {events.nats_url}: {reason}"
-    del refused  # nats-py leaves a refused connection's socket to the collector: close it here, quietly
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
+    with failed_attempts_collected():
+        with (
+            caplog.at_level(logging.ERROR, logger="extproc.events.nats"),
+            pytest.raises(NatsRefused) as refused,
+        ):
+            await connect_nats(events, name="edge")
+        reason = refused.value.reason
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+            f"NATS at {events.nats_url} refused the picker: {reason}"
+        ]
+        assert refused.value.url == events.nats_url
+        assert str(refused.value) == f"cannot connect to NATS at {events.nats_url}: {reason}"
+        del refused  # it holds the attempt's frames, and through them its socket
     return reason
 
 
@@ -216,30 +227,65 @@ async def test_a_server_that_accepts_but_never_answers_is_said_so_after_the_firs
 ) -> None:
     """A hung server (or something else on the port): the first attempt gives up after
     FIRST_ATTEMPT_TIMEOUT_S and says so; the picker goes on waiting, as for a server not up yet."""
-    # nats-py leaves the timed-out attempt's socket to the collector, which may come by at any point
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        async with SilentServer() as silent:
-            with caplog.at_level(logging.WARNING, logger="extproc.events.nats"):
+    with failed_attempts_collected(), caplog.at_level(logging.WARNING, logger="extproc.events.nats"):
+        connecting: asyncio.Future | None = None
+        try:
+            async with SilentServer() as silent:
                 started = time.monotonic()
                 connecting = asyncio.ensure_future(
                     connect_nats(EventsConfig(nats_url=silent.url), name="early")
                 )
-                try:
 
-                    async def warned() -> bool:
-                        return any(r.name == "extproc.events.nats" for r in caplog.records)
+                async def warned() -> bool:
+                    return any(r.name == "extproc.events.nats" for r in caplog.records)
 
-                    await eventually(warned, 10.0, "the warning that the server does not answer")
-                    waited = time.monotonic() - started
-                finally:
-                    connecting.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await connecting
-            gc.collect()
+                await eventually(warned, 10.0, "the warning that the server does not answer")
+                waited = time.monotonic() - started
+            # the server closed its connections first: the link's own attempt sees the end of its
+            # socket and closes it, so that nothing is left open when it is cancelled below
+
+            async def link_attempt_ended() -> bool:
+                return any(r.name == "extproc.events" for r in caplog.records)
+
+            await eventually(link_attempt_ended, 10.0, "the link's attempt ended by the closed server")
+        finally:
+            if connecting is not None:
+                connecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await connecting
     (line,) = [r.getMessage() for r in caplog.records if r.name == "extproc.events.nats"]
     assert line == f"NATS at {silent.url} does not answer yet (TimeoutError); retrying until it does"
     assert waited >= nats_security.FIRST_ATTEMPT_TIMEOUT_S  # the first attempt waited out its timeout
+
+
+async def test_something_on_the_port_that_closes_at_once_is_not_a_refusal(caplog) -> None:
+    """Not NATS (or a server shutting down): nats-py's own error is no refusal, so the picker waits."""
+
+    async def close_at_once(_reader, writer) -> None:
+        writer.close()
+
+    closer = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+    url = f"nats://127.0.0.1:{closer.sockets[0].getsockname()[1]}"
+    try:
+        with failed_attempts_collected(), caplog.at_level(logging.WARNING, logger="extproc.events.nats"):
+            connecting = asyncio.ensure_future(connect_nats(EventsConfig(nats_url=url), name="early"))
+            try:
+
+                async def warned() -> bool:
+                    return any(r.name == "extproc.events.nats" for r in caplog.records)
+
+                await eventually(warned, 10.0, "the warning that the server does not answer")
+            finally:
+                connecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await connecting
+    finally:
+        closer.close()
+        await closer.wait_closed()
+    assert [r.getMessage() for r in caplog.records if r.name == "extproc.events.nats"] == [
+        f"NATS at {url} does not answer yet (nats: empty response from server when expecting INFO message); "
+        "retrying until it does"
+    ]
 
 
 # --- TLS ------------------------------------------------------------------------------------------------
@@ -297,8 +343,9 @@ def test_a_tls_url_alone_connects_over_tls_with_the_systems_roots(tmp_path, ca, 
 
 class AlertLost:
     """A TCP proxy to nats-server that loses what the server sends after the client's second TLS
-    flight (TLS 1.3: its verdict on the client certificate, an alert) and closes the connection: the
-    race in which the server's close beats its alert, made certain."""
+    flight (TLS 1.3: its verdict on the client certificate, an alert), and closes the connection once
+    the client has written its first message after the handshake (CONNECT and PING): the race in
+    which the server's close beats its alert, made certain."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -326,11 +373,10 @@ class AlertLost:
 
         async def down() -> None:
             while data := await server_reader.read(65536):
-                if verdict_due.is_set():
-                    break  # the alert: lost
-                client_writer.write(data)
-                await client_writer.drain()
-            client_writer.close()
+                if not verdict_due.is_set():
+                    client_writer.write(data)
+                    await client_writer.drain()
+                # else: the alert, lost
 
         downstream = asyncio.ensure_future(down())
         try:
@@ -339,10 +385,14 @@ class AlertLost:
                 chunks += 1  # 1: the ClientHello (after the server's plaintext INFO); 2: the second flight
                 if chunks == 2:
                     verdict_due.set()
+                if chunks > 2:
+                    break  # the client's CONNECT and PING: close on them, unanswered
                 server_writer.write(data)
                 await server_writer.drain()
         finally:
+            client_writer.close()
             server_writer.close()
+            downstream.cancel()
             await asyncio.gather(downstream, return_exceptions=True)
 
 
