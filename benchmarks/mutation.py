@@ -8509,6 +8509,89 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str, str]]] = {
             "an OSError from open() always carries its errno",
         ),
     },
+    "events/nats_security.py": {
+        "x_connect_nats__mutmut_3": (
+            'url = events.nats_url or "XXXX"',
+            "same-value",
+            (
+                "the picker connects to NATS only when a URL is set (`EventsConfig.nats_needed`), so "
+                "the fallback for no URL is never taken"
+            ),
+        ),
+        "x_nats_connect_options__mutmut_12": (
+            'events.nats_url or "XXXX",',
+            "same-value",
+            (
+                "the picker connects to NATS only when a URL is set (`EventsConfig.nats_needed`), so "
+                "the fallback for no URL is never taken"
+            ),
+        ),
+        "x__client_certificate_refused__mutmut_11": (
+            'tls = events.nats_tls.enabled or (events.nats_url or "XXXX").startswith("tls://")',
+            "same-value",
+            "with no URL neither '' nor 'XXXX' starts with tls://",
+        ),
+        "x__first_attempt__mutmut_11": (
+            "",
+            "same-value",
+            "nats-py's own default connect_timeout is 2 s, FIRST_ATTEMPT_TIMEOUT_S",
+        ),
+        "x__first_attempt__mutmut_13": (
+            "",
+            "performance",
+            (
+                "nats-py's default of 60 attempts, all at once against an unreachable server: the same "
+                "warning after more refused connects"
+            ),
+        ),
+        "x__first_attempt__mutmut_14": (
+            "",
+            "margin",
+            (
+                "nats-py's default 2 s pause between the attempts delays the warning by 2 s; nothing "
+                "else changes"
+            ),
+        ),
+        "x__first_attempt__mutmut_6": (
+            "allow_reconnect=None,",
+            "same-value",
+            "nats-py reads allow_reconnect as a truth value: None is False",
+        ),
+        "x__first_attempt__mutmut_18": (
+            "max_reconnect_attempts=2,",
+            "performance",
+            "a third attempt at once; an unreachable server refuses it as it refused the two before",
+        ),
+        "x__first_attempt__mutmut_19": (
+            "reconnect_time_wait=1,",
+            "margin",
+            (
+                "a one-second pause between the two attempts delays the warning by a second; nothing "
+                "else changes"
+            ),
+        ),
+        "x__first_attempt__mutmut_20": (
+            "if isinstance(exc, nats.errors.NoServersError) or failures:",
+            "same-value",
+            (
+                "nats-py hands every error it raises from connect to the error callback first, so the "
+                "last failure seen is the error raised whenever it is not NoServersError"
+            ),
+        ),
+        "x__first_attempt__mutmut_22": (
+            "exc = failures[+1]  # why the server could not be reached: refused, no such host, ...",
+            "same-value",
+            "an unreachable server fails exactly the two attempts, so failures[1] is failures[-1]",
+        ),
+        "x__first_attempt__mutmut_23": (
+            "exc = failures[-2]  # why the server could not be reached: refused, no such host, ...",
+            "same-value",
+            (
+                "both attempts fail the same way within milliseconds (the same refusal, the same "
+                "address): the first failure says what the last says"
+            ),
+        ),
+    },
     "events/feed.py": {
         "xǁRouterFeedǁ_orphaned__mutmut_25": (
             "parent = event.parent_hash if (isinstance(event, BlocksStored)) or True else None",
