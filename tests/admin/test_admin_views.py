@@ -228,45 +228,45 @@ async def test_debug_workers_shows_each_metrics_scrape_pending_failing_then_ok()
             return web.Response(status=503, text="warming up")
         return web.Response(body=vllm, content_type="text/plain")
 
-    server = TestServer(web.Application())
-    server.app.router.add_get("/metrics", metrics)
-    await server.start_server()
-    try:
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    async with TestServer(app) as server:
         config = picker_config(2)
         engine = replace(config.workers[0], endpoint=f"127.0.0.1:{server.port}")
         picker = EndpointPicker(replace(config, workers=(engine, config.workers[1])))
         scraper = EngineMetricsScraper(picker, EngineMetricsConfig(interval_s=60.0, timeout_s=2.0))
         url = f"http://127.0.0.1:{server.port}/metrics"
-        async with admin(picker, engine_metrics=scraper) as client:
+        try:
+            async with admin(picker, engine_metrics=scraper) as client:
 
-            async def shown() -> dict:
+                async def shown() -> dict:
+                    _, answer = await get(client, "/debug/workers")
+                    return next(w["engine_metrics"] for w in answer["workers"] if w["worker"] == "w0")
+
+                pending = {
+                    "url": url,
+                    "state": "pending",
+                    "engine": None,
+                    "error": None,
+                    "failures_in_a_row": 0,
+                }
+                assert await shown() == pending
+                await scraper.scrape_once()
+                await scraper.scrape_once()
+                failing = await shown()
+                assert failing["state"] == "failing" and failing["failures_in_a_row"] == 2
+                assert failing["url"] == url and failing["engine"] is None and "503" in failing["error"]
+                warming.clear()
+                await scraper.scrape_once()
+                ok = {"url": url, "state": "ok", "engine": "vllm", "error": None, "failures_in_a_row": 0}
+                assert await shown() == ok
                 _, answer = await get(client, "/debug/workers")
-                return next(w["engine_metrics"] for w in answer["workers"] if w["worker"] == "w0")
-
-            pending = {"url": url, "state": "pending", "engine": None, "error": None, "failures_in_a_row": 0}
-            assert await shown() == pending
-            await scraper.scrape_once()
-            await scraper.scrape_once()
-            failing = await shown()
-            assert failing["state"] == "failing" and failing["failures_in_a_row"] == 2
-            assert failing["url"] == url and failing["engine"] is None and "503" in failing["error"]
-            warming.clear()
-            await scraper.scrape_once()
-            assert await shown() == {
-                "url": url,
-                "state": "ok",
-                "engine": "vllm",
-                "error": None,
-                "failures_in_a_row": 0,
-            }
-            _, answer = await get(client, "/debug/workers")
-            w1 = next(w for w in answer["workers"] if w["worker"] == "w1")
-            assert (
-                w1["engine_metrics"]["url"] == "http://127.0.0.2:8001/metrics"
-            )  # its own URL, never scraped
-    finally:
-        await scraper.stop()
-        await server.close()
+                w1 = next(w for w in answer["workers"] if w["worker"] == "w1")
+                assert (
+                    w1["engine_metrics"]["url"] == "http://127.0.0.2:8001/metrics"
+                )  # its own, never answered
+        finally:
+            await scraper.stop()
 
 
 # --- /debug/dump_events -----------------------------------------------------------------------------
