@@ -73,8 +73,9 @@ def test_the_self_signed_certificate_has_exactly_the_documented_shape() -> None:
 @pytest.fixture
 def tokyo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The process's local time zone nine hours ahead of UTC."""
-    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    monkeypatch.setenv("TZ", "JST-9")  # a POSIX rule: no time zone database needed
     time.tzset()
+    assert time.localtime().tm_gmtoff == 9 * 3600
     try:
         yield
     finally:
