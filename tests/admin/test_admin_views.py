@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -21,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from extproc.admin.api import MAX_ADMIN_BODY, MAX_POTENTIAL_LOADS_TOKENS, make_admin_app, start_admin
 from extproc.config import EngineMetricsConfig, ModelConfig
+from extproc.devstack.procs import reserve_port
 from extproc.events.counters import EventCounters
 from extproc.events.feed import RouterFeed
 from extproc.events.sources import EventSources
@@ -544,12 +544,6 @@ async def test_metrics_answer_in_prometheus_text_format() -> None:
 # --- start_admin --------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     ("token", "allow", "level", "said"),
     [
@@ -562,16 +556,17 @@ def free_port() -> int:
 async def test_start_admin_binds_the_port_given_and_says_where_and_who_may_write(
     caplog, token, allow, level, said
 ) -> None:
-    port = free_port()
     picker = EndpointPicker(replace(picker_config(1), admin_allow_unauthenticated_writes=allow))
-    with caplog.at_level(logging.INFO, logger="extproc.admin"):
-        server = await start_admin(picker, sources_of(picker), "127.0.0.1", port, token=token)
-    try:
-        assert server.port == port
-        async with ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as r:
-            assert r.status == 200
-    finally:
-        await server.stop()
+    with reserve_port() as reserved:  # held for this process until the admin server binds it
+        port = reserved.port
+        with caplog.at_level(logging.INFO, logger="extproc.admin"):
+            server = await start_admin(picker, sources_of(picker), "127.0.0.1", port, token=token)
+        try:
+            assert server.port == port
+            async with ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as r:
+                assert r.status == 200
+        finally:
+            await server.stop()
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "extproc.admin"]
     assert lines == [
         (

@@ -254,18 +254,23 @@ async def test_the_links_name_and_its_connect_options_reach_the_server(tmp_path:
                 NatsLink.connect(server.url, name="picker-a", user="picker", password="secret"), 3
             )
             try:
-                names: list[str] = []
-
-                async def listed() -> bool:
-                    names[:] = await asyncio.to_thread(connection_names, monitor.port)
-                    return bool(names)
-
-                await eventually(listed, what="the server lists the connection")
-                assert names == ["picker-a"]
+                assert await listed_connections(monitor.port) == ["picker-a"]
             finally:
                 await link.close()
         finally:
             server.stop()
+
+
+async def listed_connections(monitor_port: int) -> list[str]:
+    """The names of the connections nats-server's monitoring port lists, once it lists any (bounded)."""
+    names: list[str] = []
+
+    async def listed() -> bool:
+        names[:] = await asyncio.to_thread(connection_names, monitor_port)
+        return bool(names)
+
+    await eventually(listed, what="the server lists the connection")
+    return names
 
 
 def connection_names(monitor_port: int) -> list[str]:

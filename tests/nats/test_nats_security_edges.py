@@ -29,7 +29,7 @@ from extproc.runtime.wakeups import run
 
 from ..certs import TestCa
 from .conftest import eventually
-from .test_nats_link_edges import SilentServer, connection_names
+from .test_nats_link_edges import SilentServer, listed_connections
 
 TOKEN = "t0ken-secret"
 AUTH_REFUSED = "check --nats-user/--nats-password, --nats-token or --nats-creds-file"
@@ -148,14 +148,7 @@ async def test_the_link_is_named_and_counts_into_the_pickers_counters(tmp_path) 
             link = await connect_nats(events, name="picker-7", counters=counters)
             try:
                 assert link.counters is counters
-                names: list[str] = []
-
-                async def listed() -> bool:
-                    names[:] = await asyncio.to_thread(connection_names, monitor.port)
-                    return bool(names)
-
-                await eventually(listed, what="the server lists the connection")
-                assert names == ["picker-7"]
+                assert await listed_connections(monitor.port) == ["picker-7"]
             finally:
                 await link.close()
         finally:
